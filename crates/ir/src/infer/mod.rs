@@ -1,0 +1,1 @@
+//! Dtype and shape inference (placeholder; filled in below).

@@ -1,0 +1,1 @@
+//! Memory planning (see issue 3).
