@@ -114,7 +114,10 @@ pub fn lookup(name: &str) -> Result<Box<dyn Pass>, PassError> {
         .map(|p| (p.make)())
         .ok_or_else(|| {
             let names: Vec<&str> = registry().iter().map(|p| p.name).collect();
-            PassError(format!("unknown pass '{name}'; valid passes: {}", names.join(", ")))
+            PassError(format!(
+                "unknown pass '{name}'; valid passes: {}",
+                names.join(", ")
+            ))
         })
 }
 

@@ -67,20 +67,22 @@ pub fn run_pipeline(
                 return Ok(runs);
             }
             let name = p.name();
-            let dump_this = opts
-                .dump_filter
-                .as_deref()
-                .is_some_and(|f| f == "all" || f.split(',').any(|x| x.trim().replace('-', "_") == name));
+            let dump_this = opts.dump_filter.as_deref().is_some_and(|f| {
+                f == "all" || f.split(',').any(|x| x.trim().replace('-', "_") == name)
+            });
             if dump_this {
                 dump(opts, &format!("before {name} (round {})", round + 1), model);
             }
             let nodes_before = model.graph.node_count_deep();
             let bytes_before = initializer_bytes(&model.graph);
             let t0 = Instant::now();
-            let stats = p.run(model).map_err(|e| PassError(format!("pass {name}: {e}")))?;
+            let stats = p
+                .run(model)
+                .map_err(|e| PassError(format!("pass {name}: {e}")))?;
             let time = t0.elapsed();
             if verify {
-                verify_model(model).map_err(|e| PassError(format!("after pass {name}: IR is invalid: {e}")))?;
+                verify_model(model)
+                    .map_err(|e| PassError(format!("after pass {name}: IR is invalid: {e}")))?;
             }
             if dump_this {
                 dump(opts, &format!("after {name} (round {})", round + 1), model);
@@ -118,7 +120,10 @@ pub fn initializer_bytes(g: &Graph) -> u64 {
         .filter_map(|&v| g.initializer(v))
         .map(|t| t.nbytes())
         .sum();
-    own + g.subgraphs().map(|(_, s)| initializer_bytes(s)).sum::<u64>()
+    own + g
+        .subgraphs()
+        .map(|(_, s)| initializer_bytes(s))
+        .sum::<u64>()
 }
 
 /// Test helpers for pass files: parse ONNX text, run one pass with the
@@ -132,12 +137,16 @@ pub(crate) mod testing {
         let mut m = parse_model(src).unwrap_or_else(|e| panic!("fixture does not parse: {e}"));
         graphopt_ir::verify::verify_model(&m).expect("fixture is valid");
         pass.run(&mut m).expect("pass runs");
-        graphopt_ir::verify::verify_model(&m).unwrap_or_else(|e| panic!("after {}: {e}", pass.name()));
+        graphopt_ir::verify::verify_model(&m)
+            .unwrap_or_else(|e| panic!("after {}: {e}", pass.name()));
         print_model(&m, &PrintOptions::default())
     }
 
     fn canon(src: &str) -> String {
-        print_model(&parse_model(src).expect("expected text parses"), &PrintOptions::default())
+        print_model(
+            &parse_model(src).expect("expected text parses"),
+            &PrintOptions::default(),
+        )
     }
 
     /// Asserts that `pass` turns `before` into `after`.
@@ -147,6 +156,11 @@ pub(crate) mod testing {
 
     /// Asserts that `pass` leaves `src` as it is.
     pub(crate) fn assert_unchanged(pass: &dyn Pass, src: &str) {
-        assert_eq!(run(pass, src), canon(src), "pass {} changed the graph", pass.name());
+        assert_eq!(
+            run(pass, src),
+            canon(src),
+            "pass {} changed the graph",
+            pass.name()
+        );
     }
 }

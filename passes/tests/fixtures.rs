@@ -15,7 +15,10 @@ fn root() -> PathBuf {
 }
 
 fn sorted_dir(p: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(p).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     v.sort();
     v
 }
@@ -24,7 +27,8 @@ fn sorted_dir(p: &Path) -> Vec<PathBuf> {
 fn run_fixture(pass_name: &str, path: &Path) -> String {
     let src = std::fs::read_to_string(path).unwrap();
     let mut model = parse_model(&src).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    graphopt_ir::verify::verify_model(&model).unwrap_or_else(|e| panic!("{}: invalid fixture: {e}", path.display()));
+    graphopt_ir::verify::verify_model(&model)
+        .unwrap_or_else(|e| panic!("{}: invalid fixture: {e}", path.display()));
     let opts = PrintOptions::default();
     let before = print_model(&model, &opts);
     let pass = graphopt_passes::lookup(pass_name).unwrap();
@@ -37,12 +41,21 @@ fn run_fixture(pass_name: &str, path: &Path) -> String {
     let after = print_model(&model, &opts);
     let diff = similar::TextDiff::from_lines(&before, &after);
     let mut out = String::new();
-    out.push_str(&format!("pass: {pass_name}\ncounters: {:?}\n\n", runs[0].stats.counters));
+    out.push_str(&format!(
+        "pass: {pass_name}\ncounters: {:?}\n\n",
+        runs[0].stats.counters
+    ));
     if before == after {
         out.push_str("(unchanged)\n");
         out.push_str(&before);
     } else {
-        out.push_str(&diff.unified_diff().context_radius(1000).header("before", "after").to_string());
+        out.push_str(
+            &diff
+                .unified_diff()
+                .context_radius(1000)
+                .header("before", "after")
+                .to_string(),
+        );
     }
     out
 }
@@ -84,8 +97,17 @@ fn every_pass_has_fixtures() {
         let dir = root().join(p.name);
         let n = dir
             .read_dir()
-            .map(|rd| rd.filter_map(Result::ok).filter(|e| e.path().extension().is_some_and(|x| x == "onnxtxt")).count())
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "onnxtxt"))
+                    .count()
+            })
             .unwrap_or(0);
-        assert!(n > 0, "pass {} has no fixtures in {}", p.name, dir.display());
+        assert!(
+            n > 0,
+            "pass {} has no fixtures in {}",
+            p.name,
+            dir.display()
+        );
     }
 }

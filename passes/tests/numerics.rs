@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 /// Passes whose rewrites never change arithmetic.
 const STRUCTURAL: &[&str] = &["dce", "eliminate_identity"];
 
+/// A label, its passes, and how many rounds to run them.
+type Pipeline = (String, Vec<Box<dyn graphopt_passes::Pass>>, usize);
+
 fn models() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models");
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -41,7 +44,7 @@ fn passes_preserve_outputs_on_real_models() {
                 continue;
             }
         };
-        let mut pipelines: Vec<(String, Vec<Box<dyn graphopt_passes::Pass>>, usize)> = graphopt_passes::registry()
+        let mut pipelines: Vec<Pipeline> = graphopt_passes::registry()
             .iter()
             .map(|p| (p.name.to_string(), vec![(p.make)()], 1))
             .collect();
@@ -53,18 +56,33 @@ fn passes_preserve_outputs_on_real_models() {
                 max_rounds: rounds,
                 ..ManagerOptions::default()
             };
-            run_pipeline(&mut m, &passes, &mut opts).unwrap_or_else(|e| panic!("{name}: {label}: {e}"));
+            run_pipeline(&mut m, &passes, &mut opts)
+                .unwrap_or_else(|e| panic!("{name}: {label}: {e}"));
             let bytes = graphopt_tract::prepare(&m).unwrap();
-            let got = graphopt_tract::run_bytes(&bytes, &inputs).unwrap_or_else(|e| panic!("{name}: {label}: tract: {e:#}"));
-            let d = graphopt_tract::compare(&reference, &got).unwrap_or_else(|e| panic!("{name}: {label}: {e}"));
-            if STRUCTURAL.contains(&label.as_str()) || (label == "default" && graphopt_passes::default_pipeline().iter().all(|p| STRUCTURAL.contains(&p.name()))) {
+            let got = graphopt_tract::run_bytes(&bytes, &inputs)
+                .unwrap_or_else(|e| panic!("{name}: {label}: tract: {e:#}"));
+            let d = graphopt_tract::compare(&reference, &got)
+                .unwrap_or_else(|e| panic!("{name}: {label}: {e}"));
+            if STRUCTURAL.contains(&label.as_str())
+                || (label == "default"
+                    && graphopt_passes::default_pipeline()
+                        .iter()
+                        .all(|p| STRUCTURAL.contains(&p.name())))
+            {
                 assert!(d.identical, "{name}: {label}: outputs differ ({d:?})");
             } else {
-                assert!(d.rel_l2 <= 1e-5, "{name}: {label}: rel L2 {} > 1e-5", d.rel_l2);
+                assert!(
+                    d.rel_l2 <= 1e-5,
+                    "{name}: {label}: rel L2 {} > 1e-5",
+                    d.rel_l2
+                );
             }
         }
         ran += 1;
     }
     eprintln!("numerics: {ran} models checked; skipped: {skipped:?}");
-    assert!(ran >= 3, "too few models ran in tract ({ran}); skipped: {skipped:?}");
+    assert!(
+        ran >= 3,
+        "too few models ran in tract ({ran}); skipped: {skipped:?}"
+    );
 }

@@ -38,7 +38,16 @@ pub fn run(input: &Path, as_json: bool, dims: &[String]) -> anyhow::Result<()> {
     let opsets: BTreeMap<String, i64> = m
         .opset_imports
         .iter()
-        .map(|o| (if o.domain.is_empty() { "ai.onnx".to_string() } else { o.domain.clone() }, o.version))
+        .map(|o| {
+            (
+                if o.domain.is_empty() {
+                    "ai.onnx".to_string()
+                } else {
+                    o.domain.clone()
+                },
+                o.version,
+            )
+        })
         .collect();
     let file_size = std::fs::metadata(input).map(|m| m.len()).unwrap_or(0);
     let report = json!({
@@ -83,19 +92,41 @@ fn walk(g: &Graph, ops: &mut BTreeMap<String, usize>, by_dtype: &mut BTreeMap<St
 
 fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
     println!("model      {}", r["file"].as_str().unwrap_or(""));
-    println!("size       {}{}", human_bytes(file_size), if r["external_data"] == true { " (+ external data)" } else { "" });
+    println!(
+        "size       {}{}",
+        human_bytes(file_size),
+        if r["external_data"] == true {
+            " (+ external data)"
+        } else {
+            ""
+        }
+    );
     println!("producer   {}", r["producer"].as_str().unwrap_or(""));
     println!("ir_version {}", m.ir_version);
     let opsets: Vec<String> = m
         .opset_imports
         .iter()
-        .map(|o| format!("{} {}", if o.domain.is_empty() { "ai.onnx" } else { &o.domain }, o.version))
+        .map(|o| {
+            format!(
+                "{} {}",
+                if o.domain.is_empty() {
+                    "ai.onnx"
+                } else {
+                    &o.domain
+                },
+                o.version
+            )
+        })
         .collect();
     println!("opsets     {}", opsets.join(", "));
     for (label, key) in [("inputs", "inputs"), ("outputs", "outputs")] {
         println!("{label}:");
         for v in r[key].as_array().into_iter().flatten() {
-            println!("  {:<30} {}", v["name"].as_str().unwrap_or(""), v["type"].as_str().unwrap_or(""));
+            println!(
+                "  {:<30} {}",
+                v["name"].as_str().unwrap_or(""),
+                v["type"].as_str().unwrap_or("")
+            );
         }
     }
     println!(
@@ -105,12 +136,20 @@ fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
     );
     if let Some(o) = r["bytes_by_dtype"].as_object() {
         for (k, v) in o {
-            println!("  {:<12} {:>14} elements {:>12}", k, v["elements"], human_bytes(v["bytes"].as_u64().unwrap_or(0)));
+            println!(
+                "  {:<12} {:>14} elements {:>12}",
+                k,
+                v["elements"],
+                human_bytes(v["bytes"].as_u64().unwrap_or(0))
+            );
         }
     }
     println!("nodes      {}", r["nodes"]);
     if let Some(o) = r["ops"].as_object() {
-        let mut v: Vec<(&String, u64)> = o.iter().map(|(k, c)| (k, c.as_u64().unwrap_or(0))).collect();
+        let mut v: Vec<(&String, u64)> = o
+            .iter()
+            .map(|(k, c)| (k, c.as_u64().unwrap_or(0)))
+            .collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         for (k, c) in v {
             println!("  {:<28} {:>6}", k, c);

@@ -13,7 +13,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "graphopt", version, about = "Make ONNX models need less memory, and prove nothing broke.")]
+#[command(
+    name = "graphopt",
+    version,
+    about = "Make ONNX models need less memory, and prove nothing broke."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -70,7 +74,11 @@ fn main() -> ExitCode {
 fn print(input: &std::path::Path, full: bool) -> anyhow::Result<()> {
     let loaded = graphopt_onnx::load(input)?;
     let opts = graphopt_text::PrintOptions {
-        elide_above: if full { None } else { graphopt_text::PrintOptions::default().elide_above },
+        elide_above: if full {
+            None
+        } else {
+            graphopt_text::PrintOptions::default().elide_above
+        },
     };
     let text = graphopt_text::print_model(&loaded.model, &opts);
     use std::io::Write;

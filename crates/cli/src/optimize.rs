@@ -55,7 +55,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let _dims = crate::util::parse_dims(&a.dims)?;
     if let (Ok(i), Ok(o)) = (a.input.canonicalize(), a.output.canonicalize()) {
         if i == o {
-            bail!("{}: the output would overwrite the input; choose another -o", a.output.display());
+            bail!(
+                "{}: the output would overwrite the input; choose another -o",
+                a.output.display()
+            );
         }
     }
     let passes = match &a.passes {
@@ -70,7 +73,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut model = loaded.model;
     let before = Summary::of(&model);
 
-    let printer = |m: &Model| graphopt_text::print_model(m, &graphopt_text::PrintOptions::default());
+    let printer =
+        |m: &Model| graphopt_text::print_model(m, &graphopt_text::PrintOptions::default());
     let mut stderr = std::io::stderr();
     let mut opts = ManagerOptions {
         verify: a.verify,
@@ -81,7 +85,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         stop_after: a.stop_after,
     };
     let t1 = Instant::now();
-    let runs = run_pipeline(&mut model, &passes, &mut opts).with_context(|| a.input.display().to_string())?;
+    let runs = run_pipeline(&mut model, &passes, &mut opts)
+        .with_context(|| a.input.display().to_string())?;
     let pass_time = t1.elapsed();
     let after = Summary::of(&model);
 
@@ -104,7 +109,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let in_size = std::fs::metadata(&a.input).map(|m| m.len()).unwrap_or(0);
     let out_size = saved.model_bytes + saved.external_bytes;
     if a.time_passes {
-        eprintln!("{:<24} {:>10} {:>8} {:>8}", "pass", "time", "nodes", "changed");
+        eprintln!(
+            "{:<24} {:>10} {:>8} {:>8}",
+            "pass", "time", "nodes", "changed"
+        );
         for r in &runs {
             eprintln!(
                 "{:<24} {:>8.2}ms {:>8} {:>8}",
@@ -114,7 +122,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 r.stats.changed
             );
         }
-        eprintln!("import {:.2}ms, passes {:.2}ms, export {:.2}ms", ms(import_time), ms(pass_time), ms(export_time));
+        eprintln!(
+            "import {:.2}ms, passes {:.2}ms, export {:.2}ms",
+            ms(import_time),
+            ms(pass_time),
+            ms(export_time)
+        );
     }
     if !a.quiet {
         print_table(&before, &after, in_size, out_size);
@@ -208,12 +221,28 @@ fn print_table(b: &Summary, a: &Summary, in_size: u64, out_size: u64) {
     names.dedup();
     println!("{:<28} {:>12} {:>12}", "", "input", "output");
     for n in names {
-        let (x, y) = (b.ops.get(n).copied().unwrap_or(0), a.ops.get(n).copied().unwrap_or(0));
+        let (x, y) = (
+            b.ops.get(n).copied().unwrap_or(0),
+            a.ops.get(n).copied().unwrap_or(0),
+        );
         let mark = if x != y { " *" } else { "" };
         println!("{:<28} {:>12} {:>12}{mark}", n, x, y);
     }
     println!("{:<28} {:>12} {:>12}", "nodes", b.nodes, a.nodes);
-    println!("{:<28} {:>12} {:>12}", "initializers", b.initializers, a.initializers);
-    println!("{:<28} {:>12} {:>12}", "initializer bytes", human_bytes(b.init_bytes), human_bytes(a.init_bytes));
-    println!("{:<28} {:>12} {:>12}", "file size", human_bytes(in_size), human_bytes(out_size));
+    println!(
+        "{:<28} {:>12} {:>12}",
+        "initializers", b.initializers, a.initializers
+    );
+    println!(
+        "{:<28} {:>12} {:>12}",
+        "initializer bytes",
+        human_bytes(b.init_bytes),
+        human_bytes(a.init_bytes)
+    );
+    println!(
+        "{:<28} {:>12} {:>12}",
+        "file size",
+        human_bytes(in_size),
+        human_bytes(out_size)
+    );
 }

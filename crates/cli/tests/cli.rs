@@ -91,7 +91,10 @@ fn optimize(input: &Path, extra: &[&str]) -> (bool, String) {
         .args(extra)
         .output()
         .unwrap();
-    (o.status.success(), String::from_utf8_lossy(&o.stderr).to_string())
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    )
 }
 
 fn assert_one_line_error(stderr: &str, must: &[&str]) {
@@ -112,12 +115,24 @@ fn optimize_runs_default_pipeline_and_reports() {
     let (ok, err) = optimize(&input, &["--report", report.to_str().unwrap(), "-q"]);
     assert!(ok, "{err}");
     assert_eq!(std::fs::read(&input).unwrap(), before, "input modified");
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["nodes_before"], 4);
     assert_eq!(r["nodes_after"], 2);
-    assert!(r["passes"].as_array().unwrap().iter().all(|p| p["time_ms"].is_number()));
-    let out = pb::ModelProto::decode(&std::fs::read(input.with_extension("out.onnx")).unwrap()[..]).unwrap();
-    let ops: Vec<_> = out.graph.unwrap().node.iter().map(|n| n.op_type.clone().unwrap()).collect();
+    assert!(r["passes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["time_ms"].is_number()));
+    let out = pb::ModelProto::decode(&std::fs::read(input.with_extension("out.onnx")).unwrap()[..])
+        .unwrap();
+    let ops: Vec<_> = out
+        .graph
+        .unwrap()
+        .node
+        .iter()
+        .map(|n| n.op_type.clone().unwrap())
+        .collect();
     assert_eq!(ops, ["Relu", "Neg"]);
 }
 
@@ -128,7 +143,14 @@ fn output_is_byte_identical_across_runs() {
     let mut outs = Vec::new();
     for i in 0..2 {
         let out = d.path().join(format!("o{i}.onnx"));
-        let s = bin().arg("optimize").arg(&input).arg("-o").arg(&out).arg("-q").status().unwrap();
+        let s = bin()
+            .arg("optimize")
+            .arg(&input)
+            .arg("-o")
+            .arg(&out)
+            .arg("-q")
+            .status()
+            .unwrap();
         assert!(s.success());
         outs.push(std::fs::read(out).unwrap());
     }
@@ -141,7 +163,8 @@ fn passes_none_keeps_every_node() {
     let input = write(d.path(), "m.onnx", &good().encode_to_vec());
     let (ok, err) = optimize(&input, &["--passes", "none", "-q"]);
     assert!(ok, "{err}");
-    let out = pb::ModelProto::decode(&std::fs::read(input.with_extension("out.onnx")).unwrap()[..]).unwrap();
+    let out = pb::ModelProto::decode(&std::fs::read(input.with_extension("out.onnx")).unwrap()[..])
+        .unwrap();
     assert_eq!(out.graph.unwrap().node.len(), 4);
 }
 
@@ -170,7 +193,11 @@ fn truncated_and_garbage_files() {
 fn cycle_is_reported_with_node_names() {
     let d = tempfile::tempdir().unwrap();
     let m = model(
-        vec![node("a", "Add", &["x", "c"], &["b"]), node("c_node", "Neg", &["b"], &["c"]), node("out", "Relu", &["b"], &["y"])],
+        vec![
+            node("a", "Add", &["x", "c"], &["b"]),
+            node("c_node", "Neg", &["b"], &["c"]),
+            node("out", "Relu", &["b"], &["y"]),
+        ],
         vec![],
     );
     let p = write(d.path(), "cyc.onnx", &m.encode_to_vec());
@@ -210,7 +237,10 @@ fn external_data_may_not_leave_the_folder() {
     let p = write(&sub, "ext.onnx", &m.encode_to_vec());
     let (ok, err) = optimize(&p, &[]);
     assert!(!ok);
-    assert_one_line_error(&err, &["ext.onnx", "initializer 'w'", "leaves the model's folder"]);
+    assert_one_line_error(
+        &err,
+        &["ext.onnx", "initializer 'w'", "leaves the model's folder"],
+    );
 }
 
 #[test]
@@ -236,23 +266,43 @@ fn unknown_pass_lists_valid_ones() {
     let input = write(d.path(), "m.onnx", &good().encode_to_vec());
     let (ok, err) = optimize(&input, &["--passes", "dce,fold_everything"]);
     assert!(!ok);
-    assert_one_line_error(&err, &["unknown pass 'fold_everything'", "dce", "eliminate_identity"]);
+    assert_one_line_error(
+        &err,
+        &[
+            "unknown pass 'fold_everything'",
+            "dce",
+            "eliminate_identity",
+        ],
+    );
 }
 
 #[test]
 fn refuses_to_overwrite_the_input() {
     let d = tempfile::tempdir().unwrap();
     let input = write(d.path(), "m.onnx", &good().encode_to_vec());
-    let o = bin().arg("optimize").arg(&input).arg("-o").arg(&input).output().unwrap();
+    let o = bin()
+        .arg("optimize")
+        .arg(&input)
+        .arg("-o")
+        .arg(&input)
+        .output()
+        .unwrap();
     assert!(!o.status.success());
-    assert_one_line_error(&String::from_utf8_lossy(&o.stderr), &["overwrite the input"]);
+    assert_one_line_error(
+        &String::from_utf8_lossy(&o.stderr),
+        &["overwrite the input"],
+    );
 }
 
 #[test]
 fn inspect_print_and_passes() {
     let d = tempfile::tempdir().unwrap();
     let input = write(d.path(), "m.onnx", &good().encode_to_vec());
-    let o = bin().args(["inspect", "--json"]).arg(&input).output().unwrap();
+    let o = bin()
+        .args(["inspect", "--json"])
+        .arg(&input)
+        .output()
+        .unwrap();
     assert!(o.status.success());
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["nodes"], 4);
@@ -262,7 +312,10 @@ fn inspect_print_and_passes() {
     let o = bin().arg("print").arg(&input).output().unwrap();
     assert!(o.status.success());
     let text = String::from_utf8(o.stdout).unwrap();
-    assert!(text.contains("Relu (x)") || text.contains("Relu(x)"), "{text}");
+    assert!(
+        text.contains("Relu (x)") || text.contains("Relu(x)"),
+        "{text}"
+    );
     let o = bin().arg("passes").output().unwrap();
     let text = String::from_utf8(o.stdout).unwrap();
     assert!(text.contains("dce") && text.contains("eliminate_identity"));
@@ -281,14 +334,34 @@ fn external_data_round_trip() {
     let m = model(vec![node("mul1", "Mul", &["x", "w"], &["y"])], vec![w]);
     let input = write(d.path(), "m.onnx", &m.encode_to_vec());
     let out = d.path().join("o.onnx");
-    let s = bin().arg("optimize").arg(&input).arg("-o").arg(&out).args(["--external-data=4", "-q"]).status().unwrap();
+    let s = bin()
+        .arg("optimize")
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .args(["--external-data=4", "-q"])
+        .status()
+        .unwrap();
     assert!(s.success());
-    assert_eq!(std::fs::read(d.path().join("o.onnx.data")).unwrap(), [0u8, 0, 128, 63, 0, 0, 0, 64]);
+    assert_eq!(
+        std::fs::read(d.path().join("o.onnx.data")).unwrap(),
+        [0u8, 0, 128, 63, 0, 0, 0, 64]
+    );
     // Reading it back keeps it external and the data intact.
     let out2 = d.path().join("o2.onnx");
-    let s = bin().arg("optimize").arg(&out).arg("-o").arg(&out2).args(["--no-external-data", "-q"]).status().unwrap();
+    let s = bin()
+        .arg("optimize")
+        .arg(&out)
+        .arg("-o")
+        .arg(&out2)
+        .args(["--no-external-data", "-q"])
+        .status()
+        .unwrap();
     assert!(s.success());
     let back = pb::ModelProto::decode(&std::fs::read(&out2).unwrap()[..]).unwrap();
     let t = &back.graph.unwrap().initializer[0];
-    assert_eq!(t.raw_data.as_deref(), Some(&[0u8, 0, 128, 63, 0, 0, 0, 64][..]));
+    assert_eq!(
+        t.raw_data.as_deref(),
+        Some(&[0u8, 0, 128, 63, 0, 0, 0, 64][..])
+    );
 }

@@ -41,7 +41,8 @@ pub fn stable_topo_order(g: &Graph) -> Result<Vec<NodeId>, IrError> {
     for e in dg.raw_edges() {
         indeg[e.target().index()] += 1;
     }
-    let mut heap: BinaryHeap<Reverse<usize>> = (0..n).filter(|&i| indeg[i] == 0).map(Reverse).collect();
+    let mut heap: BinaryHeap<Reverse<usize>> =
+        (0..n).filter(|&i| indeg[i] == 0).map(Reverse).collect();
     let mut out = Vec::with_capacity(n);
     while let Some(Reverse(i)) = heap.pop() {
         out.push(dg[petgraph::graph::NodeIndex::new(i)]);

@@ -49,7 +49,11 @@ impl AttrKind {
     }
     /// The spelling used by the textual syntax for attribute types.
     pub fn name(self) -> &'static str {
-        KINDS.iter().find(|k| k.0 == self).map(|k| k.2).unwrap_or("undefined")
+        KINDS
+            .iter()
+            .find(|k| k.0 == self)
+            .map(|k| k.2)
+            .unwrap_or("undefined")
     }
     pub fn from_name(name: &str) -> Option<AttrKind> {
         KINDS.iter().find(|k| k.2 == name).map(|k| k.0)
@@ -76,7 +80,10 @@ pub enum AttrValue {
     Types(Vec<Type>),
     /// Inside a function body: takes the value of the function's attribute
     /// `attr` (`AttributeProto.ref_attr_name`).
-    Ref { attr: String, kind: AttrKind },
+    Ref {
+        attr: String,
+        kind: AttrKind,
+    },
 }
 
 impl AttrValue {

@@ -97,7 +97,11 @@ impl DType {
     pub fn name(self) -> &'static str {
         match self {
             DType::Other(_) => "unknown",
-            d => TABLE.iter().find(|t| t.0 == d).map(|t| t.2).unwrap_or("unknown"),
+            d => TABLE
+                .iter()
+                .find(|t| t.0 == d)
+                .map(|t| t.2)
+                .unwrap_or("unknown"),
         }
     }
 
@@ -149,7 +153,10 @@ impl DType {
 
     pub fn is_int(self) -> bool {
         use DType::*;
-        matches!(self, U8 | I8 | U16 | I16 | I32 | I64 | U32 | U64 | U4 | I4 | U2 | I2)
+        matches!(
+            self,
+            U8 | I8 | U16 | I16 | I32 | I64 | U32 | U64 | U4 | I4 | U2 | I2
+        )
     }
 }
 

@@ -256,10 +256,16 @@ impl Graph {
     // ---- values -------------------------------------------------------
 
     /// Adds a value with an exact name; fails if the name is taken.
-    pub fn add_value(&mut self, name: impl Into<String>, ty: Option<Type>) -> Result<ValueId, IrError> {
+    pub fn add_value(
+        &mut self,
+        name: impl Into<String>,
+        ty: Option<Type>,
+    ) -> Result<ValueId, IrError> {
         let name = name.into();
         if self.names.contains_key(&name) {
-            return Err(IrError::new(format!("value '{name}' is defined more than once")));
+            return Err(IrError::new(format!(
+                "value '{name}' is defined more than once"
+            )));
         }
         Ok(self.insert_value(name, ty))
     }
@@ -360,7 +366,9 @@ impl Graph {
             return Ok(());
         }
         if self.names.contains_key(new_name) {
-            return Err(IrError::new(format!("cannot rename '{old}': '{new_name}' exists")));
+            return Err(IrError::new(format!(
+                "cannot rename '{old}': '{new_name}' exists"
+            )));
         }
         self.names.remove(&old);
         self.names.insert(new_name.to_string(), v);
@@ -530,7 +538,10 @@ impl Graph {
         for (i, o) in new.outputs.iter().enumerate() {
             if let Some(o) = o {
                 let d = &self.values[o.index()];
-                if d.producer.is_some() || d.initializer.is_some() || d.outer || self.inputs.contains(o)
+                if d.producer.is_some()
+                    || d.initializer.is_some()
+                    || d.outer
+                    || self.inputs.contains(o)
                 {
                     return Err(IrError::new(format!(
                         "node '{}' ({}) redefines value '{}'",
@@ -570,7 +581,9 @@ impl Graph {
     /// Recomputes the outer values that node `n`'s subgraphs read.
     pub fn refresh_captures(&mut self, n: NodeId) {
         for c in std::mem::take(&mut self.nodes[n.index()].captures) {
-            self.values[c.index()].uses.retain(|u| *u != Use::Capture { node: n });
+            self.values[c.index()]
+                .uses
+                .retain(|u| *u != Use::Capture { node: n });
         }
         let mut names: Vec<String> = Vec::new();
         for a in &self.nodes[n.index()].attributes {
@@ -622,7 +635,9 @@ impl Graph {
             }
         }
         for c in std::mem::take(&mut self.nodes[n.index()].captures) {
-            self.values[c.index()].uses.retain(|u| *u != Use::Capture { node: n });
+            self.values[c.index()]
+                .uses
+                .retain(|u| *u != Use::Capture { node: n });
         }
         for o in self.nodes[n.index()].outputs.clone().into_iter().flatten() {
             if self.values[o.index()].producer.map(|p| p.0) == Some(n) {
@@ -746,7 +761,9 @@ impl Graph {
         let mut seen = vec![false; self.nodes.len()];
         for &n in &order {
             if !self.is_live_node(n) || std::mem::replace(&mut seen[n.index()], true) {
-                return Err(IrError::new(format!("schedule lists node {n} twice or dead")));
+                return Err(IrError::new(format!(
+                    "schedule lists node {n} twice or dead"
+                )));
             }
         }
         if order.len() != self.order.len() {
@@ -776,6 +793,10 @@ impl Graph {
 
     /// Total node count including nested subgraphs.
     pub fn node_count_deep(&self) -> usize {
-        self.node_count() + self.subgraphs().map(|(_, g)| g.node_count_deep()).sum::<usize>()
+        self.node_count()
+            + self
+                .subgraphs()
+                .map(|(_, g)| g.node_count_deep())
+                .sum::<usize>()
     }
 }

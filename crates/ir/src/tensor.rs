@@ -201,7 +201,8 @@ impl Tensor {
 pub fn numel(dims: &[i64]) -> Result<u64, IrError> {
     let mut n: u64 = 1;
     for &d in dims {
-        let d = u64::try_from(d).map_err(|_| IrError::new(format!("negative dim {d} in {dims:?}")))?;
+        let d =
+            u64::try_from(d).map_err(|_| IrError::new(format!("negative dim {d} in {dims:?}")))?;
         n = n
             .checked_mul(d)
             .ok_or_else(|| IrError::new(format!("dims {dims:?} overflow the element count")))?;

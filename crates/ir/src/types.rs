@@ -110,7 +110,10 @@ pub enum TypeKind {
     Sequence(Option<Box<Type>>),
     Map(DType, Box<Type>),
     Optional(Box<Type>),
-    Opaque { domain: String, name: String },
+    Opaque {
+        domain: String,
+        name: String,
+    },
     /// A TypeProto with no value set.
     Unset,
 }

@@ -18,7 +18,8 @@ use std::collections::HashSet;
 pub fn verify_model(m: &Model) -> Result<(), IrError> {
     verify_graph(&m.graph, &[])?;
     for f in &m.functions {
-        verify_graph(&f.body, &[]).map_err(|e| IrError::new(format!("in function '{}': {e}", f.name)))?;
+        verify_graph(&f.body, &[])
+            .map_err(|e| IrError::new(format!("in function '{}': {e}", f.name)))?;
     }
     Ok(())
 }
@@ -53,7 +54,10 @@ pub fn verify_graph(g: &Graph, outer: &[&HashSet<String>]) -> Result<(), IrError
             return Err(ctx(format!("graph input '{}' is listed twice", g.name(v))));
         }
         if g.producer(v).is_some() {
-            return Err(ctx(format!("graph input '{}' is also produced by a node", g.name(v))));
+            return Err(ctx(format!(
+                "graph input '{}' is also produced by a node",
+                g.name(v)
+            )));
         }
     }
     for &v in g.initializers().iter().chain(g.sparse_initializers()) {
@@ -64,14 +68,20 @@ pub fn verify_graph(g: &Graph, outer: &[&HashSet<String>]) -> Result<(), IrError
             return Err(ctx(format!("initializer '{}' is defined twice", g.name(v))));
         }
         if g.producer(v).is_some() {
-            return Err(ctx(format!("initializer '{}' is also produced by a node", g.name(v))));
+            return Err(ctx(format!(
+                "initializer '{}' is also produced by a node",
+                g.name(v)
+            )));
         }
     }
     let mut visible: HashSet<String> = HashSet::new();
     for v in g.values() {
         if g.is_outer(v) {
             if outer.is_empty() {
-                return Err(ctx(format!("value '{}' is used but never defined", g.name(v))));
+                return Err(ctx(format!(
+                    "value '{}' is used but never defined",
+                    g.name(v)
+                )));
             }
             if !outer.iter().any(|s| s.contains(g.name(v))) {
                 return Err(ctx(format!(
@@ -111,7 +121,11 @@ pub fn verify_graph(g: &Graph, outer: &[&HashSet<String>]) -> Result<(), IrError
                 slot: slot as u32,
             };
             if !g.uses(i).contains(&u) {
-                return Err(ctx(format!("use list of '{}' misses {}", g.name(i), node_desc(n))));
+                return Err(ctx(format!(
+                    "use list of '{}' misses {}",
+                    g.name(i),
+                    node_desc(n)
+                )));
             }
         }
         for &c in d.captures() {
@@ -142,22 +156,35 @@ pub fn verify_graph(g: &Graph, outer: &[&HashSet<String>]) -> Result<(), IrError
         for u in g.uses(v) {
             let n = u.node();
             if !g.is_live_node(n) {
-                return Err(ctx(format!("use list of '{}' names removed node {n}", g.name(v))));
+                return Err(ctx(format!(
+                    "use list of '{}' names removed node {n}",
+                    g.name(v)
+                )));
             }
             if let Use::Input { slot, .. } = u {
                 if g.node(n).input(*slot as usize) != Some(v) {
-                    return Err(ctx(format!("stale use of '{}' in {}", g.name(v), node_desc(n))));
+                    return Err(ctx(format!(
+                        "stale use of '{}' in {}",
+                        g.name(v),
+                        node_desc(n)
+                    )));
                 }
             }
         }
         if !is_avail(&avail, v) && !g.uses(v).is_empty() {
-            return Err(ctx(format!("value '{}' is used but never defined", g.name(v))));
+            return Err(ctx(format!(
+                "value '{}' is used but never defined",
+                g.name(v)
+            )));
         }
         visible.insert(g.name(v).to_string());
     }
     for &o in &g.outputs {
         if !g.is_live_value(o) || !is_avail(&avail, o) {
-            return Err(ctx(format!("graph output '{}' is never defined", g.name(o))));
+            return Err(ctx(format!(
+                "graph output '{}' is never defined",
+                g.name(o)
+            )));
         }
     }
 
@@ -178,7 +205,10 @@ pub fn verify_graph(g: &Graph, outer: &[&HashSet<String>]) -> Result<(), IrError
                 }
                 if let Some(s) = &tt.shape {
                     let ok = s.rank() == t.dims.len()
-                        && s.dims.iter().zip(&t.dims).all(|(d, &x)| d.known().is_none_or(|k| k == x));
+                        && s.dims
+                            .iter()
+                            .zip(&t.dims)
+                            .all(|(d, &x)| d.known().is_none_or(|k| k == x));
                     if !ok {
                         return Err(ctx(format!(
                             "initializer '{}' has dims {:?} but is declared {s}",
@@ -195,7 +225,8 @@ pub fn verify_graph(g: &Graph, outer: &[&HashSet<String>]) -> Result<(), IrError
     let mut scopes: Vec<&HashSet<String>> = outer.to_vec();
     scopes.push(&visible);
     for (n, sub) in g.subgraphs() {
-        verify_graph(sub, &scopes).map_err(|e| ctx(format!("in a subgraph of {}: {e}", node_desc(n))))?;
+        verify_graph(sub, &scopes)
+            .map_err(|e| ctx(format!("in a subgraph of {}: {e}", node_desc(n))))?;
     }
     Ok(())
 }
@@ -207,12 +238,16 @@ mod tests {
 
     fn small() -> (Graph, ValueId, ValueId, ValueId) {
         let mut g = Graph::new("g");
-        let x = g.add_value("x", Some(Type::known(DType::F32, &[2]))).unwrap();
+        let x = g
+            .add_value("x", Some(Type::known(DType::F32, &[2])))
+            .unwrap();
         g.inputs.push(x);
         let y = g.add_value("y", None).unwrap();
         let z = g.add_value("z", None).unwrap();
-        g.add_node(NewNode::new("Relu").name("r1").inputs(&[x]).outputs(&[y])).unwrap();
-        g.add_node(NewNode::new("Relu").name("r2").inputs(&[y]).outputs(&[z])).unwrap();
+        g.add_node(NewNode::new("Relu").name("r1").inputs(&[x]).outputs(&[y]))
+            .unwrap();
+        g.add_node(NewNode::new("Relu").name("r2").inputs(&[y]).outputs(&[z]))
+            .unwrap();
         g.outputs.push(z);
         (g, x, y, z)
     }
@@ -229,7 +264,10 @@ mod tests {
         let order: Vec<_> = g.nodes().rev().collect();
         g.set_order(order).unwrap();
         let e = verify_graph(&g, &[]).unwrap_err().to_string();
-        assert!(e.contains("node 'r2' (Relu) reads 'y' before it is defined"), "{e}");
+        assert!(
+            e.contains("node 'r2' (Relu) reads 'y' before it is defined"),
+            "{e}"
+        );
         g.topo_sort().unwrap();
         verify_graph(&g, &[]).unwrap();
     }
@@ -259,9 +297,14 @@ mod tests {
         let mut g = Graph::new("g");
         let a = g.add_value("a", None).unwrap();
         let b = g.add_value("b", None).unwrap();
-        g.add_node(NewNode::new("Relu").name("p").inputs(&[b]).outputs(&[a])).unwrap();
-        g.add_node(NewNode::new("Relu").name("q").inputs(&[a]).outputs(&[b])).unwrap();
+        g.add_node(NewNode::new("Relu").name("p").inputs(&[b]).outputs(&[a]))
+            .unwrap();
+        g.add_node(NewNode::new("Relu").name("q").inputs(&[a]).outputs(&[b]))
+            .unwrap();
         let e = g.topo_sort().unwrap_err().to_string();
-        assert!(e.contains("cycle") && e.contains("'p'") && e.contains("'q'"), "{e}");
+        assert!(
+            e.contains("cycle") && e.contains("'p'") && e.contains("'q'"),
+            "{e}"
+        );
     }
 }

@@ -4,8 +4,8 @@ use crate::stream::StreamBuf;
 use crate::OnnxError;
 use bytes::Bytes;
 use graphopt_ir::{
-    AttrValue, Attribute, Dim, Function, Graph, Model, OpsetImport, SparseTensor, Tensor, TensorData,
-    TensorType, Type, TypeKind, ValueId,
+    AttrValue, Attribute, Dim, Function, Graph, Model, OpsetImport, SparseTensor, Tensor,
+    TensorData, TensorType, Type, TypeKind, ValueId,
 };
 use graphopt_proto as pb;
 use graphopt_proto::Message;
@@ -72,7 +72,11 @@ impl ExtSink<'_> {
         let align = if data.len() >= 1 << 20 { 4096 } else { 64 };
         let pad = (align - self.offset % align) % align;
         if self.error.is_none() {
-            if let Err(e) = self.out.write_all(&vec![0u8; pad as usize]).and_then(|_| self.out.write_all(data)) {
+            if let Err(e) = self
+                .out
+                .write_all(&vec![0u8; pad as usize])
+                .and_then(|_| self.out.write_all(data))
+            {
                 self.error = Some(e);
             }
         }
@@ -115,14 +119,24 @@ pub(crate) fn model_to_proto(
 ) -> Result<(pb::ModelProto, u64), OnnxError> {
     let mut cx = Ex { sink };
     let graph = cx.graph(&m.graph)?;
-    let functions = m.functions.iter().map(|f| cx.function(f)).collect::<Result<Vec<_>, _>>()?;
+    let functions = m
+        .functions
+        .iter()
+        .map(|f| cx.function(f))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut training_info = Vec::new();
     for b in &m.training_info {
-        training_info.push(pb::TrainingInfoProto::decode(b.clone()).map_err(|e| OnnxError::new(format!("training_info: {e}")))?);
+        training_info.push(
+            pb::TrainingInfoProto::decode(b.clone())
+                .map_err(|e| OnnxError::new(format!("training_info: {e}")))?,
+        );
     }
     let mut configuration = Vec::new();
     for b in &m.configuration {
-        configuration.push(pb::DeviceConfigurationProto::decode(b.clone()).map_err(|e| OnnxError::new(format!("configuration: {e}")))?);
+        configuration.push(
+            pb::DeviceConfigurationProto::decode(b.clone())
+                .map_err(|e| OnnxError::new(format!("configuration: {e}")))?,
+        );
     }
     let written = cx.sink.as_ref().map(|s| s.offset).unwrap_or(0);
     if let Some(s) = cx.sink.as_mut() {
@@ -137,7 +151,11 @@ pub(crate) fn model_to_proto(
             producer_name: opt(&m.producer_name),
             producer_version: opt(&m.producer_version),
             domain: opt(&m.domain),
-            model_version: if m.model_version != 0 { Some(m.model_version) } else { None },
+            model_version: if m.model_version != 0 {
+                Some(m.model_version)
+            } else {
+                None
+            },
             doc_string: opt(&m.doc_string),
             graph: Some(graph),
             metadata_props: props(&m.metadata_props),
@@ -168,7 +186,11 @@ impl Ex<'_, '_> {
             input: g.inputs.iter().map(|&v| g.name(v).to_string()).collect(),
             output: g.outputs.iter().map(|&v| g.name(v).to_string()).collect(),
             attribute: f.attributes.clone(),
-            attribute_proto: f.attribute_defaults.iter().map(|a| self.attribute(a)).collect::<Result<_, _>>()?,
+            attribute_proto: f
+                .attribute_defaults
+                .iter()
+                .map(|a| self.attribute(a))
+                .collect::<Result<_, _>>()?,
             node: self.nodes(g)?,
             doc_string: opt(&f.doc_string),
             opset_import: f.opset_imports.iter().map(opset).collect(),
@@ -189,7 +211,9 @@ impl Ex<'_, '_> {
         }
         let mut sparse_initializer = Vec::new();
         for &v in g.sparse_initializers() {
-            let s = g.sparse_initializer(v).expect("listed sparse initializers have data");
+            let s = g
+                .sparse_initializer(v)
+                .expect("listed sparse initializers have data");
             let mut p = self.sparse(s)?;
             if let Some(vals) = p.values.as_mut() {
                 vals.name = Some(g.name(v).to_string());
@@ -204,7 +228,12 @@ impl Ex<'_, '_> {
             doc_string: opt(&g.doc_string),
             input: g.inputs.iter().map(|&v| value_info(g, v)).collect(),
             output: g.outputs.iter().map(|&v| value_info(g, v)).collect(),
-            value_info: g.value_info.iter().filter(|&&v| g.is_live_value(v)).map(|&v| value_info(g, v)).collect(),
+            value_info: g
+                .value_info
+                .iter()
+                .filter(|&&v| g.is_live_value(v))
+                .map(|&v| value_info(g, v))
+                .collect(),
             quantization_annotation: g
                 .quantization_annotation
                 .iter()
@@ -225,8 +254,9 @@ impl Ex<'_, '_> {
             let mut device_configurations = Vec::new();
             for b in &d.preserved {
                 device_configurations.push(
-                    pb::NodeDeviceConfigurationProto::decode(b.clone())
-                        .map_err(|e| OnnxError::new(format!("node '{}': device configuration: {e}", d.name)))?,
+                    pb::NodeDeviceConfigurationProto::decode(b.clone()).map_err(|e| {
+                        OnnxError::new(format!("node '{}': device configuration: {e}", d.name))
+                    })?,
                 );
             }
             out.push(pb::NodeProto {
@@ -236,7 +266,11 @@ impl Ex<'_, '_> {
                 op_type: Some(d.op_type.clone()),
                 domain: opt(&d.domain),
                 overload: opt(&d.overload),
-                attribute: d.attributes.iter().map(|a| self.attribute(a)).collect::<Result<_, _>>()?,
+                attribute: d
+                    .attributes
+                    .iter()
+                    .map(|a| self.attribute(a))
+                    .collect::<Result<_, _>>()?,
                 doc_string: opt(&d.doc_string),
                 metadata_props: props(&d.metadata_props),
                 device_configurations,
@@ -263,8 +297,15 @@ impl Ex<'_, '_> {
             AttrValue::Floats(v) => p.floats = v.clone(),
             AttrValue::Ints(v) => p.ints = v.clone(),
             AttrValue::Strings(v) => p.strings = v.iter().map(|s| Bytes::from(s.clone())).collect(),
-            AttrValue::Tensors(v) => p.tensors = v.iter().map(|t| self.tensor(t, false)).collect::<Result<_, _>>()?,
-            AttrValue::Graphs(v) => p.graphs = v.iter().map(|g| self.graph(g)).collect::<Result<_, _>>()?,
+            AttrValue::Tensors(v) => {
+                p.tensors = v
+                    .iter()
+                    .map(|t| self.tensor(t, false))
+                    .collect::<Result<_, _>>()?
+            }
+            AttrValue::Graphs(v) => {
+                p.graphs = v.iter().map(|g| self.graph(g)).collect::<Result<_, _>>()?
+            }
             AttrValue::SparseTensors(v) => {
                 p.sparse_tensors = v.iter().map(|s| self.sparse(s)).collect::<Result<_, _>>()?
             }
@@ -376,7 +417,10 @@ fn initializer_bytes(g: &Graph) -> u64 {
         .iter()
         .map(|&v| g.initializer(v).map(Tensor::nbytes).unwrap_or(0))
         .sum();
-    own + g.subgraphs().map(|(_, s)| initializer_bytes(s)).sum::<u64>()
+    own + g
+        .subgraphs()
+        .map(|(_, s)| initializer_bytes(s))
+        .sum::<u64>()
 }
 
 /// Saves atomically: temporary files in the output's folder, then renames.
@@ -394,7 +438,9 @@ pub(crate) fn save(m: &Model, path: &Path, opts: &SaveOptions) -> Result<SaveRep
     let threshold = match &opts.external {
         ExternalData::Never => None,
         ExternalData::Always { threshold } => Some(*threshold),
-        ExternalData::Auto { input_used_external } => {
+        ExternalData::Auto {
+            input_used_external,
+        } => {
             if *input_used_external || initializer_bytes(&m.graph) >= PROTO_LIMIT {
                 Some(DEFAULT_THRESHOLD)
             } else {
@@ -405,11 +451,20 @@ pub(crate) fn save(m: &Model, path: &Path, opts: &SaveOptions) -> Result<SaveRep
     let io = |what: &str, e: std::io::Error| OnnxError::new(format!("{place}: {what}: {e}"));
     let mut report = SaveReport::default();
     let mut data_tmp = None;
-    let location = opts.location.clone().unwrap_or_else(|| format!("{file_name}.data"));
+    let location = opts
+        .location
+        .clone()
+        .unwrap_or_else(|| format!("{file_name}.data"));
     if threshold.is_some() {
         crate::external::confined(&dir, ".").ok();
-        if location.contains('/') || location.contains('\\') || location == ".." || location.is_empty() {
-            return Err(OnnxError::new(format!("{place}: external data name '{location}' must be a plain file name")));
+        if location.contains('/')
+            || location.contains('\\')
+            || location == ".."
+            || location.is_empty()
+        {
+            return Err(OnnxError::new(format!(
+                "{place}: external data name '{location}' must be a plain file name"
+            )));
         }
     }
     let proto = if let Some(threshold) = threshold {
@@ -417,7 +472,10 @@ pub(crate) fn save(m: &Model, path: &Path, opts: &SaveOptions) -> Result<SaveRep
             .prefix(".graphopt-data-")
             .tempfile_in(&dir)
             .map_err(|e| io("cannot create a temporary file", e))?;
-        let mut w = BufWriter::with_capacity(1 << 20, tmp.as_file().try_clone().map_err(|e| io("temp file", e))?);
+        let mut w = BufWriter::with_capacity(
+            1 << 20,
+            tmp.as_file().try_clone().map_err(|e| io("temp file", e))?,
+        );
         let mut sink = ExtSink {
             out: &mut w,
             location: location.clone(),
@@ -443,18 +501,25 @@ pub(crate) fn save(m: &Model, path: &Path, opts: &SaveOptions) -> Result<SaveRep
         .prefix(".graphopt-")
         .tempfile_in(&dir)
         .map_err(|e| io("cannot create a temporary file", e))?;
-    let mut sb = StreamBuf::new(BufWriter::with_capacity(1 << 20, tmp.as_file().try_clone().map_err(|e| io("temp file", e))?));
-    proto.encode(&mut sb).map_err(|e| OnnxError::new(format!("{place}: encoding: {e}")))?;
+    let mut sb = StreamBuf::new(BufWriter::with_capacity(
+        1 << 20,
+        tmp.as_file().try_clone().map_err(|e| io("temp file", e))?,
+    ));
+    proto
+        .encode(&mut sb)
+        .map_err(|e| OnnxError::new(format!("{place}: encoding: {e}")))?;
     report.model_bytes = sb.written_total();
     sb.finish().map_err(|e| io("writing", e))?;
     if let Some(d) = data_tmp {
         let target = dir.join(&location);
         set_mode(d.as_file());
-        d.persist(&target).map_err(|e| io("cannot move the external data into place", e.error))?;
+        d.persist(&target)
+            .map_err(|e| io("cannot move the external data into place", e.error))?;
         report.external_file = Some(target);
     }
     set_mode(tmp.as_file());
-    tmp.persist(path).map_err(|e| io("cannot move the output into place", e.error))?;
+    tmp.persist(path)
+        .map_err(|e| io("cannot move the output into place", e.error))?;
     Ok(report)
 }
 

@@ -24,26 +24,32 @@ impl ExternalReader {
 
     /// The bytes of `location` at `offset..offset+length` (to the end when
     /// `length` is absent).
-    pub(crate) fn read(&mut self, location: &str, offset: u64, length: Option<u64>) -> Result<Bytes, OnnxError> {
-        let base = self
-            .base
-            .clone()
-            .ok_or_else(|| OnnxError::new(format!("external data '{location}' but no model folder is known")))?;
+    pub(crate) fn read(
+        &mut self,
+        location: &str,
+        offset: u64,
+        length: Option<u64>,
+    ) -> Result<Bytes, OnnxError> {
+        let base = self.base.clone().ok_or_else(|| {
+            OnnxError::new(format!(
+                "external data '{location}' but no model folder is known"
+            ))
+        })?;
         let path = confined(&base, location)?;
         self.used = true;
         let data = match self.maps.get(&path) {
             Some(b) => b.clone(),
             None => {
-                let f = std::fs::File::open(&path).map_err(|e| {
-                    OnnxError::new(format!("external data file '{location}': {e}"))
-                })?;
+                let f = std::fs::File::open(&path)
+                    .map_err(|e| OnnxError::new(format!("external data file '{location}': {e}")))?;
                 let len = f.metadata().map(|m| m.len()).unwrap_or(0);
                 let b = if len == 0 {
                     Bytes::new()
                 } else {
                     // SAFETY: read-only map of a file graphopt never writes.
-                    let m = unsafe { memmap2::Mmap::map(&f) }
-                        .map_err(|e| OnnxError::new(format!("external data file '{location}': {e}")))?;
+                    let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| {
+                        OnnxError::new(format!("external data file '{location}': {e}"))
+                    })?;
                     Bytes::from_owner(m)
                 };
                 self.maps.insert(path.clone(), b.clone());
@@ -69,15 +75,28 @@ impl ExternalReader {
 /// (through `..` or a symbolic link).
 pub(crate) fn confined(base: &Path, location: &str) -> Result<PathBuf, OnnxError> {
     let rel = Path::new(location);
-    let bad = || OnnxError::new(format!("external data path '{location}' leaves the model's folder"));
+    let bad = || {
+        OnnxError::new(format!(
+            "external data path '{location}' leaves the model's folder"
+        ))
+    };
     if location.is_empty() {
         return Err(OnnxError::new("external data entry has an empty location"));
     }
-    if rel.is_absolute() || rel.components().any(|c| matches!(c, Component::ParentDir | Component::RootDir | Component::Prefix(_))) {
+    if rel.is_absolute()
+        || rel.components().any(|c| {
+            matches!(
+                c,
+                Component::ParentDir | Component::RootDir | Component::Prefix(_)
+            )
+        })
+    {
         return Err(bad());
     }
     let joined = base.join(rel);
-    let canon_base = base.canonicalize().map_err(|e| OnnxError::new(format!("model folder: {e}")))?;
+    let canon_base = base
+        .canonicalize()
+        .map_err(|e| OnnxError::new(format!("model folder: {e}")))?;
     let canon = joined
         .canonicalize()
         .map_err(|e| OnnxError::new(format!("external data file '{location}': {e}")))?;

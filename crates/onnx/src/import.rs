@@ -4,8 +4,8 @@ use crate::external::ExternalReader;
 use crate::OnnxError;
 use bytes::Bytes;
 use graphopt_ir::{
-    AttrKind, AttrValue, Attribute, DType, Dim, Function, Graph, Model, NewNode, OpsetImport, Shape,
-    SparseTensor, Tensor, TensorType, Type, TypeKind, ValueId,
+    AttrKind, AttrValue, Attribute, DType, Dim, Function, Graph, Model, NewNode, OpsetImport,
+    Shape, SparseTensor, Tensor, TensorType, Type, TypeKind, ValueId,
 };
 use graphopt_proto as pb;
 use graphopt_proto::Message;
@@ -20,17 +20,26 @@ pub struct ImportInfo {
 }
 
 /// Converts a decoded model. `ext` resolves external data.
-pub(crate) fn model_from_proto(p: pb::ModelProto, ext: &mut ExternalReader) -> Result<crate::Loaded, OnnxError> {
+pub(crate) fn model_from_proto(
+    p: pb::ModelProto,
+    ext: &mut ExternalReader,
+) -> Result<crate::Loaded, OnnxError> {
     let mut info = ImportInfo::default();
     let gp = p
         .graph
         .ok_or_else(|| OnnxError::new("the model has no graph (not an ONNX model?)"))?;
-    let mut cx = Cx { ext, info: &mut info };
-    let graph = cx.graph(gp, true).map_err(|e| e)?;
+    let mut cx = Cx {
+        ext,
+        info: &mut info,
+    };
+    let graph = cx.graph(gp, true)?;
     let mut functions = Vec::new();
     for f in p.functions {
         let name = f.name.clone().unwrap_or_default();
-        functions.push(cx.function(f).map_err(|e| e.within(format!("function '{name}'")))?);
+        functions.push(
+            cx.function(f)
+                .map_err(|e| e.within(format!("function '{name}'")))?,
+        );
     }
     let model = Model {
         ir_version: p.ir_version.unwrap_or(0),
@@ -43,8 +52,16 @@ pub(crate) fn model_from_proto(p: pb::ModelProto, ext: &mut ExternalReader) -> R
         metadata_props: props(p.metadata_props),
         graph,
         functions,
-        training_info: p.training_info.iter().map(|t| Bytes::from(t.encode_to_vec())).collect(),
-        configuration: p.configuration.iter().map(|t| Bytes::from(t.encode_to_vec())).collect(),
+        training_info: p
+            .training_info
+            .iter()
+            .map(|t| Bytes::from(t.encode_to_vec()))
+            .collect(),
+        configuration: p
+            .configuration
+            .iter()
+            .map(|t| Bytes::from(t.encode_to_vec()))
+            .collect(),
     };
     info.used_external_data = ext.used;
     graphopt_ir::verify::verify_model(&model).map_err(|e| OnnxError::new(e.to_string()))?;
@@ -114,23 +131,47 @@ impl Cx<'_> {
         g.quantization_annotation = p
             .quantization_annotation
             .into_iter()
-            .map(|a| (a.tensor_name.unwrap_or_default(), props(a.quant_parameter_tensor_names)))
+            .map(|a| {
+                (
+                    a.tensor_name.unwrap_or_default(),
+                    props(a.quant_parameter_tensor_names),
+                )
+            })
             .collect();
-        let where_ = |what: &str| if top { what.to_string() } else { format!("subgraph '{gname}': {what}") };
+        let where_ = |what: &str| {
+            if top {
+                what.to_string()
+            } else {
+                format!("subgraph '{gname}': {what}")
+            }
+        };
 
         for vi in p.input {
             let name = vi.name.clone().unwrap_or_default();
-            let ty = vi.r#type.as_ref().map(ty).transpose().map_err(|e| e.within(where_(&format!("input '{name}'"))))?;
-            let v = g.add_value(name.clone(), ty).map_err(|e| ir(e).within(where_("inputs")))?;
+            let ty = vi
+                .r#type
+                .as_ref()
+                .map(ty)
+                .transpose()
+                .map_err(|e| e.within(where_(&format!("input '{name}'"))))?;
+            let v = g
+                .add_value(name.clone(), ty)
+                .map_err(|e| ir(e).within(where_("inputs")))?;
             self.value_meta(&mut g, v, vi.doc_string, vi.metadata_props);
             g.inputs.push(v);
         }
         for t in p.initializer {
             let name = t.name.clone().unwrap_or_default();
-            let tensor = self.tensor(t).map_err(|e| e.within(where_(&format!("initializer '{name}'"))))?;
+            let tensor = self
+                .tensor(t)
+                .map_err(|e| e.within(where_(&format!("initializer '{name}'"))))?;
             let v = match g.value_by_name(&name) {
                 Some(v) if g.is_input(v) && g.initializer(v).is_none() => v,
-                Some(_) => return Err(OnnxError::new(where_(&format!("initializer '{name}' is defined twice")))),
+                Some(_) => {
+                    return Err(OnnxError::new(where_(&format!(
+                        "initializer '{name}' is defined twice"
+                    ))))
+                }
                 None => {
                     let t = Type::tensor(tensor.dtype, Some(Shape::known(&tensor.dims)));
                     g.add_value(name.clone(), Some(t)).map_err(ir)?
@@ -139,11 +180,17 @@ impl Cx<'_> {
             g.set_initializer(v, tensor);
         }
         for s in p.sparse_initializer {
-            let st = self.sparse(s).map_err(|e| e.within(where_("sparse initializer")))?;
+            let st = self
+                .sparse(s)
+                .map_err(|e| e.within(where_("sparse initializer")))?;
             let name = st.values.name.clone();
             let v = match g.value_by_name(&name) {
                 Some(v) if g.is_input(v) => v,
-                Some(_) => return Err(OnnxError::new(where_(&format!("sparse initializer '{name}' is defined twice")))),
+                Some(_) => {
+                    return Err(OnnxError::new(where_(&format!(
+                        "sparse initializer '{name}' is defined twice"
+                    ))))
+                }
                 None => {
                     let t = Type::tensor(st.values.dtype, Some(Shape::known(&st.dims)));
                     g.add_value(name.clone(), Some(t)).map_err(ir)?
@@ -151,13 +198,25 @@ impl Cx<'_> {
             };
             g.set_sparse_initializer(v, st);
         }
-        self.nodes(&mut g, p.node, top).map_err(|e| if top { e } else { e.within(format!("subgraph '{gname}'")) })?;
+        self.nodes(&mut g, p.node, top).map_err(|e| {
+            if top {
+                e
+            } else {
+                e.within(format!("subgraph '{gname}'"))
+            }
+        })?;
         for vi in p.value_info {
-            self.value_info(&mut g, vi).map_err(|e| e.within(where_("value_info")))?;
+            self.value_info(&mut g, vi)
+                .map_err(|e| e.within(where_("value_info")))?;
         }
         for vi in p.output {
             let name = vi.name.clone().unwrap_or_default();
-            let t = vi.r#type.as_ref().map(ty).transpose().map_err(|e| e.within(where_(&format!("output '{name}'"))))?;
+            let t = vi
+                .r#type
+                .as_ref()
+                .map(ty)
+                .transpose()
+                .map_err(|e| e.within(where_(&format!("output '{name}'"))))?;
             let v = match g.value_by_name(&name) {
                 Some(v) => v,
                 None if !top => g.value_or_outer(&name),
@@ -176,7 +235,13 @@ impl Cx<'_> {
         Ok(g)
     }
 
-    fn value_meta(&self, g: &mut Graph, v: ValueId, doc: Option<String>, meta: Vec<pb::StringStringEntryProto>) {
+    fn value_meta(
+        &self,
+        g: &mut Graph,
+        v: ValueId,
+        doc: Option<String>,
+        meta: Vec<pb::StringStringEntryProto>,
+    ) {
         let d = g.value_mut(v);
         if let Some(doc) = doc {
             d.doc_string = doc;
@@ -188,7 +253,12 @@ impl Cx<'_> {
 
     fn value_info(&mut self, g: &mut Graph, vi: pb::ValueInfoProto) -> Result<(), OnnxError> {
         let name = vi.name.clone().unwrap_or_default();
-        let t = vi.r#type.as_ref().map(ty).transpose().map_err(|e| e.within(format!("'{name}'")))?;
+        let t = vi
+            .r#type
+            .as_ref()
+            .map(ty)
+            .transpose()
+            .map_err(|e| e.within(format!("'{name}'")))?;
         let v = match g.value_by_name(&name) {
             Some(v) => v,
             None => g.add_value(name, None).map_err(ir)?,
@@ -203,7 +273,12 @@ impl Cx<'_> {
         Ok(())
     }
 
-    fn nodes(&mut self, g: &mut Graph, nodes: Vec<pb::NodeProto>, top: bool) -> Result<(), OnnxError> {
+    fn nodes(
+        &mut self,
+        g: &mut Graph,
+        nodes: Vec<pb::NodeProto>,
+        top: bool,
+    ) -> Result<(), OnnxError> {
         // Outputs first, so that nodes listed out of order still resolve.
         let mut outs: Vec<Vec<Option<ValueId>>> = Vec::with_capacity(nodes.len());
         for (i, n) in nodes.iter().enumerate() {
@@ -293,32 +368,51 @@ impl Cx<'_> {
                 AttrKind::Float => AttrValue::Float(a.f.unwrap_or(0.0)),
                 AttrKind::Int => AttrValue::Int(a.i.unwrap_or(0)),
                 AttrKind::String => AttrValue::String(a.s.map(|s| s.to_vec()).unwrap_or_default()),
-                AttrKind::Tensor => AttrValue::Tensor(
-                    self.tensor(a.t.ok_or_else(|| OnnxError::new("tensor attribute without a tensor"))?)?,
-                ),
-                AttrKind::Graph => AttrValue::Graph(Box::new(
-                    self.graph(a.g.ok_or_else(|| OnnxError::new("graph attribute without a graph"))?, false)?,
-                )),
-                AttrKind::SparseTensor => AttrValue::SparseTensor(
-                    self.sparse(a.sparse_tensor.ok_or_else(|| OnnxError::new("sparse tensor attribute without a value"))?)?,
-                ),
-                AttrKind::TypeProto => {
-                    AttrValue::Type(ty(a.tp.as_ref().ok_or_else(|| OnnxError::new("type attribute without a type"))?)?)
+                AttrKind::Tensor => AttrValue::Tensor(self.tensor(
+                    a.t.ok_or_else(|| OnnxError::new("tensor attribute without a tensor"))?,
+                )?),
+                AttrKind::Graph => AttrValue::Graph(Box::new(self.graph(
+                    a.g.ok_or_else(|| OnnxError::new("graph attribute without a graph"))?,
+                    false,
+                )?)),
+                AttrKind::SparseTensor => {
+                    AttrValue::SparseTensor(self.sparse(a.sparse_tensor.ok_or_else(|| {
+                        OnnxError::new("sparse tensor attribute without a value")
+                    })?)?)
                 }
+                AttrKind::TypeProto => AttrValue::Type(ty(a
+                    .tp
+                    .as_ref()
+                    .ok_or_else(|| OnnxError::new("type attribute without a type"))?)?),
                 AttrKind::Floats => AttrValue::Floats(a.floats),
                 AttrKind::Ints => AttrValue::Ints(a.ints),
-                AttrKind::Strings => AttrValue::Strings(a.strings.into_iter().map(|s| s.to_vec()).collect()),
+                AttrKind::Strings => {
+                    AttrValue::Strings(a.strings.into_iter().map(|s| s.to_vec()).collect())
+                }
                 AttrKind::Tensors => AttrValue::Tensors(
-                    a.tensors.into_iter().map(|t| self.tensor(t)).collect::<Result<_, _>>()?,
+                    a.tensors
+                        .into_iter()
+                        .map(|t| self.tensor(t))
+                        .collect::<Result<_, _>>()?,
                 ),
                 AttrKind::Graphs => AttrValue::Graphs(
-                    a.graphs.into_iter().map(|g| self.graph(g, false)).collect::<Result<_, _>>()?,
+                    a.graphs
+                        .into_iter()
+                        .map(|g| self.graph(g, false))
+                        .collect::<Result<_, _>>()?,
                 ),
                 AttrKind::SparseTensors => AttrValue::SparseTensors(
-                    a.sparse_tensors.into_iter().map(|s| self.sparse(s)).collect::<Result<_, _>>()?,
+                    a.sparse_tensors
+                        .into_iter()
+                        .map(|s| self.sparse(s))
+                        .collect::<Result<_, _>>()?,
                 ),
-                AttrKind::TypeProtos => AttrValue::Types(a.type_protos.iter().map(ty).collect::<Result<_, _>>()?),
-                AttrKind::Undefined => return Err(OnnxError::new("attribute has no value and no type")),
+                AttrKind::TypeProtos => {
+                    AttrValue::Types(a.type_protos.iter().map(ty).collect::<Result<_, _>>()?)
+                }
+                AttrKind::Undefined => {
+                    return Err(OnnxError::new("attribute has no value and no type"))
+                }
             }
         };
         Ok(Attribute {
@@ -329,8 +423,14 @@ impl Cx<'_> {
     }
 
     fn sparse(&mut self, s: pb::SparseTensorProto) -> Result<SparseTensor, OnnxError> {
-        let values = self.tensor(s.values.ok_or_else(|| OnnxError::new("sparse tensor without values"))?)?;
-        let indices = self.tensor(s.indices.ok_or_else(|| OnnxError::new("sparse tensor without indices"))?)?;
+        let values = self.tensor(
+            s.values
+                .ok_or_else(|| OnnxError::new("sparse tensor without values"))?,
+        )?;
+        let indices = self.tensor(
+            s.indices
+                .ok_or_else(|| OnnxError::new("sparse tensor without indices"))?,
+        )?;
         graphopt_ir::numel(&s.dims).map_err(ir)?;
         Ok(SparseTensor {
             values,
@@ -343,7 +443,9 @@ impl Cx<'_> {
         let dtype = DType::from_onnx(t.data_type.unwrap_or(0));
         let name = t.name.clone().unwrap_or_default();
         if t.segment.is_some() {
-            return Err(OnnxError::new("segmented tensors (TensorProto.segment) are not supported"));
+            return Err(OnnxError::new(
+                "segmented tensors (TensorProto.segment) are not supported",
+            ));
         }
         let n = graphopt_ir::numel(&t.dims).map_err(ir)?;
         let data = if t.data_location == Some(1) {
@@ -353,12 +455,21 @@ impl Cx<'_> {
                 let v = e.value.clone().unwrap_or_default();
                 match e.key.as_deref() {
                     Some("location") => location = Some(v),
-                    Some("offset") => offset = v.parse().map_err(|_| OnnxError::new(format!("bad external data offset '{v}'")))?,
-                    Some("length") => length = Some(v.parse().map_err(|_| OnnxError::new(format!("bad external data length '{v}'")))?),
+                    Some("offset") => {
+                        offset = v.parse().map_err(|_| {
+                            OnnxError::new(format!("bad external data offset '{v}'"))
+                        })?
+                    }
+                    Some("length") => {
+                        length = Some(v.parse().map_err(|_| {
+                            OnnxError::new(format!("bad external data length '{v}'"))
+                        })?)
+                    }
                     _ => {}
                 }
             }
-            let location = location.ok_or_else(|| OnnxError::new("external data without a location"))?;
+            let location =
+                location.ok_or_else(|| OnnxError::new("external data without a location"))?;
             graphopt_ir::TensorData::Raw(self.ext.read(&location, offset, length)?)
         } else if dtype == DType::String {
             graphopt_ir::TensorData::Strings(t.string_data)
@@ -523,8 +634,12 @@ pub(crate) fn ty(t: &pb::TypeProto) -> Result<Type, OnnxError> {
     use pb::type_proto::Value;
     let kind = match &t.value {
         None => TypeKind::Unset,
-        Some(Value::TensorType(tt)) => TypeKind::Tensor(tensor_type(tt.elem_type, tt.shape.as_ref())),
-        Some(Value::SparseTensorType(tt)) => TypeKind::SparseTensor(tensor_type(tt.elem_type, tt.shape.as_ref())),
+        Some(Value::TensorType(tt)) => {
+            TypeKind::Tensor(tensor_type(tt.elem_type, tt.shape.as_ref()))
+        }
+        Some(Value::SparseTensorType(tt)) => {
+            TypeKind::SparseTensor(tensor_type(tt.elem_type, tt.shape.as_ref()))
+        }
         Some(Value::SequenceType(s)) => TypeKind::Sequence(match &s.elem_type {
             Some(e) => Some(Box::new(ty(e)?)),
             None => None,
@@ -571,7 +686,8 @@ fn tensor_type(elem: Option<i32>, shape: Option<&pb::TensorShapeProto>) -> Tenso
                     None => Dim::Unknown,
                 })
                 .collect();
-            let denotations: Vec<Option<String>> = s.dim.iter().map(|d| d.denotation.clone()).collect();
+            let denotations: Vec<Option<String>> =
+                s.dim.iter().map(|d| d.denotation.clone()).collect();
             Shape {
                 dims,
                 denotations: if denotations.iter().any(Option::is_some) {

@@ -16,8 +16,8 @@ mod external;
 mod import;
 mod stream;
 
-pub use export::{ExternalData, SaveOptions, SaveReport};
 use export::model_to_proto;
+pub use export::{ExternalData, SaveOptions, SaveReport};
 pub use import::ImportInfo;
 
 use bytes::Bytes;
@@ -58,7 +58,8 @@ pub struct Loaded {
 /// file's folder and may not leave it.
 pub fn load(path: &Path) -> Result<Loaded, OnnxError> {
     let place = path.display();
-    let file = std::fs::File::open(path).map_err(|e| OnnxError::new(format!("{place}: cannot open: {e}")))?;
+    let file = std::fs::File::open(path)
+        .map_err(|e| OnnxError::new(format!("{place}: cannot open: {e}")))?;
     let len = file
         .metadata()
         .map_err(|e| OnnxError::new(format!("{place}: {e}")))?
@@ -69,13 +70,21 @@ pub fn load(path: &Path) -> Result<Loaded, OnnxError> {
         // SAFETY: the map is read-only; graphopt never writes to its input.
         // Another process truncating the file while we read it is outside
         // what any loader can defend against.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| OnnxError::new(format!("{place}: cannot map: {e}")))?;
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| OnnxError::new(format!("{place}: cannot map: {e}")))?;
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
         Bytes::from_owner(map)
     };
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-    let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
+    let dir = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let dir = if dir.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        dir
+    };
     decode(bytes, Some(&dir)).map_err(|e| e.within(place))
 }
 
@@ -100,7 +109,9 @@ pub fn encode(model: &Model) -> Result<Vec<u8>, OnnxError> {
     let (proto, _) = model_to_proto(model, &ExternalData::Never, None)?;
     let len = proto.encoded_len();
     if len > i32::MAX as usize {
-        return Err(OnnxError::new("the model exceeds protobuf's 2 GiB limit; save it with external data"));
+        return Err(OnnxError::new(
+            "the model exceeds protobuf's 2 GiB limit; save it with external data",
+        ));
     }
     Ok(proto.encode_to_vec())
 }

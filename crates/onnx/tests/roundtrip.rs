@@ -19,28 +19,48 @@ fn models() -> Vec<PathBuf> {
 /// The IR printed with every tensor's content hashed in: equal text means
 /// equal graphs, types and data.
 fn fingerprint(m: &graphopt_ir::Model) -> String {
-    graphopt_text::print_model(m, &graphopt_text::PrintOptions { elide_above: Some(0) })
+    graphopt_text::print_model(
+        m,
+        &graphopt_text::PrintOptions {
+            elide_above: Some(0),
+        },
+    )
 }
 
 #[test]
 fn real_models_round_trip_losslessly() {
     let models = models();
-    assert!(models.len() >= 5, "testdata/models is missing (run testdata/models/make_models.py)");
+    assert!(
+        models.len() >= 5,
+        "testdata/models is missing (run testdata/models/make_models.py)"
+    );
     for path in models {
         let name = path.display().to_string();
         let a = graphopt_onnx::load(&path).unwrap_or_else(|e| panic!("{e}"));
         let bytes = graphopt_onnx::encode(&a.model).unwrap();
-        let b = graphopt_onnx::decode(Bytes::from(bytes.clone()), None).unwrap_or_else(|e| panic!("{name}: re-import: {e}"));
-        assert_eq!(fingerprint(&a.model), fingerprint(&b.model), "{name}: IR changed through export");
+        let b = graphopt_onnx::decode(Bytes::from(bytes.clone()), None)
+            .unwrap_or_else(|e| panic!("{name}: re-import: {e}"));
+        assert_eq!(
+            fingerprint(&a.model),
+            fingerprint(&b.model),
+            "{name}: IR changed through export"
+        );
         assert_eq!(a.model.metadata_props, b.model.metadata_props, "{name}");
         assert_eq!(a.model.functions.len(), b.model.functions.len(), "{name}");
         // Export is a fixed point after one round trip.
-        assert_eq!(graphopt_onnx::encode(&b.model).unwrap(), bytes, "{name}: export is not stable");
+        assert_eq!(
+            graphopt_onnx::encode(&b.model).unwrap(),
+            bytes,
+            "{name}: export is not stable"
+        );
         // Every ModelProto field the original set is still set.
         let orig = graphopt_proto::ModelProto::decode(&std::fs::read(&path).unwrap()[..]).unwrap();
         let back = graphopt_proto::ModelProto::decode(&bytes[..]).unwrap();
         let opsets = |m: &graphopt_proto::ModelProto| -> Vec<(String, i64)> {
-            m.opset_import.iter().map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(0))).collect()
+            m.opset_import
+                .iter()
+                .map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(0)))
+                .collect()
         };
         assert_eq!(opsets(&orig), opsets(&back), "{name}");
         assert_eq!(orig.producer_name, back.producer_name, "{name}");
@@ -49,17 +69,32 @@ fn real_models_round_trip_losslessly() {
         assert_eq!(og.node.len(), bg.node.len(), "{name}");
         assert_eq!(og.input, bg.input, "{name}: inputs");
         assert_eq!(og.output, bg.output, "{name}: outputs");
-        assert_eq!(og.value_info.len(), bg.value_info.len(), "{name}: value_info");
-        assert_eq!(og.initializer.len(), bg.initializer.len(), "{name}: initializers");
+        assert_eq!(
+            og.value_info.len(),
+            bg.value_info.len(),
+            "{name}: value_info"
+        );
+        assert_eq!(
+            og.initializer.len(),
+            bg.initializer.len(),
+            "{name}: initializers"
+        );
         for (x, y) in og.node.iter().zip(&bg.node) {
-            assert_eq!((&x.op_type, &x.input, &x.output, x.attribute.len()), (&y.op_type, &y.input, &y.output, y.attribute.len()), "{name}");
+            assert_eq!(
+                (&x.op_type, &x.input, &x.output, x.attribute.len()),
+                (&y.op_type, &y.input, &y.output, y.attribute.len()),
+                "{name}"
+            );
         }
     }
 }
 
 #[test]
 fn external_data_is_zero_copy_and_round_trips() {
-    let Some(path) = models().into_iter().find(|p| p.with_extension("onnx.data").exists()) else {
+    let Some(path) = models()
+        .into_iter()
+        .find(|p| p.with_extension("onnx.data").exists())
+    else {
         panic!("no model with external data in testdata/models");
     };
     let a = graphopt_onnx::load(&path).unwrap();
@@ -67,7 +102,9 @@ fn external_data_is_zero_copy_and_round_trips() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("m.onnx");
     let opts = graphopt_onnx::SaveOptions {
-        external: graphopt_onnx::ExternalData::Auto { input_used_external: true },
+        external: graphopt_onnx::ExternalData::Auto {
+            input_used_external: true,
+        },
         location: None,
     };
     let r = graphopt_onnx::save(&a.model, &out, &opts).unwrap();
@@ -79,7 +116,11 @@ fn external_data_is_zero_copy_and_round_trips() {
 fn sample_bytes() -> Vec<u8> {
     let p = models()
         .into_iter()
-        .filter(|p| std::fs::metadata(p).map(|m| m.len() < 100_000).unwrap_or(false))
+        .filter(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.len() < 100_000)
+                .unwrap_or(false)
+        })
         .min_by_key(|p| std::fs::metadata(p).unwrap().len())
         .expect("a small model");
     std::fs::read(p).unwrap()
@@ -102,4 +143,197 @@ proptest! {
             let _ = graphopt_onnx::encode(&l.model);
         }
     }
+}
+
+fn kv(k: &str, v: &str) -> graphopt_proto::StringStringEntryProto {
+    graphopt_proto::StringStringEntryProto {
+        key: Some(k.into()),
+        value: Some(v.into()),
+    }
+}
+
+/// A model that sets every ModelProto field graphopt must keep.
+fn rich_model() -> graphopt_proto::ModelProto {
+    use graphopt_proto as pb;
+    let tensor = |name: &str, dt: i32, dims: Vec<i64>, raw: Vec<u8>| pb::TensorProto {
+        name: Some(name.into()),
+        data_type: Some(dt),
+        dims,
+        raw_data: Some(raw.into()),
+        ..Default::default()
+    };
+    let tt = |elem: i32, dims: &[&str]| pb::TypeProto {
+        value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+            elem_type: Some(elem),
+            shape: Some(pb::TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|d| pb::tensor_shape_proto::Dimension {
+                        value: Some(match d.parse::<i64>() {
+                            Ok(v) => pb::tensor_shape_proto::dimension::Value::DimValue(v),
+                            Err(_) => {
+                                pb::tensor_shape_proto::dimension::Value::DimParam(d.to_string())
+                            }
+                        }),
+                        denotation: if *d == "N" {
+                            Some("DATA_BATCH".into())
+                        } else {
+                            None
+                        },
+                    })
+                    .collect(),
+            }),
+        })),
+        denotation: Some("TENSOR".into()),
+    };
+    let vi = |name: &str, t: pb::TypeProto| pb::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(t),
+        doc_string: Some(format!("doc of {name}")),
+        metadata_props: vec![kv("k", name)],
+    };
+    let node = |name: &str, op: &str, domain: &str, i: &[&str], o: &[&str]| pb::NodeProto {
+        name: Some(name.into()),
+        op_type: Some(op.into()),
+        // Empty strings are written as absent, as onnx.helper does.
+        domain: if domain.is_empty() {
+            None
+        } else {
+            Some(domain.into())
+        },
+        input: i.iter().map(|s| s.to_string()).collect(),
+        output: o.iter().map(|s| s.to_string()).collect(),
+        doc_string: Some("node doc".into()),
+        metadata_props: vec![kv("origin", name)],
+        ..Default::default()
+    };
+    let mut custom = node("custom", "MyOp", "com.example", &["x", "w"], &["c", ""]);
+    custom.attribute = vec![
+        pb::AttributeProto {
+            name: Some("alpha".into()),
+            r#type: Some(1),
+            f: Some(0.5),
+            doc_string: Some("attr doc".into()),
+            ..Default::default()
+        },
+        pb::AttributeProto {
+            name: Some("names".into()),
+            r#type: Some(8),
+            strings: vec![b"a".to_vec().into(), vec![0xff, 0x00].into()],
+            ..Default::default()
+        },
+        pb::AttributeProto {
+            name: Some("empty".into()),
+            r#type: Some(7),
+            ..Default::default()
+        },
+    ];
+    custom.device_configurations = vec![pb::NodeDeviceConfigurationProto {
+        configuration_id: Some("cfg".into()),
+        pipeline_stage: Some(1),
+        ..Default::default()
+    }];
+    let fbody = vec![node("fn_relu", "Relu", "", &["a"], &["b"])];
+    pb::ModelProto {
+        ir_version: Some(10),
+        opset_import: vec![
+            pb::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(18),
+            },
+            pb::OperatorSetIdProto {
+                domain: Some("com.example".into()),
+                version: Some(1),
+            },
+            pb::OperatorSetIdProto {
+                domain: Some("local".into()),
+                version: Some(1),
+            },
+        ],
+        producer_name: Some("test".into()),
+        producer_version: Some("1".into()),
+        domain: Some("ai.test".into()),
+        model_version: Some(3),
+        doc_string: Some("model doc".into()),
+        metadata_props: vec![kv("author", "me"), kv("license", "none")],
+        graph: Some(pb::GraphProto {
+            name: Some("main".into()),
+            doc_string: Some("graph doc".into()),
+            input: vec![vi("x", tt(1, &["N", "4"]))],
+            output: vec![vi("y", tt(1, &["N", "4"]))],
+            value_info: vec![vi("c", tt(1, &["N", "4"]))],
+            initializer: vec![
+                tensor(
+                    "w",
+                    1,
+                    vec![4],
+                    vec![0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64],
+                ),
+                tensor("h", 10, vec![2], vec![0, 60, 0, 0xbc]),
+                tensor("b16", 16, vec![1], vec![0x80, 0x3f]),
+                tensor("i4", 22, vec![3], vec![0x21, 0x03]),
+                tensor("f8", 17, vec![2], vec![0x38, 0x40]),
+                tensor("c64", 14, vec![1], vec![0, 0, 128, 63, 0, 0, 0, 64]),
+                pb::TensorProto {
+                    name: Some("s".into()),
+                    data_type: Some(8),
+                    dims: vec![2],
+                    string_data: vec![b"hi".to_vec().into(), b"there".to_vec().into()],
+                    ..Default::default()
+                },
+            ],
+            sparse_initializer: vec![pb::SparseTensorProto {
+                values: Some(tensor("sp", 1, vec![1], vec![0, 0, 128, 63])),
+                indices: Some(pb::TensorProto {
+                    name: None,
+                    ..tensor("", 7, vec![1], vec![2, 0, 0, 0, 0, 0, 0, 0])
+                }),
+                dims: vec![4],
+            }],
+            node: vec![custom, node("call", "MyFn", "local", &["c"], &["y"])],
+            quantization_annotation: vec![pb::TensorAnnotation {
+                tensor_name: Some("c".into()),
+                quant_parameter_tensor_names: vec![kv("SCALE_TENSOR", "w")],
+            }],
+            metadata_props: vec![kv("graph", "meta")],
+        }),
+        functions: vec![pb::FunctionProto {
+            name: Some("MyFn".into()),
+            domain: Some("local".into()),
+            input: vec!["a".into()],
+            output: vec!["b".into()],
+            node: fbody,
+            opset_import: vec![pb::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(18),
+            }],
+            doc_string: Some("fn doc".into()),
+            attribute: vec!["unused_attr".into()],
+            ..Default::default()
+        }],
+        training_info: vec![pb::TrainingInfoProto {
+            initialization: Some(pb::GraphProto {
+                name: Some("init".into()),
+                ..Default::default()
+            }),
+            update_binding: vec![kv("w", "w_new")],
+            ..Default::default()
+        }],
+        configuration: vec![pb::DeviceConfigurationProto {
+            name: Some("cfg".into()),
+            num_devices: Some(2),
+            device: vec!["gpu0".into(), "gpu1".into()],
+        }],
+    }
+}
+
+#[test]
+fn every_model_proto_field_survives() {
+    let orig = rich_model();
+    let bytes = orig.encode_to_vec();
+    let l =
+        graphopt_onnx::decode(Bytes::from(bytes.clone()), None).unwrap_or_else(|e| panic!("{e}"));
+    let back =
+        graphopt_proto::ModelProto::decode(&graphopt_onnx::encode(&l.model).unwrap()[..]).unwrap();
+    assert_eq!(back, orig);
 }

@@ -1,1 +1,32 @@
-//! Memory planning (see issue 3).
+//! Memory planning: liveness, memory-aware scheduling, in-place reuse and
+//! arena offset assignment (issue 3).
+//!
+//! Two entry points:
+//! - [`plan_graph`]: a graph with concrete value types → a [`Plan`]
+//!   (schedule, tensor offsets, arena size, lower bounds);
+//! - [`plan_intervals`]: buffers with lifetimes → offsets
+//!   ([`IntervalPlan`]), the core used by `plan_graph` and benchmarked on
+//!   the MiniMalloc instances (`examples/minimalloc_bench.rs`).
+//!
+//! [`check_plan`] and [`check_graph_plan`] verify plans without trusting
+//! the planner; [`inplace_rule`] is the one in-place table that planners and
+//! executors share.
+
+pub mod buffer;
+pub mod check;
+pub mod greedy;
+pub mod inplace;
+pub mod intervals;
+pub mod liveness;
+mod plan;
+pub mod schedule;
+pub mod search;
+
+pub use buffer::{align_up, lower_bound, read_minimalloc_csv, Buffer, CsvError};
+pub use check::{check_plan, Alias, CheckError};
+pub use inplace::{inplace_rule, InPlace};
+pub use intervals::{arena_of, plan_intervals, IntervalOptions, IntervalPlan};
+pub use liveness::TensorKind;
+pub use plan::{
+    check_graph_plan, plan_graph, PeakTensor, Plan, PlanError, PlanOptions, PlannedTensor,
+};

@@ -38,7 +38,11 @@ impl Runner {
 
     fn finish(mut m: InferenceModel, inputs: &[Tensor]) -> anyhow::Result<Runner> {
         if m.inputs.len() != inputs.len() {
-            bail!("the model has {} inputs, {} given", m.inputs.len(), inputs.len());
+            bail!(
+                "the model has {} inputs, {} given",
+                m.inputs.len(),
+                inputs.len()
+            );
         }
         for (i, t) in inputs.iter().enumerate() {
             m = m.with_input_fact(i, InferenceFact::dt_shape(t.datum_type(), t.shape()))?;
@@ -130,9 +134,17 @@ fn datum(d: DType) -> Option<DatumType> {
 /// Deterministic sample inputs for the model's runtime inputs (graph inputs
 /// without an initializer): floats uniform in [-1, 1), integers in {0, 1} (valid token, type and position ids),
 /// booleans true. Symbolic dims come from `dims`, else `default_dim`.
-pub fn sample_inputs(model: &Model, dims: &[(String, i64)], default_dim: i64, seed: u64) -> anyhow::Result<Vec<Tensor>> {
+pub fn sample_inputs(
+    model: &Model,
+    dims: &[(String, i64)],
+    default_dim: i64,
+    seed: u64,
+) -> anyhow::Result<Vec<Tensor>> {
     let g = &model.graph;
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+        | 1;
     let mut next = move || {
         // xorshift64*
         state ^= state >> 12;
@@ -146,9 +158,14 @@ pub fn sample_inputs(model: &Model, dims: &[(String, i64)], default_dim: i64, se
             continue;
         }
         let name = g.name(v);
-        let ty = g.ty(v).with_context(|| format!("input '{name}' has no type"))?;
-        let elem = ty.elem().with_context(|| format!("input '{name}' is not a tensor"))?;
-        let dt = datum(elem).with_context(|| format!("input '{name}': dtype {elem} is not supported here"))?;
+        let ty = g
+            .ty(v)
+            .with_context(|| format!("input '{name}' has no type"))?;
+        let elem = ty
+            .elem()
+            .with_context(|| format!("input '{name}' is not a tensor"))?;
+        let dt = datum(elem)
+            .with_context(|| format!("input '{name}': dtype {elem} is not supported here"))?;
         let shape: Vec<usize> = ty
             .shape()
             .with_context(|| format!("input '{name}' has unknown rank"))?
@@ -156,12 +173,18 @@ pub fn sample_inputs(model: &Model, dims: &[(String, i64)], default_dim: i64, se
             .iter()
             .map(|d| match d {
                 Dim::Known(k) => *k as usize,
-                Dim::Sym(s) => dims.iter().find(|(n, _)| n == s).map(|x| x.1).unwrap_or(default_dim) as usize,
+                Dim::Sym(s) => dims
+                    .iter()
+                    .find(|(n, _)| n == s)
+                    .map(|x| x.1)
+                    .unwrap_or(default_dim) as usize,
                 Dim::Unknown => default_dim as usize,
             })
             .collect();
         let n: usize = shape.iter().product();
-        let f: Vec<f32> = (0..n).map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0).collect();
+        let f: Vec<f32> = (0..n)
+            .map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+            .collect();
         let t = if elem.is_float() {
             tract_ndarray::ArrayD::from_shape_vec(shape.clone(), f)?
                 .into_tensor()
@@ -205,7 +228,10 @@ pub fn compare(a: &[Tensor], b: &[Tensor]) -> anyhow::Result<Diff> {
         let (Ok(xf), Ok(yf)) = (x.cast_to::<f64>(), y.cast_to::<f64>()) else {
             continue;
         };
-        let (xs, ys) = (xf.to_plain_array_view::<f64>()?, yf.to_plain_array_view::<f64>()?);
+        let (xs, ys) = (
+            xf.to_plain_array_view::<f64>()?,
+            yf.to_plain_array_view::<f64>()?,
+        );
         for (p, q) in xs.iter().zip(ys.iter()) {
             if p.is_nan() && q.is_nan() {
                 continue;
@@ -216,7 +242,11 @@ pub fn compare(a: &[Tensor], b: &[Tensor]) -> anyhow::Result<Diff> {
             den += p * p;
         }
     }
-    let rel_l2 = if den == 0.0 { num.sqrt() } else { (num / den).sqrt() };
+    let rel_l2 = if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    };
     Ok(Diff {
         identical,
         max_abs,

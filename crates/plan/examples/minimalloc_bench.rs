@@ -1,0 +1,97 @@
+//! Runs the interval planner on a folder of MiniMalloc CSV instances and
+//! prints one row per instance.
+//!
+//! `cargo run --release -p graphopt-plan --example minimalloc_bench -- <dir> [seconds]`
+//!
+//! The best-known arena is read from the file name (`A.1048576.csv` means
+//! 1,048,576 bytes), as in MiniMalloc's benchmark folders.
+
+use graphopt_plan::greedy::Greedy;
+use graphopt_plan::{
+    arena_of, check_plan, lower_bound, plan_intervals, read_minimalloc_csv, IntervalOptions,
+};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let Some(dir) = args.next() else {
+        eprintln!("usage: minimalloc_bench <dir> [time limit in seconds, default 1]");
+        std::process::exit(2);
+    };
+    let secs: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1.0);
+    let mut files: Vec<_> = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+            .collect(),
+        Err(e) => {
+            eprintln!("cannot read {dir}: {e}");
+            std::process::exit(1);
+        }
+    };
+    files.sort();
+    println!(
+        "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>9}  strategy",
+        "instance", "buffers", "lower", "best-known", "greedy", "ours", "ratio", "time_s", "nodes"
+    );
+    let mut failures = 0;
+    for f in files {
+        let name = f
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let text = match std::fs::read_to_string(&f) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{}: {e}", f.display());
+                failures += 1;
+                continue;
+            }
+        };
+        let bufs = match read_minimalloc_csv(&text) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("{}: {e}", f.display());
+                failures += 1;
+                continue;
+            }
+        };
+        let known: Option<u64> = name.split('.').nth(1).and_then(|s| s.parse().ok());
+        let opts = IntervalOptions {
+            alignment: 1,
+            time_limit: Duration::from_secs_f64(secs),
+            search: true,
+            node_budget: u64::MAX,
+        };
+        let greedy = Greedy::ALL
+            .iter()
+            .map(|g| arena_of(&bufs, &g.assign(&bufs, 1)))
+            .min()
+            .unwrap_or(0);
+        let t = Instant::now();
+        let plan = plan_intervals(&bufs, &opts);
+        let dt = t.elapsed().as_secs_f64();
+        let lb = lower_bound(&bufs);
+        let valid = check_plan(&bufs, &plan.offsets, plan.arena, 1, &[]).is_ok();
+        if !valid {
+            failures += 1;
+        }
+        println!(
+            "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7.4} {:>8.3} {:>9}  {}{}",
+            name.split('.').next().unwrap_or(""),
+            bufs.len(),
+            lb,
+            known.map(|k| k.to_string()).unwrap_or("-".into()),
+            greedy,
+            plan.arena,
+            plan.arena as f64 / lb.max(1) as f64,
+            dt,
+            plan.nodes,
+            plan.strategy,
+            if valid { "" } else { "  INVALID" }
+        );
+    }
+    if failures > 0 {
+        std::process::exit(1);
+    }
+}

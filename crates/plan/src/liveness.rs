@@ -1,0 +1,225 @@
+//! Liveness of a graph's tensors under a schedule, with in-place merging.
+//!
+//! Time step `i` is the `i`-th node of the schedule. A tensor is live over
+//! `[first, last + 1)`:
+//! 1. a node output from its node to its last reader (its node if unread);
+//! 2. a graph input from step 0; a graph output to the last step;
+//! 3. weights (initializers that are not graph inputs) live outside the
+//!    arena and are only counted in `weights_bytes`.
+//!
+//! Storage: every arena tensor gets a storage slot, except that outputs
+//! merged by [`crate::inplace_rule`] share their input's slot (whose
+//! lifetime grows to cover them).
+
+use crate::check::Alias;
+use crate::inplace::{inplace_rule, InPlace};
+use crate::PlanError;
+use graphopt_ir::{Graph, NodeId, ValueId};
+
+/// What a tensor is to the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorKind {
+    Input,
+    Output,
+    Intermediate,
+}
+
+/// One arena tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveTensor {
+    pub value: ValueId,
+    pub size: u64,
+    pub first: usize,
+    pub last: usize,
+    pub kind: TensorKind,
+    /// Index of its storage slot.
+    pub storage: usize,
+}
+
+/// A storage slot: one or more tensors merged in place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Storage {
+    pub size: u64,
+    pub first: usize,
+    pub last: usize,
+    /// Holds a graph input or output: never overwritten in place.
+    pub pinned: bool,
+}
+
+/// Liveness of one schedule.
+#[derive(Clone, Debug)]
+pub struct Liveness {
+    pub tensors: Vec<LiveTensor>,
+    pub storages: Vec<Storage>,
+    /// In-place pairs as indices into `tensors`, at their node's step.
+    pub aliases: Vec<Alias>,
+    pub weights_bytes: u64,
+}
+
+/// The byte size of `v`, if its type is a tensor with known dims.
+pub fn value_size(g: &Graph, v: ValueId) -> Option<u64> {
+    let t = g.ty(v)?.as_tensor()?;
+    let n = t.shape.as_ref()?.numel()?;
+    t.elem.storage_bytes(n)
+}
+
+fn is_default_domain(d: &str) -> bool {
+    d.is_empty() || d == "ai.onnx"
+}
+
+/// Computes liveness for `schedule` (which must list every node of `g`
+/// once, producers before readers; see [`crate::schedule::check_schedule`]).
+pub fn liveness(g: &Graph, schedule: &[NodeId]) -> Result<Liveness, PlanError> {
+    let n = schedule.len();
+    let end = n.saturating_sub(1);
+    let mut weights_bytes = 0u64;
+    for &w in g.initializers() {
+        if !g.is_input(w) {
+            weights_bytes =
+                weights_bytes.saturating_add(g.initializer(w).map(|t| t.nbytes()).unwrap_or(0));
+        }
+    }
+    let nvals = g.values().map(|v| v.index() + 1).max().unwrap_or(0);
+    let mut slot: Vec<Option<usize>> = vec![None; nvals];
+    let mut tensors: Vec<LiveTensor> = Vec::new();
+    let mut unknown: Vec<String> = Vec::new();
+    let mut add = |v: ValueId, first: usize, kind: TensorKind, tensors: &mut Vec<LiveTensor>| {
+        if slot[v.index()].is_some() {
+            return;
+        }
+        match value_size(g, v) {
+            Some(size) => {
+                slot[v.index()] = Some(tensors.len());
+                tensors.push(LiveTensor {
+                    value: v,
+                    size,
+                    first,
+                    last: first,
+                    kind,
+                    storage: usize::MAX,
+                });
+            }
+            None => unknown.push(g.name(v).to_string()),
+        }
+    };
+    for &v in &g.inputs {
+        add(v, 0, TensorKind::Input, &mut tensors);
+    }
+    for (pos, &nid) in schedule.iter().enumerate() {
+        for &o in g.node(nid).outputs().iter().flatten() {
+            let kind = if g.is_output(o) {
+                TensorKind::Output
+            } else {
+                TensorKind::Intermediate
+            };
+            add(o, pos, kind, &mut tensors);
+        }
+    }
+    if !unknown.is_empty() {
+        unknown.sort();
+        unknown.dedup();
+        return Err(PlanError::UnknownSizes(unknown));
+    }
+    // Last reads.
+    for (pos, &nid) in schedule.iter().enumerate() {
+        let d = g.node(nid);
+        for &v in d.inputs().iter().flatten().chain(d.captures()) {
+            if let Some(t) = slot.get(v.index()).copied().flatten() {
+                tensors[t].last = tensors[t].last.max(pos);
+            }
+        }
+    }
+    for &v in &g.outputs {
+        if let Some(t) = slot.get(v.index()).copied().flatten() {
+            tensors[t].last = end.max(tensors[t].first);
+        }
+    }
+    // Storage, merging in place in schedule order.
+    let mut storages: Vec<Storage> = Vec::new();
+    let mut aliases: Vec<Alias> = Vec::new();
+    let new_storage = |t: &mut LiveTensor, storages: &mut Vec<Storage>| {
+        t.storage = storages.len();
+        storages.push(Storage {
+            size: t.size,
+            first: t.first,
+            last: t.last,
+            pinned: t.kind != TensorKind::Intermediate,
+        });
+    };
+    for t in tensors.iter_mut().filter(|t| t.kind == TensorKind::Input) {
+        new_storage(t, &mut storages);
+    }
+    for (pos, &nid) in schedule.iter().enumerate() {
+        let d = g.node(nid);
+        let rule = if is_default_domain(&d.domain) {
+            inplace_rule(&d.op_type)
+        } else {
+            InPlace::None
+        };
+        for (k, &o) in d.outputs().iter().enumerate() {
+            let Some(ot) = o.and_then(|o| slot[o.index()]) else {
+                continue;
+            };
+            if tensors[ot].storage != usize::MAX {
+                continue; // also a graph input: already placed
+            }
+            let mut host: Option<usize> = None;
+            if k == 0 && rule == InPlace::View {
+                host = d
+                    .input(0)
+                    .and_then(|i| slot[i.index()])
+                    .filter(|&it| tensors[it].size >= tensors[ot].size);
+            } else if k == 0 && rule == InPlace::Elementwise {
+                host = d
+                    .inputs()
+                    .iter()
+                    .flatten()
+                    .filter_map(|i| slot[i.index()])
+                    .find(|&it| {
+                        let t = &tensors[it];
+                        let s = &storages[t.storage];
+                        !s.pinned && t.size == tensors[ot].size && s.last == pos && t.last == pos
+                    });
+            }
+            match host {
+                Some(it) => {
+                    let st = tensors[it].storage;
+                    tensors[ot].storage = st;
+                    storages[st].last = storages[st].last.max(tensors[ot].last);
+                    storages[st].pinned |= tensors[ot].kind != TensorKind::Intermediate;
+                    aliases.push(Alias {
+                        input: it,
+                        output: ot,
+                        op_type: d.op_type.clone(),
+                        at: pos as i64,
+                    });
+                }
+                None => new_storage(&mut tensors[ot], &mut storages),
+            }
+        }
+    }
+    Ok(Liveness {
+        tensors,
+        storages,
+        aliases,
+        weights_bytes,
+    })
+}
+
+/// The peak of live storage bytes at one step, and that step.
+pub fn peak(storages: &[Storage], steps: usize) -> (u64, usize) {
+    let mut delta = vec![0i128; steps + 2];
+    for s in storages {
+        delta[s.first] += s.size as i128;
+        delta[s.last + 1] -= s.size as i128;
+    }
+    let (mut cur, mut best, mut at) = (0i128, 0i128, 0usize);
+    for (i, d) in delta.iter().enumerate() {
+        cur += d;
+        if cur > best {
+            best = cur;
+            at = i;
+        }
+    }
+    (best as u64, at)
+}

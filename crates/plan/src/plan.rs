@@ -1,0 +1,267 @@
+//! Planning a graph: schedule, liveness with in-place merging, offsets.
+//!
+//! Steps (each one checked by an independent function in tests):
+//! 1. [`crate::schedule::memory_aware_schedule`] picks the node order;
+//! 2. [`crate::liveness::liveness`] sizes tensors and merges in-place pairs
+//!    into storage slots;
+//! 3. [`crate::plan_intervals`] places the slots in one arena;
+//! 4. [`check_graph_plan`] re-verifies the result at tensor level.
+
+use crate::buffer::{align_up, Buffer};
+use crate::check::{check_plan, Alias, CheckError};
+use crate::intervals::{plan_intervals, IntervalOptions};
+use crate::liveness::{liveness, peak, TensorKind};
+use crate::schedule::memory_aware_schedule;
+use graphopt_ir::{Graph, NodeId, ValueId};
+use serde::Serialize;
+use std::time::Duration;
+
+/// Why a graph cannot be planned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// Values whose byte size is unknown (bind symbolic dims first).
+    #[error("unknown size for {} value(s): {}", .0.len(), .0.join(", "))]
+    UnknownSizes(Vec<String>),
+    #[error("bad schedule: {0}")]
+    BadSchedule(String),
+    #[error("{0}")]
+    Graph(String),
+}
+
+/// Options of [`plan_graph`].
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    /// Offsets are multiples of this many bytes (default 256).
+    pub alignment: u64,
+    /// Try memory-aware schedules (never worse than the original order).
+    pub reorder: bool,
+    /// Search beyond the greedy placements.
+    pub search: bool,
+    /// Wall-clock budget of the offset search.
+    pub time_limit: Duration,
+    /// Node budget of the offset search: keeps plans identical run to run
+    /// as long as it runs out before `time_limit`.
+    pub node_budget: u64,
+}
+
+impl Default for PlanOptions {
+    fn default() -> PlanOptions {
+        PlanOptions {
+            alignment: 256,
+            reorder: true,
+            search: true,
+            time_limit: Duration::from_secs(2),
+            node_budget: 20_000,
+        }
+    }
+}
+
+/// One tensor of the arena.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannedTensor {
+    pub name: String,
+    pub size: u64,
+    pub offset: u64,
+    /// First and last schedule step at which it is live (inclusive).
+    pub first: usize,
+    pub last: usize,
+    #[serde(skip)]
+    pub value: ValueId,
+    #[serde(skip)]
+    pub kind: TensorKind,
+}
+
+/// A tensor live at the peak, with the node that produced it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PeakTensor {
+    pub name: String,
+    pub size: u64,
+    /// Producer node name; `None` for graph inputs.
+    pub producer: Option<String>,
+}
+
+/// A memory plan for one graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// Bytes of initializers (outside the arena).
+    pub weights_bytes: u64,
+    /// Arena bytes if no two tensors shared memory (sizes aligned).
+    pub naive_bytes: u64,
+    /// The peak of live bytes under the chosen schedule.
+    pub lower_bound_bytes: u64,
+    /// The peak of live bytes under the graph's own order.
+    pub lower_bound_original_order_bytes: u64,
+    pub arena_bytes: u64,
+    pub alignment: u64,
+    /// Node names in schedule order (node id when a node has no name).
+    #[serde(rename = "schedule")]
+    pub schedule_names: Vec<String>,
+    pub tensors: Vec<PlannedTensor>,
+    #[serde(skip)]
+    pub schedule: Vec<NodeId>,
+    /// Tensors live at the step of the peak, largest first.
+    #[serde(skip)]
+    pub peak_tensors: Vec<PeakTensor>,
+    /// The step of the peak.
+    #[serde(skip)]
+    pub peak_step: usize,
+    /// In-place pairs (indices into `tensors`).
+    #[serde(skip)]
+    pub aliases: Vec<Alias>,
+    /// Which scheduling heuristic and placement strategy won.
+    #[serde(skip)]
+    pub heuristic: String,
+    #[serde(skip)]
+    pub strategy: String,
+}
+
+fn node_label(g: &Graph, n: NodeId) -> String {
+    let name = &g.node(n).name;
+    if name.is_empty() {
+        n.to_string()
+    } else {
+        name.clone()
+    }
+}
+
+/// Plans `g`: value types must already be concrete (tensor types with
+/// known dims), program order must be acyclic.
+pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
+    let topo = graphopt_ir::stable_topo_order(g).map_err(|e| PlanError::Graph(e.to_string()))?;
+    let mut g2;
+    let g = if topo.as_slice() != g.order() {
+        g2 = g.clone();
+        g2.set_order(topo)
+            .map_err(|e| PlanError::Graph(e.to_string()))?;
+        &g2
+    } else {
+        g
+    };
+    let sched = memory_aware_schedule(g, opts.reorder)?;
+    let live = liveness(g, &sched.order)?;
+    let align = opts.alignment.max(1);
+    let bufs: Vec<Buffer> = live
+        .storages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Buffer::new(i as u64, s.first as i64, s.last as i64 + 1, s.size))
+        .collect();
+    let iopts = IntervalOptions {
+        alignment: align,
+        time_limit: opts.time_limit,
+        search: opts.search,
+        node_budget: opts.node_budget,
+    };
+    let ip = plan_intervals(&bufs, &iopts);
+    let tensors: Vec<PlannedTensor> = live
+        .tensors
+        .iter()
+        .map(|t| PlannedTensor {
+            name: g.name(t.value).to_string(),
+            size: t.size,
+            offset: if t.size == 0 {
+                0
+            } else {
+                ip.offsets[t.storage]
+            },
+            first: t.first,
+            last: t.last,
+            value: t.value,
+            kind: t.kind,
+        })
+        .collect();
+    let (lb, step) = peak(&live.storages, sched.order.len());
+    let mut peak_tensors: Vec<PeakTensor> = live
+        .tensors
+        .iter()
+        .filter(|t| t.first <= step && step <= t.last && t.size > 0)
+        .map(|t| PeakTensor {
+            name: g.name(t.value).to_string(),
+            size: t.size,
+            producer: g.producer(t.value).map(|(n, _)| node_label(g, n)),
+        })
+        .collect();
+    peak_tensors.sort_by(|a, b| b.size.cmp(&a.size).then(a.name.cmp(&b.name)));
+    let naive_bytes = live
+        .tensors
+        .iter()
+        .fold(0u64, |acc, t| acc.saturating_add(align_up(t.size, align)));
+    Ok(Plan {
+        weights_bytes: live.weights_bytes,
+        naive_bytes,
+        lower_bound_bytes: lb,
+        lower_bound_original_order_bytes: sched.original_peak,
+        arena_bytes: ip.arena,
+        alignment: align,
+        schedule_names: sched.order.iter().map(|&n| node_label(g, n)).collect(),
+        tensors,
+        schedule: sched.order,
+        peak_tensors,
+        peak_step: step,
+        aliases: live.aliases,
+        heuristic: sched.heuristic.to_string(),
+        strategy: ip.strategy,
+    })
+}
+
+/// Checks a graph plan at tensor level, independently of how it was made:
+/// the schedule is a topological order of `g`, each tensor's lifetime
+/// covers its producer and readers, and [`check_plan`] holds for the
+/// tensors and declared in-place pairs.
+pub fn check_graph_plan(g: &Graph, plan: &Plan) -> Result<(), Vec<CheckError>> {
+    let mut errs = Vec::new();
+    if let Err(e) = crate::schedule::check_schedule(g, &plan.schedule) {
+        errs.push(CheckError(e.to_string()));
+        return Err(errs);
+    }
+    let mut pos = vec![usize::MAX; g.order().iter().map(|n| n.index() + 1).max().unwrap_or(0)];
+    for (i, n) in plan.schedule.iter().enumerate() {
+        pos[n.index()] = i;
+    }
+    for t in &plan.tensors {
+        if let Some((p, _)) = g.producer(t.value) {
+            if pos.get(p.index()).copied() != Some(t.first) {
+                errs.push(CheckError(format!(
+                    "tensor '{}' starts at {} but is produced at another step",
+                    t.name, t.first
+                )));
+            }
+        }
+        for u in g.uses(t.value) {
+            let at = pos.get(u.node().index()).copied().unwrap_or(usize::MAX);
+            if at != usize::MAX && at > t.last {
+                errs.push(CheckError(format!(
+                    "tensor '{}' is read at step {at} after its last step {}",
+                    t.name, t.last
+                )));
+            }
+        }
+        if g.is_output(t.value) && t.last + 1 < plan.schedule.len() {
+            errs.push(CheckError(format!(
+                "graph output '{}' dies before the end",
+                t.name
+            )));
+        }
+    }
+    let bufs: Vec<Buffer> = plan
+        .tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Buffer::new(i as u64, t.first as i64, t.last as i64 + 1, t.size))
+        .collect();
+    let offsets: Vec<u64> = plan.tensors.iter().map(|t| t.offset).collect();
+    if let Err(e) = check_plan(
+        &bufs,
+        &offsets,
+        plan.arena_bytes,
+        plan.alignment,
+        &plan.aliases,
+    ) {
+        errs.extend(e);
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs)
+    }
+}

@@ -1,0 +1,286 @@
+//! Memory-aware scheduling: pick a topological order with a low peak of
+//! live bytes.
+//!
+//! Candidates (the best peak wins, ties go to the earlier candidate, and
+//! the original order is the first candidate, so the result is never worse
+//! than the original order):
+//! 1. the original order;
+//! 2. greedy list scheduling: among ready nodes, run the one that frees the
+//!    most bytes net of what it allocates (ties: original position);
+//! 3. the same, preferring the node that allocates the least;
+//! 4. depth-first post-order from the sinks, as XLA's `DFSMemoryScheduler`:
+//!    operands with the largest subtree first, so big subtrees finish (and
+//!    free their temporaries) before small ones start.
+//!
+//! Every candidate is scored by [`crate::liveness`] under the in-place
+//! rules, so merging is taken into account.
+
+use crate::inplace::{inplace_rule, InPlace};
+use crate::liveness::{liveness, peak, value_size};
+use crate::PlanError;
+use graphopt_ir::{Graph, NodeId};
+
+/// Checks that `schedule` lists every node of `g` once, producers first.
+pub fn check_schedule(g: &Graph, schedule: &[NodeId]) -> Result<(), PlanError> {
+    let cap = g.order().iter().map(|n| n.index() + 1).max().unwrap_or(0);
+    let mut member = vec![false; cap];
+    for n in g.nodes() {
+        member[n.index()] = true;
+    }
+    let mut pos = vec![usize::MAX; cap];
+    for (i, &n) in schedule.iter().enumerate() {
+        if n.index() >= cap || pos[n.index()] != usize::MAX || !member[n.index()] {
+            return Err(PlanError::BadSchedule(format!(
+                "node {n} is unknown or listed twice"
+            )));
+        }
+        pos[n.index()] = i;
+    }
+    if schedule.len() != g.node_count() {
+        return Err(PlanError::BadSchedule(format!(
+            "{} nodes scheduled, the graph has {}",
+            schedule.len(),
+            g.node_count()
+        )));
+    }
+    for (i, &n) in schedule.iter().enumerate() {
+        let d = g.node(n);
+        for &v in d.inputs().iter().flatten().chain(d.captures()) {
+            if let Some((p, _)) = g.producer(v) {
+                if pos
+                    .get(p.index())
+                    .is_some_and(|&pp| pp != usize::MAX && pp >= i)
+                {
+                    return Err(PlanError::BadSchedule(format!(
+                        "'{}' reads '{}' before '{}' writes it",
+                        d.name,
+                        g.name(v),
+                        g.node(p).name
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Dependency lists over program order positions.
+struct Deps {
+    nodes: Vec<NodeId>,
+    preds: Vec<Vec<usize>>,
+    succs: Vec<Vec<usize>>,
+}
+
+fn deps(g: &Graph) -> Deps {
+    let nodes: Vec<NodeId> = g.nodes().collect();
+    let cap = nodes.iter().map(|n| n.index() + 1).max().unwrap_or(0);
+    let mut pos = vec![usize::MAX; cap];
+    for (i, n) in nodes.iter().enumerate() {
+        pos[n.index()] = i;
+    }
+    let mut preds = vec![Vec::new(); nodes.len()];
+    let mut succs = vec![Vec::new(); nodes.len()];
+    for (i, &n) in nodes.iter().enumerate() {
+        let d = g.node(n);
+        for &v in d.inputs().iter().flatten().chain(d.captures()) {
+            if let Some((p, _)) = g.producer(v) {
+                if let Some(&pi) = pos.get(p.index()) {
+                    if pi != usize::MAX && pi != i && !preds[i].contains(&pi) {
+                        preds[i].push(pi);
+                        succs[pi].push(i);
+                    }
+                }
+            }
+        }
+    }
+    Deps {
+        nodes,
+        preds,
+        succs,
+    }
+}
+
+/// Greedy list scheduling. `prefer_small` ranks by bytes allocated first.
+fn list_schedule(g: &Graph, d: &Deps, prefer_small: bool) -> Vec<NodeId> {
+    let n = d.nodes.len();
+    let nvals = g.values().map(|v| v.index() + 1).max().unwrap_or(0);
+    // Remaining reads (by node) of each value.
+    let mut readers = vec![0usize; nvals];
+    for &nid in &d.nodes {
+        let nd = g.node(nid);
+        let mut seen: Vec<usize> = nd
+            .inputs()
+            .iter()
+            .flatten()
+            .chain(nd.captures())
+            .map(|v| v.index())
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for v in seen {
+            readers[v] += 1;
+        }
+    }
+    let arena_value = |v: graphopt_ir::ValueId| g.initializer(v).is_none() || g.is_input(v);
+    let mut indeg: Vec<usize> = d.preds.iter().map(Vec::len).collect();
+    let mut ready: Vec<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
+    let mut out = Vec::with_capacity(n);
+    while !ready.is_empty() {
+        let score = |i: usize| -> (i128, i128) {
+            let nd = g.node(d.nodes[i]);
+            let view = nd.domain.is_empty() && inplace_rule(&nd.op_type) == InPlace::View;
+            let alloc: u64 = if view {
+                0
+            } else {
+                nd.outputs()
+                    .iter()
+                    .flatten()
+                    .filter_map(|&o| value_size(g, o))
+                    .sum()
+            };
+            let mut ins: Vec<graphopt_ir::ValueId> = nd
+                .inputs()
+                .iter()
+                .flatten()
+                .chain(nd.captures())
+                .copied()
+                .collect();
+            ins.sort_unstable();
+            ins.dedup();
+            let freed: u64 = ins
+                .iter()
+                .filter(|&&v| readers[v.index()] == 1 && !g.is_output(v) && arena_value(v))
+                .filter_map(|&v| value_size(g, v))
+                .sum();
+            let net = freed as i128 - alloc as i128;
+            if prefer_small {
+                (-(alloc as i128), net)
+            } else {
+                (net, -(alloc as i128))
+            }
+        };
+        let (k, _) = ready
+            .iter()
+            .enumerate()
+            .max_by(|(_, &a), (_, &b)| score(a).cmp(&score(b)).then(b.cmp(&a)))
+            .expect("ready is not empty");
+        let i = ready.swap_remove(k);
+        out.push(d.nodes[i]);
+        let nd = g.node(d.nodes[i]);
+        let mut ins: Vec<usize> = nd
+            .inputs()
+            .iter()
+            .flatten()
+            .chain(nd.captures())
+            .map(|v| v.index())
+            .collect();
+        ins.sort_unstable();
+        ins.dedup();
+        for v in ins {
+            readers[v] = readers[v].saturating_sub(1);
+        }
+        for &s in &d.succs[i] {
+            indeg[s] -= 1;
+            if indeg[s] == 0 {
+                ready.push(s);
+            }
+        }
+    }
+    out
+}
+
+/// Depth-first post-order from the sinks, largest operand subtree first.
+fn dfs_schedule(g: &Graph, d: &Deps) -> Vec<NodeId> {
+    let n = d.nodes.len();
+    // Subtree weight: bytes produced by a node and its ancestors (capped
+    // sums of a DAG overcount shared parts; fine for an ordering hint).
+    let mut weight = vec![0u128; n];
+    for i in 0..n {
+        let own: u64 = g
+            .node(d.nodes[i])
+            .outputs()
+            .iter()
+            .flatten()
+            .filter_map(|&o| value_size(g, o))
+            .sum();
+        weight[i] = own as u128 + d.preds[i].iter().map(|&p| weight[p]).sum::<u128>();
+    }
+    let mut done = vec![false; n];
+    let mut out = Vec::with_capacity(n);
+    // Sinks in original order; then anything left (cannot happen in a DAG).
+    let roots: Vec<usize> = (0..n).filter(|&i| d.succs[i].is_empty()).collect();
+    for r in roots.into_iter().chain(0..n) {
+        if done[r] {
+            continue;
+        }
+        // Iterative post-order: (node, expanded).
+        let mut stack = vec![(r, false)];
+        while let Some((i, expanded)) = stack.pop() {
+            if done[i] {
+                continue;
+            }
+            if expanded {
+                done[i] = true;
+                out.push(d.nodes[i]);
+                continue;
+            }
+            stack.push((i, true));
+            let mut ps: Vec<usize> = d.preds[i].iter().copied().filter(|&p| !done[p]).collect();
+            // Pushed last = visited first: the heaviest operand goes first.
+            ps.sort_by(|&a, &b| weight[a].cmp(&weight[b]).then(b.cmp(&a)));
+            for p in ps {
+                stack.push((p, false));
+            }
+        }
+    }
+    out
+}
+
+/// A schedule and its peak live bytes.
+#[derive(Clone, Debug)]
+pub struct Scheduled {
+    pub order: Vec<NodeId>,
+    pub peak: u64,
+    pub original_peak: u64,
+    /// Which heuristic won (`original`, `greedy-free`, `greedy-small`, `dfs`).
+    pub heuristic: &'static str,
+}
+
+/// Picks the schedule with the lowest peak among the heuristics above.
+/// The graph must be acyclic and its program order topological.
+pub fn memory_aware_schedule(g: &Graph, reorder: bool) -> Result<Scheduled, PlanError> {
+    let original: Vec<NodeId> = g.nodes().collect();
+    check_schedule(g, &original)?;
+    let peak_of = |order: &[NodeId]| -> Result<u64, PlanError> {
+        let l = liveness(g, order)?;
+        Ok(peak(&l.storages, order.len()).0)
+    };
+    let original_peak = peak_of(&original)?;
+    let mut best = Scheduled {
+        order: original,
+        peak: original_peak,
+        original_peak,
+        heuristic: "original",
+    };
+    if !reorder {
+        return Ok(best);
+    }
+    let d = deps(g);
+    let candidates: [(&'static str, Vec<NodeId>); 3] = [
+        ("greedy-free", list_schedule(g, &d, false)),
+        ("greedy-small", list_schedule(g, &d, true)),
+        ("dfs", dfs_schedule(g, &d)),
+    ];
+    for (name, order) in candidates {
+        if check_schedule(g, &order).is_err() {
+            continue; // a cycle left nodes out: keep what we have
+        }
+        let p = peak_of(&order)?;
+        if p < best.peak {
+            best.order = order;
+            best.peak = p;
+            best.heuristic = name;
+        }
+    }
+    Ok(best)
+}

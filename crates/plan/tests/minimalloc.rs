@@ -1,0 +1,45 @@
+//! The eleven MiniMalloc "challenging" instances: every plan must be valid
+//! and never worse than greedy (timing is measured by the example
+//! `minimalloc_bench` in release, not here).
+
+use graphopt_plan::{check_plan, plan_intervals, read_minimalloc_csv, IntervalOptions};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[test]
+fn challenging_instances_are_valid() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/benchmarks/minimalloc-challenging");
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        eprintln!(
+            "note: {} is absent; skipping the MiniMalloc instances",
+            dir.display()
+        );
+        return;
+    };
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    files.sort();
+    assert_eq!(
+        files.len(),
+        11,
+        "expected 11 instances in {}",
+        dir.display()
+    );
+    for f in files {
+        let bufs = read_minimalloc_csv(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        let opts = IntervalOptions {
+            alignment: 1,
+            time_limit: Duration::from_millis(100),
+            search: true,
+            node_budget: u64::MAX,
+        };
+        let plan = plan_intervals(&bufs, &opts);
+        check_plan(&bufs, &plan.offsets, plan.arena, 1, &[])
+            .unwrap_or_else(|e| panic!("{}: {e:?}", f.display()));
+        assert!(plan.arena >= plan.lower_bound);
+        assert!(plan.arena <= plan.greedy_arena);
+    }
+}
