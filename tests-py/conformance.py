@@ -1,0 +1,413 @@
+#!/usr/bin/env python3
+"""ONNX backend node-test conformance of `graphopt optimize --passes none`.
+
+    python3 tests-py/conformance.py --graphopt target/debug/graphopt [--out DIR] [--jobs N]
+
+Generates the ONNX backend *node* test cases from the installed onnx package
+(onnx.backend.test.case.node.collect_testcases; the wheel ships the generators,
+not the data), writes each case's model.onnx, roundtrips it through
+`graphopt optimize IN -o OUT --passes none`, and then:
+
+  * the roundtripped file must load as a ModelProto;
+  * onnx.checker must pass on it (full_check if it passed on the original,
+    otherwise the plain check if that passed on the original);
+  * structure must be preserved: node count (incl. subgraphs), op multiset,
+    graph input/output names, opset imports, model-local functions;
+  * if ORT can run the ORIGINAL on the case inputs, the ROUNDTRIPPED model must
+    run too and give bit-identical outputs (NaN == NaN). Whether the original
+    also matches the case's expected outputs (rtol/atol) is reported, not required.
+
+`--suites node,simple,pytorch-converted,pytorch-operator` (or `all`) adds the
+~140 multi-node model cases shipped as files inside the onnx wheel.
+
+Classes:
+  pass  all of the above
+  fail  graphopt error/timeout, unloadable output, checker/structure regression,
+        ORT cannot run the roundtripped model, or output mismatch
+  skip  "ort cannot run original" (structural checks above still enforced), or
+        "nondeterministic" (the original disagrees with itself across two runs)
+
+Prints per-class counts and failing case names; the final line is
+`N passed, M failed, K skipped`; exit 1 if anything failed.
+Per-case details go to DIR/results.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (  # noqa: E402
+    allclose_nested, bit_equal, check_level, checker_error, compare_structure, resolve_graphopt,
+    run_optimize, short_err,
+)
+
+CASES: list = []  # filled in the parent before the pool forks
+CFG: dict = {}
+
+
+DATA_SUITES = ("simple", "pytorch-converted", "pytorch-operator")
+
+
+def _read_pb(path: str, type_proto):
+    with open(path, "rb") as f:
+        data = f.read()
+    if type_proto.HasField("sequence_type"):
+        p = onnx.SequenceProto()
+        p.ParseFromString(data)
+        return numpy_helper.to_list(p)
+    if type_proto.HasField("optional_type"):
+        p = onnx.OptionalProto()
+        p.ParseFromString(data)
+        return numpy_helper.to_optional(p)
+    if type_proto.HasField("map_type"):
+        p = onnx.MapProto()
+        p.ParseFromString(data)
+        return numpy_helper.to_dict(p)
+    p = onnx.TensorProto()
+    p.ParseFromString(data)
+    return numpy_helper.to_array(p)
+
+
+def collect_data_suite(suite: str):
+    """Model test cases shipped as files in the onnx wheel (onnx/backend/test/data/SUITE)."""
+    from onnx.backend.test.case.test_case import TestCase
+
+    root = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", suite)
+    cases = []
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        d = os.path.join(root, name)
+        mp = os.path.join(d, "model.onnx")
+        ds = os.path.join(d, "test_data_set_0")
+        if not (os.path.isfile(mp) and os.path.isdir(ds)):
+            continue
+        model = onnx.load(mp)
+        init = {t.name for t in model.graph.initializer}
+        gin = [i for i in model.graph.input if i.name not in init]
+        inputs, outputs = [], []
+        for j, vi in enumerate(gin):
+            f = os.path.join(ds, f"input_{j}.pb")
+            if os.path.exists(f):
+                inputs.append(_read_pb(f, vi.type))
+        for j, vi in enumerate(model.graph.output):
+            f = os.path.join(ds, f"output_{j}.pb")
+            if os.path.exists(f):
+                outputs.append(_read_pb(f, vi.type))
+        cases.append(TestCase(name=f"{suite}/{name}", model_name=name, url=None, model_dir=d,
+                              model=model, data_sets=[(inputs, outputs)], kind=suite,
+                              rtol=1e-3, atol=1e-7))
+    return cases
+
+
+def collect_cases(pattern: str | None, suites=("node",)):
+    import onnx.backend.test.case.node as node_cases
+
+    cases = []
+    if "node" in suites:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            np_err = np.seterr(all="ignore")
+            try:
+                cases = node_cases.collect_testcases(None)
+            finally:
+                np.seterr(**np_err)
+        cases = [c for c in cases if c.kind == "node" and c.model is not None]
+    for suite in suites:
+        if suite in DATA_SUITES:
+            cases += collect_data_suite(suite)
+        elif suite != "node":
+            raise SystemExit(f"unknown suite {suite!r}; known: node, {', '.join(DATA_SUITES)}")
+    if pattern:
+        rx = re.compile(pattern)
+        cases = [c for c in cases if rx.search(c.name)]
+    return sorted(cases, key=lambda c: c.name)
+
+
+# ----------------------------------------------------------------- ORT feeding
+
+def _to_value(x):
+    """Case data -> value ORT's python API accepts (TensorProto -> ndarray, recursively)."""
+    if isinstance(x, onnx.TensorProto):
+        return numpy_helper.to_array(x)
+    if isinstance(x, list):
+        return [_to_value(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _to_value(v) for k, v in x.items()}
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    return x
+
+
+_FLOAT8 = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ,
+           onnx.TensorProto.FLOAT8E5M2, onnx.TensorProto.FLOAT8E5M2FNUZ}
+
+
+def _ort_input(v):
+    """float8 arrays (ml_dtypes) can't be fed directly; wrap them as typed OrtValues."""
+    if isinstance(v, np.ndarray) and v.dtype.kind == "V" and v.dtype.itemsize == 1:
+        try:
+            et = onnx.helper.np_dtype_to_tensor_dtype(v.dtype)
+        except Exception:  # noqa: BLE001
+            return v
+        if et in _FLOAT8:
+            import onnxruntime as ort
+
+            return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                np.ascontiguousarray(v).view(np.uint8), et)
+    return v
+
+
+def make_feed(model: onnx.ModelProto, inputs):
+    init_names = {t.name for t in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in init_names]
+    feed = {}
+    for vi, val in zip(graph_inputs, inputs):
+        v = _to_value(val)
+        if v is None:  # absent optional: leave unfed
+            continue
+        feed[vi.name] = _ort_input(v)
+    return feed
+
+
+def _ort_err(e: Exception) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else type(e).__name__)[:240]
+
+
+def run_ort(path: str, feed):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 4
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)
+
+
+# --------------------------------------------------------------------- worker
+
+def _proto_identical(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """Informational: equal after clearing fields a roundtrip may legitimately rewrite."""
+    a2, b2 = onnx.ModelProto(), onnx.ModelProto()
+    a2.CopyFrom(a)
+    b2.CopyFrom(b)
+    for m in (a2, b2):
+        m.ClearField("producer_name")
+        m.ClearField("producer_version")
+    return a2.SerializeToString(deterministic=True) == b2.SerializeToString(deterministic=True)
+
+
+def run_case(idx: int) -> dict:
+    try:
+        return _run_case(idx)
+    except Exception as e:  # noqa: BLE001
+        return {"name": CASES[idx].name, "cls": "fail", "expected_match": None, "proto_identical": None,
+                "reason": f"harness error: {type(e).__name__}: {e}"[:300]}
+
+
+def _run_case(idx: int) -> dict:
+    case = CASES[idx]
+    out_dir = os.path.join(CFG["out"], case.name)
+    src = os.path.join(out_dir, "model.onnx")
+    dst = os.path.join(out_dir, "roundtrip.onnx")
+    res = {"name": case.name, "cls": None, "reason": "", "expected_match": None,
+           "proto_identical": None}
+    t0 = time.perf_counter()
+    try:
+        proc = run_optimize(CFG["graphopt"], src, dst, "none", timeout=CFG["timeout"])
+    except Exception as e:  # noqa: BLE001 (TimeoutExpired, OSError)
+        res.update(cls="fail", reason=f"graphopt did not finish: {type(e).__name__}: {e}"[:300])
+        return res
+    res["graphopt_s"] = round(time.perf_counter() - t0, 4)
+    if proc.returncode != 0:
+        res.update(cls="fail", reason=f"graphopt exit {proc.returncode}: {short_err(proc)}")
+        with open(os.path.join(out_dir, "graphopt.stderr"), "w") as f:
+            f.write(proc.stderr or "")
+        return res
+    try:
+        new = onnx.load(dst)
+    except Exception as e:  # noqa: BLE001
+        res.update(cls="fail", reason=f"output not a loadable ModelProto: {e}"[:300])
+        return res
+    orig = case.model
+    res["proto_identical"] = _proto_identical(orig, new)
+
+    # checker: no regression w.r.t. the original
+    lvl_orig = check_level(orig, full=True)
+    if lvl_orig:
+        lvl_new = check_level(new, full=lvl_orig == 2)
+        want = lvl_orig if lvl_orig == 1 else 2
+        if lvl_new < want:
+            res.update(cls="fail", reason="checker fails on roundtrip (passes on original): "
+                       + checker_error(new, full=lvl_orig == 2))
+            return res
+
+    diffs = compare_structure(orig, new)
+    if diffs:
+        res.update(cls="fail", reason="structure changed: " + "; ".join(diffs)[:400])
+        return res
+
+    inputs, expected = case.data_sets[0]
+    try:
+        feed = make_feed(orig, inputs)
+        ref = run_ort(src, feed)
+    except Exception as e:  # noqa: BLE001
+        res.update(cls="skip", reason="ort cannot run original: " + _ort_err(e))
+        return res
+    try:
+        got = run_ort(dst, make_feed(new, inputs))
+    except Exception as e:  # noqa: BLE001
+        res.update(cls="fail", reason="ORT runs original but not roundtrip: " + _ort_err(e))
+        return res
+    try:
+        res["expected_match"] = bool(len(ref) == len(expected) and all(
+            allclose_nested(r, _to_value(e), case.rtol, case.atol) for r, e in zip(ref, expected)))
+    except Exception:  # noqa: BLE001
+        res["expected_match"] = False
+    if len(got) != len(ref):
+        res.update(cls="fail", reason=f"{len(got)} outputs vs {len(ref)}")
+        return res
+    for i, (a, b) in enumerate(zip(got, ref)):
+        ok, why = bit_equal(a, b)
+        if not ok:
+            # Nondeterministic op (random*, dropout...)? Compare the original with itself.
+            try:
+                ref2 = run_ort(src, feed)
+                self_ok = all(bit_equal(x, y)[0] for x, y in zip(ref, ref2))
+            except Exception:  # noqa: BLE001
+                self_ok = True
+            if not self_ok:
+                res.update(cls="skip", reason="nondeterministic: original disagrees with itself")
+                return res
+            res.update(cls="fail", reason=f"output {i} ({orig.graph.output[i].name}) differs: {why}")
+            return res
+    res["cls"] = "pass"
+    return res
+
+
+def _init_worker(cfg):
+    CFG.update(cfg)
+    warnings.simplefilter("ignore")
+
+
+# ----------------------------------------------------------------------- main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graphopt", help="graphopt binary or command (default: $GRAPHOPT, target/{release,debug})")
+    ap.add_argument("--out", help="work directory (kept); default: a temp dir that is removed")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("-k", "--filter", help="regex on case names")
+    ap.add_argument("--suites", default="node",
+                    help="comma-separated: node (generated, default), and/or the model cases shipped "
+                         f"in the onnx wheel: {', '.join(DATA_SUITES)}; 'all' = every one")
+    ap.add_argument("--timeout", type=float, default=60, help="per graphopt invocation (s)")
+    ap.add_argument("--list-skips", action="store_true", help="print every skipped case and reason")
+    ap.add_argument("--expect-fail", help="file with case names (one per line) allowed to fail")
+    args = ap.parse_args()
+
+    t_start = time.perf_counter()
+    graphopt = resolve_graphopt(args.graphopt)
+    suites = ("node", *DATA_SUITES) if args.suites == "all" else tuple(args.suites.split(","))
+    cases = collect_cases(args.filter, suites)
+    CASES.extend(cases)
+    out = args.out or tempfile.mkdtemp(prefix="graphopt-conformance-")
+    out = os.path.abspath(out)
+    os.makedirs(out, exist_ok=True)
+    for c in cases:
+        d = os.path.join(out, c.name)
+        os.makedirs(d, exist_ok=True)
+        for stale in ("roundtrip.onnx", "graphopt.stderr"):
+            if os.path.exists(os.path.join(d, stale)):
+                os.remove(os.path.join(d, stale))
+        with open(os.path.join(d, "model.onnx"), "wb") as f:
+            f.write(c.model.SerializeToString())
+    t_gen = time.perf_counter() - t_start
+    print(f"# {len(cases)} cases ({'+'.join(suites)}) from onnx {onnx.__version__} written to {out} ({t_gen:.1f}s)",
+          flush=True)
+
+    cfg = {"graphopt": graphopt, "out": out, "timeout": args.timeout}
+    _init_worker(cfg)
+    results = []
+    t_run = time.perf_counter()
+    try:
+        if args.jobs <= 1:
+            for i in range(len(cases)):
+                results.append(run_case(i))
+        else:
+            ctx = mp.get_context("fork")
+            with ctx.Pool(args.jobs, initializer=_init_worker, initargs=(cfg,)) as pool:
+                for r in pool.imap_unordered(run_case, range(len(cases)), chunksize=4):
+                    results.append(r)
+                    if len(results) % 250 == 0:
+                        print(f"#   {len(results)}/{len(cases)} ...", flush=True)
+    finally:
+        pass
+    t_run = time.perf_counter() - t_run
+    results.sort(key=lambda r: r["name"])
+
+    allowed = set()
+    if args.expect_fail:
+        with open(args.expect_fail) as f:
+            allowed = {ln.strip() for ln in f if ln.strip() and not ln.startswith("#")}
+    for r in results:
+        if r["cls"] == "fail" and r["name"] in allowed:
+            r["cls"] = "xfail"
+
+    counts = Counter(r["cls"] for r in results)
+    skip_reasons = Counter(re.sub(r":.*", "", r["reason"]) for r in results if r["cls"] == "skip")
+    passes = [r for r in results if r["cls"] == "pass"]
+    exp_ok = sum(1 for r in passes if r["expected_match"])
+    identical = sum(1 for r in results if r["proto_identical"])
+    loaded = sum(1 for r in results if r["proto_identical"] is not None)
+    gtimes = [r["graphopt_s"] for r in results if "graphopt_s" in r]
+
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"graphopt": graphopt, "onnx": onnx.__version__, "counts": dict(counts),
+                   "cases": results}, f, indent=1)
+
+    fails = [r for r in results if r["cls"] == "fail"]
+    if fails:
+        print(f"\nFAILED ({len(fails)}):")
+        for r in fails:
+            print(f"  {r['name']}: {r['reason']}")
+    if args.list_skips:
+        print("\nSKIPPED:")
+        for r in results:
+            if r["cls"] == "skip":
+                print(f"  {r['name']}: {r['reason']}")
+    fail_kinds = Counter(re.sub(r"[:(].*", "", r["reason"]).strip() for r in fails)
+    print("\n# classes:", ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    if fail_kinds:
+        print("# failure kinds:", ", ".join(f"{k}: {v}" for k, v in fail_kinds.most_common()))
+    print("# skip reasons:", ", ".join(f"{k}: {v}" for k, v in skip_reasons.most_common()) or "-")
+    print(f"# passes whose original also matches the expected outputs (rtol/atol): {exp_ok}/{len(passes)}")
+    print(f"# roundtrip protos identical to the original (ignoring producer): {identical}/{loaded}")
+    if gtimes:
+        print(f"# graphopt per call: mean {1000 * np.mean(gtimes):.1f} ms, max {1000 * max(gtimes):.0f} ms;"
+              f" run phase {t_run:.1f}s with {args.jobs} jobs; total {time.perf_counter() - t_start:.1f}s")
+    if counts.get("xfail"):
+        print(f"# {counts['xfail']} expected failures (--expect-fail)")
+    if not args.out:
+        shutil.rmtree(out, ignore_errors=True)
+    print(f"{counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, {counts.get('skip', 0)} skipped")
+    return 1 if counts.get("fail") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
