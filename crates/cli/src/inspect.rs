@@ -7,8 +7,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 pub fn run(input: &Path, as_json: bool, dims: &[String]) -> anyhow::Result<()> {
-    let _dims = crate::util::parse_dims(dims)?;
-    let loaded = graphopt_onnx::load(input)?;
+    let dims = crate::util::parse_dims(dims)?;
+    let mut loaded = graphopt_onnx::load(input)?;
+    // Inference binds `--dim`s into the input/output shapes and tells which
+    // ops have no shape rule.
+    let inferred = graphopt_ir::infer::infer_model(&mut loaded.model, &graphopt_ir::infer::InferOptions { dims });
     let m = &loaded.model;
     let g = &m.graph;
 
@@ -64,10 +67,11 @@ pub fn run(input: &Path, as_json: bool, dims: &[String]) -> anyhow::Result<()> {
         "parameters": params,
         "parameter_bytes": bytes,
         "bytes_by_dtype": by_dtype.iter().map(|(k, v)| (k.clone(), json!({"elements": v.0, "bytes": v.1}))).collect::<BTreeMap<_, _>>(),
+        "ops_without_shape_rule": inferred.unknown_ops,
         "functions": m.functions.iter().map(|f| format!("{}.{}", f.domain, f.name)).collect::<Vec<_>>(),
     });
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::util::print_out(&format!("{}\n", serde_json::to_string_pretty(&report)?));
         return Ok(());
     }
     print_text(m, &report, file_size);
@@ -91,8 +95,10 @@ fn walk(g: &Graph, ops: &mut BTreeMap<String, usize>, by_dtype: &mut BTreeMap<St
 }
 
 fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
-    println!("model      {}", r["file"].as_str().unwrap_or(""));
-    println!(
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "model      {}", r["file"].as_str().unwrap_or(""));
+    let _ = writeln!(out, 
         "size       {}{}",
         human_bytes(file_size),
         if r["external_data"] == true {
@@ -101,8 +107,8 @@ fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
             ""
         }
     );
-    println!("producer   {}", r["producer"].as_str().unwrap_or(""));
-    println!("ir_version {}", m.ir_version);
+    let _ = writeln!(out, "producer   {}", r["producer"].as_str().unwrap_or(""));
+    let _ = writeln!(out, "ir_version {}", m.ir_version);
     let opsets: Vec<String> = m
         .opset_imports
         .iter()
@@ -118,25 +124,25 @@ fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
             )
         })
         .collect();
-    println!("opsets     {}", opsets.join(", "));
+    let _ = writeln!(out, "opsets     {}", opsets.join(", "));
     for (label, key) in [("inputs", "inputs"), ("outputs", "outputs")] {
-        println!("{label}:");
+        let _ = writeln!(out, "{label}:");
         for v in r[key].as_array().into_iter().flatten() {
-            println!(
+            let _ = writeln!(out, 
                 "  {:<30} {}",
                 v["name"].as_str().unwrap_or(""),
                 v["type"].as_str().unwrap_or("")
             );
         }
     }
-    println!(
+    let _ = writeln!(out, 
         "parameters {} ({})",
         r["parameters"],
         human_bytes(r["parameter_bytes"].as_u64().unwrap_or(0))
     );
     if let Some(o) = r["bytes_by_dtype"].as_object() {
         for (k, v) in o {
-            println!(
+            let _ = writeln!(out, 
                 "  {:<12} {:>14} elements {:>12}",
                 k,
                 v["elements"],
@@ -144,7 +150,7 @@ fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
             );
         }
     }
-    println!("nodes      {}", r["nodes"]);
+    let _ = writeln!(out, "nodes      {}", r["nodes"]);
     if let Some(o) = r["ops"].as_object() {
         let mut v: Vec<(&String, u64)> = o
             .iter()
@@ -152,10 +158,15 @@ fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
             .collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         for (k, c) in v {
-            println!("  {:<28} {:>6}", k, c);
+            let _ = writeln!(out, "  {:<28} {:>6}", k, c);
         }
     }
-    if !m.functions.is_empty() {
-        println!("functions  {}", m.functions.len());
+    if let Some(u) = r["ops_without_shape_rule"].as_array().filter(|u| !u.is_empty()) {
+        let names: Vec<&str> = u.iter().filter_map(|x| x.as_str()).collect();
+        let _ = writeln!(out, "no shape rule for: {}", names.join(", "));
     }
+    if !m.functions.is_empty() {
+        let _ = writeln!(out, "functions  {}", m.functions.len());
+    }
+    crate::util::print_out(&out);
 }

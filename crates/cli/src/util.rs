@@ -62,3 +62,12 @@ pub fn human_bytes(b: u64) -> String {
         format!("{v:.2} {}", UNITS[u])
     }
 }
+
+/// Writes to stdout; a closed pipe (`graphopt inspect m.onnx | head`) is not
+/// an error and not a panic.
+pub fn print_out(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
