@@ -544,87 +544,53 @@ fn infer_attr_kind(a: &pb::AttributeProto) -> AttrKind {
 /// Converts the typed data fields to ONNX's packed little-endian raw layout.
 fn typed_to_raw(dtype: DType, n: u64, t: &pb::TensorProto) -> Result<Bytes, OnnxError> {
     use DType::*;
-    let count_err = |have: usize| {
-        OnnxError::new(format!(
-            "tensor '{}' ({dtype} {:?}) has {have} values, expected {n}",
-            t.name.as_deref().unwrap_or(""),
-            t.dims
-        ))
-    };
-    let mut out: Vec<u8> = Vec::new();
-    match dtype {
-        F32 | Complex64 => {
-            let want = if dtype == Complex64 { n * 2 } else { n };
-            if t.float_data.len() as u64 != want {
-                return Err(count_err(t.float_data.len()));
-            }
-            out.extend(t.float_data.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        F64 | Complex128 => {
-            let want = if dtype == Complex128 { n * 2 } else { n };
-            if t.double_data.len() as u64 != want {
-                return Err(count_err(t.double_data.len()));
-            }
-            out.extend(t.double_data.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        I64 => {
-            if t.int64_data.len() as u64 != n {
-                return Err(count_err(t.int64_data.len()));
-            }
-            out.extend(t.int64_data.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        U32 | U64 => {
-            if t.uint64_data.len() as u64 != n {
-                return Err(count_err(t.uint64_data.len()));
-            }
-            for v in &t.uint64_data {
-                if dtype == U32 {
-                    out.extend((*v as u32).to_le_bytes());
-                } else {
-                    out.extend(v.to_le_bytes());
-                }
-            }
-        }
-        I32 => {
-            if t.int32_data.len() as u64 != n {
-                return Err(count_err(t.int32_data.len()));
-            }
-            out.extend(t.int32_data.iter().flat_map(|v| v.to_le_bytes()));
-        }
-        I16 | U16 | F16 | BF16 => {
-            if t.int32_data.len() as u64 != n {
-                return Err(count_err(t.int32_data.len()));
-            }
-            out.extend(t.int32_data.iter().flat_map(|v| (*v as u16).to_le_bytes()));
-        }
+    fn le<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+        v.iter().flat_map(|&x| f(x)).collect()
+    }
+    let i32s = &t.int32_data;
+    // (values present, values expected, packed bytes)
+    let (have, want, out) = match dtype {
+        F32 => (t.float_data.len(), n, le(&t.float_data, f32::to_le_bytes)),
+        Complex64 => (
+            t.float_data.len(),
+            n * 2,
+            le(&t.float_data, f32::to_le_bytes),
+        ),
+        F64 => (t.double_data.len(), n, le(&t.double_data, f64::to_le_bytes)),
+        Complex128 => (
+            t.double_data.len(),
+            n * 2,
+            le(&t.double_data, f64::to_le_bytes),
+        ),
+        I64 => (t.int64_data.len(), n, le(&t.int64_data, i64::to_le_bytes)),
+        U64 => (t.uint64_data.len(), n, le(&t.uint64_data, u64::to_le_bytes)),
+        U32 => (
+            t.uint64_data.len(),
+            n,
+            le(&t.uint64_data, |v| (v as u32).to_le_bytes()),
+        ),
+        I32 => (i32s.len(), n, le(i32s, i32::to_le_bytes)),
+        I16 | U16 | F16 | BF16 => (i32s.len(), n, le(i32s, |v| (v as u16).to_le_bytes())),
         I8 | U8 | Bool | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F8E8M0 | F6E2M3 | F6E3M2 => {
-            if t.int32_data.len() as u64 != n {
-                return Err(count_err(t.int32_data.len()));
-            }
-            out.extend(t.int32_data.iter().map(|v| *v as u8));
+            (i32s.len(), n, le(i32s, |v| [v as u8]))
         }
-        U4 | I4 | F4E2M1 => {
-            // Each int32 holds two packed 4-bit elements: one byte of raw data.
-            if t.int32_data.len() as u64 != n.div_ceil(2) {
-                return Err(count_err(t.int32_data.len() * 2));
-            }
-            out.extend(t.int32_data.iter().map(|v| *v as u8));
-        }
-        U2 | I2 => {
-            if t.int32_data.len() as u64 != n.div_ceil(4) {
-                return Err(count_err(t.int32_data.len() * 4));
-            }
-            out.extend(t.int32_data.iter().map(|v| *v as u8));
-        }
+        // Each int32 holds one byte of packed elements: two 4-bit or four 2-bit ones.
+        U4 | I4 | F4E2M1 => (i32s.len(), n.div_ceil(2), le(i32s, |v| [v as u8])),
+        U2 | I2 => (i32s.len(), n.div_ceil(4), le(i32s, |v| [v as u8])),
+        String | Undefined | Other(_) if n == 0 => return Ok(Bytes::new()),
         String | Undefined | Other(_) => {
-            if n == 0 {
-                return Ok(Bytes::new());
-            }
             return Err(OnnxError::new(format!(
                 "tensor '{}' has data type {dtype}, which has no numeric storage",
                 t.name.as_deref().unwrap_or("")
-            )));
+            )))
         }
+    };
+    if have as u64 != want {
+        return Err(OnnxError::new(format!(
+            "tensor '{}' ({dtype} {:?}) has {have} stored values, expected {want}",
+            t.name.as_deref().unwrap_or(""),
+            t.dims
+        )));
     }
     Ok(Bytes::from(out))
 }

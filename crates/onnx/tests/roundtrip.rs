@@ -337,3 +337,107 @@ fn every_model_proto_field_survives() {
         graphopt_proto::ModelProto::decode(&graphopt_onnx::encode(&l.model).unwrap()[..]).unwrap();
     assert_eq!(back, orig);
 }
+
+/// Typed data fields become ONNX's packed raw layout.
+#[test]
+fn typed_fields_become_raw_data() {
+    use graphopt_proto as pb;
+    let cases: Vec<(pb::TensorProto, Vec<u8>)> = vec![
+        (
+            pb::TensorProto {
+                data_type: Some(1),
+                dims: vec![2],
+                float_data: vec![1.0, -2.0],
+                ..Default::default()
+            },
+            [1.0f32.to_le_bytes(), (-2.0f32).to_le_bytes()].concat(),
+        ),
+        (
+            pb::TensorProto {
+                data_type: Some(10),
+                dims: vec![2],
+                int32_data: vec![0x3c00, 0xbc00],
+                ..Default::default()
+            },
+            vec![0x00, 0x3c, 0x00, 0xbc],
+        ),
+        (
+            pb::TensorProto {
+                data_type: Some(22),
+                dims: vec![3],
+                int32_data: vec![0x21, 0x03],
+                ..Default::default()
+            },
+            vec![0x21, 0x03],
+        ),
+        (
+            pb::TensorProto {
+                data_type: Some(12),
+                dims: vec![1],
+                uint64_data: vec![7],
+                ..Default::default()
+            },
+            vec![7, 0, 0, 0],
+        ),
+        (
+            pb::TensorProto {
+                data_type: Some(9),
+                dims: vec![2],
+                int32_data: vec![1, 0],
+                ..Default::default()
+            },
+            vec![1, 0],
+        ),
+        (
+            pb::TensorProto {
+                data_type: Some(15),
+                dims: vec![1],
+                double_data: vec![1.0, 2.0],
+                ..Default::default()
+            },
+            [1.0f64.to_le_bytes(), 2.0f64.to_le_bytes()].concat(),
+        ),
+    ];
+    for (mut t, want) in cases {
+        t.name = Some("w".into());
+        let m = pb::ModelProto {
+            ir_version: Some(8),
+            graph: Some(pb::GraphProto {
+                initializer: vec![t.clone()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let l = graphopt_onnx::decode(Bytes::from(m.encode_to_vec()), None).unwrap();
+        let g = &l.model.graph;
+        let raw = g
+            .initializer(g.initializers()[0])
+            .unwrap()
+            .raw()
+            .unwrap()
+            .to_vec();
+        assert_eq!(raw, want, "{t:?}");
+    }
+    // A count that does not match the dims is an error naming the tensor.
+    let bad = pb::TensorProto {
+        name: Some("w".into()),
+        data_type: Some(1),
+        dims: vec![3],
+        float_data: vec![1.0],
+        ..Default::default()
+    };
+    let m = pb::ModelProto {
+        graph: Some(pb::GraphProto {
+            initializer: vec![bad],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let e = graphopt_onnx::decode(Bytes::from(m.encode_to_vec()), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("initializer 'w'") && e.contains("expected 3"),
+        "{e}"
+    );
+}
