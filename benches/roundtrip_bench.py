@@ -18,6 +18,7 @@ prints a markdown table and writes benches/results/roundtrip.json.
 from __future__ import annotations
 
 import argparse
+import shutil
 import datetime
 import json
 import os
@@ -136,16 +137,28 @@ def warm_cache(files: list[str]) -> None:
 # ----------------------------------------------------------------- measuring
 
 def measure(cmd: list[str], log_path: str) -> dict:
-    """Run cmd; return wall seconds, peak RSS (bytes) via wait4, exit code, stdout."""
-    with open(log_path, "w") as err, tempfile.TemporaryFile("w+") as out:
+    """Run cmd; return wall seconds, peak RSS (bytes), exit code, stdout.
+
+    Peak RSS comes from GNU time (`/usr/bin/time -f %M`) when present: the
+    rusage that wait4 reports for a child also counts the memory of the
+    forked Python process before exec, which inflates small children.
+    """
+    gnu_time = shutil.which("time") if os.path.exists("/usr/bin/time") else None
+    with open(log_path, "w") as err, tempfile.TemporaryFile("w+") as out, \
+            tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
+        full = ["/usr/bin/time", "-f", "%M", "-o", rss_file.name, *cmd] if gnu_time else cmd
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err)
+        p = subprocess.Popen(full, stdout=out, stderr=err)
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         stdout = out.read()
-    rss = ru.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+        if gnu_time:
+            lines = [l for l in rss_file.read().split() if l.isdigit()]
+            rss = int(lines[-1]) * 1024 if lines else 0
+        else:
+            rss = ru.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     return {"wall_s": wall, "peak_rss_bytes": rss, "rc": p.returncode,
             "user_s": ru.ru_utime, "sys_s": ru.ru_stime, "stdout": stdout}
 
