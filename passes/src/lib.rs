@@ -72,6 +72,13 @@ pub trait Pass {
     fn name(&self) -> &'static str;
     /// Runs the pass once.
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError>;
+    /// True when the pass never changes arithmetic, so outputs stay
+    /// bit-identical (the numerical tests hold it to that); false for
+    /// rewrites that may round differently (fusions into weights, ...),
+    /// which are held to relative L2 ≤ 1e-5 instead.
+    fn exact(&self) -> bool {
+        true
+    }
 }
 
 /// One registry entry.
@@ -100,8 +107,18 @@ macro_rules! passes {
 }
 
 passes! {
+    cse::Cse => "common-subexpression elimination: identical nodes on identical inputs computed once",
     dce::Dce => "dead-code elimination: unused nodes, initializers, value_info and captures",
+    dedup_initializers::DedupInitializers => "shares initializers with identical content (every dtype); keeps tied weights tied",
     eliminate_identity::EliminateIdentity => "removes Identity nodes, keeping graph output names",
+    eliminate_noops::EliminateNoops => "removes no-op nodes (Dropout, same-type Cast, identity Transpose, ...) and folds exact round trips",
+    fold_constants::FoldConstants => "evaluates nodes whose inputs are all constant, under a size cap; Constant nodes become initializers",
+    fold_shapes::FoldShapes => "replaces Shape/Gather/Concat chains whose values are known from shape inference by constants",
+    fuse_conv_bn::FuseConvBn => "folds BatchNormalization and per-channel Mul/Add after Conv into the Conv weights",
+    fuse_gelu::FuseGelu => "replaces decomposed GELU (erf and tanh forms) by Gelu (opset >= 20)",
+    fuse_layer_norm::FuseLayerNorm => "replaces decomposed LayerNorm by LayerNormalization (opset >= 17)",
+    fuse_matmul_add::FuseMatmulAdd => "MatMul followed by a bias Add becomes Gemm where Gemm's rules allow",
+    upgrade_opset::UpgradeOpset => "opt-in: raises the default-domain opset, rewriting ops whose signature changed",
 }
 
 /// Looks up a pass by name (`-` and `_` are the same). The error lists the
@@ -135,7 +152,40 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         // First, because it only rewires uses: every later pass sees
         // producers directly, and the nodes it removes are gone for good.
         Box::new(eliminate_identity::EliminateIdentity),
-        // Last, to sweep what the passes before it left unused.
+        // Constant nodes become initializers and constant-only arithmetic
+        // is evaluated, so that the passes below see constants as such
+        // (shape inference reads their values, fusions match their scalars).
+        Box::new(fold_constants::FoldConstants),
+        // Needs the constants above to know the most shape values; what it
+        // folds turns Shape->Gather->Concat chains into initializers, which
+        // the next round's fold_constants carries further (ConstantOfShape,
+        // Range, Expand of those).
+        Box::new(fold_shapes::FoldShapes),
+        // Conv+BN right after folding (BN parameters are constants now) and
+        // before dedup_initializers: it refuses weights that other nodes
+        // share, and dedup may share equal biases between convolutions.
+        Box::new(fuse_conv_bn::FuseConvBn),
+        // After folding has produced its constants, and before cse: nodes
+        // reading two equal constants are then seen as equal.
+        Box::new(dedup_initializers::DedupInitializers),
+        // Merges the repeated Shape/Gather/Unsqueeze chains that exporters
+        // emit once per use (the dynamic ones fold_shapes cannot fold), so
+        // that no-op and fusion patterns below see one producer.
+        Box::new(cse::Cse),
+        // Needs the types fold_shapes inferred and the constants folded
+        // above to see that a Reshape/Expand/Cast changes nothing.
+        Box::new(eliminate_noops::EliminateNoops),
+        // Fusions last: they match on cleaned-up graphs (constant scalars
+        // as initializers, single producers, no-op Casts/Reshapes gone).
+        // The three pattern fusions below do not overlap (a LayerNorm or
+        // GELU decomposition holds no MatMul), so their order only fixes
+        // the output; the element-wise ones go first, as they shrink the
+        // graph most.
+        Box::new(fuse_layer_norm::FuseLayerNorm),
+        Box::new(fuse_gelu::FuseGelu),
+        Box::new(fuse_matmul_add::FuseMatmulAdd),
+        // Last, to sweep what the passes before it left unused (the
+        // fixed-point loop runs dedup and cse again on fused weights).
         Box::new(dce::Dce),
     ]
 }

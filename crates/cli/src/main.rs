@@ -1,11 +1,12 @@
 //! The `graphopt` command.
 //!
-//! `optimize`, `inspect`, `print` and `passes`. Errors are one line on
+//! `optimize`, `inspect`, `plan`, `print` and `passes`. Errors are one line on
 //! stderr (`error: <file>: <what and where>`) with exit status 1; usage
 //! errors exit with 2.
 
 mod inspect;
 mod optimize;
+mod plan;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,8 @@ enum Cmd {
         #[arg(long = "dim", value_name = "NAME=VALUE")]
         dims: Vec<String>,
     },
+    /// Memory plan: lower bounds, schedule, arena offsets, max batch.
+    Plan(plan::Args),
     /// Print a model in the ONNX textual syntax (large tensors elided).
     Print {
         input: PathBuf,
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Optimize(a) => optimize::run(a),
         Cmd::Inspect { input, json, dims } => inspect::run(&input, json, &dims),
+        Cmd::Plan(a) => plan::run(a),
         Cmd::Print { input, full } => print(&input, full),
         Cmd::Passes => {
             for p in graphopt_passes::registry() {

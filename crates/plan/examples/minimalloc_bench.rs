@@ -1,10 +1,14 @@
 //! Runs the interval planner on a folder of MiniMalloc CSV instances and
 //! prints one row per instance.
 //!
-//! `cargo run --release -p graphopt-plan --example minimalloc_bench -- <dir> [seconds]`
+//! `cargo run --release -p graphopt-plan --example minimalloc_bench -- <dir> [seconds] [--no-target] [--threads N] [--json FILE]`
 //!
-//! The best-known arena is read from the file name (`A.1048576.csv` means
-//! 1,048,576 bytes), as in MiniMalloc's benchmark folders.
+//! The capacity is read from the file name (`A.1048576.csv` means
+//! 1,048,576 bytes), as in MiniMalloc's benchmark folders, and given to the
+//! planner as its first target, the way MiniMalloc's solver receives it
+//! (`--no-target` starts from the lower bound alone). `time_s` is the time
+//! until the reported arena was found; the search itself runs until the
+//! arena is proven optimal or the time limit.
 
 use graphopt_plan::greedy::Greedy;
 use graphopt_plan::{
@@ -13,12 +17,21 @@ use graphopt_plan::{
 use std::time::{Duration, Instant};
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let Some(dir) = args.next() else {
-        eprintln!("usage: minimalloc_bench <dir> [time limit in seconds, default 1]");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(dir) = args.first().cloned() else {
+        eprintln!("usage: minimalloc_bench <dir> [seconds, default 1] [--no-target] [--threads N] [--json FILE]");
         std::process::exit(2);
     };
-    let secs: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1.0);
+    let secs: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1.0);
+    let no_target = args.iter().any(|a| a == "--no-target");
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let threads: usize = flag("--threads").and_then(|s| s.parse().ok()).unwrap_or(2);
+    let json_out = flag("--json");
+    let mut rows: Vec<String> = Vec::new();
     let mut files: Vec<_> = match std::fs::read_dir(&dir) {
         Ok(rd) => rd
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -59,9 +72,11 @@ fn main() {
         let known: Option<u64> = name.split('.').nth(1).and_then(|s| s.parse().ok());
         let opts = IntervalOptions {
             alignment: 1,
-            time_limit: Duration::from_secs_f64(secs),
+            time_limit: Some(Duration::from_secs_f64(secs)),
             search: true,
             node_budget: u64::MAX,
+            target: if no_target { None } else { known },
+            threads,
         };
         let greedy = Greedy::ALL
             .iter()
@@ -70,7 +85,8 @@ fn main() {
             .unwrap_or(0);
         let t = Instant::now();
         let plan = plan_intervals(&bufs, &opts);
-        let dt = t.elapsed().as_secs_f64();
+        let total = t.elapsed().as_secs_f64();
+        let dt = plan.found_after_s;
         let lb = lower_bound(&bufs);
         let valid = check_plan(&bufs, &plan.offsets, plan.arena, 1, &[]).is_ok();
         if !valid {
@@ -90,6 +106,32 @@ fn main() {
             plan.strategy,
             if valid { "" } else { "  INVALID" }
         );
+        rows.push(format!(
+            "{{\"instance\":\"{}\",\"buffers\":{},\"lower_bound\":{},\"best_known\":{},\"greedy_best\":{},\"arena\":{},\"ratio\":{:.4},\"time_s\":{:.3},\"search_s\":{:.3},\"nodes\":{},\"strategy\":\"{}\",\"valid\":{}}}",
+            name.split('.').next().unwrap_or(""),
+            bufs.len(),
+            lb,
+            known.map(|k| k.to_string()).unwrap_or("null".into()),
+            greedy,
+            plan.arena,
+            plan.arena as f64 / lb.max(1) as f64,
+            dt,
+            total,
+            plan.nodes,
+            plan.strategy,
+            valid
+        ));
+    }
+    if let Some(path) = json_out {
+        let text = format!(
+            "{{\"time_limit_s\":{secs},\"threads\":{threads},\"target_from_file_name\":{},\"instances\":[\n  {}\n]}}\n",
+            !no_target,
+            rows.join(",\n  ")
+        );
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("{path}: {e}");
+            failures += 1;
+        }
     }
     if failures > 0 {
         std::process::exit(1);

@@ -78,6 +78,45 @@ pub fn lower_bound(bufs: &[Buffer]) -> u64 {
     best
 }
 
+/// The max-load bound when offsets are multiples of `align`: at any time
+/// the live buffers stack at aligned offsets, so each but the topmost
+/// takes its size rounded up to `align`. The bound is the largest, over
+/// time, of the rounded sizes of the live buffers minus the largest
+/// rounding among them (the one that can sit on top). Equals
+/// [`lower_bound`] when `align` is 1.
+pub fn aligned_lower_bound(bufs: &[Buffer], align: u64) -> u64 {
+    let a = align.max(1);
+    if a == 1 {
+        return lower_bound(bufs);
+    }
+    let mut events: Vec<(i64, i8, u64)> = Vec::with_capacity(bufs.len() * 2);
+    for b in bufs.iter().filter(|b| b.is_live()) {
+        events.push((b.lower, 1, b.size));
+        events.push((b.upper, -1, b.size));
+    }
+    events.sort_unstable();
+    let mut pads: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
+    let (mut cur, mut best) = (0u64, 0u64);
+    for (_, kind, size) in events {
+        let pad = align_up(size, a) - size;
+        if kind > 0 {
+            cur = cur.saturating_add(align_up(size, a));
+            *pads.entry(pad).or_default() += 1;
+            let top_pad = pads.keys().next_back().copied().unwrap_or(0);
+            best = best.max(cur - top_pad);
+        } else {
+            cur = cur.saturating_sub(align_up(size, a));
+            if let Some(c) = pads.get_mut(&pad) {
+                *c -= 1;
+                if *c == 0 {
+                    pads.remove(&pad);
+                }
+            }
+        }
+    }
+    best
+}
+
 /// A malformed MiniMalloc CSV file.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {msg}")]
@@ -168,6 +207,14 @@ mod tests {
         assert!(read_minimalloc_csv("id,lower,upper,size\n1,5,2,3\n").is_err());
         assert!(read_minimalloc_csv("id,lower,upper,size\n1,0\n").is_err());
         assert!(read_minimalloc_csv("id,lower,upper,size\n-1,0,1,1\n").is_err());
+    }
+
+    #[test]
+    fn aligned_bound() {
+        // 4 + 4 bytes live together at alignment 16: 16 + 4.
+        let b = [Buffer::new(0, 0, 2, 4), Buffer::new(1, 1, 3, 4)];
+        assert_eq!(aligned_lower_bound(&b, 16), 20);
+        assert_eq!(aligned_lower_bound(&b, 1), 8);
     }
 
     #[test]

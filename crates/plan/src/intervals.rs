@@ -1,17 +1,27 @@
 //! Offset assignment for buffers with lifetimes: every greedy strategy,
 //! then the canonical search of [`crate::search`], keeping the best.
 //!
-//! The search driver, in rounds with a doubling node limit until the
-//! deadline or until the arena equals the lower bound:
-//! 1. ask the decision search for a placement at the lower bound, once per
-//!    preorder (most real instances fit there);
-//! 2. bisect capacities between the lower bound and the best arena so far
-//!    (each success lowers the best; an abort only moves this round's lower
-//!    end, an exhausted search moves the proven one).
+//! The search driver runs *restarts*: short decision searches, each with
+//! one static order of the portfolio ([`Preorder::ALL`], lightly shuffled
+//! after the first round) and a node limit that follows the Luby sequence
+//! (1, 1, 2, 1, 1, 2, 4, ... times a base). Hard instances have heavy-tailed
+//! search times: most orders get stuck in one bad subtree, a few finish at
+//! once, and restarts find those few without knowing in advance which.
 //!
-//! The result is therefore never worse than the best greedy strategy.
+//! 1. The capacity asked is the *goal*: the lower bound, or the caller's
+//!    `target` when one is given (MiniMalloc's solver takes its capacity
+//!    the same way). Restarts run at the goal until one fits.
+//! 2. Every fourth slot bisects between the proven floor and the best arena
+//!    so far instead, so an instance whose bound cannot be reached still
+//!    improves on greedy.
+//! 3. Restarts run in batches of two, one per thread. A batch's tasks are
+//!    fixed before it runs and results are read in task order, so the
+//!    outcome is the same with one thread or two; only the optional wall
+//!    clock limit can make it depend on the machine.
+//!
+//! The result is never worse than the best greedy strategy.
 
-use crate::buffer::{lower_bound, Buffer};
+use crate::buffer::{aligned_lower_bound, lower_bound, Buffer};
 use crate::greedy::Greedy;
 use crate::search::{Outcome, Preorder, Prepared, Searcher};
 use serde::Serialize;
@@ -22,34 +32,46 @@ use std::time::{Duration, Instant};
 pub struct IntervalOptions {
     /// Every offset is a multiple of this (0 and 1 mean none).
     pub alignment: u64,
-    /// Wall-clock budget of the search (the greedy pass always runs).
-    pub time_limit: Duration,
     /// Run the search after the greedy strategies.
     pub search: bool,
-    /// Total search nodes allowed. With a budget that runs out before the
-    /// time limit, the result does not depend on the machine's speed.
+    /// Total search nodes allowed; the search stops earlier when it proves
+    /// its arena optimal. With no time limit this alone decides when the
+    /// search ends, so plans are identical run to run and machine to
+    /// machine.
     pub node_budget: u64,
+    /// Optional wall-clock limit (opt-in: results then depend on speed).
+    pub time_limit: Option<Duration>,
+    /// A capacity to try first instead of the lower bound (a known good
+    /// arena, as MiniMalloc's benchmarks give one); the search still tries
+    /// lower afterwards.
+    pub target: Option<u64>,
+    /// Worker threads (1 or 2; more are allowed but a batch holds two
+    /// tasks).
+    pub threads: usize,
 }
 
 impl Default for IntervalOptions {
     fn default() -> IntervalOptions {
         IntervalOptions {
             alignment: 256,
-            time_limit: Duration::from_secs(1),
             search: true,
-            node_budget: u64::MAX,
+            node_budget: 400_000,
+            time_limit: None,
+            target: None,
+            threads: 2,
         }
     }
 }
 
 /// Offsets for a buffer list, with how they were found.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct IntervalPlan {
     /// `offsets[i]` belongs to the caller's `bufs[i]`.
     pub offsets: Vec<u64>,
     /// `max(offset + size)` over live buffers.
     pub arena: u64,
-    /// The max-load lower bound.
+    /// The max-load lower bound, with sizes rounded to the alignment (see
+    /// [`crate::aligned_lower_bound`]); the plain one when unaligned.
     pub lower_bound: u64,
     /// The best arena among the greedy strategies.
     pub greedy_arena: u64,
@@ -59,6 +81,10 @@ pub struct IntervalPlan {
     pub optimal: bool,
     /// Search nodes visited.
     pub nodes: u64,
+    /// Seconds from the start until `offsets` were found (the only field
+    /// that differs run to run).
+    #[serde(skip)]
+    pub found_after_s: f64,
 }
 
 /// `max(offset + size)` over live buffers.
@@ -76,7 +102,9 @@ pub fn arena_of(bufs: &[Buffer], offsets: &[u64]) -> u64 {
 pub fn plan_intervals(bufs: &[Buffer], opts: &IntervalOptions) -> IntervalPlan {
     let start = Instant::now();
     let align = opts.alignment.max(1);
-    let lb = lower_bound(bufs);
+    // With alignment, rounded sizes give a higher bound that a placement
+    // can actually reach: the search aims at it.
+    let lb = lower_bound(bufs).max(aligned_lower_bound(bufs, align));
     let mut best: Option<(u64, Vec<u64>, String)> = None;
     for g in Greedy::ALL {
         let offs = g.assign(bufs, align);
@@ -90,29 +118,21 @@ pub fn plan_intervals(bufs: &[Buffer], opts: &IntervalOptions) -> IntervalPlan {
     let greedy_arena = arena;
     let mut nodes = 0;
     let mut proven_lo = lb;
+    let mut found_after_s = start.elapsed().as_secs_f64();
     if opts.search && arena > lb {
-        let deadline = start + opts.time_limit;
         let prep = Prepared::new(bufs, align);
-        // The search may recurse once per buffer: give it a roomy stack.
-        let found = std::thread::scope(|s| {
-            std::thread::Builder::new()
-                .stack_size((16 << 20) + prep.len() * 1024)
-                .spawn_scoped(s, || drive(&prep, lb, arena, deadline, opts.node_budget))
-                .ok()
-                .and_then(|h| h.join().ok())
-        });
-        if let Some(r) = found {
-            nodes = r.nodes;
-            proven_lo = r.proven_lo;
-            if let Some((a, live_offs, name)) = r.best {
-                if a < arena {
-                    arena = a;
-                    offsets = vec![0; bufs.len()];
-                    for (k, &i) in prep.orig.iter().enumerate() {
-                        offsets[i] = live_offs[k];
-                    }
-                    strategy = name;
+        let r = drive(&prep, lb, arena, opts, start);
+        nodes = r.nodes;
+        proven_lo = r.proven_lo;
+        if let Some((a, live_offs, name, at)) = r.best {
+            if a < arena {
+                arena = a;
+                offsets = vec![0; bufs.len()];
+                for (k, &i) in prep.orig.iter().enumerate() {
+                    offsets[i] = live_offs[k];
                 }
+                strategy = name;
+                found_after_s = at;
             }
         }
     }
@@ -124,34 +144,123 @@ pub fn plan_intervals(bufs: &[Buffer], opts: &IntervalOptions) -> IntervalPlan {
         strategy,
         optimal: arena <= proven_lo,
         nodes,
+        found_after_s,
     }
 }
 
 struct DriveResult {
-    best: Option<(u64, Vec<u64>, String)>,
+    /// Best arena, live offsets, strategy name, seconds to find.
+    best: Option<(u64, Vec<u64>, String, f64)>,
     proven_lo: u64,
     nodes: u64,
 }
 
-fn drive(p: &Prepared, lb: u64, mut hi: u64, deadline: Instant, budget: u64) -> DriveResult {
-    let mut searchers: Vec<(String, Searcher)> = Vec::new();
-    for seed in 0..3u64 {
-        // Seeded variants only of the two orders that win most often.
-        let n_orders = if seed == 0 { Preorder::ALL.len() } else { 2 };
-        for &o in &Preorder::ALL[..n_orders] {
-            let name = if seed == 0 {
-                format!("search-{}", o.0)
-            } else {
-                format!("search-{}-{seed}", o.0)
-            };
-            searchers.push((name, Searcher::with_seed(p, o, seed)));
+/// The `i`-th term (1-based) of the Luby sequence 1 1 2 1 1 2 4 1 1 2 ...
+fn luby(mut i: u64) -> u64 {
+    loop {
+        let mut k = 1u32;
+        while (1u64 << k) - 1 < i {
+            k += 1;
         }
+        if i == (1u64 << k) - 1 {
+            return 1u64 << (k - 1);
+        }
+        i -= (1u64 << (k - 1)) - 1;
     }
+}
+
+/// One restart: an order, a shuffle seed, a capacity and a node limit.
+#[derive(Clone, Copy)]
+struct Task {
+    order: Preorder,
+    seed: u64,
+    cap: u64,
+    limit: u64,
+}
+
+struct TaskResult {
+    out: Outcome,
+    nodes: u64,
+    solution: Vec<u64>,
+}
+
+fn run_task(p: &Prepared, t: Task, deadline: Option<Instant>) -> TaskResult {
+    let mut s = Searcher::with_seed(p, t.order, t.seed);
+    let out = s.run(t.cap, t.limit, deadline);
+    TaskResult {
+        out,
+        nodes: s.nodes,
+        solution: if out == Outcome::Found {
+            s.solution.clone()
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+/// Runs a batch of tasks, on up to `threads` threads, results in order.
+fn run_batch(
+    p: &Prepared,
+    tasks: &[Task],
+    threads: usize,
+    deadline: Option<Instant>,
+) -> Vec<TaskResult> {
+    // The search recurses once per placed buffer: give it a roomy stack.
+    let stack = (16 << 20) + p.len() * 2048;
+    let spawn_ok = threads > 1 && tasks.len() > 1;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = tasks
+            .iter()
+            .map(|&t| {
+                if spawn_ok {
+                    std::thread::Builder::new()
+                        .stack_size(stack)
+                        .spawn_scoped(s, move || run_task(p, t, deadline))
+                        .ok()
+                } else {
+                    None
+                }
+            })
+            .collect();
+        tasks
+            .iter()
+            .zip(handles)
+            .map(|(&t, h)| match h.map(|h| h.join()) {
+                Some(Ok(r)) => r,
+                // Sequential: still on a thread with a large stack.
+                _ => std::thread::Builder::new()
+                    .stack_size(stack)
+                    .spawn_scoped(s, move || run_task(p, t, deadline))
+                    .ok()
+                    .and_then(|h| h.join().ok())
+                    .unwrap_or(TaskResult {
+                        out: Outcome::Aborted,
+                        nodes: 0,
+                        solution: Vec::new(),
+                    }),
+            })
+            .collect()
+    })
+}
+
+fn drive(
+    p: &Prepared,
+    lb: u64,
+    greedy: u64,
+    opts: &IntervalOptions,
+    start: Instant,
+) -> DriveResult {
+    let deadline = opts.time_limit.map(|d| start + d);
     let mut res = DriveResult {
         best: None,
         proven_lo: lb,
         nodes: 0,
     };
+    let mut hi = greedy; // best arena so far: look for less
+    let mut goal = opts.target.unwrap_or(lb).max(lb);
+    if goal >= hi {
+        goal = lb;
+    }
     let live_arena = |sol: &[u64]| -> u64 {
         sol.iter()
             .enumerate()
@@ -159,63 +268,79 @@ fn drive(p: &Prepared, lb: u64, mut hi: u64, deadline: Instant, budget: u64) -> 
             .max()
             .unwrap_or(0)
     };
+    let base = (p.len() as u64 * 4).max(256);
+    let orders = Preorder::ALL.len() as u64;
+    let (mut restart, mut probe) = (0u64, 0u64);
+    let mut slot = 0u64;
     let step = (lb / 1000).max(1);
-    let mut limit = (p.len() as u64).max(16) * 2;
-    let mut turn = 0usize;
     loop {
-        let mut aborted = false;
-        let mut lb_tries = 0;
-        let mut probes = 0;
-        // 1. The lower bound, with every searcher (most instances fit there).
-        // 2. Bisection between the proven floor and the best arena so far.
-        let mut lo = res.proven_lo;
-        loop {
-            if Instant::now() >= deadline || res.nodes >= budget || hi <= res.proven_lo {
-                return res;
-            }
-            let at_bound = res.proven_lo == lb && lb_tries < searchers.len();
-            let (cap, k) = if at_bound {
-                lb_tries += 1;
-                (lb, lb_tries - 1)
-            } else if hi - lo > step && probes < 3 {
-                probes += 1;
-                turn += 1;
-                (lo + (hi - lo) / 2, turn % searchers.len())
+        if hi <= res.proven_lo
+            || res.nodes >= opts.node_budget
+            || deadline.is_some_and(|d| Instant::now() >= d)
+        {
+            return res;
+        }
+        goal = goal.max(res.proven_lo);
+        if goal >= hi {
+            goal = res.proven_lo;
+        }
+        let left = opts.node_budget - res.nodes;
+        let mut tasks = Vec::with_capacity(2);
+        for _ in 0..2 {
+            slot += 1;
+            let bisect = slot.is_multiple_of(4)
+                && hi > goal.saturating_add(step)
+                && hi - res.proven_lo > step;
+            let (cap, i) = if bisect {
+                probe += 1;
+                let lo = goal.max(res.proven_lo);
+                (lo + (hi - lo) / 2, probe + 3)
             } else {
-                break;
+                restart += 1;
+                (goal, restart - 1)
             };
-            let (name, s) = &mut searchers[k];
-            // Probes above the bound are easier but need room for a dive.
-            let l = if at_bound {
-                limit
-            } else {
-                limit.saturating_mul(2)
-            };
-            let out = s.run(cap, l.min(budget - res.nodes), deadline);
-            res.nodes += s.nodes;
-            match out {
+            let order = Preorder::ALL[(i % orders) as usize];
+            let seed = i / orders;
+            let limit = base.saturating_mul(luby(seed + 1) * if bisect { 2 } else { 1 });
+            tasks.push(Task {
+                order,
+                seed,
+                cap,
+                limit: limit.min(left.div_ceil(2)).max(1),
+            });
+        }
+        let results = run_batch(p, &tasks, opts.threads, deadline);
+        for (t, r) in tasks.iter().zip(results) {
+            res.nodes += r.nodes;
+            match r.out {
                 Outcome::Found => {
-                    let a = live_arena(&s.solution);
+                    let a = live_arena(&r.solution);
                     if a < hi {
                         hi = a;
-                        res.best = Some((a, s.solution.clone(), name.clone()));
+                        let name = if t.seed == 0 {
+                            format!("search-{}", t.order.0)
+                        } else {
+                            format!("search-{}-{}", t.order.0, t.seed)
+                        };
+                        res.best = Some((a, r.solution, name, start.elapsed().as_secs_f64()));
                     }
                 }
                 Outcome::Infeasible => {
-                    res.proven_lo = res.proven_lo.max(cap + 1);
-                    lo = lo.max(cap + 1);
+                    res.proven_lo = res.proven_lo.max(t.cap + 1);
                 }
-                Outcome::Aborted => {
-                    aborted = true;
-                    if !at_bound {
-                        lo = cap + 1;
-                    }
-                }
+                Outcome::Aborted => {}
             }
         }
-        if !aborted {
-            return res;
-        }
-        limit = limit.saturating_mul(2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::luby;
+
+    #[test]
+    fn luby_sequence() {
+        let v: Vec<u64> = (1..=15).map(luby).collect();
+        assert_eq!(v, [1, 1, 2, 1, 1, 2, 4, 1, 1, 2, 1, 1, 2, 4, 8]);
     }
 }

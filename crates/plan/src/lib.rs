@@ -22,7 +22,9 @@ mod plan;
 pub mod schedule;
 pub mod search;
 
-pub use buffer::{align_up, lower_bound, read_minimalloc_csv, Buffer, CsvError};
+pub use buffer::{
+    align_up, aligned_lower_bound, lower_bound, read_minimalloc_csv, Buffer, CsvError,
+};
 pub use check::{check_plan, Alias, CheckError};
 pub use inplace::{inplace_rule, InPlace};
 pub use intervals::{arena_of, plan_intervals, IntervalOptions, IntervalPlan};

@@ -54,6 +54,9 @@ pub struct Liveness {
     /// In-place pairs as indices into `tensors`, at their node's step.
     pub aliases: Vec<Alias>,
     pub weights_bytes: u64,
+    /// Values left out because their size is unknown (only when asked to
+    /// ignore them), sorted.
+    pub unknown: Vec<String>,
 }
 
 /// The byte size of `v`, if its type is a tensor with known dims.
@@ -69,7 +72,18 @@ fn is_default_domain(d: &str) -> bool {
 
 /// Computes liveness for `schedule` (which must list every node of `g`
 /// once, producers before readers; see [`crate::schedule::check_schedule`]).
+/// A value of unknown size is an error naming every such value.
 pub fn liveness(g: &Graph, schedule: &[NodeId]) -> Result<Liveness, PlanError> {
+    liveness_with(g, schedule, false)
+}
+
+/// [`liveness`], optionally leaving values of unknown size out of the
+/// arena (listed in [`Liveness::unknown`]) instead of failing.
+pub fn liveness_with(
+    g: &Graph,
+    schedule: &[NodeId],
+    ignore_unknown: bool,
+) -> Result<Liveness, PlanError> {
     let n = schedule.len();
     let end = n.saturating_sub(1);
     let mut weights_bytes = 0u64;
@@ -115,9 +129,9 @@ pub fn liveness(g: &Graph, schedule: &[NodeId]) -> Result<Liveness, PlanError> {
             add(o, pos, kind, &mut tensors);
         }
     }
-    if !unknown.is_empty() {
-        unknown.sort();
-        unknown.dedup();
+    unknown.sort();
+    unknown.dedup();
+    if !unknown.is_empty() && !ignore_unknown {
         return Err(PlanError::UnknownSizes(unknown));
     }
     // Last reads.
@@ -203,6 +217,7 @@ pub fn liveness(g: &Graph, schedule: &[NodeId]) -> Result<Liveness, PlanError> {
         storages,
         aliases,
         weights_bytes,
+        unknown,
     })
 }
 
@@ -222,4 +237,21 @@ pub fn peak(storages: &[Storage], steps: usize) -> (u64, usize) {
         }
     }
     (best as u64, at)
+}
+
+/// Live storage bytes at every step `0..steps` (for plots).
+pub fn live_bytes(storages: &[Storage], steps: usize) -> Vec<u64> {
+    let mut delta = vec![0i128; steps + 2];
+    for s in storages {
+        delta[s.first.min(steps)] += s.size as i128;
+        delta[(s.last + 1).min(steps + 1)] -= s.size as i128;
+    }
+    let mut cur = 0i128;
+    delta[..steps]
+        .iter()
+        .map(|d| {
+            cur += d;
+            cur.max(0) as u64
+        })
+        .collect()
 }

@@ -10,8 +10,8 @@
 use crate::buffer::{align_up, Buffer};
 use crate::check::{check_plan, Alias, CheckError};
 use crate::intervals::{plan_intervals, IntervalOptions};
-use crate::liveness::{liveness, peak, TensorKind};
-use crate::schedule::memory_aware_schedule;
+use crate::liveness::{liveness_with, peak, TensorKind};
+use crate::schedule::memory_aware_schedule_with;
 use graphopt_ir::{Graph, NodeId, ValueId};
 use serde::Serialize;
 use std::time::Duration;
@@ -37,11 +37,18 @@ pub struct PlanOptions {
     pub reorder: bool,
     /// Search beyond the greedy placements.
     pub search: bool,
-    /// Wall-clock budget of the offset search.
-    pub time_limit: Duration,
-    /// Node budget of the offset search: keeps plans identical run to run
-    /// as long as it runs out before `time_limit`.
+    /// Optional wall-clock limit of the offset search (opt-in: without it
+    /// the node budget alone ends the search and plans are identical run
+    /// to run).
+    pub time_limit: Option<Duration>,
+    /// Node budget of the offset search (it stops earlier at the bound).
     pub node_budget: u64,
+    /// Threads of the offset search (does not change the result).
+    pub threads: usize,
+    /// Leave values of unknown size out of the plan (listed in
+    /// [`Plan::unknown_size`]) instead of failing with
+    /// [`PlanError::UnknownSizes`].
+    pub ignore_unknown: bool,
 }
 
 impl Default for PlanOptions {
@@ -50,8 +57,10 @@ impl Default for PlanOptions {
             alignment: 256,
             reorder: true,
             search: true,
-            time_limit: Duration::from_secs(2),
-            node_budget: 20_000,
+            time_limit: None,
+            node_budget: 200_000,
+            threads: 2,
+            ignore_unknown: false,
         }
     }
 }
@@ -92,6 +101,11 @@ pub struct Plan {
     /// The peak of live bytes under the graph's own order.
     pub lower_bound_original_order_bytes: u64,
     pub arena_bytes: u64,
+    /// The least arena any placement at this alignment can have under the
+    /// chosen schedule: the peak with sizes rounded up to the alignment
+    /// (see [`crate::aligned_lower_bound`]). `arena_bytes / this` is the
+    /// placement's quality; `lower_bound_bytes` ignores alignment.
+    pub arena_lower_bound_bytes: u64,
     pub alignment: u64,
     /// Node names in schedule order (node id when a node has no name).
     #[serde(rename = "schedule")]
@@ -113,6 +127,26 @@ pub struct Plan {
     pub heuristic: String,
     #[serde(skip)]
     pub strategy: String,
+    /// True when the arena is proven the least possible for this schedule
+    /// and these in-place merges (it reached the lower bound, or the search
+    /// proved every smaller capacity infeasible).
+    #[serde(skip)]
+    pub optimal: bool,
+    /// Values left out for unknown size (with `ignore_unknown`).
+    #[serde(skip)]
+    pub unknown_size: Vec<String>,
+}
+
+impl Plan {
+    /// The arena offset of value `v`, if it is an arena tensor.
+    pub fn offset_of(&self, v: ValueId) -> Option<u64> {
+        self.tensors.iter().find(|t| t.value == v).map(|t| t.offset)
+    }
+
+    /// The schedule position of node `n`.
+    pub fn position_of(&self, n: NodeId) -> Option<usize> {
+        self.schedule.iter().position(|&m| m == n)
+    }
 }
 
 fn node_label(g: &Graph, n: NodeId) -> String {
@@ -137,8 +171,8 @@ pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
     } else {
         g
     };
-    let sched = memory_aware_schedule(g, opts.reorder)?;
-    let live = liveness(g, &sched.order)?;
+    let sched = memory_aware_schedule_with(g, opts.reorder, opts.ignore_unknown)?;
+    let live = liveness_with(g, &sched.order, opts.ignore_unknown)?;
     let align = opts.alignment.max(1);
     let bufs: Vec<Buffer> = live
         .storages
@@ -151,6 +185,8 @@ pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
         time_limit: opts.time_limit,
         search: opts.search,
         node_budget: opts.node_budget,
+        target: None,
+        threads: opts.threads,
     };
     let ip = plan_intervals(&bufs, &iopts);
     let tensors: Vec<PlannedTensor> = live
@@ -192,6 +228,7 @@ pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
         lower_bound_bytes: lb,
         lower_bound_original_order_bytes: sched.original_peak,
         arena_bytes: ip.arena,
+        arena_lower_bound_bytes: ip.lower_bound,
         alignment: align,
         schedule_names: sched.order.iter().map(|&n| node_label(g, n)).collect(),
         tensors,
@@ -201,6 +238,8 @@ pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
         aliases: live.aliases,
         heuristic: sched.heuristic.to_string(),
         strategy: ip.strategy,
+        optimal: ip.optimal,
+        unknown_size: live.unknown,
     })
 }
 

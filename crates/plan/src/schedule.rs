@@ -16,7 +16,7 @@
 //! rules, so merging is taken into account.
 
 use crate::inplace::{inplace_rule, InPlace};
-use crate::liveness::{liveness, peak, value_size};
+use crate::liveness::{liveness_with, peak, value_size};
 use crate::PlanError;
 use graphopt_ir::{Graph, NodeId};
 
@@ -249,10 +249,20 @@ pub struct Scheduled {
 /// Picks the schedule with the lowest peak among the heuristics above.
 /// The graph must be acyclic and its program order topological.
 pub fn memory_aware_schedule(g: &Graph, reorder: bool) -> Result<Scheduled, PlanError> {
+    memory_aware_schedule_with(g, reorder, false)
+}
+
+/// [`memory_aware_schedule`], scoring with values of unknown size left out
+/// when `ignore_unknown` (see [`crate::liveness::liveness_with`]).
+pub fn memory_aware_schedule_with(
+    g: &Graph,
+    reorder: bool,
+    ignore_unknown: bool,
+) -> Result<Scheduled, PlanError> {
     let original: Vec<NodeId> = g.nodes().collect();
     check_schedule(g, &original)?;
     let peak_of = |order: &[NodeId]| -> Result<u64, PlanError> {
-        let l = liveness(g, order)?;
+        let l = liveness_with(g, order, ignore_unknown)?;
         Ok(peak(&l.storages, order.len()).0)
     };
     let original_peak = peak_of(&original)?;

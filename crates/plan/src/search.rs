@@ -42,19 +42,29 @@ pub enum Outcome {
 }
 
 /// A static buffer order used to break ties among equal minimum offsets.
-/// Letters name sort keys, all decreasing: `W` lifetime width, `A` area,
-/// `T` the largest section total the buffer takes part in, `Z` size.
+/// Letters name sort keys, decreasing: `W`/`L` lifetime length, `A` area
+/// (size × length), `T` the largest section total the buffer takes part
+/// in, `Z` size, `S` start, `E` end, `O` number of overlapping buffers,
+/// `C` number of sections spanned; `s`/`e` are start/end increasing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Preorder(pub &'static str);
 
 impl Preorder {
-    /// The orders tried in turn (MiniMalloc's three, then size-first).
-    pub const ALL: [Preorder; 5] = [
-        Preorder("TWA"),
-        Preorder("WAT"),
-        Preorder("TAW"),
-        Preorder("AWT"),
-        Preorder("ZWT"),
+    /// The portfolio the restarts cycle through. MiniMalloc's own orders
+    /// (total then area, area then total) plus the ones that solved the
+    /// most hard instances alone in our measurements (a greedy set cover
+    /// over every two- and three-letter order: `TLA` solves A, D, F, J, K;
+    /// `EZ` C, D, G; `TCA` H; `TOL` E; `sZ` B). Order matters: early
+    /// entries get the first, unperturbed tries.
+    pub const ALL: [Preorder; 8] = [
+        Preorder("TLA"),
+        Preorder("EZ"),
+        Preorder("TCA"),
+        Preorder("sZ"),
+        Preorder("TOL"),
+        Preorder("TA"),
+        Preorder("TL"),
+        Preorder("AT"),
     ];
 }
 
@@ -65,6 +75,8 @@ pub struct Prepared {
     pub orig: Vec<usize>,
     size: Vec<u64>,
     width: Vec<u64>,
+    lower: Vec<i64>,
+    upper: Vec<i64>,
     sec_lo: Vec<u32>,
     sec_hi: Vec<u32>,
     overlaps: Vec<Vec<u32>>,
@@ -125,6 +137,8 @@ impl Prepared {
         Prepared {
             size: orig.iter().map(|&i| bufs[i].size).collect(),
             width: orig.iter().map(|&i| bufs[i].length()).collect(),
+            lower: orig.iter().map(|&i| bufs[i].lower).collect(),
+            upper: orig.iter().map(|&i| bufs[i].upper).collect(),
             orig,
             sec_lo,
             sec_hi,
@@ -162,12 +176,19 @@ impl Prepared {
                     .unwrap_or(0)
             })
             .collect();
-        let key = |b: usize, c: char| -> u128 {
+        let key = |b: usize, c: char| -> i128 {
             match c {
-                'W' => self.width[b] as u128,
-                'A' => self.width[b] as u128 * self.size[b] as u128,
-                'T' => total[b] as u128,
-                _ => self.size[b] as u128,
+                'W' | 'L' => self.width[b] as i128,
+                'A' => self.width[b] as i128 * self.size[b] as i128,
+                'T' => total[b] as i128,
+                'S' => self.lower[b] as i128,
+                'E' => self.upper[b] as i128,
+                'O' => self.overlaps[b].len() as i128,
+                'C' => (self.sec_hi[b] - self.sec_lo[b]) as i128,
+                // Lower-case: the same key, increasing.
+                's' => -(self.lower[b] as i128),
+                'e' => -(self.upper[b] as i128),
+                _ => self.size[b] as i128,
             }
         };
         let mut idx: Vec<usize> = (0..n).collect();
@@ -207,28 +228,156 @@ struct Part {
     hi: u32,
 }
 
+/// A max segment tree over section totals with range add, so that the
+/// monotonic-floor test (`offset + total ≤ capacity` in every section of
+/// the part) costs O(log sections) per node instead of a scan.
+struct MaxTree {
+    n: usize,
+    mx: Vec<i64>,
+    add: Vec<i64>,
+}
+
+impl MaxTree {
+    fn new(vals: &[u64]) -> MaxTree {
+        let n = vals.len().max(1);
+        let mut t = MaxTree {
+            n,
+            mx: vec![0; 4 * n],
+            add: vec![0; 4 * n],
+        };
+        t.build(1, 0, n, vals);
+        t
+    }
+
+    fn build(&mut self, k: usize, l: usize, r: usize, vals: &[u64]) {
+        self.add[k] = 0;
+        if r - l == 1 {
+            self.mx[k] = vals.get(l).copied().unwrap_or(0) as i64;
+            return;
+        }
+        let m = (l + r) / 2;
+        self.build(2 * k, l, m, vals);
+        self.build(2 * k + 1, m, r, vals);
+        self.mx[k] = self.mx[2 * k].max(self.mx[2 * k + 1]);
+    }
+
+    /// Adds `v` to every section in `[ql, qr)`.
+    fn range_add(&mut self, ql: usize, qr: usize, v: i64) {
+        self.add_rec(1, 0, self.n, ql, qr, v);
+    }
+
+    fn add_rec(&mut self, k: usize, l: usize, r: usize, ql: usize, qr: usize, v: i64) {
+        if qr <= l || r <= ql {
+            return;
+        }
+        if ql <= l && r <= qr {
+            self.mx[k] += v;
+            self.add[k] += v;
+            return;
+        }
+        let m = (l + r) / 2;
+        self.add_rec(2 * k, l, m, ql, qr, v);
+        self.add_rec(2 * k + 1, m, r, ql, qr, v);
+        self.mx[k] = self.mx[2 * k].max(self.mx[2 * k + 1]) + self.add[k];
+    }
+
+    /// The largest total in `[ql, qr)`.
+    fn max(&self, ql: usize, qr: usize) -> i64 {
+        self.max_rec(1, 0, self.n, ql, qr)
+    }
+
+    /// Pushes every section in `[ql, qr)` whose total exceeds `thr`.
+    fn above(&self, ql: usize, qr: usize, thr: i64, out: &mut Vec<u32>) {
+        self.above_rec(1, 0, self.n, ql, qr, thr, 0, out);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn above_rec(
+        &self,
+        k: usize,
+        l: usize,
+        r: usize,
+        ql: usize,
+        qr: usize,
+        thr: i64,
+        acc: i64,
+        out: &mut Vec<u32>,
+    ) {
+        if qr <= l || r <= ql || self.mx[k] + acc <= thr {
+            return;
+        }
+        if r - l == 1 {
+            out.push(l as u32);
+            return;
+        }
+        let m = (l + r) / 2;
+        let acc = acc + self.add[k];
+        self.above_rec(2 * k, l, m, ql, qr, thr, acc, out);
+        self.above_rec(2 * k + 1, m, r, ql, qr, thr, acc, out);
+    }
+
+    fn max_rec(&self, k: usize, l: usize, r: usize, ql: usize, qr: usize) -> i64 {
+        if qr <= l || r <= ql {
+            return i64::MIN;
+        }
+        if ql <= l && r <= qr {
+            return self.mx[k];
+        }
+        let m = (l + r) / 2;
+        self.max_rec(2 * k, l, m, ql, qr)
+            .max(self.max_rec(2 * k + 1, m, r, ql, qr))
+            .saturating_add(self.add[k])
+    }
+}
+
 /// A decision search at one capacity with one preorder.
+///
+/// State kept incrementally (each change trailed and undone on backtrack):
+/// 1. `min_off[b]`: the highest aligned top among placed buffers that
+///    overlap unplaced buffer `b` — where `b` would go next;
+/// 2. `lowest[s]`: the least `min_off` among section `s`'s unplaced
+///    buffers. Every placed buffer of `s` overlaps them all (a section is
+///    a clique), so this is also at least every placed top in `s`: it is
+///    MiniMalloc's section floor. It is recomputed only when the buffer at
+///    the minimum moves or leaves, which is what keeps nodes cheap;
+/// 3. `total[s]`: unplaced bytes of `s`, also in a [`MaxTree`].
+///
+/// A node is pruned when some section cannot hold its unplaced bytes above
+/// `max(lowest[s], offset)`; only sections whose floor or total changed
+/// are rescanned, the offset part is one tree query.
 pub struct Searcher<'a> {
     p: &'a Prepared,
     cap: u64,
     rank: Vec<u32>,
+    /// The identical buffer ranked just before this one (`u32::MAX`: none).
+    twin: Vec<u32>,
     off: Vec<u64>,
     /// The last solution found, per live buffer.
     pub solution: Vec<u64>,
     min_off: Vec<u64>,
-    floor: Vec<u64>,
     total: Vec<u64>,
+    tree: MaxTree,
     cuts: Vec<u32>,
     trail_min: Vec<(u32, u64)>,
-    trail_floor: Vec<(u32, u64)>,
-    mark: Vec<bool>,
+    tight: Vec<u32>,
+    /// Zobrist hash of the state: every unplaced buffer with its minimum
+    /// offset. Subtrees proven empty are remembered by hash (with the part
+    /// and the canonical bound), since different placements below can
+    /// leave the same state above.
+    hash: u128,
+    zob: Vec<u128>,
+    failed: std::collections::HashSet<u128>,
+    /// Remember failed states (see `hash`).
+    pub memo: bool,
+    cand: Vec<(u64, u32, u32)>,
+    scratch: Vec<(u64, u64)>,
     pub nodes: u64,
-    /// Raise section floors to their unplaced buffers' lowest minimum offset.
-    pub unalloc_floor: bool,
-    /// Check each changed section with the release-time stacking bound.
+    /// Also test touched sections with the release-date stacking bound:
+    /// unplaced buffers sorted by `max(min_off, offset)` and stacked must
+    /// end below the capacity (exact for one machine with release dates).
     pub release_bound: bool,
     node_limit: u64,
-    deadline: Instant,
+    deadline: Option<Instant>,
     ticks: u64,
     late: bool,
 }
@@ -243,43 +392,71 @@ impl<'a> Searcher<'a> {
     pub fn with_seed(p: &'a Prepared, order: Preorder, seed: u64) -> Searcher<'a> {
         let n = p.len();
         let ns = p.sections.len();
+        let rank = p.ranks(order, seed);
+        // Identical buffers (same lifetime and size) are interchangeable:
+        // only solutions that place them in rank order are searched.
+        let mut twin = vec![u32::MAX; n];
+        let mut by_key: Vec<(i64, i64, u64, u32, u32)> = (0..n)
+            .map(|b| (p.lower[b], p.upper[b], p.size[b], rank[b], b as u32))
+            .collect();
+        by_key.sort_unstable();
+        for w in by_key.windows(2) {
+            if (w[0].0, w[0].1, w[0].2) == (w[1].0, w[1].1, w[1].2) {
+                twin[w[1].4 as usize] = w[0].4;
+            }
+        }
         Searcher {
             p,
             cap: 0,
-            rank: p.ranks(order, seed),
+            rank,
+            twin,
             off: vec![UNPLACED; n],
             solution: vec![0; n],
             min_off: vec![0; n],
-            floor: vec![0; ns],
             total: vec![0; ns],
+            tree: MaxTree::new(&[]),
             cuts: vec![0; ns.saturating_sub(1)],
             trail_min: Vec::new(),
-            trail_floor: Vec::new(),
-            mark: vec![false; ns],
+            tight: Vec::new(),
+            hash: 0,
+            zob: (0..n as u64)
+                .map(|i| mix128(i.wrapping_add(0x5151)))
+                .collect(),
+            failed: std::collections::HashSet::new(),
+            memo: true,
+            cand: Vec::new(),
+            scratch: Vec::new(),
             nodes: 0,
-            unalloc_floor: true,
             release_bound: false,
             node_limit: 0,
-            deadline: Instant::now(),
+            deadline: None,
             ticks: 0,
             late: false,
         }
     }
 
-    /// Searches for a placement below `cap`.
-    pub fn run(&mut self, cap: u64, node_limit: u64, deadline: Instant) -> Outcome {
+    /// Searches for a placement below `cap`, visiting at most `node_limit`
+    /// nodes and stopping at `deadline` if one is given.
+    pub fn run(&mut self, cap: u64, node_limit: u64, deadline: Option<Instant>) -> Outcome {
         let p = self.p;
         self.cap = cap;
         self.node_limit = node_limit;
         self.deadline = deadline;
         self.nodes = 0;
-        self.late = Instant::now() > deadline;
+        self.late = deadline.is_some_and(|d| Instant::now() > d);
         self.off.fill(UNPLACED);
         self.min_off.fill(0);
-        self.floor.fill(0);
+        self.failed.clear();
+        self.hash = 0;
+        for b in 0..p.len() {
+            self.hash ^= self.zob_of(b, 0);
+        }
+        self.trail_min.clear();
+        self.cand.clear();
         for (s, m) in p.sections.iter().enumerate() {
             self.total[s] = m.iter().map(|&b| p.size[b as usize]).sum();
         }
+        self.tree = MaxTree::new(&self.total);
         self.cuts.fill(0);
         for b in 0..p.len() {
             if p.size[b] > cap {
@@ -340,37 +517,70 @@ impl<'a> Searcher<'a> {
             return Outcome::Aborted;
         }
         let p = self.p;
-        let mut order: Vec<(u64, u32, u32)> = part
-            .bufs
-            .iter()
-            .filter(|&&b| self.off[b as usize] == UNPLACED)
-            .map(|&b| (self.min_off[b as usize], self.rank[b as usize], b))
-            .collect();
-        if order.is_empty() {
+        let key = self.hash
+            ^ mix128(
+                (part.lo as u64) << 32
+                    ^ part.hi as u64
+                    ^ last_off.rotate_left(17)
+                    ^ (last_rank as u64).rotate_left(47),
+            );
+        if self.memo && self.failed.contains(&key) {
+            return Outcome::Infeasible;
+        }
+        // Dominance: nothing may start at or above the lowest top an
+        // unplaced buffer could reach.
+        let mut min_height = u64::MAX;
+        for &b in &part.bufs {
+            let b = b as usize;
+            if self.off[b] == UNPLACED {
+                min_height = min_height.min(self.min_off[b] + p.size[b]);
+            }
+        }
+        if min_height == u64::MAX {
             return Outcome::Found;
         }
-        order.sort_unstable();
-        let min_height = order
-            .iter()
-            .map(|&(o, _, b)| o + p.size[b as usize])
-            .min()
-            .unwrap_or(u64::MAX);
-        for &(o, rk, b) in &order {
-            if o >= min_height {
-                break; // dominance: everything from here leaves a gap
-            }
-            if o < last_off || (o == last_off && rk < last_rank) {
-                continue; // not canonical
-            }
+        let base = self.cand.len();
+        for &b in &part.bufs {
             let bu = b as usize;
-            if o + p.size[bu] > self.cap {
+            if self.off[bu] != UNPLACED {
                 continue;
             }
-            if self.out_of_time() {
-                return Outcome::Aborted;
+            let o = self.min_off[bu];
+            let rk = self.rank[bu];
+            // Canonical: (offset, rank) increases along a branch.
+            let tw = self.twin[bu];
+            if o < min_height
+                && (o > last_off || (o == last_off && rk > last_rank))
+                && (tw == u32::MAX || self.off[tw as usize] != UNPLACED)
+                && o + p.size[bu] <= self.cap
+            {
+                self.cand.push((o, rk, b));
             }
-            let (tm, tf) = (self.trail_min.len(), self.trail_floor.len());
-            let ok = self.place(part, bu, o);
+        }
+        let end = self.cand.len();
+        self.cand[base..end].sort_unstable();
+        // Pre-checks, before touching any state. After placing `b` at `o`
+        // every section of the part must hold its unplaced bytes above
+        // `o`; in b's own sections above b's aligned top. Totals only
+        // shrink by b's size in b's sections, so:
+        // 1. the largest total of the part must fit above `o` (and `o`
+        //    only grows along the candidate list: a failure ends the loop);
+        // 2. b's sections must fit their other bytes above b's top.
+        let cap = self.cap as i64;
+        let part_max = self.tree.max(part.lo as usize, part.hi as usize);
+        for i in base..end {
+            let (o, rk, b) = self.cand[i];
+            let bu = b as usize;
+            if part_max > cap - o as i64 {
+                break;
+            }
+            let lift = (align_up(o + p.size[bu], p.align) - p.size[bu]) as i64;
+            if self.tree.max(p.sec_lo[bu] as usize, p.sec_hi[bu] as usize) > cap - lift {
+                continue;
+            }
+            let tm = self.trail_min.len();
+            let saved = self.hash;
+            let ok = self.place(bu, o);
             let mut out = Outcome::Infeasible;
             if ok {
                 // Cut points inside this part that the placement opened.
@@ -391,128 +601,155 @@ impl<'a> Searcher<'a> {
                     self.cuts[i as usize] += 1;
                 }
             }
-            self.unplace(bu, tm, tf);
+            self.unplace(bu, tm);
+            self.hash = saved;
             if out != Outcome::Infeasible {
+                self.cand.truncate(base);
                 return out;
             }
+        }
+        self.cand.truncate(base);
+        if self.memo && self.failed.len() < 1 << 20 {
+            self.failed.insert(key);
         }
         Outcome::Infeasible
     }
 
+    fn zob_of(&self, b: usize, min_off: u64) -> u128 {
+        mix128(self.zob[b] as u64 ^ min_off.wrapping_mul(0x9E37_79B9_7F4A_7C15)) ^ self.zob[b]
+    }
+
     /// Reads the clock every 64 calls.
     fn out_of_time(&mut self) -> bool {
+        let Some(d) = self.deadline else {
+            return false;
+        };
         self.ticks += 1;
         if self.ticks & 63 == 0 {
-            self.late = Instant::now() > self.deadline;
+            self.late = Instant::now() > d;
         }
         self.late
     }
 
-    /// Places `b` at `o`, updates bounds, and checks section inference.
-    fn place(&mut self, part: &Part, b: usize, o: u64) -> bool {
+    /// Places `b` at `o`, raises the minimum offsets of the buffers it
+    /// overlaps, and checks section inference (see the type's docs).
+    fn place(&mut self, b: usize, o: u64) -> bool {
         let p = self.p;
         self.off[b] = o;
         self.solution[b] = o;
-        let top = o + p.size[b];
-        let raised = align_up(top, p.align);
-        let mut affected: Vec<u32> = Vec::new();
+        self.hash ^= self.zob_of(b, o);
+        let size = p.size[b];
+        let raised = align_up(o + size, p.align);
+        let (blo, bhi) = (p.sec_lo[b] as usize, p.sec_hi[b] as usize);
+        for s in blo..bhi {
+            self.total[s] -= size;
+        }
+        self.tree.range_add(blo, bhi, -(size as i64));
+        // Raise the buffers b overlaps; their sections span [ulo, uhi).
+        // `high`: the highest minimum offset among them afterwards.
+        let (mut ulo, mut uhi) = (blo, bhi);
+        let mut high = raised;
         for &q in &p.overlaps[b] {
-            let q = q as usize;
-            if self.off[q] == UNPLACED && self.min_off[q] < raised {
-                self.trail_min.push((q as u32, self.min_off[q]));
-                self.min_off[q] = raised;
-                if !self.unalloc_floor {
-                    continue;
-                }
-                for s in p.sec_lo[q]..p.sec_hi[q] {
-                    if !self.mark[s as usize] {
-                        self.mark[s as usize] = true;
-                        affected.push(s);
-                    }
-                }
-            }
-        }
-        for s in p.sec_lo[b]..p.sec_hi[b] {
-            let s = s as usize;
-            self.trail_floor.push((s as u32, self.floor[s]));
-            self.floor[s] = self.floor[s].max(top);
-            self.total[s] -= p.size[b];
-        }
-        for &s in &affected {
-            let s = s as usize;
-            self.mark[s] = false;
-            // The floor can only rise to the lowest minimum offset of the
-            // section's unplaced buffers; a raised buffer now sits at
-            // `raised`, so sections already that high cannot change, and
-            // one unplaced buffer at or below the floor ends the scan.
-            let f = self.floor[s];
-            if f >= raised {
+            let qu = q as usize;
+            if self.off[qu] != UNPLACED {
                 continue;
             }
-            let mut lowest = u64::MAX;
-            for &q in &p.sections[s] {
-                let q = q as usize;
-                if self.off[q] == UNPLACED {
-                    let m = self.min_off[q];
-                    if m <= f {
-                        lowest = u64::MAX;
-                        break;
-                    }
-                    lowest = lowest.min(m);
-                }
-            }
-            if lowest != u64::MAX {
-                self.trail_floor.push((s as u32, f));
-                self.floor[s] = lowest;
+            let m = self.min_off[qu];
+            if m < raised {
+                self.trail_min.push((q, m));
+                self.min_off[qu] = raised;
+                self.hash ^= self.zob_of(qu, m) ^ self.zob_of(qu, raised);
+                ulo = ulo.min(p.sec_lo[qu] as usize);
+                uhi = uhi.max(p.sec_hi[qu] as usize);
+            } else {
+                high = high.max(m);
             }
         }
-        if self.release_bound {
-            let mut rs: Vec<(u64, u64)> = Vec::new();
-            for &s in &affected {
-                rs.clear();
-                rs.extend(
-                    p.sections[s as usize]
-                        .iter()
-                        .filter(|&&q| self.off[q as usize] == UNPLACED)
-                        .map(|&q| (self.min_off[q as usize].max(o), p.size[q as usize])),
-                );
-                rs.sort_unstable();
-                let mut t = 0u64;
-                for &(r, z) in &rs {
-                    t = t.max(r) + z;
-                }
-                if t > self.cap {
-                    return false;
-                }
+        // The pre-checks in `search` covered the offset floor and b's own
+        // sections at b's top. Which sections can fail now, given that a
+        // section's floor is the least minimum offset of its unplaced
+        // buffers:
+        // 1. outside b's sections, only where a buffer was raised, and
+        //    only if the total exceeds `cap - raised` (the raised buffer
+        //    keeps the floor at most `raised`);
+        // 2. in b's sections every unplaced buffer overlaps b, so the floor
+        //    is at most `high`: only totals above `cap - high`.
+        // The exact floor is computed for these few tight sections only.
+        let cap = self.cap as i64;
+        self.tight.clear();
+        let thr = cap - raised.min(self.cap) as i64;
+        self.tree.above(ulo, blo, thr, &mut self.tight);
+        self.tree.above(bhi, uhi, thr, &mut self.tight);
+        self.tree
+            .above(blo, bhi, cap - high.min(self.cap) as i64, &mut self.tight);
+        for k in 0..self.tight.len() {
+            let s = self.tight[k] as usize;
+            // The section fits iff some unplaced buffer may start low
+            // enough: stop at the first one.
+            let room = self.cap - self.total[s];
+            let fits = p.sections[s]
+                .iter()
+                .any(|&q| self.off[q as usize] == UNPLACED && self.min_off[q as usize] <= room);
+            if !fits {
+                return false;
+            }
+            if self.release_bound && !self.stacks(s, o) {
+                return false;
             }
         }
-        (part.lo..part.hi).all(|s| {
-            let s = s as usize;
-            self.total[s] == 0 || self.floor[s].max(o).saturating_add(self.total[s]) <= self.cap
-        })
+        true
     }
 
-    fn unplace(&mut self, b: usize, tm: usize, tf: usize) {
+    /// The release-date bound of section `s`: its unplaced buffers, each at
+    /// or above `max(min_off, floor)`, stacked in release order.
+    fn stacks(&mut self, s: usize, floor: u64) -> bool {
         let p = self.p;
-        while self.trail_floor.len() > tf {
-            let (s, f) = self.trail_floor.pop().expect("len checked");
-            self.floor[s as usize] = f;
+        self.scratch.clear();
+        for &q in &p.sections[s] {
+            let q = q as usize;
+            if self.off[q] == UNPLACED {
+                self.scratch.push((self.min_off[q].max(floor), p.size[q]));
+            }
         }
+        self.scratch.sort_unstable();
+        let mut t = 0u64;
+        for &(r, z) in &self.scratch {
+            t = t.max(r) + z;
+        }
+        t <= self.cap
+    }
+
+    fn unplace(&mut self, b: usize, tm: usize) {
+        let p = self.p;
         while self.trail_min.len() > tm {
             let (q, m) = self.trail_min.pop().expect("len checked");
             self.min_off[q as usize] = m;
         }
+        let size = p.size[b];
         for s in p.sec_lo[b]..p.sec_hi[b] {
-            self.total[s as usize] += p.size[b];
+            self.total[s as usize] += size;
         }
+        self.tree
+            .range_add(p.sec_lo[b] as usize, p.sec_hi[b] as usize, size as i64);
         self.off[b] = UNPLACED;
     }
+}
+
+/// A 128-bit mix of `x` (two rounds of splitmix64).
+fn mix128(x: u64) -> u128 {
+    let f = |mut z: u64| {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let a = f(x);
+    ((a as u128) << 64) | f(a ^ 0xD6E8_FEB8_6659_FD93) as u128
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn sections_are_cliques() {
@@ -543,8 +780,7 @@ mod tests {
         ];
         let p = Prepared::new(&bufs, 1);
         let mut s = Searcher::new(&p, Preorder::ALL[0]);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        assert_eq!(s.run(3, 1 << 20, deadline), Outcome::Found);
-        assert_eq!(s.run(2, 1 << 20, deadline), Outcome::Infeasible);
+        assert_eq!(s.run(3, 1 << 20, None), Outcome::Found);
+        assert_eq!(s.run(2, 1 << 20, None), Outcome::Infeasible);
     }
 }

@@ -1,0 +1,370 @@
+//! Constant folding.
+//!
+//! 1. `Constant` nodes become initializers (every `value*` form; a
+//!    `sparse_value` stays a node, since densifying it would grow the file).
+//! 2. A node whose inputs are all constants is evaluated by the constant
+//!    evaluator (`consteval`), and its outputs become initializers.
+//!
+//! Exactness: the evaluator only computes what it can compute bit-identically
+//! to onnxruntime (see its module doc: data movement, wrapping integer
+//! arithmetic, IEEE-exact float ops in the tensor's own width; no `Exp`,
+//! no float reductions, no NaN results). So this pass is [`Pass::exact`].
+//!
+//! Size cap: folding must never inflate the file. A node is folded when its
+//! result is at most [`SMALL_RESULT`] bytes (1 KiB: a handful of shape
+//! vectors, whose node and attribute encoding costs about as much), or when
+//! its result is no larger than the constant inputs that folding frees (those
+//! read by this node only). So `Transpose(W)` on a weight read once is folded
+//! (the transposed copy replaces `W`), but a `ConstantOfShape` or `Expand`
+//! or `Tile` that blows a few bytes up into megabytes is not, nor a
+//! transpose of a weight that is also read elsewhere (it would be stored
+//! twice). This is the same policy as onnxsim's size limit, applied per node.
+//!
+//! What is left alone:
+//! - nodes whose output is a graph output (an initializer as graph output is
+//!   poorly supported by runtimes, and the output's name must stay);
+//! - graph inputs with a default initializer (overridable, so not constant);
+//! - non-default domains, nodes with subgraphs, random ops (never in the
+//!   evaluator's list).
+//!
+//! In subgraphs, a captured outer constant counts as a constant. Inputs
+//! that break an op's contract (Reshape to the wrong element count, Gather
+//! out of range) are an error in the main graph, which the runtime would
+//! execute and fail on; in subgraphs they are left alone (a branch that
+//! never runs may hold them).
+//!
+//! Run [`crate::dce`] afterwards to drop the producers made dead; the
+//! constant inputs this pass frees are removed here already.
+//!
+//! ```text
+//! before:                                      after:
+//! g (float[2,3] x) => (float[3,2] y) {         g (float[2,3] x) => (float[3,2] y)
+//!   s = Constant <value_ints = [3, 2]> ()        <int64[2] s = {3, 2}> {
+//!   y = Reshape (x, s)                           y = Reshape (x, s)
+//! }                                            }
+//!
+//! g (float[N] x) => (float[N] y)               g (float[N] x) => (float[N] y)
+//!   <int64 a = {2}, int64 b = {3}> {             <float d = {6.0}> {
+//!   c = Mul (a, b)                               y = Add (x, d)
+//!   d = Cast <to = 1> (c)                      }
+//!   y = Add (x, d)
+//! }
+//! ```
+
+#[path = "consteval/mod.rs"]
+pub(crate) mod consteval;
+
+use crate::{Pass, PassError, PassStats};
+use consteval::EvalError;
+use graphopt_ir::{Graph, Model, NodeId, Tensor, Type, ValueId};
+use std::collections::HashMap;
+
+/// Results up to this many bytes are always folded.
+pub const SMALL_RESULT: u64 = 1024;
+
+pub struct FoldConstants;
+
+impl Pass for FoldConstants {
+    fn name(&self) -> &'static str {
+        "fold_constants"
+    }
+
+    fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
+        let mut stats = PassStats::default();
+        let opset = model.onnx_opset().unwrap_or(1);
+        fold_graph(&mut model.graph, opset, &HashMap::new(), true, &mut stats)?;
+        Ok(stats)
+    }
+}
+
+/// Folds `g`, then its subgraphs (which see `g`'s constants as captures).
+/// `outer` holds the constants of enclosing graphs, by name.
+fn fold_graph(
+    g: &mut Graph,
+    opset: i64,
+    outer: &HashMap<String, Tensor>,
+    top: bool,
+    stats: &mut PassStats,
+) -> Result<(), PassError> {
+    let mut freed: Vec<ValueId> = Vec::new();
+    for n in g.order().to_vec() {
+        let node = g.node(n);
+        let std_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        if !std_domain || node.has_subgraphs() {
+            continue;
+        }
+        if node.outputs().iter().flatten().any(|&o| g.is_output(o)) {
+            continue;
+        }
+        if node.op_type == "Constant" {
+            let t = consteval::constant_value(node)
+                .map_err(|m| PassError(format!("node '{}' (Constant): {m}", node.name)))?;
+            let (Some(t), [Some(_)]) = (t, node.outputs()) else {
+                continue;
+            };
+            replace_by_constants(g, n, vec![t]);
+            stats.add("constants_to_initializers", 1);
+            continue;
+        }
+        if node.inputs().iter().all(Option::is_none) {
+            continue;
+        }
+        let Some(inputs) = constant_inputs(g, n, outer) else {
+            continue;
+        };
+        let refs: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
+        let limit = SMALL_RESULT.max(freed_bytes(g, n));
+        match consteval::eval(node, &refs, opset, limit) {
+            Ok(outs) => {
+                let ins: Vec<ValueId> = node.inputs().iter().flatten().copied().collect();
+                replace_by_constants(g, n, outs);
+                freed.extend(ins);
+                stats.add("nodes_folded", 1);
+            }
+            Err(EvalError::Skip) => {}
+            Err(EvalError::Invalid(m)) if top => {
+                return Err(PassError(format!(
+                    "node '{}' ({}): {m}",
+                    g.node(n).name,
+                    g.node(n).op_type
+                )))
+            }
+            Err(EvalError::Invalid(_)) => {}
+        }
+    }
+    // Drop the constant inputs that folding left unread.
+    freed.sort();
+    freed.dedup();
+    for v in freed {
+        if g.is_live_value(v)
+            && g.uses(v).is_empty()
+            && !g.is_output(v)
+            && !g.is_input(v)
+            && !g.is_outer(v)
+            && g.producer(v).is_none()
+        {
+            if let Some(t) = g.take_initializer(v) {
+                stats.add("bytes_freed", t.nbytes());
+                g.remove_value(v);
+            }
+        }
+    }
+    // Subgraphs, with this graph's constants visible through captures.
+    let holders: Vec<NodeId> = g.nodes().filter(|&n| g.node(n).has_subgraphs()).collect();
+    for n in holders {
+        let mut seen = outer.clone();
+        for &c in g.node(n).captures() {
+            let name = g.name(c).to_string();
+            if let Some(t) = g.constant(c) {
+                seen.insert(name, t.clone());
+            } else if !g.is_outer(c) {
+                // A local non-constant value shadows any outer constant.
+                seen.remove(&name);
+            }
+        }
+        let mut attrs = std::mem::take(&mut g.node_mut(n).attributes);
+        let mut result = Ok(());
+        'outer: for a in &mut attrs {
+            for sub in a.graphs_mut() {
+                result = fold_graph(sub, opset, &seen, false, stats);
+                if result.is_err() {
+                    break 'outer;
+                }
+            }
+        }
+        g.node_mut(n).attributes = attrs;
+        g.refresh_captures(n);
+        result?;
+    }
+    Ok(())
+}
+
+/// The node's inputs as tensors, if every present one is constant.
+fn constant_inputs(
+    g: &Graph,
+    n: NodeId,
+    outer: &HashMap<String, Tensor>,
+) -> Option<Vec<Option<Tensor>>> {
+    g.node(n)
+        .inputs()
+        .iter()
+        .map(|i| match i {
+            None => Some(None),
+            Some(v) => {
+                if let Some(t) = g.constant(*v) {
+                    Some(Some(t.clone()))
+                } else if g.is_outer(*v) {
+                    outer.get(g.name(*v)).cloned().map(Some)
+                } else {
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+/// Bytes of the constant inputs that only node `n` reads (and that are not
+/// graph outputs): what folding `n` frees.
+fn freed_bytes(g: &Graph, n: NodeId) -> u64 {
+    let mut ins: Vec<ValueId> = g.node(n).inputs().iter().flatten().copied().collect();
+    ins.sort();
+    ins.dedup();
+    ins.into_iter()
+        .filter(|&v| !g.is_output(v) && g.uses(v).iter().all(|u| u.node() == n))
+        .filter_map(|v| g.constant(v))
+        .map(|t| t.nbytes())
+        .sum()
+}
+
+/// `n`'s outputs become initializers holding `outs`; `n` goes.
+fn replace_by_constants(g: &mut Graph, n: NodeId, outs: Vec<Tensor>) {
+    let vals: Vec<Option<ValueId>> = g.node(n).outputs().to_vec();
+    g.remove_node(n);
+    for (v, t) in vals.into_iter().zip(outs) {
+        let Some(v) = v else { continue };
+        let ty = Type::known(t.dtype, &t.dims);
+        g.set_initializer(v, t);
+        let d = g.value_mut(v);
+        let denotation = d.ty.as_ref().and_then(|t| t.denotation.clone());
+        d.ty = Some(Type { denotation, ..ty });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manager::testing::{assert_pass, assert_unchanged};
+
+    #[test]
+    fn constant_node_becomes_initializer() {
+        assert_pass(
+            &FoldConstants,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3] x) => (float[3,2] y) {
+  s = Constant <value_ints = [3, 2]> ()
+  y = Reshape (x, s)
+}
+"#,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3] x) => (float[3,2] y) <int64[2] s = {3, 2}> {
+  y = Reshape (x, s)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn folds_chains_and_frees_inputs() {
+        assert_pass(
+            &FoldConstants,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N] x) => (float[N] y) <int64 a = {2}, int64 b = {3}> {
+  c = Mul (a, b)
+  d = Cast <to = 1> (c)
+  y = Add (x, d)
+}
+"#,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N] x) => (float[N] y) <float d = {6.0}> {
+  y = Add (x, d)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn overridable_inputs_and_graph_outputs_are_kept() {
+        assert_unchanged(
+            &FoldConstants,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (int64[2] a, float[2] x) => (int64[2] y, float[2] z) <int64[2] a = {1, 2}, int64[2] b = {3, 4}> {
+  c = Add (a, b)
+  y = Neg (b)
+  z = Mul (x, x)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn big_results_are_not_materialized() {
+        // 64 KiB of zeros from an 8-byte shape: folding would inflate the file.
+        assert_unchanged(
+            &FoldConstants,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[128,128] x) => (float[128,128] y) <int64[2] s = {128, 128}> {
+  z = ConstantOfShape (s)
+  y = Add (x, z)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn invalid_constant_math_is_an_error() {
+        let mut m = graphopt_text::parse_model(
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2] x) => (float[2] y) <int64[3] a = {1, 2, 3}, int64[1] s = {2}> {
+  r = Reshape (a, s)
+  c = Cast <to = 1> (r)
+  y = Add (x, c)
+}
+"#,
+        )
+        .unwrap();
+        let e = FoldConstants.run(&mut m).unwrap_err();
+        assert!(e.0.contains("Reshape") && e.0.contains("3 elements"), "{e}");
+    }
+
+    #[test]
+    fn constant_without_value_is_an_error() {
+        let mut m = graphopt_text::parse_model(
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2] x) => (float[2] y) {
+  c = Constant ()
+  y = Add (x, c)
+}
+"#,
+        )
+        .unwrap();
+        let e = FoldConstants.run(&mut m).unwrap_err();
+        assert!(e.0.contains("no value attribute"), "{e}");
+    }
+
+    #[test]
+    fn outer_constants_fold_inside_subgraphs() {
+        assert_pass(
+            &FoldConstants,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (bool cond, float[2] x) => (float[2] y) <int64 k = {4}> {
+  y = If (cond) <then_branch = t () => (float[2] a) {
+    kk = Mul (k, k)
+    kf = Cast <to = 1> (kk)
+    a = Add (x, kf)
+  }, else_branch = e () => (float[2] b) {
+    b = Neg (x)
+  }>
+}
+"#,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (bool cond, float[2] x) => (float[2] y) <int64 k = {4}> {
+  y = If (cond) <then_branch = t () => (float[2] a) <float kf = {16.0}> {
+    a = Add (x, kf)
+  }, else_branch = e () => (float[2] b) {
+    b = Neg (x)
+  }>
+}
+"#,
+        );
+    }
+}
