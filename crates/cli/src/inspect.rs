@@ -11,7 +11,10 @@ pub fn run(input: &Path, as_json: bool, dims: &[String]) -> anyhow::Result<()> {
     let mut loaded = graphopt_onnx::load(input)?;
     // Inference binds `--dim`s into the input/output shapes and tells which
     // ops have no shape rule.
-    let inferred = graphopt_ir::infer::infer_model(&mut loaded.model, &graphopt_ir::infer::InferOptions { dims });
+    let inferred = graphopt_ir::infer::infer_model(
+        &mut loaded.model,
+        &graphopt_ir::infer::InferOptions { dims },
+    );
     let m = &loaded.model;
     let g = &m.graph;
 
@@ -98,7 +101,8 @@ fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out, "model      {}", r["file"].as_str().unwrap_or(""));
-    let _ = writeln!(out, 
+    let _ = writeln!(
+        out,
         "size       {}{}",
         human_bytes(file_size),
         if r["external_data"] == true {
@@ -128,21 +132,24 @@ fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
     for (label, key) in [("inputs", "inputs"), ("outputs", "outputs")] {
         let _ = writeln!(out, "{label}:");
         for v in r[key].as_array().into_iter().flatten() {
-            let _ = writeln!(out, 
+            let _ = writeln!(
+                out,
                 "  {:<30} {}",
                 v["name"].as_str().unwrap_or(""),
                 v["type"].as_str().unwrap_or("")
             );
         }
     }
-    let _ = writeln!(out, 
+    let _ = writeln!(
+        out,
         "parameters {} ({})",
         r["parameters"],
         human_bytes(r["parameter_bytes"].as_u64().unwrap_or(0))
     );
     if let Some(o) = r["bytes_by_dtype"].as_object() {
         for (k, v) in o {
-            let _ = writeln!(out, 
+            let _ = writeln!(
+                out,
                 "  {:<12} {:>14} elements {:>12}",
                 k,
                 v["elements"],
@@ -161,7 +168,10 @@ fn print_text(m: &Model, r: &serde_json::Value, file_size: u64) {
             let _ = writeln!(out, "  {:<28} {:>6}", k, c);
         }
     }
-    if let Some(u) = r["ops_without_shape_rule"].as_array().filter(|u| !u.is_empty()) {
+    if let Some(u) = r["ops_without_shape_rule"]
+        .as_array()
+        .filter(|u| !u.is_empty())
+    {
         let names: Vec<&str> = u.iter().filter_map(|x| x.as_str()).collect();
         let _ = writeln!(out, "no shape rule for: {}", names.join(", "));
     }

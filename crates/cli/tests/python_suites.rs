@@ -43,8 +43,13 @@ fn python_ready() -> bool {
 
 fn run_script(script: &str, args: &[&str]) {
     if !python_ready() {
-        assert!(!required(), "python3 with onnx/onnxruntime is required but could not be set up");
-        eprintln!("SKIPPED {script}: python3 with onnx 1.23.2 / onnxruntime 1.32.0 is not available");
+        assert!(
+            !required(),
+            "python3 with onnx/onnxruntime is required but could not be set up"
+        );
+        eprintln!(
+            "SKIPPED {script}: python3 with onnx 1.23.2 / onnxruntime 1.32.0 is not available"
+        );
         return;
     }
     let out = Command::new("python3")
@@ -62,12 +67,18 @@ fn run_script(script: &str, args: &[&str]) {
     for l in tail.iter().rev() {
         eprintln!("{script}: {l}");
     }
-    assert!(out.status.success(), "{script} {args:?} failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed:\n{stdout}\n{stderr}"
+    );
 }
 
 #[test]
 fn real_models_round_trip_bit_identically_in_onnxruntime() {
-    run_script("roundtrip_models.py", &["--passes", "none", "--strict-structure"]);
+    run_script(
+        "roundtrip_models.py",
+        &["--passes", "none", "--strict-structure"],
+    );
 }
 
 #[test]
