@@ -118,6 +118,7 @@ passes! {
     fuse_gelu::FuseGelu => "replaces decomposed GELU (erf and tanh forms) by Gelu (opset >= 20)",
     fuse_layer_norm::FuseLayerNorm => "replaces decomposed LayerNorm by LayerNormalization (opset >= 17)",
     fuse_matmul_add::FuseMatmulAdd => "MatMul followed by a bias Add becomes Gemm where Gemm's rules allow",
+    lower_precision::LowerPrecision => "fp16/bf16 lowering with an fp32 keep-list and clean Cast boundaries (configure with --precision)",
     upgrade_opset::UpgradeOpset => "opt-in: raises the default-domain opset, rewriting ops whose signature changed",
 }
 

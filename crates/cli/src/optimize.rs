@@ -1,8 +1,8 @@
 //! `graphopt optimize IN -o OUT`.
 
 use crate::util::{human_bytes, write_atomic};
-use anyhow::{bail, Context};
-use graphopt_ir::Model;
+use anyhow::bail;
+use graphopt_ir::{DType, Model};
 use graphopt_onnx::{ExternalData, SaveOptions};
 use graphopt_passes::manager::{initializer_bytes, run_pipeline, ManagerOptions, PassRun};
 use serde_json::json;
@@ -49,10 +49,56 @@ pub struct Args {
     /// Print nothing but errors.
     #[arg(short, long)]
     quiet: bool,
+    /// Mixed precision (`--precision` and its flags), boxed to keep the
+    /// command enum small.
+    #[command(flatten)]
+    lp: Box<PrecisionArgs>,
+}
+
+/// `--precision` and the flags that go with it.
+#[derive(clap::Args)]
+pub struct PrecisionArgs {
+    /// Lower to fp16 or bf16 compute (matrix products low, an autocast-like
+    /// fp32 keep-list), or store weights fp16 with fp32 compute. Runs after
+    /// the pass pipeline.
+    #[arg(long, value_name = "fp16|bf16|fp16-weights")]
+    precision: Option<String>,
+    /// Keep these op types or node names in fp32, besides the default list;
+    /// `-NAME` takes an op off the default list (e.g. `-Softmax`).
+    #[arg(
+        long = "keep-fp32",
+        value_name = "OP|NAME,...",
+        value_delimiter = ',',
+        allow_hyphen_values = true
+    )]
+    keep_fp32: Vec<String>,
+    /// Lower the graph inputs and outputs too (by default they keep their types).
+    #[arg(long)]
+    no_keep_io_types: bool,
+    /// Lower ops even where onnxruntime's CPU provider has no low-precision
+    /// kernel (for GPU runtimes; the output may not run on a CPU).
+    #[arg(long)]
+    any_runtime: bool,
+    /// Run the original and the lowered model in tract on the CPU; where the
+    /// error exceeds the tolerance, find the nodes responsible and keep them
+    /// fp32 until it does not.
+    #[arg(long, requires = "precision")]
+    validate: bool,
+    /// Relative tolerance of --validate: per output, every element within
+    /// atol + rtol * max|reference|.
+    #[arg(long, default_value_t = 1e-2, value_name = "R")]
+    rtol: f64,
+    /// Absolute tolerance of --validate.
+    #[arg(long, default_value_t = 1e-3, value_name = "A")]
+    atol: f64,
+    /// Inputs for --validate, by input name (numpy `np.savez`, uncompressed);
+    /// default: seeded random inputs.
+    #[arg(long, value_name = "FILE.npz", requires = "validate")]
+    inputs: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let _dims = crate::util::parse_dims(&a.dims)?;
+    let dims = crate::util::parse_dims(&a.dims)?;
     if let (Ok(i), Ok(o)) = (a.input.canonicalize(), a.output.canonicalize()) {
         if i == o {
             bail!(
@@ -86,7 +132,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let t1 = Instant::now();
     let runs = run_pipeline(&mut model, &passes, &mut opts)
-        .with_context(|| a.input.display().to_string())?;
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.input.display()))?;
+    let precision = match &a.lp.precision {
+        Some(p) => Some(
+            lower(&mut model, p, &a, &dims)
+                .map_err(|e| anyhow::anyhow!("{}: {e:#}", a.input.display()))?,
+        ),
+        None => None,
+    };
     let pass_time = t1.elapsed();
     let after = Summary::of(&model);
 
@@ -131,6 +184,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     if !a.quiet {
         print_table(&before, &after, in_size, out_size);
+        if let Some(p) = &precision {
+            p.print();
+        }
         if loaded.info.reordered {
             println!("note: the input's nodes were not in topological order; the output's are");
         }
@@ -154,6 +210,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "time_import_ms": ms(import_time),
             "time_passes_ms": ms(pass_time),
             "time_export_ms": ms(export_time),
+            "precision": precision.as_ref().map(|p| p.json()),
         });
         let mut text = serde_json::to_string_pretty(&report)?;
         text.push('\n');
@@ -245,4 +302,840 @@ fn print_table(b: &Summary, a: &Summary, in_size: u64, out_size: u64) {
         human_bytes(in_size),
         human_bytes(out_size)
     );
+}
+
+// ---- --precision ------------------------------------------------------
+
+use graphopt_passes::lower_precision::{LowerPrecision, LowerReport, Precision};
+use graphopt_tract::TractTensor;
+
+/// What `--precision` did, for the printout and the report.
+struct PrecisionOutcome {
+    mode: Precision,
+    report: LowerReport,
+    nodes_total: usize,
+    /// `Err(why)` when validation could not run.
+    validation: Option<Result<Validation, String>>,
+}
+
+/// What `--validate` found.
+struct Validation {
+    inputs: String,
+    rtol: f64,
+    atol: f64,
+    first: Check,
+    last: Check,
+    /// Nodes (name, or `Op#id` when unnamed) and weights kept fp32.
+    kept_nodes: Vec<String>,
+    kept_weights: Vec<String>,
+    runs: usize,
+    note: Option<String>,
+}
+
+/// One comparison with the fp32 reference.
+#[derive(Clone)]
+struct Check {
+    ok: bool,
+    max_abs: f64,
+    rel_l2: f64,
+    /// Why the candidate could not run, if it could not.
+    error: Option<String>,
+}
+
+impl Check {
+    fn describe(&self) -> String {
+        match &self.error {
+            Some(e) => format!("does not run in tract: {e}"),
+            None => format!("max abs {:.3e}, rel L2 {:.3e}", self.max_abs, self.rel_l2),
+        }
+    }
+    fn json(&self) -> serde_json::Value {
+        json!({"ok": self.ok, "max_abs": finite(self.max_abs), "rel_l2": finite(self.rel_l2), "error": self.error})
+    }
+}
+
+fn finite(x: f64) -> serde_json::Value {
+    if x.is_finite() {
+        json!(x)
+    } else {
+        json!(x.to_string())
+    }
+}
+
+impl PrecisionOutcome {
+    fn print(&self) {
+        let r = &self.report;
+        println!(
+            "precision {}: {} of {} nodes compute low; Casts {} -> {}; weights {} -> {} ({:.3}x)",
+            self.mode.name(),
+            r.lowered_total,
+            self.nodes_total,
+            r.casts_before,
+            r.casts_after,
+            human_bytes(r.weight_bytes_before),
+            human_bytes(r.weight_bytes_after),
+            ratio(r.weight_bytes_after, r.weight_bytes_before)
+        );
+        if !r.kept_no_kernel.is_empty() {
+            let ops: Vec<&str> = r.kept_no_kernel.iter().map(String::as_str).collect();
+            println!(
+                "  kept fp32 (no low-precision kernel in onnxruntime's CPU provider): {}",
+                ops.join(", ")
+            );
+        }
+        if let Some(Err(why)) = &self.validation {
+            println!("  NOT validated: {why}");
+        }
+        if let Some(Ok(v)) = &self.validation {
+            println!(
+                "  validated in tract on {} inputs (rtol {}, atol {}): {} ({} runs)",
+                v.inputs,
+                v.rtol,
+                v.atol,
+                if v.last.ok {
+                    "within tolerance"
+                } else {
+                    "NOT within tolerance"
+                },
+                v.runs
+            );
+            println!("    first: {}", v.first.describe());
+            if !v.kept_nodes.is_empty() || !v.kept_weights.is_empty() {
+                println!(
+                    "    kept fp32 by validation: {}",
+                    v.kept_nodes
+                        .iter()
+                        .chain(&v.kept_weights)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                println!("    final: {}", v.last.describe());
+            }
+            if let Some(n) = &v.note {
+                println!("    note: {n}");
+            }
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let r = &self.report;
+        json!({
+            "mode": self.mode.name(),
+            "nodes_lowered": r.lowered_total,
+            "weights_bytes_before": r.weight_bytes_before,
+            "weights_bytes_after": r.weight_bytes_after,
+            "weights_ratio": ratio(r.weight_bytes_after, r.weight_bytes_before),
+            "casts_before": r.casts_before,
+            "casts_after": r.casts_after,
+            "clamped": r.clamped.iter().map(|(n, c)| json!({"name": n, "values": c})).collect::<Vec<_>>(),
+            "kept_no_kernel": r.kept_no_kernel,
+            "warnings": r.warnings,
+            "validation": self.validation.as_ref().map(|v| match v {
+                Err(why) => json!({"ok": null, "skipped": why}),
+                Ok(v) => json!({
+                "inputs": v.inputs,
+                "rtol": v.rtol,
+                "atol": v.atol,
+                "ok": v.last.ok,
+                "max_abs": finite(v.last.max_abs),
+                "rel_l2": finite(v.last.rel_l2),
+                "first": v.first.json(),
+                "final": v.last.json(),
+                "kept_nodes": v.kept_nodes,
+                "kept_weights": v.kept_weights,
+                "runs": v.runs,
+                "note": v.note,
+            })}),
+        })
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        1.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// Lowers `model` per the flags, validating and falling back if asked.
+fn lower(
+    model: &mut Model,
+    mode: &str,
+    a: &Args,
+    dims: &[(String, i64)],
+) -> anyhow::Result<PrecisionOutcome> {
+    let mode = Precision::parse(mode)?;
+    let (mut keep, mut allow) = (Vec::new(), Vec::new());
+    for k in
+        a.lp.keep_fp32
+            .iter()
+            .map(|k| k.trim())
+            .filter(|k| !k.is_empty())
+    {
+        match k.strip_prefix('-') {
+            Some(op) => allow.push(op.to_string()),
+            None => keep.push(k.trim_start_matches('+').to_string()),
+        }
+    }
+    let base = LowerPrecision {
+        precision: mode,
+        keep_fp32: keep,
+        allow_low: allow,
+        keep_io_types: !a.lp.no_keep_io_types,
+        ort_cpu: !a.lp.any_runtime,
+        ..LowerPrecision
+    };
+    let nodes_total = model.graph.node_count_deep();
+    let run = |lp: &LowerPrecision| -> anyhow::Result<(Model, LowerReport)> {
+        let mut m = model.clone();
+        let r = lp.lower(&mut m)?;
+        graphopt_ir::verify::verify_model(&m)
+            .map_err(|e| anyhow::anyhow!("after lower_precision: IR is invalid: {e}"))?;
+        Ok((m, r))
+    };
+    let (mut lowered, mut report) = run(&base)?;
+    let mut validation = None;
+    if a.lp.validate {
+        if mode == Precision::BF16 {
+            bail!("--validate runs the models in tract, which has no bfloat16; validate bf16 output in onnxruntime (tests-py/precision_models.py)");
+        }
+        let (inputs, label) = match &a.lp.inputs {
+            Some(p) => (npz::read_inputs(p, model)?, p.display().to_string()),
+            None => (
+                graphopt_tract::sample_inputs(model, dims, 4, 7)?,
+                "seeded random".to_string(),
+            ),
+        };
+        match Validator::new(model, inputs, a.lp.rtol, a.lp.atol) {
+            Ok(v) => {
+                let (m, r, val) = v.fallback(&base, &run, (lowered, report), label)?;
+                lowered = m;
+                report = r;
+                validation = Some(Ok(val));
+            }
+            Err(e) => {
+                // Not an error: the lowering is done; say loudly that it is
+                // unchecked (onnxruntime can check it: tests-py/precision_models.py).
+                let why = format!("{e:#}").replace('\n', " ");
+                eprintln!("warning: --validate skipped: {why}");
+                validation = Some(Err(why));
+            }
+        }
+    }
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
+    *model = lowered;
+    Ok(PrecisionOutcome {
+        mode,
+        report,
+        nodes_total,
+        validation,
+    })
+}
+
+/// Runs candidates against the fp32 reference in tract.
+struct Validator {
+    inputs: Vec<TractTensor>,
+    reference: Vec<TractTensor>,
+    /// Main-graph float intermediates of the fp32 model, by name: whether
+    /// each is finite everywhere. A candidate whose low intermediate
+    /// overflows where the reference is finite fails, even if a runtime
+    /// (tract fuses `Cast(MatMul)` into an fp32-output MatMul) hides it in
+    /// the final outputs.
+    finite: BTreeMap<String, bool>,
+    rtol: f64,
+    atol: f64,
+}
+
+/// A lowering function: a configuration in, the lowered model out.
+type Lowering<'a> = dyn Fn(&LowerPrecision) -> anyhow::Result<(Model, LowerReport)> + 'a;
+
+/// One thing validation can keep fp32.
+#[derive(Clone, Debug, PartialEq)]
+enum Item {
+    Node(graphopt_ir::NodeId),
+    Weight(String),
+}
+
+impl Validator {
+    fn new(
+        model: &Model,
+        inputs: Vec<TractTensor>,
+        rtol: f64,
+        atol: f64,
+    ) -> anyhow::Result<Validator> {
+        let reference = run_with_outputs(model, &[], &inputs)
+            .map_err(|e| anyhow::anyhow!("tract cannot run the fp32 model: {e:#}"))?;
+        let names = intermediates(model, DType::F32);
+        let finite = match run_with_outputs(model, &names, &inputs) {
+            Ok(outs) => names
+                .into_iter()
+                .zip(outs.into_iter().skip(model.graph.outputs.len()))
+                .map(|(n, t)| (n, all_finite(&t)))
+                .collect(),
+            Err(_) => BTreeMap::new(),
+        };
+        Ok(Validator {
+            inputs,
+            reference,
+            finite,
+            rtol,
+            atol,
+        })
+    }
+
+    fn check(&self, m: &Model) -> Check {
+        let low: Vec<String> = [DType::F16, DType::BF16]
+            .into_iter()
+            .flat_map(|d| intermediates(m, d))
+            .filter(|n| self.finite.get(n) == Some(&true))
+            .collect();
+        let n_out = m.graph.outputs.len();
+        let got = run_with_outputs(m, &low, &self.inputs)
+            .or_else(|_| run_with_outputs(m, &[], &self.inputs));
+        match got {
+            Ok(got) => {
+                let mut c = self.compare(&got[..n_out.min(got.len())]);
+                if got.len() > n_out {
+                    if let Some(bad) = low.iter().zip(&got[n_out..]).find(|(_, t)| !all_finite(t)) {
+                        c.ok = false;
+                        c.error = Some(format!("'{}' overflows in low precision", bad.0));
+                    }
+                }
+                c
+            }
+            Err(e) => Check {
+                ok: false,
+                max_abs: f64::INFINITY,
+                rel_l2: f64::INFINITY,
+                error: Some(format!("{:#}", e).replace('\n', " ")),
+            },
+        }
+    }
+
+    /// Per output tensor: every element within `atol + rtol * max|ref|`
+    /// (NaN matches NaN). The scale is the tensor's, not the element's:
+    /// low-precision arithmetic errs in proportion to the operands, so an
+    /// element near zero in a tensor of large values carries the tensor's
+    /// absolute error. Also measures max abs and rel L2.
+    fn compare(&self, got: &[TractTensor]) -> Check {
+        let mut c = Check {
+            ok: got.len() == self.reference.len(),
+            max_abs: 0.0,
+            rel_l2: 0.0,
+            error: None,
+        };
+        let (mut num, mut den) = (0f64, 0f64);
+        for (x, y) in self.reference.iter().zip(got) {
+            if x.shape() != y.shape() {
+                c.ok = false;
+                c.error = Some(format!("shape {:?} vs {:?}", x.shape(), y.shape()));
+                continue;
+            }
+            let (Ok(xf), Ok(yf)) = (x.cast_to::<f64>(), y.cast_to::<f64>()) else {
+                c.ok &= x == y;
+                continue;
+            };
+            let (Ok(xs), Ok(ys)) = (
+                xf.to_plain_array_view::<f64>(),
+                yf.to_plain_array_view::<f64>(),
+            ) else {
+                continue;
+            };
+            let scale = xs
+                .iter()
+                .filter(|p| p.is_finite())
+                .fold(0f64, |m, p| m.max(p.abs()));
+            for (p, q) in xs.iter().zip(ys.iter()) {
+                if p.is_nan() && q.is_nan() || p == q {
+                    continue;
+                }
+                let d = (p - q).abs();
+                let d = if d.is_nan() { f64::INFINITY } else { d };
+                if d > self.atol + self.rtol * scale {
+                    c.ok = false;
+                }
+                c.max_abs = c.max_abs.max(d);
+                num += d * d;
+                den += p * p;
+            }
+        }
+        c.rel_l2 = if den == 0.0 {
+            num.sqrt()
+        } else {
+            (num / den).sqrt()
+        };
+        c
+    }
+
+    /// Checks the lowered model; while it is out of tolerance, finds by
+    /// bisection the first node (or weight) whose lowering breaks the
+    /// tolerance and keeps it fp32. Each search lowers only a prefix of the
+    /// candidates (in program order), so it finds where the error first
+    /// appears, the way `--stop-after` bisects a bad rewrite.
+    fn fallback(
+        &self,
+        base: &LowerPrecision,
+        run: &Lowering<'_>,
+        start: (Model, LowerReport),
+        label: String,
+    ) -> anyhow::Result<(Model, LowerReport, Validation)> {
+        const MAX_CULPRITS: usize = 24;
+        let (mut m, mut r) = start;
+        let first = self.check(&m);
+        let mut last = first.clone();
+        let mut runs = 1;
+        let mut kept: Vec<Item> = Vec::new();
+        let mut note = None;
+        let config = |kept: &[Item]| {
+            let mut lp = base.clone();
+            for k in kept {
+                match k {
+                    Item::Node(n) => lp.keep_nodes.push(*n),
+                    Item::Weight(w) => lp.keep_weights.push(w.clone()),
+                }
+            }
+            lp
+        };
+        while !last.ok {
+            let items: Vec<Item> = r
+                .lowered
+                .iter()
+                .chain(&r.subgraph_hosts)
+                .map(|&n| Item::Node(n))
+                .chain(r.weights_lowered.iter().cloned().map(Item::Weight))
+                .filter(|i| !kept.contains(i))
+                .collect();
+            if items.is_empty() {
+                note = Some(
+                    "nothing left to keep fp32; the error comes from fp32 differences alone".into(),
+                );
+                break;
+            }
+            if kept.len() >= MAX_CULPRITS {
+                // Too many culprits to chase one by one: keep everything.
+                let mut all = kept.clone();
+                all.extend(items);
+                (m, r) = run(&config(&all))?;
+                last = self.check(&m);
+                runs += 1;
+                kept = all;
+                note = Some(format!(
+                    "more than {MAX_CULPRITS} nodes out of tolerance; kept every candidate fp32"
+                ));
+                break;
+            }
+            let with_prefix = |k: usize| {
+                let mut ks = kept.clone();
+                ks.extend(items[k..].iter().cloned());
+                config(&ks)
+            };
+            // Invariant: lowering items[..lo] passes, items[..hi] fails.
+            let (mut lo, mut hi) = (0usize, items.len());
+            if runs == 1 {
+                let (m0, _) = run(&with_prefix(0))?;
+                runs += 1;
+                if !self.check(&m0).ok {
+                    note = Some("out of tolerance even with every candidate kept fp32".into());
+                    break;
+                }
+            }
+            while hi - lo > 1 {
+                let mid = (lo + hi) / 2;
+                let (mm, _) = run(&with_prefix(mid))?;
+                runs += 1;
+                if self.check(&mm).ok {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            kept.push(items[hi - 1].clone());
+            (m, r) = run(&config(&kept))?;
+            last = self.check(&m);
+            runs += 1;
+        }
+        let names = graph_node_names(&m);
+        let kept_nodes = kept
+            .iter()
+            .filter_map(|k| match k {
+                Item::Node(n) => Some(
+                    names
+                        .get(n)
+                        .cloned()
+                        .unwrap_or_else(|| format!("#{}", n.index())),
+                ),
+                Item::Weight(_) => None,
+            })
+            .collect();
+        let kept_weights = kept
+            .iter()
+            .filter_map(|k| match k {
+                Item::Weight(w) => Some(w.clone()),
+                Item::Node(_) => None,
+            })
+            .collect();
+        let v = Validation {
+            inputs: label,
+            rtol: self.rtol,
+            atol: self.atol,
+            first,
+            last,
+            kept_nodes,
+            kept_weights,
+            runs,
+            note,
+        };
+        Ok((m, r, v))
+    }
+}
+
+/// The model as validation runs it in tract: every node computing in
+/// fp16 runs its arithmetic in fp32 between Casts (inputs up, outputs back
+/// to fp16), which is how onnxruntime's CPU provider runs fp16 ops (it has
+/// few fp16 kernels) and how fp16 GEMMs accumulate on GPUs. Values stay
+/// rounded to fp16 between ops, so overflow and rounding show as they
+/// would; and tract runs its fast fp32 kernels (its fp16 ones are slow on
+/// x86, and it rejects fp16 Gemm). Ops that only move data run as they are.
+pub fn tract_proxy(m: &Model) -> anyhow::Result<Model> {
+    let mut m = m.clone();
+    let mut counter = 0;
+    proxy_graph(&mut m.graph, &mut counter)?;
+    Ok(m)
+}
+
+fn proxy_graph(g: &mut graphopt_ir::Graph, counter: &mut usize) -> anyhow::Result<()> {
+    use graphopt_ir::{AttrValue, Attribute, NewNode, Type};
+    const MOVES: &[&str] = &[
+        "Cast",
+        "Reshape",
+        "Transpose",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Concat",
+        "Slice",
+        "Squeeze",
+        "Unsqueeze",
+        "Identity",
+        "Flatten",
+        "Expand",
+        "Split",
+        "Shape",
+        "Size",
+        "Tile",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Dropout",
+        "Constant",
+        "If",
+        "Loop",
+        "Scan",
+    ];
+    let elem = |g: &graphopt_ir::Graph, v| g.ty(v).and_then(|t: &Type| t.elem());
+    let cast = |to: DType| Attribute::new("to", AttrValue::Int(to.to_onnx() as i64));
+    // Names unique across subgraphs (a body must not shadow an outer name).
+    fn fresh(
+        g: &mut graphopt_ir::Graph,
+        counter: &mut usize,
+        v: graphopt_ir::ValueId,
+        shape: Option<graphopt_ir::Shape>,
+    ) -> graphopt_ir::ValueId {
+        *counter += 1;
+        let name = format!("{}_proxy32_{}", g.name(v), *counter);
+        g.fresh_value(&name, Some(graphopt_ir::Type::tensor(DType::F32, shape)))
+    }
+    for n in g.nodes().collect::<Vec<_>>() {
+        if g.node(n).has_subgraphs() {
+            let mut attrs = std::mem::take(&mut g.node_mut(n).attributes);
+            for a in &mut attrs {
+                for sub in a.graphs_mut() {
+                    proxy_graph(sub, counter)?;
+                }
+            }
+            g.node_mut(n).attributes = attrs;
+            g.refresh_captures(n);
+        }
+        let d = g.node(n);
+        if !d.domain.is_empty() || MOVES.contains(&d.op_type.as_str()) {
+            continue;
+        }
+        let outs: Vec<(usize, graphopt_ir::ValueId)> = d
+            .outputs()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, o)| {
+                o.filter(|&o| elem(g, o) == Some(DType::F16))
+                    .map(|o| (i, o))
+            })
+            .collect();
+        if outs.is_empty() {
+            continue;
+        }
+        for (slot, v) in d.inputs().to_vec().into_iter().enumerate() {
+            let Some(v) = v.filter(|&v| elem(g, v) == Some(DType::F16)) else {
+                continue;
+            };
+            let shape = g.ty(v).and_then(|t| t.shape()).cloned();
+            let w = fresh(g, counter, v, shape);
+            let pos = g.order().iter().position(|&x| x == n).unwrap_or(0);
+            g.insert_node(
+                pos,
+                NewNode::new("Cast")
+                    .inputs(&[v])
+                    .outputs(&[w])
+                    .attr(cast(DType::F32)),
+            )?;
+            g.set_input(n, slot, Some(w));
+        }
+        for (slot, out) in outs {
+            let shape = g.ty(out).and_then(|t| t.shape()).cloned();
+            let o32 = fresh(g, counter, out, shape);
+            g.set_output(n, slot, Some(o32));
+            let pos = g.order().iter().position(|&x| x == n).map_or(0, |i| i + 1);
+            g.insert_node(
+                pos,
+                NewNode::new("Cast")
+                    .inputs(&[o32])
+                    .outputs(&[out])
+                    .attr(cast(DType::F16)),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Names of main-graph node outputs of element type `d` (not graph outputs).
+fn intermediates(m: &Model, d: DType) -> Vec<String> {
+    let g = &m.graph;
+    g.nodes()
+        .flat_map(|n| {
+            g.node(n)
+                .outputs()
+                .iter()
+                .flatten()
+                .copied()
+                .collect::<Vec<_>>()
+        })
+        .filter(|&v| !g.is_output(v) && g.ty(v).and_then(|t| t.elem()) == Some(d))
+        .map(|v| g.name(v).to_string())
+        .collect()
+}
+
+/// Runs `m` in tract with the values `names` as extra outputs (after the
+/// model's own).
+fn run_with_outputs(
+    m: &Model,
+    names: &[String],
+    inputs: &[TractTensor],
+) -> anyhow::Result<Vec<TractTensor>> {
+    let mut m = tract_proxy(m)?;
+    for n in names {
+        if let Some(v) = m.graph.value_by_name(n) {
+            m.graph.outputs.push(v);
+        }
+    }
+    // With --no-keep-io-types the inputs are fp16 now: round them the same way.
+    let g = &m.graph;
+    let runtime: Vec<_> = g
+        .inputs
+        .iter()
+        .filter(|&&v| g.initializer(v).is_none())
+        .collect();
+    let mut inputs = inputs.to_vec();
+    for (t, &&v) in inputs.iter_mut().zip(&runtime) {
+        if g.ty(v).and_then(|ty| ty.elem()) == Some(DType::F16)
+            && t.datum_type() == tract_onnx::prelude::DatumType::F32
+        {
+            *t = t
+                .cast_to_dt(tract_onnx::prelude::DatumType::F16)?
+                .into_owned();
+        }
+    }
+    let bytes = graphopt_tract::prepare(&m)?;
+    graphopt_tract::run_bytes(&bytes, &inputs)
+}
+
+fn all_finite(t: &TractTensor) -> bool {
+    match t.cast_to::<f64>() {
+        Ok(f) => f
+            .to_plain_array_view::<f64>()
+            .map(|a| a.iter().all(|x| x.is_finite()))
+            .unwrap_or(true),
+        Err(_) => true,
+    }
+}
+
+/// Main-graph node ids to display names (`name`, or `Op#id` when unnamed).
+fn graph_node_names(m: &Model) -> BTreeMap<graphopt_ir::NodeId, String> {
+    let g = &m.graph;
+    g.nodes()
+        .map(|n| {
+            let d = g.node(n);
+            let name = if d.name.is_empty() {
+                format!("{}#{}", d.op_type, n.index())
+            } else {
+                d.name.clone()
+            };
+            (n, name)
+        })
+        .collect()
+}
+
+/// Reading numpy `.npz` files (uncompressed zip of `.npy` arrays).
+mod npz {
+    use anyhow::{bail, Context};
+    use graphopt_ir::Model;
+    use graphopt_tract::TractTensor;
+    use std::collections::HashMap;
+    use std::path::Path;
+    use tract_onnx::prelude::{f16, DatumType, Tensor};
+
+    /// The model's runtime inputs, in order, from `path`.
+    pub fn read_inputs(path: &Path, model: &Model) -> anyhow::Result<Vec<TractTensor>> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let mut arrays = read(&bytes).with_context(|| format!("{}", path.display()))?;
+        let g = &model.graph;
+        let mut out = Vec::new();
+        for &v in &g.inputs {
+            if g.initializer(v).is_some() {
+                continue;
+            }
+            let name = g.name(v);
+            let t = arrays
+                .remove(name)
+                .with_context(|| format!("{}: no array named '{name}'", path.display()))?;
+            out.push(t);
+        }
+        Ok(out)
+    }
+
+    /// Every array of an npz, by name (without `.npy`).
+    pub fn read(b: &[u8]) -> anyhow::Result<HashMap<String, Tensor>> {
+        // End of central directory: signature 0x06054b50, within the last 64 KiB + 22.
+        let eocd = (0..b.len().saturating_sub(21))
+            .rev()
+            .find(|&i| b[i..i + 4] == [0x50, 0x4b, 0x05, 0x06])
+            .context("not a zip file (no end of central directory)")?;
+        let le16 = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]) as usize;
+        let le32 = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as usize;
+        let count = le16(eocd + 10);
+        let mut p = le32(eocd + 16);
+        let mut out = HashMap::new();
+        for _ in 0..count {
+            if p + 46 > b.len() || le32(p) != 0x0201_4b50 {
+                bail!("bad zip central directory");
+            }
+            let method = le16(p + 10);
+            let csize = le32(p + 20);
+            let (nlen, xlen, clen) = (le16(p + 28), le16(p + 30), le16(p + 32));
+            let local = le32(p + 42);
+            let name = String::from_utf8_lossy(&b[p + 46..p + 46 + nlen]).to_string();
+            p += 46 + nlen + xlen + clen;
+            if method != 0 {
+                bail!("'{name}' is compressed; save the inputs with np.savez, not np.savez_compressed");
+            }
+            if local + 30 > b.len() {
+                bail!("bad zip local header for '{name}'");
+            }
+            let start = local + 30 + le16(local + 26) + le16(local + 28);
+            let data = b.get(start..start + csize).context("truncated zip entry")?;
+            let key = name.strip_suffix(".npy").unwrap_or(&name).to_string();
+            out.insert(key, npy(data).with_context(|| format!("array '{name}'"))?);
+        }
+        Ok(out)
+    }
+
+    /// One `.npy` array (format 1.0-3.0, C order, little endian).
+    fn npy(b: &[u8]) -> anyhow::Result<Tensor> {
+        if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+            bail!("not an .npy array");
+        }
+        let (hlen, off) = if b[6] == 1 {
+            (u16::from_le_bytes([b[8], b[9]]) as usize, 10)
+        } else {
+            (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12)
+        };
+        let header = std::str::from_utf8(b.get(off..off + hlen).context("truncated header")?)?;
+        let field = |k: &str| -> Option<String> {
+            let i = header.find(&format!("'{k}'"))? + k.len() + 2;
+            let rest = header[i..].trim_start().strip_prefix(':')?.trim_start();
+            Some(rest.to_string())
+        };
+        let descr = field("descr").context("no descr")?;
+        let descr = descr
+            .trim_start_matches('\'')
+            .split('\'')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        if field("fortran_order").is_some_and(|f| f.starts_with("True")) {
+            bail!("Fortran-order arrays are not supported");
+        }
+        let shape_s = field("shape").context("no shape")?;
+        let inner = shape_s
+            .trim_start_matches('(')
+            .split(')')
+            .next()
+            .unwrap_or("");
+        let shape: Vec<usize> = inner
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<usize>())
+            .collect::<Result<_, _>>()?;
+        let data = &b[off + hlen..];
+        let n: usize = shape.iter().product();
+        macro_rules! arr {
+            ($t:ty, $w:expr) => {{
+                let w = $w;
+                if data.len() < n * w {
+                    bail!("truncated data");
+                }
+                let v: Vec<$t> = data[..n * w]
+                    .chunks_exact(w)
+                    .map(|c| <$t>::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                Tensor::from_shape(&shape, &v)?
+            }};
+        }
+        Ok(match descr.as_str() {
+            "<f4" => arr!(f32, 4),
+            "<f8" => arr!(f64, 8),
+            "<i8" => arr!(i64, 8),
+            "<i4" => arr!(i32, 4),
+            "<i2" => arr!(i16, 2),
+            "|i1" => arr!(i8, 1),
+            "|u1" => arr!(u8, 1),
+            "<u2" => arr!(u16, 2),
+            "<u4" => arr!(u32, 4),
+            "<u8" => arr!(u64, 8),
+            "|b1" => {
+                let v: Vec<bool> = data
+                    .get(..n)
+                    .context("truncated data")?
+                    .iter()
+                    .map(|&x| x != 0)
+                    .collect();
+                Tensor::from_shape(&shape, &v)?
+            }
+            "<f2" => {
+                let v: Vec<f16> = data
+                    .get(..n * 2)
+                    .context("truncated data")?
+                    .chunks_exact(2)
+                    .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect();
+                let t = Tensor::from_shape(&shape, &v)?;
+                debug_assert_eq!(t.datum_type(), DatumType::F16);
+                t
+            }
+            d => bail!("unsupported dtype '{d}'"),
+        })
+    }
 }

@@ -1,0 +1,423 @@
+//! `--precision`: numerical checks of the lowering on the real models in
+//! `testdata/models/` with tract as the reference executor, Cast hygiene
+//! on every output, and the CLI's validation/fallback contract.
+//!
+//! tract has no bfloat16 and lacks some fp16 kernels: such runs are skipped
+//! with the reason printed (onnxruntime covers them in
+//! `tests-py/precision_models.py`).
+
+use graphopt_ir::infer::{infer_model, InferOptions};
+use graphopt_ir::{DType, Graph, Model};
+use graphopt_passes::lower_precision::{LowerPrecision, Precision};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_graphopt"))
+}
+
+fn models_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models")
+}
+
+fn models() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(models_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// (Cast chains, same-type Casts) over `g` and its subgraphs, with types
+/// from graphopt's inference.
+fn cast_hygiene(m: &Model) -> (usize, usize) {
+    let mut m = m.clone();
+    infer_model(&mut m, &InferOptions::default());
+    fn walk(g: &Graph, acc: &mut (usize, usize)) {
+        for n in g.nodes() {
+            let d = g.node(n);
+            if d.op_type == "Cast" && d.domain.is_empty() {
+                let x = d.input(0).unwrap();
+                if g.producer_node(x).is_some_and(|p| p.op_type == "Cast") {
+                    acc.0 += 1;
+                }
+                let to = d.attr_int("to").map(|c| DType::from_onnx(c as i32));
+                if to.is_some() && g.ty(x).and_then(|t| t.elem()) == to {
+                    acc.1 += 1;
+                }
+            }
+        }
+        for (_, s) in g.subgraphs() {
+            walk(s, acc);
+        }
+    }
+    let mut acc = (0, 0);
+    walk(&m.graph, &mut acc);
+    acc
+}
+
+fn io_types(m: &Model) -> Vec<(String, Option<DType>)> {
+    let g = &m.graph;
+    g.inputs
+        .iter()
+        .chain(&g.outputs)
+        .map(|&v| (g.name(v).to_string(), g.ty(v).and_then(|t| t.elem())))
+        .collect()
+}
+
+#[test]
+fn lowered_models_match_fp32_in_tract() {
+    let mut ran = Vec::new();
+    let mut skipped = Vec::new();
+    for path in models() {
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let loaded = graphopt_onnx::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let original = loaded.model;
+        let (mut f32_bytes, mut all_bytes) = (0, 0);
+        for &v in original.graph.initializers() {
+            let t = original.graph.initializer(v).unwrap();
+            all_bytes += t.nbytes();
+            if t.dtype == DType::F32 {
+                f32_bytes += t.nbytes();
+            }
+        }
+        let f32_model = f32_bytes * 10 > all_bytes * 9;
+        let reference = graphopt_tract::sample_inputs(&original, &[], 3, 7).and_then(|inputs| {
+            let r = graphopt_tract::run_bytes(&graphopt_tract::prepare(&original)?, &inputs)?;
+            Ok((inputs, r))
+        });
+        for (precision, bound) in [
+            (Precision::F16, 2e-2),
+            (Precision::F16Weights, 5e-3),
+            (Precision::BF16, f64::NAN),
+        ] {
+            let label = format!("{name} [{}]", precision.name());
+            let mut m = original.clone();
+            let pass = LowerPrecision {
+                precision,
+                ..LowerPrecision
+            };
+            let r = pass
+                .lower(&mut m)
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+            graphopt_ir::verify::verify_model(&m).unwrap_or_else(|e| panic!("{label}: {e}"));
+            // Rules that hold whatever runs the model.
+            assert_eq!(
+                io_types(&m),
+                io_types(&original),
+                "{label}: io types changed"
+            );
+            let (c0, s0) = cast_hygiene(&original);
+            let (c1, s1) = cast_hygiene(&m);
+            assert!(
+                c1 <= c0 && s1 <= s0,
+                "{label}: Cast chains {c0}->{c1}, same-type {s0}->{s1}"
+            );
+            if f32_model && r.weight_bytes_before > 4096 {
+                let ratio = r.weight_bytes_after as f64 / r.weight_bytes_before as f64;
+                assert!(ratio <= 0.51, "{label}: weights {ratio:.3}x");
+            }
+            // Numbers, where tract can run both.
+            let Ok((inputs, reference)) = &reference else {
+                skipped.push(format!("{label}: tract cannot run the fp32 model"));
+                continue;
+            };
+            if precision == Precision::BF16 {
+                skipped.push(format!("{label}: tract has no bfloat16"));
+                continue;
+            }
+            let bytes = graphopt_tract::prepare(&tract_proxy(&m)).unwrap();
+            let got = match graphopt_tract::run_bytes(&bytes, inputs) {
+                Ok(g) => g,
+                Err(e) => {
+                    let msg = format!("{:#}", e).replace('\n', " ");
+                    skipped.push(format!(
+                        "{label}: tract lacks an fp16 kernel: {}",
+                        &msg[..msg.len().min(160)]
+                    ));
+                    continue;
+                }
+            };
+            let d = graphopt_tract::compare(reference, &got).unwrap();
+            assert!(d.rel_l2 <= bound, "{label}: rel L2 {} > {bound}", d.rel_l2);
+            ran.push(format!("{label}: rel L2 {:.2e}", d.rel_l2));
+        }
+    }
+    eprintln!("precision numerics, checked:\n  {}", ran.join("\n  "));
+    eprintln!("skipped:\n  {}", skipped.join("\n  "));
+    assert!(ran.len() >= 20, "too few runs checked in tract: {ran:?}");
+}
+
+/// fp16 Gemm runs fp32 inside Casts (as onnxruntime's CPU provider runs
+/// it): tract 0.23 rejects fp16 Gemm. Same as the CLI's `--validate`.
+fn tract_proxy(m: &Model) -> Model {
+    use graphopt_ir::{AttrValue, Attribute, NewNode, Type};
+    let mut m = m.clone();
+    let g = &mut m.graph;
+    let elem = |g: &Graph, v| g.ty(v).and_then(|t: &Type| t.elem());
+    let cast = |to: DType| Attribute::new("to", AttrValue::Int(to.to_onnx() as i64));
+    for n in g.nodes().collect::<Vec<_>>() {
+        let d = g.node(n);
+        let out = d.output(0).unwrap();
+        if d.op_type != "Gemm" || elem(g, out) != Some(DType::F16) {
+            continue;
+        }
+        for (slot, v) in d.inputs().to_vec().into_iter().enumerate() {
+            let Some(v) = v.filter(|&v| elem(g, v) == Some(DType::F16)) else {
+                continue;
+            };
+            let w = g.fresh_value("proxy32", Some(Type::tensor(DType::F32, None)));
+            let pos = g.order().iter().position(|&x| x == n).unwrap();
+            g.insert_node(
+                pos,
+                NewNode::new("Cast")
+                    .inputs(&[v])
+                    .outputs(&[w])
+                    .attr(cast(DType::F32)),
+            )
+            .unwrap();
+            g.set_input(n, slot, Some(w));
+        }
+        let o32 = g.fresh_value("proxy32", Some(Type::tensor(DType::F32, None)));
+        g.set_output(n, 0, Some(o32));
+        let pos = g.order().iter().position(|&x| x == n).unwrap() + 1;
+        g.insert_node(
+            pos,
+            NewNode::new("Cast")
+                .inputs(&[o32])
+                .outputs(&[out])
+                .attr(cast(DType::F16)),
+        )
+        .unwrap();
+    }
+    m
+}
+
+fn write_model(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let m = graphopt_text::parse_model(text).unwrap();
+    let p = dir.join(name);
+    graphopt_onnx::save(&m, &p, &graphopt_onnx::SaveOptions::default()).unwrap();
+    p
+}
+
+fn report(path: &Path) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    v["precision"].clone()
+}
+
+/// An fp16 MatMul whose products exceed ±65504: validation must find it
+/// and keep it fp32, and then be within tolerance.
+const OVERFLOW: &str = r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,4] x) => (float[2,4] y) <float[4,4] w = {60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0, 60000.0}, float[4,4] v = {4.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 4.0}> {
+  [first] a = MatMul (x, v)
+  [big] m = MatMul (a, w)
+  y = Neg (m)
+}
+"#;
+
+#[test]
+fn validate_keeps_overflowing_nodes_fp32() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(dir.path(), "overflow.onnx", OVERFLOW);
+    let out = dir.path().join("out.onnx");
+    let rep = dir.path().join("r.json");
+    // Without validation the fp16 model overflows (checked in tract).
+    let st = bin()
+        .args([
+            "optimize",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--precision",
+            "fp16",
+            "-q",
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let o = bin()
+        .args([
+            "optimize",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .args([
+            "--precision",
+            "fp16",
+            "--validate",
+            "--report",
+            rep.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("kept fp32 by validation: big"), "{stdout}");
+    let p = report(&rep);
+    let v = &p["validation"];
+    assert_eq!(v["ok"], true, "{p}");
+    assert_eq!(v["first"]["ok"], false, "{p}");
+    assert_eq!(v["kept_nodes"], serde_json::json!(["big"]), "{p}");
+    assert!(
+        v["max_abs"].as_f64().unwrap() <= 1e-3 + 1e-2 * 960000.0,
+        "{p}"
+    );
+    // `first` stays low: only the culprit is kept.
+    assert!(p["nodes_lowered"].as_u64().unwrap() >= 1, "{p}");
+}
+
+#[test]
+fn report_counts_weights_and_casts() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = models_dir().join("bert_tiny.ts14.onnx");
+    let out = dir.path().join("out.onnx");
+    let rep = dir.path().join("r.json");
+    let o = bin()
+        .args([
+            "optimize",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .args([
+            "--precision",
+            "fp16-weights",
+            "--report",
+            rep.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = report(&rep);
+    assert_eq!(p["mode"], "fp16-weights");
+    assert_eq!(p["nodes_lowered"], 0);
+    assert!(p["weights_ratio"].as_f64().unwrap() <= 0.51, "{p}");
+    assert!(p["casts_after"].as_u64().unwrap() > p["casts_before"].as_u64().unwrap());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("precision fp16-weights:"));
+}
+
+#[test]
+fn validate_on_saved_inputs_with_fallback() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = models_dir().join("bert_tiny.ts14.onnx");
+    let inputs = models_dir().join("bert_tiny.ts14.inputs.npz");
+    let out = dir.path().join("out.onnx");
+    let rep = dir.path().join("r.json");
+    let o = bin()
+        .args([
+            "optimize",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .args([
+            "--precision",
+            "fp16",
+            "--validate",
+            "--inputs",
+            inputs.to_str().unwrap(),
+        ])
+        .args(["--report", rep.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = report(&rep)["validation"].clone();
+    assert_eq!(v["ok"], true, "{v}");
+    assert!(v["inputs"].as_str().unwrap().ends_with("inputs.npz"));
+    assert!(v["rel_l2"].as_f64().unwrap() < 1e-2, "{v}");
+}
+
+#[test]
+fn keep_fp32_flag_adds_and_removes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(dir.path(), "m.onnx", OVERFLOW);
+    let out = dir.path().join("out.onnx");
+    let rep = dir.path().join("r.json");
+    let run = |extra: &[&str]| {
+        let o = bin()
+            .args([
+                "optimize",
+                src.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "-q",
+            ])
+            .args(["--precision", "fp16", "--report", rep.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        report(&rep)
+    };
+    assert_eq!(run(&[])["nodes_lowered"], 3);
+    assert_eq!(run(&["--keep-fp32", "big"])["nodes_lowered"], 1);
+    assert_eq!(run(&["--keep-fp32", "MatMul"])["nodes_lowered"], 0);
+    assert_eq!(run(&["--keep-fp32", "-Softmax,first"])["nodes_lowered"], 2);
+    let p = run(&["--no-keep-io-types"]);
+    assert_eq!(p["casts_after"], 0, "{p}");
+}
+
+#[test]
+fn bad_precision_flags_fail_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(dir.path(), "m.onnx", OVERFLOW);
+    let out = dir.path().join("out.onnx");
+    let o = bin()
+        .args([
+            "optimize",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .args(["--precision", "int4"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("valid: fp16, bf16, fp16-weights"));
+    let o = bin()
+        .args([
+            "optimize",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .args(["--precision", "bf16", "--validate"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no bfloat16"));
+    assert!(!out.exists());
+}
+
+#[test]
+fn validate_with_fp16_io() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = models_dir().join("resnet_tiny.ts14.onnx");
+    let out = dir.path().join("out.onnx");
+    let rep = dir.path().join("r.json");
+    let o = bin()
+        .args([
+            "optimize",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "-q",
+        ])
+        .args(["--precision", "fp16", "--no-keep-io-types", "--validate"])
+        .args(["--report", rep.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = report(&rep);
+    assert_eq!(p["validation"]["ok"], true, "{p}");
+    assert_eq!(p["casts_after"], 0, "{p}");
+}

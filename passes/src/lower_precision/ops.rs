@@ -1,0 +1,141 @@
+//! Op knowledge for lowering: which formal parameter of each op version a
+//! slot is bound to (from the ONNX schemas), whether onnxruntime's CPU
+//! provider loads the op with a low-precision compute type (probed, see
+//! `gen_tables.py`), and the autocast-style op lists.
+
+use super::tables::OPS;
+
+/// One op version: the type parameter of every formal input and output
+/// (`""` for a fixed type such as Resize's `scales: tensor(float)`), the
+/// parameters that admit float16 / bfloat16, and the onnxruntime CPU probe
+/// (`None`: the probe could not build the node).
+pub(crate) struct OpRow {
+    pub op: &'static str,
+    pub since: i64,
+    pub ins: &'static [&'static str],
+    pub var_in: bool,
+    pub outs: &'static [&'static str],
+    pub var_out: bool,
+    pub f16_params: &'static [&'static str],
+    pub bf16_params: &'static [&'static str],
+    pub ort_f16: Option<bool>,
+    pub ort_bf16: Option<bool>,
+}
+
+impl OpRow {
+    /// The parameter input `slot` is bound to (`""`: fixed type or no such slot).
+    pub fn in_param(&self, slot: usize) -> &'static str {
+        param(self.ins, self.var_in, slot)
+    }
+    pub fn out_param(&self, slot: usize) -> &'static str {
+        param(self.outs, self.var_out, slot)
+    }
+}
+
+fn param(list: &'static [&'static str], variadic: bool, slot: usize) -> &'static str {
+    match list.get(slot) {
+        Some(p) => p,
+        None if variadic => list.last().copied().unwrap_or(""),
+        None => "",
+    }
+}
+
+/// The schema of default-domain `op` in effect at `opset`.
+pub(crate) fn row(op: &str, opset: i64) -> Option<&'static OpRow> {
+    let start = OPS.partition_point(|r| r.op < op);
+    OPS[start..]
+        .iter()
+        .take_while(|r| r.op == op)
+        .filter(|r| r.since <= opset)
+        .last()
+}
+
+/// Default fp32 keep-list, after PyTorch autocast's fp32 list: ops whose
+/// result loses too much in fp16 (exponentials, big sums, normalizations)
+/// or whose outputs index or size things (ranges, top-k, box ops).
+pub const DEFAULT_KEEP_FP32: &[&str] = &[
+    // softmax family
+    "Softmax",
+    "LogSoftmax",
+    // normalizations
+    "LayerNormalization",
+    "GroupNormalization",
+    "InstanceNormalization",
+    "RMSNormalization",
+    "MeanVarianceNormalization",
+    "LpNormalization",
+    // sum-like reductions
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceSumSquare",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceProd",
+    "CumSum",
+    // pointwise functions with a wide output range
+    "Exp",
+    "Log",
+    "Pow",
+    "Erf",
+    "Reciprocal",
+    "Sqrt",
+    "Softplus",
+    // losses
+    "SoftmaxCrossEntropyLoss",
+    "NegativeLogLikelihoodLoss",
+    // range- and index-sensitive ops
+    "Range",
+    "TopK",
+    "NonMaxSuppression",
+    "RoiAlign",
+    "MaxRoiPool",
+    "GridSample",
+];
+
+/// Ops that always run in low precision unless kept (autocast's fp16 list):
+/// the matrix products, where the time and the weights are.
+pub const ALWAYS_LOW: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"];
+
+/// Ops whose output element type comes from an attribute, not an input:
+/// lowering them would need the attribute rewritten, so they keep fp32 and
+/// their consumers get a Cast (Cast and Constant are handled apart).
+pub const ATTR_TYPED: &[&str] = &[
+    "ConstantOfShape",
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "EyeLike",
+    "Multinomial",
+    "Bernoulli",
+    "HannWindow",
+    "HammingWindow",
+    "BlackmanWindow",
+];
+
+/// Input slots that accept any element type without changing the node's
+/// compute type: a lowered value may flow in as it is.
+pub(crate) fn flexible_slot(op: &str, slot: usize) -> bool {
+    matches!((op, slot), ("Shape" | "Size", _) | ("Cast" | "CastLike", 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_follow_the_opset() {
+        let r = row("Resize", 18).unwrap();
+        assert_eq!(r.since, 18);
+        assert_eq!(r.in_param(0), "T1");
+        assert_eq!(r.in_param(2), "");
+        assert_eq!(row("Resize", 12).unwrap().since, 11);
+        let c = row("Concat", 13).unwrap();
+        assert_eq!(c.in_param(5), c.out_param(0));
+        assert!(row("NoSuchOp", 18).is_none());
+        // The generated table is sorted by op name, as `row` requires.
+        assert!(OPS.windows(2).all(|w| w[0].op <= w[1].op));
+    }
+}

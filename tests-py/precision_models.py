@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Mixed-precision lowering on the committed real models, checked in onnxruntime.
+
+    python3 tests-py/precision_models.py --graphopt target/debug/graphopt [--precision fp16,bf16,fp16-weights]
+
+For every model in testdata/models/MANIFEST.json that onnxruntime runs, and every
+precision:
+  * run `graphopt optimize IN -o OUT --precision P --report R.json`
+  * onnx.checker with full checks (strict shape/type inference) passes on OUT
+  * graph inputs and outputs keep their names and element types
+  * OUT loads and runs in onnxruntime (CPU provider, optimizations off) on the
+    saved inputs; the error against the saved fp32 outputs stays within the
+    precision's bound (rel L2; integer/bool outputs exact)
+  * for fp32 models the initializer bytes shrink to <= 0.51x
+  * Cast hygiene: no Cast reads a Cast inserted by graphopt, no Cast converts to
+    its input's own type, and neither count exceeds the original model's
+With --validate, fp16 and fp16-weights also run `--validate` (tract, random
+inputs) and require the report to say the result is within tolerance (models
+tract cannot run are reported as "validate skipped").
+Prints one line per (model, precision) and finally `N passed, M failed`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import REPO, ort_session, rel_l2, resolve_graphopt, short_err  # noqa: E402
+
+# rel L2 bound against the fp32 reference outputs, per precision. bf16 keeps
+# 8 bits of mantissa (vs fp16's 11), and its ORT CPU kernels are few, so
+# most bf16 compute is fp32 on bf16-rounded weights.
+BOUND = {"fp16": 2e-2, "fp16-weights": 5e-3, "bf16": 5e-2}
+
+
+def elem_types(g):
+    return {vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.output)}
+
+
+def cast_hygiene(model):
+    """(chains, same_type) counts over all graphs, with types from ONNX inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001
+        inferred = model
+    chains = same = 0
+
+    def walk(g, types):
+        nonlocal chains, same
+        types = dict(types)
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            if vi.type.HasField("tensor_type"):
+                types[vi.name] = vi.type.tensor_type.elem_type
+        for t in g.initializer:
+            types[t.name] = t.data_type
+        producers = {o: n for n in g.node for o in n.output}
+        for n in g.node:
+            if n.op_type == "Cast" and n.domain in ("", "ai.onnx"):
+                src = n.input[0]
+                p = producers.get(src)
+                if p is not None and p.op_type == "Cast":
+                    chains += 1
+                to = next((a.i for a in n.attribute if a.name == "to"), None)
+                if to is not None and types.get(src) == to:
+                    same += 1
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g, types)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sg in a.graphs:
+                        walk(sg, types)
+
+    walk(inferred.graph, {})
+    return chains, same
+
+
+def fp32_weight_fraction(model):
+    total = f32 = 0
+    for t in model.graph.initializer:
+        n = int(np.prod(t.dims)) if len(t.dims) else 1
+        size = n * {1: 4, 10: 2, 16: 2, 11: 8, 7: 8, 6: 4, 3: 1, 2: 1, 9: 1}.get(t.data_type, 4)
+        total += size
+        if t.data_type == onnx.TensorProto.FLOAT:
+            f32 += size
+    return f32 / total if total else 0.0
+
+
+def run_ort(path, feeds):
+    sess = ort_session(path)
+    names = [o.name for o in sess.get_outputs()]
+    return names, sess.run(None, feeds)
+
+
+def check(entry, models_dir, graphopt, precision, tmp, args):
+    import subprocess
+
+    name = entry["name"]
+    src = os.path.join(models_dir, entry["file"])
+    dst_dir = os.path.join(tmp, f"{name}.{precision}")
+    os.makedirs(dst_dir, exist_ok=True)
+    dst = os.path.join(dst_dir, "out.onnx")
+    report_path = os.path.join(dst_dir, "report.json")
+    cmd = [*graphopt, "optimize", src, "-o", dst, "--precision", precision, "--report", report_path]
+    validating = args.validate and precision != "bf16"
+    if validating:
+        cmd.append("--validate")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except Exception as e:  # noqa: BLE001
+        return False, f"graphopt did not run: {e}"
+    if proc.returncode != 0:
+        return False, f"graphopt exit {proc.returncode}: {short_err(proc)}"
+    with open(report_path) as f:
+        rep = json.load(f)["precision"]
+    notes = [f"w {rep['weights_ratio']:.3f}x", f"casts {rep['casts_before']}->{rep['casts_after']}",
+             f"low {rep['nodes_lowered']}"]
+
+    try:
+        onnx.checker.check_model(dst, full_check=True)
+    except Exception as e:  # noqa: BLE001
+        return False, f"checker: {str(e).splitlines()[0][:200]}"
+    orig = onnx.load(src)
+    out = onnx.load(dst)
+    if elem_types(orig.graph) != elem_types(out.graph):
+        return False, "graph input/output names or types changed"
+    o_chains, o_same = cast_hygiene(orig)
+    chains, same = cast_hygiene(out)
+    if chains > o_chains or same > o_same:
+        return False, f"Cast hygiene: {chains} Cast chains (was {o_chains}), {same} same-type Casts (was {o_same})"
+
+    if fp32_weight_fraction(orig) > 0.9 and rep["weights_bytes_before"] > 4096 \
+            and rep["weights_ratio"] > 0.51:
+        return False, f"weights only shrank to {rep['weights_ratio']:.3f}x"
+
+    if validating:
+        v = rep.get("validation") or {}
+        if v.get("skipped"):
+            notes.append(f"validate skipped ({v['skipped'][:60]})")
+        elif not v.get("ok"):
+            return False, f"--validate did not reach tolerance: {v}"
+        else:
+            notes.append(f"validate rel {v['rel_l2']:.1e} kept {len(v['kept_nodes']) + len(v['kept_weights'])}")
+
+    feeds = dict(np.load(os.path.join(models_dir, entry["inputs"])))
+    expected = dict(np.load(os.path.join(models_dir, entry["outputs"])))
+    try:
+        names, got = run_ort(dst, feeds)
+    except Exception as e:  # noqa: BLE001
+        return False, f"onnxruntime: {str(e).splitlines()[0][:240]}"
+    worst = 0.0
+    for n, g in zip(names, got):
+        e = expected[n]
+        g = np.asarray(g)
+        if g.shape != e.shape or g.dtype != e.dtype:
+            return False, f"output {n}: {g.dtype}{list(g.shape)} vs {e.dtype}{list(e.shape)}"
+        if e.dtype.kind == "f":
+            err = rel_l2(g, e)
+            worst = max(worst, err)
+        elif not np.array_equal(g, e):
+            return False, f"output {n}: integer/bool output differs"
+    bound = max(BOUND[precision], entry.get("rel_l2_tol") or 0)
+    notes.append(f"rel L2 {worst:.2e}")
+    if not worst <= bound:
+        return False, f"rel L2 {worst:.3g} > {bound} ({', '.join(notes)})"
+    return True, ", ".join(notes)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graphopt")
+    ap.add_argument("--precision", default="fp16,bf16,fp16-weights")
+    ap.add_argument("-k", help="only models whose name matches this regex")
+    ap.add_argument("--validate", action="store_true", help="also run --validate (fp16, fp16-weights)")
+    ap.add_argument("--keep", help="keep outputs in this folder")
+    ap.add_argument("--timeout", type=float, default=600)
+    args = ap.parse_args()
+    graphopt = resolve_graphopt(args.graphopt)
+    models_dir = os.path.join(REPO, "testdata", "models")
+    with open(os.path.join(models_dir, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+    tmp_ctx = None
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        tmp = args.keep
+    else:
+        tmp_ctx = tempfile.TemporaryDirectory(prefix="graphopt-precision-")
+        tmp = tmp_ctx.name
+    passed = failed = 0
+    for entry in manifest["models"]:
+        if args.k and not re.search(args.k, entry["name"]):
+            continue
+        if not entry.get("runs_in_ort") or not entry.get("outputs"):
+            print(f"SKIP {entry['name']}: onnxruntime cannot run it (custom domain)")
+            continue
+        for p in [x.strip() for x in args.precision.split(",") if x.strip()]:
+            ok, msg = check(entry, models_dir, graphopt, p, tmp, args)
+            print(f"{'PASS' if ok else 'FAIL'} {entry['name']} [{p}]: {msg}", flush=True)
+            passed += ok
+            failed += not ok
+    print(f"{passed} passed, {failed} failed")
+    if tmp_ctx:
+        tmp_ctx.cleanup()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
