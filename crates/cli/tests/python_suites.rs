@@ -3,7 +3,10 @@
 //!   to bit-identical onnxruntime outputs, and through the default pipeline
 //!   within tolerance;
 //! - the ONNX backend node tests (generated from the installed `onnx`
-//!   wheel) round-trip to outputs bit-identical to the original's.
+//!   wheel) round-trip to outputs bit-identical to the original's;
+//! - every real model lowered with `--precision fp16|bf16|fp16-weights
+//!   --validate` passes the full onnx checker and runs in onnxruntime
+//!   within tolerance of the reference outputs.
 //!
 //! They need python3 with the packages in `tests-py/requirements.txt`; this
 //! test installs them with pip when they are missing. Without Python they
@@ -89,4 +92,9 @@ fn real_models_through_default_pipeline_in_onnxruntime() {
 #[test]
 fn onnx_backend_node_conformance() {
     run_script("conformance.py", &["--jobs", "2"]);
+}
+
+#[test]
+fn real_models_lowered_to_fp16_bf16_run_in_onnxruntime() {
+    run_script("precision_models.py", &["--validate"]);
 }
