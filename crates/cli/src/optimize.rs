@@ -133,6 +133,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let t1 = Instant::now();
     let runs = run_pipeline(&mut model, &passes, &mut opts)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.input.display()))?;
+    // With --precision, the planner measures activation memory before and
+    // after lowering (at the --dim values, other input dims 1).
+    let mem_before =
+        a.lp.precision
+            .as_ref()
+            .map(|_| memory(&model, &dims, &a.input));
     let precision = match &a.lp.precision {
         Some(p) => Some(
             lower(&mut model, p, &a, &dims)
@@ -140,6 +146,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let memory_change = mem_before.map(|b| MemoryChange {
+        before: b,
+        after: memory(&model, &dims, &a.input),
+    });
     let pass_time = t1.elapsed();
     let after = Summary::of(&model);
 
@@ -187,6 +197,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if let Some(p) = &precision {
             p.print();
         }
+        if let Some(m) = &memory_change {
+            m.print();
+        }
         if loaded.info.reordered {
             println!("note: the input's nodes were not in topological order; the output's are");
         }
@@ -211,6 +224,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "time_passes_ms": ms(pass_time),
             "time_export_ms": ms(export_time),
             "precision": precision.as_ref().map(|p| p.json()),
+            "memory": memory_change.as_ref().map(MemoryChange::json),
         });
         let mut text = serde_json::to_string_pretty(&report)?;
         text.push('\n');
@@ -302,6 +316,85 @@ fn print_table(b: &Summary, a: &Summary, in_size: u64, out_size: u64) {
         human_bytes(in_size),
         human_bytes(out_size)
     );
+}
+
+// ---- memory plans around --precision ----------------------------------
+
+/// Weights, activation lower bound and arena from the planner.
+struct Memory {
+    dims: String,
+    weights: u64,
+    lower_bound: u64,
+    arena: u64,
+    unknown: usize,
+}
+
+/// Plans `model` at the `--dim` values (other input dims 1); values whose
+/// size stays unknown are left out and counted.
+fn memory(
+    model: &Model,
+    dims: &[(String, i64)],
+    input: &std::path::Path,
+) -> Result<Memory, String> {
+    let opts = graphopt_plan::PlanOptions {
+        ignore_unknown: true,
+        node_budget: 20_000,
+        ..Default::default()
+    };
+    let (_, plan, used) =
+        crate::plan::plan_at(model, dims, 1, &opts, input).map_err(|e| format!("{e:#}"))?;
+    Ok(Memory {
+        dims: used
+            .iter()
+            .map(|(k, v, _)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        weights: plan.weights_bytes,
+        lower_bound: plan.lower_bound_bytes,
+        arena: plan.arena_bytes,
+        unknown: plan.unknown_size.len(),
+    })
+}
+
+struct MemoryChange {
+    before: Result<Memory, String>,
+    after: Result<Memory, String>,
+}
+
+impl MemoryChange {
+    fn print(&self) {
+        match (&self.before, &self.after) {
+            (Ok(b), Ok(a)) => {
+                println!(
+                    "memory at {}: weights {} -> {}; activations lower bound {} -> {}; arena {} -> {}",
+                    if b.dims.is_empty() { "static shapes" } else { &b.dims },
+                    human_bytes(b.weights),
+                    human_bytes(a.weights),
+                    human_bytes(b.lower_bound),
+                    human_bytes(a.lower_bound),
+                    human_bytes(b.arena),
+                    human_bytes(a.arena)
+                );
+                if a.unknown > 0 || b.unknown > 0 {
+                    println!(
+                        "  ({} / {} values of unknown size left out of the plans)",
+                        b.unknown, a.unknown
+                    );
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => println!("memory plan unavailable: {e}"),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let one = |m: &Result<Memory, String>| match m {
+            Ok(m) => {
+                json!({"dims": m.dims, "weights_bytes": m.weights, "lower_bound_bytes": m.lower_bound, "arena_bytes": m.arena, "unknown_size_values": m.unknown})
+            }
+            Err(e) => json!({"error": e}),
+        };
+        json!({"before": one(&self.before), "after": one(&self.after)})
+    }
 }
 
 // ---- --precision ------------------------------------------------------

@@ -275,7 +275,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
 /// (name, value, defaulted) for every symbolic dim of the graph inputs,
 /// plus `--dim` bindings of other names.
-type DimList = Vec<(String, i64, bool)>;
+pub(crate) type DimList = Vec<(String, i64, bool)>;
 
 /// Symbolic dim names of the graph inputs, in order of first appearance.
 fn input_syms(m: &Model) -> Vec<String> {
@@ -300,7 +300,7 @@ fn input_syms(m: &Model) -> Vec<String> {
 
 /// Infers shapes at the bound dims (unbound input dims get `default`) and
 /// plans the model.
-fn plan_at(
+pub(crate) fn plan_at(
     base: &Model,
     bound: &[(String, i64)],
     default: i64,

@@ -303,6 +303,21 @@ fn report_counts_weights_and_casts() {
     assert!(p["weights_ratio"].as_f64().unwrap() <= 0.51, "{p}");
     assert!(p["casts_after"].as_u64().unwrap() > p["casts_before"].as_u64().unwrap());
     assert!(String::from_utf8_lossy(&o.stdout).contains("precision fp16-weights:"));
+    // The planner's view: weights halve; activations now include the fp32
+    // copy a weight Cast produces, so the bound may grow by the largest one.
+    let full: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&rep).unwrap()).unwrap();
+    let (b, a) = (&full["memory"]["before"], &full["memory"]["after"]);
+    assert!(
+        a["weights_bytes"].as_f64().unwrap() <= 0.51 * b["weights_bytes"].as_f64().unwrap(),
+        "{full}"
+    );
+    assert!(
+        a["arena_bytes"].as_u64().unwrap() >= a["lower_bound_bytes"].as_u64().unwrap(),
+        "{full}"
+    );
+    assert!(b["lower_bound_bytes"].as_u64().unwrap() > 0, "{full}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("activations lower bound"));
 }
 
 #[test]
