@@ -63,8 +63,13 @@ fn eliminate(g: &mut Graph, stats: &mut PassStats) -> Result<(), PassError> {
             continue;
         }
         let name = g.name(y).to_string();
+        if g.subgraphs().any(|(_, s)| defines_locally(s, &name)) {
+            // An input model whose subgraph reuses the name: leave it be.
+            continue;
+        }
         let ty = g.value(y).ty.clone();
         let doc = g.value(y).doc_string.clone();
+        let meta = g.value(y).metadata_props.clone();
         let in_value_info = g.value_info.contains(&y);
         g.remove_node(n);
         g.replace_all_uses(y, x)?;
@@ -74,12 +79,20 @@ fn eliminate(g: &mut Graph, stats: &mut PassStats) -> Result<(), PassError> {
             g.value_mut(x).ty = ty;
         }
         g.value_mut(x).doc_string = doc;
+        g.value_mut(x).metadata_props = meta;
         if in_value_info && !g.value_info.contains(&x) {
             g.value_info.push(x);
         }
         stats.add("nodes_removed", 1);
     }
     Ok(())
+}
+
+/// True when `g` or a subgraph of it defines `name` itself (not as a
+/// capture of an enclosing graph's value).
+fn defines_locally(g: &Graph, name: &str) -> bool {
+    g.value_by_name(name).is_some_and(|v| !g.is_outer(v))
+        || g.subgraphs().any(|(_, s)| defines_locally(s, name))
 }
 
 #[cfg(test)]

@@ -39,8 +39,8 @@ pub fn run(input: &Path, as_json: bool, dims: &[String]) -> anyhow::Result<()> {
     let mut ops = BTreeMap::new();
     let mut by_dtype: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     walk(g, &mut ops, &mut by_dtype);
-    let params: u64 = by_dtype.values().map(|v| v.0).sum();
-    let bytes: u64 = by_dtype.values().map(|v| v.1).sum();
+    let params: u64 = by_dtype.values().fold(0u64, |a, v| a.saturating_add(v.0));
+    let bytes: u64 = by_dtype.values().fold(0u64, |a, v| a.saturating_add(v.1));
     let opsets: BTreeMap<String, i64> = m
         .opset_imports
         .iter()
@@ -88,8 +88,8 @@ fn walk(g: &Graph, ops: &mut BTreeMap<String, usize>, by_dtype: &mut BTreeMap<St
     for &v in g.initializers() {
         if let Some(t) = g.initializer(v) {
             let e = by_dtype.entry(t.dtype.to_string()).or_default();
-            e.0 += t.numel().unwrap_or(0);
-            e.1 += t.nbytes();
+            e.0 = e.0.saturating_add(t.numel().unwrap_or(0));
+            e.1 = e.1.saturating_add(t.nbytes());
         }
     }
     for (_, s) in g.subgraphs() {

@@ -30,7 +30,7 @@ pub struct Args {
     /// Print the time each pass took.
     #[arg(long)]
     time_passes: bool,
-    /// Run the IR verifier after every pass (always on in debug builds).
+    /// Run the IR verifier after every pass (always on; kept for compatibility).
     #[arg(long)]
     verify: bool,
     /// Stop after this many pass runs (to bisect a bad rewrite).
@@ -123,7 +123,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         |m: &Model| graphopt_text::print_model(m, &graphopt_text::PrintOptions::default());
     let mut stderr = std::io::stderr();
     let mut opts = ManagerOptions {
-        verify: a.verify,
+        // Always: verification is linear and cheap, and an invalid rewrite
+        // must never reach the output file. (`--verify` is kept for scripts.)
+        verify: true,
         dump_filter: a.dump_ir.clone(),
         dump: Some(&printer),
         dump_sink: Some(&mut stderr),

@@ -284,15 +284,26 @@ impl Graph {
     }
 
     /// A value name not yet used in this graph.
+    ///
+    /// The name is also unused in every nested subgraph: ONNX wants names
+    /// unique across scopes. (A subgraph cannot see its enclosing graphs;
+    /// passes that add values inside subgraphs check the enclosing scopes,
+    /// and the verifier rejects a shadowing name.)
     pub fn fresh_name(&self, hint: &str) -> String {
-        if !hint.is_empty() && !self.names.contains_key(hint) {
+        let taken = |n: &str| self.defines_name_deep(n);
+        if !hint.is_empty() && !taken(hint) {
             return hint.to_string();
         }
         let base = if hint.is_empty() { "v" } else { hint };
         (1..)
             .map(|i| format!("{base}_{i}"))
-            .find(|n| !self.names.contains_key(n))
+            .find(|n| !taken(n))
             .expect("some suffix is free")
+    }
+
+    /// True when this graph or any nested subgraph has a value named `name`.
+    pub fn defines_name_deep(&self, name: &str) -> bool {
+        self.names.contains_key(name) || self.subgraphs().any(|(_, g)| g.defines_name_deep(name))
     }
 
     /// The value named `name`, or a new capture of an enclosing graph's value.
@@ -365,7 +376,7 @@ impl Graph {
         if old == new_name {
             return Ok(());
         }
-        if self.names.contains_key(new_name) {
+        if self.defines_name_deep(new_name) {
             return Err(IrError::new(format!(
                 "cannot rename '{old}': '{new_name}' exists"
             )));
@@ -407,6 +418,14 @@ impl Graph {
             return;
         }
         debug_assert!(d.uses.is_empty(), "removing used value {}", d.name);
+        // In release builds, a removed value that is still read leaves the
+        // readers without an input rather than with a dangling id.
+        for u in std::mem::take(&mut d.uses) {
+            if let Use::Input { node, slot } = u {
+                self.nodes[node.index()].inputs[slot as usize] = None;
+            }
+        }
+        let d = &mut self.values[v.index()];
         d.live = false;
         d.initializer = None;
         d.sparse_initializer = None;
@@ -535,6 +554,7 @@ impl Graph {
     /// graph where this graph does not define the name).
     pub fn insert_node(&mut self, pos: usize, new: NewNode) -> Result<NodeId, IrError> {
         let id = NodeId(self.nodes.len() as u32);
+        // Check everything before changing anything.
         for (i, o) in new.outputs.iter().enumerate() {
             if let Some(o) = o {
                 let d = &self.values[o.index()];
@@ -542,12 +562,17 @@ impl Graph {
                     || d.initializer.is_some()
                     || d.outer
                     || self.inputs.contains(o)
+                    || new.outputs[..i].contains(&Some(*o))
                 {
                     return Err(IrError::new(format!(
                         "node '{}' ({}) redefines value '{}'",
                         new.name, new.op_type, d.name
                     )));
                 }
+            }
+        }
+        for (i, o) in new.outputs.iter().enumerate() {
+            if let Some(o) = o {
                 self.values[o.index()].producer = Some((id, i as u32));
             }
         }

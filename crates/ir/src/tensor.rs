@@ -117,6 +117,12 @@ impl Tensor {
                 }
             }
             TensorData::Raw(b) => {
+                if self.dtype.bits().is_some() && self.dtype.storage_bytes(n).is_none() {
+                    return Err(IrError::new(format!(
+                        "tensor '{}' dims {:?} overflow the byte count",
+                        self.name, self.dims
+                    )));
+                }
                 if let Some(want) = self.dtype.storage_bytes(n) {
                     if b.len() as u64 != want {
                         return Err(IrError::new(format!(

@@ -76,6 +76,12 @@ pub fn verify_graph(g: &Graph, outer: &[&HashSet<String>]) -> Result<(), IrError
     }
     let mut visible: HashSet<String> = HashSet::new();
     for v in g.values() {
+        if !g.is_outer(v) && outer.iter().any(|s| s.contains(g.name(v))) {
+            return Err(ctx(format!(
+                "'{}' shadows a value of an enclosing graph (ONNX names are unique across scopes)",
+                g.name(v)
+            )));
+        }
         if g.is_outer(v) {
             if outer.is_empty() {
                 return Err(ctx(format!(
@@ -128,7 +134,34 @@ pub fn verify_graph(g: &Graph, outer: &[&HashSet<String>]) -> Result<(), IrError
                 )));
             }
         }
+        // The recorded captures are exactly the outer names the subgraphs read.
+        let mut read: Vec<&str> = Vec::new();
+        for a in &d.attributes {
+            for sub in a.graphs() {
+                for sv in sub.values() {
+                    if sub.is_outer(sv) && !read.contains(&sub.name(sv)) {
+                        read.push(sub.name(sv));
+                    }
+                }
+            }
+        }
+        let mut recorded: Vec<&str> = d.captures().iter().map(|&c| g.name(c)).collect();
+        read.sort_unstable();
+        recorded.sort_unstable();
+        if read != recorded {
+            return Err(ctx(format!(
+                "{}: its subgraphs read {read:?} but the node records captures {recorded:?}",
+                node_desc(n)
+            )));
+        }
         for &c in d.captures() {
+            if !g.uses(c).contains(&Use::Capture { node: n }) {
+                return Err(ctx(format!(
+                    "use list of '{}' misses the capture by {}",
+                    g.name(c),
+                    node_desc(n)
+                )));
+            }
             if !is_avail(&avail, c) {
                 return Err(ctx(format!(
                     "{} captures '{}' before it is defined",
@@ -159,6 +192,13 @@ pub fn verify_graph(g: &Graph, outer: &[&HashSet<String>]) -> Result<(), IrError
                 return Err(ctx(format!(
                     "use list of '{}' names removed node {n}",
                     g.name(v)
+                )));
+            }
+            if matches!(u, Use::Capture { .. }) && !g.node(n).captures().contains(&v) {
+                return Err(ctx(format!(
+                    "stale capture of '{}' by {}",
+                    g.name(v),
+                    node_desc(n)
                 )));
             }
             if let Use::Input { slot, .. } = u {
@@ -306,5 +346,57 @@ mod tests {
             e.contains("cycle") && e.contains("'p'") && e.contains("'q'"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn failed_insert_changes_nothing() {
+        let (mut g, x, _, z) = small();
+        let fresh = g.add_value("fresh", None).unwrap();
+        // `z` already has a producer: the node is refused and `fresh` keeps none.
+        assert!(g
+            .add_node(NewNode::new("Split").inputs(&[x]).outputs(&[fresh, z]))
+            .is_err());
+        assert!(g.producer(fresh).is_none());
+        verify_graph(&g, &[]).unwrap();
+    }
+
+    #[test]
+    fn fresh_names_avoid_subgraph_names() {
+        use crate::{AttrValue, Attribute};
+        let (mut g, x, _, _) = small();
+        let mut sub = Graph::new("body");
+        let t = sub.add_value("taken", None).unwrap();
+        let xo = sub.value_or_outer("x");
+        sub.add_node(NewNode::new("Neg").inputs(&[xo]).outputs(&[t]))
+            .unwrap();
+        sub.outputs.push(t);
+        let c = g
+            .add_value("c", Some(Type::known(DType::Bool, &[])))
+            .unwrap();
+        g.inputs.push(c);
+        let out = g.add_value("out", None).unwrap();
+        g.add_node(
+            NewNode::new("If")
+                .inputs(&[c])
+                .outputs(&[out])
+                .attr(Attribute::new(
+                    "then_branch",
+                    AttrValue::Graph(Box::new(sub.clone())),
+                ))
+                .attr(Attribute::new(
+                    "else_branch",
+                    AttrValue::Graph(Box::new(sub)),
+                )),
+        )
+        .unwrap();
+        g.outputs.push(out);
+        verify_graph(&g, &[]).unwrap();
+        assert_eq!(g.fresh_name("taken"), "taken_1");
+        assert!(g.rename_value(x, "taken").is_err());
+        // A subgraph defining a name of the enclosing graph is rejected.
+        let shadow = g.add_value("taken", None).unwrap();
+        g.inputs.push(shadow);
+        let e = verify_graph(&g, &[]).unwrap_err().to_string();
+        assert!(e.contains("shadows"), "{e}");
     }
 }

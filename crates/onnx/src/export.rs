@@ -146,7 +146,11 @@ pub(crate) fn model_to_proto(
     }
     Ok((
         pb::ModelProto {
-            ir_version: Some(m.ir_version),
+            ir_version: if m.ir_version != 0 {
+                Some(m.ir_version)
+            } else {
+                None
+            },
             opset_import: m.opset_imports.iter().map(opset).collect(),
             producer_name: opt(&m.producer_name),
             producer_version: opt(&m.producer_version),
@@ -456,7 +460,6 @@ pub(crate) fn save(m: &Model, path: &Path, opts: &SaveOptions) -> Result<SaveRep
         .clone()
         .unwrap_or_else(|| format!("{file_name}.data"));
     if threshold.is_some() {
-        crate::external::confined(&dir, ".").ok();
         if location.contains('/')
             || location.contains('\\')
             || location == ".."

@@ -37,6 +37,11 @@ impl ExternalReader {
         })?;
         let path = confined(&base, location)?;
         self.used = true;
+        if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            return Err(OnnxError::new(format!(
+                "external data '{location}' is not a regular file"
+            )));
+        }
         let data = match self.maps.get(&path) {
             Some(b) => b.clone(),
             None => {

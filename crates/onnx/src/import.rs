@@ -185,7 +185,13 @@ impl Cx<'_> {
                 .map_err(|e| e.within(where_("sparse initializer")))?;
             let name = st.values.name.clone();
             let v = match g.value_by_name(&name) {
-                Some(v) if g.is_input(v) => v,
+                Some(v)
+                    if g.is_input(v)
+                        && g.sparse_initializer(v).is_none()
+                        && g.initializer(v).is_none() =>
+                {
+                    v
+                }
                 Some(_) => {
                     return Err(OnnxError::new(where_(&format!(
                         "sparse initializer '{name}' is defined twice"
@@ -226,10 +232,13 @@ impl Cx<'_> {
                     ))))
                 }
             };
-            if t.is_some() {
-                g.value_mut(v).ty = t;
+            // A pass-through output keeps the input's declaration.
+            if !g.is_input(v) {
+                if t.is_some() {
+                    g.value_mut(v).ty = t;
+                }
+                self.value_meta(&mut g, v, vi.doc_string, vi.metadata_props);
             }
-            self.value_meta(&mut g, v, vi.doc_string, vi.metadata_props);
             g.outputs.push(v);
         }
         Ok(g)
@@ -263,10 +272,14 @@ impl Cx<'_> {
             Some(v) => v,
             None => g.add_value(name, None).map_err(ir)?,
         };
-        if t.is_some() {
+        // A graph input's or output's own declaration wins over value_info.
+        let declared_elsewhere = g.is_input(v) || g.is_output(v);
+        if t.is_some() && !declared_elsewhere {
             g.value_mut(v).ty = t;
         }
-        self.value_meta(g, v, vi.doc_string, vi.metadata_props);
+        if !declared_elsewhere {
+            self.value_meta(g, v, vi.doc_string, vi.metadata_props);
+        }
         if !g.value_info.contains(&v) {
             g.value_info.push(v);
         }
@@ -548,18 +561,26 @@ fn typed_to_raw(dtype: DType, n: u64, t: &pb::TensorProto) -> Result<Bytes, Onnx
         v.iter().flat_map(|&x| f(x)).collect()
     }
     let i32s = &t.int32_data;
+    let pairs = |n: u64| {
+        n.checked_mul(2).ok_or_else(|| {
+            OnnxError::new(format!(
+                "tensor dims {:?} overflow the element count",
+                t.dims
+            ))
+        })
+    };
     // (values present, values expected, packed bytes)
     let (have, want, out) = match dtype {
         F32 => (t.float_data.len(), n, le(&t.float_data, f32::to_le_bytes)),
         Complex64 => (
             t.float_data.len(),
-            n * 2,
+            pairs(n)?,
             le(&t.float_data, f32::to_le_bytes),
         ),
         F64 => (t.double_data.len(), n, le(&t.double_data, f64::to_le_bytes)),
         Complex128 => (
             t.double_data.len(),
-            n * 2,
+            pairs(n)?,
             le(&t.double_data, f64::to_le_bytes),
         ),
         I64 => (t.int64_data.len(), n, le(&t.int64_data, i64::to_le_bytes)),

@@ -441,3 +441,41 @@ fn typed_fields_become_raw_data() {
         "{e}"
     );
 }
+
+/// A value_info entry or a pass-through output never changes a graph
+/// input's declared type.
+#[test]
+fn input_declarations_win_over_value_info() {
+    use graphopt_proto as pb;
+    let vi = |name: &str, dim: pb::tensor_shape_proto::dimension::Value| pb::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(pb::TypeProto {
+            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(pb::TensorShapeProto {
+                    dim: vec![pb::tensor_shape_proto::Dimension {
+                        value: Some(dim),
+                        denotation: None,
+                    }],
+                }),
+            })),
+            denotation: None,
+        }),
+        ..Default::default()
+    };
+    use pb::tensor_shape_proto::dimension::Value::{DimParam, DimValue};
+    let m = pb::ModelProto {
+        ir_version: Some(8),
+        graph: Some(pb::GraphProto {
+            input: vec![vi("x", DimParam("N".into()))],
+            output: vec![vi("x", DimValue(3))],
+            value_info: vec![vi("x", DimValue(3))],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let l = graphopt_onnx::decode(Bytes::from(m.encode_to_vec()), None).unwrap();
+    let back =
+        graphopt_proto::ModelProto::decode(&graphopt_onnx::encode(&l.model).unwrap()[..]).unwrap();
+    assert_eq!(back.graph.unwrap().input[0], vi("x", DimParam("N".into())));
+}
