@@ -118,6 +118,7 @@ passes! {
     fuse_gelu::FuseGelu => "replaces decomposed GELU (erf and tanh forms) by Gelu (opset >= 20)",
     fuse_layer_norm::FuseLayerNorm => "replaces decomposed LayerNorm by LayerNormalization (opset >= 17)",
     fuse_matmul_add::FuseMatmulAdd => "MatMul followed by a bias Add becomes Gemm where Gemm's rules allow",
+    fuse_parallel_matmul::FuseParallelMatmul => "three or more MatMuls on one input with constant weights become one MatMul on concatenated weights + Split",
     lower_precision::LowerPrecision => "fp16/bf16 lowering with an fp32 keep-list and clean Cast boundaries (configure with --precision)",
     upgrade_opset::UpgradeOpset => "opt-in: raises the default-domain opset, rewriting ops whose signature changed",
 }
@@ -176,6 +177,9 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         // Needs the types fold_shapes inferred and the constants folded
         // above to see that a Reshape/Expand/Cast changes nothing.
         Box::new(eliminate_noops::EliminateNoops),
+        // After eliminate_noops has removed zero bias Adds (so q/k/v
+        // MatMuls line up), before fuse_matmul_add turns MatMul+Add into Gemm.
+        Box::new(fuse_parallel_matmul::FuseParallelMatmul),
         // Fusions last: they match on cleaned-up graphs (constant scalars
         // as initializers, single producers, no-op Casts/Reshapes gone).
         // The three pattern fusions below do not overlap (a LayerNorm or

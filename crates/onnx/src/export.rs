@@ -459,16 +459,14 @@ pub(crate) fn save(m: &Model, path: &Path, opts: &SaveOptions) -> Result<SaveRep
         .location
         .clone()
         .unwrap_or_else(|| format!("{file_name}.data"));
-    if threshold.is_some() {
-        if location.contains('/')
-            || location.contains('\\')
-            || location == ".."
-            || location.is_empty()
-        {
-            return Err(OnnxError::new(format!(
-                "{place}: external data name '{location}' must be a plain file name"
-            )));
-        }
+    let plain = !(location.contains('/')
+        || location.contains('\\')
+        || location == ".."
+        || location.is_empty());
+    if threshold.is_some() && !plain {
+        return Err(OnnxError::new(format!(
+            "{place}: external data name '{location}' must be a plain file name"
+        )));
     }
     let proto = if let Some(threshold) = threshold {
         let tmp = tempfile::Builder::new()

@@ -17,7 +17,16 @@
 //! 7. `Squeeze(Unsqueeze(x, a), a)` and `Unsqueeze(Squeeze(x, a), a)` ==> `x`;
 //! 8. `Cast(Cast(x: T0, T1), T0)` ==> `x` when every `T0` value is exact in
 //!    `T1` (f32→f64→f32, int widening then narrowing back); f32→f16→f32 is
-//!    kept because it rounds.
+//!    kept because it rounds;
+//! 9. `Add(x, 0)`, `Sub(x, 0)`, `Mul(x, 1)`, `Div(x, 1)`, `And(x, true)`,
+//!    `Or(x, false)` (constant operand, either side for the commutative
+//!    ones), `Where(true, a, b)` / `Where(false, a, b)`, `Tile`/`Expand` by
+//!    ones, `Reduce{Sum,Mean,Max,Min,Prod}` with keepdims over size-1 dims
+//!    and single-input `Concat` ==> the operand, when no broadcast enlarges
+//!    it (`neutral.rs`, which also says why `x + 0` counts as exact);
+//! 10. `Unsqueeze(Unsqueeze(x))` and `Squeeze(Squeeze(x))` ==> one node with
+//!     composed axes, and rule 6 extended to a `0` in `s2` whose dim is
+//!     known (`chains.rs`).
 //!
 //! Types come from shape inference run on a copy of the model (the model's
 //! own declared types are not refined by this pass). A graph output keeps its
@@ -110,11 +119,15 @@ fn eliminate(g: &mut Graph, tg: &Graph, stats: &mut PassStats) -> Result<(), Pas
             "Reshape" => {
                 if let Some(p) = producer_if(g, x, "Reshape") {
                     let allowzero = g.node(n).attr_int("allowzero").unwrap_or(0) != 0;
-                    let ok = g
-                        .node(n)
-                        .input(1)
-                        .and_then(|s| const_ints(g, s))
-                        .is_some_and(|s| allowzero || !s.contains(&0));
+                    let inner = g.node(p).input(0).expect("producer_if checks input 0");
+                    let s2 = g.node(n).input(1).and_then(|s| const_ints(g, s));
+                    let mut ok = s2.as_ref().is_some_and(|s| allowzero || !s.contains(&0));
+                    if !ok {
+                        if let Some(s) = s2.and_then(|s| chains::resolve_zeros(&t, &s, inner, x)) {
+                            chains::set_target(g, n, &s);
+                            ok = true;
+                        }
+                    }
                     if ok {
                         let inner = g.node(p).input(0).expect("producer_if checks input 0");
                         g.set_input(n, 0, Some(inner));
@@ -130,11 +143,18 @@ fn eliminate(g: &mut Graph, tg: &Graph, stats: &mut PassStats) -> Result<(), Pas
             "Flatten" if same_shape(&t, x, y, true) => {
                 bypass(g, n, x, stats)?;
             }
-            "Expand" if same_shape(&t, x, y, false) => {
-                bypass(g, n, x, stats)?;
+            "Expand" => {
+                if same_shape(&t, x, y, false) {
+                    bypass(g, n, x, stats)?;
+                } else {
+                    neutral::repeat_ones(g, &t, n, stats)?;
+                }
             }
             "Squeeze" | "Unsqueeze" => {
-                let other = if d.op_type == "Squeeze" {
+                let squeeze = d.op_type == "Squeeze";
+                chains::merge_same(g, &t, n, stats);
+                let x = g.node(n).input(0).expect("Squeeze has input 0");
+                let other = if squeeze {
                     "Unsqueeze"
                 } else {
                     "Squeeze"
@@ -208,6 +228,15 @@ fn eliminate(g: &mut Graph, tg: &Graph, stats: &mut PassStats) -> Result<(), Pas
             "Slice" if slice_is_whole(g, &t, n, x) => {
                 bypass(g, n, x, stats)?;
             }
+            "Add" | "Sub" | "Mul" | "Div" | "And" | "Or" => {
+                neutral::neutral_operand(g, &t, n, stats)?;
+            }
+            "Where" => neutral::where_const(g, &t, n, stats)?,
+            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" => {
+                neutral::reduce_over_ones(g, &t, n, stats)?;
+            }
+            "Tile" => neutral::repeat_ones(g, &t, n, stats)?,
+            "Concat" => neutral::single_concat(g, n, stats)?,
             _ => {}
         }
     }
@@ -221,16 +250,19 @@ fn producer_if(g: &Graph, v: ValueId, op: &str) -> Option<NodeId> {
     (is_op(d, op) && d.input(0).is_some() && !d.has_subgraphs()).then_some(p)
 }
 
-/// Removes `n` when none of its outputs is read any more.
+/// Removes `n` when none of its outputs is read any more, with the
+/// constants only it read.
 fn drop_if_dead(g: &mut Graph, n: NodeId, stats: &mut PassStats) {
     let outs: Vec<ValueId> = g.node(n).outputs().iter().flatten().copied().collect();
     if outs.iter().any(|&o| g.is_output(o) || !g.uses(o).is_empty()) {
         return;
     }
+    let read: Vec<ValueId> = g.node(n).inputs().iter().flatten().copied().collect();
     g.remove_node(n);
     for o in outs {
         g.remove_value(o);
     }
+    pattern::sweep_constants(g, &read);
     stats.add("nodes_removed", 1);
 }
 
@@ -391,6 +423,8 @@ fn exact_round_trip(a: DType, b: DType) -> bool {
     }
 }
 
+mod chains;
+mod neutral;
 pub(crate) mod pattern;
 
 #[cfg(test)]
@@ -477,8 +511,8 @@ g (float[N,3] x) => (float[N,3] y) {
     }
 
     #[test]
-    fn reshape_pair_with_zero_target_is_kept() {
-        assert_unchanged(
+    fn reshape_pair_with_known_zero_dim_folds() {
+        assert_pass(
             &EliminateNoops,
             r#"
 <ir_version: 8, opset_import: ["" : 17]>
@@ -486,6 +520,124 @@ g (float[2,3,4] x) => (float[6,2,2] y) <int64[2] s1 = {6, 4}, int64[3] s2 = {0, 
   a = Reshape (x, s1)
   b = Reshape (a, s2)
   y = Relu (b)
+}
+"#,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3,4] x) => (float[6,2,2] y) <int64[3] shape = {6, 2, 2}> {
+  b = Reshape (x, shape)
+  y = Relu (b)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn reshape_pair_with_unknown_zero_dim_is_kept() {
+        // a's dim 0 is 3N, unknown: s2's 0 cannot be written out.
+        assert_unchanged(
+            &EliminateNoops,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N,3,4] x) => (float[M,2,2] y) <int64[2] s1 = {-1, 4}, int64[3] s2 = {0, 2, 2}> {
+  a = Reshape (x, s1)
+  b = Reshape (a, s2)
+  y = Relu (b)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn neutral_operands_fold() {
+        assert_pass(
+            &EliminateNoops,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N,3] x, bool[N,3] m) => (float[N,3] y, bool[N,3] z)
+  <float[3] zero = {0, 0, 0}, float one = {1}, bool t = {1}, bool f = {0}> {
+  a = Add (x, zero)
+  b = Mul (one, a)
+  c = Sub (b, zero)
+  d = Div (c, one)
+  y = Relu (d)
+  p = And (t, m)
+  q = Or (p, f)
+  z = Not (q)
+}
+"#,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N,3] x, bool[N,3] m) => (float[N,3] y, bool[N,3] z) {
+  y = Relu (x)
+  z = Not (m)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn neutral_operand_must_not_fire() {
+        // 1. the constant broadcasts x to [2,3]; 2. the operand is not a
+        // constant; 3. `0 - x` is not x; 4. the constant is not all-neutral;
+        // 5. y is an output and x an input: no name to keep.
+        assert_unchanged(
+            &EliminateNoops,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[3] x, float[3] w) => (float[2,3] o1, float[3] o2, float[3] o3, float[3] o4, float[3] y)
+  <float[2,3] zeros = {0, 0, 0, 0, 0, 0}, float zero = {0}, float[3] mixed = {1, 1, 2}> {
+  a = Add (x, zeros)
+  o1 = Relu (a)
+  b = Mul (x, w)
+  o2 = Relu (b)
+  c = Sub (zero, x)
+  o3 = Relu (c)
+  d = Mul (x, mixed)
+  o4 = Relu (d)
+  y = Add (x, zero)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn neutral_operand_on_graph_output_keeps_name() {
+        assert_pass(
+            &EliminateNoops,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[3] x) => (float[3] y) <float one = {1}> {
+  r = Relu (x)
+  y = Mul (r, one)
+}
+"#,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[3] x) => (float[3] y) {
+  y = Relu (x)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn unsqueeze_chain_merges_with_input_axes() {
+        assert_pass(
+            &EliminateNoops,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (int64[N] x) => (int64[N,1,1,1] y) <int64[2] a1 = {1, 2}, int64[1] a2 = {-1}> {
+  u = Unsqueeze (x, a1)
+  v = Unsqueeze (u, a2)
+  y = Neg (v)
+}
+"#,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (int64[N] x) => (int64[N,1,1,1] y) <int64[3] axes = {1, 2, 3}> {
+  v = Unsqueeze (x, axes)
+  y = Neg (v)
 }
 "#,
         );
