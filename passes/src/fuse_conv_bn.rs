@@ -34,7 +34,7 @@
 //! ```
 //! (`w_bias` stays absent for a Mul; it appears once an Add is folded.)
 
-use crate::eliminate_noops::pattern::{const_tensor, is_op, only_use, sweep_constants};
+use crate::pattern::{const_tensor, is_op, only_use, sweep_constants};
 use crate::util::for_each_subgraph;
 use crate::{Pass, PassError, PassStats};
 use bytes::Bytes;

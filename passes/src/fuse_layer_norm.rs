@@ -44,7 +44,7 @@
 //! }
 //! ```
 
-use crate::eliminate_noops::pattern::{
+use crate::pattern::{
     const_ints, const_tensor, is_op, only_use, replace_nodes, typed_copy, walk_typed, TypedGraph,
 };
 use crate::{Pass, PassError, PassStats};

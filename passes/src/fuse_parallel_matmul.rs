@@ -26,7 +26,7 @@
 //! v = MatMul (x, wv)
 //! ```
 
-use crate::eliminate_noops::pattern::{const_tensor, is_op, only_use, sweep_constants};
+use crate::pattern::{const_tensor, is_op, only_use, sweep_constants};
 use crate::util::for_each_subgraph;
 use crate::{Pass, PassError, PassStats};
 use graphopt_ir::{AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, Tensor, ValueId};

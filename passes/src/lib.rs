@@ -12,6 +12,7 @@
 //! and can dump it, time it, and stop early to bisect.
 
 pub mod manager;
+mod pattern;
 mod util;
 
 use graphopt_ir::Model;

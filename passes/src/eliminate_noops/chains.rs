@@ -9,7 +9,7 @@
 //! constant is never edited in place).
 
 use super::{axes_of, drop_if_dead, producer_if, set_ints};
-use crate::eliminate_noops::pattern::{sweep_constants, TypedGraph};
+use crate::pattern::{sweep_constants, TypedGraph};
 use crate::PassStats;
 use graphopt_ir::{Dim, Graph, NodeId, Tensor, ValueId};
 

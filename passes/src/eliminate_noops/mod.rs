@@ -48,7 +48,7 @@
 use crate::util::for_each_subgraph;
 use crate::{Pass, PassError, PassStats};
 use graphopt_ir::{AttrValue, Attribute, DType, Dim, Graph, Model, NodeId, Shape, ValueId};
-use pattern::{const_ints, const_tensor, is_op, TypedGraph};
+use crate::pattern::{const_ints, const_tensor, is_op, TypedGraph};
 
 pub struct EliminateNoops;
 
@@ -59,8 +59,8 @@ impl Pass for EliminateNoops {
 
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
         let mut stats = PassStats::default();
-        let typed = pattern::typed_copy(model);
-        pattern::walk_typed(&mut model.graph, &typed.graph, &mut |g, tg| {
+        let typed = crate::pattern::typed_copy(model);
+        crate::pattern::walk_typed(&mut model.graph, &typed.graph, &mut |g, tg| {
             eliminate(g, tg, &mut stats)
         })?;
         // Function bodies have no inferred types; the type-free rules apply.
@@ -262,7 +262,7 @@ fn drop_if_dead(g: &mut Graph, n: NodeId, stats: &mut PassStats) {
     for o in outs {
         g.remove_value(o);
     }
-    pattern::sweep_constants(g, &read);
+    crate::pattern::sweep_constants(g, &read);
     stats.add("nodes_removed", 1);
 }
 
@@ -425,7 +425,7 @@ fn exact_round_trip(a: DType, b: DType) -> bool {
 
 mod chains;
 mod neutral;
-pub(crate) mod pattern;
+
 
 #[cfg(test)]
 mod tests {

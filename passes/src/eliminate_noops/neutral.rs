@@ -17,7 +17,7 @@
 //! stays `exact()`: outputs compare equal element for element.
 
 use super::{bypass, same_shape};
-use crate::eliminate_noops::pattern::{const_ints, const_tensor, sweep_constants, TypedGraph};
+use crate::pattern::{const_ints, const_tensor, sweep_constants, TypedGraph};
 use crate::{PassError, PassStats};
 use graphopt_ir::{Dim, Graph, NodeId, Shape, Tensor, ValueId};
 

@@ -52,7 +52,7 @@
 
 mod ops;
 
-use crate::eliminate_noops::pattern::{typed_copy, walk_typed, TypedGraph};
+use crate::pattern::{typed_copy, walk_typed, TypedGraph};
 use crate::util::for_each_subgraph;
 use crate::{Pass, PassError, PassStats};
 use graphopt_ir::{Graph, Model};

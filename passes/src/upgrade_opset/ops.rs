@@ -1,6 +1,6 @@
 //! Per-op rewrites of the opset upgrade (see the module doc).
 
-use crate::eliminate_noops::pattern::TypedGraph;
+use crate::pattern::TypedGraph;
 use crate::{PassError, PassStats};
 use bytes::Bytes;
 use graphopt_ir::{

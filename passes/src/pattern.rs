@@ -2,8 +2,6 @@
 //! fusions): constants that are initializers or `Constant` nodes, single
 //! consumers, pattern replacement that keeps the final value's name, and
 //! inferred types read from a typed copy of the model.
-//!
-//! (They live here until `util.rs` is free to take them.)
 
 use crate::PassError;
 use graphopt_ir::infer::{infer_model, InferOptions};
