@@ -9,7 +9,8 @@ seeded weights, TorchScript exporter opset 14, ~1.4 GB fp32; needs torch +
 transformers and a few minutes; benches/models/ is git-ignored).
 
 Measures, in the same run and on the same (page-cache-warm) file:
-  (a) `graphopt optimize M -o OUT --passes none`  wall time + peak RSS of the child
+  (a) `graphopt optimize M -o OUT --passes none` (or `--passes default`: the
+      default pipeline)  wall time + peak RSS of the child
   (b) a Python child doing onnx.load(M) + onnx.save(..., OUT)  wall time + peak RSS
 Peak RSS comes from os.wait4() on each child (ru_maxrss). Reports the best of
 --repeat runs, ratios (graphopt time / python time, peak RSS / model size),
@@ -224,7 +225,9 @@ def main():
             for tool in order:
                 remove_outputs(tmp)
                 if tool == "graphopt":
-                    cmd = [*graphopt, "optimize", model, "-o", dst, "--passes", args.passes]
+                    cmd = [*graphopt, "optimize", model, "-o", dst]
+                    if args.passes != "default":  # `default`: graphopt's default pipeline
+                        cmd += ["--passes", args.passes]
                 else:
                     cmd = [sys.executable, "-c", PY_ROUNDTRIP, model, dst]
                 r = measure(cmd, os.path.join(tmp, f"{tool}.stderr"))
@@ -285,7 +288,8 @@ def main():
     print(f"Model: `{result['model']}` ({fmt_bytes(size)}), best of {args.repeat}\n")
     print("| tool | wall time (s) | peak RSS | peak RSS / model size | output size |")
     print("|---|---:|---:|---:|---:|")
-    print(f"| graphopt optimize --passes {args.passes} | {g['wall_s']:.2f} | {fmt_bytes(peak['graphopt'])} | "
+    label = "(default pipeline)" if args.passes == "default" else f"--passes {args.passes}"
+    print(f"| graphopt optimize {label} | {g['wall_s']:.2f} | {fmt_bytes(peak['graphopt'])} | "
           f"{result['ratios']['graphopt_peak_rss_over_model']:.2f} | {fmt_bytes(g['output_bytes'])} |")
     ph = p.get("phases") or {}
     extra = (f" (import {ph.get('import_s', 0):.2f} + load {ph.get('load_s', 0):.2f}"
