@@ -16,7 +16,7 @@
 //! }
 //! ```
 
-use crate::util::for_each_subgraph;
+use crate::util::{bypass, for_each_subgraph};
 use crate::{Pass, PassError, PassStats};
 use graphopt_ir::{Graph, Model};
 
@@ -45,54 +45,15 @@ fn eliminate(g: &mut Graph, stats: &mut PassStats) -> Result<(), PassError> {
         .collect();
     for n in identities {
         let d = g.node(n);
-        let (Some(x), Some(y)) = (d.input(0), d.output(0)) else {
+        let (Some(x), Some(_)) = (d.input(0), d.output(0)) else {
             continue;
         };
         if d.inputs().len() != 1 || d.outputs().len() != 1 {
             continue;
         }
-        if !g.is_output(y) {
-            g.remove_node(n);
-            g.replace_all_uses(y, x)?;
-            g.remove_value(y);
-            stats.add("nodes_removed", 1);
-            continue;
-        }
-        // `y` is a graph output: `x` takes over its name.
-        if g.is_input(x) || g.is_output(x) || g.is_outer(x) {
-            continue;
-        }
-        let name = g.name(y).to_string();
-        if g.subgraphs().any(|(_, s)| defines_locally(s, &name)) {
-            // An input model whose subgraph reuses the name: leave it be.
-            continue;
-        }
-        let ty = g.value(y).ty.clone();
-        let doc = g.value(y).doc_string.clone();
-        let meta = g.value(y).metadata_props.clone();
-        let in_value_info = g.value_info.contains(&y);
-        g.remove_node(n);
-        g.replace_all_uses(y, x)?;
-        g.remove_value(y);
-        g.rename_value(x, &name)?;
-        if ty.is_some() {
-            g.value_mut(x).ty = ty;
-        }
-        g.value_mut(x).doc_string = doc;
-        g.value_mut(x).metadata_props = meta;
-        if in_value_info && !g.value_info.contains(&x) {
-            g.value_info.push(x);
-        }
-        stats.add("nodes_removed", 1);
+        bypass(g, n, x, stats)?;
     }
     Ok(())
-}
-
-/// True when `g` or a subgraph of it defines `name` itself (not as a
-/// capture of an enclosing graph's value).
-fn defines_locally(g: &Graph, name: &str) -> bool {
-    g.value_by_name(name).is_some_and(|v| !g.is_outer(v))
-        || g.subgraphs().any(|(_, s)| defines_locally(s, name))
 }
 
 #[cfg(test)]

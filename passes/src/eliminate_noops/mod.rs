@@ -45,7 +45,7 @@
 //! }
 //! ```
 
-use crate::util::for_each_subgraph;
+use crate::util::{bypass, for_each_subgraph};
 use crate::{Pass, PassError, PassStats};
 use graphopt_ir::{AttrValue, Attribute, DType, Dim, Graph, Model, NodeId, Shape, ValueId};
 use crate::pattern::{const_ints, const_tensor, is_op, TypedGraph};
@@ -266,47 +266,6 @@ fn drop_if_dead(g: &mut Graph, n: NodeId, stats: &mut PassStats) {
     stats.add("nodes_removed", 1);
 }
 
-/// `y = op(x, ...)` (node `n`) ==> readers of `y` read `x`; `n` is removed.
-/// A graph output `y` keeps its name by renaming `x`; returns false (and
-/// changes nothing) when that is impossible.
-pub(crate) fn bypass(
-    g: &mut Graph,
-    n: NodeId,
-    x: ValueId,
-    stats: &mut PassStats,
-) -> Result<bool, PassError> {
-    let y = g.node(n).output(0).expect("bypassed node has output 0");
-    if g.is_output(y) && (g.is_input(x) || g.is_output(x) || g.is_outer(x)) {
-        return Ok(false);
-    }
-    let outs: Vec<ValueId> = g.node(n).outputs().iter().flatten().copied().collect();
-    g.remove_node(n);
-    if !g.is_output(y) {
-        g.replace_all_uses(y, x)?;
-    } else {
-        let name = g.name(y).to_string();
-        let ty = g.value(y).ty.clone();
-        let doc = g.value(y).doc_string.clone();
-        let in_value_info = g.value_info.contains(&y);
-        g.replace_all_uses(y, x)?;
-        g.remove_value(y);
-        g.rename_value(x, &name)?;
-        if ty.is_some() {
-            g.value_mut(x).ty = ty;
-        }
-        g.value_mut(x).doc_string = doc;
-        if in_value_info && !g.value_info.contains(&x) {
-            g.value_info.push(x);
-        }
-    }
-    for o in outs {
-        if g.is_live_value(o) && g.uses(o).is_empty() && !g.is_output(o) {
-            g.remove_value(o);
-        }
-    }
-    stats.add("nodes_removed", 1);
-    Ok(true)
-}
 
 fn is_identity(p: &[i64]) -> bool {
     p.iter().enumerate().all(|(i, &v)| v == i as i64)

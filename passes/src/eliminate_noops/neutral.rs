@@ -16,7 +16,8 @@
 //! repository's numerical tests (`==` on tract's outputs) use, so the pass
 //! stays `exact()`: outputs compare equal element for element.
 
-use super::{bypass, same_shape};
+use super::same_shape;
+use crate::util::bypass;
 use crate::pattern::{const_ints, const_tensor, sweep_constants, TypedGraph};
 use crate::{PassError, PassStats};
 use graphopt_ir::{Dim, Graph, NodeId, Shape, Tensor, ValueId};
