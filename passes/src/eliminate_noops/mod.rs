@@ -26,7 +26,10 @@
 //!    it (`neutral.rs`, which also says why `x + 0` counts as exact);
 //! 10. `Unsqueeze(Unsqueeze(x))` and `Squeeze(Squeeze(x))` ==> one node with
 //!     composed axes, and rule 6 extended to a `0` in `s2` whose dim is
-//!     known (`chains.rs`).
+//!     known (`chains.rs`);
+//! 11. `Reshape(f(Reshape(x, s1)), s2)` with `f` an element-wise chain whose
+//!     other operands are one-element constants, and the result shaped like
+//!     `x` ==> `f(x)` (`sandwich.rs`).
 //!
 //! Types come from shape inference run on a copy of the model (the model's
 //! own declared types are not refined by this pass). A graph output keeps its
@@ -138,6 +141,8 @@ fn eliminate(g: &mut Graph, tg: &Graph, stats: &mut PassStats) -> Result<(), Pas
                 let x = g.node(n).input(0).expect("Reshape has input 0");
                 if same_shape(&t, x, y, true) {
                     bypass(g, n, x, stats)?;
+                } else {
+                    sandwich::fold(g, &t, n, stats)?;
                 }
             }
             "Flatten" if same_shape(&t, x, y, true) => {
@@ -384,6 +389,7 @@ fn exact_round_trip(a: DType, b: DType) -> bool {
 
 mod chains;
 mod neutral;
+mod sandwich;
 
 
 #[cfg(test)]
