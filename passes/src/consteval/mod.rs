@@ -255,6 +255,10 @@ impl Cx<'_> {
     }
 }
 
+/// Inputs above this many elements are not evaluated at all (16 Mi
+/// elements: decoding them would take 128 MiB and more).
+const MAX_DECODED_ELEMENTS: u64 = 1 << 24;
+
 /// Evaluates `node` on constant `inputs` (`None` = absent optional input).
 /// Results larger than `limit` bytes are not computed (`Skip`).
 pub(crate) fn eval(
@@ -277,6 +281,17 @@ pub(crate) fn eval(
             return layout::shape_or_size(node, &t.dims).map(|v| vec![encode(&v)]);
         }
         _ => {}
+    }
+    // Decoding widens every element to 64 bits, so refuse early, before
+    // decoding, what cannot fit `limit`: ops other than these selectors and
+    // reductions produce at least as many elements as their largest input.
+    let largest = inputs.iter().flatten().map(|t| t.numel().unwrap_or(u64::MAX)).max().unwrap_or(0);
+    let selects = matches!(
+        node.op_type.as_str(),
+        "Gather" | "GatherElements" | "Slice" | "ReduceSum" | "ReduceProd" | "ReduceMin" | "ReduceMax"
+    );
+    if (!selects && largest > limit) || largest > MAX_DECODED_ELEMENTS {
+        return Err(EvalError::Skip);
     }
     let decoded = inputs
         .iter()
