@@ -14,7 +14,13 @@
 //! 2. Every fourth slot bisects between the proven floor and the best arena
 //!    so far instead, so an instance whose bound cannot be reached still
 //!    improves on greedy.
-//! 3. Restarts run in batches of two, one per thread. A batch's tasks are
+//! 3. In three slots of four, the restart also restarts *inside* the
+//!    search: a part that the search split off as independent gets its
+//!    own node budget and, when that runs out, is searched again with its
+//!    buffers' ranks reshuffled, keeping what was placed elsewhere. Hard
+//!    instances (MiniMalloc's I) need lucky orders in several regions at
+//!    once; retrying one region at a time finds them far sooner.
+//! 4. Restarts run in batches of two, one per thread. A batch's tasks are
 //!    fixed before it runs and results are read in task order, so the
 //!    outcome is the same with one thread or two; only the optional wall
 //!    clock limit can make it depend on the machine.
@@ -156,7 +162,7 @@ struct DriveResult {
 }
 
 /// The `i`-th term (1-based) of the Luby sequence 1 1 2 1 1 2 4 1 1 2 ...
-fn luby(mut i: u64) -> u64 {
+pub(crate) fn luby(mut i: u64) -> u64 {
     loop {
         let mut k = 1u32;
         while (1u64 << k) - 1 < i {
@@ -176,6 +182,8 @@ struct Task {
     seed: u64,
     cap: u64,
     limit: u64,
+    /// Per-part restarts inside the search (see [`Searcher`]); 0: off.
+    part_base: u64,
 }
 
 struct TaskResult {
@@ -186,6 +194,7 @@ struct TaskResult {
 
 fn run_task(p: &Prepared, t: Task, deadline: Option<Instant>) -> TaskResult {
     let mut s = Searcher::with_seed(p, t.order, t.seed);
+    s.part_base = t.part_base;
     let out = s.run(t.cap, t.limit, deadline);
     TaskResult {
         out,
@@ -243,6 +252,10 @@ fn run_batch(
     })
 }
 
+/// Per-part restart budget of [`Searcher::part_base`]: nodes per buffer of
+/// the part, times the Luby sequence.
+const PART_BASE: u64 = 12;
+
 fn drive(
     p: &Prepared,
     lb: u64,
@@ -270,7 +283,7 @@ fn drive(
     };
     let base = (p.len() as u64 * 4).max(256);
     let orders = Preorder::ALL.len() as u64;
-    let (mut restart, mut probe) = (0u64, 0u64);
+    let (mut restart, mut probe, mut part_restart) = (0u64, 0u64, 0u64);
     let mut slot = 0u64;
     let step = (lb / 1000).max(1);
     loop {
@@ -291,10 +304,18 @@ fn drive(
             let bisect = slot.is_multiple_of(4)
                 && hi > goal.saturating_add(step)
                 && hi - res.proven_lo > step;
+            // Slots 1-3 of every four also restart inside independent
+            // parts (see `Searcher::part_base`), with their own sequence
+            // of orders and seeds; slot 0, when it does not bisect, keeps
+            // the plain search.
+            let parts = !bisect && !slot.is_multiple_of(4);
             let (cap, i) = if bisect {
                 probe += 1;
                 let lo = goal.max(res.proven_lo);
                 (lo + (hi - lo) / 2, probe + 3)
+            } else if parts {
+                part_restart += 1;
+                (goal, part_restart - 1)
             } else {
                 restart += 1;
                 (goal, restart - 1)
@@ -307,6 +328,7 @@ fn drive(
                 seed,
                 cap,
                 limit: limit.min(left.div_ceil(2)).max(1),
+                part_base: if parts { PART_BASE } else { 0 },
             });
         }
         let results = run_batch(p, &tasks, opts.threads, deadline);

@@ -26,6 +26,7 @@
 //! [`crate::intervals`] asks it at the lower bound and bisects above it.
 
 use crate::buffer::{align_up, Buffer};
+use crate::intervals::luby;
 use std::time::Instant;
 
 const UNPLACED: u64 = u64::MAX;
@@ -226,6 +227,11 @@ struct Part {
     bufs: Vec<u32>,
     lo: u32,
     hi: u32,
+    /// The state hash of the unplaced buffers outside the part, which a
+    /// search inside it never changes: `hash ^ outside` describes the part
+    /// alone, so a part proven empty is recognised again after placements
+    /// elsewhere.
+    outside: u128,
 }
 
 /// A max segment tree over section totals with range add, so that the
@@ -349,6 +355,7 @@ pub struct Searcher<'a> {
     p: &'a Prepared,
     cap: u64,
     rank: Vec<u32>,
+    base_rank: Vec<u32>,
     /// The identical buffer ranked just before this one (`u32::MAX`: none).
     twin: Vec<u32>,
     off: Vec<u64>,
@@ -372,6 +379,12 @@ pub struct Searcher<'a> {
     cand: Vec<(u64, u32, u32)>,
     scratch: Vec<(u64, u64)>,
     pub nodes: u64,
+    /// Per-part restarts (see `solve_part`); 0: off.
+    pub part_base: u64,
+    part_stop: u64,
+    reshuffles: u64,
+    seed: u64,
+    salt: u128,
     /// Also test touched sections with the release-date stacking bound:
     /// unplaced buffers sorted by `max(min_off, offset)` and stacked must
     /// end below the capacity (exact for one machine with release dates).
@@ -408,6 +421,7 @@ impl<'a> Searcher<'a> {
         Searcher {
             p,
             cap: 0,
+            base_rank: rank.clone(),
             rank,
             twin,
             off: vec![UNPLACED; n],
@@ -427,6 +441,11 @@ impl<'a> Searcher<'a> {
             cand: Vec::new(),
             scratch: Vec::new(),
             nodes: 0,
+            part_base: 0,
+            part_stop: u64::MAX,
+            reshuffles: 0,
+            seed,
+            salt: 0,
             release_bound: false,
             node_limit: 0,
             deadline: None,
@@ -473,12 +492,22 @@ impl<'a> Searcher<'a> {
             bufs: (0..p.len() as u32).collect(),
             lo: 0,
             hi: p.sections.len() as u32,
+            outside: 0,
         };
         let cutpoints: Vec<u32> = (0..self.cuts.len() as u32)
             .filter(|&i| self.cuts[i as usize] == 0)
             .map(|i| i + 1)
             .collect();
-        self.solve_split(&all, &cutpoints)
+        self.rank.copy_from_slice(&self.base_rank);
+        self.part_stop = u64::MAX;
+        self.reshuffles = 0;
+        self.salt = 0;
+        let out = self.solve_split(&all, &cutpoints);
+        if out == Outcome::Infeasible && self.reshuffles > 0 {
+            // Parts searched under different ranks: not a proof.
+            return Outcome::Aborted;
+        }
+        out
     }
 
     /// Solves the pieces of `part` between `cutpoints` one by one.
@@ -502,8 +531,16 @@ impl<'a> Searcher<'a> {
             if bufs.is_empty() {
                 continue;
             }
-            let sub = Part { bufs, lo, hi };
-            match self.search(&sub, 0, 0) {
+            let inside = bufs.iter().fold(0u128, |h, &b| {
+                h ^ self.zob_of(b as usize, self.min_off[b as usize])
+            });
+            let sub = Part {
+                bufs,
+                lo,
+                hi,
+                outside: self.hash ^ inside,
+            };
+            match self.solve_part(&sub) {
                 Outcome::Found => {}
                 other => return other,
             }
@@ -511,13 +548,72 @@ impl<'a> Searcher<'a> {
         Outcome::Found
     }
 
+    /// Solves one independent part. With `part_base` set, a part below
+    /// the top level gets its own restarts: a node budget (Luby times
+    /// `part_base` per buffer), and after each abort its buffers' ranks are
+    /// lightly reshuffled. The regions of an instance fail or succeed
+    /// independently, so a lucky order in one is kept while another is
+    /// retried.
+    fn solve_part(&mut self, part: &Part) -> Outcome {
+        let top = part.lo == 0 && part.hi as usize == self.p.sections.len();
+        if self.part_base == 0 || top {
+            return self.search(part, 0, 0);
+        }
+        let outer = self.part_stop;
+        let mut k = 0u64;
+        loop {
+            k += 1;
+            let budget = self
+                .part_base
+                .saturating_mul(part.bufs.len() as u64)
+                .saturating_mul(luby(k));
+            self.part_stop = outer.min(self.nodes.saturating_add(budget));
+            let out = self.search(part, 0, 0);
+            self.part_stop = outer;
+            if out != Outcome::Aborted
+                || self.nodes > self.node_limit
+                || self.nodes > outer
+                || self.late
+            {
+                return out;
+            }
+            self.reshuffle(&part.bufs);
+        }
+    }
+
+    /// Lightly reshuffles the ranks among `bufs` (deterministic in the
+    /// searcher's seed and the number of reshuffles so far). Failed-state
+    /// memos made under the old ranks no longer apply: a fresh salt hides
+    /// them, and a later `Infeasible` is no longer a proof.
+    fn reshuffle(&mut self, bufs: &[u32]) {
+        self.reshuffles += 1;
+        self.salt = mix128(self.seed ^ self.reshuffles.wrapping_mul(0xA24B_AED4_963E_E407));
+        let mut by_rank: Vec<u32> = bufs.to_vec();
+        by_rank.sort_unstable_by_key(|&b| self.rank[b as usize]);
+        let ranks: Vec<u32> = by_rank.iter().map(|&b| self.rank[b as usize]).collect();
+        let mut x = self.salt as u64 | 1;
+        for i in 0..by_rank.len().saturating_sub(1) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x.is_multiple_of(8) {
+                by_rank.swap(i, i + 1);
+            }
+        }
+        for (&b, &r) in by_rank.iter().zip(&ranks) {
+            self.rank[b as usize] = r;
+        }
+    }
+
     fn search(&mut self, part: &Part, last_off: u64, last_rank: u32) -> Outcome {
         self.nodes += 1;
-        if self.nodes > self.node_limit || self.out_of_time() {
+        if self.nodes > self.node_limit || self.nodes > self.part_stop || self.out_of_time() {
             return Outcome::Aborted;
         }
         let p = self.p;
         let key = self.hash
+            ^ part.outside
+            ^ self.salt
             ^ mix128(
                 (part.lo as u64) << 32
                     ^ part.hi as u64
@@ -529,15 +625,40 @@ impl<'a> Searcher<'a> {
         }
         // Dominance: nothing may start at or above the lowest top an
         // unplaced buffer could reach.
+        // Also: a buffer below the canonical position (offset, rank)
+        // cannot be placed where it is: a later buffer that overlaps it
+        // must lift it, placed at or above `last_off` and below the
+        // buffer's top (else the dominance rule ends the branch). None: a
+        // dead end.
         let mut min_height = u64::MAX;
+        let mut stuck = false;
         for &b in &part.bufs {
-            let b = b as usize;
-            if self.off[b] == UNPLACED {
-                min_height = min_height.min(self.min_off[b] + p.size[b]);
+            let bu = b as usize;
+            if self.off[bu] != UNPLACED {
+                continue;
             }
+            let m = self.min_off[bu];
+            let top = m + p.size[bu];
+            min_height = min_height.min(top);
+            if stuck || m > last_off || (m == last_off && self.rank[bu] > last_rank) {
+                continue;
+            }
+            stuck = !p.overlaps[bu].iter().any(|&r| {
+                let r = r as usize;
+                let o = self.min_off[r].max(last_off);
+                self.off[r] == UNPLACED
+                    && o < top
+                    && align_up(o + p.size[r], p.align) + p.size[bu] <= self.cap
+            });
         }
         if min_height == u64::MAX {
             return Outcome::Found;
+        }
+        if stuck {
+            if self.memo && self.failed.len() < 1 << 20 {
+                self.failed.insert(key);
+            }
+            return Outcome::Infeasible;
         }
         let base = self.cand.len();
         for &b in &part.bufs {
