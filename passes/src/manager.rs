@@ -4,7 +4,7 @@
 
 use crate::{Pass, PassError, PassStats};
 use graphopt_ir::verify::verify_model;
-use graphopt_ir::{Graph, Model};
+use graphopt_ir::Model;
 use std::time::{Duration, Instant};
 
 /// Prints the IR for `--dump-ir` (the CLI passes the text printer in, so
@@ -74,7 +74,7 @@ pub fn run_pipeline(
                 dump(opts, &format!("before {name} (round {})", round + 1), model);
             }
             let nodes_before = model.graph.node_count_deep();
-            let bytes_before = initializer_bytes(&model.graph);
+            let bytes_before = model.graph.initializer_bytes_deep();
             let t0 = Instant::now();
             let stats = p
                 .run(model)
@@ -96,7 +96,7 @@ pub fn run_pipeline(
                 nodes_before,
                 nodes_after: model.graph.node_count_deep(),
                 initializer_bytes_before: bytes_before,
-                initializer_bytes_after: initializer_bytes(&model.graph),
+                initializer_bytes_after: model.graph.initializer_bytes_deep(),
             });
         }
         if !changed {
@@ -110,20 +110,6 @@ fn dump(opts: &mut ManagerOptions<'_>, title: &str, model: &Model) {
     if let (Some(f), Some(sink)) = (opts.dump, opts.dump_sink.as_mut()) {
         let _ = writeln!(sink, "// ---- IR {title} ----\n{}", f(model));
     }
-}
-
-/// Initializer bytes of `g` and its subgraphs.
-pub fn initializer_bytes(g: &Graph) -> u64 {
-    let own: u64 = g
-        .initializers()
-        .iter()
-        .filter_map(|&v| g.initializer(v))
-        .map(|t| t.nbytes())
-        .sum();
-    own + g
-        .subgraphs()
-        .map(|(_, s)| initializer_bytes(s))
-        .sum::<u64>()
 }
 
 /// Test helpers for pass files: parse ONNX text, run one pass with the

@@ -36,9 +36,9 @@ pub fn run(input: &Path, as_json: bool, dims: &[String]) -> anyhow::Result<()> {
             })
             .collect()
     };
-    let mut ops = BTreeMap::new();
+    let ops = crate::util::op_histogram(g);
     let mut by_dtype: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    walk(g, &mut ops, &mut by_dtype);
+    weights_by_dtype(g, &mut by_dtype);
     let params: u64 = by_dtype.values().fold(0u64, |a, v| a.saturating_add(v.0));
     let bytes: u64 = by_dtype.values().fold(0u64, |a, v| a.saturating_add(v.1));
     let opsets: BTreeMap<String, i64> = m
@@ -81,10 +81,8 @@ pub fn run(input: &Path, as_json: bool, dims: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn walk(g: &Graph, ops: &mut BTreeMap<String, usize>, by_dtype: &mut BTreeMap<String, (u64, u64)>) {
-    for n in g.nodes() {
-        *ops.entry(g.node(n).qualified_op()).or_default() += 1;
-    }
+/// Parameter elements and bytes per dtype, subgraphs included.
+fn weights_by_dtype(g: &Graph, by_dtype: &mut BTreeMap<String, (u64, u64)>) {
     for &v in g.initializers() {
         if let Some(t) = g.initializer(v) {
             let e = by_dtype.entry(t.dtype.to_string()).or_default();
@@ -93,7 +91,7 @@ fn walk(g: &Graph, ops: &mut BTreeMap<String, usize>, by_dtype: &mut BTreeMap<St
         }
     }
     for (_, s) in g.subgraphs() {
-        walk(s, ops, by_dtype);
+        weights_by_dtype(s, by_dtype);
     }
 }
 

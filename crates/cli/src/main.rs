@@ -52,6 +52,14 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when stdout is a closed pipe
+    // (`graphopt optimize ... | head`) instead of panicking in println!.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread
+    // starts touches no Rust state.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Optimize(a) => optimize::run(a),

@@ -4,7 +4,7 @@ use crate::util::{human_bytes, write_atomic};
 use anyhow::bail;
 use graphopt_ir::{DType, Model};
 use graphopt_onnx::{ExternalData, SaveOptions};
-use graphopt_passes::manager::{initializer_bytes, run_pipeline, ManagerOptions, PassRun};
+use graphopt_passes::manager::{run_pipeline, ManagerOptions, PassRun};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -263,23 +263,12 @@ struct Summary {
 
 impl Summary {
     fn of(m: &Model) -> Summary {
-        let mut ops = BTreeMap::new();
-        count_ops(&m.graph, &mut ops);
         Summary {
             nodes: m.graph.node_count_deep(),
             initializers: count_inits(&m.graph),
-            init_bytes: initializer_bytes(&m.graph),
-            ops,
+            init_bytes: m.graph.initializer_bytes_deep(),
+            ops: crate::util::op_histogram(&m.graph),
         }
-    }
-}
-
-fn count_ops(g: &graphopt_ir::Graph, ops: &mut BTreeMap<String, usize>) {
-    for n in g.nodes() {
-        *ops.entry(g.node(n).qualified_op()).or_default() += 1;
-    }
-    for (_, s) in g.subgraphs() {
-        count_ops(s, ops);
     }
 }
 

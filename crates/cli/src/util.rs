@@ -71,3 +71,18 @@ pub fn print_out(text: &str) {
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
 }
+
+/// Node count per op type (domain-qualified), subgraphs included.
+pub fn op_histogram(g: &graphopt_ir::Graph) -> std::collections::BTreeMap<String, usize> {
+    fn walk(g: &graphopt_ir::Graph, ops: &mut std::collections::BTreeMap<String, usize>) {
+        for n in g.nodes() {
+            *ops.entry(g.node(n).qualified_op()).or_default() += 1;
+        }
+        for (_, s) in g.subgraphs() {
+            walk(s, ops);
+        }
+    }
+    let mut ops = std::collections::BTreeMap::new();
+    walk(g, &mut ops);
+    ops
+}

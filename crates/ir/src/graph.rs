@@ -816,6 +816,18 @@ impl Graph {
         })
     }
 
+    /// Bytes of initializer data in this graph and its subgraphs.
+    pub fn initializer_bytes_deep(&self) -> u64 {
+        let own = self
+            .initializers
+            .iter()
+            .filter_map(|&v| self.initializer(v))
+            .fold(0u64, |a, t| a.saturating_add(t.nbytes()));
+        self.subgraphs().fold(own, |a, (_, s)| {
+            a.saturating_add(s.initializer_bytes_deep())
+        })
+    }
+
     /// Total node count including nested subgraphs.
     pub fn node_count_deep(&self) -> usize {
         self.node_count()

@@ -414,19 +414,6 @@ fn shape(tt: &TensorType) -> Option<pb::TensorShapeProto> {
     })
 }
 
-/// Total initializer bytes, subgraphs included.
-fn initializer_bytes(g: &Graph) -> u64 {
-    let own: u64 = g
-        .initializers()
-        .iter()
-        .map(|&v| g.initializer(v).map(Tensor::nbytes).unwrap_or(0))
-        .sum();
-    own + g
-        .subgraphs()
-        .map(|(_, s)| initializer_bytes(s))
-        .sum::<u64>()
-}
-
 /// Saves atomically: temporary files in the output's folder, then renames.
 pub(crate) fn save(m: &Model, path: &Path, opts: &SaveOptions) -> Result<SaveReport, OnnxError> {
     let place = path.display().to_string();
@@ -445,7 +432,7 @@ pub(crate) fn save(m: &Model, path: &Path, opts: &SaveOptions) -> Result<SaveRep
         ExternalData::Auto {
             input_used_external,
         } => {
-            if *input_used_external || initializer_bytes(&m.graph) >= PROTO_LIMIT {
+            if *input_used_external || m.graph.initializer_bytes_deep() >= PROTO_LIMIT {
                 Some(DEFAULT_THRESHOLD)
             } else {
                 None

@@ -287,7 +287,7 @@ impl LowerPrecision {
             ));
         }
         cx.report.casts_before = count_casts(&model.graph);
-        cx.report.weight_bytes_before = crate::manager::initializer_bytes(&model.graph);
+        cx.report.weight_bytes_before = model.graph.initializer_bytes_deep();
         lower_graph(
             &mut model.graph,
             &types,
@@ -297,7 +297,7 @@ impl LowerPrecision {
             &mut cx,
         )?;
         cx.report.casts_after = count_casts(&model.graph);
-        cx.report.weight_bytes_after = crate::manager::initializer_bytes(&model.graph);
+        cx.report.weight_bytes_after = model.graph.initializer_bytes_deep();
         if !cx.report.clamped.is_empty() {
             let list: Vec<String> = cx
                 .report
