@@ -129,7 +129,7 @@ fn lowered_models_match_fp32_in_tract() {
                 skipped.push(format!("{label}: tract has no bfloat16"));
                 continue;
             }
-            let bytes = graphopt_tract::prepare(&tract_proxy(&m)).unwrap();
+            let bytes = graphopt_tract::prepare(&graphopt_tract::fp16_proxy(&m).unwrap()).unwrap();
             let got = match graphopt_tract::run_bytes(&bytes, inputs) {
                 Ok(g) => g,
                 Err(e) => {
@@ -149,51 +149,6 @@ fn lowered_models_match_fp32_in_tract() {
     eprintln!("precision numerics, checked:\n  {}", ran.join("\n  "));
     eprintln!("skipped:\n  {}", skipped.join("\n  "));
     assert!(ran.len() >= 20, "too few runs checked in tract: {ran:?}");
-}
-
-/// fp16 Gemm runs fp32 inside Casts (as onnxruntime's CPU provider runs
-/// it): tract 0.23 rejects fp16 Gemm. Same as the CLI's `--validate`.
-fn tract_proxy(m: &Model) -> Model {
-    use graphopt_ir::{AttrValue, Attribute, NewNode, Type};
-    let mut m = m.clone();
-    let g = &mut m.graph;
-    let elem = |g: &Graph, v| g.ty(v).and_then(|t: &Type| t.elem());
-    let cast = |to: DType| Attribute::new("to", AttrValue::Int(to.to_onnx() as i64));
-    for n in g.nodes().collect::<Vec<_>>() {
-        let d = g.node(n);
-        let out = d.output(0).unwrap();
-        if d.op_type != "Gemm" || elem(g, out) != Some(DType::F16) {
-            continue;
-        }
-        for (slot, v) in d.inputs().to_vec().into_iter().enumerate() {
-            let Some(v) = v.filter(|&v| elem(g, v) == Some(DType::F16)) else {
-                continue;
-            };
-            let w = g.fresh_value("proxy32", Some(Type::tensor(DType::F32, None)));
-            let pos = g.order().iter().position(|&x| x == n).unwrap();
-            g.insert_node(
-                pos,
-                NewNode::new("Cast")
-                    .inputs(&[v])
-                    .outputs(&[w])
-                    .attr(cast(DType::F32)),
-            )
-            .unwrap();
-            g.set_input(n, slot, Some(w));
-        }
-        let o32 = g.fresh_value("proxy32", Some(Type::tensor(DType::F32, None)));
-        g.set_output(n, 0, Some(o32));
-        let pos = g.order().iter().position(|&x| x == n).unwrap() + 1;
-        g.insert_node(
-            pos,
-            NewNode::new("Cast")
-                .inputs(&[o32])
-                .outputs(&[out])
-                .attr(cast(DType::F16)),
-        )
-        .unwrap();
-    }
-    m
 }
 
 fn write_model(dir: &Path, name: &str, text: &str) -> PathBuf {

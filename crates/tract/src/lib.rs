@@ -11,6 +11,10 @@ use std::path::Path;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::DimLike;
 
+pub mod fp16;
+pub mod npz;
+
+pub use fp16::fp16_proxy;
 pub use tract_onnx::prelude::Tensor as TractTensor;
 
 /// A model compiled by tract for fixed input shapes.
