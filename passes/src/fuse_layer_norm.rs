@@ -19,7 +19,10 @@
 //! 3. `eps` is a one-element float constant, the exponent is 2;
 //! 4. `gamma` (and `beta`, which may be absent) have exactly the normalized
 //!    shape `x.shape[-k:]`, all dims known: a broadcasting `[1, H]` gamma is
-//!    left alone, because LayerNormalization wants `[H]`;
+//!    left alone, because LayerNormalization wants `[H]`. The scale may be
+//!    absent too (a norm without affine weights, or an all-ones scale that
+//!    `eliminate_noops` removed, as in randomly initialized exports): an
+//!    fp32 `x` then gets a ones initializer as `gamma`;
 //! 5. every intermediate value is read only inside the pattern (`d` twice).
 //!
 //! The fused node takes over the final value (its name is kept). Not exact:
@@ -48,7 +51,7 @@ use crate::pattern::{
     const_ints, const_tensor, is_op, only_use, replace_nodes, typed_copy, walk_typed, TypedGraph,
 };
 use crate::{Pass, PassError, PassStats};
-use graphopt_ir::{AttrValue, Attribute, Graph, Model, NewNode, NodeId, ValueId};
+use graphopt_ir::{AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, Tensor, ValueId};
 
 pub struct FuseLayerNorm;
 
@@ -77,7 +80,11 @@ impl Pass for FuseLayerNorm {
 
 struct LayerNorm {
     x: ValueId,
-    gamma: ValueId,
+    /// `None`: no scale follows (a LayerNorm without affine weights, or one
+    /// whose all-ones scale `eliminate_noops` removed); the fused node gets
+    /// a ones initializer of the normalized shape.
+    gamma: Option<ValueId>,
+    norm_shape: Vec<i64>,
     beta: Option<ValueId>,
     eps: f32,
     k: usize,
@@ -94,7 +101,15 @@ fn fuse(g: &mut Graph, t: &TypedGraph, stats: &mut PassStats) -> Result<(), Pass
             continue;
         };
         let y = g.node(m.last).output(0).expect("matched node has an output");
-        let mut inputs = vec![m.x, m.gamma];
+        let gamma = match m.gamma {
+            Some(v) => v,
+            None => {
+                let n: i64 = m.norm_shape.iter().product();
+                let ones = Tensor::from_f32(m.norm_shape.clone(), &vec![1.0; n as usize])?;
+                g.add_initializer("ln_scale_ones", ones)
+            }
+        };
+        let mut inputs = vec![m.x, gamma];
         inputs.extend(m.beta);
         let new = NewNode::new("LayerNormalization")
             .name(g.node(m.last).name.clone())
@@ -172,16 +187,30 @@ fn match_layer_norm(g: &Graph, t: &TypedGraph, mean: NodeId) -> Option<LayerNorm
     };
     nodes.push(divide);
     let norm_shape = normalized_shape(t, x, k)?;
-    let scale = next(g, normed, "Mul")?;
-    let gamma = other_input(g, scale, normed)?;
-    if !has_shape(g, t, gamma, &norm_shape) {
+    // The affine tail: Mul(normed, gamma), then optionally Add(., beta).
+    // Either may be missing when its weights were all ones / zeros and
+    // eliminate_noops removed it; a missing scale becomes a ones tensor
+    // (fp32 models only: it is made as fp32).
+    let mut last = divide;
+    let mut gamma = None;
+    if let Some(scale) = next(g, normed, "Mul") {
+        // A scale that broadcasts beyond the normalized shape is not
+        // LayerNormalization's: leave the whole pattern alone.
+        let gm = other_input(g, scale, normed)?;
+        if !has_shape(g, t, gm, &norm_shape) {
+            return None;
+        }
+        nodes.push(scale);
+        last = scale;
+        gamma = Some(gm);
+    }
+    if gamma.is_none() && t.elem(x) != Some(DType::F32) {
         return None;
     }
-    nodes.push(scale);
-    let mut last = scale;
     let mut beta = None;
-    if let Some(shift) = next(g, out(g, scale)?, "Add") {
-        let b = other_input(g, shift, out(g, scale)?)?;
+    let tail = out(g, last)?;
+    if let Some(shift) = next(g, tail, "Add") {
+        let b = other_input(g, shift, tail)?;
         if has_shape(g, t, b, &norm_shape) {
             nodes.push(shift);
             last = shift;
@@ -191,6 +220,7 @@ fn match_layer_norm(g: &Graph, t: &TypedGraph, mean: NodeId) -> Option<LayerNorm
     Some(LayerNorm {
         x,
         gamma,
+        norm_shape,
         beta,
         eps,
         k,
@@ -299,6 +329,41 @@ g (float[2,4] x) => (float[2,4] y)
 g (float[2,4] x) => (float[2,4] y)
   <float[4] gamma = {1.0, 2.0, 3.0, 4.0}, float[4] beta = {0.5, 0.5, 0.5, 0.5}> {
   y = LayerNormalization <axis = -1, epsilon = 1e-05> (x, gamma, beta)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn without_affine_weights_gets_a_ones_scale() {
+        // The scale (all ones) and shift (all zeros) were removed by
+        // eliminate_noops, as on randomly initialized exports.
+        let bare = LN
+            .replace("  t = Mul (n, gamma)\n  y = Add (t, beta)\n", "")
+            .replace("n = Div (d, s)", "y = Div (d, s)");
+        assert_pass(
+            &FuseLayerNorm,
+            &bare,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,4] x) => (float[2,4] y)
+  <float[4] gamma = {1.0, 2.0, 3.0, 4.0}, float[4] beta = {0.5, 0.5, 0.5, 0.5}, float[4] ln_scale_ones = {1.0, 1.0, 1.0, 1.0}> {
+  y = LayerNormalization <axis = -1, epsilon = 1e-05> (x, ln_scale_ones)
+}
+"#,
+        );
+        // A shift without a scale keeps its Add as LayerNormalization's bias.
+        let shift_only = LN
+            .replace("  t = Mul (n, gamma)\n", "")
+            .replace("y = Add (t, beta)", "y = Add (n, beta)");
+        assert_pass(
+            &FuseLayerNorm,
+            &shift_only,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,4] x) => (float[2,4] y)
+  <float[4] gamma = {1.0, 2.0, 3.0, 4.0}, float[4] beta = {0.5, 0.5, 0.5, 0.5}, float[4] ln_scale_ones = {1.0, 1.0, 1.0, 1.0}> {
+  y = LayerNormalization <axis = -1, epsilon = 1e-05> (x, ln_scale_ones, beta)
 }
 "#,
         );

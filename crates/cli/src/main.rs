@@ -1,9 +1,11 @@
-//! The `graphopt` command.
+//! The `graphopt` command: argument parsing and printing over the
+//! [`graphopt`] library, where every capability lives.
 //!
-//! `optimize`, `inspect`, `plan`, `print` and `passes`. Errors are one line on
-//! stderr (`error: <file>: <what and where>`) with exit status 1; usage
-//! errors exit with 2.
+//! `optimize`, `check`, `inspect`, `plan`, `print` and `passes`. Errors are
+//! one line on stderr (`error: <file>: <what and where>`) with exit status
+//! 1; usage errors exit with 2.
 
+mod check;
 mod inspect;
 mod optimize;
 mod plan;
@@ -28,6 +30,8 @@ struct Cli {
 enum Cmd {
     /// Optimize a model: import, run a pass pipeline, export.
     Optimize(optimize::Args),
+    /// Run two models on the same inputs and compare every output.
+    Check(check::Args),
     /// Summarize a model: inputs, outputs, ops, parameters, opsets.
     Inspect {
         input: PathBuf,
@@ -63,39 +67,37 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Optimize(a) => optimize::run(a),
+        Cmd::Check(a) => check::run(a),
         Cmd::Inspect { input, json, dims } => inspect::run(&input, json, &dims),
         Cmd::Plan(a) => plan::run(a),
         Cmd::Print { input, full } => print(&input, full),
         Cmd::Passes => {
-            for p in graphopt_passes::registry() {
-                println!("{:<22} {}", p.name, p.doc);
+            let mut out = String::new();
+            for p in graphopt::passes::registry() {
+                out += &format!("{:<22} {}\n", p.name, p.doc);
             }
+            util::print_out(&out);
             Ok(())
         }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let msg = e.to_string().replace('\n', " ");
-            eprintln!("error: {msg}");
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn print(input: &std::path::Path, full: bool) -> anyhow::Result<()> {
-    let loaded = graphopt_onnx::load(input)?;
-    let opts = graphopt_text::PrintOptions {
+fn print(input: &std::path::Path, full: bool) -> graphopt::Result<()> {
+    let session = graphopt::load(input)?;
+    let opts = graphopt::text::PrintOptions {
         elide_above: if full {
             None
         } else {
-            graphopt_text::PrintOptions::default().elide_above
+            graphopt::text::PrintOptions::default().elide_above
         },
     };
-    let text = graphopt_text::print_model(&loaded.model, &opts);
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    // A closed pipe (`graphopt print m.onnx | head`) is not an error.
-    let _ = out.write_all(text.as_bytes());
+    util::print_out(&graphopt::text::print_model(session.model(), &opts));
     Ok(())
 }

@@ -18,9 +18,11 @@ pub mod greedy;
 pub mod inplace;
 pub mod intervals;
 pub mod liveness;
+pub mod model;
 mod plan;
 pub mod schedule;
 pub mod search;
+pub mod svg;
 
 pub use buffer::{
     align_up, aligned_lower_bound, lower_bound, read_minimalloc_csv, Buffer, CsvError,
@@ -29,6 +31,11 @@ pub use check::{check_plan, Alias, CheckError};
 pub use inplace::{inplace_rule, InPlace};
 pub use intervals::{arena_of, plan_intervals, IntervalOptions, IntervalPlan};
 pub use liveness::TensorKind;
+pub use model::{
+    human_bytes, input_dim_names, max_batch, parse_size, plan_model, DimBinding, DimValues,
+    MaxBatch, ModelPlan, ModelPlanError,
+};
 pub use plan::{
-    check_graph_plan, plan_graph, PeakTensor, Plan, PlanError, PlanOptions, PlannedTensor,
+    check_graph_plan, default_threads, plan_graph, PeakTensor, Plan, PlanError, PlanOptions,
+    PlannedTensor,
 };

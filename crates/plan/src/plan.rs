@@ -43,7 +43,8 @@ pub struct PlanOptions {
     pub time_limit: Option<Duration>,
     /// Node budget of the offset search (it stops earlier at the bound).
     pub node_budget: u64,
-    /// Threads of the offset search (does not change the result).
+    /// Threads of the offset search (does not change the result; default:
+    /// [`default_threads`]).
     pub threads: usize,
     /// Leave values of unknown size out of the plan (listed in
     /// [`Plan::unknown_size`]) instead of failing with
@@ -59,10 +60,16 @@ impl Default for PlanOptions {
             search: true,
             time_limit: None,
             node_budget: 200_000,
-            threads: 2,
+            threads: default_threads(),
             ignore_unknown: false,
         }
     }
+}
+
+/// The machine's parallelism (at least 1): the default thread count of the
+/// offset search, which never changes its result.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// One tensor of the arena.

@@ -11,8 +11,12 @@ use graphopt_ir::{DType, Model};
 /// rounded to fp16 between ops, so overflow and rounding show as they
 /// would; and tract runs its fast fp32 kernels (its fp16 ones are slow on
 /// x86, and it rejects fp16 Gemm). Ops that only move data run as they are.
+///
+/// Element types come from shape inference, so a model read from a file
+/// without `value_info` is emulated the same as one fresh from a pass.
 pub fn fp16_proxy(m: &Model) -> anyhow::Result<Model> {
     let mut m = m.clone();
+    graphopt_ir::infer::infer_model(&mut m, &graphopt_ir::infer::InferOptions::default());
     let mut counter = 0;
     proxy_graph(&mut m.graph, &mut counter)?;
     Ok(m)
@@ -119,4 +123,3 @@ fn proxy_graph(g: &mut graphopt_ir::Graph, counter: &mut usize) -> anyhow::Resul
     }
     Ok(())
 }
-

@@ -86,7 +86,7 @@ pub fn npy(b: &[u8]) -> anyhow::Result<Tensor> {
     if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
         bail!("not an .npy array");
     }
-    let (hlen, off) = match b[6] {
+    let (hlen, off): (usize, usize) = match b[6] {
         1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
         2 | 3 => {
             let s = b.get(8..12).context("truncated header")?;
@@ -100,7 +100,11 @@ pub fn npy(b: &[u8]) -> anyhow::Result<Tensor> {
     let header = std::str::from_utf8(header).context("header is not text")?;
     let field = |k: &str| -> Option<String> {
         let i = header.find(&format!("'{k}'"))? + k.len() + 2;
-        let rest = header.get(i..)?.trim_start().strip_prefix(':')?.trim_start();
+        let rest = header
+            .get(i..)?
+            .trim_start()
+            .strip_prefix(':')?
+            .trim_start();
         Some(rest.to_string())
     };
     let descr = field("descr").context("no descr")?;
@@ -199,7 +203,10 @@ pub fn write_npy(t: &Tensor) -> anyhow::Result<Vec<u8>> {
         [x] => format!("({x},)"),
         s => format!(
             "({})",
-            s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+            s.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     };
     let mut header = format!("{{'descr': '{d}', 'fortran_order': False, 'shape': {shape}, }}");
@@ -211,15 +218,13 @@ pub fn write_npy(t: &Tensor) -> anyhow::Result<Vec<u8>> {
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    // SAFETY-free: tract keeps plain-old-data tensors as contiguous bytes.
-    let t = t.to_owned();
     if t.datum_type() == DatumType::Bool {
-        let v = t.as_slice::<bool>()?;
+        let v = t.to_plain_array_view::<bool>()?;
         out.extend(v.iter().map(|&b| b as u8));
     } else {
-        // SAFETY: `descr` accepted only plain numeric types, whose tract
-        // storage is the little-endian bytes numpy expects on this host.
-        out.extend_from_slice(unsafe { t.as_bytes() });
+        // `descr` accepted only plain numeric types, whose tract storage is
+        // the little-endian bytes numpy expects (x86-64 and aarch64 hosts).
+        out.extend_from_slice(t.as_bytes());
     }
     Ok(out)
 }
@@ -239,8 +244,8 @@ pub fn write(arrays: &[(String, Tensor)]) -> anyhow::Result<Vec<u8>> {
             out.extend_from_slice(&sig.to_le_bytes());
         };
         local(0x0403_4b50, &mut out);
-        out.extend_from_slice(&[20, 0, 0, 0, 0, 0, 0, 0, 0x21, 0]); // version, flags, method, time
-        out.extend_from_slice(&[0, 0]); // date
+        // version, flags, method (stored), time, date
+        out.extend_from_slice(&[20, 0, 0, 0, 0, 0, 0, 0, 0x21, 0]);
         out.extend_from_slice(&crc.to_le_bytes());
         out.extend_from_slice(&size.to_le_bytes());
         out.extend_from_slice(&size.to_le_bytes());
@@ -298,7 +303,12 @@ mod tests {
         let a: Tensor = tract_ndarray::arr2(&[[1f32, -2.5], [3.0, 0.0]]).into();
         let b: Tensor = tract_ndarray::arr1(&[7i64, 8, 9]).into();
         let c: Tensor = tract_ndarray::arr0(true).into();
-        let bytes = write(&[("a".into(), a.clone()), ("b".into(), b.clone()), ("c".into(), c.clone())]).unwrap();
+        let bytes = write(&[
+            ("a".into(), a.clone()),
+            ("b".into(), b.clone()),
+            ("c".into(), c.clone()),
+        ])
+        .unwrap();
         let back = read(&bytes).unwrap();
         assert_eq!(back["a"], a);
         assert_eq!(back["b"], b);
@@ -326,7 +336,10 @@ mod tests {
             }
         }
         // The short .npy headers that used to index past the end.
-        for h in [&b"\x93NUMPY\x02\x00\x00\x00"[..], b"\x93NUMPY\x01\x00\xff\xff"] {
+        for h in [
+            &b"\x93NUMPY\x02\x00\x00\x00"[..],
+            b"\x93NUMPY\x01\x00\xff\xff",
+        ] {
             assert!(npy(h).is_err());
         }
     }

@@ -179,6 +179,23 @@ pub struct LowerReport {
     pub warnings: Vec<String>,
 }
 
+impl LowerReport {
+    /// The pass manager's counters for this lowering.
+    pub fn stats(&self) -> PassStats {
+        let mut stats = PassStats::default();
+        stats.add("nodes_lowered", self.lowered_total);
+        stats.add("initializers_lowered", self.weights_lowered.len() as u64);
+        stats.add("casts_inserted", self.casts_inserted);
+        stats.add("casts_removed", self.casts_removed);
+        stats.add("constants_clamped", self.clamped.len() as u64);
+        stats.add(
+            "bytes_saved",
+            self.weight_bytes_before.saturating_sub(self.weight_bytes_after),
+        );
+        stats
+    }
+}
+
 impl Pass for LowerPrecision {
     fn name(&self) -> &'static str {
         "lower_precision"
@@ -189,17 +206,7 @@ impl Pass for LowerPrecision {
         for w in &r.warnings {
             eprintln!("warning: lower_precision: {w}");
         }
-        let mut stats = PassStats::default();
-        stats.add("nodes_lowered", r.lowered_total);
-        stats.add("initializers_lowered", r.weights_lowered.len() as u64);
-        stats.add("casts_inserted", r.casts_inserted);
-        stats.add("casts_removed", r.casts_removed);
-        stats.add("constants_clamped", r.clamped.len() as u64);
-        stats.add(
-            "bytes_saved",
-            r.weight_bytes_before.saturating_sub(r.weight_bytes_after),
-        );
-        Ok(stats)
+        Ok(r.stats())
     }
 
     fn exact(&self) -> bool {

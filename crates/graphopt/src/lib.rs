@@ -1,0 +1,74 @@
+//! graphopt as a library: everything the `graphopt` command does, in a few
+//! lines of Rust.
+//!
+//! A [`Session`] holds one model (and where it came from); its methods are
+//! the capabilities, and the command only turns arguments into these calls
+//! and prints what they return:
+//!
+//! ```no_run
+//! # fn main() -> graphopt::Result<()> {
+//! let mut session = graphopt::load("model.onnx")?;
+//! // The default simplify/fuse pipeline, as `graphopt optimize` runs it:
+//! // to a fixed point, verified after every pass.
+//! let report = session.optimize(&graphopt::OptimizeOptions::default())?;
+//! println!("{} -> {} nodes", report.before.nodes, report.after.nodes);
+//! // fp16 compute with an fp32 keep-list, validated against the fp32 model.
+//! let lowered = session.lower_precision(&graphopt::PrecisionOptions {
+//!     validate: Some(graphopt::ValidateOptions::default()),
+//!     ..graphopt::PrecisionOptions::new(graphopt::Precision::F16)
+//! })?;
+//! println!("weights {} -> {} bytes", lowered.weights_bytes_before, lowered.weights_bytes_after);
+//! // How much memory it needs at batch 8.
+//! let plan = session.plan(&graphopt::PlanRequest::at(&[("batch", 8)]))?;
+//! println!("arena {} bytes", plan.plan.arena_bytes);
+//! // External data is carried through as the input had it.
+//! session.save("model.opt.onnx")?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Defaults equal the command's: the default pipeline runs to a fixed point
+//! (at most [`DEFAULT_MAX_ROUNDS`] rounds), the verifier runs after every
+//! pass, and [`Session::save`] writes external data when the input used it
+//! or the model would pass protobuf's 2 GiB limit.
+//!
+//! The crates below the facade stay usable on their own and are re-exported
+//! here: [`ir`] (the IR), [`onnx`] (import/export), [`text`] (ONNX text),
+//! [`passes`] (the passes, registry and manager), [`plan`] (the memory
+//! planner) and [`tract`] (the reference executor).
+
+mod check;
+mod error;
+mod inputs;
+mod inspect;
+mod optimize;
+mod precision;
+mod session;
+pub mod util;
+
+pub use check::{
+    compare_outputs, same_bits, CheckOptions, CheckReport, OutputDiff, Scale, Tolerance,
+};
+pub use error::{Error, Result};
+pub use inputs::Inputs;
+pub use inspect::{Inspection, IoInfo};
+pub use optimize::{
+    OptimizeOptions, OptimizeReport, PassRunReport, PipelineOptions, Summary, DEFAULT_MAX_ROUNDS,
+};
+pub use precision::{
+    MemoryFigures, PrecisionOptions, PrecisionReport, ValidateOptions, Validation, ValidationCheck,
+};
+pub use session::{load, PlanRequest, SaveOptions, Session};
+
+pub use graphopt_ir as ir;
+pub use graphopt_onnx as onnx;
+pub use graphopt_passes as passes;
+pub use graphopt_passes::lower_precision::Precision;
+pub use graphopt_plan as plan;
+pub use graphopt_text as text;
+pub use graphopt_tract as tract;
+
+/// The README's library example runs as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

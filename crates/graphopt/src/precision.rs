@@ -1,0 +1,582 @@
+//! [`Session::lower_precision`]: fp16/bf16 lowering through the pass
+//! manager, validated against the fp32 model in tract, with bisection to
+//! the nodes that break the tolerance.
+//!
+//! Validation is honest: a result that ends over tolerance is an error and
+//! leaves the session unchanged, unless [`ValidateOptions::force`]; a
+//! validation that cannot run is an error, unless
+//! [`ValidateOptions::best_effort`].
+
+use crate::check::{compare_outputs, output_names, run_in_tract, OutputDiff, Scale, Tolerance};
+use crate::error::{Error, Result};
+use crate::inputs::Inputs;
+use crate::optimize::PipelineOptions;
+use crate::session::Session;
+use graphopt_ir::{DType, Model, NodeId};
+use graphopt_passes::lower_precision::{LowerPrecision, LowerReport, Precision};
+use graphopt_passes::{Pass, PassError, PassStats};
+use graphopt_plan::{DimValues, PlanOptions};
+use graphopt_tract::TractTensor;
+use serde::Serialize;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+/// What [`Session::lower_precision`] does.
+#[derive(Clone, Debug)]
+pub struct PrecisionOptions {
+    pub precision: Precision,
+    /// Op types or node names to keep fp32 besides the default keep-list;
+    /// `-OP` takes an op off the default list (e.g. `-Softmax`).
+    pub keep_fp32: Vec<String>,
+    /// Graph inputs and outputs keep their types (default true).
+    pub keep_io_types: bool,
+    /// Lower ops even where onnxruntime's CPU provider has no low-precision
+    /// kernel (for GPU runtimes).
+    pub any_runtime: bool,
+    /// Check against the fp32 model and keep the nodes that break the
+    /// tolerance fp32.
+    pub validate: Option<ValidateOptions>,
+    /// Plan memory before and after at these dims (`None`: no plans).
+    pub memory_dims: Option<Vec<(String, i64)>>,
+    pub pipeline: PipelineOptions,
+}
+
+impl PrecisionOptions {
+    /// `precision` with the defaults: default keep-list, io types kept,
+    /// onnxruntime-CPU kernels only, no validation.
+    pub fn new(precision: Precision) -> PrecisionOptions {
+        PrecisionOptions {
+            precision,
+            keep_fp32: Vec::new(),
+            keep_io_types: true,
+            any_runtime: false,
+            validate: None,
+            memory_dims: None,
+            pipeline: PipelineOptions::default(),
+        }
+    }
+}
+
+/// How to validate a lowering.
+#[derive(Clone, Debug)]
+pub struct ValidateOptions {
+    pub inputs: Inputs,
+    /// Per output, every element within `atol + rtol * max|reference|`.
+    pub rtol: f64,
+    pub atol: f64,
+    /// A validation that cannot run (tract cannot run the model, bf16) is a
+    /// note in the report instead of an error.
+    pub best_effort: bool,
+    /// Keep the lowering even when it ends over tolerance (the report says
+    /// so); otherwise that is an error and the session is left unchanged.
+    pub force: bool,
+}
+
+impl Default for ValidateOptions {
+    fn default() -> Self {
+        ValidateOptions {
+            inputs: Inputs::default(),
+            rtol: 1e-2,
+            atol: 1e-3,
+            best_effort: false,
+            force: false,
+        }
+    }
+}
+
+/// One comparison with the fp32 reference.
+#[derive(Clone, Debug, Serialize)]
+pub struct ValidationCheck {
+    pub ok: bool,
+    /// Worst over outputs.
+    pub max_abs: f64,
+    pub rel_l2: f64,
+    /// Why the candidate could not run or failed besides the outputs.
+    pub error: Option<String>,
+    pub outputs: Vec<OutputDiff>,
+}
+
+impl ValidationCheck {
+    pub fn describe(&self) -> String {
+        match &self.error {
+            Some(e) => e.clone(),
+            None => format!("max abs {:.3e}, rel L2 {:.3e}", self.max_abs, self.rel_l2),
+        }
+    }
+}
+
+/// What validation found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Validation {
+    pub inputs: String,
+    pub rtol: f64,
+    pub atol: f64,
+    /// The final lowering is within tolerance.
+    pub ok: bool,
+    pub max_abs: f64,
+    pub rel_l2: f64,
+    pub first: ValidationCheck,
+    #[serde(rename = "final")]
+    pub last: ValidationCheck,
+    /// Nodes (name, or `Op#id` when unnamed) and weights kept fp32.
+    pub kept_nodes: Vec<String>,
+    pub kept_weights: Vec<String>,
+    /// Lowerings run.
+    pub runs: usize,
+    pub note: Option<String>,
+}
+
+/// Weights, activation lower bound and arena from the planner.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MemoryFigures {
+    pub dims: String,
+    pub weights_bytes: u64,
+    pub lower_bound_bytes: u64,
+    pub arena_bytes: u64,
+    pub unknown_size_values: usize,
+    /// Why the model could not be planned.
+    pub error: Option<String>,
+}
+
+/// What [`Session::lower_precision`] did.
+#[derive(Clone, Debug, Serialize)]
+pub struct PrecisionReport {
+    pub mode: &'static str,
+    pub nodes_lowered: u64,
+    pub nodes_total: usize,
+    pub weights_bytes_before: u64,
+    pub weights_bytes_after: u64,
+    pub weights_ratio: f64,
+    pub casts_before: u64,
+    pub casts_after: u64,
+    /// Constants clamped to fp16's range: (name, values clamped).
+    pub clamped: Vec<(String, u64)>,
+    /// Ops kept fp32 for lack of a low-precision kernel in onnxruntime's CPU
+    /// provider.
+    pub kept_no_kernel: Vec<String>,
+    pub warnings: Vec<String>,
+    pub validation: Option<Validation>,
+    /// Why validation did not run (only with `best_effort`).
+    pub validation_skipped: Option<String>,
+    pub memory_before: Option<MemoryFigures>,
+    pub memory_after: Option<MemoryFigures>,
+    /// `stop_after` was reached before the lowering ran.
+    pub stopped_early: bool,
+}
+
+impl Session {
+    /// Lowers the model to fp16/bf16 compute (or fp16 storage), through the
+    /// pass manager, validating and falling back to fp32 where asked.
+    pub fn lower_precision(&mut self, opts: &PrecisionOptions) -> Result<PrecisionReport> {
+        let mut base = LowerPrecision {
+            precision: opts.precision,
+            keep_io_types: opts.keep_io_types,
+            ort_cpu: !opts.any_runtime,
+            ..LowerPrecision
+        };
+        for k in opts
+            .keep_fp32
+            .iter()
+            .map(|k| k.trim())
+            .filter(|k| !k.is_empty())
+        {
+            match k.strip_prefix('-') {
+                Some(op) => base.allow_low.push(op.to_string()),
+                None => base.keep_fp32.push(k.trim_start_matches('+').to_string()),
+            }
+        }
+        let nodes_total = self.model.graph.node_count_deep();
+        let (mut config, mut validation, mut skipped) = (base.clone(), None, None);
+        if let Some(v) = &opts.validate {
+            match self.validate_lowering(&base, v) {
+                Ok((c, val)) => {
+                    if !val.ok && !v.force {
+                        return Err(self.err(Error::new(format!(
+                            "--validate: the {} model is NOT within tolerance (rtol {}, atol {}) on {} inputs: {}{}; nothing was lowered (--force keeps it anyway)",
+                            opts.precision.name(),
+                            v.rtol,
+                            v.atol,
+                            val.inputs,
+                            val.last.describe(),
+                            val.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+                        ))));
+                    }
+                    config = c;
+                    validation = Some(val);
+                }
+                Err(e) if v.best_effort => skipped = Some(e.message().to_string()),
+                Err(e) => {
+                    return Err(self.err(Error::new(format!(
+                        "--validate cannot run: {e} (--validate=best-effort lowers without it)"
+                    ))))
+                }
+            }
+        }
+        let memory = |m: &Model| opts.memory_dims.as_ref().map(|d| memory(m, d));
+        let memory_before = memory(&self.model);
+        let captured = Rc::new(RefCell::new(None));
+        let pass: Vec<Box<dyn Pass>> = vec![Box::new(Capture {
+            lp: config,
+            out: captured.clone(),
+        })];
+        let stopped_early = self.run_passes(&pass, 1, &opts.pipeline)?;
+        let r = captured.borrow_mut().take().unwrap_or_default();
+        Ok(PrecisionReport {
+            mode: opts.precision.name(),
+            nodes_lowered: r.lowered_total,
+            nodes_total,
+            weights_bytes_before: r.weight_bytes_before,
+            weights_bytes_after: r.weight_bytes_after,
+            weights_ratio: if r.weight_bytes_before == 0 {
+                1.0
+            } else {
+                r.weight_bytes_after as f64 / r.weight_bytes_before as f64
+            },
+            casts_before: r.casts_before,
+            casts_after: r.casts_after,
+            clamped: r.clamped.clone(),
+            kept_no_kernel: r.kept_no_kernel.iter().cloned().collect(),
+            warnings: r.warnings.clone(),
+            validation,
+            validation_skipped: skipped,
+            memory_before,
+            memory_after: memory(&self.model),
+            stopped_early,
+        })
+    }
+
+    /// Finds the configuration whose lowering passes validation (or the
+    /// best one found), without changing the session.
+    fn validate_lowering(
+        &self,
+        base: &LowerPrecision,
+        v: &ValidateOptions,
+    ) -> Result<(LowerPrecision, Validation)> {
+        if base.precision == Precision::BF16 {
+            return Err(Error::new(
+                "tract, the in-Rust reference, has no bfloat16; validate bf16 output in onnxruntime (tests-py/precision_models.py)",
+            ));
+        }
+        let (inputs, label) = v.inputs.materialize(&self.model)?;
+        let validator = Validator::new(&self.model, inputs, v.rtol, v.atol)?;
+        let lower = |lp: &LowerPrecision| -> Result<(Model, LowerReport)> {
+            let mut m = self.model.clone();
+            let r = lp.lower(&mut m)?;
+            graphopt_ir::verify::verify_model(&m)
+                .map_err(|e| Error::new(format!("after lower_precision: IR is invalid: {e}")))?;
+            Ok((m, r))
+        };
+        validator.fallback(base, &lower, label)
+    }
+}
+
+/// `lower_precision` as a pass of the manager, keeping its full report.
+struct Capture {
+    lp: LowerPrecision,
+    out: Rc<RefCell<Option<LowerReport>>>,
+}
+
+impl Pass for Capture {
+    fn name(&self) -> &'static str {
+        "lower_precision"
+    }
+    fn run(&self, model: &mut Model) -> std::result::Result<PassStats, PassError> {
+        let r = self.lp.lower(model)?;
+        let stats = r.stats();
+        *self.out.borrow_mut() = Some(r);
+        Ok(stats)
+    }
+    fn exact(&self) -> bool {
+        false
+    }
+}
+
+/// Plans `model` at `dims` (other input dims 1); values whose size stays
+/// unknown are left out and counted.
+fn memory(model: &Model, dims: &[(String, i64)]) -> MemoryFigures {
+    let opts = PlanOptions {
+        ignore_unknown: true,
+        node_budget: 20_000,
+        ..Default::default()
+    };
+    match graphopt_plan::plan_model(model, &DimValues::new(dims), &opts) {
+        Ok(p) => MemoryFigures {
+            dims: p
+                .dims
+                .iter()
+                .map(|d| format!("{}={}", d.name, d.value))
+                .collect::<Vec<_>>()
+                .join(", "),
+            weights_bytes: p.plan.weights_bytes,
+            lower_bound_bytes: p.plan.lower_bound_bytes,
+            arena_bytes: p.plan.arena_bytes,
+            unknown_size_values: p.plan.unknown_size.len(),
+            error: None,
+        },
+        Err(e) => MemoryFigures {
+            error: Some(e.to_string()),
+            ..Default::default()
+        },
+    }
+}
+
+/// Runs candidates against the fp32 reference in tract.
+struct Validator {
+    inputs: Vec<TractTensor>,
+    reference: Vec<TractTensor>,
+    names: Vec<String>,
+    /// Main-graph float intermediates of the fp32 model, by name: whether
+    /// each is finite everywhere. A candidate whose low intermediate
+    /// overflows where the reference is finite fails, even if a runtime
+    /// (tract fuses `Cast(MatMul)` into an fp32-output MatMul) hides it in
+    /// the final outputs.
+    finite: BTreeMap<String, bool>,
+    tol: Tolerance,
+}
+
+/// One thing validation can keep fp32.
+#[derive(Clone, Debug, PartialEq)]
+enum Item {
+    Node(NodeId),
+    Weight(String),
+}
+
+type Lowering<'a> = dyn Fn(&LowerPrecision) -> Result<(Model, LowerReport)> + 'a;
+
+impl Validator {
+    fn new(model: &Model, inputs: Vec<TractTensor>, rtol: f64, atol: f64) -> Result<Validator> {
+        let reference = run_in_tract(model, &[], &inputs)
+            .map_err(|e| Error::new(format!("tract cannot run the fp32 model: {e:#}")))?;
+        let names = intermediates(model, DType::F32);
+        let finite = match run_in_tract(model, &names, &inputs) {
+            Ok(outs) => names
+                .into_iter()
+                .zip(outs.into_iter().skip(model.graph.outputs.len()))
+                .map(|(n, t)| (n, all_finite(&t)))
+                .collect(),
+            Err(_) => BTreeMap::new(),
+        };
+        Ok(Validator {
+            inputs,
+            reference,
+            names: output_names(model),
+            finite,
+            tol: Tolerance {
+                rtol,
+                atol,
+                scale: Scale::Tensor,
+            },
+        })
+    }
+
+    fn check(&self, m: &Model) -> ValidationCheck {
+        let low: Vec<String> = [DType::F16, DType::BF16]
+            .into_iter()
+            .flat_map(|d| intermediates(m, d))
+            .filter(|n| self.finite.get(n) == Some(&true))
+            .collect();
+        let n_out = m.graph.outputs.len();
+        let got =
+            run_in_tract(m, &low, &self.inputs).or_else(|_| run_in_tract(m, &[], &self.inputs));
+        match got {
+            Ok(got) => {
+                let outputs = compare_outputs(
+                    &self.names,
+                    &self.reference,
+                    &got[..n_out.min(got.len())],
+                    &self.tol,
+                );
+                let mut c = ValidationCheck {
+                    ok: outputs.len() == self.reference.len() && outputs.iter().all(|o| o.ok),
+                    max_abs: outputs.iter().fold(0.0, |a, o| a.max(o.max_abs)),
+                    rel_l2: outputs.iter().fold(0.0, |a, o| a.max(o.rel_l2)),
+                    error: None,
+                    outputs,
+                };
+                if got.len() > n_out {
+                    if let Some(bad) = low.iter().zip(&got[n_out..]).find(|(_, t)| !all_finite(t)) {
+                        c.ok = false;
+                        c.error = Some(format!("'{}' overflows in low precision", bad.0));
+                    }
+                }
+                c
+            }
+            Err(e) => ValidationCheck {
+                ok: false,
+                max_abs: f64::INFINITY,
+                rel_l2: f64::INFINITY,
+                error: Some(format!("does not run in tract: {e:#}").replace('\n', " ")),
+                outputs: Vec::new(),
+            },
+        }
+    }
+
+    /// Checks the lowered model; while it is out of tolerance, finds by
+    /// bisection the first node (or weight) whose lowering breaks the
+    /// tolerance and keeps it fp32. Each search lowers only a prefix of the
+    /// candidates (in program order), so it finds where the error first
+    /// appears, the way `--stop-after` bisects a bad rewrite.
+    fn fallback(
+        &self,
+        base: &LowerPrecision,
+        run: &Lowering<'_>,
+        label: String,
+    ) -> Result<(LowerPrecision, Validation)> {
+        const MAX_CULPRITS: usize = 24;
+        let (mut m, mut r) = run(base)?;
+        let first = self.check(&m);
+        let mut last = first.clone();
+        let mut runs = 1;
+        let mut kept: Vec<Item> = Vec::new();
+        let mut note = None;
+        let config = |kept: &[Item]| {
+            let mut lp = base.clone();
+            for k in kept {
+                match k {
+                    Item::Node(n) => lp.keep_nodes.push(*n),
+                    Item::Weight(w) => lp.keep_weights.push(w.clone()),
+                }
+            }
+            lp
+        };
+        while !last.ok {
+            let items: Vec<Item> = r
+                .lowered
+                .iter()
+                .chain(&r.subgraph_hosts)
+                .map(|&n| Item::Node(n))
+                .chain(r.weights_lowered.iter().cloned().map(Item::Weight))
+                .filter(|i| !kept.contains(i))
+                .collect();
+            if items.is_empty() {
+                note = Some(
+                    "nothing left to keep fp32; the error comes from fp32 differences alone".into(),
+                );
+                break;
+            }
+            if kept.len() >= MAX_CULPRITS {
+                // Too many culprits to chase one by one: keep everything.
+                let mut all = kept.clone();
+                all.extend(items);
+                (m, _) = run(&config(&all))?;
+                last = self.check(&m);
+                runs += 1;
+                kept = all;
+                note = Some(format!(
+                    "more than {MAX_CULPRITS} nodes out of tolerance; kept every candidate fp32"
+                ));
+                break;
+            }
+            let with_prefix = |k: usize| {
+                let mut ks = kept.clone();
+                ks.extend(items[k..].iter().cloned());
+                config(&ks)
+            };
+            // Invariant: lowering items[..lo] passes, items[..hi] fails.
+            let (mut lo, mut hi) = (0usize, items.len());
+            if runs == 1 {
+                let (m0, _) = run(&with_prefix(0))?;
+                runs += 1;
+                if !self.check(&m0).ok {
+                    note = Some("out of tolerance even with every candidate kept fp32".into());
+                    break;
+                }
+            }
+            while hi - lo > 1 {
+                let mid = (lo + hi) / 2;
+                let (mm, _) = run(&with_prefix(mid))?;
+                runs += 1;
+                if self.check(&mm).ok {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            kept.push(items[hi - 1].clone());
+            (m, r) = run(&config(&kept))?;
+            last = self.check(&m);
+            runs += 1;
+        }
+        let names = node_names(&m);
+        let kept_nodes = kept
+            .iter()
+            .filter_map(|k| match k {
+                Item::Node(n) => Some(
+                    names
+                        .get(n)
+                        .cloned()
+                        .unwrap_or_else(|| format!("#{}", n.index())),
+                ),
+                Item::Weight(_) => None,
+            })
+            .collect();
+        let kept_weights = kept
+            .iter()
+            .filter_map(|k| match k {
+                Item::Weight(w) => Some(w.clone()),
+                Item::Node(_) => None,
+            })
+            .collect();
+        Ok((
+            config(&kept),
+            Validation {
+                inputs: label,
+                rtol: self.tol.rtol,
+                atol: self.tol.atol,
+                ok: last.ok,
+                max_abs: last.max_abs,
+                rel_l2: last.rel_l2,
+                first,
+                last,
+                kept_nodes,
+                kept_weights,
+                runs,
+                note,
+            },
+        ))
+    }
+}
+
+/// Names of main-graph node outputs of element type `d` (not graph outputs).
+fn intermediates(m: &Model, d: DType) -> Vec<String> {
+    let g = &m.graph;
+    g.nodes()
+        .flat_map(|n| {
+            g.node(n)
+                .outputs()
+                .iter()
+                .flatten()
+                .copied()
+                .collect::<Vec<_>>()
+        })
+        .filter(|&v| !g.is_output(v) && g.ty(v).and_then(|t| t.elem()) == Some(d))
+        .map(|v| g.name(v).to_string())
+        .collect()
+}
+
+fn all_finite(t: &TractTensor) -> bool {
+    match t.cast_to::<f64>() {
+        Ok(f) => f
+            .to_plain_array_view::<f64>()
+            .map(|a| a.iter().all(|x| x.is_finite()))
+            .unwrap_or(true),
+        Err(_) => true,
+    }
+}
+
+/// Main-graph node ids to display names (`name`, or `Op#id` when unnamed).
+fn node_names(m: &Model) -> BTreeMap<NodeId, String> {
+    let g = &m.graph;
+    g.nodes()
+        .map(|n| {
+            let d = g.node(n);
+            let name = if d.name.is_empty() {
+                format!("{}#{}", d.op_type, n.index())
+            } else {
+                d.name.clone()
+            };
+            (n, name)
+        })
+        .collect()
+}

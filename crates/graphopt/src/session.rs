@@ -1,0 +1,223 @@
+//! [`Session`]: one model, where it came from, and what was done to it.
+
+use crate::error::{Error, Result};
+use crate::optimize::PassRunReport;
+use graphopt_ir::Model;
+use graphopt_onnx::{ExternalData, SaveReport};
+use graphopt_passes::manager::PassRun;
+use graphopt_plan::{DimValues, MaxBatch, ModelPlan, PlanOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Loads an ONNX file (external data resolved beside it, never outside
+/// its folder) into a [`Session`].
+pub fn load(path: impl AsRef<Path>) -> Result<Session> {
+    Session::load(path)
+}
+
+/// A model and what graphopt did to it.
+pub struct Session {
+    pub(crate) model: Model,
+    pub(crate) source: Option<PathBuf>,
+    /// Some tensor data came from external files.
+    pub(crate) used_external_data: bool,
+    /// The input's nodes were not in topological order and were sorted.
+    pub(crate) reordered: bool,
+    /// Every pass run so far (optimize and lower_precision), in order.
+    pub(crate) runs: Vec<PassRun>,
+    /// Where `--dump-ir` text goes (stderr unless set).
+    pub(crate) dump_sink: Option<Box<dyn Write + Send>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("source", &self.source)
+            .field("nodes", &self.model.graph.node_count_deep())
+            .field("pass_runs", &self.runs.len())
+            .finish()
+    }
+}
+
+/// Where and how to save.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SaveOptions {
+    /// `None`: external data when the input used it or the model would pass
+    /// protobuf's 2 GiB limit. `Some(ExternalData::...)` to choose.
+    pub external: Option<ExternalData>,
+    /// File name of the external data beside the model (default: the
+    /// model's file name plus `.data`).
+    pub location: Option<String>,
+}
+
+/// What to plan at.
+#[derive(Clone, Debug, Default)]
+pub struct PlanRequest {
+    pub dims: DimValues,
+    pub options: PlanOptions,
+}
+
+impl PlanRequest {
+    /// Plan with these dims bound (others 1), default options.
+    pub fn at(dims: &[(&str, i64)]) -> PlanRequest {
+        PlanRequest {
+            dims: DimValues::new(
+                &dims
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), *v))
+                    .collect::<Vec<_>>(),
+            ),
+            ..PlanRequest::default()
+        }
+    }
+}
+
+impl Session {
+    /// Loads an ONNX file. See [`load`].
+    pub fn load(path: impl AsRef<Path>) -> Result<Session> {
+        let path = path.as_ref();
+        let loaded = graphopt_onnx::load(path)?;
+        Ok(Session {
+            model: loaded.model,
+            source: Some(path.to_path_buf()),
+            used_external_data: loaded.info.used_external_data,
+            reordered: loaded.info.reordered,
+            runs: Vec::new(),
+            dump_sink: None,
+        })
+    }
+
+    /// A session over an ONNX model in memory (no external data).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Session> {
+        let loaded = graphopt_onnx::decode(bytes.to_vec().into(), None)?;
+        let mut s = Session::from_model(loaded.model);
+        s.reordered = loaded.info.reordered;
+        Ok(s)
+    }
+
+    /// A session over a model built in memory.
+    pub fn from_model(model: Model) -> Session {
+        Session {
+            model,
+            source: None,
+            used_external_data: false,
+            reordered: false,
+            runs: Vec::new(),
+            dump_sink: None,
+        }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn model_mut(&mut self) -> &mut Model {
+        &mut self.model
+    }
+
+    pub fn into_model(self) -> Model {
+        self.model
+    }
+
+    /// The file the model came from, if any.
+    pub fn source(&self) -> Option<&Path> {
+        self.source.as_deref()
+    }
+
+    /// The input's tensor data came (partly) from external files.
+    pub fn used_external_data(&self) -> bool {
+        self.used_external_data
+    }
+
+    /// The input's nodes were out of topological order and were sorted.
+    pub fn reordered(&self) -> bool {
+        self.reordered
+    }
+
+    /// Every pass run so far, in order.
+    pub fn pass_runs(&self) -> Vec<PassRunReport> {
+        self.runs.iter().map(PassRunReport::from).collect()
+    }
+
+    /// Sends `--dump-ir` text here instead of stderr.
+    pub fn set_dump_sink(&mut self, sink: Box<dyn Write + Send>) {
+        self.dump_sink = Some(sink);
+    }
+
+    /// The file name for messages (`<memory>` for in-memory models).
+    pub fn label(&self) -> String {
+        self.source
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "<memory>".into())
+    }
+
+    /// Prefixes an error with the model's file.
+    pub(crate) fn err(&self, e: impl Into<Error>) -> Error {
+        e.into().within(&self.label())
+    }
+
+    /// Plans the model's memory at the request's dims.
+    pub fn plan(&self, req: &PlanRequest) -> Result<ModelPlan> {
+        graphopt_plan::plan_model(&self.model, &req.dims, &req.options).map_err(|e| self.err(e))
+    }
+
+    /// The largest batch (dim `batch_dim`, default the first symbolic input
+    /// dim) whose weights + arena fit `budget` bytes.
+    pub fn max_batch(
+        &self,
+        req: &PlanRequest,
+        batch_dim: Option<&str>,
+        budget: u64,
+    ) -> Result<MaxBatch> {
+        graphopt_plan::max_batch(&self.model, &req.dims, batch_dim, budget, &req.options)
+            .map_err(|e| self.err(e))
+    }
+
+    /// Saves the model atomically (a temporary file beside the target, then
+    /// a rename). Refuses to overwrite the file the session was loaded from.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<SaveReport> {
+        self.save_with(path, &SaveOptions::default())
+    }
+
+    /// [`Session::save`] with options.
+    pub fn save_with(&self, path: impl AsRef<Path>, opts: &SaveOptions) -> Result<SaveReport> {
+        let path = path.as_ref();
+        if let Some(src) = &self.source {
+            if let (Ok(i), Ok(o)) = (src.canonicalize(), path.canonicalize()) {
+                if i == o {
+                    return Err(Error::new(format!(
+                        "{}: the output would overwrite the input; choose another output path",
+                        path.display()
+                    )));
+                }
+            }
+        }
+        let save = graphopt_onnx::SaveOptions {
+            external: opts.external.clone().unwrap_or(ExternalData::Auto {
+                input_used_external: self.used_external_data,
+            }),
+            location: opts.location.clone(),
+        };
+        Ok(graphopt_onnx::save(&self.model, path, &save)?)
+    }
+
+    /// The model as ONNX bytes (everything inline).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        Ok(graphopt_onnx::encode(&self.model)?)
+    }
+}
+
+impl Clone for Session {
+    /// A copy of the model and its history; the dump sink is not copied.
+    fn clone(&self) -> Session {
+        Session {
+            model: self.model.clone(),
+            source: self.source.clone(),
+            used_external_data: self.used_external_data,
+            reordered: self.reordered,
+            runs: self.runs.clone(),
+            dump_sink: None,
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Small shared helpers: atomic writes, dim bindings, op histograms.
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+pub use graphopt_plan::{human_bytes, parse_size};
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it, then a
+/// rename, so a reader never sees half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".graphopt-")
+        .tempfile_in(dir)
+        .map_err(|e| {
+            Error::new(format!(
+                "{}: cannot create a temporary file: {e}",
+                path.display()
+            ))
+        })?;
+    tmp.write_all(bytes)
+        .map_err(|e| Error::new(format!("{}: cannot write: {e}", path.display())))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = tmp
+            .as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    tmp.persist(path).map_err(|e| {
+        Error::new(format!(
+            "{}: cannot move into place: {}",
+            path.display(),
+            e.error
+        ))
+    })?;
+    Ok(())
+}
+
+/// Parses `NAME=VALUE` dim bindings.
+pub fn parse_dims(dims: &[String]) -> Result<Vec<(String, i64)>> {
+    let mut out = Vec::new();
+    for d in dims {
+        let Some((k, v)) = d.split_once('=') else {
+            return Err(Error::new(format!("--dim '{d}': expected NAME=VALUE")));
+        };
+        let v: i64 = v
+            .trim()
+            .parse()
+            .map_err(|_| Error::new(format!("--dim '{d}': '{v}' is not an integer")))?;
+        if v < 0 {
+            return Err(Error::new(format!("--dim '{d}': a dim cannot be negative")));
+        }
+        out.push((k.trim().to_string(), v));
+    }
+    Ok(out)
+}
+
+/// Node count per op type (domain-qualified), subgraphs included.
+pub fn op_histogram(g: &graphopt_ir::Graph) -> std::collections::BTreeMap<String, usize> {
+    fn walk(g: &graphopt_ir::Graph, ops: &mut std::collections::BTreeMap<String, usize>) {
+        for n in g.nodes() {
+            *ops.entry(g.node(n).qualified_op()).or_default() += 1;
+        }
+        for (_, s) in g.subgraphs() {
+            walk(s, ops);
+        }
+    }
+    let mut ops = std::collections::BTreeMap::new();
+    walk(g, &mut ops);
+    ops
+}
+
+/// Milliseconds with microsecond resolution.
+pub fn ms(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// A float for JSON: non-finite values as strings ("inf", "NaN").
+pub fn finite(x: f64) -> serde_json::Value {
+    if x.is_finite() {
+        serde_json::json!(x)
+    } else {
+        serde_json::json!(x.to_string())
+    }
+}
