@@ -11,6 +11,7 @@ use std::path::Path;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::DimLike;
 
+pub mod compare;
 pub mod fp16;
 pub mod npz;
 
@@ -206,56 +207,6 @@ pub fn sample_inputs(
         out.push(t);
     }
     Ok(out)
-}
-
-/// How far two output lists are apart.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Diff {
-    /// Same dtypes, shapes and bits.
-    pub identical: bool,
-    pub max_abs: f64,
-    /// ‖a − b‖₂ / ‖a‖₂ over all float outputs (0 when both are zero).
-    pub rel_l2: f64,
-}
-
-pub fn compare(a: &[Tensor], b: &[Tensor]) -> anyhow::Result<Diff> {
-    if a.len() != b.len() {
-        bail!("{} outputs vs {}", a.len(), b.len());
-    }
-    let mut identical = true;
-    let (mut num, mut den, mut max_abs) = (0f64, 0f64, 0f64);
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        if x.shape() != y.shape() {
-            bail!("output {i}: shape {:?} vs {:?}", x.shape(), y.shape());
-        }
-        identical &= x.datum_type() == y.datum_type() && x == y;
-        let (Ok(xf), Ok(yf)) = (x.cast_to::<f64>(), y.cast_to::<f64>()) else {
-            continue;
-        };
-        let (xs, ys) = (
-            xf.to_plain_array_view::<f64>()?,
-            yf.to_plain_array_view::<f64>()?,
-        );
-        for (p, q) in xs.iter().zip(ys.iter()) {
-            if p.is_nan() && q.is_nan() {
-                continue;
-            }
-            let d = (p - q).abs();
-            max_abs = max_abs.max(if d.is_nan() { f64::INFINITY } else { d });
-            num += d * d;
-            den += p * p;
-        }
-    }
-    let rel_l2 = if den == 0.0 {
-        num.sqrt()
-    } else {
-        (num / den).sqrt()
-    };
-    Ok(Diff {
-        identical,
-        max_abs,
-        rel_l2,
-    })
 }
 
 /// Ensures the `DimLike` import is used (symbolic facts in later versions).
