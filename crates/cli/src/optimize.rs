@@ -52,6 +52,10 @@ pub struct Args {
     /// Bind a symbolic dim (NAME=VALUE), repeatable.
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// Give a graph input's whole shape for the memory plans
+    /// (NAME=D0,D1,...), repeatable.
+    #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
+    shapes: Vec<String>,
     /// Print nothing but errors.
     #[arg(short, long)]
     quiet: bool,
@@ -103,14 +107,20 @@ pub struct PrecisionArgs {
     /// Absolute tolerance of --validate.
     #[arg(long, default_value_t = 1e-3, value_name = "A")]
     atol: f64,
-    /// Inputs for --validate, by input name (numpy `np.savez`, uncompressed);
-    /// default: seeded random inputs.
-    #[arg(long, value_name = "FILE.npz", requires = "validate")]
+    /// Inputs by input name (numpy `np.savez`, uncompressed): what
+    /// --validate runs (default: seeded random inputs), and the input
+    /// shapes of the memory plans.
+    #[arg(long, value_name = "FILE.npz")]
     inputs: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> graphopt::Result<()> {
     let dims = graphopt::util::parse_dims(&a.dims)?;
+    // Input shapes for the memory plans: --shape, then the --inputs arrays.
+    let mut shapes = graphopt::util::parse_shapes(&a.shapes)?;
+    if let Some(p) = &a.lp.inputs {
+        shapes.extend(graphopt::util::npz_shapes(p)?);
+    }
     let precision = match &a.lp.precision {
         Some(p) => Some(Precision::parse(p)?),
         None => None,
@@ -167,7 +177,11 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                     best_effort,
                     force: a.lp.force,
                 }),
-                memory_dims: Some(dims.clone()),
+                memory: Some(graphopt::plan::DimValues {
+                    bound: dims.clone(),
+                    shapes: shapes.clone(),
+                    default: None,
+                }),
                 pipeline: pipeline.clone(),
             })?;
             Some(r)
@@ -407,10 +421,10 @@ fn precision_text(r: &PrecisionReport) -> String {
                 human_bytes(b.arena_bytes),
                 human_bytes(a.arena_bytes)
             );
-            if a.unknown_size_values > 0 || b.unknown_size_values > 0 {
+            if a.dynamic_values > 0 || b.dynamic_values > 0 {
                 out += &format!(
-                    "  ({} / {} values of unknown size left out of the plans)\n",
-                    b.unknown_size_values, a.unknown_size_values
+                    "  ({} / {} values of unknown size are dynamic, outside the arenas)\n",
+                    b.dynamic_values, a.dynamic_values
                 );
             }
         }

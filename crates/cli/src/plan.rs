@@ -49,9 +49,22 @@ pub struct Args {
     /// Keep the model's node order (no memory-aware scheduling).
     #[arg(long)]
     no_reorder: bool,
-    /// Leave values of unknown size out of the arena instead of failing.
+    /// Fail when a value's size is still unknown after shape inference
+    /// (by default such values, data-dependent or loop-carried, are dynamic
+    /// allocations outside the arena, listed as `dynamic_values`).
     #[arg(long)]
+    strict: bool,
+    /// The default before `--strict` existed; accepted and ignored.
+    #[arg(long, hide = true, conflicts_with = "strict")]
     ignore_unknown: bool,
+    /// Give a graph input's whole shape (NAME=D0,D1,...), repeatable: binds
+    /// its symbolic dims and sets its unnamed ones.
+    #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
+    shapes: Vec<String>,
+    /// Take the input shapes from the arrays of an npz (`np.savez`), as
+    /// onnxruntime would see them.
+    #[arg(long, value_name = "FILE.npz")]
+    inputs: Option<PathBuf>,
     /// A capacity for --intervals to try first (e.g. the one in a
     /// MiniMalloc file name); the search still tries lower.
     #[arg(long, value_name = "BYTES")]
@@ -85,9 +98,14 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         return Err(Error::new("--default-dim cannot be negative"));
     }
     let session = graphopt::load(&input)?;
+    let mut shapes = graphopt::util::parse_shapes(&a.shapes)?;
+    if let Some(p) = &a.inputs {
+        shapes.extend(graphopt::util::npz_shapes(p)?);
+    }
     let req = PlanRequest {
         dims: DimValues {
             bound: graphopt::util::parse_dims(&a.dims)?,
+            shapes,
             default: Some(a.default_dim),
         },
         options: PlanOptions {
@@ -100,7 +118,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 .threads
                 .unwrap_or_else(graphopt::plan::default_threads)
                 .max(1),
-            ignore_unknown: a.ignore_unknown,
+            strict: a.strict,
         },
     };
     let budget = a
@@ -155,9 +173,6 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         o.insert("schedule_heuristic".into(), json!(plan.heuristic));
         o.insert("strategy".into(), json!(plan.strategy));
         o.insert("optimal".into(), json!(plan.optimal));
-        if !plan.unknown_size.is_empty() {
-            o.insert("unknown_size_values".into(), json!(plan.unknown_size));
-        }
         if a.verify {
             o.insert("verified".into(), json!(true));
         }
@@ -241,10 +256,18 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         plan.aliases.len(),
         plan.schedule.len()
     );
-    if !plan.unknown_size.is_empty() {
+    if !plan.dynamic_values.is_empty() {
+        let shown: Vec<&str> = plan
+            .dynamic_values
+            .iter()
+            .take(12)
+            .map(String::as_str)
+            .collect();
         out += &format!(
-            "left out (unknown size, --ignore-unknown): {}\n",
-            plan.unknown_size.join(", ")
+            "dynamic, outside the arena (size unknown at these dims; --strict fails instead): {} value(s): {}{}\n",
+            plan.dynamic_values.len(),
+            shown.join(", "),
+            if plan.dynamic_values.len() > shown.len() { ", ..." } else { "" }
         );
     }
     let at = plan

@@ -111,7 +111,6 @@ fn every_real_model_plans_and_checks() {
             f.to_str().unwrap(),
             "--json",
             "--verify",
-            "--ignore-unknown",
             "--nodes",
             "20000",
         ]);
@@ -129,11 +128,86 @@ fn every_real_model_plans_and_checks() {
 }
 
 #[test]
-fn unknown_sizes_are_named() {
+fn unknown_sizes_are_dynamic_unless_strict() {
     let m = models().join("if_loop.helper13.onnx");
-    let err = one_line_error(&run(&["plan", m.to_str().unwrap()]));
+    let err = one_line_error(&run(&["plan", m.to_str().unwrap(), "--strict"]));
     assert!(err.contains("unknown size"), "{err}");
-    assert!(err.contains("--ignore-unknown"), "{err}");
+    assert!(err.contains("--shape"), "{err}");
+    let v = json(&run(&["plan", m.to_str().unwrap(), "--json", "--verify"]));
+    let dynamic = v["dynamic_values"].as_array().unwrap();
+    assert!(!dynamic.is_empty(), "{v}");
+    let names: Vec<&str> = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    for d in dynamic {
+        assert!(!names.contains(&d.as_str().unwrap()), "{d} is in the arena");
+    }
+}
+
+#[test]
+fn shapes_bind_inputs_by_hand_or_from_npz() {
+    let m = models().join("bert_tiny.ts14.onnx");
+    let npz = models().join("bert_tiny.ts14.inputs.npz");
+    let by_npz = json(&run(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--inputs",
+        npz.to_str().unwrap(),
+        "--json",
+    ]));
+    // The npz holds [2, 8] token ids: the plan sees batch 2, sequence 8.
+    let dims = &by_npz["dims"];
+    let vals: Vec<i64> = dims
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    assert_eq!(vals, [2, 8], "{dims}");
+    assert!(
+        by_npz["defaulted_dims"].as_array().unwrap().is_empty(),
+        "{by_npz}"
+    );
+    let names: Vec<String> = dims.as_object().unwrap().keys().cloned().collect();
+    let by_dim = json(&run(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--dim",
+        &format!("{}=2", names[0]),
+        "--dim",
+        &format!("{}=8", names[1]),
+        "--json",
+    ]));
+    assert_eq!(by_npz["arena_bytes"], by_dim["arena_bytes"]);
+    let by_shape = json(&run(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--shape",
+        "input_ids=2,8",
+        "--shape",
+        "attention_mask=2,8",
+        "--shape",
+        "token_type_ids=2,8",
+        "--json",
+    ]));
+    assert_eq!(by_npz["arena_bytes"], by_shape["arena_bytes"]);
+    // Wrong rank, wrong name, conflicting binding: one clear line each.
+    for args in [
+        &["--shape", "input_ids=2,16,3"][..],
+        &["--shape", "nope=2"][..],
+        &[
+            "--shape",
+            "input_ids=2,8",
+            "--dim",
+            &format!("{}=3", names[0]),
+        ][..],
+    ] {
+        let err = one_line_error(&run(&[&["plan", m.to_str().unwrap()][..], args].concat()));
+        assert!(err.contains("--shape"), "{args:?}: {err}");
+    }
 }
 
 #[test]

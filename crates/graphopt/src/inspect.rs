@@ -56,6 +56,7 @@ impl Session {
             &mut m,
             &InferOptions {
                 dims: dims.to_vec(),
+                ..Default::default()
             },
         );
         let g = &m.graph;

@@ -37,8 +37,9 @@ pub struct PrecisionOptions {
     /// Check against the fp32 model and keep the nodes that break the
     /// tolerance fp32.
     pub validate: Option<ValidateOptions>,
-    /// Plan memory before and after at these dims (`None`: no plans).
-    pub memory_dims: Option<Vec<(String, i64)>>,
+    /// Plan memory before and after at these dims and input shapes
+    /// (`None`: no plans).
+    pub memory: Option<DimValues>,
     pub pipeline: PipelineOptions,
 }
 
@@ -52,7 +53,7 @@ impl PrecisionOptions {
             keep_io_types: true,
             any_runtime: false,
             validate: None,
-            memory_dims: None,
+            memory: None,
             pipeline: PipelineOptions::default(),
         }
     }
@@ -134,7 +135,8 @@ pub struct MemoryFigures {
     pub weights_bytes: u64,
     pub lower_bound_bytes: u64,
     pub arena_bytes: u64,
-    pub unknown_size_values: usize,
+    /// Values of unknown size, left out of the arena (dynamic).
+    pub dynamic_values: usize,
     /// Why the model could not be planned.
     pub error: Option<String>,
 }
@@ -213,7 +215,7 @@ impl Session {
                 }
             }
         }
-        let memory = |m: &Model| opts.memory_dims.as_ref().map(|d| memory(m, d));
+        let memory = |m: &Model| opts.memory.as_ref().map(|d| memory(m, d));
         let memory_before = memory(&self.model);
         let captured = Rc::new(RefCell::new(None));
         let pass: Vec<Box<dyn Pass>> = vec![Box::new(Capture {
@@ -293,14 +295,13 @@ impl Pass for Capture {
 }
 
 /// Plans `model` at `dims` (other input dims 1); values whose size stays
-/// unknown are left out and counted.
-fn memory(model: &Model, dims: &[(String, i64)]) -> MemoryFigures {
+/// unknown are dynamic, outside the arena, and counted.
+fn memory(model: &Model, dims: &DimValues) -> MemoryFigures {
     let opts = PlanOptions {
-        ignore_unknown: true,
         node_budget: 20_000,
         ..Default::default()
     };
-    match graphopt_plan::plan_model(model, &DimValues::new(dims), &opts) {
+    match graphopt_plan::plan_model(model, dims, &opts) {
         Ok(p) => MemoryFigures {
             dims: p
                 .dims
@@ -311,7 +312,7 @@ fn memory(model: &Model, dims: &[(String, i64)]) -> MemoryFigures {
             weights_bytes: p.plan.weights_bytes,
             lower_bound_bytes: p.plan.lower_bound_bytes,
             arena_bytes: p.plan.arena_bytes,
-            unknown_size_values: p.plan.unknown_size.len(),
+            dynamic_values: p.plan.dynamic_values.len(),
             error: None,
         },
         Err(e) => MemoryFigures {

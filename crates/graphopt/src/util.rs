@@ -88,3 +88,42 @@ pub fn finite(x: f64) -> serde_json::Value {
         serde_json::json!(x.to_string())
     }
 }
+
+/// Parses `NAME=D0,D1,...` input shapes (`NAME=` for a scalar).
+pub fn parse_shapes(shapes: &[String]) -> Result<Vec<(String, Vec<i64>)>> {
+    let mut out = Vec::new();
+    for s in shapes {
+        let Some((k, v)) = s.rsplit_once('=') else {
+            return Err(Error::new(format!(
+                "--shape '{s}': expected NAME=D0,D1,..."
+            )));
+        };
+        let dims = v
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| {
+                d.parse::<i64>().ok().filter(|&x| x >= 0).ok_or_else(|| {
+                    Error::new(format!(
+                        "--shape '{s}': '{d}' is not a dim (a non-negative integer)"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<i64>>>()?;
+        out.push((k.trim().to_string(), dims));
+    }
+    Ok(out)
+}
+
+/// The shapes of the arrays in a numpy `.npz`, by name: what an input file
+/// binds when a plan is made for it.
+pub fn npz_shapes(path: &Path) -> Result<Vec<(String, Vec<i64>)>> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::new(format!("{}: cannot read: {e}", path.display())))?;
+    let arrays = graphopt_tract::npz::read(&bytes)
+        .map_err(|e| Error::new(format!("{}: {e:#}", path.display())))?;
+    Ok(arrays
+        .into_iter()
+        .map(|(k, t)| (k, t.shape().iter().map(|&d| d as i64).collect()))
+        .collect())
+}

@@ -14,7 +14,7 @@
 
 use crate::plan::{plan_graph, Plan, PlanError, PlanOptions};
 use graphopt_ir::infer::{infer_model, InferOptions};
-use graphopt_ir::{Dim, Model};
+use graphopt_ir::{Dim, Model, Shape, Type, TypeKind};
 use serde::Serialize;
 
 /// One symbolic dim and the value the plan used for it.
@@ -40,9 +40,14 @@ pub struct ModelPlan {
 /// Dims to plan at.
 #[derive(Clone, Debug, Default)]
 pub struct DimValues {
-    /// `NAME=VALUE` bindings.
+    /// `NAME=VALUE` bindings of symbolic dims.
     pub bound: Vec<(String, i64)>,
-    /// The value of symbolic input dims nothing binds (1 if `None`).
+    /// Whole shapes of graph inputs by input name (`--shape NAME=D0,D1`, or
+    /// the arrays of `--inputs X.npz`), as onnxruntime would see them: the
+    /// input's symbolic dims are bound to these values, and its unnamed
+    /// ones set.
+    pub shapes: Vec<(String, Vec<i64>)>,
+    /// The value of input dims nothing binds, named or not (1 if `None`).
     pub default: Option<i64>,
 }
 
@@ -50,7 +55,7 @@ impl DimValues {
     pub fn new(bound: &[(String, i64)]) -> DimValues {
         DimValues {
             bound: bound.to_vec(),
-            default: None,
+            ..DimValues::default()
         }
     }
     fn default_value(&self) -> i64 {
@@ -82,12 +87,14 @@ pub fn input_dim_names(m: &Model) -> Vec<String> {
 /// Why a model cannot be planned.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ModelPlanError {
-    #[error("{count} value(s) still have unknown size after shape inference at these dims: {shown}{more} (bind dims with --dim NAME=VALUE, or pass --ignore-unknown to leave them out of the arena)", count = .0.len(), shown = .0.iter().take(12).cloned().collect::<Vec<_>>().join(", "), more = if .0.len() > 12 { ", ..." } else { "" })]
+    #[error("{count} value(s) still have unknown size after shape inference at these dims (--strict): {shown}{more} (bind dims with --dim NAME=VALUE, input shapes with --shape NAME=D0,D1,... or --inputs X.npz, or drop --strict to plan them as dynamic allocations outside the arena)", count = .0.len(), shown = .0.iter().take(12).cloned().collect::<Vec<_>>().join(", "), more = if .0.len() > 12 { ", ..." } else { "" })]
     UnknownSizes(Vec<String>),
     #[error("{0}")]
     Plan(PlanError),
     #[error("a dim cannot be negative: {0}={1}")]
     NegativeDim(String, i64),
+    #[error("{0}")]
+    BadShape(String),
     #[error("the budget of {budget} is too small even for {dim}=1 (weights {weights} + arena {arena} = {total})", budget = human_bytes(*.budget), weights = human_bytes(*.weights), arena = human_bytes(*.arena), total = human_bytes(.weights + .arena))]
     BudgetTooSmall {
         dim: String,
@@ -146,10 +153,14 @@ pub fn plan_model(
         }
     }
     let mut model = base.clone();
+    bind_input_shapes(&mut model, dims, &mut bindings)?;
     infer_model(
         &mut model,
         &InferOptions {
             dims: bindings.iter().map(|d| (d.name.clone(), d.value)).collect(),
+            // Plans are for the default inputs: an overridable input's
+            // initializer (every initializer before IR 4) is its value.
+            input_defaults: true,
         },
     );
     let plan = plan_graph(&model.graph, opts)?;
@@ -158,6 +169,114 @@ pub fn plan_model(
         plan,
         dims: bindings,
     })
+}
+
+/// Sets the shapes `dims.shapes` gives on the graph inputs (their symbolic
+/// dims become bindings), and gives every remaining unnamed input dim the
+/// default (listed as `input[axis]`, defaulted).
+fn bind_input_shapes(
+    model: &mut Model,
+    dims: &DimValues,
+    bindings: &mut Vec<DimBinding>,
+) -> Result<(), ModelPlanError> {
+    let g = &mut model.graph;
+    let runtime: Vec<_> = g
+        .inputs
+        .iter()
+        .copied()
+        .filter(|&v| g.initializer(v).is_none())
+        .collect();
+    for (name, shape) in &dims.shapes {
+        let Some(&v) = runtime.iter().find(|&&v| g.name(v) == name) else {
+            let names: Vec<&str> = runtime.iter().map(|&v| g.name(v)).collect();
+            return Err(ModelPlanError::BadShape(format!(
+                "--shape {name}: the model has no input '{name}' (inputs: {})",
+                names.join(", ")
+            )));
+        };
+        if let Some(d) = shape.iter().find(|&&d| d < 0) {
+            return Err(ModelPlanError::NegativeDim(name.clone(), *d));
+        }
+        let Some(Type {
+            kind: TypeKind::Tensor(t),
+            ..
+        }) = g.ty(v).cloned()
+        else {
+            return Err(ModelPlanError::BadShape(format!(
+                "--shape {name}: input '{name}' is not a tensor"
+            )));
+        };
+        if let Some(s) = &t.shape {
+            if s.dims.len() != shape.len() {
+                return Err(ModelPlanError::BadShape(format!(
+                    "--shape {name}: the input has rank {}, {} dims given",
+                    s.dims.len(),
+                    shape.len()
+                )));
+            }
+            for (axis, (d, &want)) in s.dims.iter().zip(shape).enumerate() {
+                match d {
+                    Dim::Known(k) if *k != want => {
+                        return Err(ModelPlanError::BadShape(format!(
+                            "--shape {name}: dim {axis} is {k} in the model, {want} given"
+                        )))
+                    }
+                    Dim::Sym(s) => match bindings.iter().find(|b| &b.name == s) {
+                        Some(b) if !b.defaulted && b.value != want => {
+                            return Err(ModelPlanError::BadShape(format!(
+                                "--shape {name}: dim {axis} ('{s}') is {want}, but '{s}' is bound to {}",
+                                b.value
+                            )))
+                        }
+                        Some(_) => {
+                            let b = bindings
+                                .iter_mut()
+                                .find(|b| &b.name == s)
+                                .expect("found above");
+                            b.value = want;
+                            b.defaulted = false;
+                        }
+                        None => bindings.push(DimBinding {
+                            name: s.clone(),
+                            value: want,
+                            defaulted: false,
+                        }),
+                    },
+                    _ => {}
+                }
+            }
+        }
+        let dims_known = shape.iter().map(|&d| Dim::Known(d)).collect();
+        g.value_mut(v).ty = Some(Type::tensor(t.elem, Some(Shape::new(dims_known))));
+    }
+    for &v in &runtime {
+        let Some(Type {
+            kind: TypeKind::Tensor(t),
+            ..
+        }) = g.ty(v).cloned()
+        else {
+            continue;
+        };
+        let Some(mut s) = t.shape.clone() else {
+            continue;
+        };
+        let mut changed = false;
+        for (axis, d) in s.dims.iter_mut().enumerate() {
+            if *d == Dim::Unknown {
+                *d = Dim::Known(dims.default_value());
+                changed = true;
+                bindings.push(DimBinding {
+                    name: format!("{}[{axis}]", g.name(v)),
+                    value: dims.default_value(),
+                    defaulted: true,
+                });
+            }
+        }
+        if changed {
+            g.value_mut(v).ty = Some(Type::tensor(t.elem, Some(s)));
+        }
+    }
+    Ok(())
 }
 
 /// The result of [`max_batch`].

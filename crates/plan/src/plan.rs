@@ -46,10 +46,11 @@ pub struct PlanOptions {
     /// Threads of the offset search (does not change the result; default:
     /// [`default_threads`]).
     pub threads: usize,
-    /// Leave values of unknown size out of the plan (listed in
-    /// [`Plan::unknown_size`]) instead of failing with
-    /// [`PlanError::UnknownSizes`].
-    pub ignore_unknown: bool,
+    /// Fail with [`PlanError::UnknownSizes`] when a value's size is still
+    /// unknown. Otherwise (the default) such values (data-dependent shapes,
+    /// loop-carried state) are dynamic allocations outside the arena,
+    /// listed in [`Plan::dynamic_values`].
+    pub strict: bool,
 }
 
 impl Default for PlanOptions {
@@ -61,7 +62,7 @@ impl Default for PlanOptions {
             time_limit: None,
             node_budget: 200_000,
             threads: default_threads(),
-            ignore_unknown: false,
+            strict: false,
         }
     }
 }
@@ -139,9 +140,9 @@ pub struct Plan {
     /// proved every smaller capacity infeasible).
     #[serde(skip)]
     pub optimal: bool,
-    /// Values left out for unknown size (with `ignore_unknown`).
-    #[serde(skip)]
-    pub unknown_size: Vec<String>,
+    /// Values of unknown size: allocated dynamically, outside the arena
+    /// (empty with [`PlanOptions::strict`], which fails instead).
+    pub dynamic_values: Vec<String>,
 }
 
 impl Plan {
@@ -178,8 +179,8 @@ pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
     } else {
         g
     };
-    let sched = memory_aware_schedule_with(g, opts.reorder, opts.ignore_unknown)?;
-    let live = liveness_with(g, &sched.order, opts.ignore_unknown)?;
+    let sched = memory_aware_schedule_with(g, opts.reorder, !opts.strict)?;
+    let live = liveness_with(g, &sched.order, !opts.strict)?;
     let align = opts.alignment.max(1);
     let bufs: Vec<Buffer> = live
         .storages
@@ -246,7 +247,7 @@ pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
         heuristic: sched.heuristic.to_string(),
         strategy: ip.strategy,
         optimal: ip.optimal,
-        unknown_size: live.unknown,
+        dynamic_values: live.unknown,
     })
 }
 

@@ -107,10 +107,19 @@ fn unknown_sizes_are_reported() {
     )
     .unwrap();
     b.output(o);
-    match plan_graph(&b.g, &opts(1)) {
+    let strict = PlanOptions {
+        strict: true,
+        ..opts(1)
+    };
+    match plan_graph(&b.g, &strict) {
         Err(PlanError::UnknownSizes(v)) => assert_eq!(v, ["o"]),
         other => panic!("{other:?}"),
     }
+    // By default it is a dynamic allocation outside the arena.
+    let plan = plan_graph(&b.g, &opts(1)).unwrap();
+    assert_eq!(plan.dynamic_values, ["o"]);
+    assert!(plan.tensors.iter().all(|t| t.name != "o"));
+    check_graph_plan(&b.g, &plan).unwrap();
 }
 
 #[test]

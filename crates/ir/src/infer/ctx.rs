@@ -12,6 +12,9 @@ pub(crate) struct Cx<'a> {
     pub opset: i64,
     pub vals: &'a HashMap<ValueId, SVal>,
     pub outer: &'a HashMap<ValueId, Type>,
+    /// Initializers of graph inputs count as their values
+    /// ([`super::InferOptions::input_defaults`]).
+    pub input_defaults: bool,
     /// Inconsistencies found in the node's inputs.
     pub warns: RefCell<Vec<String>>,
 }
@@ -96,10 +99,13 @@ impl<'a> Cx<'a> {
             .map(|v| v.into_iter().map(|x| x as f64).collect())
     }
     /// The constant tensor behind input `i`: an initializer (not an
-    /// overridable input) or the value of a `Constant` node.
+    /// overridable input, unless `input_defaults`) or the value of a
+    /// `Constant` node.
     pub fn const_tensor(&self, i: usize) -> Option<Tensor> {
         let v = self.node.input(i)?;
         let t = if let Some(t) = self.g.constant(v) {
+            t.clone()
+        } else if let Some(t) = self.input_defaults.then(|| self.g.initializer(v)).flatten() {
             t.clone()
         } else {
             let p = self.g.producer_node(v)?;

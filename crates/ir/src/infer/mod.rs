@@ -46,6 +46,11 @@ pub struct InferOptions {
     /// Binds symbolic dim NAME to VALUE (`--dim NAME=VALUE`): the symbol is
     /// replaced by the value everywhere, graph inputs included.
     pub dims: Vec<(String, i64)>,
+    /// Read the initializers of graph inputs (overridable defaults: every
+    /// initializer is also an input before IR version 4) as those inputs'
+    /// values. Planning does, for the default inputs; passes must not, as a
+    /// caller may override them.
+    pub input_defaults: bool,
 }
 
 /// What inference did.
@@ -135,6 +140,7 @@ impl SVal {
 /// Inference-wide state.
 struct State<'a> {
     bind: Vec<(String, i64)>,
+    input_defaults: bool,
     functions: &'a [Function],
     unknown: BTreeSet<String>,
     warnings: Vec<String>,
@@ -150,6 +156,7 @@ impl<'a> State<'a> {
     fn new(opts: &InferOptions, functions: &'a [Function]) -> State<'a> {
         State {
             bind: opts.dims.clone(),
+            input_defaults: opts.input_defaults,
             functions,
             unknown: BTreeSet::new(),
             warnings: Vec::new(),
@@ -242,7 +249,12 @@ fn infer_in(
     }
     let mut vals: HashMap<ValueId, SVal> = outer_vals.clone();
     for &v in &all {
-        if let Some(t) = g.constant(v) {
+        let value = match g.constant(v) {
+            Some(t) => Some(t),
+            None if st.input_defaults => g.initializer(v),
+            None => None,
+        };
+        if let Some(t) = value {
             if let Some(sv) = values::from_tensor(t) {
                 vals.insert(v, sv);
             }
@@ -262,6 +274,7 @@ fn infer_in(
                 opset,
                 vals: &vals,
                 outer: &outer_tys,
+                input_defaults: st.input_defaults,
                 warns: Default::default(),
             };
             let r = infer_node(&cx);
@@ -297,6 +310,7 @@ fn infer_in(
                 opset,
                 vals: &vals,
                 outer: &outer_tys,
+                input_defaults: st.input_defaults,
                 warns: Default::default(),
             };
             let new_vals = values::propagate(&cx);

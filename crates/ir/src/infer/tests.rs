@@ -1131,6 +1131,7 @@ mod driver {
         b.node("Transpose", &["x"], &["t"], vec![]);
         let opts = InferOptions {
             dims: vec![("batch".into(), 2)],
+            ..Default::default()
         };
         let r = infer_graph(&mut b.g, 17, &opts);
         assert_eq!(b.ty("x"), "float[2,seq]");
@@ -1443,7 +1444,7 @@ mod robustness {
             b.node(op, &["sh", "sh", "sh"], &["o2"], attrs);
             for opset in [7, 11, 13, 18] {
                 let mut g = b.g.clone();
-                let _ = infer_graph(&mut g, opset, &InferOptions { dims: vec![("n".into(), -4)] });
+                let _ = infer_graph(&mut g, opset, &InferOptions { dims: vec![("n".into(), -4)], ..Default::default() });
             }
         }
     }

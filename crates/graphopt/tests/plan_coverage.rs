@@ -1,0 +1,110 @@
+//! Planning coverage: weights made at run time from shape initializers
+//! (the onnx zoo's IR-3 graphs), input shapes given by hand, and values of
+//! data-dependent size planned as dynamic allocations.
+
+use graphopt::plan::DimValues;
+use graphopt::{PlanRequest, Session};
+
+fn session(text: &str) -> Session {
+    Session::from_model(graphopt::text::parse_model(text).expect("fixture parses"))
+}
+
+/// IR 3: every initializer is also a graph input (an overridable default).
+/// The weight is made by ConstantOfShape from such an input.
+const ZOO: &str = r#"
+<ir_version: 3, opset_import: ["" : 9]>
+g (float[1,64] x, int64[2] w_shape = {64, 32}) => (float[1,32] y) {
+  w = ConstantOfShape <value = float[1] {0.5}> (w_shape)
+  y = MatMul (x, w)
+}
+"#;
+
+#[test]
+fn constant_of_shape_weights_from_default_inputs_are_planned() {
+    let p = session(ZOO).plan(&PlanRequest::default()).unwrap();
+    assert!(
+        p.plan.dynamic_values.is_empty(),
+        "{:?}",
+        p.plan.dynamic_values
+    );
+    // The weight (64 x 32 floats) is an activation of the arena.
+    let w = p.plan.tensors.iter().find(|t| t.name == "w").unwrap();
+    assert_eq!(w.size, 64 * 32 * 4);
+    // Strict planning agrees.
+    let strict = PlanRequest {
+        options: graphopt::plan::PlanOptions {
+            strict: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    session(ZOO).plan(&strict).unwrap();
+}
+
+#[test]
+fn unnamed_input_dims_get_the_default_or_a_given_shape() {
+    let text = r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[?,80,?] mel) => (float[?,80,?] y) {
+  y = Relu (mel)
+}
+"#;
+    let p = session(text).plan(&PlanRequest::default()).unwrap();
+    let names: Vec<&str> = p.dims.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["mel[0]", "mel[2]"]);
+    assert!(p.dims.iter().all(|d| d.defaulted && d.value == 1));
+    let req = PlanRequest {
+        dims: DimValues {
+            shapes: vec![("mel".into(), vec![2, 80, 300])],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let p = session(text).plan(&req).unwrap();
+    let y = p.plan.tensors.iter().find(|t| t.name == "y").unwrap();
+    assert_eq!(y.size, 2 * 80 * 300 * 4);
+    // A shape that contradicts the model is one clear error.
+    let bad = PlanRequest {
+        dims: DimValues {
+            shapes: vec![("mel".into(), vec![2, 64, 300])],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let err = session(text).plan(&bad).unwrap_err().to_string();
+    assert!(err.contains("dim 1 is 80 in the model, 64 given"), "{err}");
+}
+
+#[test]
+fn data_dependent_sizes_are_dynamic_unless_strict() {
+    let text = r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[8] x) => (float[?] y) {
+  i = NonZero (x)
+  f = Flatten <axis = 0> (i)
+  s = Squeeze (f)
+  y = Gather (x, s)
+}
+"#;
+    let p = session(text).plan(&PlanRequest::default()).unwrap();
+    assert!(!p.plan.dynamic_values.is_empty());
+    for d in &p.plan.dynamic_values {
+        assert!(
+            p.plan.tensors.iter().all(|t| &t.name != d),
+            "{d} in the arena"
+        );
+    }
+    graphopt::plan::check_graph_plan(&p.model.graph, &p.plan).unwrap();
+    let strict = PlanRequest {
+        options: graphopt::plan::PlanOptions {
+            strict: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let err = session(text).plan(&strict).unwrap_err().to_string();
+    assert!(
+        err.contains("unknown size") && err.contains("--strict"),
+        "{err}"
+    );
+}
