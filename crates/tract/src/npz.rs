@@ -86,7 +86,7 @@ pub fn npy(b: &[u8]) -> anyhow::Result<Tensor> {
     if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
         bail!("not an .npy array");
     }
-    let (hlen, off) = match b[6] {
+    let (hlen, off): (usize, usize) = match b[6] {
         1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
         2 | 3 => {
             let s = b.get(8..12).context("truncated header")?;
@@ -214,12 +214,12 @@ pub fn write_npy(t: &Tensor) -> anyhow::Result<Vec<u8>> {
     // SAFETY-free: tract keeps plain-old-data tensors as contiguous bytes.
     let t = t.to_owned();
     if t.datum_type() == DatumType::Bool {
-        let v = t.as_slice::<bool>()?;
+        let v = t.to_plain_array_view::<bool>()?;
         out.extend(v.iter().map(|&b| b as u8));
     } else {
-        // SAFETY: `descr` accepted only plain numeric types, whose tract
-        // storage is the little-endian bytes numpy expects on this host.
-        out.extend_from_slice(unsafe { t.as_bytes() });
+        // `descr` accepted only plain numeric types, whose tract storage is
+        // the little-endian bytes numpy expects on this host.
+        out.extend_from_slice(t.as_bytes());
     }
     Ok(out)
 }
