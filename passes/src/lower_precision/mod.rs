@@ -185,6 +185,7 @@ impl Pass for LowerPrecision {
     }
 
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
+        let inputs_before = model.graph.inputs.len();
         let r = self.lower(model)?;
         for w in &r.warnings {
             eprintln!("warning: lower_precision: {w}");
@@ -195,6 +196,12 @@ impl Pass for LowerPrecision {
         stats.add("casts_inserted", r.casts_inserted);
         stats.add("casts_removed", r.casts_removed);
         stats.add("constants_clamped", r.clamped.len() as u64);
+        // fp32 weights that were also graph inputs become plain weights (a
+        // change even when nothing is lowered).
+        stats.add(
+            "weight_inputs_removed",
+            inputs_before.saturating_sub(model.graph.inputs.len()) as u64,
+        );
         stats.add(
             "bytes_saved",
             r.weight_bytes_before.saturating_sub(r.weight_bytes_after),
