@@ -8,8 +8,7 @@ use std::path::PathBuf;
 
 #[test]
 fn challenging_instances_are_valid() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/minimalloc");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/minimalloc");
     let rd = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let mut files: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
