@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Memory-plan benchmark (issue 3): the MiniMalloc hard set and the real models.
 
-1. MiniMalloc "challenging" instances (../shared/benchmarks/minimalloc-challenging):
+1. MiniMalloc "challenging" instances (testdata/minimalloc, vendored):
    runs `cargo run --release -p graphopt-plan --example minimalloc_bench` with a
    1 s limit and 2 threads, once with the capacity from the file name as the
    first target (as MiniMalloc's solver receives it) and once from the lower
@@ -17,7 +17,7 @@ import argparse, json, os, subprocess, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT.parent / "shared" / "benchmarks" / "minimalloc-challenging"
+BENCH = ROOT / "testdata" / "minimalloc"
 
 
 def minimalloc(seconds, target):

@@ -12,6 +12,25 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+TOLERANCES = os.path.join(REPO, "testdata", "tolerances.json")
+
+
+def load_tolerances() -> dict:
+    """The shared table of error bounds, testdata/tolerances.json (format at its top)."""
+    import json
+
+    with open(TOLERANCES) as f:
+        return json.load(f)
+
+
+def tolerance(table: dict, model: str, mode: str) -> float:
+    """The rel L2 bound of `model` in `mode`; a missing entry is an error, never a default."""
+    try:
+        return float(table["bounds"][model][mode])
+    except KeyError:
+        raise KeyError(f"no bound for model {model!r}, mode {mode!r} in {TOLERANCES}") from None
+
+
 def resolve_graphopt(arg: str | None) -> list[str]:
     """Command prefix for graphopt: --graphopt, else $GRAPHOPT, else target/{release,debug}/graphopt.
 

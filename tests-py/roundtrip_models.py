@@ -8,9 +8,13 @@ For every model in testdata/models/MANIFEST.json:
   * the input model (and its external data) must not be modified (bytes + mtime)
   * onnx.checker must pass on the output (full_check where it passed on the original)
   * graph inputs/outputs must keep their names
-  * the output runs in onnxruntime on NAME.inputs.npz; compared to NAME.outputs.npz:
+  * the output runs in onnxruntime on NAME.inputs.npz; compared, output by output, with
+    the original model run in onnxruntime on this machine (NAME.outputs.npz, recorded
+    on another CPU, is bit-identical only on a like CPU: a mismatch is noted, not failed):
       --passes none : bit-identical (NaN == NaN)
-      otherwise     : relative L2 error <= the model's rel_l2_tol (exact for ints/bools)
+      default passes: each output's relative L2 error <= the model's "default"
+                      bound in testdata/tolerances.json (exact for ints/bools)
+      other --passes: the same bound, or --tol
   * roundtrip-only models (custom domains ORT can't run): structural comparison
     (node count, op multiset, graph I/O, opsets) instead of running them.
 Prints one line per model and finally `N passed, M failed`; exits 1 on any failure.
@@ -32,7 +36,8 @@ import onnx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (  # noqa: E402
     REPO, bit_equal, check_level, checker_error, close_enough, compare_structure,
-    external_data_files, file_fingerprint, ort_session, resolve_graphopt, run_optimize, short_err,
+    external_data_files, file_fingerprint, load_tolerances, ort_session, resolve_graphopt,
+    run_optimize, short_err, tolerance,
 )
 
 
@@ -103,10 +108,27 @@ def check_model(entry, models_dir, graphopt, passes, tmp, args):
         return False, f"ORT cannot load output: {str(e).strip().splitlines()[0][:300]}"
     sess_inputs = {i.name for i in sess.get_inputs()}
     out_names = [o.name for o in sess.get_outputs()]
+    # The reference is the ORIGINAL model run here: the saved outputs were
+    # recorded on another CPU, and onnxruntime's kernels (MLAS) round
+    # differently on different instruction sets, so they are bit-identical
+    # only on a machine like the one that made them. Whether they are
+    # reproduced is reported, not failed.
+    try:
+        orig_sess = ort_session(src)
+    except Exception as e:  # noqa: BLE001
+        return False, f"ORT cannot load the original: {str(e).strip().splitlines()[0][:300]}"
+    orig_inputs = {i.name for i in orig_sess.get_inputs()}
+    orig_names = [o.name for o in orig_sess.get_outputs()]
+    not_reproduced = 0
     worst = 0.0
+    tol = None
+    if passes != "none":
+        tol = args.tol if args.tol is not None else tolerance(args.tolerances, name, "default")
     for ds in datasets:
         inputs = dict(np.load(os.path.join(models_dir, ds["inputs"])))
-        ref = np.load(os.path.join(models_dir, ds["outputs"]))
+        saved = np.load(os.path.join(models_dir, ds["outputs"]))
+        ref = dict(zip(orig_names, orig_sess.run(None, {k: v for k, v in inputs.items() if k in orig_inputs})))
+        not_reproduced += sum(not bit_equal(ref[n], saved[n])[0] for n in entry["output_names"])
         feed = {k: v for k, v in inputs.items() if k in sess_inputs}
         if set(feed) != sess_inputs:
             return False, f"output model wants inputs {sorted(sess_inputs)}, have {sorted(inputs)}"
@@ -122,13 +144,15 @@ def check_model(entry, models_dir, graphopt, passes, tmp, args):
             if passes == "none":
                 ok, why = bit_equal(a, b)
             else:
-                ok, why = close_enough(a, b, entry.get("rel_l2_tol") or 1e-5)
+                ok, why = close_enough(a, b, tol)
                 m = re.search(r"rel_l2=([0-9.e+-]+|inf|nan)", why)
                 if m:
                     worst = max(worst, float(m.group(1)))
             if not ok:
                 return False, f"output {ref_name!r} ({os.path.basename(ds['outputs'])}): {why}"
-    notes.append("bit-identical" if passes == "none" else f"max rel_l2 {worst:.2g}")
+    notes.append("bit-identical" if passes == "none" else f"max rel_l2 {worst:.3g} (bound {tol:.2g})")
+    if not_reproduced:
+        notes.append(f"note: the original reproduces {not_reproduced} saved output(s) only approximately on this CPU")
     return True, f"{dt:.2f}s " + ", ".join(notes)
 
 
@@ -145,9 +169,12 @@ def main():
                     help="with --passes none, fail when node count / op multiset changes")
     ap.add_argument("--keep", help="keep outputs in this directory instead of a temp dir")
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--tol", type=float,
+                    help="rel L2 bound for every model (default: testdata/tolerances.json, mode 'default')")
     args = ap.parse_args()
 
     graphopt = resolve_graphopt(args.graphopt)
+    args.tolerances = load_tolerances()
     with open(os.path.join(args.models, "MANIFEST.json")) as f:
         manifest = json.load(f)
     entries = manifest["models"]

@@ -234,10 +234,10 @@ fn intervals_mode() {
     assert_eq!(v["tensors"][3]["last"], 3);
     let out = run(&["plan", "--intervals", csv.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("arena:"));
-    // A hard MiniMalloc instance, when the shared benchmarks are present.
-    let c = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/benchmarks/minimalloc-challenging/C.1048576.csv");
-    if c.exists() {
+    // A hard MiniMalloc instance (vendored in testdata/minimalloc).
+    let c = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/minimalloc/C.1048576.csv");
+    assert!(c.exists(), "{} is missing", c.display());
+    {
         let v = json(&run(&[
             "plan",
             "--intervals",

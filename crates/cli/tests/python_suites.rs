@@ -8,61 +8,30 @@
 //!   --validate` passes the full onnx checker and runs in onnxruntime
 //!   within tolerance of the reference outputs.
 //!
-//! They need python3 with the packages in `tests-py/requirements.txt`; this
-//! test installs them with pip when they are missing. Without Python they
-//! are skipped with a note, unless `GRAPHOPT_REQUIRE_PYTHON=1` (CI sets it).
+//! They run in the pinned Python environment of `graphopt-testutil` (a
+//! venv under `target/` with `tests-py/requirements.txt` installed). Without
+//! it they are skipped with a note, unless `GRAPHOPT_REQUIRE_PYTHON=1` or
+//! `CI=true`: then they fail.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn required() -> bool {
-    std::env::var("GRAPHOPT_REQUIRE_PYTHON").is_ok_and(|v| v == "1")
-}
-
-/// Makes sure python3 has the pinned packages; false when they cannot be had.
-fn python_ready() -> bool {
-    static READY: OnceLock<bool> = OnceLock::new();
-    *READY.get_or_init(|| {
-        let req = repo().join("tests-py/requirements.txt");
-        let check = "import onnx, onnxruntime, numpy; assert onnx.__version__ == '1.23.2' and onnxruntime.__version__ == '1.32.0'";
-        let ok = |c: &str| Command::new("python3").args(["-c", c]).output().is_ok_and(|o| o.status.success());
-        if ok(check) {
-            return true;
-        }
-        eprintln!("installing {} with pip", req.display());
-        let installed = Command::new("python3")
-            .args(["-m", "pip", "install", "-q", "-r"])
-            .arg(&req)
-            .status()
-            .is_ok_and(|s| s.success());
-        installed && ok(check)
-    })
-}
-
 fn run_script(script: &str, args: &[&str]) {
-    if !python_ready() {
-        assert!(
-            !required(),
-            "python3 with onnx/onnxruntime is required but could not be set up"
-        );
-        eprintln!(
-            "SKIPPED {script}: python3 with onnx 1.23.2 / onnxruntime 1.32.0 is not available"
-        );
+    let Some(python) = graphopt_testutil::python_or_skip(script) else {
         return;
-    }
-    let out = Command::new("python3")
+    };
+    let out = Command::new(python)
         .arg(repo().join("tests-py").join(script))
         .arg("--graphopt")
         .arg(env!("CARGO_BIN_EXE_graphopt"))
         .args(args)
         .current_dir(repo())
         .output()
-        .expect("python3 runs");
+        .expect("python runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     // Show the summary lines in the test log.

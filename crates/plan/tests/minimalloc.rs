@@ -1,21 +1,15 @@
-//! The eleven MiniMalloc "challenging" instances: every plan must be valid
-//! and never worse than greedy (timing is measured by the example
-//! `minimalloc_bench` in release, not here).
+//! The eleven MiniMalloc "challenging" instances (vendored in
+//! `testdata/minimalloc/`): every plan must be valid and never worse than
+//! greedy (timing is measured by the example `minimalloc_bench` in release,
+//! not here).
 
 use graphopt_plan::{check_plan, plan_intervals, read_minimalloc_csv, IntervalOptions};
 use std::path::PathBuf;
 
 #[test]
 fn challenging_instances_are_valid() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/benchmarks/minimalloc-challenging");
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        eprintln!(
-            "note: {} is absent; skipping the MiniMalloc instances",
-            dir.display()
-        );
-        return;
-    };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/minimalloc");
+    let rd = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let mut files: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "csv"))

@@ -1,35 +1,24 @@
 //! Cross-checks against Python's `onnx` package, the reference
 //! implementation of the syntax: `onnx.parser` must accept our printed text
 //! and read the same nodes and initializer values from it, and we must read
-//! what `onnx.printer` writes. Skips (with a note) when `python3` or `onnx`
-//! is missing.
+//! what `onnx.printer` writes. Runs in the pinned Python environment of
+//! `graphopt-testutil`; skips (with a note) when it cannot be had, and fails
+//! then under `GRAPHOPT_REQUIRE_PYTHON=1` or `CI=true`.
 
 use graphopt_ir::{DType, Model};
 use graphopt_text::*;
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-fn python_has_onnx() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import onnx, onnx.parser, onnx.printer"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("note: python3 with the onnx package is not available; skipping the onnx.parser cross-check");
-    }
-    ok
-}
-
-fn run_python(script: &str, stdin: &str) -> String {
-    let mut child = Command::new("python3")
+fn run_python(python: &Path, script: &str, stdin: &str) -> String {
+    let mut child = Command::new(python)
         .args(["-c", script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("python3 starts");
+        .expect("python starts");
     child
         .stdin
         .take()
@@ -144,15 +133,15 @@ zoo (seq(float[N]) S, map(int64, float) M, optional(seq(float)) O, sparse_tensor
 
 #[test]
 fn onnx_parser_reads_what_we_print() {
-    if !python_has_onnx() {
+    let Some(python) = graphopt_testutil::python_or_skip("onnx_parser_reads_what_we_print") else {
         return;
-    }
+    };
     let ms = models();
     let texts: Vec<String> = ms
         .iter()
         .map(|m| print_model(m, &PrintOptions::default()))
         .collect();
-    let out = run_python(SUMMARIZE, &texts.join(SEP));
+    let out = run_python(&python, SUMMARIZE, &texts.join(SEP));
     let mut got = out.lines().peekable();
     for (i, m) in ms.iter().enumerate() {
         let head = got.next().unwrap_or("");
@@ -227,10 +216,10 @@ for i in inits:
 
 #[test]
 fn we_read_what_onnx_printer_writes() {
-    if !python_has_onnx() {
+    let Some(python) = graphopt_testutil::python_or_skip("we_read_what_onnx_printer_writes") else {
         return;
-    }
-    let out = run_python(ONNX_PRINTED, "");
+    };
+    let out = run_python(&python, ONNX_PRINTED, "");
     let (text, values) = out.split_once("=====\n").unwrap();
     let m = parse_model(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let g = &m.graph;

@@ -48,10 +48,10 @@
 //! }
 //! ```
 
+use crate::pattern::{const_ints, const_tensor, is_op, TypedGraph};
 use crate::util::{bypass, for_each_subgraph};
 use crate::{Pass, PassError, PassStats};
 use graphopt_ir::{AttrValue, Attribute, DType, Dim, Graph, Model, NodeId, Shape, ValueId};
-use crate::pattern::{const_ints, const_tensor, is_op, TypedGraph};
 
 pub struct EliminateNoops;
 
@@ -159,11 +159,7 @@ fn eliminate(g: &mut Graph, tg: &Graph, stats: &mut PassStats) -> Result<(), Pas
                 let squeeze = d.op_type == "Squeeze";
                 chains::merge_same(g, &t, n, stats);
                 let x = g.node(n).input(0).expect("Squeeze has input 0");
-                let other = if squeeze {
-                    "Unsqueeze"
-                } else {
-                    "Squeeze"
-                };
+                let other = if squeeze { "Unsqueeze" } else { "Squeeze" };
                 if let Some(p) = producer_if(g, x, other) {
                     if let (Some(mut a1), Some(mut a2)) = (axes_of(g, p), axes_of(g, n)) {
                         a1.sort_unstable();
@@ -259,7 +255,10 @@ fn producer_if(g: &Graph, v: ValueId, op: &str) -> Option<NodeId> {
 /// constants only it read.
 fn drop_if_dead(g: &mut Graph, n: NodeId, stats: &mut PassStats) {
     let outs: Vec<ValueId> = g.node(n).outputs().iter().flatten().copied().collect();
-    if outs.iter().any(|&o| g.is_output(o) || !g.uses(o).is_empty()) {
+    if outs
+        .iter()
+        .any(|&o| g.is_output(o) || !g.uses(o).is_empty())
+    {
         return;
     }
     let read: Vec<ValueId> = g.node(n).inputs().iter().flatten().copied().collect();
@@ -270,7 +269,6 @@ fn drop_if_dead(g: &mut Graph, n: NodeId, stats: &mut PassStats) {
     crate::pattern::sweep_constants(g, &read);
     stats.add("nodes_removed", 1);
 }
-
 
 fn is_identity(p: &[i64]) -> bool {
     p.iter().enumerate().all(|(i, &v)| v == i as i64)
@@ -390,7 +388,6 @@ fn exact_round_trip(a: DType, b: DType) -> bool {
 mod chains;
 mod neutral;
 mod sandwich;
-
 
 #[cfg(test)]
 mod tests {
@@ -520,8 +517,8 @@ g (float[N,3,4] x) => (float[M,2,2] y) <int64[2] s1 = {-1, 4}, int64[3] s2 = {0,
             r#"
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[N,3] x, bool[N,3] m) => (float[N,3] y, bool[N,3] z)
-  <float[3] zero = {0, 0, 0}, float one = {1}, bool t = {1}, bool f = {0}> {
-  a = Add (x, zero)
+  <float[3] zero = {0, 0, 0}, float[3] negzero = {-0.0, -0.0, -0.0}, float one = {1}, bool t = {1}, bool f = {0}> {
+  a = Add (x, negzero)
   b = Mul (one, a)
   c = Sub (b, zero)
   d = Div (c, one)
@@ -545,13 +542,14 @@ g (float[N,3] x, bool[N,3] m) => (float[N,3] y, bool[N,3] z) {
     fn neutral_operand_must_not_fire() {
         // 1. the constant broadcasts x to [2,3]; 2. the operand is not a
         // constant; 3. `0 - x` is not x; 4. the constant is not all-neutral;
-        // 5. y is an output and x an input: no name to keep.
+        // 5. y is an output and x an input: no name to keep; 6. `x + (+0)`
+        // and `x - (-0)` turn -0 into +0, so they are not bit-exact no-ops.
         assert_unchanged(
             &EliminateNoops,
             r#"
 <ir_version: 8, opset_import: ["" : 17]>
-g (float[3] x, float[3] w) => (float[2,3] o1, float[3] o2, float[3] o3, float[3] o4, float[3] y)
-  <float[2,3] zeros = {0, 0, 0, 0, 0, 0}, float zero = {0}, float[3] mixed = {1, 1, 2}> {
+g (float[3] x, float[3] w) => (float[2,3] o1, float[3] o2, float[3] o3, float[3] o4, float[3] y, float[3] o5, float[3] o6)
+  <float[2,3] zeros = {-0.0, -0.0, -0.0, -0.0, -0.0, -0.0}, float zero = {0}, float[3] mixed = {1, 1, 2}, float negzero = {-0.0}> {
   a = Add (x, zeros)
   o1 = Relu (a)
   b = Mul (x, w)
@@ -560,7 +558,11 @@ g (float[3] x, float[3] w) => (float[2,3] o1, float[3] o2, float[3] o3, float[3]
   o3 = Relu (c)
   d = Mul (x, mixed)
   o4 = Relu (d)
-  y = Add (x, zero)
+  y = Add (x, negzero)
+  e = Add (x, zero)
+  o5 = Relu (e)
+  f = Sub (x, negzero)
+  o6 = Relu (f)
 }
 "#,
         );

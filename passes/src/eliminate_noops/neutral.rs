@@ -9,16 +9,20 @@
 //!    inferred output shape is `x`'s, so the result is `x` element for
 //!    element, not `x` copied into a larger tensor.
 //!
-//! Signed zeros: `x + (+0)` turns `-0` into `+0` (and `x - (-0)` likewise);
-//! `x + (-0)`, `x - (+0)`, `x * 1` and `x / 1` return `x` bit for bit
-//! (NaN payloads aside). The `+0` case is kept because `-0 == +0` under
-//! IEEE comparison, which is what onnxruntime, `np.array_equal` and the
-//! repository's numerical tests (`==` on tract's outputs) use, so the pass
-//! stays `exact()`: outputs compare equal element for element.
+//! Signed zeros: the pass declares `exact()`, which promises bit-identical
+//! outputs, and `-0 + (+0)` is `+0` (IEEE 754 round-to-nearest), so
+//! `x + (+0)` is NOT `x` for `x = -0`; likewise `x - (-0)`. Only the
+//! constants that are the identity bit for bit are neutral here: `x + (-0)`,
+//! `x - (+0)`, `x * 1`, `x / 1` return `x` exactly for every `x` (NaN
+//! payloads aside: any NaN stays a NaN). We keep `exact()` and drop the two
+//! sign-changing rewrites rather than the other way round: they are rare in
+//! exported models (a zero bias is the only source), while dropping
+//! `exact()` would let every rewrite of `eliminate_noops` round
+//! differently unnoticed. Integer zeros have no sign and always qualify.
 
 use super::same_shape;
-use crate::util::bypass;
 use crate::pattern::{const_ints, const_tensor, sweep_constants, TypedGraph};
+use crate::util::bypass;
 use crate::{PassError, PassStats};
 use graphopt_ir::{Dim, Graph, NodeId, Shape, Tensor, ValueId};
 
@@ -40,8 +44,9 @@ fn all_elems(c: &Tensor, pred: impl Fn(f64) -> bool) -> bool {
 /// `op(x, c)` (or `op(c, x)` when `commutes`) with `c` a neutral constant
 /// that broadcasts nothing ==> `x`.
 ///
-/// `Add(x, 0)`, `Sub(x, 0)`, `Mul(x, 1)`, `Div(x, 1)`, `And(x, true)`,
-/// `Or(x, false)` ==> `x`.
+/// `Add(x, -0)`, `Sub(x, +0)`, `Mul(x, 1)`, `Div(x, 1)`, `And(x, true)`,
+/// `Or(x, false)` ==> `x` (integer zeros for `Add` and `Sub` too); not
+/// `Add(x, +0)` nor `Sub(x, -0)`, which turn `-0` into `+0`.
 pub(super) fn neutral_operand(
     g: &mut Graph,
     t: &TypedGraph,
@@ -49,8 +54,9 @@ pub(super) fn neutral_operand(
     stats: &mut PassStats,
 ) -> Result<(), PassError> {
     let d = g.node(n);
+    // The neutral element, bit for bit when the constant is a float.
     let (neutral, commutes): (f64, bool) = match d.op_type.as_str() {
-        "Add" => (0.0, true),
+        "Add" => (-0.0, true),
         "Sub" => (0.0, false),
         "Mul" => (1.0, true),
         "Div" => (1.0, false),
@@ -73,7 +79,10 @@ pub(super) fn neutral_operand(
         let Some(xs) = t.shape(x) else {
             continue;
         };
-        if all_elems(&ct, |v| v == neutral)
+        let float = ct.dtype.is_float();
+        let is_neutral =
+            |v: f64| v == neutral && (!float || v.is_sign_negative() == neutral.is_sign_negative());
+        if all_elems(&ct, is_neutral)
             && fits_inside(&ct.dims, xs)
             && same_shape(t, x, y, true)
             && bypass(g, n, x, stats)?

@@ -202,11 +202,19 @@ impl Pass for LowerPrecision {
     }
 
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
+        let inputs_before = model.graph.inputs.len();
         let r = self.lower(model)?;
         for w in &r.warnings {
             eprintln!("warning: lower_precision: {w}");
         }
-        Ok(r.stats())
+        let mut stats = r.stats();
+        // fp32 weights that were also graph inputs become plain weights (a
+        // change even when nothing is lowered).
+        stats.add(
+            "weight_inputs_removed",
+            inputs_before.saturating_sub(model.graph.inputs.len()) as u64,
+        );
+        Ok(stats)
     }
 
     fn exact(&self) -> bool {

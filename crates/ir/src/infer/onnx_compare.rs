@@ -1,6 +1,7 @@
 //! Compares inference with Python's `onnx.shape_inference.infer_shapes`
-//! (with data propagation) on small graphs, when python3 and onnx are
-//! installed; skips cleanly otherwise.
+//! (with data propagation) on small graphs, in the pinned Python environment
+//! of `graphopt-testutil`; skips with a note when it cannot be had, and fails
+//! then under `GRAPHOPT_REQUIRE_PYTHON=1` or `CI=true`.
 //!
 //! Each case is written in a tiny line-based language that both this test
 //! and the generated Python script parse:
@@ -396,16 +397,9 @@ for vi in m.graph.value_info:
         print(f'{vi.name}|{t.elem_type}|-')
 "#;
 
-fn onnx_available() -> bool {
-    Command::new("python3")
-        .args(["-c", "import onnx, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn run_onnx(src: &str) -> Result<String, String> {
+fn run_onnx(python: &std::path::Path, src: &str) -> Result<String, String> {
     use std::io::Write;
-    let mut child = Command::new("python3")
+    let mut child = Command::new(python)
         .args(["-c", SCRIPT])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -467,10 +461,9 @@ fn compare(name: &str, ours: Option<&Type>, elem: i32, shape: &str) -> Option<St
 
 #[test]
 fn agrees_with_onnx_shape_inference() {
-    if !onnx_available() {
-        eprintln!("skipping: python3 with onnx and numpy is not available");
+    let Some(python) = graphopt_testutil::python_or_skip("agrees_with_onnx_shape_inference") else {
         return;
-    }
+    };
     let mut failures = Vec::new();
     let mut compared = 0;
     for (name, src) in CASES {
@@ -478,7 +471,7 @@ fn agrees_with_onnx_shape_inference() {
         let r = b.run(opset);
         assert!(r.unknown_ops.is_empty(), "{name}: {:?}", r.unknown_ops);
         assert!(r.warnings.is_empty(), "{name}: {:?}", r.warnings);
-        let out = match run_onnx(src) {
+        let out = match run_onnx(&python, src) {
             Ok(o) => o,
             Err(e) => panic!("{name}: onnx failed on the case:\n{e}"),
         };
