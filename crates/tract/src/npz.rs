@@ -87,7 +87,7 @@ pub fn npy(b: &[u8]) -> anyhow::Result<Tensor> {
         bail!("not an .npy array");
     }
     let (hlen, off) = match b[6] {
-        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10usize),
         2 | 3 => {
             let s = b.get(8..12).context("truncated header")?;
             (u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize, 12)
@@ -211,15 +211,15 @@ pub fn write_npy(t: &Tensor) -> anyhow::Result<Vec<u8>> {
     let mut out = b"\x93NUMPY\x01\x00".to_vec();
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    // SAFETY-free: tract keeps plain-old-data tensors as contiguous bytes.
+    // Tract keeps plain-old-data tensors as contiguous bytes.
     let t = t.to_owned();
     if t.datum_type() == DatumType::Bool {
-        let v = t.as_slice::<bool>()?;
+        let v = t.to_plain_array_view::<bool>()?;
         out.extend(v.iter().map(|&b| b as u8));
     } else {
-        // SAFETY: `descr` accepted only plain numeric types, whose tract
-        // storage is the little-endian bytes numpy expects on this host.
-        out.extend_from_slice(unsafe { t.as_bytes() });
+        // `descr` accepted only plain numeric types, whose tract storage
+        // is the little-endian bytes numpy expects on this host.
+        out.extend_from_slice(t.as_bytes());
     }
     Ok(out)
 }
