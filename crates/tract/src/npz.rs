@@ -100,7 +100,11 @@ pub fn npy(b: &[u8]) -> anyhow::Result<Tensor> {
     let header = std::str::from_utf8(header).context("header is not text")?;
     let field = |k: &str| -> Option<String> {
         let i = header.find(&format!("'{k}'"))? + k.len() + 2;
-        let rest = header.get(i..)?.trim_start().strip_prefix(':')?.trim_start();
+        let rest = header
+            .get(i..)?
+            .trim_start()
+            .strip_prefix(':')?
+            .trim_start();
         Some(rest.to_string())
     };
     let descr = field("descr").context("no descr")?;
@@ -199,7 +203,10 @@ pub fn write_npy(t: &Tensor) -> anyhow::Result<Vec<u8>> {
         [x] => format!("({x},)"),
         s => format!(
             "({})",
-            s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+            s.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     };
     let mut header = format!("{{'descr': '{d}', 'fortran_order': False, 'shape': {shape}, }}");
@@ -298,7 +305,12 @@ mod tests {
         let a: Tensor = tract_ndarray::arr2(&[[1f32, -2.5], [3.0, 0.0]]).into();
         let b: Tensor = tract_ndarray::arr1(&[7i64, 8, 9]).into();
         let c: Tensor = tract_ndarray::arr0(true).into();
-        let bytes = write(&[("a".into(), a.clone()), ("b".into(), b.clone()), ("c".into(), c.clone())]).unwrap();
+        let bytes = write(&[
+            ("a".into(), a.clone()),
+            ("b".into(), b.clone()),
+            ("c".into(), c.clone()),
+        ])
+        .unwrap();
         let back = read(&bytes).unwrap();
         assert_eq!(back["a"], a);
         assert_eq!(back["b"], b);
@@ -326,7 +338,10 @@ mod tests {
             }
         }
         // The short .npy headers that used to index past the end.
-        for h in [&b"\x93NUMPY\x02\x00\x00\x00"[..], b"\x93NUMPY\x01\x00\xff\xff"] {
+        for h in [
+            &b"\x93NUMPY\x02\x00\x00\x00"[..],
+            b"\x93NUMPY\x01\x00\xff\xff",
+        ] {
             assert!(npy(h).is_err());
         }
     }
