@@ -135,6 +135,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let t1 = Instant::now();
     let runs = run_pipeline(&mut model, &passes, &mut opts)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.input.display()))?;
+    for r in &runs {
+        for w in &r.stats.warnings {
+            eprintln!("warning: {}: {w}", r.pass);
+        }
+    }
     // With --precision, the planner measures activation memory before and
     // after lowering (at the --dim values, other input dims 1).
     let mem_before =
@@ -586,7 +591,10 @@ fn lower(
             bail!("--validate runs the models in tract, which has no bfloat16; validate bf16 output in onnxruntime (tests-py/precision_models.py)");
         }
         let (inputs, label) = match &a.lp.inputs {
-            Some(p) => (graphopt_tract::npz::read_inputs(p, model)?, p.display().to_string()),
+            Some(p) => (
+                graphopt_tract::npz::read_inputs(p, model)?,
+                p.display().to_string(),
+            ),
             None => (
                 graphopt_tract::sample_inputs(model, dims, 4, 7)?,
                 "seeded random".to_string(),
