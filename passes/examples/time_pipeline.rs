@@ -53,7 +53,9 @@ fn main() {
                 }
             }
             times.push((total, per));
-            text = graphopt_text::print_model(&m, &graphopt_text::PrintOptions::default());
+            if times.len() == runs {
+                text = graphopt_text::print_model(&m, &graphopt_text::PrintOptions::default());
+            }
         }
         times.sort_by_key(|t| t.0);
         let (total, per) = &times[times.len() / 2];
