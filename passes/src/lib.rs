@@ -94,6 +94,12 @@ impl PassContext {
             .get_or_insert_with(|| TypeTable::infer(model, &InferOptions::default()))
     }
 
+    /// Hands over types known to be what inference gives the model now
+    /// (a pass that has just inferred them in place).
+    pub(crate) fn set_types(&mut self, types: TypeTable) {
+        self.types = Some(types);
+    }
+
     /// Forgets everything computed (the model has changed).
     pub fn invalidate(&mut self) {
         self.types = None;

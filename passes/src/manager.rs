@@ -318,6 +318,18 @@ mod tests {
     }
 
     #[test]
+    fn fold_shapes_hands_its_types_over() {
+        let log = RefCell::new(Vec::new());
+        let mut reader = Fake::new("r", 0, &log);
+        reader.typed = true;
+        let passes: Vec<Box<dyn Pass + '_>> =
+            vec![Box::new(crate::fold_shapes::FoldShapes), Box::new(reader)];
+        run(&passes, &mut ManagerOptions::default());
+        // fold_shapes folded nothing: the reader needs no inference.
+        assert_eq!(*log.borrow(), ["r@0"]);
+    }
+
+    #[test]
     fn warnings_come_back_in_the_runs() {
         let log = RefCell::new(Vec::new());
         let passes = boxed(vec![Fake::new("a", 1, &log)]);
