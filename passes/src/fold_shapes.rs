@@ -35,8 +35,8 @@
 //! ```
 
 use crate::util::for_each_subgraph;
-use crate::{Pass, PassError, PassStats};
-use graphopt_ir::infer::{const_shape_values, infer_model, InferOptions};
+use crate::{Pass, PassContext, PassError, PassStats};
+use graphopt_ir::infer::{const_shape_values, infer_model, InferOptions, TypeTable};
 use graphopt_ir::{DType, Dim, Graph, Model, Tensor, Type, ValueId};
 use std::collections::BTreeMap;
 
@@ -48,6 +48,10 @@ impl Pass for FoldShapes {
     }
 
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
+        self.run_in(model, &mut PassContext::new())
+    }
+
+    fn run_in(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassStats, PassError> {
         let mut stats = PassStats::default();
         let opts = InferOptions::default();
         let opset = model.onnx_opset().unwrap_or(18);
@@ -58,6 +62,12 @@ impl Pass for FoldShapes {
             Ok::<(), PassError>(())
         })?;
         fold(&mut model.graph, &report.shape_values, &mut stats);
+        // Inference wrote its types into the model. When nothing was
+        // folded they are the types the type-reading passes would infer
+        // again, so the context takes them as they are.
+        if !stats.changed {
+            cx.set_types(TypeTable::of(&model.graph));
+        }
         Ok(stats)
     }
 }

@@ -27,12 +27,15 @@
 //! before:                                        after:
 //! g (float[1,1,3,3] x) => (float[1,2,3,3] y)     g (float[1,1,3,3] x) => (float[1,2,3,3] y)
 //!   <float[2,1,1,1] w = {1, 2},                    <float[2,1,1,1] w = {2, 6},
-//!    float[2,1,1] c = {2, 3}> {                     float[2] w_bias = {0, 0}> {
-//!   t = Conv (x, w)                                y = Conv (x, w, w_bias)
-//!   y = Mul (t, c)                               }
+//!    float[2,1,1] c = {2, 3},                       float[2] w_bias = {1, -1}> {
+//!    float[2,1,1] d = {1, -1}> {                   y = Conv (x, w, w_bias)
+//!   t = Conv (x, w)                              }
+//!   u = Mul (t, c)
+//!   y = Add (u, d)
 //! }
 //! ```
-//! (`w_bias` stays absent for a Mul; it appears once an Add is folded.)
+//! The Mul scales the weights (a Conv without bias keeps none); the Add
+//! then creates the bias. The test `header_example` checks this example.
 
 use crate::pattern::{const_tensor, is_op, only_use, sweep_constants};
 use crate::util::for_each_subgraph;
@@ -309,6 +312,30 @@ g (float[1,1,3,3] x) => (float[1,2,3,3] y)
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[1,1,3,3] x) => (float[1,2,3,3] y)
   <float[2,1,1,1] w = {1.0, 2.0}, float[2] w_bias = {0.5, -1.0}> {
+  y = Conv (x, w, w_bias)
+}
+"#,
+        );
+    }
+
+    /// The example in the module doc.
+    #[test]
+    fn header_example() {
+        assert_pass(
+            &FuseConvBn,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,1,3,3] x) => (float[1,2,3,3] y)
+  <float[2,1,1,1] w = {1.0, 2.0}, float[2,1,1] c = {2.0, 3.0}, float[2,1,1] d = {1.0, -1.0}> {
+  t = Conv (x, w)
+  u = Mul (t, c)
+  y = Add (u, d)
+}
+"#,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,1,3,3] x) => (float[1,2,3,3] y)
+  <float[2,1,1,1] w = {2.0, 6.0}, float[2] w_bias = {1.0, -1.0}> {
   y = Conv (x, w, w_bias)
 }
 "#,

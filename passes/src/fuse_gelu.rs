@@ -30,9 +30,9 @@
 //! ```
 
 use crate::pattern::{
-    const_tensor, is_op, only_use, replace_nodes, typed_copy, walk_typed, TypedGraph,
+    const_tensor, is_op, only_use, replace_nodes, walk_typed, TypedGraph,
 };
-use crate::{Pass, PassError, PassStats};
+use crate::{Pass, PassContext, PassError, PassStats};
 use graphopt_ir::{AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, ValueId};
 
 pub struct FuseGelu;
@@ -47,12 +47,16 @@ impl Pass for FuseGelu {
     }
 
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
+        self.run_in(model, &mut PassContext::new())
+    }
+
+    fn run_in(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassStats, PassError> {
         let mut stats = PassStats::default();
         if model.onnx_opset().unwrap_or(0) < 20 {
             return Ok(stats);
         }
-        let typed = typed_copy(model);
-        walk_typed(&mut model.graph, &typed.graph, &mut |g, tg| {
+        let typed = cx.types(model);
+        walk_typed(&mut model.graph, typed, &mut |g, tg| {
             fuse(g, &TypedGraph { tg }, &mut stats)
         })?;
         Ok(stats)

@@ -198,11 +198,12 @@ fn rewrite(g: &mut Graph, ms: Vec<Member>, stats: &mut PassStats) -> Result<(), 
     remove.extend(ms.iter().filter_map(|m| m.add.as_ref().map(|a| a.0)));
     let mut read: Vec<ValueId> = ms.iter().map(|m| m.w).collect();
     read.extend(ms.iter().filter_map(|m| m.add.as_ref().map(|a| a.1)));
-    let pos = g
-        .order()
-        .iter()
-        .position(|n| remove.contains(n))
+    let first = g
+        .nodes()
+        .find(|n| remove.contains(n))
         .expect("members are in the graph");
+    // The new nodes take the first member's place: after its predecessor.
+    let mut at = g.prev_node(first);
     let mm_outs: Vec<ValueId> = ms
         .iter()
         .filter(|m| m.add.is_some())
@@ -216,20 +217,27 @@ fn rewrite(g: &mut Graph, ms: Vec<Member>, stats: &mut PassStats) -> Result<(), 
     }
     let w = g.add_initializer("w_cat", w_cat);
     let mut cur = g.fresh_value("matmul_cat", None);
-    let mut at = pos;
-    g.insert_node(at, NewNode::new("MatMul").inputs(&[a, w]).outputs(&[cur]))?;
-    at += 1;
+    let mut added = 0u64;
+    let mut put = |g: &mut Graph, new: NewNode| -> Result<(), PassError> {
+        let id = match at {
+            Some(p) => g.insert_node_after(p, new)?,
+            None => g.insert_node(0, new)?,
+        };
+        at = Some(id);
+        added += 1;
+        Ok(())
+    };
+    put(g, NewNode::new("MatMul").inputs(&[a, w]).outputs(&[cur]))?;
     if let Some(bt) = b_cat {
         let b = g.add_initializer("b_cat", bt);
         let sum = g.fresh_value("add_cat", None);
-        g.insert_node(at, NewNode::new("Add").inputs(&[cur, b]).outputs(&[sum]))?;
-        at += 1;
+        put(g, NewNode::new("Add").inputs(&[cur, b]).outputs(&[sum]))?;
         cur = sum;
     }
     let split_sizes = Tensor::from_i64(vec![sizes.len() as i64], &sizes)?;
     let s = g.add_initializer("split", split_sizes);
-    g.insert_node(
-        at,
+    put(
+        g,
         NewNode::new("Split")
             .inputs(&[cur, s])
             .outputs(&finals)
@@ -237,7 +245,7 @@ fn rewrite(g: &mut Graph, ms: Vec<Member>, stats: &mut PassStats) -> Result<(), 
     )?;
     sweep_constants(g, &read);
     let before = remove.len() as u64;
-    stats.add("nodes_removed", before - (at as u64 + 1 - pos as u64));
+    stats.add("nodes_removed", before - added);
     stats.add("groups_fused", 1);
     Ok(())
 }

@@ -15,6 +15,7 @@ pub mod manager;
 mod pattern;
 mod util;
 
+use graphopt_ir::infer::{InferOptions, TypeTable};
 use graphopt_ir::Model;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,6 +28,10 @@ pub struct PassStats {
     /// Named counters (`nodes_removed`, `initializers_removed`,
     /// `bytes_saved`, ...), in name order.
     pub counters: BTreeMap<&'static str, u64>,
+    /// Things the user should know (a constant clamped, a rule skipped),
+    /// one line each. Passes never print; whoever runs the pipeline shows
+    /// them (the CLI prints them to stderr as `warning: PASS: ...`).
+    pub warnings: Vec<String>,
 }
 
 impl PassStats {
@@ -42,11 +47,67 @@ impl PassStats {
         self.counters.get(name).copied().unwrap_or(0)
     }
 
+    /// Records a warning (does not mark the model changed).
+    pub fn warn(&mut self, w: impl Into<String>) {
+        self.warnings.push(w.into());
+    }
+
     pub fn merge(&mut self, other: &PassStats) {
         self.changed |= other.changed;
         for (k, v) in &other.counters {
             *self.counters.entry(k).or_default() += v;
         }
+        self.warnings.extend(other.warnings.iter().cloned());
+    }
+}
+
+/// Facts about the model that stay true until a pass changes it, computed
+/// on first use and shared by the passes that follow. The manager hands one
+/// context to every pass of a pipeline and calls [`PassContext::invalidate`]
+/// after each pass that reports a change, so a pass that runs when nothing
+/// changed since the last inference gets the types for free (in a
+/// fixed-point pipeline, the last round changes nothing at all).
+///
+/// The contract this relies on: a pass that changes the model says so in
+/// [`PassStats::changed`]. (Writing inferred types into the model, as
+/// `fold_shapes` does, is not a change: inference gives the same types
+/// again.)
+#[derive(Debug, Default)]
+pub struct PassContext {
+    types: Option<TypeTable>,
+    inferences: usize,
+}
+
+impl PassContext {
+    pub fn new() -> PassContext {
+        PassContext::default()
+    }
+
+    /// The types inference gives `model` (with default options), as a side
+    /// table: inferred on the first call after [`PassContext::invalidate`],
+    /// then reused. `model` itself keeps its own declared types.
+    pub fn types(&mut self, model: &Model) -> &TypeTable {
+        if self.types.is_none() {
+            self.inferences += 1;
+        }
+        self.types
+            .get_or_insert_with(|| TypeTable::infer(model, &InferOptions::default()))
+    }
+
+    /// Hands over types known to be what inference gives the model now
+    /// (a pass that has just inferred them in place).
+    pub(crate) fn set_types(&mut self, types: TypeTable) {
+        self.types = Some(types);
+    }
+
+    /// Forgets everything computed (the model has changed).
+    pub fn invalidate(&mut self) {
+        self.types = None;
+    }
+
+    /// How many times [`PassContext::types`] ran inference.
+    pub fn inferences(&self) -> usize {
+        self.inferences
     }
 }
 
@@ -73,6 +134,15 @@ pub trait Pass {
     fn name(&self) -> &'static str;
     /// Runs the pass once.
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError>;
+    /// Runs the pass once with the pipeline's shared [`PassContext`] (what
+    /// the manager calls). Passes that read inferred types override this to
+    /// take them from the context, and implement [`Pass::run`] as
+    /// `self.run_in(model, &mut PassContext::new())`; the others keep this
+    /// default.
+    fn run_in(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassStats, PassError> {
+        let _ = cx;
+        self.run(model)
+    }
     /// True when the pass never changes arithmetic, so outputs stay
     /// bit-identical (the numerical tests hold it to that); false for
     /// rewrites that may round differently (fusions into weights, ...),
@@ -194,4 +264,25 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         // fixed-point loop runs dedup and cse again on fused weights).
         Box::new(dce::Dce),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registry's name (from the `passes!` entry, that is, the module)
+    /// is the name the pass reports: the manager, `--dump-ir` filters and
+    /// reports use the latter, `--passes` the former.
+    #[test]
+    fn registry_names_are_pass_names() {
+        for p in registry() {
+            assert_eq!((p.make)().name(), p.name);
+            assert_eq!(lookup(&p.name.replace('_', "-")).unwrap().name(), p.name);
+        }
+        let names: Vec<&str> = registry().iter().map(|p| p.name).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(names, sorted, "registry in name order, each once");
+    }
 }

@@ -1,12 +1,13 @@
 //! Matching helpers shared by the rewriting passes (eliminate_noops and the
 //! fusions): constants that are initializers or `Constant` nodes, single
 //! consumers, pattern replacement that keeps the final value's name, and
-//! inferred types read from a typed copy of the model.
+//! inferred types read from the pipeline's cached type table
+//! ([`crate::PassContext::types`]).
 
 use crate::PassError;
-use graphopt_ir::infer::{infer_model, InferOptions};
+use graphopt_ir::infer::TypeTable;
 use graphopt_ir::{
-    AttrValue, DType, Graph, Model, NewNode, NodeData, NodeId, Shape, Tensor, ValueId,
+    AttrValue, DType, Graph, NewNode, NodeData, NodeId, Patch, Place, Shape, Tensor, ValueId,
 };
 
 /// True for default-domain `op`.
@@ -69,33 +70,23 @@ pub(crate) fn producer_op(g: &Graph, v: ValueId, op: &str) -> Option<NodeId> {
 /// outputs must be `last`'s outputs, so the value keeps its name. Values
 /// only the removed nodes defined are removed, and so are constants they
 /// read that nothing reads any more.
+///
+/// One [`Patch`]: when the replacement is impossible (the new node would
+/// redefine a value, or a removed value is still read) the graph is left
+/// as it was and the error says why.
 pub(crate) fn replace_nodes(
     g: &mut Graph,
     remove: &[NodeId],
     last: NodeId,
     new: NewNode,
 ) -> Result<NodeId, PassError> {
-    let pos = g.order().iter().position(|&n| n == last).unwrap_or(0);
-    let before = g
-        .order()
+    let read: Vec<ValueId> = remove
         .iter()
-        .take(pos)
-        .filter(|n| remove.contains(n))
-        .count();
-    let kept: Vec<ValueId> = new.outputs.iter().flatten().copied().collect();
-    let mut read: Vec<ValueId> = Vec::new();
-    let mut defined: Vec<ValueId> = Vec::new();
-    for &n in remove {
-        read.extend(g.node(n).inputs().iter().flatten());
-        defined.extend(g.node(n).outputs().iter().flatten());
-    }
-    g.remove_nodes(remove);
-    for v in defined {
-        if !kept.contains(&v) && g.uses(v).is_empty() && !g.is_output(v) {
-            g.remove_value(v);
-        }
-    }
-    let id = g.insert_node(pos - before, new)?;
+        .flat_map(|&n| g.node(n).inputs().iter().flatten().copied())
+        .collect();
+    let mut patch = Patch::new(format!("replacing nodes by {}", new.op_type));
+    patch.remove_nodes(remove).add_node(Place::After(last), new);
+    let id = g.apply(patch)?[0];
     sweep_constants(g, &read);
     Ok(id)
 }
@@ -116,30 +107,19 @@ pub(crate) fn sweep_constants(g: &mut Graph, vals: &[ValueId]) {
     }
 }
 
-/// A copy of `m` with inferred types (the model itself keeps its own).
-pub(crate) fn typed_copy(m: &Model) -> Model {
-    let mut c = m.clone();
-    infer_model(&mut c, &InferOptions::default());
-    c
-}
-
 /// Runs `f` on `g` and every subgraph (innermost first), each paired with
-/// its counterpart in `tg`, a typed copy taken before any change.
+/// its counterpart in `tg`, the types inferred before any change.
 pub(crate) fn walk_typed(
     g: &mut Graph,
-    tg: &Graph,
-    f: &mut dyn FnMut(&mut Graph, &Graph) -> Result<(), PassError>,
+    tg: &TypeTable,
+    f: &mut dyn FnMut(&mut Graph, &TypeTable) -> Result<(), PassError>,
 ) -> Result<(), PassError> {
-    let empty = Graph::default();
+    let empty = TypeTable::default();
     let nodes: Vec<_> = g.nodes().filter(|&n| g.node(n).has_subgraphs()).collect();
     for n in nodes {
-        let tnode = tg.is_live_node(n).then(|| tg.node(n));
         for (ai, a) in g.node_mut(n).attributes.iter_mut().enumerate() {
             for (gi, sub) in a.graphs_mut().enumerate() {
-                let tsub = tnode
-                    .and_then(|t| t.attributes.get(ai))
-                    .and_then(|ta| ta.graphs().nth(gi))
-                    .unwrap_or(&empty);
+                let tsub = tg.sub(n, ai, gi).unwrap_or(&empty);
                 walk_typed(sub, tsub, f)?;
             }
         }
@@ -148,25 +128,19 @@ pub(crate) fn walk_typed(
     f(g, tg)
 }
 
-/// Reads inferred types of a graph's values from its typed copy.
+/// Reads inferred types of a graph's values from the type table.
 pub(crate) struct TypedGraph<'a> {
-    pub tg: &'a Graph,
+    pub tg: &'a TypeTable,
 }
 
 impl TypedGraph<'_> {
     /// Inferred (or declared) shape of `v`, if `v` existed before the
     /// pass started.
     pub(crate) fn shape(&self, v: ValueId) -> Option<&Shape> {
-        if !self.tg.is_live_value(v) {
-            return None;
-        }
         self.tg.ty(v)?.shape()
     }
 
     pub(crate) fn elem(&self, v: ValueId) -> Option<DType> {
-        if !self.tg.is_live_value(v) {
-            return None;
-        }
         self.tg
             .ty(v)?
             .elem()
@@ -174,7 +148,7 @@ impl TypedGraph<'_> {
     }
 
     /// Declared element type in the graph being rewritten (for values the
-    /// typed copy does not know).
+    /// type table does not know).
     pub(crate) fn elem_of(&self, g: &Graph, v: ValueId) -> Option<DType> {
         g.ty(v)?.elem().filter(|d| !matches!(d, DType::Undefined))
     }

@@ -1,7 +1,7 @@
 //! Helpers shared by passes.
 
 use crate::{PassError, PassStats};
-use graphopt_ir::{Graph, NodeId, ValueId};
+use graphopt_ir::{Graph, NodeId, Patch, ValueId};
 
 /// Runs `f` on every subgraph of every node of `g`, innermost first, then
 /// refreshes the nodes' captures (a subgraph may read fewer outer values
@@ -30,7 +30,9 @@ pub(crate) fn for_each_subgraph<E>(
 /// renaming `x`, which takes over `y`'s type, doc string, metadata and
 /// value_info entry. Returns false, changing nothing, when that is
 /// impossible: `x` is a graph input or output, a capture of an enclosing
-/// graph's value, or a subgraph already uses the name.
+/// graph's value, or a subgraph already uses the name; or when a subgraph
+/// reading `y` could not be pointed at `x` (it defines a value named like
+/// `x`). The rewrite is one [`Patch`], checked before it changes anything.
 pub(crate) fn bypass(
     g: &mut Graph,
     n: NodeId,
@@ -40,26 +42,22 @@ pub(crate) fn bypass(
     let Some(y) = g.node(n).output(0) else {
         return Ok(false);
     };
-    if g.is_output(y) {
-        if g.is_input(x) || g.is_output(x) || g.is_outer(x) {
-            return Ok(false);
-        }
-        let name = g.name(y);
-        if g.subgraphs().any(|(_, s)| defines_locally(s, name)) {
-            return Ok(false);
-        }
+    let keep_name = g.is_output(y);
+    if keep_name && (g.is_input(x) || g.is_output(x) || g.is_outer(x)) {
+        return Ok(false);
     }
-    let outs: Vec<ValueId> = g.node(n).outputs().iter().flatten().copied().collect();
-    g.remove_node(n);
-    if !g.is_output(y) {
-        g.replace_all_uses(y, x)?;
-    } else {
-        let name = g.name(y).to_string();
-        let d = g.value(y).clone();
-        let in_value_info = g.value_info.contains(&y);
-        g.replace_all_uses(y, x)?;
-        g.remove_value(y);
-        g.rename_value(x, &name)?;
+    let mut patch = Patch::new("bypass");
+    patch.remove_node(n).replace_uses(y, x);
+    if keep_name {
+        patch.rename(x, g.name(y));
+    }
+    if patch.check(g).is_err() {
+        return Ok(false);
+    }
+    let d = g.value(y).clone();
+    let in_value_info = g.value_info.contains(&y);
+    g.apply(patch)?;
+    if keep_name {
         let xd = g.value_mut(x);
         if d.ty.is_some() {
             xd.ty = d.ty;
@@ -70,18 +68,6 @@ pub(crate) fn bypass(
             g.value_info.push(x);
         }
     }
-    for o in outs {
-        if g.is_live_value(o) && g.uses(o).is_empty() && !g.is_output(o) {
-            g.remove_value(o);
-        }
-    }
     stats.add("nodes_removed", 1);
     Ok(true)
-}
-
-/// True when `g` or a subgraph of it defines `name` itself (not as a
-/// capture of an enclosing graph's value).
-fn defines_locally(g: &Graph, name: &str) -> bool {
-    g.value_by_name(name).is_some_and(|v| !g.is_outer(v))
-        || g.subgraphs().any(|(_, s)| defines_locally(s, name))
 }

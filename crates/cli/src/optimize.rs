@@ -232,10 +232,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         );
         eprint!("{t}");
     }
-    if let Some(r) = &lowered {
+    for r in &runs {
         for w in &r.warnings {
-            eprintln!("warning: lower_precision: {w}");
+            eprintln!("warning: {}: {w}", r.name);
         }
+    }
+    if let Some(r) = &lowered {
         if let Some(why) = &r.validation_skipped {
             eprintln!("warning: --validate skipped (best effort): {why}");
         }

@@ -91,6 +91,8 @@ pub struct PassRunReport {
     pub initializer_bytes_before: u64,
     pub initializer_bytes_after: u64,
     pub counters: BTreeMap<&'static str, u64>,
+    /// What the pass warned about (for the caller to show).
+    pub warnings: Vec<String>,
 }
 
 impl From<&PassRun> for PassRunReport {
@@ -105,6 +107,7 @@ impl From<&PassRun> for PassRunReport {
             initializer_bytes_before: r.initializer_bytes_before,
             initializer_bytes_after: r.initializer_bytes_after,
             counters: r.stats.counters.clone(),
+            warnings: r.stats.warnings.clone(),
         }
     }
 }

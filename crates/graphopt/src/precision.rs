@@ -285,7 +285,8 @@ impl Pass for Capture {
     }
     fn run(&self, model: &mut Model) -> std::result::Result<PassStats, PassError> {
         let r = self.lp.lower(model)?;
-        let stats = r.stats();
+        let mut stats = r.stats();
+        stats.warnings = r.warnings.clone();
         *self.out.borrow_mut() = Some(r);
         Ok(stats)
     }

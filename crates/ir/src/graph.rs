@@ -13,6 +13,11 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::fmt;
 
+mod layout;
+mod patch;
+use layout::Layout;
+pub use patch::{Patch, Place};
+
 /// A value (tensor, sequence, ...) in one graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ValueId(u32);
@@ -239,7 +244,8 @@ pub struct Graph {
     pub quantization_annotation: Vec<(String, Vec<(String, String)>)>,
     values: Vec<ValueData>,
     nodes: Vec<NodeData>,
-    order: Vec<NodeId>,
+    /// Program order: a linked list, so that edits cost O(1).
+    order: Layout,
     initializers: Vec<ValueId>,
     sparse_initializers: Vec<ValueId>,
     names: HashMap<String, ValueId>,
@@ -525,16 +531,48 @@ impl Graph {
 
     /// Nodes in program order.
     pub fn nodes(&self) -> impl DoubleEndedIterator<Item = NodeId> + ExactSizeIterator + '_ {
-        self.order.iter().copied()
+        self.order.iter()
     }
 
-    /// Program order.
+    /// Program order as a slice. It is materialized on the first call after
+    /// an edit (O(n)), then shared until the next edit; walk [`Graph::nodes`]
+    /// where an iterator will do.
     pub fn order(&self) -> &[NodeId] {
-        &self.order
+        self.order.as_slice()
+    }
+
+    /// The position of live node `n` in program order (`None` for a removed
+    /// node). Positions are computed on the first call after an edit (O(n))
+    /// and reused until the next one.
+    pub fn position(&self, n: NodeId) -> Option<usize> {
+        self.order.position(n)
     }
 
     pub fn node_count(&self) -> usize {
         self.order.len()
+    }
+
+    /// True when live node `a` comes before live node `b` in program order
+    /// (O(1), whatever was edited before).
+    pub fn precedes(&self, a: NodeId, b: NodeId) -> bool {
+        self.order.precedes(a, b)
+    }
+
+    /// The first of `nodes` (live ones) in program order, in O(len).
+    pub fn first_in_order(&self, nodes: impl IntoIterator<Item = NodeId>) -> Option<NodeId> {
+        nodes
+            .into_iter()
+            .reduce(|a, b| if self.precedes(b, a) { b } else { a })
+    }
+
+    /// The node before live node `n` in program order (O(1)).
+    pub fn prev_node(&self, n: NodeId) -> Option<NodeId> {
+        self.order.prev(n)
+    }
+
+    /// The node after live node `n` in program order (O(1)).
+    pub fn next_node(&self, n: NodeId) -> Option<NodeId> {
+        self.order.next(n)
     }
 
     pub fn is_live_node(&self, n: NodeId) -> bool {
@@ -543,16 +581,71 @@ impl Graph {
 
     /// Appends a node at the end of program order.
     pub fn add_node(&mut self, new: NewNode) -> Result<NodeId, IrError> {
-        let pos = self.order.len();
-        self.insert_node(pos, new)
+        let id = self.create_node(new)?;
+        self.order.push_back(id);
+        self.refresh_captures(id);
+        Ok(id)
     }
 
-    /// Inserts a node at position `pos` of program order.
+    /// Inserts a node at position `pos` of program order (the end if `pos`
+    /// is past it).
+    ///
+    /// Finding position `pos` walks the order after an edit; rewrites that
+    /// insert next to a node they know use [`Graph::insert_node_before`] or
+    /// [`Graph::insert_node_after`], which cost O(1).
+    pub fn insert_node(&mut self, pos: usize, new: NewNode) -> Result<NodeId, IrError> {
+        let id = self.create_node(new)?;
+        self.order.insert_at(id, pos);
+        self.refresh_captures(id);
+        Ok(id)
+    }
+
+    /// Inserts a node at `place` (anchors must be live nodes).
+    pub fn insert_node_at(&mut self, place: Place, new: NewNode) -> Result<NodeId, IrError> {
+        match place {
+            Place::Start => self.insert_node(0, new),
+            Place::Before(a) => self.insert_node_before(a, new),
+            Place::After(a) => self.insert_node_after(a, new),
+            Place::End => self.add_node(new),
+        }
+    }
+
+    /// Inserts a node right before live node `anchor` in program order.
+    pub fn insert_node_before(&mut self, anchor: NodeId, new: NewNode) -> Result<NodeId, IrError> {
+        self.check_anchor(anchor, &new)?;
+        let id = self.create_node(new)?;
+        self.order.insert_before(id, anchor);
+        self.refresh_captures(id);
+        Ok(id)
+    }
+
+    /// Inserts a node right after live node `anchor` in program order.
+    pub fn insert_node_after(&mut self, anchor: NodeId, new: NewNode) -> Result<NodeId, IrError> {
+        self.check_anchor(anchor, &new)?;
+        let id = self.create_node(new)?;
+        self.order.insert_after(id, anchor);
+        self.refresh_captures(id);
+        Ok(id)
+    }
+
+    fn check_anchor(&self, anchor: NodeId, new: &NewNode) -> Result<(), IrError> {
+        if self.order.contains(anchor) {
+            Ok(())
+        } else {
+            Err(IrError::new(format!(
+                "node '{}' ({}) is placed next to {anchor}, which is not in the graph",
+                new.name, new.op_type
+            )))
+        }
+    }
+
+    /// Adds a node to the arena, outside program order (the callers above
+    /// place it, then resolve its captures).
     ///
     /// Outputs must not already have a producer. Subgraph captures are
     /// resolved by name in this graph (creating captures of the enclosing
     /// graph where this graph does not define the name).
-    pub fn insert_node(&mut self, pos: usize, new: NewNode) -> Result<NodeId, IrError> {
+    fn create_node(&mut self, new: NewNode) -> Result<NodeId, IrError> {
         let id = NodeId(self.nodes.len() as u32);
         // Check everything before changing anything.
         for (i, o) in new.outputs.iter().enumerate() {
@@ -598,8 +691,6 @@ impl Graph {
             captures: Vec::new(),
             live: true,
         });
-        self.order.insert(pos.min(self.order.len()), id);
-        self.refresh_captures(id);
         Ok(id)
     }
 
@@ -633,16 +724,14 @@ impl Graph {
     /// them); its inputs lose these uses.
     pub fn remove_node(&mut self, n: NodeId) {
         self.detach_node(n);
-        self.order.retain(|&x| x != n);
+        self.order.remove(n);
     }
 
-    /// Removes many nodes with one pass over program order.
+    /// Removes many nodes.
     pub fn remove_nodes(&mut self, ns: &[NodeId]) {
         for &n in ns {
-            self.detach_node(n);
+            self.remove_node(n);
         }
-        let nodes = &self.nodes;
-        self.order.retain(|x| nodes[x.index()].live);
     }
 
     fn detach_node(&mut self, n: NodeId) {
@@ -794,7 +883,7 @@ impl Graph {
         if order.len() != self.order.len() {
             return Err(IrError::new("schedule does not list every node"));
         }
-        self.order = order;
+        self.order.set(&order);
         Ok(())
     }
 
@@ -802,13 +891,15 @@ impl Graph {
     /// it is already valid. Fails with the name of a node on a cycle.
     pub fn topo_sort(&mut self) -> Result<(), IrError> {
         let order = crate::algo::stable_topo_order(self)?;
-        self.order = order;
+        self.order.set(&order);
         Ok(())
     }
 
-    /// Calls `f` on every subgraph of every node, recursively not included.
+    /// Every subgraph held in a node's attributes (If branches, Loop and
+    /// Scan bodies), with its node, in program order. Not recursive: the
+    /// subgraphs' own subgraphs are not included.
     pub fn subgraphs(&self) -> impl Iterator<Item = (NodeId, &Graph)> + '_ {
-        self.order.iter().flat_map(move |&n| {
+        self.order.iter().flat_map(move |n| {
             self.nodes[n.index()]
                 .attributes
                 .iter()

@@ -23,7 +23,7 @@ pub mod verify;
 pub use algo::{dependency_graph, stable_topo_order};
 pub use attr::{AttrKind, AttrValue, Attribute};
 pub use dtype::DType;
-pub use graph::{Graph, NewNode, NodeData, NodeId, Use, ValueData, ValueId};
+pub use graph::{Graph, NewNode, NodeData, NodeId, Patch, Place, Use, ValueData, ValueId};
 pub use model::{Function, Model, OpsetImport};
 pub use tensor::{numel, SparseTensor, Tensor, TensorData};
 pub use types::{Dim, Shape, TensorType, Type, TypeKind};

@@ -97,9 +97,8 @@ fn proxy_graph(g: &mut graphopt_ir::Graph, counter: &mut usize) -> anyhow::Resul
             };
             let shape = g.ty(v).and_then(|t| t.shape()).cloned();
             let w = fresh(g, counter, v, shape);
-            let pos = g.order().iter().position(|&x| x == n).unwrap_or(0);
-            g.insert_node(
-                pos,
+            g.insert_node_before(
+                n,
                 NewNode::new("Cast")
                     .inputs(&[v])
                     .outputs(&[w])
@@ -111,9 +110,8 @@ fn proxy_graph(g: &mut graphopt_ir::Graph, counter: &mut usize) -> anyhow::Resul
             let shape = g.ty(out).and_then(|t| t.shape()).cloned();
             let o32 = fresh(g, counter, out, shape);
             g.set_output(n, slot, Some(o32));
-            let pos = g.order().iter().position(|&x| x == n).map_or(0, |i| i + 1);
-            g.insert_node(
-                pos,
+            g.insert_node_after(
+                n,
                 NewNode::new("Cast")
                     .inputs(&[o32])
                     .outputs(&[out])

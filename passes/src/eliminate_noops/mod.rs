@@ -50,7 +50,8 @@
 
 use crate::pattern::{const_ints, const_tensor, is_op, TypedGraph};
 use crate::util::{bypass, for_each_subgraph};
-use crate::{Pass, PassError, PassStats};
+use crate::{Pass, PassContext, PassError, PassStats};
+use graphopt_ir::infer::TypeTable;
 use graphopt_ir::{AttrValue, Attribute, DType, Dim, Graph, Model, NodeId, Shape, ValueId};
 
 pub struct EliminateNoops;
@@ -61,14 +62,18 @@ impl Pass for EliminateNoops {
     }
 
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
+        self.run_in(model, &mut PassContext::new())
+    }
+
+    fn run_in(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassStats, PassError> {
         let mut stats = PassStats::default();
-        let typed = crate::pattern::typed_copy(model);
-        crate::pattern::walk_typed(&mut model.graph, &typed.graph, &mut |g, tg| {
+        let typed = cx.types(model);
+        crate::pattern::walk_typed(&mut model.graph, typed, &mut |g, tg| {
             eliminate(g, tg, &mut stats)
         })?;
         // Function bodies have no inferred types; the type-free rules apply.
         for f in &mut model.functions {
-            let empty = Graph::default();
+            let empty = TypeTable::default();
             for_each_subgraph(&mut f.body, &mut |g| eliminate(g, &empty, &mut stats))?;
             eliminate(&mut f.body, &empty, &mut stats)?;
         }
@@ -76,7 +81,7 @@ impl Pass for EliminateNoops {
     }
 }
 
-fn eliminate(g: &mut Graph, tg: &Graph, stats: &mut PassStats) -> Result<(), PassError> {
+fn eliminate(g: &mut Graph, tg: &TypeTable, stats: &mut PassStats) -> Result<(), PassError> {
     let t = TypedGraph { tg };
     for n in g.nodes().collect::<Vec<_>>() {
         if !g.is_live_node(n) {

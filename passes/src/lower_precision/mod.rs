@@ -68,7 +68,7 @@ pub use ops::{ALWAYS_LOW, DEFAULT_KEEP_FP32};
 use crate::{Pass, PassError, PassStats};
 use graphopt_ir::infer::{infer_model, InferOptions};
 use graphopt_ir::{
-    AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, Tensor, Type, Use, ValueId,
+    AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, Place, Tensor, Type, Use, ValueId,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -204,9 +204,6 @@ impl Pass for LowerPrecision {
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
         let inputs_before = model.graph.inputs.len();
         let r = self.lower(model)?;
-        for w in &r.warnings {
-            eprintln!("warning: lower_precision: {w}");
-        }
         let mut stats = r.stats();
         // fp32 weights that were also graph inputs become plain weights (a
         // change even when nothing is lowered).
@@ -214,6 +211,8 @@ impl Pass for LowerPrecision {
             "weight_inputs_removed",
             inputs_before.saturating_sub(model.graph.inputs.len()) as u64,
         );
+        // The caller shows them (the manager returns them in `PassRun`).
+        stats.warnings = r.warnings;
         Ok(stats)
     }
 
@@ -540,7 +539,6 @@ fn lower_graph(
             let w = fresh(g, cx, &hint, ty);
             el.new.insert(w, nw);
             let uses: Vec<Use> = g.uses(v).to_vec();
-            let pos;
             if let Some((p, slot)) = g.producer(v) {
                 g.set_output(p, slot as usize, Some(w));
                 // Readers that want the original type keep reading `v`
@@ -552,18 +550,16 @@ fn lower_graph(
                         }
                     }
                 }
-                pos = g.order().iter().position(|&x| x == p).map_or(0, |i| i + 1);
                 el.new.insert(v, o);
                 set_elem(g, v, o);
-                add_cast(g, pos, w, v, o, cx)?;
+                add_cast(g, Place::After(p), w, v, o, cx)?;
             } else {
                 // A pass-through of a captured value: cast into a new output.
                 let hint = format!("{}_{}", g.name(v), o.name());
                 let ty = retyped(g, v, o);
                 let out = fresh(g, cx, &hint, ty);
                 el.new.insert(out, o);
-                let pos = g.node_count();
-                add_cast(g, pos, v, out, o, cx)?;
+                add_cast(g, Place::End, v, out, o, cx)?;
                 g.outputs[i] = out;
             }
         }
@@ -610,11 +606,9 @@ fn lower_graph(
         let target = if el.cur(src) == Some(want) {
             src
         } else {
-            let pos = readers
-                .iter()
-                .filter_map(|(r, _)| g.order().iter().position(|x| x == r))
-                .min()
-                .unwrap_or(0);
+            let pos = g
+                .first_in_order(readers.iter().map(|&(r, _)| r))
+                .map_or(Place::Start, Place::Before);
             let hint = format!("{}_{}", g.name(v), want.name());
             let ty = retyped(g, v, want);
             let out = fresh(g, cx, &hint, ty);
@@ -851,7 +845,7 @@ fn lower_constants(
                 }
             }
             if !g.uses(v).is_empty() {
-                let pos = first_reader_pos(g, v);
+                let pos = first_reader(g, v);
                 add_cast(g, pos, lv, v, DType::F32, cx)?;
             } else {
                 g.remove_value(v);
@@ -909,14 +903,11 @@ fn set_value_attr(g: &mut Graph, n: NodeId, t: Tensor) {
     }
 }
 
-/// Position in program order of the first node reading `v` (as an input or
-/// through a subgraph).
-fn first_reader_pos(g: &Graph, v: ValueId) -> usize {
-    let readers: HashSet<NodeId> = g.uses(v).iter().map(|u| u.node()).collect();
-    g.order()
-        .iter()
-        .position(|n| readers.contains(n))
-        .unwrap_or(g.node_count())
+/// Right before the first node reading `v` (as an input or through a
+/// subgraph), or at the end.
+fn first_reader(g: &Graph, v: ValueId) -> Place {
+    g.first_in_order(g.uses(v).iter().map(|u| u.node()))
+        .map_or(Place::End, Place::Before)
 }
 
 /// `v`'s type with element type `t` (shape kept).
@@ -936,14 +927,14 @@ fn set_elem(g: &mut Graph, v: ValueId, t: DType) {
 /// Inserts `out = Cast<to>(src)` at `pos`.
 fn add_cast(
     g: &mut Graph,
-    pos: usize,
+    pos: Place,
     src: ValueId,
     out: ValueId,
     to: DType,
     cx: &mut Cx<'_>,
 ) -> Result<(), PassError> {
     let name = format!("{}_cast", g.name(out));
-    g.insert_node(
+    g.insert_node_at(
         pos,
         NewNode::new("Cast")
             .name(name)

@@ -52,9 +52,10 @@
 
 mod ops;
 
-use crate::pattern::{typed_copy, walk_typed, TypedGraph};
+use crate::pattern::{walk_typed, TypedGraph};
 use crate::util::for_each_subgraph;
-use crate::{Pass, PassError, PassStats};
+use crate::{Pass, PassContext, PassError, PassStats};
+use graphopt_ir::infer::TypeTable;
 use graphopt_ir::{Graph, Model};
 
 /// The target of the registry's `upgrade_opset`.
@@ -82,6 +83,10 @@ impl Pass for UpgradeOpset {
     }
 
     fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
+        self.run_in(model, &mut PassContext::new())
+    }
+
+    fn run_in(&self, model: &mut Model, cx: &mut PassContext) -> Result<PassStats, PassError> {
         let mut stats = PassStats::default();
         let to = self.target;
         let Some(from) = model.onnx_opset() else {
@@ -101,9 +106,9 @@ impl Pass for UpgradeOpset {
             )));
         }
         // Work on a copy, so that a refusal leaves the model as it was.
+        let typed = cx.types(model);
         let mut m = model.clone();
-        let typed = typed_copy(&m);
-        walk_typed(&mut m.graph, &typed.graph, &mut |g, tg| {
+        walk_typed(&mut m.graph, typed, &mut |g, tg| {
             let mut cx = ops::Cx {
                 from,
                 to,
@@ -113,7 +118,7 @@ impl Pass for UpgradeOpset {
             };
             ops::upgrade_graph(g, &mut cx)
         })?;
-        let empty = Graph::default();
+        let empty = TypeTable::default();
         for f in &mut m.functions {
             let Some(imp) = f
                 .opset_imports

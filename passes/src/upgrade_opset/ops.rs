@@ -155,9 +155,6 @@ fn upgrade_node(g: &mut Graph, cx: &mut Cx, n: NodeId) -> R<()> {
 
 // ---- helpers ------------------------------------------------------------
 
-fn position(g: &Graph, n: NodeId) -> usize {
-    g.order().iter().position(|&x| x == n).unwrap_or(g.node_count())
-}
 
 /// Replaces node `n` by a copy edited by `f`, at the same place.
 fn edit(g: &mut Graph, n: NodeId, f: impl FnOnce(&mut NewNode)) -> R<NodeId> {
@@ -181,9 +178,13 @@ fn edit(g: &mut Graph, n: NodeId, f: impl FnOnce(&mut NewNode)) -> R<NodeId> {
     while new.outputs.last() == Some(&None) {
         new.outputs.pop();
     }
-    let pos = position(g, n);
+    let prev = g.prev_node(n);
     g.remove_node(n);
-    g.insert_node(pos, new).map_err(|e| e.0)
+    match prev {
+        Some(p) => g.insert_node_after(p, new),
+        None => g.insert_node(0, new),
+    }
+    .map_err(|e| e.0)
 }
 
 fn set_attr(new: &mut NewNode, name: &str, v: AttrValue) {
@@ -263,9 +264,8 @@ fn konst(g: &mut Graph, cx: &Cx, n: NodeId, what: &str, t: Tensor) -> R<ValueId>
         return Ok(g.add_initializer(&name, t));
     }
     let v = g.fresh_value(&name, Some(Type::known(t.dtype, &t.dims)));
-    let pos = position(g, n);
-    g.insert_node(
-        pos,
+    g.insert_node_before(
+        n,
         NewNode::new("Constant")
             .outputs(&[v])
             .attr(Attribute::new("value", AttrValue::Tensor(t))),
@@ -350,11 +350,10 @@ fn softmax(g: &mut Graph, cx: &Cx, n: NodeId) -> R<bool> {
     let shape = g.fresh_value(&format!("{base}_shape"), None);
     let flat = g.fresh_value(&format!("{base}_2d"), None);
     let flat_out = g.fresh_value(&format!("{base}_2d_out"), None);
-    let pos = position(g, n);
-    g.insert_node(pos, NewNode::new("Shape").inputs(&[x]).outputs(&[shape]))
+    g.insert_node_before(n, NewNode::new("Shape").inputs(&[x]).outputs(&[shape]))
         .map_err(|e| e.0)?;
-    g.insert_node(
-        pos + 1,
+    g.insert_node_before(
+        n,
         NewNode::new("Flatten")
             .inputs(&[x])
             .outputs(&[flat])
@@ -366,9 +365,8 @@ fn softmax(g: &mut Graph, cx: &Cx, n: NodeId) -> R<bool> {
         new.outputs[0] = Some(flat_out);
         set_attr(new, "axis", AttrValue::Int(-1));
     })?;
-    let pos = position(g, sm) + 1;
-    g.insert_node(
-        pos,
+    g.insert_node_after(
+        sm,
         NewNode::new("Reshape").inputs(&[flat_out, shape]).outputs(&[y]),
     )
     .map_err(|e| e.0)?;

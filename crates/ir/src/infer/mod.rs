@@ -25,6 +25,7 @@ mod elementwise;
 mod nn;
 mod reduce;
 mod shape_ops;
+mod table;
 mod values;
 
 #[cfg(test)]
@@ -38,6 +39,7 @@ use crate::{
 use ctx::Cx;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+pub use table::TypeTable;
 pub use values::MAX_TRACKED;
 
 /// Options for inference.
