@@ -60,7 +60,7 @@ fn real_models_through_default_pipeline_in_onnxruntime() {
 
 #[test]
 fn onnx_backend_node_conformance() {
-    run_script("conformance.py", &["--jobs", "2"]);
+    run_script("conformance.py", &["--jobs", "2", "--plan"]);
 }
 
 #[test]
