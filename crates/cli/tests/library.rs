@@ -100,3 +100,42 @@ fn library_precision_equals_the_command() {
         Some("lower_precision")
     );
 }
+
+#[test]
+fn stop_after_counts_precision_lowering_as_a_pass_run() {
+    let input = models().join("bert_tiny.ts14.onnx");
+    let pipeline = graphopt::PipelineOptions {
+        stop_after: Some(3),
+        ..Default::default()
+    };
+    let mut s = graphopt::load(&input).unwrap();
+    let r = s
+        .optimize(&graphopt::OptimizeOptions {
+            passes: Some("eliminate_identity,fold_constants".into()),
+            pipeline: pipeline.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(r.passes.len(), 2);
+    assert!(!r.stopped_early);
+    // The third run is the lowering; a fourth would be refused.
+    let lp = s
+        .lower_precision(&graphopt::PrecisionOptions {
+            pipeline: pipeline.clone(),
+            ..graphopt::PrecisionOptions::new(graphopt::Precision::F16)
+        })
+        .unwrap();
+    assert!(lp.nodes_lowered > 0 && !lp.stopped_early);
+    let r = s
+        .optimize(&graphopt::OptimizeOptions {
+            pipeline,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(r.stopped_early && r.passes.is_empty());
+    let names: Vec<&str> = s.pass_runs().iter().map(|r| r.name).collect();
+    assert_eq!(
+        names,
+        ["eliminate_identity", "fold_constants", "lower_precision"]
+    );
+}

@@ -206,7 +206,16 @@ impl Session {
         };
         let runs = run_pipeline(&mut self.model, passes, &mut mo)
             .map_err(|e| Error::from(e).within(&label))?;
-        let stopped = remaining.is_some_and(|n| runs.len() >= n);
+        // Cut short: the budget ran out before the pipeline's natural end
+        // (the last pass of a round that changed nothing, or of the last
+        // round).
+        let natural_end = runs.last().is_some_and(|last| {
+            let in_round = runs.iter().filter(|r| r.round == last.round);
+            let quiet = !in_round.clone().any(|r| r.stats.changed);
+            in_round.count() == passes.len() && (quiet || last.round + 1 >= rounds.max(1))
+        });
+        let stopped =
+            !passes.is_empty() && remaining.is_some_and(|n| runs.len() >= n) && !natural_end;
         self.runs.extend(runs);
         Ok(stopped)
     }
