@@ -467,6 +467,12 @@ impl PrecisionOutcome {
                 ops.join(", ")
             );
         }
+        if !r.kept_fp32_weights.is_empty() {
+            println!("  weights kept fp32:");
+            for (name, why) in &r.kept_fp32_weights {
+                println!("    {name}: {why}");
+            }
+        }
         if let Some(Err(why)) = &self.validation {
             println!("  NOT validated: {why}");
         }
@@ -514,6 +520,7 @@ impl PrecisionOutcome {
             "casts_after": r.casts_after,
             "clamped": r.clamped.iter().map(|(n, c)| json!({"name": n, "values": c})).collect::<Vec<_>>(),
             "kept_no_kernel": r.kept_no_kernel,
+            "kept_fp32_weights": r.kept_fp32_weights.iter().map(|(n, w)| json!({"name": n, "why": w})).collect::<Vec<_>>(),
             "warnings": r.warnings,
             "validation": self.validation.as_ref().map(|v| match v {
                 Err(why) => json!({"ok": null, "skipped": why}),
@@ -586,7 +593,10 @@ fn lower(
             bail!("--validate runs the models in tract, which has no bfloat16; validate bf16 output in onnxruntime (tests-py/precision_models.py)");
         }
         let (inputs, label) = match &a.lp.inputs {
-            Some(p) => (graphopt_tract::npz::read_inputs(p, model)?, p.display().to_string()),
+            Some(p) => (
+                graphopt_tract::npz::read_inputs(p, model)?,
+                p.display().to_string(),
+            ),
             None => (
                 graphopt_tract::sample_inputs(model, dims, 4, 7)?,
                 "seeded random".to_string(),

@@ -171,6 +171,11 @@ pub struct LowerReport {
     pub casts_removed: u64,
     /// Constants clamped to ±65504, with the number of values clamped.
     pub clamped: Vec<(String, u64)>,
+    /// Main-graph fp32 weights left fp32 although large enough to store
+    /// low, with why: read by a quantization or custom-domain op (exact
+    /// scales), or not faithful in fp16 (beyond its range, or too much of
+    /// it below the normal range).
+    pub kept_fp32_weights: Vec<(String, String)>,
     /// Op types kept fp32 because onnxruntime's CPU provider cannot run
     /// them low (or the schema does not admit the type).
     pub kept_no_kernel: BTreeSet<String>,
@@ -195,6 +200,9 @@ impl Pass for LowerPrecision {
         stats.add("casts_inserted", r.casts_inserted);
         stats.add("casts_removed", r.casts_removed);
         stats.add("constants_clamped", r.clamped.len() as u64);
+        if !r.kept_fp32_weights.is_empty() {
+            stats.add("weights_kept_fp32", r.kept_fp32_weights.len() as u64);
+        }
         stats.add(
             "bytes_saved",
             r.weight_bytes_before.saturating_sub(r.weight_bytes_after),
@@ -696,6 +704,7 @@ fn decide(
         || cx.keep.contains(op)
         || (!d.name.is_empty() && cx.keep.contains(&d.name))
         || ops::ATTR_TYPED.contains(&op)
+        || ops::is_quant_op(op)
         || op == "Cast"
     {
         return None;
@@ -768,13 +777,22 @@ fn lower_constants(
         }
         let name = g.name(v).to_string();
         let (mut wants_low, mut wants_f32) = (false, false);
+        // Read by a quantization op or an opaque custom-domain op: its fp32
+        // bits must stay (see `ops::is_quant_op`).
+        let mut exact = false;
         for u in g.uses(v) {
             match u {
-                Use::Input { node, slot } => match req.get(&(*node, *slot as usize)) {
-                    Some(&t) if t == low => wants_low = true,
-                    Some(_) => wants_f32 = true,
-                    None => {}
-                },
+                Use::Input { node, slot } => {
+                    if !default_domain(g, *node) || ops::is_quant_op(&g.node(*node).op_type) {
+                        exact = true;
+                        wants_f32 = true;
+                    }
+                    match req.get(&(*node, *slot as usize)) {
+                        Some(&t) if t == low => wants_low = true,
+                        Some(_) => wants_f32 = true,
+                        None => {}
+                    }
+                }
                 Use::Capture { .. } => wants_f32 = true,
             }
         }
@@ -810,10 +828,18 @@ fn lower_constants(
             continue;
         }
         let numel = t.numel().unwrap_or(0);
-        let store_low = is_init
-            && !is_out
-            && conv.faithful()
-            && (wants_low || numel >= cx.opts.min_weight_elems);
+        let candidate = is_init && !is_out && (wants_low || numel >= cx.opts.min_weight_elems);
+        if candidate && main && (exact || !conv.faithful()) {
+            let why = if exact {
+                "read by a quantization or custom-domain op"
+            } else if conv.clamped > 0 {
+                "beyond fp16's range"
+            } else {
+                "too many values below fp16's normal range"
+            };
+            cx.report.kept_fp32_weights.push((name.clone(), why.to_string()));
+        }
+        let store_low = candidate && !exact && conv.faithful();
         if store_low {
             // Stored once, low; one Cast back to fp32 under the old name.
             let mut lt = lt;
@@ -845,9 +871,10 @@ fn lower_constants(
             if main {
                 cx.report.weights_lowered.push(name);
             }
-        } else if wants_low && is_init && conv.clamped > 0 {
-            // Beyond fp16's range and read fp32 too: a clamped low copy
-            // for the low readers, so they see ±65504 rather than ±inf.
+        } else if wants_low && is_init && (conv.clamped > 0 || exact) {
+            // Beyond fp16's range, or read by a quantization op too, and
+            // read fp32: a (clamped) low copy for the low readers, so they
+            // see ±65504 rather than ±inf.
             let mut lt = lt;
             lt.name = String::new();
             let lv = new_initializer(g, cx, &format!("{name}_{}", short(lt.dtype)), lt);

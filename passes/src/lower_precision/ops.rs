@@ -50,6 +50,21 @@ pub(crate) fn row(op: &str, opset: i64) -> Option<&'static OpRow> {
         .last()
 }
 
+/// Quantization ops: their float inputs are scales, zero points or values
+/// about to be quantized, whose exact fp32 bits the integer arithmetic is
+/// defined on (rounding a scale to fp16 moves every dequantized value). They
+/// never run low, and the float constants they read are never stored low.
+/// Ops outside the default domain get the same treatment, wherever they are
+/// checked, since their arithmetic is opaque (a com.microsoft quantized
+/// LSTM reads float scales).
+pub(crate) fn is_quant_op(op: &str) -> bool {
+    // "uantize": QuantizeLinear, DequantizeLinear, DynamicQuantize*.
+    op.starts_with("QLinear")
+        || op.contains("uantize")
+        || op.ends_with("Integer")
+        || op.ends_with("IntegerToFloat")
+}
+
 /// Default fp32 keep-list, after PyTorch autocast's fp32 list: ops whose
 /// result loses too much in fp16 (exponentials, big sums, normalizations)
 /// or whose outputs index or size things (ranges, top-k, box ops).
@@ -124,6 +139,26 @@ pub(crate) fn flexible_slot(op: &str, slot: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantization_ops() {
+        for op in [
+            "QuantizeLinear",
+            "DequantizeLinear",
+            "DynamicQuantizeLinear",
+            "DynamicQuantizeMatMul",
+            "QLinearMatMul",
+            "QLinearConv",
+            "MatMulInteger",
+            "ConvInteger",
+            "MatMulIntegerToFloat",
+        ] {
+            assert!(is_quant_op(op), "{op}");
+        }
+        for op in ["MatMul", "Gemm", "Conv", "Add", "LayerNormalization"] {
+            assert!(!is_quant_op(op), "{op}");
+        }
+    }
 
     #[test]
     fn rows_follow_the_opset() {
