@@ -467,6 +467,17 @@ impl PrecisionOutcome {
                 ops.join(", ")
             );
         }
+        if !r.kept_sensitive.is_empty() {
+            let nodes: Vec<String> = r
+                .kept_sensitive
+                .iter()
+                .map(|(n, g)| format!("{n} (gain {g:.1})"))
+                .collect();
+            println!(
+                "  kept fp32 (signal-processing basis): {}",
+                nodes.join(", ")
+            );
+        }
         if !r.kept_fp32_weights.is_empty() {
             println!("  weights kept fp32:");
             for (name, why) in &r.kept_fp32_weights {
@@ -520,6 +531,7 @@ impl PrecisionOutcome {
             "casts_after": r.casts_after,
             "clamped": r.clamped.iter().map(|(n, c)| json!({"name": n, "values": c})).collect::<Vec<_>>(),
             "kept_no_kernel": r.kept_no_kernel,
+            "kept_sensitive": r.kept_sensitive.iter().map(|(n, g)| json!({"node": n, "gain": g})).collect::<Vec<_>>(),
             "kept_fp32_weights": r.kept_fp32_weights.iter().map(|(n, w)| json!({"name": n, "why": w})).collect::<Vec<_>>(),
             "warnings": r.warnings,
             "validation": self.validation.as_ref().map(|v| match v {

@@ -65,6 +65,38 @@ pub(crate) fn is_quant_op(op: &str) -> bool {
         || op.ends_with("IntegerToFloat")
 }
 
+/// A constant operand of a matrix product that looks like a
+/// signal-processing basis (DFT/STFT, DCT, cosine windows): entries bounded
+/// by 1 in magnitude, a reduction at least [`BASIS_MIN_K`] long, and sums
+/// that reach at least this many times the input's scale (`rms(w) *
+/// sqrt(K)`). A cosine basis has rms ~0.71, so with K = 512 its product is
+/// ~16 times its input, where trained or initialised network weights (rms
+/// ~1/sqrt(K)) stay near 1. fp16 loses those long sums' small components
+/// (the high-frequency bins), so such products stay fp32.
+pub const BASIS_GAIN: f64 = 4.0;
+
+/// The shortest reduction [`basis_gain`] considers.
+pub const BASIS_MIN_K: i64 = 64;
+
+/// `rms(w) * sqrt(k)` of an fp32 tensor whose entries all lie in [-1, 1],
+/// for `k >= BASIS_MIN_K` (None otherwise).
+pub(crate) fn basis_gain(t: &graphopt_ir::Tensor, k: i64) -> Option<f64> {
+    if t.dtype != graphopt_ir::DType::F32 || k < BASIS_MIN_K {
+        return None;
+    }
+    let raw = t.raw()?;
+    let (mut sum, mut n) = (0f64, 0u64);
+    for c in raw.chunks_exact(4) {
+        let x = f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64;
+        if !(-1.0..=1.0).contains(&x) {
+            return None;
+        }
+        sum += x * x;
+        n += 1;
+    }
+    (n > 0).then(|| (sum / n as f64).sqrt() * (k as f64).sqrt())
+}
+
 /// Default fp32 keep-list, after PyTorch autocast's fp32 list: ops whose
 /// result loses too much in fp16 (exponentials, big sums, normalizations)
 /// or whose outputs index or size things (ranges, top-k, box ops).
