@@ -18,8 +18,8 @@ use crate::util::human_bytes;
 use anyhow::{anyhow, bail, Context};
 use graphopt_ir::{Dim, Model};
 use graphopt_plan::{
-    check_graph_plan, check_plan, liveness, plan_graph, plan_intervals, read_minimalloc_csv,
-    Buffer, IntervalOptions, Plan, PlanError, PlanOptions,
+    check_graph_plan, check_plan, default_node_budget, liveness, plan_graph, plan_intervals,
+    read_minimalloc_csv, Buffer, IntervalOptions, Plan, PlanError, PlanOptions,
 };
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -55,9 +55,10 @@ pub struct Args {
     /// a node budget ends the search and the plan is the same every run.
     #[arg(long, value_name = "S")]
     time_limit: Option<f64>,
-    /// Node budget of the offset search.
-    #[arg(long, default_value_t = 200_000, value_name = "N")]
-    nodes: u64,
+    /// Node budget of the offset search (default 200,000; with
+    /// --intervals, 2,000 per buffer and at least 200,000).
+    #[arg(long, value_name = "N")]
+    nodes: Option<u64>,
     /// Keep the model's node order (no memory-aware scheduling).
     #[arg(long)]
     no_reorder: bool,
@@ -98,7 +99,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         reorder: !a.no_reorder,
         search: true,
         time_limit: a.time_limit.map(Duration::from_secs_f64),
-        node_budget: a.nodes,
+        node_budget: a.nodes.unwrap_or(200_000),
         threads: 2,
         ignore_unknown: a.ignore_unknown,
     };
@@ -439,7 +440,7 @@ fn run_intervals(a: &Args, csv: &Path) -> anyhow::Result<()> {
     let opts = IntervalOptions {
         alignment: align,
         search: true,
-        node_budget: a.nodes,
+        node_budget: a.nodes.unwrap_or(default_node_budget(bufs.len())),
         time_limit: a.time_limit.map(Duration::from_secs_f64),
         target: a.capacity,
         threads: 2,

@@ -27,7 +27,7 @@ pub use buffer::{
 };
 pub use check::{check_plan, Alias, CheckError};
 pub use inplace::{inplace_rule, InPlace};
-pub use intervals::{arena_of, plan_intervals, IntervalOptions, IntervalPlan};
+pub use intervals::{arena_of, default_node_budget, plan_intervals, IntervalOptions, IntervalPlan};
 pub use liveness::TensorKind;
 pub use plan::{
     check_graph_plan, plan_graph, PeakTensor, Plan, PlanError, PlanOptions, PlannedTensor,
