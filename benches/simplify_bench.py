@@ -12,7 +12,7 @@ each in a child process, on:
   * testdata/models/*.onnx,
   * the onnx package's light models (onnx/backend/test/data/light/*.onnx),
   * with --torch, larger exports created once in benches/models/ (git-ignored):
-    torchvision resnet50 and mobilenet_v2 (random weights), BERT-base and GPT-2
+    torchvision resnet50, mobilenet_v2 and vit_b_16 (random weights), BERT-base and GPT-2
     small from transformers configs (random weights), each with the TorchScript
     exporter (opset 14) and the dynamo exporter (opset 18) where it works,
   * with --synthetic, transformer-shaped graphs built with onnx.helper and
@@ -247,7 +247,7 @@ name, exporter, path = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.manual_seed(0)
 torch.set_num_threads(2)
 dyn = None
-if name in ("resnet50", "mobilenet_v2"):
+if name in ("resnet50", "mobilenet_v2", "vit_b_16"):
     import torchvision
     model = getattr(torchvision.models, name)(weights=None).eval()
     args = (torch.randn(1, 3, 224, 224),)
@@ -282,7 +282,7 @@ import numpy as np
 np.savez(path[:-5] + ".inputs.npz", **{n: a.numpy() for n, a in zip(names, args)})
 """
 
-TORCH_MODELS = ["resnet50", "mobilenet_v2", "bert_base", "gpt2"]
+TORCH_MODELS = ["resnet50", "mobilenet_v2", "vit_b_16", "bert_base", "gpt2"]
 
 
 def torch_models(timeout: float) -> list[str]:
