@@ -246,6 +246,8 @@ warnings.simplefilter("ignore")
 name, exporter, path = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.manual_seed(0)
 torch.set_num_threads(2)
+# nn.MultiheadAttention's fused fast path (torchvision ViT) has no ONNX export.
+torch.backends.mha.set_fastpath_enabled(False)
 dyn = None
 if name in ("resnet50", "mobilenet_v2", "vit_b_16"):
     import torchvision
