@@ -9,7 +9,7 @@
 //! - `fp16` / `bf16`: matrix products (MatMul, Gemm, Conv, ConvTranspose,
 //!   Einsum) run low; ops on the fp32 keep-list
 //!   ([`ops::DEFAULT_KEEP_FP32`], after PyTorch autocast: softmax, norms,
-//!   sum-like reductions, exp/log/pow/erf/reciprocal/sqrt, losses, CumSum,
+//!   sum-like reductions, exp/log/pow/erf/reciprocal/sqrt, losses, CumSum, DFT/STFT,
 //!   Range, TopK, NMS, RoiAlign) run fp32, and so do MatMul/Gemm/Conv
 //!   against a constant that looks like a signal-processing basis (DFT,
 //!   STFT: [`ops::BASIS_GAIN`]); every other op follows its inputs

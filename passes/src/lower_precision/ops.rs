@@ -121,6 +121,10 @@ pub const DEFAULT_KEEP_FP32: &[&str] = &[
     "ReduceLogSumExp",
     "ReduceProd",
     "CumSum",
+    // signal processing: long sums of unit-magnitude terms (MatMuls against
+    // a constant basis are caught by `basis_gain`)
+    "DFT",
+    "STFT",
     // pointwise functions with a wide output range
     "Exp",
     "Log",
