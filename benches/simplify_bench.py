@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
-"""Simplification benchmark: graphopt's default pipeline vs. onnxsim vs. onnxoptimizer.
+"""Simplification benchmark: graphopt's default pipeline vs. onnxsim, onnxslim and onnxoptimizer.
 
-    python3 benches/simplify_bench.py [--graphopt target/release/graphopt] [--torch] [--only SUBSTR]
+    python3 benches/simplify_bench.py [--graphopt target/release/graphopt] [--torch] [--synthetic] [--only SUBSTR]
 
 Runs, in the same run and on the same files:
   (a) `graphopt optimize IN -o OUT --report R.json` (default pipeline),
   (b) onnxsim (`onnxsim.simplify(model)`, default options),
-  (c) onnxoptimizer (`onnxoptimizer.optimize(model)`, its default passes),
+  (c) onnxslim (`onnxslim.slim(model)`, default options),
+  (d) onnxoptimizer (`onnxoptimizer.optimize(model)`, its default passes),
 each in a child process, on:
   * testdata/models/*.onnx,
   * the onnx package's light models (onnx/backend/test/data/light/*.onnx),
   * with --torch, larger exports created once in benches/models/ (git-ignored):
-    torchvision resnet50 and mobilenet_v2 (random weights), BERT-base and GPT-2
+    torchvision resnet50, mobilenet_v2 and vit_b_16 (random weights), BERT-base and GPT-2
     small from transformers configs (random weights), each with the TorchScript
-    exporter (opset 14) and the dynamo exporter (opset 18) where it works.
+    exporter (opset 14) and the dynamo exporter (opset 18) where it works,
+  * with --synthetic, transformer-shaped graphs built with onnx.helper and
+    seeded random weights (no torch needed), created once in benches/models/:
+    `synth_bert_base` (BERT-base sizes, 0.44 GB, inline) and `synth_gpt2_large`
+    (GPT-2 large sizes, 3.1 GB, external data), each layer with the
+    Shape->Gather->Concat->Reshape head-split chains of a dynamic-batch export,
+  * any --model PATH.
 
 Per model and tool: node count (subgraphs included), initializer bytes, file
 size (external data included), wall time, and whether the output runs in
@@ -62,6 +69,15 @@ big = o.ByteSize() > 1_900_000_000
 onnx.save(o, dst, save_as_external_data=big, location=os.path.basename(dst) + ".data" if big else None)
 """
 
+ONNXSLIM_CHILD = r"""
+import os, sys, onnx, onnxslim
+src, dst = sys.argv[1], sys.argv[2]
+m = onnx.load(src)
+o = onnxslim.slim(m)
+big = o.ByteSize() > 1_900_000_000
+onnx.save(o, dst, save_as_external_data=big, location=os.path.basename(dst) + ".data" if big else None)
+"""
+
 
 def run_tool(tool: str, graphopt: list[str], src: str, dst: str, timeout: float) -> dict:
     if tool == "graphopt":
@@ -69,6 +85,8 @@ def run_tool(tool: str, graphopt: list[str], src: str, dst: str, timeout: float)
         cmd = graphopt + ["optimize", src, "-o", dst, "--report", report, "--quiet"]
     elif tool == "onnxsim":
         cmd = [sys.executable, "-c", ONNXSIM_CHILD, src, dst]
+    elif tool == "onnxslim":
+        cmd = [sys.executable, "-c", ONNXSLIM_CHILD, src, dst]
     else:
         cmd = [sys.executable, "-c", ONNXOPT_CHILD, src, dst]
     t0 = time.perf_counter()
@@ -80,7 +98,15 @@ def run_tool(tool: str, graphopt: list[str], src: str, dst: str, timeout: float)
     if p.returncode != 0 or not os.path.exists(dst):
         err = (p.stderr or p.stdout).strip().splitlines()
         return {"ok": False, "time_s": dt, "error": (err[-1] if err else f"exit {p.returncode}")[:300]}
-    return {"ok": True, "time_s": dt}
+    out = {"ok": True, "time_s": dt}
+    if tool == "graphopt" and os.path.exists(report):
+        with open(report) as f:
+            rep = json.load(f)
+        for k in ("time_import_ms", "time_passes_ms", "time_export_ms"):
+            v = rep.get(k, rep.get("timing", {}).get(k))
+            if v is not None:
+                out[k] = v
+    return out
 
 
 # ----------------------------------------------------------------- measuring
@@ -220,10 +246,16 @@ warnings.simplefilter("ignore")
 name, exporter, path = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.manual_seed(0)
 torch.set_num_threads(2)
+# nn.MultiheadAttention's fused fast path (torchvision ViT) has no ONNX export.
+torch.backends.mha.set_fastpath_enabled(False)
 dyn = None
-if name in ("resnet50", "mobilenet_v2"):
+if name in ("resnet50", "mobilenet_v2", "vit_b_16"):
     import torchvision
     model = getattr(torchvision.models, name)(weights=None).eval()
+    if name == "vit_b_16":
+        # torchvision zero-initialises the classifier: the output would be
+        # all zeros and every comparison trivially exact.
+        torch.nn.init.normal_(model.heads.head.weight, std=0.02)
     args = (torch.randn(1, 3, 224, 224),)
     names = ["input"]
 elif name == "bert_base":
@@ -256,7 +288,7 @@ import numpy as np
 np.savez(path[:-5] + ".inputs.npz", **{n: a.numpy() for n, a in zip(names, args)})
 """
 
-TORCH_MODELS = ["resnet50", "mobilenet_v2", "bert_base", "gpt2"]
+TORCH_MODELS = ["resnet50", "mobilenet_v2", "vit_b_16", "bert_base", "gpt2"]
 
 
 def torch_models(timeout: float) -> list[str]:
@@ -288,9 +320,112 @@ def torch_models(timeout: float) -> list[str]:
     return out
 
 
+# ----------------------------------------------------------------- synthetic
+
+SYNTH_MODELS = {
+    # name: (hidden, ffn, layers, vocab, heads, external data)
+    "synth_bert_base": (768, 3072, 12, 30522, 12, False),
+    "synth_gpt2_large": (1280, 5120, 36, 50257, 20, True),
+}
+
+
+def make_synth(path: str, hidden: int, ffn: int, layers: int, vocab: int, heads: int, external: bool):
+    """A transformer-shaped graph (embedding Gather; per layer Q/K/V/O and a
+    two-MatMul MLP with biases, softmax attention, residual Adds), the head
+    split and merge computed from Shape->Gather->Unsqueeze->Concat->Reshape
+    on the dynamic batch and sequence dims, as TorchScript exports do.
+    Seeded random weights scaled by 1/sqrt(fan_in)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits, nodes = [], []
+    uid = [0]
+
+    def name(p):
+        uid[0] += 1
+        return f"{p}_{uid[0]}"
+
+    def weight(shape, scale):
+        n = name("w")
+        a = (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
+        inits.append(numpy_helper.from_array(a, n))
+        return n
+
+    def const(vals, p="c"):
+        n = name(p)
+        inits.append(numpy_helper.from_array(np.array(vals, dtype=np.int64), n))
+        return n
+
+    def node(op, ins, **attrs):
+        out = name(op.lower())
+        nodes.append(helper.make_node(op, ins, [out], name=out, **attrs))
+        return out
+
+    def linear(x, fan_in, fan_out):
+        return node("Add", [node("MatMul", [x, weight((fan_in, fan_out), fan_in ** -0.5)]),
+                            weight((fan_out,), 0.02)])
+
+    dh = hidden // heads
+    h = node("Gather", [weight((vocab, hidden), 1.0), "input_ids"])
+    for _ in range(layers):
+        s = node("Shape", [h])
+        b = node("Unsqueeze", [node("Gather", [s, const(0)], axis=0), const([0])])
+        t = node("Unsqueeze", [node("Gather", [s, const(1)], axis=0), const([0])])
+        split = node("Concat", [b, t, const([heads]), const([dh])], axis=0)
+        q, k, v = (node("Transpose", [node("Reshape", [linear(h, hidden, hidden), split])], perm=[0, 2, 1, 3])
+                   for _ in range(3))
+        kt = node("Transpose", [k], perm=[0, 1, 3, 2])
+        att = node("Softmax", [node("Div", [node("MatMul", [q, kt]),
+                                            const_f(inits, name, float(dh) ** 0.5)])], axis=-1)
+        ctx = node("Transpose", [node("MatMul", [att, v])], perm=[0, 2, 1, 3])
+        merge = node("Concat", [b, t, const([hidden])], axis=0)
+        h = node("Add", [h, linear(node("Reshape", [ctx, merge]), hidden, hidden)])
+        f = linear(node("Relu", [linear(h, hidden, ffn)]), ffn, hidden)
+        h = node("Add", [h, f])
+    nodes.append(helper.make_node("Identity", [h], ["hidden"]))
+    g = helper.make_graph(
+        nodes, os.path.basename(path)[:-5], 
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "seq", hidden])],
+        inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    m.ir_version = 8
+    tmp = path + ".tmp"
+    if external:
+        onnx.save_model(m, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=os.path.basename(path) + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(m, tmp)
+    os.replace(tmp, path)
+    rng2 = np.random.default_rng(7)
+    np.savez(path[:-5] + ".inputs.npz", input_ids=rng2.integers(0, vocab, size=(1, 8)).astype(np.int64))
+
+
+def const_f(inits, name, v):
+    import numpy as np
+    from onnx import numpy_helper
+    n = name("f")
+    inits.append(numpy_helper.from_array(np.array(v, dtype=np.float32), n))
+    return n
+
+
+def synthetic_models() -> list[str]:
+    os.makedirs(MODELS_DIR, exist_ok=True)
+    out = []
+    for stem, cfg in SYNTH_MODELS.items():
+        path = os.path.join(MODELS_DIR, f"{stem}.onnx")
+        if not os.path.exists(path):
+            print(f"# generating {stem} ...", flush=True)
+            make_synth(path, *cfg)
+        out.append(path)
+    return out
+
+
 # ----------------------------------------------------------------- main
 
-TOOLS = ["graphopt", "onnxsim", "onnxoptimizer"]
+TOOLS = ["graphopt", "onnxsim", "onnxslim", "onnxoptimizer"]
 
 
 def fmt_bytes(n):
@@ -307,6 +442,10 @@ def main() -> int:
     ap.add_argument("--graphopt", default=os.environ.get("GRAPHOPT", os.path.join(REPO, "target/release/graphopt")),
                     help="graphopt binary or command line (default target/release/graphopt or $GRAPHOPT)")
     ap.add_argument("--torch", action="store_true", help="also create and run the torch exports in benches/models/")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="also create and run the synthetic transformer-shaped models (0.44 GB, 3.1 GB)")
+    ap.add_argument("--model", action="append", default=[], help="also run this model file")
+    ap.add_argument("--tools", default=",".join(TOOLS), help="comma-separated subset of " + ",".join(TOOLS))
     ap.add_argument("--only", action="append", default=[], help="run only models whose file name contains this")
     ap.add_argument("--no-light", action="store_true", help="skip the onnx package's light models")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per tool run (default 900)")
@@ -322,6 +461,10 @@ def main() -> int:
         models += sorted(glob.glob(os.path.join(light, "*.onnx")))
     if a.torch:
         models += torch_models(a.timeout)
+    if a.synthetic:
+        models += synthetic_models()
+    models += [os.path.abspath(m) for m in a.model]
+    tools = [t for t in a.tools.split(",") if t]
     if a.only:
         models = [m for m in models if any(s in os.path.basename(m) for s in a.only)]
 
@@ -345,7 +488,7 @@ def main() -> int:
             row["error"] = str(e)[:200]
             rows.append(row)
             continue
-        for tool in TOOLS:
+        for tool in tools:
             dst = os.path.join(tmp, f"{name}.{tool}.onnx")
             r = run_tool(tool, graphopt, src, dst, a.timeout)
             if r["ok"]:
@@ -365,9 +508,16 @@ def main() -> int:
                 "file": g["file_bytes"] / max(s["file_bytes"], 1),
                 "time": g["time_s"] / max(s["time_s"], 1e-9),
             }
+        if g.get("ok"):
+            for other in ("onnxsim", "onnxslim"):
+                o = row.get(other, {})
+                if o.get("ok"):
+                    row.setdefault("speedup", {})[other] = o["time_s"] / max(g["time_s"], 1e-9)
+            if "time_passes_ms" in g:
+                row["graphopt_passes_share"] = g["time_passes_ms"] / 1000 / max(g["time_s"], 1e-9)
         rows.append(row)
         print(f"# {name}: " + ", ".join(
-            f"{t} {row[t].get('nodes', 'ERR')}" for t in TOOLS if t in row) + f" (input {row['input']['nodes']})",
+            f"{t} {row[t].get('nodes', 'ERR')} ({row[t].get('time_s', 0):.2f}s)" for t in tools if t in row) + f" (input {row['input']['nodes']})",
             flush=True)
 
     # ------------------------------------------------------------- report
@@ -385,16 +535,22 @@ def main() -> int:
             return "exact"
         return f"{r['rel_l2']:.1e}" + ("" if r["matches"] else " !")
 
+    short = {"graphopt": "graphopt", "onnxsim": "onnxsim", "onnxslim": "onnxslim", "onnxoptimizer": "onnxopt"}
+    heads = " | ".join(short[t] for t in tools)
     lines = [
-        "| model | nodes in | graphopt | onnxsim | onnxopt | file in | graphopt | onnxsim | onnxopt "
-        "| time graphopt | onnxsim | onnxopt | check graphopt | onnxsim | onnxopt | nodes g/s | file g/s |",
-        "|" + "---|" * 18,
+        f"| model | nodes in | {heads} | file in | {heads} | time {heads} | check {heads} "
+        "| nodes g/s | file g/s | speedup vs onnxsim | vs onnxslim | graphopt passes share |",
+        "|" + "---|" * (7 + 4 * len(tools)),
     ]
+
+    def fx(v, f="{:.1f}x"):
+        return "-" if v is None else f.format(v)
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | error: {row['error'][:80]} |" + " |" * 16)
+            lines.append(f"| {row['model']} | error: {row['error'][:80]} |" + " |" * (5 + 4 * len(tools)))
             continue
-        t = [row.get(k, {}) for k in TOOLS]
+        t = [row.get(k, {}) for k in tools]
+        sp = row.get("speedup", {})
         rat = row.get("ratios")
         lines.append(
             f"| {row['model']} | {row['input']['nodes']} | "
@@ -405,7 +561,9 @@ def main() -> int:
             + " | ".join(f"{r['time_s']:.2f}s" if r.get("ok") else "-" for r in t)
             + " | "
             + " | ".join(check(r) for r in t)
-            + (f" | {rat['nodes']:.2f} | {rat['file']:.3f} |" if rat else " | - | - |")
+            + (f" | {rat['nodes']:.2f} | {rat['file']:.3f}" if rat else " | - | -")
+            + f" | {fx(sp.get('onnxsim'))} | {fx(sp.get('onnxslim'))}"
+            + f" | {fx(row.get('graphopt_passes_share'), '{:.0%}')} |"
         )
     table = "\n".join(lines)
     print(table)
@@ -425,7 +583,7 @@ def main() -> int:
 
 def versions() -> dict:
     out = {}
-    for mod in ("onnx", "onnxruntime", "onnxsim", "onnxoptimizer", "torch"):
+    for mod in ("onnx", "onnxruntime", "onnxsim", "onnxslim", "onnxoptimizer", "torch"):
         try:
             out[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001

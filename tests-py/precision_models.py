@@ -184,6 +184,86 @@ def check(entry, models_dir, graphopt, precision, tmp, args):
     return True, ", ".join(notes)
 
 
+def make_ir3_model(path):
+    """An IR-3 model (opset 8, every initializer also a graph input, as old
+    exporters wrote them): Conv, a Shape->Gather->Concat->Reshape chain,
+    Gemm, MatMul. Returns seeded inputs and the fp32 outputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = {
+        "conv_w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3,
+        "conv_b": rng.standard_normal(4).astype(np.float32) * 0.1,
+        "fc_w": rng.standard_normal((64, 256)).astype(np.float32) * 0.05,
+        "fc_b": rng.standard_normal(64).astype(np.float32) * 0.1,
+        "proj": rng.standard_normal((64, 16)).astype(np.float32) * 0.1,
+        "idx": np.array([0], dtype=np.int64),
+        "minus1": np.array([-1], dtype=np.int64),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "conv_w", "conv_b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Shape", ["r"], ["s"]),
+        helper.make_node("Gather", ["s", "idx"], ["b"], axis=0),
+        helper.make_node("Concat", ["b", "minus1"], ["t"], axis=0),
+        helper.make_node("Reshape", ["r", "t"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["h"], transB=1),
+        helper.make_node("MatMul", ["h", "proj"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(v, k) for k, v in w.items()]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])] + [
+        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+        for k, v in w.items()
+    ]
+    g = helper.make_graph(nodes, "ir3", inputs,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 8)])
+    m.ir_version = 3
+    onnx.save(m, path)
+    feeds = {"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)}
+    return feeds, run_ort(path, feeds)[1][0]
+
+
+def check_ir3(graphopt, tmp, args):
+    """IR < 4 requires every initializer to be a graph input too. Every
+    pass alone, the default pipeline and each precision must keep that
+    rule (onnxruntime refuses the file otherwise) and the outputs."""
+    import subprocess
+
+    src = os.path.join(tmp, "ir3.onnx")
+    feeds, ref = make_ir3_model(src)
+    listed = subprocess.run([*graphopt, "passes"], capture_output=True, text=True).stdout
+    passes = [ln.split()[0] for ln in listed.splitlines() if ln and not ln.startswith(" ")]
+    runs = [("default", [])] + [(p, ["--passes", p]) for p in passes if p != "upgrade_opset"]
+    runs += [(p, ["--precision", p]) for p in [x.strip() for x in args.precision.split(",") if x.strip()]]
+    results = []
+    for label, extra in runs:
+        dst = os.path.join(tmp, f"ir3.{label}.onnx")
+        proc = subprocess.run([*graphopt, "optimize", src, "-o", dst, *extra],
+                              capture_output=True, text=True, timeout=args.timeout)
+        if proc.returncode != 0:
+            results.append((False, label, f"graphopt exit {proc.returncode}: {short_err(proc)}"))
+            continue
+        out = onnx.load(dst)
+        declared = {i.name for i in out.graph.input}
+        missing = [t.name for t in out.graph.initializer if t.name not in declared]
+        if out.ir_version >= 4:
+            results.append((False, label, f"ir_version became {out.ir_version}"))
+            continue
+        if missing:
+            results.append((False, label, f"initializers not declared as inputs: {missing[:5]}"))
+            continue
+        try:
+            got = run_ort(dst, feeds)[1][0]
+        except Exception as e:  # noqa: BLE001
+            results.append((False, label, f"onnxruntime: {str(e).splitlines()[0][:240]}"))
+            continue
+        err = rel_l2(np.asarray(got, dtype=np.float32), ref)
+        bound = BOUND.get("fp16" if label == "lower_precision" else label, 1e-5)
+        results.append((err <= bound, label, f"rel L2 {err:.2e} (bound {bound})"))
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphopt")
@@ -218,6 +298,11 @@ def main():
             except Exception as e:  # noqa: BLE001
                 ok, msg = False, f"harness error: {type(e).__name__}: {e}"
             print(f"{'PASS' if ok else 'FAIL'} {entry['name']} [{p}]: {msg}", flush=True)
+            passed += ok
+            failed += not ok
+    if not args.k or re.search(args.k, "ir3"):
+        for ok, label, msg in check_ir3(graphopt, tmp, args):
+            print(f"{'PASS' if ok else 'FAIL'} ir3 [{label}]: {msg}", flush=True)
             passed += ok
             failed += not ok
     print(f"{passed} passed, {failed} failed")

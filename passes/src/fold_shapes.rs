@@ -21,6 +21,14 @@
 //!    graph's, which types their formal inputs); values captured from the
 //!    enclosing graph count as unknown there.
 //!
+//! 5. A `Reshape` target that is not fully known is still rewritten to a
+//!    constant when every element is known, or the same symbolic dim as the
+//!    data input's dim at that position (written `0`: copy that dim), except
+//!    at most one element that becomes `-1` (Reshape infers it). Not with
+//!    `allowzero = 1`, where `0` means an empty dim. This is what makes the
+//!    `Shape -> Gather -> Concat` chains of dynamic-batch exports die (ViT,
+//!    BERT: the head split and merge on `batch`).
+//!
 //! Exact: the folded values are what the nodes compute.
 //!
 //! ```text
@@ -31,6 +39,20 @@
 //!   d = Gather (s, i)                          }
 //!   c = Concat <axis = 0> (d, m)
 //!   y = Reshape (x, c)
+//! }
+//!
+//! g (float[batch,seq,64] x)                    g (float[batch,seq,64] x)
+//!   => (float[batch,seq,4,16] y)                 => (float[batch,seq,4,16] y)
+//!   <int64 i0 = {0}, int64 i1 = {1},             <int64[4] shape = {0, 0, 4, 16}> {
+//!    int64[2] hd = {4, 16},                      y = Reshape (x, shape)
+//!    int64[1] zero = {0}> {                    }
+//!   s = Shape (x)
+//!   b = Gather (s, i0)
+//!   q = Gather (s, i1)
+//!   ub = Unsqueeze (b, zero)
+//!   uq = Unsqueeze (q, zero)
+//!   t = Concat <axis = 0> (ub, uq, hd)
+//!   y = Reshape (x, t)
 //! }
 //! ```
 
@@ -98,6 +120,28 @@ fn known_tensor(g: &Graph, v: ValueId, elems: &[Dim]) -> Option<Tensor> {
     Tensor::from_raw(t.elem, dims, raw.into()).ok()
 }
 
+/// A Reshape target as constants, `0` (copy the input's dim) and at most
+/// one `-1`, if `elems` (the target's shape value) allows it (rule 5).
+fn relative_target(in_dims: &[Dim], elems: &[Dim]) -> Option<Vec<i64>> {
+    let mut out = Vec::with_capacity(elems.len());
+    let mut inferred = false;
+    for (i, e) in elems.iter().enumerate() {
+        let v = match e {
+            Dim::Known(k) => *k,
+            Dim::Sym(s) if matches!(in_dims.get(i), Some(Dim::Sym(t)) if t == s) => 0,
+            _ => -1,
+        };
+        if v == -1 {
+            if inferred {
+                return None;
+            }
+            inferred = true;
+        }
+        out.push(v);
+    }
+    Some(out)
+}
+
 fn fold(g: &mut Graph, vals: &BTreeMap<ValueId, Vec<Dim>>, stats: &mut PassStats) {
     let mut freed: Vec<ValueId> = Vec::new();
     for n in g.order().to_vec() {
@@ -120,6 +164,37 @@ fn fold(g: &mut Graph, vals: &BTreeMap<ValueId, Vec<Dim>>, stats: &mut PassStats
         g.set_initializer(o, t);
         g.value_mut(o).ty = Some(ty);
         stats.add("nodes_folded", 1);
+    }
+    // Reshape targets with symbolic elements (rule 5).
+    for n in g.order().to_vec() {
+        let node = g.node(n);
+        let std_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        if !std_domain || node.op_type != "Reshape" || node.attr_int("allowzero").unwrap_or(0) != 0 {
+            continue;
+        }
+        let (Some(&Some(x)), Some(&Some(s))) = (node.inputs().first(), node.inputs().get(1)) else {
+            continue;
+        };
+        if g.constant(s).is_some() {
+            continue;
+        }
+        let Some(elems) = vals.get(&s) else { continue };
+        let in_dims: Vec<Dim> = g
+            .ty(x)
+            .and_then(|t| t.as_tensor())
+            .and_then(|t| t.shape.as_ref())
+            .map(|s| s.dims.clone())
+            .unwrap_or_default();
+        let Some(target) = relative_target(&in_dims, elems) else {
+            continue;
+        };
+        let Ok(t) = Tensor::from_i64(vec![target.len() as i64], &target) else {
+            continue;
+        };
+        let c = g.add_initializer("shape", t);
+        g.set_input(n, 1, Some(c));
+        freed.push(s);
+        stats.add("reshape_targets_folded", 1);
     }
     // Producers (and constants) that only the folded nodes read: the
     // `Shape`, `Gather`... upstream of a folded value, and folded values
@@ -184,10 +259,48 @@ g (float[1,3,4] x) => (float[1,12] y) <int64[2] c = {1, -1}> {
             &FoldShapes,
             r#"
 <ir_version: 8, opset_import: ["" : 17]>
+g (float[N,12] x) => (int64[3] c) <int64[1] i = {0}, int64[2] t = {3, 4}> {
+  s = Shape (x)
+  d = Gather (s, i)
+  c = Concat <axis = 0> (d, t)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn symbolic_reshape_target_becomes_relative() {
+        assert_pass(
+            &FoldShapes,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
 g (float[N,12] x) => (float[N,3,4] y) <int64[1] i = {0}, int64[2] t = {3, 4}> {
   s = Shape (x)
   d = Gather (s, i)
   c = Concat <axis = 0> (d, t)
+  y = Reshape (x, c)
+}
+"#,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N,12] x) => (float[N,3,4] y) <int64[3] shape = {0, 3, 4}> {
+  y = Reshape (x, shape)
+}
+"#,
+        );
+    }
+
+    #[test]
+    fn two_unknown_reshape_elements_stay() {
+        assert_unchanged(
+            &FoldShapes,
+            r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N,M,12] x) => (float[M,N,3,4] y) <int64[1] i = {0}, int64[1] j = {1}, int64[2] t = {3, 4}> {
+  s = Shape (x)
+  d = Gather (s, i)
+  e = Gather (s, j)
+  c = Concat <axis = 0> (e, d, t)
   y = Reshape (x, c)
 }
 "#,

@@ -378,6 +378,23 @@ fn precision_text(r: &PrecisionReport) -> String {
             r.kept_no_kernel.join(", ")
         );
     }
+    if !r.kept_sensitive.is_empty() {
+        let nodes: Vec<String> = r
+            .kept_sensitive
+            .iter()
+            .map(|k| format!("{} (gain {:.1})", k.node, k.gain))
+            .collect();
+        out += &format!(
+            "  kept fp32 (signal-processing basis): {}\n",
+            nodes.join(", ")
+        );
+    }
+    if !r.kept_fp32_weights.is_empty() {
+        out += "  weights kept fp32:\n";
+        for k in &r.kept_fp32_weights {
+            out += &format!("    {}: {}\n", k.name, k.why);
+        }
+    }
     if let Some(why) = &r.validation_skipped {
         out += &format!("  NOT validated (best effort): {why}\n");
     }

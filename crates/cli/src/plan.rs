@@ -5,8 +5,8 @@
 
 use crate::util::{human_bytes, json_text, print_out};
 use graphopt::plan::{
-    check_graph_plan, check_plan, plan_intervals, read_minimalloc_csv, DimValues, IntervalOptions,
-    PlanOptions,
+    check_graph_plan, check_plan, default_node_budget, plan_intervals, read_minimalloc_csv,
+    DimValues, IntervalOptions, PlanOptions,
 };
 use graphopt::{Error, PlanRequest};
 use serde_json::json;
@@ -43,9 +43,10 @@ pub struct Args {
     /// a node budget ends the search and the plan is the same every run.
     #[arg(long, value_name = "S")]
     time_limit: Option<f64>,
-    /// Node budget of the offset search.
-    #[arg(long, default_value_t = 200_000, value_name = "N")]
-    nodes: u64,
+    /// Node budget of the offset search (default 200,000; with
+    /// --intervals, 2,000 per buffer and at least 200,000).
+    #[arg(long, value_name = "N")]
+    nodes: Option<u64>,
     /// Keep the model's node order (no memory-aware scheduling).
     #[arg(long)]
     no_reorder: bool,
@@ -113,7 +114,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             reorder: !a.no_reorder,
             search: true,
             time_limit: a.time_limit.map(Duration::from_secs_f64),
-            node_budget: a.nodes,
+            node_budget: a.nodes.unwrap_or(200_000),
             threads: a
                 .threads
                 .unwrap_or_else(graphopt::plan::default_threads)
@@ -307,7 +308,7 @@ fn run_intervals(a: &Args, csv: &Path) -> graphopt::Result<()> {
     let opts = IntervalOptions {
         alignment: align,
         search: true,
-        node_budget: a.nodes,
+        node_budget: a.nodes.unwrap_or(default_node_budget(bufs.len())),
         time_limit: a.time_limit.map(Duration::from_secs_f64),
         target: a.capacity,
         threads: a

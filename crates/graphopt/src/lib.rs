@@ -56,7 +56,8 @@ pub use optimize::{
     OptimizeOptions, OptimizeReport, PassRunReport, PipelineOptions, Summary, DEFAULT_MAX_ROUNDS,
 };
 pub use precision::{
-    MemoryFigures, PrecisionOptions, PrecisionReport, ValidateOptions, Validation, ValidationCheck,
+    Clamped, KeptSensitive, KeptWeight, MemoryFigures, PrecisionOptions, PrecisionReport,
+    ValidateOptions, Validation, ValidationCheck,
 };
 pub use session::{load, PlanRequest, SaveOptions, Session};
 

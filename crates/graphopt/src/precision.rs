@@ -141,6 +141,28 @@ pub struct MemoryFigures {
     pub error: Option<String>,
 }
 
+/// A constant clamped to fp16's range.
+#[derive(Clone, Debug, Serialize)]
+pub struct Clamped {
+    pub name: String,
+    /// Values clamped to ±65504.
+    pub values: u64,
+}
+
+/// A product against a signal-processing basis kept fp32.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeptSensitive {
+    pub node: String,
+    pub gain: f64,
+}
+
+/// A weight kept fp32, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeptWeight {
+    pub name: String,
+    pub why: String,
+}
+
 /// What [`Session::lower_precision`] did.
 #[derive(Clone, Debug, Serialize)]
 pub struct PrecisionReport {
@@ -152,11 +174,17 @@ pub struct PrecisionReport {
     pub weights_ratio: f64,
     pub casts_before: u64,
     pub casts_after: u64,
-    /// Constants clamped to fp16's range: (name, values clamped).
-    pub clamped: Vec<(String, u64)>,
+    /// Constants clamped to fp16's range.
+    pub clamped: Vec<Clamped>,
     /// Ops kept fp32 for lack of a low-precision kernel in onnxruntime's CPU
     /// provider.
     pub kept_no_kernel: Vec<String>,
+    /// Products against a constant signal-processing basis (DFT/STFT-like)
+    /// kept fp32.
+    pub kept_sensitive: Vec<KeptSensitive>,
+    /// Weights kept fp32, and why (quantization parameter, custom-op input,
+    /// beyond fp16's range, rounding).
+    pub kept_fp32_weights: Vec<KeptWeight>,
     pub warnings: Vec<String>,
     pub validation: Option<Validation>,
     /// Why validation did not run (only with `best_effort`).
@@ -237,8 +265,31 @@ impl Session {
             },
             casts_before: r.casts_before,
             casts_after: r.casts_after,
-            clamped: r.clamped.clone(),
+            clamped: r
+                .clamped
+                .iter()
+                .map(|(name, values)| Clamped {
+                    name: name.clone(),
+                    values: *values,
+                })
+                .collect(),
             kept_no_kernel: r.kept_no_kernel.iter().cloned().collect(),
+            kept_sensitive: r
+                .kept_sensitive
+                .iter()
+                .map(|(node, gain)| KeptSensitive {
+                    node: node.clone(),
+                    gain: *gain,
+                })
+                .collect(),
+            kept_fp32_weights: r
+                .kept_fp32_weights
+                .iter()
+                .map(|(name, why)| KeptWeight {
+                    name: name.clone(),
+                    why: why.clone(),
+                })
+                .collect(),
             warnings: r.warnings.clone(),
             validation,
             validation_skipped: skipped,

@@ -117,7 +117,13 @@ pub(crate) fn model_to_proto(
     _mode: &ExternalData,
     sink: Option<&mut ExtSink<'_>>,
 ) -> Result<(pb::ModelProto, u64), OnnxError> {
-    let mut cx = Ex { sink };
+    let mut cx = Ex {
+        sink,
+        // IR versions 1-3 require every initializer of the main graph to be
+        // a graph input too (onnxruntime: "Graph ctor should have created
+        // NodeArg for initializer"); initializers that passes added get one.
+        initializers_are_inputs: (1..4).contains(&m.ir_version),
+    };
     let graph = cx.graph(&m.graph)?;
     let functions = m
         .functions
@@ -180,6 +186,7 @@ fn opset(o: &OpsetImport) -> pb::OperatorSetIdProto {
 
 struct Ex<'s, 'a> {
     sink: Option<&'s mut ExtSink<'a>>,
+    initializers_are_inputs: bool,
 }
 
 impl Ex<'_, '_> {
@@ -206,6 +213,8 @@ impl Ex<'_, '_> {
     }
 
     fn graph(&mut self, g: &Graph) -> Result<pb::GraphProto, OnnxError> {
+        // Only the main graph: If/Loop/Scan bodies have fixed formal inputs.
+        let initializers_are_inputs = std::mem::take(&mut self.initializers_are_inputs);
         let mut initializer = Vec::with_capacity(g.initializers().len());
         for &v in g.initializers() {
             let t = g.initializer(v).expect("listed initializers have data");
@@ -224,13 +233,27 @@ impl Ex<'_, '_> {
             }
             sparse_initializer.push(p);
         }
+        let mut input: Vec<pb::ValueInfoProto> =
+            g.inputs.iter().map(|&v| value_info(g, v)).collect();
+        if initializers_are_inputs {
+            let declared: std::collections::HashSet<ValueId> = g.inputs.iter().copied().collect();
+            for &v in g.initializers() {
+                if declared.contains(&v) {
+                    continue;
+                }
+                let t = g.initializer(v).expect("listed initializers have data");
+                let mut vi = value_info(g, v);
+                vi.r#type = Some(ty(&Type::known(t.dtype, &t.dims)));
+                input.push(vi);
+            }
+        }
         Ok(pb::GraphProto {
             node: self.nodes(g)?,
             name: Some(g.name.clone()),
             initializer,
             sparse_initializer,
             doc_string: opt(&g.doc_string),
-            input: g.inputs.iter().map(|&v| value_info(g, v)).collect(),
+            input,
             output: g.outputs.iter().map(|&v| value_info(g, v)).collect(),
             value_info: g
                 .value_info

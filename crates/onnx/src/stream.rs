@@ -73,6 +73,21 @@ unsafe impl<W: Write> BufMut for StreamBuf<W> {
         UninitSlice::new(&mut self.buf[self.filled..])
     }
 
+    /// prost writes `bytes` fields (tensor data) with `put`, whose default
+    /// copies through `chunk_mut` (into this buffer, a megabyte at a time);
+    /// going through `put_slice` instead writes large chunks straight out.
+    fn put<T: bytes::Buf>(&mut self, mut src: T)
+    where
+        Self: Sized,
+    {
+        while src.has_remaining() {
+            let chunk = src.chunk();
+            let n = chunk.len();
+            self.put_slice(chunk);
+            src.advance(n);
+        }
+    }
+
     fn put_slice(&mut self, src: &[u8]) {
         // Large payloads (tensor data) go straight to the writer.
         if src.len() >= CHUNK {

@@ -479,3 +479,44 @@ fn input_declarations_win_over_value_info() {
         graphopt_proto::ModelProto::decode(&graphopt_onnx::encode(&l.model).unwrap()[..]).unwrap();
     assert_eq!(back.graph.unwrap().input[0], vi("x", DimParam("N".into())));
 }
+
+/// IR versions below 4 require every main-graph initializer to be a graph
+/// input too. Initializers that a pass adds (a folded constant, an fp16
+/// copy) get an input declaration on export; those that already were
+/// inputs are not declared twice; IR 4 and later are left as they are.
+#[test]
+fn ir3_initializers_are_exported_as_inputs() {
+    let src = r#"
+<ir_version: 3, opset_import: ["" : 8]>
+g (float[2] x, float[2] a) => (float[2] y) <float[2] a = {1.0, 2.0}> {
+  y = Add (x, a)
+}
+"#;
+    for (ir, expect_declared) in [(3, true), (8, false)] {
+        let mut m = graphopt_text::parse_model(src).unwrap();
+        m.ir_version = ir;
+        let t = graphopt_ir::Tensor::from_raw(
+            graphopt_ir::DType::F32,
+            vec![2],
+            Bytes::from(vec![0u8; 8]),
+        )
+        .unwrap();
+        let y = m.graph.outputs[0];
+        let (add, _) = m.graph.producer(y).unwrap();
+        let b = m.graph.add_initializer("b", t);
+        m.graph.set_input(add, 0, Some(b));
+        let bytes = graphopt_onnx::encode(&m).unwrap();
+        let p = graphopt_proto::ModelProto::decode(Bytes::from(bytes)).unwrap();
+        let g = p.graph.unwrap();
+        let inputs: Vec<String> = g.input.iter().map(|i| i.name.clone().unwrap()).collect();
+        let mut want = vec!["x".to_string(), "a".to_string()];
+        if expect_declared {
+            want.push("b".to_string());
+        }
+        assert_eq!(inputs, want, "ir_version {ir}");
+        if expect_declared {
+            let ty = g.input[2].r#type.as_ref().unwrap();
+            assert!(format!("{ty:?}").contains("DimValue(2)"), "{ty:?}");
+        }
+    }
+}

@@ -1,7 +1,12 @@
 //! Runs the interval planner on a folder of MiniMalloc CSV instances and
 //! prints one row per instance.
 //!
-//! `cargo run --release -p graphopt-plan --example minimalloc_bench -- <dir> [seconds] [--no-target] [--threads N] [--json FILE]`
+//! `cargo run --release -p graphopt-plan --example minimalloc_bench -- <dir> [seconds] [--no-target] [--threads N] [--json FILE] [--nodes N|--default]`
+//!
+//! `--nodes N` ends each search on a node budget instead of the clock (no
+//! time limit: the plans are the same on every run and machine);
+//! `--default` uses the budget `graphopt plan --intervals` uses by default
+//! ([`default_node_budget`]), so the table shows what users get.
 //!
 //! The capacity is read from the file name (`A.1048576.csv` means
 //! 1,048,576 bytes), as in MiniMalloc's benchmark folders, and given to the
@@ -12,7 +17,8 @@
 
 use graphopt_plan::greedy::Greedy;
 use graphopt_plan::{
-    arena_of, check_plan, lower_bound, plan_intervals, read_minimalloc_csv, IntervalOptions,
+    arena_of, check_plan, default_node_budget, lower_bound, plan_intervals, read_minimalloc_csv,
+    IntervalOptions,
 };
 use std::time::{Duration, Instant};
 
@@ -31,6 +37,8 @@ fn main() {
     };
     let threads: usize = flag("--threads").and_then(|s| s.parse().ok()).unwrap_or(2);
     let json_out = flag("--json");
+    let nodes: Option<u64> = flag("--nodes").and_then(|s| s.parse().ok());
+    let default_budget = args.iter().any(|a| a == "--default");
     let mut rows: Vec<String> = Vec::new();
     let mut files: Vec<_> = match std::fs::read_dir(&dir) {
         Ok(rd) => rd
@@ -44,8 +52,17 @@ fn main() {
     };
     files.sort();
     println!(
-        "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>9}  strategy",
-        "instance", "buffers", "lower", "best-known", "greedy", "ours", "ratio", "time_s", "nodes"
+        "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>8} {:>9}  strategy",
+        "instance",
+        "buffers",
+        "lower",
+        "best-known",
+        "greedy",
+        "ours",
+        "ratio",
+        "time_s",
+        "total_s",
+        "nodes"
     );
     let mut failures = 0;
     for f in files {
@@ -70,11 +87,19 @@ fn main() {
             }
         };
         let known: Option<u64> = name.split('.').nth(1).and_then(|s| s.parse().ok());
+        let budget = if default_budget {
+            Some(default_node_budget(bufs.len()))
+        } else {
+            nodes
+        };
         let opts = IntervalOptions {
             alignment: 1,
-            time_limit: Some(Duration::from_secs_f64(secs)),
+            time_limit: match budget {
+                Some(_) => None,
+                None => Some(Duration::from_secs_f64(secs)),
+            },
             search: true,
-            node_budget: u64::MAX,
+            node_budget: budget.unwrap_or(u64::MAX),
             target: if no_target { None } else { known },
             threads,
         };
@@ -93,7 +118,7 @@ fn main() {
             failures += 1;
         }
         println!(
-            "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7.4} {:>8.3} {:>9}  {}{}",
+            "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7.4} {:>8.3} {:>8.3} {:>9}  {}{}",
             name.split('.').next().unwrap_or(""),
             bufs.len(),
             lb,
@@ -102,6 +127,7 @@ fn main() {
             plan.arena,
             plan.arena as f64 / lb.max(1) as f64,
             dt,
+            total,
             plan.nodes,
             plan.strategy,
             if valid { "" } else { "  INVALID" }

@@ -69,6 +69,25 @@ impl Default for IntervalOptions {
     }
 }
 
+/// Search nodes per buffer of [`default_node_budget`].
+pub const NODES_PER_BUFFER: u64 = 1_300;
+
+/// The node budget `graphopt plan --intervals` uses unless told otherwise:
+/// [`NODES_PER_BUFFER`] per buffer, at least 200,000. Scaled by the
+/// instance's size because the search's restarts are (their node limits
+/// follow the buffer count), so larger instances get as many restarts as
+/// smaller ones. A count, not a clock: the plan is the same on every run.
+///
+/// On MiniMalloc's hard set (lower bound as the only target) the slowest
+/// two reach their bound at 220,438 nodes (D, 213 buffers: budget 276,900)
+/// and 465,784 nodes (I, 374 buffers: budget 486,200); the flat 200,000
+/// budget this replaces ended D at 1.07x and I at 1.032x.
+pub fn default_node_budget(buffers: usize) -> u64 {
+    (buffers as u64)
+        .saturating_mul(NODES_PER_BUFFER)
+        .max(200_000)
+}
+
 /// Offsets for a buffer list, with how they were found.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct IntervalPlan {

@@ -259,6 +259,71 @@ impl Cx<'_> {
 /// elements: decoding them would take 128 MiB and more).
 const MAX_DECODED_ELEMENTS: u64 = 1 << 24;
 
+/// A lower bound on the bytes of `node`'s result, known before computing
+/// it. Selectors, reductions and ops that build a tensor from a shape get
+/// 0; layout ops keep (or repeat) their data input's bytes; the other ops
+/// (elementwise, with broadcasting) produce at least as many elements as
+/// their largest input, each as wide as the result dtype (a Cast from int8
+/// to float32 quadruples its input).
+fn result_lower_bound(node: &NodeData, inputs: &[Option<&Tensor>]) -> u64 {
+    let op = node.op_type.as_str();
+    let shrinks = matches!(
+        op,
+        "Gather"
+            | "GatherElements"
+            | "Slice"
+            | "ReduceSum"
+            | "ReduceProd"
+            | "ReduceMin"
+            | "ReduceMax"
+            | "Reshape"
+            | "Unsqueeze"
+            | "Squeeze"
+            | "Expand"
+            | "Tile"
+            | "ConstantOfShape"
+            | "Range"
+            | "Flatten"
+            | "Transpose"
+            | "Concat"
+            | "Identity"
+    );
+    if shrinks {
+        // Layout ops keep their data input's elements (or select from it):
+        // bound by the data input only where the op keeps every element.
+        return match op {
+            "Reshape" | "Unsqueeze" | "Squeeze" | "Flatten" | "Transpose" | "Identity"
+            | "Expand" | "Tile" => inputs
+                .first()
+                .copied()
+                .flatten()
+                .map(|t| t.nbytes())
+                .unwrap_or(0),
+            "Concat" => inputs.iter().flatten().map(|t| t.nbytes()).sum(),
+            _ => 0,
+        };
+    }
+    let numel = inputs
+        .iter()
+        .flatten()
+        .map(|t| t.numel().unwrap_or(u64::MAX))
+        .max()
+        .unwrap_or(0);
+    let out = match op {
+        "Cast" => node
+            .attr_int("to")
+            .and_then(|c| i32::try_from(c).ok())
+            .map(DType::from_onnx),
+        "CastLike" => inputs.get(1).copied().flatten().map(|t| t.dtype),
+        "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor"
+        | "Not" => Some(DType::Bool),
+        "Where" => inputs.get(1).copied().flatten().map(|t| t.dtype),
+        _ => inputs.first().copied().flatten().map(|t| t.dtype),
+    };
+    let width = out.and_then(elem_bytes).unwrap_or(1) as u64;
+    numel.saturating_mul(width)
+}
+
 /// Evaluates `node` on constant `inputs` (`None` = absent optional input).
 /// Results larger than `limit` bytes are not computed (`Skip`).
 pub(crate) fn eval(
@@ -282,27 +347,45 @@ pub(crate) fn eval(
         }
         _ => {}
     }
-    // Decoding widens every element to 64 bits, so refuse early, before
-    // decoding, what cannot fit `limit`: ops other than these selectors and
-    // reductions produce at least as many elements as their largest input.
-    let largest = inputs.iter().flatten().map(|t| t.numel().unwrap_or(u64::MAX)).max().unwrap_or(0);
-    let selects = matches!(
-        node.op_type.as_str(),
-        "Gather" | "GatherElements" | "Slice" | "ReduceSum" | "ReduceProd" | "ReduceMin" | "ReduceMax"
-    );
-    if (!selects && largest > limit) || largest > MAX_DECODED_ELEMENTS {
+    // Refuse before decoding (which widens every element to 64 bits) what
+    // would only be refused after computing: ops the evaluator lacks, and
+    // results that cannot fit `limit`.
+    const LAYOUT: &[&str] = &[
+        "Identity", "Reshape", "Transpose", "Unsqueeze", "Squeeze", "Flatten", "Concat", "Gather",
+        "GatherElements", "Slice", "Expand", "Tile", "ConstantOfShape", "Range", "Where",
+    ];
+    const ARITH: &[&str] = &[
+        "Add", "Sub", "Mul", "Div", "Mod", "Equal", "Less", "Greater", "LessOrEqual",
+        "GreaterOrEqual", "And", "Or", "Xor", "Not", "Neg", "Abs", "Floor", "Ceil", "Sqrt",
+        "Reciprocal", "Pow", "Min", "Max", "Clip", "Cast", "CastLike", "ReduceSum", "ReduceProd",
+        "ReduceMax", "ReduceMin",
+    ];
+    let op = node.op_type.as_str();
+    if !LAYOUT.contains(&op) && !ARITH.contains(&op) {
         return Err(EvalError::Skip);
     }
-    let decoded = inputs
+    if result_lower_bound(node, inputs) > limit {
+        return Err(EvalError::Skip);
+    }
+    let largest = inputs
         .iter()
-        .map(|t| t.and_then(|t| decode(t).ok()))
-        .collect();
+        .flatten()
+        .map(|t| t.numel().unwrap_or(u64::MAX))
+        .max()
+        .unwrap_or(0);
+    if largest > MAX_DECODED_ELEMENTS {
+        return Err(EvalError::Skip);
+    }
     // Inputs that are present but fail to decode as invalid data are the
     // model's fault; report them.
-    for t in inputs.iter().flatten() {
-        if let Err(EvalError::Invalid(m)) = decode(t) {
-            return invalid(m);
-        }
+    let mut decoded = Vec::with_capacity(inputs.len());
+    for t in inputs {
+        decoded.push(match t.map(decode) {
+            None => None,
+            Some(Ok(v)) => Some(v),
+            Some(Err(EvalError::Invalid(m))) => return invalid(m),
+            Some(Err(EvalError::Skip)) => None,
+        });
     }
     let cx = Cx {
         node,

@@ -266,3 +266,23 @@ fn gather_elements() {
     let bad = run("GatherElements", vec![], &[Some(&a), Some(&i64t(&[1, 1], &[2]))], 17);
     assert!(matches!(bad, Err(EvalError::Invalid(_))));
 }
+
+/// The result's size is checked against the cap before any input is
+/// decoded, from the result dtype: a Cast of 256 int8 values to float32
+/// (1 KiB) is refused under a 512-byte cap and computed under 1 KiB; ops
+/// the evaluator lacks (DequantizeLinear) are refused up front.
+#[test]
+fn refuses_by_result_size_and_op_before_decoding() {
+    let raw: Vec<u8> = (0..256).map(|i| i as u8).collect();
+    let w = Tensor::from_raw(DType::I8, vec![256], raw.into()).unwrap();
+    let cast = node("Cast", vec![int_attr("to", 1)], 1);
+    assert_eq!(eval(&cast, &[Some(&w)], 17, 512), Err(EvalError::Skip));
+    let out = eval(&cast, &[Some(&w)], 17, 1024).unwrap();
+    assert_eq!(out[0].dtype, DType::F32);
+    let scale = f32t(&[], &[0.5]);
+    let dq = node("DequantizeLinear", vec![], 2);
+    assert_eq!(
+        eval(&dq, &[Some(&w), Some(&scale)], 17, 1 << 20),
+        Err(EvalError::Skip)
+    );
+}

@@ -9,8 +9,10 @@
 //! - `fp16` / `bf16`: matrix products (MatMul, Gemm, Conv, ConvTranspose,
 //!   Einsum) run low; ops on the fp32 keep-list
 //!   ([`ops::DEFAULT_KEEP_FP32`], after PyTorch autocast: softmax, norms,
-//!   sum-like reductions, exp/log/pow/erf/reciprocal/sqrt, losses, CumSum,
-//!   Range, TopK, NMS, RoiAlign) run fp32; every other op follows its inputs
+//!   sum-like reductions, exp/log/pow/erf/reciprocal/sqrt, losses, CumSum, DFT/STFT,
+//!   Range, TopK, NMS, RoiAlign) run fp32, and so do MatMul/Gemm/Conv
+//!   against a constant that looks like a signal-processing basis (DFT,
+//!   STFT: [`ops::BASIS_GAIN`]); every other op follows its inputs
 //!   (autocast's "promote" rule: low when all its non-constant float inputs
 //!   are low, else fp32). Constants take the type their consumers want.
 //! - `fp16-weights`: every fp32 weight is stored fp16 and cast to fp32 once;
@@ -171,6 +173,15 @@ pub struct LowerReport {
     pub casts_removed: u64,
     /// Constants clamped to ±65504, with the number of values clamped.
     pub clamped: Vec<(String, u64)>,
+    /// Main-graph fp32 weights left fp32 although large enough to store
+    /// low, with why: read by a quantization or custom-domain op (exact
+    /// scales), or not faithful in fp16 (beyond its range, or too much of
+    /// it below the normal range).
+    pub kept_fp32_weights: Vec<(String, String)>,
+    /// Matrix products kept fp32 because a constant operand looks like a
+    /// signal-processing basis (name or op type, and its gain; see
+    /// [`ops::BASIS_GAIN`]).
+    pub kept_sensitive: Vec<(String, f64)>,
     /// Op types kept fp32 because onnxruntime's CPU provider cannot run
     /// them low (or the schema does not admit the type).
     pub kept_no_kernel: BTreeSet<String>,
@@ -188,6 +199,12 @@ impl LowerReport {
         stats.add("casts_inserted", self.casts_inserted);
         stats.add("casts_removed", self.casts_removed);
         stats.add("constants_clamped", self.clamped.len() as u64);
+        if !self.kept_fp32_weights.is_empty() {
+            stats.add("weights_kept_fp32", self.kept_fp32_weights.len() as u64);
+        }
+        if !self.kept_sensitive.is_empty() {
+            stats.add("basis_products_kept_fp32", self.kept_sensitive.len() as u64);
+        }
         stats.add(
             "bytes_saved",
             self.weight_bytes_before.saturating_sub(self.weight_bytes_after),
@@ -705,8 +722,14 @@ fn decide(
         || cx.keep.contains(op)
         || (!d.name.is_empty() && cx.keep.contains(&d.name))
         || ops::ATTR_TYPED.contains(&op)
+        || ops::is_quant_op(op)
         || op == "Cast"
     {
+        return None;
+    }
+    if let Some(gain) = basis_operand(g, n) {
+        let label = if d.name.is_empty() { op.to_string() } else { d.name.clone() };
+        cx.report.kept_sensitive.push((label, gain));
         return None;
     }
     let row = ops::row(op, cx.opset)?;
@@ -746,6 +769,39 @@ fn decide(
     Some(row)
 }
 
+/// The largest [`ops::basis_gain`] at or above [`ops::BASIS_GAIN`] among
+/// the constant operands of a MatMul, Gemm or Conv: a signal-processing
+/// basis (DFT, STFT, DCT) that stays fp32.
+fn basis_operand(g: &Graph, n: NodeId) -> Option<f64> {
+    let d = g.node(n);
+    let konst = |slot: usize| -> Option<&Tensor> {
+        let v = (*d.inputs().get(slot)?)?;
+        g.constant(v).or_else(|| constant_node_tensor(g, v).map(|(_, t)| t))
+    };
+    let k_of = |t: &Tensor, slot: usize| -> Option<i64> {
+        let r = t.dims.len();
+        match (d.op_type.as_str(), slot) {
+            ("MatMul", 0) if r >= 1 => Some(t.dims[r - 1]),
+            ("MatMul", 1) if r >= 2 => Some(t.dims[r - 2]),
+            ("MatMul", 1) if r == 1 => Some(t.dims[0]),
+            ("Gemm", 0) if r == 2 => Some(t.dims[usize::from(d.attr_int("transA") != Some(1))]),
+            ("Gemm", 1) if r == 2 => Some(t.dims[usize::from(d.attr_int("transB") == Some(1))]),
+            ("Conv", 1) if r >= 2 => Some(t.dims[1..].iter().product()),
+            _ => None,
+        }
+    };
+    if !matches!(d.op_type.as_str(), "MatMul" | "Gemm" | "Conv") {
+        return None;
+    }
+    (0..2)
+        .filter_map(|slot| {
+            let t = konst(slot)?;
+            ops::basis_gain(t, k_of(t, slot)?)
+        })
+        .filter(|&gain| gain >= ops::BASIS_GAIN)
+        .reduce(f64::max)
+}
+
 /// Step 2: initializers and Constant nodes read low are stored low; fp32
 /// weights read only fp32 are stored low with one Cast back when that is
 /// faithful (rule 4 of the module doc).
@@ -777,13 +833,26 @@ fn lower_constants(
         }
         let name = g.name(v).to_string();
         let (mut wants_low, mut wants_f32) = (false, false);
+        // Read by a quantization op or an opaque custom-domain op, or a
+        // basis whose product stays fp32: its fp32 bits must stay (see
+        // `ops::is_quant_op`, `basis_operand`).
+        let mut exact: Option<&str> = None;
         for u in g.uses(v) {
             match u {
-                Use::Input { node, slot } => match req.get(&(*node, *slot as usize)) {
-                    Some(&t) if t == low => wants_low = true,
-                    Some(_) => wants_f32 = true,
-                    None => {}
-                },
+                Use::Input { node, slot } => {
+                    if !default_domain(g, *node) || ops::is_quant_op(&g.node(*node).op_type) {
+                        exact = Some("read by a quantization or custom-domain op");
+                        wants_f32 = true;
+                    } else if basis_operand(g, *node).is_some() {
+                        exact = Some("a signal-processing basis (kept fp32 with its product)");
+                        wants_f32 = true;
+                    }
+                    match req.get(&(*node, *slot as usize)) {
+                        Some(&t) if t == low => wants_low = true,
+                        Some(_) => wants_f32 = true,
+                        None => {}
+                    }
+                }
                 Use::Capture { .. } => wants_f32 = true,
             }
         }
@@ -819,10 +888,18 @@ fn lower_constants(
             continue;
         }
         let numel = t.numel().unwrap_or(0);
-        let store_low = is_init
-            && !is_out
-            && conv.faithful()
-            && (wants_low || numel >= cx.opts.min_weight_elems);
+        let candidate = is_init && !is_out && (wants_low || numel >= cx.opts.min_weight_elems);
+        if candidate && main && (exact.is_some() || !conv.faithful()) {
+            let why = if let Some(why) = exact {
+                why
+            } else if conv.clamped > 0 {
+                "beyond fp16's range"
+            } else {
+                "too many values below fp16's normal range"
+            };
+            cx.report.kept_fp32_weights.push((name.clone(), why.to_string()));
+        }
+        let store_low = candidate && exact.is_none() && conv.faithful();
         if store_low {
             // Stored once, low; one Cast back to fp32 under the old name.
             let mut lt = lt;
@@ -854,9 +931,10 @@ fn lower_constants(
             if main {
                 cx.report.weights_lowered.push(name);
             }
-        } else if wants_low && is_init && conv.clamped > 0 {
-            // Beyond fp16's range and read fp32 too: a clamped low copy
-            // for the low readers, so they see ±65504 rather than ±inf.
+        } else if wants_low && is_init && (conv.clamped > 0 || exact.is_some()) {
+            // Beyond fp16's range, or read by a quantization op too, and
+            // read fp32: a (clamped) low copy for the low readers, so they
+            // see ±65504 rather than ±inf.
             let mut lt = lt;
             lt.name = String::new();
             let lv = new_initializer(g, cx, &format!("{name}_{}", short(lt.dtype)), lt);

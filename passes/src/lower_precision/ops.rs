@@ -50,6 +50,53 @@ pub(crate) fn row(op: &str, opset: i64) -> Option<&'static OpRow> {
         .last()
 }
 
+/// Quantization ops: their float inputs are scales, zero points or values
+/// about to be quantized, whose exact fp32 bits the integer arithmetic is
+/// defined on (rounding a scale to fp16 moves every dequantized value). They
+/// never run low, and the float constants they read are never stored low.
+/// Ops outside the default domain get the same treatment, wherever they are
+/// checked, since their arithmetic is opaque (a com.microsoft quantized
+/// LSTM reads float scales).
+pub(crate) fn is_quant_op(op: &str) -> bool {
+    // "uantize": QuantizeLinear, DequantizeLinear, DynamicQuantize*.
+    op.starts_with("QLinear")
+        || op.contains("uantize")
+        || op.ends_with("Integer")
+        || op.ends_with("IntegerToFloat")
+}
+
+/// A constant operand of a matrix product that looks like a
+/// signal-processing basis (DFT/STFT, DCT, cosine windows): entries bounded
+/// by 1 in magnitude, a reduction at least [`BASIS_MIN_K`] long, and sums
+/// that reach at least this many times the input's scale (`rms(w) *
+/// sqrt(K)`). A cosine basis has rms ~0.71, so with K = 512 its product is
+/// ~16 times its input, where trained or initialised network weights (rms
+/// ~1/sqrt(K)) stay near 1. fp16 loses those long sums' small components
+/// (the high-frequency bins), so such products stay fp32.
+pub const BASIS_GAIN: f64 = 4.0;
+
+/// The shortest reduction [`basis_gain`] considers.
+pub const BASIS_MIN_K: i64 = 64;
+
+/// `rms(w) * sqrt(k)` of an fp32 tensor whose entries all lie in [-1, 1],
+/// for `k >= BASIS_MIN_K` (None otherwise).
+pub(crate) fn basis_gain(t: &graphopt_ir::Tensor, k: i64) -> Option<f64> {
+    if t.dtype != graphopt_ir::DType::F32 || k < BASIS_MIN_K {
+        return None;
+    }
+    let raw = t.raw()?;
+    let (mut sum, mut n) = (0f64, 0u64);
+    for c in raw.chunks_exact(4) {
+        let x = f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64;
+        if !(-1.0..=1.0).contains(&x) {
+            return None;
+        }
+        sum += x * x;
+        n += 1;
+    }
+    (n > 0).then(|| (sum / n as f64).sqrt() * (k as f64).sqrt())
+}
+
 /// Default fp32 keep-list, after PyTorch autocast's fp32 list: ops whose
 /// result loses too much in fp16 (exponentials, big sums, normalizations)
 /// or whose outputs index or size things (ranges, top-k, box ops).
@@ -74,6 +121,10 @@ pub const DEFAULT_KEEP_FP32: &[&str] = &[
     "ReduceLogSumExp",
     "ReduceProd",
     "CumSum",
+    // signal processing: long sums of unit-magnitude terms (MatMuls against
+    // a constant basis are caught by `basis_gain`)
+    "DFT",
+    "STFT",
     // pointwise functions with a wide output range
     "Exp",
     "Log",
@@ -124,6 +175,26 @@ pub(crate) fn flexible_slot(op: &str, slot: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantization_ops() {
+        for op in [
+            "QuantizeLinear",
+            "DequantizeLinear",
+            "DynamicQuantizeLinear",
+            "DynamicQuantizeMatMul",
+            "QLinearMatMul",
+            "QLinearConv",
+            "MatMulInteger",
+            "ConvInteger",
+            "MatMulIntegerToFloat",
+        ] {
+            assert!(is_quant_op(op), "{op}");
+        }
+        for op in ["MatMul", "Gemm", "Conv", "Add", "LayerNormalization"] {
+            assert!(!is_quant_op(op), "{op}");
+        }
+    }
 
     #[test]
     fn rows_follow_the_opset() {

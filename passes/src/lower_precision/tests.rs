@@ -159,8 +159,13 @@ fn mode_fixtures() {
             .context_radius(1000)
             .header("before", "after")
             .to_string();
+        let kept = if r.kept_fp32_weights.is_empty() {
+            String::new()
+        } else {
+            format!("weights kept fp32: {:?}\n", r.kept_fp32_weights)
+        };
         let snap = format!(
-            "precision: {}\nlowered: {}, casts: {} -> {}, weight bytes: {} -> {}, clamped: {:?}, kept (no kernel): {:?}\n\n{}",
+            "precision: {}\nlowered: {}, casts: {} -> {}, weight bytes: {} -> {}, clamped: {:?}, kept (no kernel): {:?}\n{kept}\n{}",
             pass.precision.name(),
             r.lowered_total,
             r.casts_before,
