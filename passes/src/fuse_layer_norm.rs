@@ -181,7 +181,10 @@ fn match_layer_norm(g: &Graph, t: &TypedGraph, mean: NodeId) -> Option<LayerNorm
         out(g, divide)?
     } else if is_op(dd, "Mul") {
         let recip = next(g, out(g, sqrt)?, "Reciprocal")?;
-        if other_input(g, divide, d)? != out(g, recip)? {
+        // The reciprocal must be read by this Mul alone (a training graph's
+        // backward pass reads it too).
+        if other_input(g, divide, d)? != out(g, recip)? || only_use(g, out(g, recip)?) != Some(divide)
+        {
             return None;
         }
         nodes.push(recip);
@@ -371,6 +374,31 @@ g (float[2,4] x) => (float[2,4] y)
 }
 "#,
         );
+    }
+
+    #[test]
+    fn reciprocal_read_elsewhere_is_left_alone() {
+        let recip = r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,4] x) => (float[2,4] y, float[2,1] r)
+  <float two = {2.0}, float eps = {1e-5}, float[4] gamma = {1.0, 2.0, 3.0, 4.0}> {
+  m = ReduceMean <axes = [-1]> (x)
+  d = Sub (x, m)
+  p = Pow (d, two)
+  v = ReduceMean <axes = [-1]> (p)
+  e = Add (v, eps)
+  s = Sqrt (e)
+  r = Reciprocal (s)
+  n = Mul (d, r)
+  y = Mul (n, gamma)
+}
+"#;
+        assert_unchanged(&FuseLayerNorm, recip);
+        // Read only by the Mul, the same pattern fuses.
+        let fused = recip.replace(", float[2,1] r)", ")");
+        let mut m = graphopt_text::parse_model(&fused).unwrap();
+        let stats = FuseLayerNorm.run(&mut m).unwrap();
+        assert_eq!(stats.get("layer_norms"), 1);
     }
 
     #[test]
