@@ -28,7 +28,9 @@ F["elementwise/pow_sqrt_exp_log"] = (17, "float[2,3] x", "float[2,3] y", [init("
   r = Sqrt (q)
   l = Log (q)
   e = Exp (h)
-  s = Add (r, l)
+  v = Reciprocal (q)
+  s0 = Add (r, l)
+  s = Add (s0, v)
   t = Add (s, e)
   y = Add (t, c)""")
 F["elementwise/where_cast_identity"] = (17, "float[2,3] x", "float[2,3] y", [init("w",[2,3]), init("v",[3]), "bool[2,3] mask = {1, 0, 1, 0, 0, 1}"], """

@@ -27,7 +27,7 @@ fn trainable(g: &Graph, opts: &GradOptions) -> Vec<ValueId> {
             }
             let name = g.name(v);
             let picked = if opts.trainable.is_empty() || opts.trainable.iter().any(|p| p == "all") {
-                !t.dims.is_empty() && !name.starts_with("onnx::")
+                t.numel().is_ok_and(|n| n > 1)
             } else {
                 opts.trainable.iter().any(|p| glob_match(p, name))
             };

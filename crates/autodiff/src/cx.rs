@@ -313,8 +313,10 @@ impl<'a> Cx<'a> {
     /// added or stretched, then `Reshape` to `Shape(operand)`.
     ///
     /// The axes are found statically when every dim of the operand is
-    /// known to be 1 or to equal the result's dim; otherwise an error (the
-    /// dynamic form is not written yet).
+    /// known to be 1 or to equal the result's dim. Otherwise they are found
+    /// at run time: the axes where `Shape(grad)` differs from the operand's
+    /// shape padded with leading ones (`NonZero(Not(Equal(..)))`), summed
+    /// with `noop_with_empty_axes=1`.
     pub fn unbroadcast(
         &mut self,
         grad: ValueId,
@@ -332,6 +334,7 @@ impl<'a> Cx<'a> {
         }
         let lead = gdims.len() - odims.len();
         let mut axes: Vec<i64> = (0..lead as i64).collect();
+        let mut dynamic = false;
         for (i, od) in odims.iter().enumerate() {
             let gd = &gdims[lead + i];
             if od == gd && *od != Dim::Unknown {
@@ -343,22 +346,49 @@ impl<'a> Cx<'a> {
                 }
                 continue;
             }
-            return Err(self.unsupported(format!(
-                "cannot tell whether '{}' broadcasts on axis {i} ({od} against {gd})",
-                self.g.name(operand)
-            )));
+            dynamic = true;
+        }
+        if dynamic {
+            return self.unbroadcast_dynamic(grad, lead, operand);
         }
         if axes.is_empty() {
             return Ok(grad);
         }
         let r = self.reduce_sum(grad, &axes, false)?;
-        if odims.len() + axes.len() == gdims.len() && axes.iter().all(|&a| (a as usize) < lead) {
+        if axes.iter().all(|&a| (a as usize) < lead) {
             // Only leading axes were summed: the result already has the
             // operand's shape.
             return Ok(r);
         }
         let s = self.shape_of(operand)?;
         self.reshape(r, s)
+    }
+
+    fn unbroadcast_dynamic(
+        &mut self,
+        grad: ValueId,
+        lead: usize,
+        operand: ValueId,
+    ) -> Result<ValueId> {
+        let gs = self.op("Shape", &[grad], vec![])?;
+        let os = self.shape_of(operand)?;
+        let padded = if lead > 0 {
+            let ones = self.const_i64(&vec![1; lead])?;
+            self.op("Concat", &[ones, os], vec![int_attr("axis", 0)])?
+        } else {
+            os
+        };
+        let eq = self.op("Equal", &[gs, padded], vec![])?;
+        let ne = self.op("Not", &[eq], vec![])?;
+        let nz = self.op("NonZero", &[ne], vec![])?;
+        let flat = self.const_i64(&[-1])?;
+        let axes = self.reshape(nz, flat)?;
+        let r = self.op(
+            "ReduceSum",
+            &[grad, axes],
+            vec![int_attr("keepdims", 1), int_attr("noop_with_empty_axes", 1)],
+        )?;
+        self.reshape(r, os)
     }
 
     /// The number of elements of `v` as a float scalar of dtype `dt`:

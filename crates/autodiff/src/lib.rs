@@ -91,10 +91,10 @@ pub struct GradOptions {
     /// The class axis of [`Loss::CrossEntropy`] (default 1, as torch; -1
     /// for language models' `[batch, seq, vocab]` logits).
     pub class_axis: i64,
-    /// Globs (`*`, `?`) naming the trainable initializers. Empty: every
-    /// float initializer of rank 1 or more whose name does not start with
-    /// `onnx::` (the names torch gives traced constants); a glob list
-    /// selects among all float initializers.
+    /// Globs (`*`, `?`) naming the trainable initializers. Empty (or
+    /// `all`): every float initializer of more than one element (single
+    /// numbers are the constants exporters write: scales, epsilons,
+    /// exponents); a glob list selects among all float initializers.
     pub trainable: Vec<String>,
     /// Globs naming initializers to keep frozen (applied after `trainable`).
     pub frozen: Vec<String>,

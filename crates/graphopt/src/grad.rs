@@ -78,6 +78,19 @@ impl Session {
         let train = build_training_graph(&self.model, &opts.autodiff)
             .map_err(|e| self.err(Error::new(e.to_string())))?;
         let before = std::mem::replace(&mut self.model, train.model);
+        // While simplifying, the parameters are graph inputs (with their
+        // initializers as defaults), so that no pass treats them as
+        // constants: folding `Transpose(W)` into a new initializer, merging
+        // parallel MatMuls' weights or deduplicating equal weights would cut
+        // the tie between a parameter and its gradient.
+        let g = &mut self.model.graph;
+        let n_inputs = g.inputs.len();
+        let params: Vec<_> = train
+            .params
+            .iter()
+            .filter_map(|p| g.value_by_name(p))
+            .collect();
+        g.inputs.extend(params.iter().copied());
         let optimize = if opts.simplify {
             match self.optimize(&OptimizeOptions::default()) {
                 Ok(r) => Some(r),
@@ -89,6 +102,20 @@ impl Session {
         } else {
             None
         };
+        let g = &mut self.model.graph;
+        let (kept, added): (Vec<_>, Vec<_>) = g
+            .inputs
+            .iter()
+            .copied()
+            .enumerate()
+            .partition(|&(i, v)| i < n_inputs || !params.contains(&v));
+        if added.len() != params.len() {
+            self.model = before;
+            return Err(self.err(Error::new(
+                "simplifying the training graph removed a parameter input",
+            )));
+        }
+        g.inputs = kept.into_iter().map(|(_, v)| v).collect();
         let planned = graphopt_plan::plan_model(&self.model, &opts.dims, &PlanOptions::default())
             .map_err(|e| self.err(e))?;
         let g = &planned.model.graph;
@@ -166,8 +193,9 @@ fn run(model: &Model, inputs: &[TractTensor]) -> Result<Vec<TractTensor>> {
 
 /// Checks a training graph's gradients (outputs `1..`, named
 /// `<name>_grad`) of `names` against central differences
-/// `(loss(θ + h) - loss(θ - h)) / 2h` of its own `loss` (output 0), for up
-/// to `max_elements` evenly spaced elements of each. `names` are float
+/// `(loss(θ + h) - loss(θ - h)) / 2h` of its own `loss` (output 0), for the
+/// `max_elements` entries of each with the largest analytic gradient
+/// (embedding gradients are mostly zeros; ties go to the first). `names` are float
 /// initializers or runtime graph inputs (`inputs` in graph-input order).
 /// Returns the loss and one [`GradCheck`] per name.
 pub fn grad_check(
@@ -197,10 +225,16 @@ pub fn grad_check(
         let v = g
             .value_by_name(name)
             .ok_or_else(|| Error::new(format!("no value {name}")))?;
-        let n = analytic.len();
-        let step = n.div_ceil(max_elements.max(1)).max(1);
+        let mut order: Vec<usize> = (0..analytic.len()).collect();
+        order.sort_by(|&a, &b| {
+            analytic[b]
+                .abs()
+                .total_cmp(&analytic[a].abs())
+                .then(a.cmp(&b))
+        });
+        order.truncate(max_elements);
         let (mut num, mut den, mut max_abs, mut count) = (0f64, 0f64, 0f64, 0);
-        for j in (0..n).step_by(step) {
+        for j in order {
             let mut f = [0f64; 2];
             for (k, sign) in [1f64, -1.0].into_iter().enumerate() {
                 let mut m = train.clone();

@@ -9,7 +9,8 @@
 //! - `Neg`: `-dy`; `Identity`, `Dropout` (inference: identity): `dy`;
 //! - `Cast` (float to float): `dy` cast back to the input's type;
 //! - `Where(c, a, b)`: `da = Where(c, dy, 0)`, `db = Where(c, 0, dy)`;
-//! - `Sqrt`: `dx = dy / (2y)`; `Exp`: `dx = dy·y`; `Log`: `dx = dy / x`.
+//! - `Sqrt`: `dx = dy / (2y)`; `Exp`: `dx = dy·y`; `Log`: `dx = dy / x`;
+//! - `Reciprocal`: `dx = -dy·y²`.
 
 use super::{dy, out_dims};
 use crate::cx::{int_attr, Cx};
@@ -193,4 +194,12 @@ pub fn log(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
     let x = cx.x(0)?;
     Ok(vec![Some(cx.op("Div", &[d, x], vec![])?)])
+}
+
+pub fn reciprocal(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let y = cx.y(0)?;
+    let y2 = cx.op("Mul", &[y, y], vec![])?;
+    let p = cx.op("Mul", &[d, y2], vec![])?;
+    Ok(vec![Some(cx.op("Neg", &[p], vec![])?)])
 }

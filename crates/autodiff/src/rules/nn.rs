@@ -1,9 +1,10 @@
 //! Normalization layers.
 //!
 //! `LayerNormalization(X, S, B, axis, ε)` normalizes over the axes
-//! `[axis, rank)`. With `μ`, `σ⁻¹ = 1/√(var + ε)` and `x̂ = (x - μ)·σ⁻¹`
-//! recomputed from `X` in the backward pass (as torch saves `X`, `μ` and
-//! `σ⁻¹`; here only `X` is kept):
+//! `[axis, rank)`. The forward node's optional outputs `Mean` (`μ`) and
+//! `InvStdDev` (`σ⁻¹ = 1/√(var + ε)`) are switched on and kept for the
+//! backward pass, as torch keeps `X`, `μ` and `σ⁻¹`; with
+//! `x̂ = (x - μ)·σ⁻¹`:
 //!
 //! - `dB = Σ dy`, `dS = Σ dy·x̂` over the non-normalized axes;
 //! - `dx̂ = dy·S`;
@@ -30,18 +31,24 @@ pub fn layer_norm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let axis = cx.attr_int("axis", -1);
     let axis = if axis < 0 { axis + r } else { axis };
     let axes: Vec<i64> = (axis..r).collect();
-    let eps = cx.attr_float("epsilon", 1e-5) as f64;
-    let dt = cx.dtype(x)?;
     let mut out = vec![None, None, None];
-    // x̂ and σ⁻¹, recomputed.
-    let mean = cx.reduce_mean(x, &axes, true)?;
+    // μ and σ⁻¹ from the forward node (its optional outputs, added if off).
+    let node = cx.node;
+    let yname = cx.g.name(cx.y(0)?).to_string();
+    let mut saved = [None, None];
+    for (k, slot) in saved.iter_mut().enumerate() {
+        *slot = Some(match cx.g.node(node).output(k + 1) {
+            Some(v) => v,
+            None => {
+                let hint = if k == 0 { "mean" } else { "inv_std_dev" };
+                let v = cx.g.fresh_value(&format!("{yname}_{hint}"), None);
+                cx.g.set_output(node, k + 1, Some(v));
+                v
+            }
+        });
+    }
+    let (mean, rstd) = (saved[0].unwrap(), saved[1].unwrap());
     let xc = cx.op("Sub", &[x, mean], vec![])?;
-    let sq = cx.op("Mul", &[xc, xc], vec![])?;
-    let var = cx.reduce_mean(sq, &axes, true)?;
-    let e = cx.scalar(dt, eps)?;
-    let ve = cx.op("Add", &[var, e], vec![])?;
-    let sd = cx.op("Sqrt", &[ve], vec![])?;
-    let rstd = cx.op("Reciprocal", &[sd], vec![])?;
     let xhat = cx.op("Mul", &[xc, rstd], vec![])?;
     if cx.need(2) {
         let b = cx.x(2)?;

@@ -1,7 +1,8 @@
 //! Reductions. With `y = ReduceSum(x, axes)`, `dx = Expand(dy', Shape(x))`
 //! where `dy'` is `dy` with the reduced axes put back (Unsqueeze when
 //! `keepdims=0`); `ReduceMean` divides by the number of elements reduced,
-//! `numel(x) / numel(y)`. Only `Shape(x)` is read, never `x`.
+//! `numel(x) / numel(y)`; `GlobalAveragePool` is a ReduceMean over the
+//! spatial axes with `keepdims=1`. Only `Shape(x)` is read, never `x`.
 
 use super::dy;
 use crate::cx::Cx;
@@ -52,4 +53,16 @@ pub fn reduce_mean(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let ny = cx.numel_f(y, dt)?;
     let n = cx.op("Div", &[nx, ny], vec![])?;
     Ok(vec![Some(cx.op("Div", &[e, n], vec![])?), None])
+}
+
+pub fn global_average_pool(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let (x, y) = (cx.x(0)?, cx.y(0)?);
+    let dt = cx.dtype(y)?;
+    let s = cx.shape_of(x)?;
+    let e = cx.op("Expand", &[d, s], vec![])?;
+    let nx = cx.numel_f(x, dt)?;
+    let ny = cx.numel_f(y, dt)?;
+    let n = cx.op("Div", &[nx, ny], vec![])?;
+    Ok(vec![Some(cx.op("Div", &[e, n], vec![])?)])
 }

@@ -4,6 +4,8 @@
 //! - `Transpose(perm)`: `dx = Transpose(dy, perm⁻¹)`;
 //! - `Expand`: `dy` reduced back over the broadcast axes;
 //! - `Concat(axis)`: `dxᵢ = Slice(dy, offᵢ, offᵢ + sizeᵢ, axis)`;
+//! - `Split(axis)`: `dx = Concat(dy₀, dy₁, ..., axis)`, zeros for outputs
+//!   no gradient reaches;
 //! - `Slice` (unit steps, constant bounds, static sliced dims):
 //!   `dx = Pad(dy, begin = start, end = dim - end)` with zeros;
 //! - `Gather(data, idx, axis)`: `ddata = ScatterND(zeros(Shape(data)),
@@ -104,6 +106,27 @@ pub fn concat(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         }
         off = end;
     }
+    Ok(out)
+}
+
+pub fn split(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let x = cx.x(0)?;
+    let r = cx.rank(x)? as i64;
+    let axis = norm(cx.attr_int("axis", 0), r);
+    let dt = cx.dtype(x)?;
+    let mut parts = Vec::new();
+    for (i, d) in dys.iter().enumerate() {
+        parts.push(match d {
+            Some(d) => *d,
+            None => {
+                let y = cx.y(i)?;
+                cx.zeros_like(y, dt)?
+            }
+        });
+    }
+    let n = cx.g.node(cx.node).inputs().len();
+    let mut out = vec![None; n];
+    out[0] = Some(cx.op("Concat", &parts, vec![int_attr("axis", axis)])?);
     Ok(out)
 }
 
