@@ -112,6 +112,15 @@ F["shape/gather_embedding"] = (17, "float[2,3] x", "float[2,3,4] y", [init("emb"
 F["nn/layer_norm"] = (17, "float[2,3,4] x", "float[2,3,4] y", [init("scale",[4]), init("bias",[4]), init("k",[2,3,4])], """
   n = LayerNormalization <epsilon = 1e-5> (x, scale, bias)
   y = Mul (n, k)""")
+F["reduce/global_average_pool"] = (17, "float[1,2,3,3] x", "float[1,2,1,1] y", [init("w",[1,2,3,3]), init("k",[1,2,1,1])], """
+  h = Mul (x, w)
+  p = GlobalAveragePool (h)
+  q = Mul (p, k)
+  y = Mul (q, p)""")
+F["shape/split"] = (17, "float[2,4] x", "float[2,3] y", [init("w",[2,4]), "int64[2] parts = {1, 3}"], """
+  h = Mul (x, w)
+  a, b = Split <axis = 1> (h, parts)
+  y = Mul (b, b)""")
 for name, (opset, ins, outs, inits, body) in F.items():
     fam, case = name.split("/")
     os.makedirs(fam, exist_ok=True)
