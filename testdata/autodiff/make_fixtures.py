@@ -121,6 +121,19 @@ F["shape/split"] = (17, "float[2,4] x", "float[2,3] y", [init("w",[2,4]), "int64
   h = Mul (x, w)
   a, b = Split <axis = 1> (h, parts)
   y = Mul (b, b)""")
+F["nn/conv_strided"] = (17, "float[2,2,5,5] x", "float[2,3,3,3] y", [init("w",[3,2,3,3]), init("b",[3]), init("k",[2,3,3,3])], """
+  c = Conv <strides = [2, 2], pads = [1, 1, 1, 1]> (x, w, b)
+  p = Mul (c, k)
+  y = Mul (p, c)""")
+F["nn/conv_dilated"] = (17, "float[1,2,6,5] x", "float[1,2,4,3] y", [init("w",[2,2,2,2]), init("k",[1,2,4,3])], """
+  c = Conv <dilations = [2, 1], strides = [1, 2], pads = [0, 1, 0, 0]> (x, w)
+  p = Mul (c, k)
+  y = Mul (p, c)""")
+F["nn/max_pool"] = (17, "float[1,2,4,4] x", "float[1,2,2,2] y", [init("w",[1,2,4,4]), init("k",[1,2,2,2])], """
+  h = Mul (x, w)
+  p = MaxPool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]> (h)
+  q = Mul (p, k)
+  y = Mul (q, p)""")
 for name, (opset, ins, outs, inits, body) in F.items():
     fam, case = name.split("/")
     os.makedirs(fam, exist_ok=True)

@@ -61,6 +61,8 @@ pub const RULES: &[(&str, Rule)] = &[
     ("Slice", shape::slice),
     ("Gather", shape::gather),
     ("LayerNormalization", nn::layer_norm),
+    ("Conv", nn::conv),
+    ("MaxPool", nn::max_pool),
 ];
 
 /// The rule for a default-domain op.

@@ -10,13 +10,31 @@
 //! - `dx̂ = dy·S`;
 //! - `dX = σ⁻¹·(dx̂ - mean(dx̂) - x̂·mean(dx̂·x̂))`, means over the normalized axes.
 //!
+//! `Conv(X, W, B)` (`group = 1`, explicit pads), `Y[n,m,o] = Σ_{c,k}
+//! W[m,c,k]·X[n,c,o·s + k·d - p] + B[m]`:
+//!
+//! - `dB = Σ dY` over the batch and spatial axes;
+//! - `dX = ConvTranspose(dY, W)` with the same strides, dilations and
+//!   pads, and `output_padding` making its size `X`'s (static dims, or unit
+//!   strides);
+//! - `dW = Transpose(Slice(Conv(Xᵀ, dYᵀ), :k), [1, 0, ...])` where `ᵀ`
+//!   swaps the batch and channel axes: a convolution over the batch, with
+//!   the forward dilations as strides and the forward strides as
+//!   dilations, cut to the kernel (the last rows are extra when the
+//!   forward stride did not divide the padded input).
+//!
+//! `MaxPool` (unit dilations, no ceil mode): the node's `Indices` output
+//! is switched on and kept; `dX = Reshape(ScatterElements(zeros(numel X),
+//! flat(Indices), flat(dY), reduction="add"), Shape(X))`.
+//!
 //! The decomposed form torch exports before opset 17 (ReduceMean, Sub,
 //! Pow, Sqrt, Div, ...) is differentiated op by op.
 
 use super::{dy, out_dims};
-use crate::cx::Cx;
+use crate::cx::{float_scalar, int_attr, ints_attr, Cx};
 use crate::Result;
 use graphopt_ir::ValueId;
+use graphopt_ir::{AttrValue, Attribute};
 
 type Grads = Result<Vec<Option<ValueId>>>;
 
@@ -71,4 +89,139 @@ pub fn layer_norm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         out[0] = Some(cx.op("Mul", &[rstd, b], vec![])?);
     }
     Ok(out)
+}
+
+pub fn conv(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let (x, w) = (cx.x(0)?, cx.x(1)?);
+    if cx.attr_int("group", 1) != 1 {
+        return Err(cx.unsupported("group > 1 has no rule yet"));
+    }
+    let ap =
+        cx.g.node(cx.node)
+            .attr_str("auto_pad")
+            .unwrap_or("NOTSET")
+            .to_string();
+    if ap != "NOTSET" && ap != "VALID" {
+        return Err(cx.unsupported(format!("auto_pad={ap} has no rule yet")));
+    }
+    let wd = cx.dims(w).unwrap_or_default();
+    let kernel: Vec<i64> = wd
+        .iter()
+        .skip(2)
+        .map(|d| d.known())
+        .collect::<Option<_>>()
+        .ok_or_else(|| cx.unsupported("the kernel's shape is unknown"))?;
+    let sp = kernel.len();
+    if sp == 0 {
+        return Err(cx.unsupported("the kernel's rank is unknown"));
+    }
+    let strides = cx.attr_ints("strides").unwrap_or(vec![1; sp]);
+    let dil = cx.attr_ints("dilations").unwrap_or(vec![1; sp]);
+    let pads = cx.attr_ints("pads").unwrap_or(vec![0; 2 * sp]);
+    let xd = cx.dims(x).unwrap_or_default();
+    let yd = out_dims(cx)?;
+    let mut out = vec![None, None, None];
+    if cx.need(2) {
+        let axes: Vec<i64> = std::iter::once(0).chain(2..2 + sp as i64).collect();
+        out[2] = Some(cx.reduce_sum(d, &axes, false)?);
+    }
+    if cx.need(0) {
+        let mut opad = Vec::new();
+        for i in 0..sp {
+            let (h, ho) = (
+                xd.get(2 + i).and_then(|d| d.known()),
+                yd.get(2 + i).and_then(|d| d.known()),
+            );
+            opad.push(match (h, ho) {
+                (Some(h), Some(ho)) => {
+                    h - (strides[i] * (ho - 1) + (kernel[i] - 1) * dil[i] + 1
+                        - pads[i]
+                        - pads[i + sp])
+                }
+                _ if strides[i] == 1 => 0,
+                _ => {
+                    return Err(cx.unsupported(
+                        "a strided convolution over dims unknown before run time has no rule yet",
+                    ))
+                }
+            });
+        }
+        out[0] = Some(cx.op(
+            "ConvTranspose",
+            &[d, w],
+            vec![
+                ints_attr("strides", &strides),
+                ints_attr("dilations", &dil),
+                ints_attr("pads", &pads),
+                ints_attr("output_padding", &opad),
+            ],
+        )?);
+    }
+    if cx.need(1) {
+        let mut perm: Vec<i64> = (0..2 + sp as i64).collect();
+        perm.swap(0, 1);
+        let xt = cx.transpose(x, &perm)?;
+        let dt = cx.transpose(d, &perm)?;
+        let c = cx.op(
+            "Conv",
+            &[xt, dt],
+            vec![
+                ints_attr("strides", &dil),
+                ints_attr("dilations", &strides),
+                ints_attr("pads", &pads),
+            ],
+        )?;
+        let starts = cx.const_i64(&vec![0; sp])?;
+        let ends = cx.const_i64(&kernel)?;
+        let axes = cx.const_i64(&(2..2 + sp as i64).collect::<Vec<_>>())?;
+        let cut = cx.op("Slice", &[c, starts, ends, axes], vec![])?;
+        out[1] = Some(cx.transpose(cut, &perm)?);
+    }
+    Ok(out)
+}
+
+pub fn max_pool(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let x = cx.x(0)?;
+    if cx.attr_int("ceil_mode", 0) != 0
+        || cx
+            .attr_ints("dilations")
+            .is_some_and(|d| d.iter().any(|&v| v != 1))
+        || cx.attr_int("storage_order", 0) != 0
+    {
+        return Err(cx.unsupported("ceil_mode, dilations or storage_order have no rule yet"));
+    }
+    let node = cx.node;
+    let idx = match cx.g.node(node).output(1) {
+        Some(v) => v,
+        None => {
+            let yname = cx.g.name(cx.y(0)?).to_string();
+            let v = cx.g.fresh_value(&format!("{yname}_indices"), None);
+            cx.g.set_output(node, 1, Some(v));
+            v
+        }
+    };
+    let dt = cx.dtype(x)?;
+    let flat = cx.const_i64(&[-1])?;
+    let fi = cx.reshape(idx, flat)?;
+    let fd = cx.reshape(d, flat)?;
+    let s = cx.shape_of(x)?;
+    let n = cx.op("ReduceProd", &[s], vec![int_attr("keepdims", 1)])?;
+    let zero = float_scalar(dt, 0.0, vec![1])?;
+    let z = cx.op(
+        "ConstantOfShape",
+        &[n],
+        vec![Attribute::new("value", AttrValue::Tensor(zero))],
+    )?;
+    *cx.wants_opset16 = true;
+    let sc = cx.op(
+        "ScatterElements",
+        &[z, fi, fd],
+        vec![
+            int_attr("axis", 0),
+            Attribute::new("reduction", AttrValue::String(b"add".to_vec())),
+        ],
+    )?;
+    Ok(vec![Some(cx.reshape(sc, s)?)])
 }
