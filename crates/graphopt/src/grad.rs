@@ -55,7 +55,7 @@ pub struct GradReport {
     /// The other nodes: the backward pass.
     pub backward_nodes: usize,
     /// Forward activations (values computed by forward nodes) that
-    /// backward nodes read, at the report's dims.
+    /// backward nodes other than `Shape` read, at the report's dims.
     pub saved_activation_bytes: u64,
     /// Graph inputs that backward nodes read (their bytes at the dims).
     pub saved_input_bytes: u64,
@@ -122,7 +122,12 @@ impl Session {
         let cone = forward_cone(g);
         let mut saved = Vec::new();
         let mut seen = HashSet::new();
-        for n in g.nodes().filter(|n| !cone.contains(n)) {
+        // A backward `Shape` reads only metadata, right where the value is
+        // computed: it keeps nothing alive.
+        for n in g
+            .nodes()
+            .filter(|n| !cone.contains(n) && g.node(*n).op_type != "Shape")
+        {
             for &v in g.node(n).inputs().iter().flatten() {
                 let computed = g.producer(v).is_some_and(|(p, _)| cone.contains(&p));
                 let input = g.is_input(v) && g.initializer(v).is_none();

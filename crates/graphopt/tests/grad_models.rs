@@ -16,14 +16,32 @@ fn model_path(name: &str) -> std::path::PathBuf {
         .join(format!("{name}.onnx"))
 }
 
-/// Worst relative L2 error measured over the checked entries (h = 1e-2,
-/// f32 in tract, the 3 largest entries of 3 parameters per model): 5.0e-3
-/// (bert_tiny, a MatMul weight, both exporters); embeddings 0.9e-3..1.4e-3.
-/// The bound is about 3x the worst.
-const BOUND: f64 = 1.5e-2;
+/// Central differences in f32 are noise-bound on these models: the loss
+/// (a mean over the whole output) is O(1) while gradient entries are
+/// 1e-5..1e-3, and tract's f32 sums carry ~1e-7 relative error, so the
+/// difference quotient's error is ~1e-7/h of the loss. Measured worst
+/// relative L2 errors (3 largest entries of 3 parameters), per model, with
+/// the bound set at about 3x:
+/// - bert, gpt2, t5 (h = 1e-2): 5.0e-3 (bert, a MatMul weight);
+/// - resnet (h = 1e-2): 1.3e-2 (conv1, dynamo export);
+/// - vit (h = 1e-2): 2.8e-2 (a MatMul weight);
+/// - whisper (h = 3e-2; at h = 3e-3 the error is 1.3, at 1e-1 it is 9e-3
+///   for conv1: noise, not a wrong rule): 6.2e-2.
+fn tolerance(name: &str) -> (f64, f64) {
+    if name.starts_with("whisper") {
+        (3e-2, 0.2)
+    } else if name.starts_with("vit") {
+        (1e-2, 8e-2)
+    } else if name.starts_with("resnet") {
+        (1e-2, 4e-2)
+    } else {
+        (1e-2, 1.5e-2)
+    }
+}
 
 fn check_model(name: &str) -> (usize, usize, u64, f64) {
     let path = model_path(name);
+    let (h, bound) = tolerance(name);
     let original = graphopt::load(&path).unwrap();
     let mut s = graphopt::load(&path).unwrap();
     let report = s
@@ -74,7 +92,7 @@ fn check_model(name: &str) -> (usize, usize, u64, f64) {
         .iter()
         .map(|&i| p[i].clone())
         .collect();
-    let (loss, checks) = graphopt::grad_check(s.model(), &names, &inputs, 1e-2, 3)
+    let (loss, checks) = graphopt::grad_check(s.model(), &names, &inputs, h, 3)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(
         (loss - want).abs() <= 1e-4 * want.abs().max(1.0),
@@ -88,7 +106,7 @@ fn check_model(name: &str) -> (usize, usize, u64, f64) {
         );
         worst = worst.max(c.rel_l2);
         assert!(
-            c.rel_l2 <= BOUND,
+            c.rel_l2 <= bound,
             "{name}: {} rel_l2 {:.3e}",
             c.name,
             c.rel_l2
@@ -111,6 +129,12 @@ fn models_differentiate() {
         "gpt2_tiny.dynamo18",
         "t5_encoder_tiny.ts14",
         "t5_encoder_tiny.dynamo18",
+        "vit_tiny.ts14",
+        "vit_tiny.dynamo18",
+        "whisper_encoder_tiny.ts14",
+        "whisper_encoder_tiny.dynamo18",
+        "resnet_tiny.ts14",
+        "resnet_tiny.dynamo18",
     ] {
         let (f, b, saved, worst) = check_model(name);
         eprintln!("{name}: forward {f} backward {b} saved {saved} B worst rel_l2 {worst:.2e}");
@@ -118,8 +142,14 @@ fn models_differentiate() {
 }
 
 #[test]
-fn conv_models_name_the_missing_rule() {
-    let mut s = graphopt::load(model_path("resnet_tiny.ts14")).unwrap();
+fn a_missing_rule_names_the_op_and_node() {
+    // MobileNetV3's HardSwish has no rule yet.
+    let mut s = graphopt::load(model_path("mobilenet_v3_small.ts14")).unwrap();
     let err = s.grad(&GradOptions::default()).unwrap_err().to_string();
-    assert!(err.contains("no gradient rule for op Conv"), "{err}");
+    assert!(
+        err.contains(
+            "no gradient rule for op HardSwish (node '/classifier/classifier.1/HardSwish')"
+        ),
+        "{err}"
+    );
 }

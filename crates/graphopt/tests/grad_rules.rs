@@ -198,3 +198,27 @@ g (float[2,3] x) => (float[2,3] y)
     let t = build_training_graph(&model, &frozen).unwrap();
     assert!(t.params.is_empty());
 }
+
+/// The backward pass keeps only what the rules need: Relu and Sigmoid read
+/// their outputs, Reshape only a (static) shape, Mul its operands.
+#[test]
+fn saved_for_backward_is_minimal() {
+    let src = r#"<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,6] x) => (float[3,4] y)
+  <float[2,6] w = {0.1, -0.2, 0.3, -0.4, 0.5, -0.6, 0.7, -0.8, 0.9, -1.0, 1.1, -1.2}, int64[2] shp = {3, 4}> {
+  m = Mul (x, w)
+  h = Relu (m)
+  r = Reshape (h, shp)
+  e = Exp (r)
+  y = Sigmoid (e)
+}"#;
+    let mut s = graphopt::Session::from_model(parse_model(src).unwrap());
+    let r = s.grad(&graphopt::GradOptions::default()).unwrap();
+    let mut saved: Vec<&str> = r.saved.iter().map(|v| v.name.as_str()).collect();
+    saved.sort();
+    // x for Mul's weight gradient; h (Relu's output), e (Exp's output) and
+    // y (Sigmoid's output); not m, r.
+    assert_eq!(saved, ["e", "h", "x", "y"], "{:?}", r.saved);
+    assert_eq!(r.saved_activation_bytes, 3 * 48);
+    assert_eq!(r.saved_input_bytes, 48);
+}
