@@ -28,6 +28,7 @@ MODELS = [
     "t5_encoder_tiny.ts14", "t5_encoder_tiny.dynamo18", "vit_tiny.ts14", "vit_tiny.dynamo18",
     "whisper_encoder_tiny.ts14", "whisper_encoder_tiny.dynamo18",
     "resnet_tiny.ts14", "resnet_tiny.dynamo18",
+    "mobilenet_v3_small.ts14", "mobilenet_v3_small.dynamo18",
 ]
 
 

@@ -134,6 +134,25 @@ F["nn/max_pool"] = (17, "float[1,2,4,4] x", "float[1,2,2,2] y", [init("w",[1,2,4
   p = MaxPool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]> (h)
   q = Mul (p, k)
   y = Mul (q, p)""")
+F["nn/conv_depthwise"] = (17, "float[2,4,5,5] x", "float[2,4,3,3] y", [init("w",[4,1,3,3]), init("k",[2,4,3,3])], """
+  c = Conv <group = 4, strides = [2, 2], pads = [1, 1, 1, 1]> (x, w)
+  p = Mul (c, k)
+  y = Mul (p, c)""")
+F["nn/conv_grouped"] = (17, "float[1,4,4,4] x", "float[1,6,4,4] y", [init("w",[6,2,3,3]), init("b",[6]), init("k",[1,6,4,4])], """
+  c = Conv <group = 2, pads = [1, 1, 1, 1]> (x, w, b)
+  p = Mul (c, k)
+  y = Mul (p, c)""")
+# Offsets keep h = x*w + o at least 0.05 from every kink (±2.5, ±3, 0):
+# central differences across a kink are wrong, not the rule.
+F["activations/hard_sigmoid_swish_leaky"] = (17, "float[2,6] x", "float[2,6] y", [init("w",[2,6], -0.2, 0.2), "float[2,6] o = {-4.0, -2.75, -1.5, -0.5, 0.5, 1.5, 2.75, 4.0, 5.0, -5.0, 1.0, -1.0}"], """
+  m = Mul (x, w)
+  h = Add (m, o)
+  a = HardSigmoid <alpha = 0.2, beta = 0.5> (h)
+  b = HardSwish (h)
+  c = LeakyRelu <alpha = 0.1> (h)
+  s = Add (a, b)
+  t = Add (s, c)
+  y = Mul (t, h)""")
 for name, (opset, ins, outs, inits, body) in F.items():
     fam, case = name.split("/")
     os.makedirs(fam, exist_ok=True)

@@ -25,6 +25,7 @@ fn model_path(name: &str) -> std::path::PathBuf {
 /// - bert, gpt2, t5 (h = 1e-2): 5.0e-3 (bert, a MatMul weight);
 /// - resnet (h = 1e-2): 1.3e-2 (conv1, dynamo export);
 /// - vit (h = 1e-2): 2.8e-2 (a MatMul weight);
+/// - mobilenet_v3_small (h = 3e-2; 4.9e-2 at h = 1e-2): 2.5e-2;
 /// - whisper (h = 3e-2; at h = 3e-3 the error is 1.3, at 1e-1 it is 9e-3
 ///   for conv1: noise, not a wrong rule): 6.2e-2.
 fn tolerance(name: &str) -> (f64, f64) {
@@ -32,6 +33,8 @@ fn tolerance(name: &str) -> (f64, f64) {
         (3e-2, 0.2)
     } else if name.starts_with("vit") {
         (1e-2, 8e-2)
+    } else if name.starts_with("mobilenet") {
+        (3e-2, 8e-2)
     } else if name.starts_with("resnet") {
         (1e-2, 4e-2)
     } else {
@@ -86,12 +89,17 @@ fn check_model(name: &str) -> (usize, usize, u64, f64) {
         .sum::<f64>()
         / y.len() as f64;
     inputs.push(TractTensor::from_shape(fwd[0].shape(), &target).unwrap());
-    // A few parameters: first, middle, last; 3 entries each.
+    // A few parameters: first, middle, last; 3 entries each. MobileNetV3's
+    // early gradients at initialization are 1e-7..1e-11, under the f32
+    // difference noise (~1e-6 here), so its last three (the classifier and
+    // the last block) are checked instead.
     let p = &report.params;
-    let names: Vec<String> = [0, p.len() / 2, p.len() - 1]
-        .iter()
-        .map(|&i| p[i].clone())
-        .collect();
+    let picks = if name.starts_with("mobilenet") {
+        vec![p.len() - 3, p.len() - 2, p.len() - 1]
+    } else {
+        vec![0, p.len() / 2, p.len() - 1]
+    };
+    let names: Vec<String> = picks.iter().map(|&i| p[i].clone()).collect();
     let (loss, checks) = graphopt::grad_check(s.model(), &names, &inputs, h, 3)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(
@@ -135,21 +143,10 @@ fn models_differentiate() {
         "whisper_encoder_tiny.dynamo18",
         "resnet_tiny.ts14",
         "resnet_tiny.dynamo18",
+        "mobilenet_v3_small.ts14",
+        "mobilenet_v3_small.dynamo18",
     ] {
         let (f, b, saved, worst) = check_model(name);
         eprintln!("{name}: forward {f} backward {b} saved {saved} B worst rel_l2 {worst:.2e}");
     }
-}
-
-#[test]
-fn a_missing_rule_names_the_op_and_node() {
-    // MobileNetV3's HardSwish has no rule yet.
-    let mut s = graphopt::load(model_path("mobilenet_v3_small.ts14")).unwrap();
-    let err = s.grad(&GradOptions::default()).unwrap_err().to_string();
-    assert!(
-        err.contains(
-            "no gradient rule for op HardSwish (node '/classifier/classifier.1/HardSwish')"
-        ),
-        "{err}"
-    );
 }

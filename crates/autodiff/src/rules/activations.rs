@@ -6,6 +6,10 @@
 //! - `Erf`: `dx = dy·(2/√π)·exp(-x²)`;
 //! - `Gelu` (`approximate="none"`): `dx = dy·(Φ(x) + x·φ(x))` with
 //!   `Φ(x) = ½(1 + erf(x/√2))`, `φ(x) = exp(-x²/2)/√(2π)`;
+//! - `HardSigmoid(α, β)`: `dx = Where(0 < αx + β < 1, α·dy, 0)`;
+//! - `HardSwish`: `y = x·HardSigmoid(x; 1/6, ½)`, `dx = dy·Where(x < -3, 0,
+//!   Where(x > 3, 1, (2x + 3)/6))`;
+//! - `LeakyRelu(α)`: `dx = Where(x > 0, dy, α·dy)`;
 //! - `Softmax` on axis `k`: `dx = y·(dy - Σ_k dy·y)`;
 //! - `LogSoftmax` on axis `k`: `dx = dy - exp(y)·Σ_k dy`.
 //!
@@ -125,4 +129,56 @@ pub fn log_softmax(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let p = cx.op("Exp", &[y], vec![])?;
     let ps = cx.op("Mul", &[p, s], vec![])?;
     Ok(vec![Some(cx.op("Sub", &[d, ps], vec![])?)])
+}
+
+pub fn hard_sigmoid(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let x = cx.x(0)?;
+    let dt = cx.dtype(x)?;
+    let alpha = cx.attr_float("alpha", 0.2) as f64;
+    let beta = cx.attr_float("beta", 0.5) as f64;
+    // 0 < αx + β < 1  <=>  lo < x < hi (α > 0)
+    let (lo, hi) = if alpha > 0.0 {
+        (-beta / alpha, (1.0 - beta) / alpha)
+    } else {
+        return Err(cx.unsupported("alpha <= 0 has no rule"));
+    };
+    let lo = cx.scalar(dt, lo)?;
+    let hi = cx.scalar(dt, hi)?;
+    let a = cx.op("Greater", &[x, lo], vec![])?;
+    let b = cx.op("Less", &[x, hi], vec![])?;
+    let inside = cx.op("And", &[a, b], vec![])?;
+    let zero = cx.scalar(dt, 0.0)?;
+    let ad = cx.scale(d, dt, alpha)?;
+    Ok(vec![Some(cx.op("Where", &[inside, ad, zero], vec![])?)])
+}
+
+pub fn hard_swish(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let x = cx.x(0)?;
+    let dt = cx.dtype(x)?;
+    let three = cx.scalar(dt, 3.0)?;
+    let m3 = cx.scalar(dt, -3.0)?;
+    let zero = cx.scalar(dt, 0.0)?;
+    let one = cx.scalar(dt, 1.0)?;
+    // (2x + 3) / 6 = x/3 + 1/2
+    let x3 = cx.scale(x, dt, 1.0 / 3.0)?;
+    let half = cx.scalar(dt, 0.5)?;
+    let mid = cx.op("Add", &[x3, half], vec![])?;
+    let hi = cx.op("Greater", &[x, three], vec![])?;
+    let upper = cx.op("Where", &[hi, one, mid], vec![])?;
+    let lo = cx.op("Less", &[x, m3], vec![])?;
+    let slope = cx.op("Where", &[lo, zero, upper], vec![])?;
+    Ok(vec![Some(cx.op("Mul", &[d, slope], vec![])?)])
+}
+
+pub fn leaky_relu(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let x = cx.x(0)?;
+    let dt = cx.dtype(x)?;
+    let alpha = cx.attr_float("alpha", 0.01) as f64;
+    let zero = cx.scalar(dt, 0.0)?;
+    let pos = cx.op("Greater", &[x, zero], vec![])?;
+    let ad = cx.scale(d, dt, alpha)?;
+    Ok(vec![Some(cx.op("Where", &[pos, d, ad], vec![])?)])
 }

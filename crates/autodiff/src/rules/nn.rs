@@ -10,7 +10,7 @@
 //! - `dx̂ = dy·S`;
 //! - `dX = σ⁻¹·(dx̂ - mean(dx̂) - x̂·mean(dx̂·x̂))`, means over the normalized axes.
 //!
-//! `Conv(X, W, B)` (`group = 1`, explicit pads), `Y[n,m,o] = Σ_{c,k}
+//! `Conv(X, W, B)` (explicit pads), `Y[n,m,o] = Σ_{c,k}
 //! W[m,c,k]·X[n,c,o·s + k·d - p] + B[m]`:
 //!
 //! - `dB = Σ dY` over the batch and spatial axes;
@@ -21,7 +21,12 @@
 //!   swaps the batch and channel axes: a convolution over the batch, with
 //!   the forward dilations as strides and the forward strides as
 //!   dilations, cut to the kernel (the last rows are extra when the
-//!   forward stride did not divide the padded input).
+//!   forward stride did not divide the padded input). With `group = g`
+//!   (depthwise included), `ConvTranspose` takes `group = g` as is, and the
+//!   weight gradient is one grouped Conv: `X` as `[C/g, g·N, H, W]` (group
+//!   j's channels are its N samples) against `dY` as `[M, N, Ho, Wo]`,
+//!   so each output channel contracts only with its own group's inputs;
+//!   this needs static channel and spatial dims.
 //!
 //! `MaxPool` (unit dilations, no ceil mode): the node's `Indices` output
 //! is switched on and kept; `dX = Reshape(ScatterElements(zeros(numel X),
@@ -94,9 +99,7 @@ pub fn layer_norm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
 pub fn conv(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
     let (x, w) = (cx.x(0)?, cx.x(1)?);
-    if cx.attr_int("group", 1) != 1 {
-        return Err(cx.unsupported("group > 1 has no rule yet"));
-    }
+    let group = cx.attr_int("group", 1);
     let ap =
         cx.g.node(cx.node)
             .attr_str("auto_pad")
@@ -155,10 +158,15 @@ pub fn conv(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
                 ints_attr("dilations", &dil),
                 ints_attr("pads", &pads),
                 ints_attr("output_padding", &opad),
+                int_attr("group", group),
             ],
         )?);
     }
-    if cx.need(1) {
+    if cx.need(1) && group != 1 {
+        out[1] = Some(grouped_weight_grad(
+            cx, x, d, group, &kernel, &strides, &dil, &pads,
+        )?);
+    } else if cx.need(1) {
         let mut perm: Vec<i64> = (0..2 + sp as i64).collect();
         perm.swap(0, 1);
         let xt = cx.transpose(x, &perm)?;
@@ -179,6 +187,74 @@ pub fn conv(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         out[1] = Some(cx.transpose(cut, &perm)?);
     }
     Ok(out)
+}
+
+/// The weight gradient of a grouped Conv (see the module docs).
+#[allow(clippy::too_many_arguments)]
+fn grouped_weight_grad(
+    cx: &mut Cx,
+    x: ValueId,
+    d: ValueId,
+    g: i64,
+    kernel: &[i64],
+    strides: &[i64],
+    dil: &[i64],
+    pads: &[i64],
+) -> Result<ValueId> {
+    let sp = kernel.len();
+    let known = |cx: &Cx, v: ValueId| -> Result<Vec<i64>> {
+        let dims = cx.dims(v).unwrap_or_default();
+        dims.iter()
+            .skip(1)
+            .map(|d| d.known())
+            .collect::<Option<Vec<i64>>>()
+            .ok_or_else(|| cx.unsupported("grouped Conv needs static channel and spatial dims"))
+    };
+    let xd = known(cx, x)?; // [C, H, W...]
+    let y = cx.y(0)?; // dy has y's shape, and y's type is known
+    let yd = known(cx, y)?; // [M, Ho, Wo...]
+    let (c, m) = (xd[0], yd[0]);
+    // X: [N, C, S...] -> [N, g, C/g, S...] -> [C/g, g, N, S...] -> [C/g, g·N, S...]
+    let mut s1 = vec![-1, g, c / g];
+    s1.extend_from_slice(&xd[1..]);
+    let s1 = cx.const_i64(&s1)?;
+    let x1 = cx.reshape(x, s1)?;
+    let mut p1 = vec![2, 1, 0];
+    p1.extend(3..3 + sp as i64);
+    let x2 = cx.transpose(x1, &p1)?;
+    let mut s2 = vec![c / g, -1];
+    s2.extend_from_slice(&xd[1..]);
+    let s2 = cx.const_i64(&s2)?;
+    let xg = cx.reshape(x2, s2)?;
+    // dY: [N, M, O...] -> [N, g, M/g, O...] -> [g, M/g, N, O...] -> [M, N, O...]
+    let mut t1 = vec![-1, g, m / g];
+    t1.extend_from_slice(&yd[1..]);
+    let t1 = cx.const_i64(&t1)?;
+    let d1 = cx.reshape(d, t1)?;
+    let mut q1 = vec![1, 2, 0];
+    q1.extend(3..3 + sp as i64);
+    let d2 = cx.transpose(d1, &q1)?;
+    let mut t2 = vec![m, -1];
+    t2.extend_from_slice(&yd[1..]);
+    let t2 = cx.const_i64(&t2)?;
+    let dg = cx.reshape(d2, t2)?;
+    let conv = cx.op(
+        "Conv",
+        &[xg, dg],
+        vec![
+            ints_attr("strides", dil),
+            ints_attr("dilations", strides),
+            ints_attr("pads", pads),
+            int_attr("group", g),
+        ],
+    )?;
+    let starts = cx.const_i64(&vec![0; sp])?;
+    let ends = cx.const_i64(kernel)?;
+    let axes = cx.const_i64(&(2..2 + sp as i64).collect::<Vec<_>>())?;
+    let cut = cx.op("Slice", &[conv, starts, ends, axes], vec![])?;
+    let mut perm: Vec<i64> = (0..2 + sp as i64).collect();
+    perm.swap(0, 1);
+    cx.transpose(cut, &perm)
 }
 
 pub fn max_pool(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
