@@ -1,7 +1,7 @@
 //! The training-graph builder: the loss, the backward sweep, the outputs.
 
 use crate::cx::{float_scalar, int_attr, Cx};
-use crate::{glob_match, rules, GradError, GradOptions, Loss, Result, TrainingGraph};
+use crate::{glob_match, rules, GradError, GradOptions, Loss, Optimizer, Result, TrainingGraph};
 use graphopt_ir::infer::{infer_model, InferOptions};
 use graphopt_ir::{
     AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, Shape, Type, ValueId,
@@ -202,6 +202,30 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
         named.insert(out);
         g.value_mut(out).ty = ty;
         outs.push(out);
+    }
+    if let Optimizer::Sgd { lr, weight_decay } = opts.optimizer {
+        let grads_out: Vec<ValueId> = outs[1..=params.len()].to_vec();
+        for (&p, &gv) in params.iter().zip(&grads_out) {
+            let ty = g.ty(p).cloned();
+            let pdt = ty.as_ref().and_then(|t| t.elem()).unwrap_or(dt);
+            let want = format!("{}_new", g.name(p));
+            let anchor = forward[0];
+            let mut cx = Cx::new(g, opset, anchor, &mut shapes, &mut added, &mut wants16);
+            cx.prefix = Some(want.clone());
+            let step = if weight_decay != 0.0 {
+                let wd = cx.scale(p, pdt, weight_decay as f64)?;
+                cx.op("Add", &[gv, wd], vec![])?
+            } else {
+                gv
+            };
+            let s = cx.scale(step, pdt, lr as f64)?;
+            let new = cx.op("Sub", &[p, s], vec![])?;
+            if g.value_by_name(&want).is_none() {
+                g.rename_value(new, &want)?;
+            }
+            g.value_mut(new).ty = ty;
+            outs.push(new);
+        }
     }
     g.value_mut(loss).ty = Some(Type::tensor(dt, Some(Shape::known(&[]))));
     g.outputs = outs;

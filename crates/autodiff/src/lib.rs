@@ -11,7 +11,10 @@
 //!    gradients of its inputs from the gradients of its outputs;
 //! 4. graph outputs `<param>_grad` for every trainable float initializer
 //!    (and `<input>_grad` for float graph inputs with
-//!    [`GradOptions::input_grads`]).
+//!    [`GradOptions::input_grads`]);
+//! 5. with [`GradOptions::optimizer`], the updated parameters
+//!    `<param>_new` (SGD), so that a runtime can loop the step by feeding
+//!    them back.
 //!
 //! Invariants the builder keeps:
 //! 1. integer, bool and shape computations get no gradient: only values of
@@ -82,6 +85,16 @@ impl Loss {
     }
 }
 
+/// The parameter update the training graph computes after the gradients.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Optimizer {
+    /// Gradients only.
+    #[default]
+    None,
+    /// `p_new = p - lr·(grad + weight_decay·p)`, as outputs `<param>_new`.
+    Sgd { lr: f32, weight_decay: f32 },
+}
+
 /// What to differentiate and how.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GradOptions {
@@ -100,6 +113,8 @@ pub struct GradOptions {
     pub frozen: Vec<String>,
     /// Also output `<input>_grad` for every float graph input.
     pub input_grads: bool,
+    /// Also compute the updated parameters.
+    pub optimizer: Optimizer,
 }
 
 impl Default for GradOptions {
@@ -111,6 +126,7 @@ impl Default for GradOptions {
             trainable: Vec::new(),
             frozen: Vec::new(),
             input_grads: false,
+            optimizer: Optimizer::None,
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::util::{human_bytes, json_text, print_out};
 use graphopt::plan::DimValues;
-use graphopt::{AutodiffOptions, Error, GradOptions, Loss};
+use graphopt::{AutodiffOptions, Error, GradOptions, Loss, Optimizer};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -34,6 +34,15 @@ pub struct Args {
     /// Also output `<input>_grad` for every float graph input.
     #[arg(long)]
     input_grads: bool,
+    /// none | sgd: also output the updated parameters `<param>_new`.
+    #[arg(long, default_value = "none")]
+    optimizer: String,
+    /// SGD's learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    lr: f32,
+    /// SGD's weight decay (added to the gradient as `wd·p`).
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f32,
     /// Bind a symbolic dim for the memory figures (NAME=VALUE), repeatable.
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
@@ -61,6 +70,18 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             a.loss
         ))
     })?;
+    let optimizer = match a.optimizer.as_str() {
+        "none" => Optimizer::None,
+        "sgd" => Optimizer::Sgd {
+            lr: a.lr,
+            weight_decay: a.weight_decay,
+        },
+        other => {
+            return Err(Error::new(format!(
+                "unknown optimizer '{other}' (none, sgd; adamw is not written yet)"
+            )))
+        }
+    };
     let opts = GradOptions {
         autodiff: AutodiffOptions {
             output: a.output_name.clone(),
@@ -69,6 +90,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             trainable: globs(&a.trainable),
             frozen: globs(&a.frozen),
             input_grads: a.input_grads,
+            optimizer,
         },
         dims: DimValues::new(&graphopt::util::parse_dims(&a.dims)?),
         ..GradOptions::default()

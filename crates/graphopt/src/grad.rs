@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::optimize::{OptimizeOptions, OptimizeReport};
 use crate::session::Session;
 use graphopt_autodiff::build_training_graph;
-pub use graphopt_autodiff::{forward_cone, GradOptions as AutodiffOptions, Loss};
+pub use graphopt_autodiff::{forward_cone, GradOptions as AutodiffOptions, Loss, Optimizer};
 use graphopt_ir::{Model, Tensor};
 use graphopt_plan::{DimValues, PlanOptions};
 use graphopt_tract::TractTensor;

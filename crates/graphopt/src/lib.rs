@@ -51,7 +51,9 @@ pub use check::{
     compare_outputs, same_bits, CheckOptions, CheckReport, OutputDiff, Scale, Tolerance,
 };
 pub use error::{Error, Result};
-pub use grad::{grad_check, AutodiffOptions, GradCheck, GradOptions, GradReport, Loss, SavedValue};
+pub use grad::{
+    grad_check, AutodiffOptions, GradCheck, GradOptions, GradReport, Loss, Optimizer, SavedValue,
+};
 pub use inputs::Inputs;
 pub use inspect::{Inspection, IoInfo};
 pub use optimize::{

@@ -224,3 +224,58 @@ g (float[2,6] x) => (float[3,4] y)
     assert_eq!(r.saved_activation_bytes, 3 * 48);
     assert_eq!(r.saved_input_bytes, 48);
 }
+
+/// `--optimizer sgd`: `<param>_new = param - lr·(grad + wd·param)`.
+#[test]
+fn sgd_updates_parameters() {
+    let path = root().join("matmul/gemm_trans.onnxtxt");
+    let model = parse_model(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let (lr, wd) = (0.1f32, 0.01f32);
+    let train = build_training_graph(
+        &model,
+        &GradOptions {
+            optimizer: graphopt::Optimizer::Sgd {
+                lr,
+                weight_decay: wd,
+            },
+            ..GradOptions::default()
+        },
+    )
+    .unwrap();
+    let g = &train.model.graph;
+    let inputs = graphopt::tract::sample_inputs(&model, &[], 1, 5).unwrap();
+    let outs =
+        graphopt::tract::run_bytes(&graphopt::tract::prepare(&train.model).unwrap(), &inputs)
+            .unwrap();
+    let vals = |t: &TractTensor| -> Vec<f32> {
+        t.cast_to::<f32>()
+            .unwrap()
+            .to_plain_array_view::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect()
+    };
+    let n = train.params.len();
+    assert_eq!(g.outputs.len(), 1 + 2 * n);
+    for (k, p) in train.params.iter().enumerate() {
+        assert_eq!(g.name(g.outputs[1 + n + k]), format!("{p}_new"));
+        let w: Vec<f32> = g
+            .initializer(g.value_by_name(p).unwrap())
+            .unwrap()
+            .to_f64_vec()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        let (grad, new) = (vals(&outs[1 + k]), vals(&outs[1 + n + k]));
+        for i in 0..w.len() {
+            let want = w[i] - lr * (grad[i] + wd * w[i]);
+            assert!(
+                (new[i] - want).abs() <= 1e-6,
+                "{p}[{i}]: {} != {want}",
+                new[i]
+            );
+        }
+    }
+}
