@@ -153,6 +153,20 @@ F["activations/hard_sigmoid_swish_leaky"] = (17, "float[2,6] x", "float[2,6] y",
   s = Add (a, b)
   t = Add (s, c)
   y = Mul (t, h)""")
+F["nn/batch_norm"] = (17, "float[2,3,2,2] x", "float[2,3,2,2] y", [init("scale",[3]), init("bias",[3]), init("mean",[3]), init("var",[3], 0.5, 1.5), init("k",[2,3,2,2])], """
+  n = BatchNormalization <epsilon = 1e-5> (x, scale, bias, mean, var)
+  p = Mul (n, k)
+  y = Mul (p, n)""")
+F["activations/softplus_elu"] = (17, "float[2,3] x", "float[2,3] y", [init("w",[2,3], -2.0, 2.0)], """
+  h = Mul (x, w)
+  a = Softplus (h)
+  b = Elu <alpha = 0.7> (h)
+  s = Add (a, b)
+  y = Mul (s, h)""")
+F["reduce/reduce_max"] = (17, "float[2,3,4] x", "float[2,1,4] y", [init("w",[2,3,4])], """
+  h = Mul (x, w)
+  m = ReduceMax <axes = [1], keepdims = 1> (h)
+  y = Mul (m, m)""")
 for name, (opset, ins, outs, inits, body) in F.items():
     fam, case = name.split("/")
     os.makedirs(fam, exist_ok=True)

@@ -10,6 +10,7 @@
 //! - `HardSwish`: `y = x·HardSigmoid(x; 1/6, ½)`, `dx = dy·Where(x < -3, 0,
 //!   Where(x > 3, 1, (2x + 3)/6))`;
 //! - `LeakyRelu(α)`: `dx = Where(x > 0, dy, α·dy)`;
+//! - `Softplus`: `dx = dy·σ(x)`; `Elu(α)`: `dx = Where(x > 0, dy, dy·(y + α))`;
 //! - `Softmax` on axis `k`: `dx = y·(dy - Σ_k dy·y)`;
 //! - `LogSoftmax` on axis `k`: `dx = dy - exp(y)·Σ_k dy`.
 //!
@@ -181,4 +182,24 @@ pub fn leaky_relu(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let pos = cx.op("Greater", &[x, zero], vec![])?;
     let ad = cx.scale(d, dt, alpha)?;
     Ok(vec![Some(cx.op("Where", &[pos, d, ad], vec![])?)])
+}
+
+pub fn softplus(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let x = cx.x(0)?;
+    let s = cx.op("Sigmoid", &[x], vec![])?;
+    Ok(vec![Some(cx.op("Mul", &[d, s], vec![])?)])
+}
+
+pub fn elu(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let (x, y) = (cx.x(0)?, cx.y(0)?);
+    let dt = cx.dtype(x)?;
+    let alpha = cx.attr_float("alpha", 1.0) as f64;
+    let zero = cx.scalar(dt, 0.0)?;
+    let a = cx.scalar(dt, alpha)?;
+    let pos = cx.op("Greater", &[x, zero], vec![])?;
+    let ya = cx.op("Add", &[y, a], vec![])?;
+    let neg = cx.op("Mul", &[d, ya], vec![])?;
+    Ok(vec![Some(cx.op("Where", &[pos, d, neg], vec![])?)])
 }

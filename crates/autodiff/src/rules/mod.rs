@@ -46,12 +46,15 @@ pub const RULES: &[(&str, Rule)] = &[
     ("HardSigmoid", activations::hard_sigmoid),
     ("HardSwish", activations::hard_swish),
     ("LeakyRelu", activations::leaky_relu),
+    ("Softplus", activations::softplus),
+    ("Elu", activations::elu),
     ("Softmax", activations::softmax),
     ("LogSoftmax", activations::log_softmax),
     ("MatMul", matmul::matmul),
     ("Gemm", matmul::gemm),
     ("ReduceSum", reduce::reduce_sum),
     ("ReduceMean", reduce::reduce_mean),
+    ("ReduceMax", reduce::reduce_max),
     ("GlobalAveragePool", reduce::global_average_pool),
     ("Reshape", shape::reshape_like),
     ("Flatten", shape::reshape_like),
@@ -65,6 +68,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("Gather", shape::gather),
     ("LayerNormalization", nn::layer_norm),
     ("Conv", nn::conv),
+    ("BatchNormalization", nn::batch_norm),
     ("MaxPool", nn::max_pool),
 ];
 

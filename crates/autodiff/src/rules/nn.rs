@@ -32,6 +32,12 @@
 //! is switched on and kept; `dX = Reshape(ScatterElements(zeros(numel X),
 //! flat(Indices), flat(dY), reduction="add"), Shape(X))`.
 //!
+//! `BatchNormalization` in inference form (`training_mode = 0`: running
+//! mean `μ` and variance `v` are inputs), per channel (axis 1), with
+//! `r = 1/√(v + ε)` and sums over every axis but 1:
+//! `dX = dY·S·r`, `dB = Σ dY`, `dS = r·Σ dY·(X - μ)`, `dμ = -S·r·Σ dY`,
+//! `dv = -½·S·r³·Σ dY·(X - μ)`.
+//!
 //! The decomposed form torch exports before opset 17 (ReduceMean, Sub,
 //! Pow, Sqrt, Div, ...) is differentiated op by op.
 
@@ -300,4 +306,56 @@ pub fn max_pool(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         ],
     )?;
     Ok(vec![Some(cx.reshape(sc, s)?)])
+}
+
+pub fn batch_norm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    if cx.attr_int("training_mode", 0) != 0 {
+        return Err(cx.unsupported("training_mode=1 has no rule yet (inference form only)"));
+    }
+    let d = dy(cx, dys)?;
+    let x = cx.x(0)?;
+    let r = cx.rank(x)? as i64;
+    let dt = cx.dtype(x)?;
+    let eps = cx.attr_float("epsilon", 1e-5) as f64;
+    let (s, mean, var) = (cx.x(1)?, cx.x(3)?, cx.x(4)?);
+    let bc: Vec<i64> = std::iter::once(0).chain(2..r).collect();
+    let e = cx.scalar(dt, eps)?;
+    let ve = cx.op("Add", &[var, e], vec![])?;
+    let sd = cx.op("Sqrt", &[ve], vec![])?;
+    let rs = cx.op("Reciprocal", &[sd], vec![])?;
+    let sr = cx.op("Mul", &[s, rs], vec![])?;
+    let mut out = vec![None; 5];
+    let need_xc = cx.need(1) || cx.need(4);
+    let sum_dy = if cx.need(2) || cx.need(3) {
+        Some(cx.reduce_sum(d, &bc, false)?)
+    } else {
+        None
+    };
+    if cx.need(0) {
+        let sru = cx.unsqueeze(sr, &bc)?;
+        out[0] = Some(cx.op("Mul", &[d, sru], vec![])?);
+    }
+    if cx.need(2) {
+        out[2] = sum_dy;
+    }
+    if cx.need(3) {
+        let n = cx.op("Neg", &[sr], vec![])?;
+        out[3] = Some(cx.op("Mul", &[n, sum_dy.unwrap()], vec![])?);
+    }
+    if need_xc {
+        let mu = cx.unsqueeze(mean, &bc)?;
+        let xc = cx.op("Sub", &[x, mu], vec![])?;
+        let p = cx.op("Mul", &[d, xc], vec![])?;
+        let raw = cx.reduce_sum(p, &bc, false)?;
+        if cx.need(1) {
+            out[1] = Some(cx.op("Mul", &[raw, rs], vec![])?);
+        }
+        if cx.need(4) {
+            let r2 = cx.op("Mul", &[rs, rs], vec![])?;
+            let r3 = cx.op("Mul", &[r2, sr], vec![])?;
+            let h = cx.scale(r3, dt, -0.5)?;
+            out[4] = Some(cx.op("Mul", &[raw, h], vec![])?);
+        }
+    }
+    Ok(out)
 }

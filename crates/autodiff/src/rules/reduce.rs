@@ -3,6 +3,10 @@
 //! `keepdims=0`); `ReduceMean` divides by the number of elements reduced,
 //! `numel(x) / numel(y)`; `GlobalAveragePool` is a ReduceMean over the
 //! spatial axes with `keepdims=1`. Only `Shape(x)` is read, never `x`.
+//!
+//! `ReduceMax` (the exception: it keeps `x` and `y`): the gradient goes to
+//! the maxima, split evenly among ties as `torch.amax` does:
+//! `dx = dy'·m / Σm` with `m = (x == y')`.
 
 use super::dy;
 use crate::cx::Cx;
@@ -14,6 +18,16 @@ type Grads = Result<Vec<Option<ValueId>>>;
 /// `dy` broadcast back to `x`'s shape.
 fn spread(cx: &mut Cx, dys: &[Option<ValueId>]) -> Result<ValueId> {
     let d = dy(cx, dys)?;
+    let (d, _) = keep_dims(cx, d)?;
+    let x = cx.x(0)?;
+    let s = cx.shape_of(x)?;
+    cx.op("Expand", &[d, s], vec![])
+}
+
+/// `v` (shaped like the reduction's output) with the reduced axes put
+/// back as 1s, and the normalized axes (`None`: a no-op reduction).
+fn keep_dims(cx: &mut Cx, v: ValueId) -> Result<(ValueId, Option<Vec<i64>>)> {
+    let d = v;
     let x = cx.x(0)?;
     let r = cx.rank(x)? as i64;
     let keep = cx.attr_int("keepdims", 1) != 0;
@@ -28,7 +42,7 @@ fn spread(cx: &mut Cx, dys: &[Option<ValueId>]) -> Result<ValueId> {
     };
     let axes = match axes {
         Some(a) if !a.is_empty() => a,
-        _ if cx.attr_int("noop_with_empty_axes", 0) != 0 => return Ok(d),
+        _ if cx.attr_int("noop_with_empty_axes", 0) != 0 => return Ok((d, None)),
         _ => (0..r).collect(),
     };
     let mut axes: Vec<i64> = axes
@@ -37,8 +51,27 @@ fn spread(cx: &mut Cx, dys: &[Option<ValueId>]) -> Result<ValueId> {
         .collect();
     axes.sort_unstable();
     let d = if keep { d } else { cx.unsqueeze(d, &axes)? };
-    let s = cx.shape_of(x)?;
-    cx.op("Expand", &[d, s], vec![])
+    Ok((d, Some(axes)))
+}
+
+pub fn reduce_max(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let (x, y) = (cx.x(0)?, cx.y(0)?);
+    let dt = cx.dtype(x)?;
+    let (dk, axes) = keep_dims(cx, d)?;
+    let Some(axes) = axes else {
+        return Ok(vec![Some(d), None]);
+    };
+    let (yk, _) = keep_dims(cx, y)?;
+    let eq = cx.op("Equal", &[x, yk], vec![])?;
+    let m = cx.op(
+        "Cast",
+        &[eq],
+        vec![crate::cx::int_attr("to", dt.to_onnx() as i64)],
+    )?;
+    let n = cx.reduce_sum(m, &axes, true)?;
+    let share = cx.op("Div", &[m, n], vec![])?;
+    Ok(vec![Some(cx.op("Mul", &[dk, share], vec![])?), None])
 }
 
 pub fn reduce_sum(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
