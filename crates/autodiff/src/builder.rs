@@ -14,6 +14,15 @@ fn is_float(g: &Graph, v: ValueId) -> bool {
 
 /// Which initializers are trained: see [`GradOptions::trainable`].
 fn trainable(g: &Graph, opts: &GradOptions) -> Vec<ValueId> {
+    // BatchNormalization's running mean and variance are buffers, not
+    // parameters (torch does not train them): the default leaves them out.
+    let buffers: HashSet<ValueId> = g
+        .nodes()
+        .map(|n| g.node(n))
+        .filter(|n| n.op_type == "BatchNormalization")
+        .flat_map(|n| [n.input(3), n.input(4)])
+        .flatten()
+        .collect();
     g.initializers()
         .iter()
         .copied()
@@ -27,7 +36,7 @@ fn trainable(g: &Graph, opts: &GradOptions) -> Vec<ValueId> {
             }
             let name = g.name(v);
             let picked = if opts.trainable.is_empty() || opts.trainable.iter().any(|p| p == "all") {
-                t.numel().is_ok_and(|n| n > 1)
+                t.numel().is_ok_and(|n| n > 1) && !buffers.contains(&v)
             } else {
                 opts.trainable.iter().any(|p| glob_match(p, name))
             };

@@ -107,7 +107,8 @@ pub struct GradOptions {
     /// Globs (`*`, `?`) naming the trainable initializers. Empty (or
     /// `all`): every float initializer of more than one element (single
     /// numbers are the constants exporters write: scales, epsilons,
-    /// exponents); a glob list selects among all float initializers.
+    /// exponents) except BatchNormalization's running mean and variance; a
+    /// glob list selects among all float initializers.
     pub trainable: Vec<String>,
     /// Globs naming initializers to keep frozen (applied after `trainable`).
     pub frozen: Vec<String>,

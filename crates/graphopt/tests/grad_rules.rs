@@ -47,9 +47,17 @@ fn fixtures() -> Vec<(String, String, PathBuf)> {
     out
 }
 
-fn opts() -> GradOptions {
+fn opts(case: &str) -> GradOptions {
     GradOptions {
         input_grads: true,
+        // BatchNormalization's running statistics are not trained by
+        // default; train every initializer there so that their rule is
+        // checked too.
+        trainable: if case == "batch_norm" {
+            vec!["*".into()]
+        } else {
+            Vec::new()
+        },
         ..GradOptions::default()
     }
 }
@@ -58,7 +66,7 @@ fn opts() -> GradOptions {
 fn rule_snapshots() {
     for (fam, case, path) in fixtures() {
         let model = parse_model(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let train = build_training_graph(&model, &opts())
+        let train = build_training_graph(&model, &opts(&case))
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         graphopt::ir::verify::verify_model(&train.model)
             .unwrap_or_else(|e| panic!("{}: invalid training graph: {e}", path.display()));
@@ -104,7 +112,7 @@ fn rules_match_finite_differences() {
     let mut worst = 0f64;
     for (fam, case, path) in fixtures() {
         let model = parse_model(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let train = build_training_graph(&model, &opts()).unwrap();
+        let train = build_training_graph(&model, &opts(&case)).unwrap();
         let inputs = graphopt::tract::sample_inputs(&model, &[], 1, 7).unwrap();
         // The loss is the forward output's sum.
         let fwd = graphopt::tract::run_bytes(&graphopt::tract::prepare(&model).unwrap(), &inputs)
