@@ -5,7 +5,6 @@
 //! the value is computed so that the value need not stay alive for it.
 
 use crate::{GradError, Result};
-use bytes::Bytes;
 use graphopt_ir::{
     AttrValue, Attribute, DType, Dim, Graph, NewNode, NodeId, Tensor, Type, ValueId,
 };
@@ -52,7 +51,7 @@ pub fn float_scalar(dt: DType, v: f64, dims: Vec<i64>) -> Result<Tensor> {
             )))
         }
     };
-    Ok(Tensor::from_raw(dt, dims, Bytes::from(raw))?)
+    Ok(Tensor::from_raw(dt, dims, raw.into())?)
 }
 
 impl<'a> Cx<'a> {
