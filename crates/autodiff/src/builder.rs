@@ -91,7 +91,15 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
     let mut requires: HashSet<ValueId> = params.iter().chain(&inputs).copied().collect();
     for &n in &forward {
         let node = g.node(n);
-        if node.inputs().iter().flatten().any(|v| requires.contains(v)) {
+        // Subgraph captures count as inputs: a parameter used inside an
+        // If or Loop body makes the node's outputs depend on it.
+        if node
+            .inputs()
+            .iter()
+            .flatten()
+            .chain(node.captures())
+            .any(|v| requires.contains(v))
+        {
             for o in node.outputs().iter().flatten() {
                 if is_float(g, *o) || g.ty(*o).and_then(|t| t.elem()).is_none() {
                     requires.insert(*o);
@@ -137,11 +145,16 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
             .iter()
             .map(|i| i.is_some_and(|i| requires.contains(&i) && is_float(g, i)))
             .collect();
-        if !needs.iter().any(|&b| b) {
+        let captures = node.captures().iter().any(|v| requires.contains(v));
+        if !needs.iter().any(|&b| b) && !captures {
             continue;
         }
         let domain_ok = node.domain.is_empty() || node.domain == "ai.onnx";
-        let rule = domain_ok.then(|| rules::lookup(&node.op_type)).flatten();
+        // A rule differentiates through inputs only; a node whose subgraph
+        // reads a differentiated value has none.
+        let rule = (domain_ok && !captures)
+            .then(|| rules::lookup(&node.op_type))
+            .flatten();
         let Some(rule) = rule else {
             return Err(GradError::NoRule {
                 op: node.qualified_op(),

@@ -127,7 +127,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         human_bytes(r.arena_bytes)
     );
     if let Some((from, to)) = r.opset_raised {
-        out += &format!("opset raised from {from} to {to} (ScatterND with reduction)\n");
+        out += &format!("opset raised from {from} to {to} for the gradients' ops\n");
     }
     print_out(&out);
     if let Some(path) = &a.report {

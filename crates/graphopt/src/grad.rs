@@ -65,7 +65,8 @@ pub struct GradReport {
     pub weights_bytes: u64,
     pub lower_bound_bytes: u64,
     pub arena_bytes: u64,
-    /// The opset was raised for a rule's op (from, to).
+    /// The opset was raised (from, to): to 13 for models older than the
+    /// rules' ops, to 16 for ScatterND/ScatterElements with reduction.
     pub opset_raised: Option<(i64, i64)>,
     pub optimize: Option<OptimizeReport>,
 }
@@ -75,6 +76,17 @@ impl Session {
     /// simplifies it with the default pipeline, and reports its forward and
     /// backward sizes, what the backward pass keeps alive, and its plan.
     pub fn grad(&mut self, opts: &GradOptions) -> Result<GradReport> {
+        // The rules emit opset-13 ops (ReduceSum's axes as an input, ...):
+        // older models are raised first with `upgrade_opset`.
+        let mut opset_upgraded = None;
+        if let Some(v) = self.model.onnx_opset().filter(|&v| v < 13) {
+            self.optimize(&OptimizeOptions {
+                opset: Some(13),
+                passes: Some("none".into()),
+                ..OptimizeOptions::default()
+            })?;
+            opset_upgraded = Some((v, 13));
+        }
         let train = build_training_graph(&self.model, &opts.autodiff)
             .map_err(|e| self.err(Error::new(e.to_string())))?;
         let before = std::mem::replace(&mut self.model, train.model);
@@ -165,7 +177,10 @@ impl Session {
             weights_bytes: planned.plan.weights_bytes,
             lower_bound_bytes: planned.plan.lower_bound_bytes,
             arena_bytes: planned.plan.arena_bytes,
-            opset_raised: train.opset_raised,
+            opset_raised: match (opset_upgraded, train.opset_raised) {
+                (Some((from, _)), Some((_, to))) => Some((from, to)),
+                (a, b) => b.or(a),
+            },
             optimize,
         })
     }

@@ -150,3 +150,24 @@ fn models_differentiate() {
         eprintln!("{name}: forward {f} backward {b} saved {saved} B worst rel_l2 {worst:.2e}");
     }
 }
+
+/// Loop and If have no rule yet: a parameter reaching the loss through one
+/// (as an input or read inside its body) is an error naming the node, not
+/// a silent zero gradient. Opsets before 13 are raised first.
+#[test]
+fn control_flow_is_an_error_naming_the_node() {
+    for (name, node) in [
+        ("if_loop.helper13", "Loop (node 'loop0')"),
+        ("scripted_cf.ts14", "Loop (node '/Loop')"),
+    ] {
+        let mut s = graphopt::load(model_path(name)).unwrap();
+        let err = s.grad(&GradOptions::default()).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("no gradient rule for op {node}")),
+            "{err}"
+        );
+    }
+    let mut s = graphopt::load(model_path("bert_tiny.ts11")).unwrap();
+    let r = s.grad(&GradOptions::default()).unwrap();
+    assert_eq!(r.opset_raised, Some((11, 16)));
+}
