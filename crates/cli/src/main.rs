@@ -1,11 +1,12 @@
 //! The `graphopt` command: argument parsing and printing over the
 //! [`graphopt`] library, where every capability lives.
 //!
-//! `optimize`, `check`, `inspect`, `plan`, `print` and `passes`. Errors are
+//! `optimize`, `grad`, `check`, `inspect`, `plan`, `print` and `passes`. Errors are
 //! one line on stderr (`error: <file>: <what and where>`) with exit status
 //! 1; usage errors exit with 2.
 
 mod check;
+mod grad;
 mod inspect;
 mod optimize;
 mod plan;
@@ -42,6 +43,8 @@ enum Cmd {
         #[arg(long = "dim", value_name = "NAME=VALUE")]
         dims: Vec<String>,
     },
+    /// Differentiate a model into a training graph (loss and gradients).
+    Grad(grad::Args),
     /// Memory plan: lower bounds, schedule, arena offsets, max batch.
     Plan(plan::Args),
     /// Print a model in the ONNX textual syntax (large tensors elided).
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Cmd::Optimize(a) => optimize::run(a),
         Cmd::Check(a) => check::run(a),
         Cmd::Inspect { input, json, dims } => inspect::run(&input, json, &dims),
+        Cmd::Grad(a) => grad::run(a),
         Cmd::Plan(a) => plan::run(a),
         Cmd::Print { input, full } => print(&input, full),
         Cmd::Passes => {

@@ -6,7 +6,10 @@
 //!   wheel) round-trip to outputs bit-identical to the original's;
 //! - every real model lowered with `--precision fp16|bf16|fp16-weights
 //!   --validate` passes the full onnx checker and runs in onnxruntime
-//!   within tolerance of the reference outputs.
+//!   within tolerance of the reference outputs;
+//! - every real model's training graph (`graphopt grad --loss mse`) passes
+//!   the full onnx checker, uses only the default domain, and runs in plain
+//!   onnxruntime with the loss of the reference output.
 //!
 //! They run in the pinned Python environment of `graphopt-testutil` (a
 //! venv under `target/` with `tests-py/requirements.txt` installed). Without
@@ -66,4 +69,9 @@ fn onnx_backend_node_conformance() {
 #[test]
 fn real_models_lowered_to_fp16_bf16_run_in_onnxruntime() {
     run_script("precision_models.py", &["--validate"]);
+}
+
+#[test]
+fn training_graphs_run_in_onnxruntime() {
+    run_script("grad_models.py", &[]);
 }

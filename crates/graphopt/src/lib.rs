@@ -39,6 +39,7 @@
 
 mod check;
 mod error;
+mod grad;
 mod inputs;
 mod inspect;
 mod optimize;
@@ -50,6 +51,9 @@ pub use check::{
     compare_outputs, same_bits, CheckOptions, CheckReport, OutputDiff, Scale, Tolerance,
 };
 pub use error::{Error, Result};
+pub use grad::{
+    grad_check, AutodiffOptions, GradCheck, GradOptions, GradReport, Loss, Optimizer, SavedValue,
+};
 pub use inputs::Inputs;
 pub use inspect::{Inspection, IoInfo};
 pub use optimize::{
@@ -61,6 +65,7 @@ pub use precision::{
 };
 pub use session::{load, PlanRequest, SaveOptions, Session};
 
+pub use graphopt_autodiff as autodiff;
 pub use graphopt_ir as ir;
 pub use graphopt_onnx as onnx;
 pub use graphopt_passes as passes;

@@ -1,0 +1,421 @@
+//! The training-graph builder: the loss, the backward sweep, the outputs.
+
+use crate::cx::{float_scalar, int_attr, Cx};
+use crate::{glob_match, rules, GradError, GradOptions, Loss, Optimizer, Result, TrainingGraph};
+use graphopt_ir::infer::{infer_model, InferOptions};
+use graphopt_ir::{
+    AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, Shape, Type, ValueId,
+};
+use std::collections::{HashMap, HashSet};
+
+fn is_float(g: &Graph, v: ValueId) -> bool {
+    g.ty(v).and_then(|t| t.elem()).is_some_and(|d| d.is_float())
+}
+
+/// Which initializers are trained: see [`GradOptions::trainable`].
+fn trainable(g: &Graph, opts: &GradOptions) -> Vec<ValueId> {
+    // BatchNormalization's running mean and variance are buffers, not
+    // parameters (torch does not train them): the default leaves them out.
+    let buffers: HashSet<ValueId> = g
+        .nodes()
+        .map(|n| g.node(n))
+        .filter(|n| n.op_type == "BatchNormalization")
+        .flat_map(|n| [n.input(3), n.input(4)])
+        .flatten()
+        .collect();
+    g.initializers()
+        .iter()
+        .copied()
+        .filter(|&v| {
+            let t = match g.initializer(v) {
+                Some(t) => t,
+                None => return false,
+            };
+            if !t.dtype.is_float() {
+                return false;
+            }
+            let name = g.name(v);
+            let picked = if opts.trainable.is_empty() || opts.trainable.iter().any(|p| p == "all") {
+                t.numel().is_ok_and(|n| n > 1) && !buffers.contains(&v)
+            } else {
+                opts.trainable.iter().any(|p| glob_match(p, name))
+            };
+            picked && !opts.frozen.iter().any(|p| glob_match(p, name))
+        })
+        .collect()
+}
+
+/// Builds the training graph of `model`: see the crate docs.
+pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<TrainingGraph> {
+    let mut m = model.clone();
+    let opset = m.onnx_opset().unwrap_or(1);
+    if opset < 13 {
+        return Err(GradError::Invalid(format!(
+            "default-domain opset {opset} is older than 13, the oldest the gradient rules \
+             emit; raise it first (graphopt optimize --opset 13)"
+        )));
+    }
+    infer_model(&mut m, &InferOptions::default());
+    let g = &mut m.graph;
+    let y = match &opts.output {
+        Some(name) => g
+            .outputs
+            .iter()
+            .copied()
+            .find(|&v| g.name(v) == name)
+            .ok_or_else(|| GradError::Invalid(format!("the model has no output '{name}'")))?,
+        None => *g
+            .outputs
+            .first()
+            .ok_or_else(|| GradError::Invalid("the model has no outputs".into()))?,
+    };
+    if !is_float(g, y) {
+        return Err(GradError::Invalid(format!(
+            "output '{}' is not a float tensor: it has no gradient",
+            g.name(y)
+        )));
+    }
+    let params = trainable(g, opts);
+    let inputs: Vec<ValueId> = if opts.input_grads {
+        g.inputs
+            .iter()
+            .copied()
+            .filter(|&v| g.initializer(v).is_none() && is_float(g, v))
+            .collect()
+    } else {
+        Vec::new()
+    };
+
+    // Values that depend on a differentiated value, through float values.
+    let forward: Vec<NodeId> = g.order().to_vec();
+    let mut requires: HashSet<ValueId> = params.iter().chain(&inputs).copied().collect();
+    for &n in &forward {
+        let node = g.node(n);
+        // Subgraph captures count as inputs: a parameter used inside an
+        // If or Loop body makes the node's outputs depend on it.
+        if node
+            .inputs()
+            .iter()
+            .flatten()
+            .chain(node.captures())
+            .any(|v| requires.contains(v))
+        {
+            for o in node.outputs().iter().flatten() {
+                if is_float(g, *o) || g.ty(*o).and_then(|t| t.elem()).is_none() {
+                    requires.insert(*o);
+                }
+            }
+        }
+    }
+
+    let mut shapes = HashMap::new();
+    let mut added = Vec::new();
+    let mut wants16 = false;
+    let dt = g.ty(y).and_then(|t| t.elem()).unwrap_or(DType::F32);
+
+    // The loss (forward) and the gradient of `y` (the seed).
+    let (loss, seed) = {
+        let anchor = g
+            .producer(y)
+            .map(|(n, _)| n)
+            .or_else(|| g.order().first().copied())
+            .ok_or_else(|| GradError::Invalid("the model has no nodes".into()))?;
+        let mut cx = Cx::new(g, opset, anchor, &mut shapes, &mut added, &mut wants16);
+        cx.prefix = Some("loss".into());
+        build_loss(&mut cx, y, dt, opts)?
+    };
+    g.rename_value(loss, "loss").ok();
+
+    // The backward sweep, in reverse program order: every consumer of a
+    // value comes after it, so its gradient is complete when reached.
+    let mut grads: HashMap<ValueId, ValueId> = HashMap::new();
+    grads.insert(y, seed);
+    for &n in forward.iter().rev() {
+        let node = g.node(n);
+        let dys: Vec<Option<ValueId>> = node
+            .outputs()
+            .iter()
+            .map(|o| o.and_then(|o| grads.get(&o).copied()))
+            .collect();
+        if dys.iter().all(|d| d.is_none()) {
+            continue;
+        }
+        let needs: Vec<bool> = node
+            .inputs()
+            .iter()
+            .map(|i| i.is_some_and(|i| requires.contains(&i) && is_float(g, i)))
+            .collect();
+        let captures = node.captures().iter().any(|v| requires.contains(v));
+        if !needs.iter().any(|&b| b) && !captures {
+            continue;
+        }
+        let domain_ok = node.domain.is_empty() || node.domain == "ai.onnx";
+        // A rule differentiates through inputs only; a node whose subgraph
+        // reads a differentiated value has none.
+        let rule = (domain_ok && !captures)
+            .then(|| rules::lookup(&node.op_type))
+            .flatten();
+        let Some(rule) = rule else {
+            return Err(GradError::NoRule {
+                op: node.qualified_op(),
+                node: if node.name.is_empty() {
+                    node.output(0)
+                        .map(|v| g.name(v).to_string())
+                        .unwrap_or_default()
+                } else {
+                    node.name.clone()
+                },
+            });
+        };
+        let inputs_of: Vec<Option<ValueId>> = node.inputs().to_vec();
+        let mut cx = Cx::new(g, opset, n, &mut shapes, &mut added, &mut wants16);
+        cx.needs = needs.clone();
+        let dxs = rule(&mut cx, &dys)?;
+        for (i, dx) in dxs.into_iter().enumerate() {
+            let (Some(dx), Some(x)) = (dx, inputs_of.get(i).copied().flatten()) else {
+                continue;
+            };
+            if !needs.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            let acc = match grads.get(&x) {
+                Some(&old) => cx.op("Add", &[old, dx], vec![])?,
+                None => dx,
+            };
+            grads.insert(x, acc);
+        }
+    }
+
+    // Outputs: loss, then one gradient per parameter (and input).
+    let mut outs = vec![loss];
+    let mut named: HashSet<ValueId> = HashSet::new();
+    for &p in params.iter().chain(&inputs) {
+        let ty = g.ty(p).cloned();
+        let pdt = ty.as_ref().and_then(|t| t.elem()).unwrap_or(dt);
+        let want = format!("{}_grad", g.name(p));
+        let gv = match grads.get(&p).copied() {
+            Some(gv) => gv,
+            None => {
+                // No path to the loss: the gradient is zero.
+                let anchor = forward[0];
+                let mut cx = Cx::new(g, opset, anchor, &mut shapes, &mut added, &mut wants16);
+                cx.prefix = Some(want.clone());
+                cx.zeros_like(p, pdt)?
+            }
+        };
+        let renamable = g.producer(gv).is_some_and(|(n, _)| added.contains(&n))
+            && !named.contains(&gv)
+            && !g.is_output(gv)
+            && g.value_by_name(&want).is_none();
+        let out = if renamable {
+            g.rename_value(gv, &want)?;
+            gv
+        } else {
+            let o = g.fresh_value(&want, None);
+            let id = g.add_node(
+                NewNode::new("Identity")
+                    .name(format!("grad/{}", g.name(o)))
+                    .inputs(&[gv])
+                    .outputs(&[o]),
+            )?;
+            added.push(id);
+            o
+        };
+        named.insert(out);
+        g.value_mut(out).ty = ty;
+        outs.push(out);
+    }
+    if let Optimizer::Sgd { lr, weight_decay } = opts.optimizer {
+        let grads_out: Vec<ValueId> = outs[1..=params.len()].to_vec();
+        for (&p, &gv) in params.iter().zip(&grads_out) {
+            let ty = g.ty(p).cloned();
+            let pdt = ty.as_ref().and_then(|t| t.elem()).unwrap_or(dt);
+            let want = format!("{}_new", g.name(p));
+            let anchor = forward[0];
+            let mut cx = Cx::new(g, opset, anchor, &mut shapes, &mut added, &mut wants16);
+            cx.prefix = Some(want.clone());
+            let step = if weight_decay != 0.0 {
+                let wd = cx.scale(p, pdt, weight_decay as f64)?;
+                cx.op("Add", &[gv, wd], vec![])?
+            } else {
+                gv
+            };
+            let s = cx.scale(step, pdt, lr as f64)?;
+            let new = cx.op("Sub", &[p, s], vec![])?;
+            if g.value_by_name(&want).is_none() {
+                g.rename_value(new, &want)?;
+            }
+            g.value_mut(new).ty = ty;
+            outs.push(new);
+        }
+    }
+    g.value_mut(loss).ty = Some(Type::tensor(dt, Some(Shape::known(&[]))));
+    g.outputs = outs;
+    dce(g);
+
+    let mut opset_raised = None;
+    if wants16 && opset < 16 {
+        for o in &mut m.opset_imports {
+            if o.domain.is_empty() || o.domain == "ai.onnx" {
+                o.version = 16;
+            }
+        }
+        opset_raised = Some((opset, 16));
+    }
+    infer_model(&mut m, &InferOptions::default());
+    let forward_nodes = forward_cone(&m.graph).len();
+    let backward_nodes = m.graph.node_count() - forward_nodes;
+    let names = |vs: &[ValueId]| vs.iter().map(|&v| m.graph.name(v).to_string()).collect();
+    Ok(TrainingGraph {
+        params: names(&params),
+        inputs: names(&inputs),
+        forward_nodes,
+        backward_nodes,
+        opset_raised,
+        model: m,
+    })
+}
+
+/// The nodes `loss` depends on: the forward pass and the loss. Every other
+/// node belongs to the backward pass.
+pub fn forward_cone(g: &Graph) -> HashSet<NodeId> {
+    let mut cone = HashSet::new();
+    let Some(loss) = g.outputs.first().copied() else {
+        return cone;
+    };
+    let mut stack = vec![loss];
+    let mut seen = HashSet::new();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        if let Some((n, _)) = g.producer(v) {
+            if cone.insert(n) {
+                stack.extend(g.node(n).inputs().iter().flatten().copied());
+                stack.extend(g.node(n).captures().iter().copied());
+            }
+        }
+    }
+    cone
+}
+
+/// Removes nodes none of whose outputs is used or a graph output.
+fn dce(g: &mut Graph) {
+    loop {
+        let dead: Vec<NodeId> = g
+            .nodes()
+            .rev()
+            .filter(|&n| {
+                g.node(n)
+                    .outputs()
+                    .iter()
+                    .flatten()
+                    .all(|&o| g.uses(o).is_empty() && !g.is_output(o))
+            })
+            .collect();
+        if dead.is_empty() {
+            return;
+        }
+        g.remove_nodes(&dead);
+    }
+}
+
+/// Adds the graph input `target` typed `ty`.
+fn add_target(cx: &mut Cx, ty: Option<Type>) -> Result<ValueId> {
+    let t = cx
+        .g
+        .add_value("target", ty)
+        .map_err(|_| GradError::Invalid("the model already has a value named 'target'".into()))?;
+    cx.g.inputs.push(t);
+    Ok(t)
+}
+
+/// Builds `loss(y)` and returns it with `d loss / d y`.
+fn build_loss(
+    cx: &mut Cx,
+    y: ValueId,
+    dt: DType,
+    opts: &GradOptions,
+) -> Result<(ValueId, ValueId)> {
+    let kd0 = || int_attr("keepdims", 0);
+    let ones = |cx: &mut Cx| -> Result<ValueId> {
+        let s = cx.shape_of(y)?;
+        let one = float_scalar(dt, 1.0, vec![1])?;
+        cx.op(
+            "ConstantOfShape",
+            &[s],
+            vec![Attribute::new("value", AttrValue::Tensor(one))],
+        )
+    };
+    Ok(match opts.loss {
+        Loss::Sum => {
+            let l = cx.op("ReduceSum", &[y], vec![kd0()])?;
+            (l, ones(cx)?)
+        }
+        Loss::Mean => {
+            let l = cx.op("ReduceMean", &[y], vec![kd0()])?;
+            let o = ones(cx)?;
+            let n = cx.numel_f(y, dt)?;
+            (l, cx.op("Div", &[o, n], vec![])?)
+        }
+        Loss::Mse | Loss::L1 => {
+            let t = add_target(cx, cx.g.ty(y).cloned())?;
+            let diff = cx.op("Sub", &[y, t], vec![])?;
+            let n = cx.numel_f(y, dt)?;
+            if opts.loss == Loss::Mse {
+                let sq = cx.op("Mul", &[diff, diff], vec![])?;
+                let l = cx.op("ReduceMean", &[sq], vec![kd0()])?;
+                let two = cx.scalar(dt, 2.0)?;
+                let k = cx.op("Div", &[two, n], vec![])?;
+                (l, cx.op("Mul", &[diff, k], vec![])?)
+            } else {
+                let a = cx.op("Abs", &[diff], vec![])?;
+                let l = cx.op("ReduceMean", &[a], vec![kd0()])?;
+                let s = cx.op("Sign", &[diff], vec![])?;
+                (l, cx.op("Div", &[s, n], vec![])?)
+            }
+        }
+        Loss::CrossEntropy => {
+            let yd = cx.dims(y).ok_or_else(|| {
+                GradError::Invalid("cross_entropy needs the rank of the output".into())
+            })?;
+            let r = yd.len() as i64;
+            let ca = if opts.class_axis < 0 {
+                opts.class_axis + r
+            } else {
+                opts.class_axis
+            };
+            if ca < 0 || ca >= r {
+                return Err(GradError::Invalid(format!(
+                    "class axis {} is out of range for an output of rank {r}",
+                    opts.class_axis
+                )));
+            }
+            let mut td = yd.clone();
+            td.remove(ca as usize);
+            let t = add_target(cx, Some(Type::tensor(DType::I64, Some(Shape::new(td)))))?;
+            let lsm = cx.op("LogSoftmax", &[y], vec![int_attr("axis", ca)])?;
+            let tu = cx.unsqueeze(t, &[ca])?;
+            let picked = cx.op("GatherElements", &[lsm, tu], vec![int_attr("axis", ca)])?;
+            let m = cx.op("ReduceMean", &[picked], vec![kd0()])?;
+            let l = cx.op("Neg", &[m], vec![])?;
+            // d loss / d y = (softmax(y) - onehot(target)) / numel(target)
+            let p = cx.op("Exp", &[lsm], vec![])?;
+            let s = cx.shape_of(y)?;
+            let ax = cx.const_i64(&[ca])?;
+            let depth = cx.op("Gather", &[s, ax], vec![int_attr("axis", 0)])?;
+            let vals = match dt {
+                DType::F64 => {
+                    let raw: Vec<u8> = [0f64, 1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+                    graphopt_ir::Tensor::from_raw(dt, vec![2], raw.into())?
+                }
+                _ => graphopt_ir::Tensor::from_f32(vec![2], &[0.0, 1.0])?,
+            };
+            let vals = cx.constant("onehot_values", vals);
+            let oh = cx.op("OneHot", &[t, depth, vals], vec![int_attr("axis", ca)])?;
+            let diff = cx.op("Sub", &[p, oh], vec![])?;
+            let n = cx.numel_f(t, dt)?;
+            (l, cx.op("Div", &[diff, n], vec![])?)
+        }
+    })
+}

@@ -1,0 +1,116 @@
+//! Matrix products.
+//!
+//! - `MatMul` (both operands of rank ≥ 2, batch dims broadcast):
+//!   `dA = dY·Bᵀ`, `dB = Aᵀ·dY` (transposing the last two axes), each
+//!   reduced back over the batch axes it was broadcast on. When `B` is a
+//!   2-D weight of known width, `dB = reshape(A, [-1, K])ᵀ · reshape(dY, [-1, N])`
+//!   sums the batch inside one product instead of materializing a
+//!   per-batch `[.., K, N]` tensor.
+//! - `Gemm` (`Y = α·A'·B' + β·C`, `A' = transA ? Aᵀ : A`, same for B):
+//!   `dA' = α·dY·B'ᵀ`, `dB' = α·A'ᵀ·dY`, written as Gemms with the
+//!   transposes folded into `transA`/`transB`; `dC = β·dY` reduced to C's
+//!   shape.
+
+use super::{dy, out_dims};
+use crate::cx::{float_attr, int_attr, Cx};
+use crate::Result;
+use graphopt_ir::{Dim, ValueId};
+
+type Grads = Result<Vec<Option<ValueId>>>;
+
+/// The permutation swapping the last two of `r` axes.
+fn swap_last(r: usize) -> Vec<i64> {
+    let mut p: Vec<i64> = (0..r as i64).collect();
+    p.swap(r - 2, r - 1);
+    p
+}
+
+pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let (a, b) = (cx.x(0)?, cx.x(1)?);
+    let (ra, rb) = (cx.rank(a)?, cx.rank(b)?);
+    if ra < 2 || rb < 2 {
+        return Err(cx.unsupported("a 1-D operand has no rule yet"));
+    }
+    let yd = out_dims(cx)?;
+    let ry = yd.len();
+    let (ad, bd) = (
+        cx.dims(a).unwrap_or_default(),
+        cx.dims(b).unwrap_or_default(),
+    );
+    let mut out = vec![None, None];
+    if cx.need(0) {
+        let bt = cx.transpose(b, &swap_last(rb))?;
+        let g = cx.op("MatMul", &[d, bt], vec![])?;
+        let mut gd = yd[..ry - 2].to_vec();
+        gd.extend_from_slice(&ad[ra - 2..]);
+        out[0] = Some(cx.unbroadcast(g, &gd, a)?);
+    }
+    if cx.need(1) {
+        let k = ad[ra - 1].known();
+        let n = yd[ry - 1].known();
+        out[1] = Some(match (rb, k, n) {
+            (2, Some(k), Some(n)) if ra > 2 => {
+                let sk = cx.const_i64(&[-1, k])?;
+                let sn = cx.const_i64(&[-1, n])?;
+                let a2 = cx.reshape(a, sk)?;
+                let d2 = cx.reshape(d, sn)?;
+                let at = cx.transpose(a2, &[1, 0])?;
+                cx.op("MatMul", &[at, d2], vec![])?
+            }
+            _ => {
+                let at = cx.transpose(a, &swap_last(ra))?;
+                let g = cx.op("MatMul", &[at, d], vec![])?;
+                let mut gd = yd[..ry - 2].to_vec();
+                gd.extend_from_slice(&bd[rb - 2..]);
+                cx.unbroadcast(g, &gd, b)?
+            }
+        });
+    }
+    Ok(out)
+}
+
+pub fn gemm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let (a, b) = (cx.x(0)?, cx.x(1)?);
+    let ta = cx.attr_int("transA", 0) != 0;
+    let tb = cx.attr_int("transB", 0) != 0;
+    let alpha = cx.attr_float("alpha", 1.0);
+    let beta = cx.attr_float("beta", 1.0);
+    let gemm = |cx: &mut Cx, x: ValueId, y: ValueId, t1: bool, t2: bool| {
+        cx.op(
+            "Gemm",
+            &[x, y],
+            vec![
+                float_attr("alpha", alpha),
+                int_attr("transA", t1 as i64),
+                int_attr("transB", t2 as i64),
+            ],
+        )
+    };
+    let mut out = vec![None, None, None];
+    if cx.need(0) {
+        // A' = A: dA = α·dY·B'ᵀ; A' = Aᵀ: dA = α·B'·dYᵀ.
+        out[0] = Some(if ta {
+            gemm(cx, b, d, tb, true)?
+        } else {
+            gemm(cx, d, b, false, !tb)?
+        });
+    }
+    if cx.need(1) {
+        // B' = B: dB = α·A'ᵀ·dY; B' = Bᵀ: dB = α·dYᵀ·A'.
+        out[1] = Some(if tb {
+            gemm(cx, d, a, true, ta)?
+        } else {
+            gemm(cx, a, d, !ta, false)?
+        });
+    }
+    if cx.need(2) {
+        let c = cx.x(2)?;
+        let dt = cx.dtype(c)?;
+        let yd = out_dims(cx).unwrap_or(vec![Dim::Unknown, Dim::Unknown]);
+        let s = cx.scale(d, dt, beta as f64)?;
+        out[2] = Some(cx.unbroadcast(s, &yd, c)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,138 @@
+//! `graphopt grad`: the training graph of a model
+//! ([`graphopt::Session::grad`]); this file turns arguments into that call
+//! and prints what it returns.
+
+use crate::util::{human_bytes, json_text, print_out};
+use graphopt::plan::DimValues;
+use graphopt::{AutodiffOptions, Error, GradOptions, Loss, Optimizer};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The ONNX model.
+    input: PathBuf,
+    /// Where to write the training graph (`-o`; `--output` names the
+    /// model output the loss reads).
+    #[arg(short = 'o', value_name = "TRAIN.onnx")]
+    output: PathBuf,
+    /// sum | mean | mse | l1 | cross_entropy (mse, l1 and cross_entropy add
+    /// a graph input `target`).
+    #[arg(long, default_value = "sum")]
+    loss: String,
+    /// The output the loss reads (default: the first).
+    #[arg(long = "output", value_name = "NAME")]
+    output_name: Option<String>,
+    /// cross_entropy's class axis (1 as torch; -1 for language models).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    class_axis: i64,
+    /// `all`, or comma-separated globs of trainable initializers.
+    #[arg(long, value_name = "all|GLOB,...")]
+    trainable: Option<String>,
+    /// Comma-separated globs of initializers to keep frozen.
+    #[arg(long, value_name = "GLOB,...")]
+    frozen: Option<String>,
+    /// Also output `<input>_grad` for every float graph input.
+    #[arg(long)]
+    input_grads: bool,
+    /// none | sgd: also output the updated parameters `<param>_new`.
+    #[arg(long, default_value = "none")]
+    optimizer: String,
+    /// SGD's learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    lr: f32,
+    /// SGD's weight decay (added to the gradient as `wd·p`).
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f32,
+    /// Bind a symbolic dim for the memory figures (NAME=VALUE), repeatable.
+    #[arg(long = "dim", value_name = "NAME=VALUE")]
+    dims: Vec<String>,
+    /// Write the report as JSON.
+    #[arg(long, value_name = "R.json")]
+    report: Option<PathBuf>,
+}
+
+fn globs(s: &Option<String>) -> Vec<String> {
+    s.as_deref()
+        .map(|s| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|g| !g.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn run(a: Args) -> graphopt::Result<()> {
+    let loss = Loss::parse(&a.loss).ok_or_else(|| {
+        Error::new(format!(
+            "unknown loss '{}' (sum, mean, mse, l1, cross_entropy)",
+            a.loss
+        ))
+    })?;
+    let optimizer = match a.optimizer.as_str() {
+        "none" => Optimizer::None,
+        "sgd" => Optimizer::Sgd {
+            lr: a.lr,
+            weight_decay: a.weight_decay,
+        },
+        other => {
+            return Err(Error::new(format!(
+                "unknown optimizer '{other}' (none, sgd; adamw is not written yet)"
+            )))
+        }
+    };
+    let opts = GradOptions {
+        autodiff: AutodiffOptions {
+            output: a.output_name.clone(),
+            loss,
+            class_axis: a.class_axis,
+            trainable: globs(&a.trainable),
+            frozen: globs(&a.frozen),
+            input_grads: a.input_grads,
+            optimizer,
+        },
+        dims: DimValues::new(&graphopt::util::parse_dims(&a.dims)?),
+        ..GradOptions::default()
+    };
+    let mut session = graphopt::load(&a.input)?;
+    let r = session.grad(&opts)?;
+    session.save(&a.output)?;
+    let mut out = format!(
+        "{} -> {}\nloss: {}, {} parameter gradients{}\n",
+        a.input.display(),
+        a.output.display(),
+        loss.name(),
+        r.params.len(),
+        if r.inputs.is_empty() {
+            String::new()
+        } else {
+            format!(", {} input gradients", r.inputs.len())
+        }
+    );
+    out += &format!(
+        "nodes: {} forward (with the loss), {} backward\n",
+        r.forward_nodes, r.backward_nodes
+    );
+    out += &format!(
+        "saved for backward: {} of activations ({} values), {} of inputs\n",
+        human_bytes(r.saved_activation_bytes),
+        r.saved.iter().filter(|s| !s.input).count(),
+        human_bytes(r.saved_input_bytes)
+    );
+    out += &format!(
+        "plan: weights {}, activation lower bound {}, arena {}\n",
+        human_bytes(r.weights_bytes),
+        human_bytes(r.lower_bound_bytes),
+        human_bytes(r.arena_bytes)
+    );
+    if let Some((from, to)) = r.opset_raised {
+        out += &format!("opset raised from {from} to {to} for the gradients' ops\n");
+    }
+    print_out(&out);
+    if let Some(path) = &a.report {
+        std::fs::write(path, json_text(&r)?)
+            .map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
+}

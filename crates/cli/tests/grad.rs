@@ -1,0 +1,83 @@
+//! `graphopt grad` end to end: the training graph is written, the printout
+//! and the JSON report carry the figures, `graphopt plan` plans the result,
+//! and bad arguments are one-line errors.
+
+use std::path::Path;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_graphopt"))
+}
+
+fn model(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/models")
+        .join(format!("{name}.onnx"))
+}
+
+#[test]
+fn grad_writes_training_graph_and_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("train.onnx");
+    let report = dir.path().join("r.json");
+    let o = bin()
+        .arg("grad")
+        .arg(model("bert_tiny.ts14"))
+        .arg("-o")
+        .arg(&out)
+        .args(["--loss", "cross_entropy", "--class-axis", "-1"])
+        .args([
+            "--frozen",
+            "*word_embeddings*",
+            "--optimizer",
+            "sgd",
+            "--lr",
+            "0.1",
+        ])
+        .args(["--dim", "batch=2", "--dim", "sequence=8", "--report"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("saved for backward"), "{stdout}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let params = r["params"].as_array().unwrap();
+    assert!(!params.is_empty());
+    assert!(params
+        .iter()
+        .all(|p| !p.as_str().unwrap().contains("word_embeddings")));
+    assert!(r["saved_activation_bytes"].as_u64().unwrap() > 0);
+    assert!(r["backward_nodes"].as_u64().unwrap() > r["forward_nodes"].as_u64().unwrap());
+    assert!(r["arena_bytes"].as_u64().unwrap() >= r["lower_bound_bytes"].as_u64().unwrap());
+    // The training graph plans.
+    let p = bin()
+        .arg("plan")
+        .arg(&out)
+        .args(["--dim", "batch=2", "--dim", "sequence=8"])
+        .output()
+        .unwrap();
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+}
+
+#[test]
+fn grad_rejects_unknown_loss_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = bin()
+        .arg("grad")
+        .arg(model("bert_tiny.ts14"))
+        .arg("-o")
+        .arg(dir.path().join("t.onnx"))
+        .args(["--loss", "hinge"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("unknown loss 'hinge'"), "{err}");
+}

@@ -1,0 +1,299 @@
+//! [`Session::grad`]: the training graph of the session's model, and what
+//! it keeps alive for the backward pass; [`grad_check`]: its gradients
+//! against central finite differences, run in tract.
+
+use crate::error::{Error, Result};
+use crate::optimize::{OptimizeOptions, OptimizeReport};
+use crate::session::Session;
+use graphopt_autodiff::build_training_graph;
+pub use graphopt_autodiff::{forward_cone, GradOptions as AutodiffOptions, Loss, Optimizer};
+use graphopt_ir::{Model, Tensor};
+use graphopt_plan::{DimValues, PlanOptions};
+use graphopt_tract::TractTensor;
+use serde::Serialize;
+use std::collections::HashSet;
+
+/// What [`Session::grad`] builds.
+#[derive(Clone, Debug)]
+pub struct GradOptions {
+    /// Loss, output, trainable selection, input gradients.
+    pub autodiff: AutodiffOptions,
+    /// Dims at which saved bytes and the plan are measured (others 1).
+    pub dims: DimValues,
+    /// Run the default simplify pipeline on the training graph (default).
+    pub simplify: bool,
+}
+
+impl Default for GradOptions {
+    fn default() -> GradOptions {
+        GradOptions {
+            autodiff: AutodiffOptions::default(),
+            dims: DimValues::default(),
+            simplify: true,
+        }
+    }
+}
+
+/// A forward value read by the backward pass.
+#[derive(Clone, Debug, Serialize)]
+pub struct SavedValue {
+    pub name: String,
+    /// Bytes at the report's dims; `None` when its shape is unknown there.
+    pub bytes: Option<u64>,
+    /// A graph input rather than a value the forward pass computed.
+    pub input: bool,
+}
+
+/// What [`Session::grad`] did.
+#[derive(Clone, Debug, Serialize)]
+pub struct GradReport {
+    pub loss: String,
+    pub params: Vec<String>,
+    pub inputs: Vec<String>,
+    /// Nodes the loss depends on (forward pass and loss), after simplifying.
+    pub forward_nodes: usize,
+    /// The other nodes: the backward pass.
+    pub backward_nodes: usize,
+    /// Forward activations (values computed by forward nodes) that
+    /// backward nodes other than `Shape` read, at the report's dims.
+    pub saved_activation_bytes: u64,
+    /// Graph inputs that backward nodes read (their bytes at the dims).
+    pub saved_input_bytes: u64,
+    /// Every saved value, largest first.
+    pub saved: Vec<SavedValue>,
+    /// The planner's figures for the training step at the dims.
+    pub weights_bytes: u64,
+    pub lower_bound_bytes: u64,
+    pub arena_bytes: u64,
+    /// The opset was raised (from, to): to 13 for models older than the
+    /// rules' ops, to 16 for ScatterND/ScatterElements with reduction.
+    pub opset_raised: Option<(i64, i64)>,
+    pub optimize: Option<OptimizeReport>,
+}
+
+impl Session {
+    /// Replaces the model by its training graph (see `graphopt-autodiff`),
+    /// simplifies it with the default pipeline, and reports its forward and
+    /// backward sizes, what the backward pass keeps alive, and its plan.
+    pub fn grad(&mut self, opts: &GradOptions) -> Result<GradReport> {
+        // The rules emit opset-13 ops (ReduceSum's axes as an input, ...):
+        // older models are raised first with `upgrade_opset`.
+        let mut opset_upgraded = None;
+        if let Some(v) = self.model.onnx_opset().filter(|&v| v < 13) {
+            self.optimize(&OptimizeOptions {
+                opset: Some(13),
+                passes: Some("none".into()),
+                ..OptimizeOptions::default()
+            })?;
+            opset_upgraded = Some((v, 13));
+        }
+        let train = build_training_graph(&self.model, &opts.autodiff)
+            .map_err(|e| self.err(Error::new(e.to_string())))?;
+        let before = std::mem::replace(&mut self.model, train.model);
+        // While simplifying, the parameters are graph inputs (with their
+        // initializers as defaults), so that no pass treats them as
+        // constants: folding `Transpose(W)` into a new initializer, merging
+        // parallel MatMuls' weights or deduplicating equal weights would cut
+        // the tie between a parameter and its gradient.
+        let g = &mut self.model.graph;
+        let n_inputs = g.inputs.len();
+        let params: Vec<_> = train
+            .params
+            .iter()
+            .filter_map(|p| g.value_by_name(p))
+            .collect();
+        g.inputs.extend(params.iter().copied());
+        let optimize = if opts.simplify {
+            match self.optimize(&OptimizeOptions::default()) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    self.model = before;
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let g = &mut self.model.graph;
+        let (kept, added): (Vec<_>, Vec<_>) = g
+            .inputs
+            .iter()
+            .copied()
+            .enumerate()
+            .partition(|&(i, v)| i < n_inputs || !params.contains(&v));
+        if added.len() != params.len() {
+            self.model = before;
+            return Err(self.err(Error::new(
+                "simplifying the training graph removed a parameter input",
+            )));
+        }
+        g.inputs = kept.into_iter().map(|(_, v)| v).collect();
+        let planned = graphopt_plan::plan_model(&self.model, &opts.dims, &PlanOptions::default())
+            .map_err(|e| self.err(e))?;
+        let g = &planned.model.graph;
+        let cone = forward_cone(g);
+        let mut saved = Vec::new();
+        let mut seen = HashSet::new();
+        // A backward `Shape` reads only metadata, right where the value is
+        // computed: it keeps nothing alive.
+        for n in g
+            .nodes()
+            .filter(|n| !cone.contains(n) && g.node(*n).op_type != "Shape")
+        {
+            for &v in g.node(n).inputs().iter().flatten() {
+                let computed = g.producer(v).is_some_and(|(p, _)| cone.contains(&p));
+                let input = g.is_input(v) && g.initializer(v).is_none();
+                if (computed || input) && seen.insert(v) {
+                    let bytes = g.ty(v).and_then(|t| {
+                        let tt = t.as_tensor()?;
+                        tt.elem.storage_bytes(tt.shape.as_ref()?.numel()?)
+                    });
+                    saved.push(SavedValue {
+                        name: g.name(v).to_string(),
+                        bytes,
+                        input,
+                    });
+                }
+            }
+        }
+        saved.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
+        let sum = |inp: bool| -> u64 {
+            saved
+                .iter()
+                .filter(|s| s.input == inp)
+                .filter_map(|s| s.bytes)
+                .sum()
+        };
+        let forward_nodes = cone.len();
+        Ok(GradReport {
+            loss: "loss".into(),
+            params: train.params,
+            inputs: train.inputs,
+            forward_nodes,
+            backward_nodes: g.node_count() - forward_nodes,
+            saved_activation_bytes: sum(false),
+            saved_input_bytes: sum(true),
+            saved,
+            weights_bytes: planned.plan.weights_bytes,
+            lower_bound_bytes: planned.plan.lower_bound_bytes,
+            arena_bytes: planned.plan.arena_bytes,
+            opset_raised: match (opset_upgraded, train.opset_raised) {
+                (Some((from, _)), Some((_, to))) => Some((from, to)),
+                (a, b) => b.or(a),
+            },
+            optimize,
+        })
+    }
+}
+
+/// One gradient checked against finite differences.
+#[derive(Clone, Debug, Serialize)]
+pub struct GradCheck {
+    /// The parameter or input.
+    pub name: String,
+    /// Elements checked.
+    pub elements: usize,
+    /// `‖g - fd‖₂ / max(‖fd‖₂, 1e-6)` over the checked elements.
+    pub rel_l2: f64,
+    pub max_abs: f64,
+}
+
+fn to_f32(t: &TractTensor) -> Result<Vec<f32>> {
+    let c = t.cast_to::<f32>().map_err(|e| Error::new(e.to_string()))?;
+    let a = c
+        .to_plain_array_view::<f32>()
+        .map_err(|e| Error::new(e.to_string()))?;
+    Ok(a.iter().copied().collect())
+}
+
+fn run(model: &Model, inputs: &[TractTensor]) -> Result<Vec<TractTensor>> {
+    let bytes = graphopt_tract::prepare(model)?;
+    Ok(graphopt_tract::run_bytes(&bytes, inputs)?)
+}
+
+/// Checks a training graph's gradients (outputs `1..`, named
+/// `<name>_grad`) of `names` against central differences
+/// `(loss(θ + h) - loss(θ - h)) / 2h` of its own `loss` (output 0), for the
+/// `max_elements` entries of each with the largest analytic gradient
+/// (embedding gradients are mostly zeros; ties go to the first). `names` are float
+/// initializers or runtime graph inputs (`inputs` in graph-input order).
+/// Returns the loss and one [`GradCheck`] per name.
+pub fn grad_check(
+    train: &Model,
+    names: &[String],
+    inputs: &[TractTensor],
+    h: f64,
+    max_elements: usize,
+) -> Result<(f64, Vec<GradCheck>)> {
+    let g = &train.graph;
+    let outs = run(train, inputs)?;
+    let loss = to_f32(&outs[0])?[0] as f64;
+    let runtime: Vec<_> = g
+        .inputs
+        .iter()
+        .copied()
+        .filter(|&v| g.initializer(v).is_none())
+        .collect();
+    let mut checks = Vec::new();
+    for name in names {
+        let gi = g
+            .outputs
+            .iter()
+            .position(|&o| g.name(o) == format!("{name}_grad"))
+            .ok_or_else(|| Error::new(format!("no output {name}_grad")))?;
+        let analytic = to_f32(&outs[gi])?;
+        let v = g
+            .value_by_name(name)
+            .ok_or_else(|| Error::new(format!("no value {name}")))?;
+        let mut order: Vec<usize> = (0..analytic.len()).collect();
+        order.sort_by(|&a, &b| {
+            analytic[b]
+                .abs()
+                .total_cmp(&analytic[a].abs())
+                .then(a.cmp(&b))
+        });
+        order.truncate(max_elements);
+        let (mut num, mut den, mut max_abs, mut count) = (0f64, 0f64, 0f64, 0);
+        for j in order {
+            let mut f = [0f64; 2];
+            for (k, sign) in [1f64, -1.0].into_iter().enumerate() {
+                let mut m = train.clone();
+                let mut ins = inputs.to_vec();
+                if let Some(t) = g.initializer(v) {
+                    let mut vals: Vec<f32> = t
+                        .to_f64_vec()
+                        .ok_or_else(|| Error::new(format!("{name} is not numeric")))?
+                        .into_iter()
+                        .map(|x| x as f32)
+                        .collect();
+                    vals[j] += (sign * h) as f32;
+                    m.graph
+                        .set_initializer(v, Tensor::from_f32(t.dims.clone(), &vals)?);
+                } else {
+                    let i = runtime
+                        .iter()
+                        .position(|&r| r == v)
+                        .ok_or_else(|| Error::new(format!("{name} is not an input")))?;
+                    let mut vals = to_f32(&ins[i])?;
+                    vals[j] += (sign * h) as f32;
+                    ins[i] = TractTensor::from_shape(ins[i].shape(), &vals)
+                        .map_err(|e| Error::new(e.to_string()))?;
+                }
+                f[k] = to_f32(&run(&m, &ins)?[0])?[0] as f64;
+            }
+            let fd = (f[0] - f[1]) / (2.0 * h);
+            let d = analytic[j] as f64 - fd;
+            num += d * d;
+            den += fd * fd;
+            max_abs = max_abs.max(d.abs());
+            count += 1;
+        }
+        checks.push(GradCheck {
+            name: name.clone(),
+            elements: count,
+            rel_l2: num.sqrt() / den.sqrt().max(1e-6),
+            max_abs,
+        });
+    }
+    Ok((loss, checks))
+}

@@ -1,0 +1,291 @@
+//! The gradient rules, one fixture per op family under
+//! `testdata/autodiff/<family>/<case>.onnxtxt`:
+//!
+//! 1. the training graph (loss `sum`, every float initializer of rank ≥ 1
+//!    and every float input differentiated) is snapshot-tested in
+//!    `testdata/autodiff/<family>/snapshots/`, so a change in a rule shows
+//!    up in review as a `.snap` diff;
+//! 2. every gradient is checked in tract against central finite
+//!    differences of the graph's own `loss`, and the loss against the sum
+//!    of the forward output.
+
+use graphopt::autodiff::{build_training_graph, GradOptions, Loss};
+use graphopt::text::{parse_model, print_model, PrintOptions};
+use graphopt::tract::TractTensor;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/autodiff")
+}
+
+fn sorted_dir(p: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+/// (family, case, path) of every fixture.
+fn fixtures() -> Vec<(String, String, PathBuf)> {
+    let mut out = Vec::new();
+    for dir in sorted_dir(&root()).into_iter().filter(|d| d.is_dir()) {
+        let fam = dir.file_name().unwrap().to_string_lossy().to_string();
+        for f in sorted_dir(&dir) {
+            if f.extension().and_then(|e| e.to_str()) == Some("onnxtxt") {
+                let case = f.file_stem().unwrap().to_string_lossy().to_string();
+                out.push((fam.clone(), case, f));
+            }
+        }
+    }
+    assert!(
+        out.len() >= 10,
+        "fixtures missing under {}",
+        root().display()
+    );
+    out
+}
+
+fn opts(case: &str) -> GradOptions {
+    GradOptions {
+        input_grads: true,
+        // BatchNormalization's running statistics are not trained by
+        // default; train every initializer there so that their rule is
+        // checked too.
+        trainable: if case == "batch_norm" {
+            vec!["*".into()]
+        } else {
+            Vec::new()
+        },
+        ..GradOptions::default()
+    }
+}
+
+#[test]
+fn rule_snapshots() {
+    for (fam, case, path) in fixtures() {
+        let model = parse_model(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let train = build_training_graph(&model, &opts(&case))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        graphopt::ir::verify::verify_model(&train.model)
+            .unwrap_or_else(|e| panic!("{}: invalid training graph: {e}", path.display()));
+        let text = format!(
+            "forward nodes: {}, backward nodes: {}\nparams: {:?}\n\n{}",
+            train.forward_nodes,
+            train.backward_nodes,
+            train.params,
+            print_model(&train.model, &PrintOptions::default())
+        );
+        let mut settings = insta::Settings::clone_current();
+        settings.set_snapshot_path(root().join(&fam).join("snapshots"));
+        settings.set_prepend_module_to_snapshot(false);
+        settings.set_omit_expression(true);
+        settings.bind(|| insta::assert_snapshot!(case.as_str(), text));
+    }
+}
+
+fn sum_f32(t: &TractTensor) -> f64 {
+    let c = t.cast_to::<f32>().unwrap();
+    c.to_plain_array_view::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&x| x as f64)
+        .sum()
+}
+
+/// Largest relative L2 error measured over the rule fixtures (h = 1e-2,
+/// f32 in tract): 1.84e-4 (nn/batch_norm, the variance: the difference's
+/// own truncation error, h²·f'''/6, is largest on `(v + ε)^-½` at v ≈ 0.5),
+/// then 1.05e-4 (activations/hard_sigmoid_swish_leaky, input x, whose
+/// gradients are small) and 5.3e-5 (nn/layer_norm, input x); the bound is
+/// about 3x.
+const BOUND: f64 = 6e-4;
+
+/// Largest measured over the losses: 2.3e-4 (l1, whose kink at 0 the
+/// central difference straddles least well); the bound is about 3x.
+const LOSS_BOUND: f64 = 7e-4;
+
+#[test]
+fn rules_match_finite_differences() {
+    let mut failures = Vec::new();
+    let mut worst = 0f64;
+    for (fam, case, path) in fixtures() {
+        let model = parse_model(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let train = build_training_graph(&model, &opts(&case)).unwrap();
+        let inputs = graphopt::tract::sample_inputs(&model, &[], 1, 7).unwrap();
+        // The loss is the forward output's sum.
+        let fwd = graphopt::tract::run_bytes(&graphopt::tract::prepare(&model).unwrap(), &inputs)
+            .unwrap_or_else(|e| panic!("{fam}/{case}: forward: {e}"));
+        let names: Vec<String> = train.params.iter().chain(&train.inputs).cloned().collect();
+        let (loss, checks) = graphopt::grad_check(&train.model, &names, &inputs, 1e-2, 64)
+            .unwrap_or_else(|e| panic!("{fam}/{case}: {e}"));
+        let want = sum_f32(&fwd[0]);
+        assert!(
+            (loss - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "{fam}/{case}: loss {loss} != sum of output {want}"
+        );
+        for c in checks {
+            eprintln!(
+                "{fam}/{case}: {}: rel_l2 {:.2e} max_abs {:.2e} ({} elements)",
+                c.name, c.rel_l2, c.max_abs, c.elements
+            );
+            worst = worst.max(c.rel_l2);
+            if c.rel_l2 > BOUND || !c.rel_l2.is_finite() {
+                failures.push(format!("{fam}/{case}: {} rel_l2 {:.3e}", c.name, c.rel_l2));
+            }
+        }
+    }
+    eprintln!("worst rel_l2 {worst:.3e}");
+    assert!(
+        failures.is_empty(),
+        "gradients off:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Every loss against finite differences on one small classifier.
+#[test]
+fn losses_match_finite_differences() {
+    let path = root().join("activations/softmax.onnxtxt");
+    let model = parse_model(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for loss in [
+        Loss::Sum,
+        Loss::Mean,
+        Loss::Mse,
+        Loss::L1,
+        Loss::CrossEntropy,
+    ] {
+        let train = build_training_graph(
+            &model,
+            &GradOptions {
+                loss,
+                ..GradOptions::default()
+            },
+        )
+        .unwrap();
+        let mut inputs = graphopt::tract::sample_inputs(&model, &[], 1, 3).unwrap();
+        match loss {
+            Loss::Mse | Loss::L1 => {
+                let t: Vec<f32> = (0..8).map(|i| (i as f32 * 0.37).sin()).collect();
+                inputs.push(TractTensor::from_shape(&[2, 4], &t).unwrap());
+            }
+            Loss::CrossEntropy => {
+                inputs.push(TractTensor::from_shape(&[2], &[3i64, 1]).unwrap());
+            }
+            _ => {}
+        }
+        let (l, checks) =
+            graphopt::grad_check(&train.model, &train.params, &inputs, 1e-2, 64).unwrap();
+        assert!(l.is_finite(), "{loss:?}: loss {l}");
+        for c in checks {
+            eprintln!("{loss:?}: {}: rel_l2 {:.2e}", c.name, c.rel_l2);
+            assert!(
+                c.rel_l2 <= LOSS_BOUND,
+                "{loss:?}: {} rel_l2 {:.3e}",
+                c.name,
+                c.rel_l2
+            );
+        }
+    }
+}
+
+#[test]
+fn no_rule_is_an_error_naming_op_and_node() {
+    let src = r#"<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3] x) => (float[2,3] y)
+  <float[2,3] w = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6}> {
+  h = Mul (x, w)
+  y = Celu <alpha = 1.0> (h)
+}"#;
+    let model = parse_model(src).unwrap();
+    let err = build_training_graph(&model, &GradOptions::default()).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("Celu") && msg.contains("'y'"), "{msg}");
+    // Frozen, the weight needs no gradient and Celu is not on a path.
+    let frozen = GradOptions {
+        frozen: vec!["w".into()],
+        ..GradOptions::default()
+    };
+    let t = build_training_graph(&model, &frozen).unwrap();
+    assert!(t.params.is_empty());
+}
+
+/// The backward pass keeps only what the rules need: Relu and Sigmoid read
+/// their outputs, Reshape only a (static) shape, Mul its operands.
+#[test]
+fn saved_for_backward_is_minimal() {
+    let src = r#"<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,6] x) => (float[3,4] y)
+  <float[2,6] w = {0.1, -0.2, 0.3, -0.4, 0.5, -0.6, 0.7, -0.8, 0.9, -1.0, 1.1, -1.2}, int64[2] shp = {3, 4}> {
+  m = Mul (x, w)
+  h = Relu (m)
+  r = Reshape (h, shp)
+  e = Exp (r)
+  y = Sigmoid (e)
+}"#;
+    let mut s = graphopt::Session::from_model(parse_model(src).unwrap());
+    let r = s.grad(&graphopt::GradOptions::default()).unwrap();
+    let mut saved: Vec<&str> = r.saved.iter().map(|v| v.name.as_str()).collect();
+    saved.sort();
+    // x for Mul's weight gradient; h (Relu's output), e (Exp's output) and
+    // y (Sigmoid's output); not m, r.
+    assert_eq!(saved, ["e", "h", "x", "y"], "{:?}", r.saved);
+    assert_eq!(r.saved_activation_bytes, 3 * 48);
+    assert_eq!(r.saved_input_bytes, 48);
+}
+
+/// `--optimizer sgd`: `<param>_new = param - lr·(grad + wd·param)`.
+#[test]
+fn sgd_updates_parameters() {
+    let path = root().join("matmul/gemm_trans.onnxtxt");
+    let model = parse_model(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let (lr, wd) = (0.1f32, 0.01f32);
+    let train = build_training_graph(
+        &model,
+        &GradOptions {
+            optimizer: graphopt::Optimizer::Sgd {
+                lr,
+                weight_decay: wd,
+            },
+            ..GradOptions::default()
+        },
+    )
+    .unwrap();
+    let g = &train.model.graph;
+    let inputs = graphopt::tract::sample_inputs(&model, &[], 1, 5).unwrap();
+    let outs =
+        graphopt::tract::run_bytes(&graphopt::tract::prepare(&train.model).unwrap(), &inputs)
+            .unwrap();
+    let vals = |t: &TractTensor| -> Vec<f32> {
+        t.cast_to::<f32>()
+            .unwrap()
+            .to_plain_array_view::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect()
+    };
+    let n = train.params.len();
+    assert_eq!(g.outputs.len(), 1 + 2 * n);
+    for (k, p) in train.params.iter().enumerate() {
+        assert_eq!(g.name(g.outputs[1 + n + k]), format!("{p}_new"));
+        let w: Vec<f32> = g
+            .initializer(g.value_by_name(p).unwrap())
+            .unwrap()
+            .to_f64_vec()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        let (grad, new) = (vals(&outs[1 + k]), vals(&outs[1 + n + k]));
+        for i in 0..w.len() {
+            let want = w[i] - lr * (grad[i] + wd * w[i]);
+            assert!(
+                (new[i] - want).abs() <= 1e-6,
+                "{p}[{i}]: {} != {want}",
+                new[i]
+            );
+        }
+    }
+}
