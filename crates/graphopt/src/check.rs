@@ -119,11 +119,7 @@ impl Session {
 /// Names of the graph inputs without an initializer, in order.
 pub(crate) fn runtime_input_names(m: &Model) -> Vec<String> {
     let g = &m.graph;
-    g.inputs
-        .iter()
-        .filter(|&&v| g.initializer(v).is_none())
-        .map(|&v| g.name(v).to_string())
-        .collect()
+    g.runtime_inputs().map(|v| g.name(v).to_string()).collect()
 }
 
 pub(crate) fn output_names(m: &Model) -> Vec<String> {
@@ -150,13 +146,9 @@ pub(crate) fn run_in_tract(
         }
     }
     let g = &m.graph;
-    let runtime: Vec<_> = g
-        .inputs
-        .iter()
-        .filter(|&&v| g.initializer(v).is_none())
-        .collect();
+    let runtime: Vec<_> = g.runtime_inputs().collect();
     let mut inputs = inputs.to_vec();
-    for (t, &&v) in inputs.iter_mut().zip(&runtime) {
+    for (t, &v) in inputs.iter_mut().zip(&runtime) {
         let want = match g.ty(v).and_then(|ty| ty.elem()) {
             Some(DType::F16) => DatumType::F16,
             Some(DType::F32) => DatumType::F32,

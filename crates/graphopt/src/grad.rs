@@ -228,12 +228,7 @@ pub fn grad_check(
     let g = &train.graph;
     let outs = run(train, inputs)?;
     let loss = to_f32(&outs[0])?[0] as f64;
-    let runtime: Vec<_> = g
-        .inputs
-        .iter()
-        .copied()
-        .filter(|&v| g.initializer(v).is_none())
-        .collect();
+    let runtime: Vec<_> = g.runtime_inputs().collect();
     let mut checks = Vec::new();
     for name in names {
         let gi = g

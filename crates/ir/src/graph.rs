@@ -368,6 +368,15 @@ impl Graph {
         self.values[v.index()].outer
     }
 
+    /// The graph inputs a caller feeds: those without an initializer (an
+    /// input with one is an overridable default), in order.
+    pub fn runtime_inputs(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.inputs
+            .iter()
+            .copied()
+            .filter(|&v| self.initializer(v).is_none())
+    }
+
     pub fn is_input(&self, v: ValueId) -> bool {
         self.inputs.contains(&v)
     }

@@ -180,12 +180,7 @@ fn bind_input_shapes(
     bindings: &mut Vec<DimBinding>,
 ) -> Result<(), ModelPlanError> {
     let g = &mut model.graph;
-    let runtime: Vec<_> = g
-        .inputs
-        .iter()
-        .copied()
-        .filter(|&v| g.initializer(v).is_none())
-        .collect();
+    let runtime: Vec<_> = g.runtime_inputs().collect();
     for (name, shape) in &dims.shapes {
         let Some(&v) = runtime.iter().find(|&&v| g.name(v) == name) else {
             let names: Vec<&str> = runtime.iter().map(|&v| g.name(v)).collect();
