@@ -53,6 +53,10 @@ impl NodeCtx<'_> {
 pub trait Backend: Send + Sync {
     /// `cpu`, `cuda`, ...
     fn name(&self) -> &str;
+    /// Whether the backend has any kernel for this op (checked for every
+    /// node before shapes are even looked at, so that a model with an
+    /// unknown op is refused by naming it).
+    fn has_op(&self, domain: &str, op_type: &str) -> bool;
     /// A kernel for the node, or one line saying why there is none.
     fn kernel(&self, ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String>;
 }

@@ -224,6 +224,28 @@ impl Executable {
     /// bytes at a node.
     pub fn new(model: &Model, plan: &Plan, backend: &dyn Backend) -> Result<Executable, ExecError> {
         let g = &model.graph;
+        // Invariant 1 first by name: an op without any kernel, or a
+        // subgraph, is named before anything else is checked.
+        for &n in &plan.schedule {
+            let d = g.node(n);
+            let why = if d.has_subgraphs() {
+                "subgraphs (If/Loop/Scan) are not supported yet"
+            } else if !backend.has_op(&d.domain, &d.op_type) {
+                "no kernel for this op yet"
+            } else {
+                continue;
+            };
+            return Err(ExecError::NoKernel {
+                backend: backend.name().to_string(),
+                op: d.qualified_op(),
+                node: if d.name.is_empty() {
+                    n.to_string()
+                } else {
+                    d.name.clone()
+                },
+                why: why.into(),
+            });
+        }
         if !plan.dynamic_values.is_empty() {
             return Err(ExecError::Unsupported(format!(
                 "{} value(s) of data-dependent size ({}): dynamic allocation is not implemented yet",

@@ -96,6 +96,10 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn has_op(&self, domain: &str, op_type: &str) -> bool {
+        (domain.is_empty() || domain == "ai.onnx") && OPS.contains(&op_type)
+    }
+
     fn kernel(&self, ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         let d = &ctx.node.domain;
         if !(d.is_empty() || d == "ai.onnx") {
