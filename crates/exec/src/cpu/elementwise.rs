@@ -460,6 +460,31 @@ fn attr_f(ctx: &NodeCtx, name: &str, d: f32) -> f32 {
 /// Unary ops and activations; `None` when the op is not one.
 pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
     let op = ctx.node.op_type.as_str();
+    const UNARY: &[&str] = &[
+        "Abs",
+        "Ceil",
+        "Clip",
+        "Cos",
+        "Erf",
+        "Exp",
+        "Floor",
+        "Gelu",
+        "HardSigmoid",
+        "HardSwish",
+        "LeakyRelu",
+        "Log",
+        "Neg",
+        "Not",
+        "Reciprocal",
+        "Relu",
+        "Sigmoid",
+        "Sin",
+        "Sqrt",
+        "Tanh",
+    ];
+    if !UNARY.contains(&op) {
+        return None;
+    }
     let dt = match ctx.input(0) {
         Ok(t) => t.dtype,
         Err(e) => return Some(Err(e)),
