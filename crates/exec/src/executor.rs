@@ -286,7 +286,7 @@ impl Executable {
             };
             weights_bytes += b.len() as u64;
             let es = elem_size(t.dtype).unwrap_or(1);
-            let wt = if (b.as_ptr() as usize) % es.max(1) == 0 {
+            let wt = if b.as_ptr().align_offset(es.max(1)) == 0 {
                 Weight::Shared(b.clone())
             } else {
                 weights_copied += b.len() as u64;

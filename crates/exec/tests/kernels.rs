@@ -66,11 +66,11 @@ fn broadcasting_add_where_and_an_in_place_chain() {
     let (av, bv) = (a.to_f32().unwrap(), b.to_f32().unwrap());
     let mut y = Vec::new();
     let mut z = Vec::new();
-    for i in 0..6 {
-        for j in 0..4 {
-            let s = (av[i] + bv[j]).max(0.0);
-            y.push(if av[i] > bv[j] { s * s } else { bv[j] });
-            z.push(bv[j] - av[i]);
+    for &ai in &av {
+        for &bj in &bv {
+            let s = (ai + bj).max(0.0);
+            y.push(if ai > bj { s * s } else { bj });
+            z.push(bj - ai);
         }
     }
     close(&got[0], &y);
@@ -323,7 +323,7 @@ fn pooling_with_pads() {
           av = AveragePool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 0, 0]> (x)
           avp = AveragePool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 0, 0], count_include_pad = 1> (x)
         }"#,
-        &[x.clone()],
+        std::slice::from_ref(&x),
     );
     let xv = x.to_f32().unwrap();
     let (mut mx, mut av, mut avp) = (vec![], vec![], vec![]);
@@ -366,7 +366,7 @@ fn slice_transpose_gather_concat_split() {
           lens = Constant <value = int64[2] {3, 1}> ()
           q, p = Split <axis = 1> (x, lens)
         }"#,
-        &[x.clone()],
+        std::slice::from_ref(&x),
     );
     let xv = x.to_f32().unwrap();
     let at = |i: usize, j: usize| xv[i * 4 + j];

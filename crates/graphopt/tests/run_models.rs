@@ -107,7 +107,8 @@ fn every_model_runs_like_tract_in_its_planned_arena() {
                 "{name} {}: rel_l2 {:.3e}, max_abs {:.3e}",
                 d.name, d.rel_l2, d.max_abs
             );
-            if d.error.is_some() || !(d.rel_l2 <= 1e-5) {
+            // NaN fails too.
+            if d.error.is_some() || d.rel_l2.is_nan() || d.rel_l2 > 1e-5 {
                 failures.push(format!(
                     "{name} {}: rel_l2 {} > 1e-5 ({:?})",
                     d.name, d.rel_l2, d.error

@@ -142,10 +142,10 @@ impl Kernel for MatMul {
             let mut idx = vec![0usize; rank];
             for _ in 0..nb {
                 let mut off = 0;
-                for d in 0..rank {
+                for (d, &i) in idx.iter().enumerate() {
                     let od = d as isize - (rank - bs.len()) as isize;
                     if od >= 0 && bs[od as usize] != 1 {
-                        off += idx[d] * own[od as usize];
+                        off += i * own[od as usize];
                     }
                 }
                 v.push(off * mat);

@@ -127,13 +127,16 @@ fn expand(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     }))
 }
 
+/// Opset < 10: starts, ends and optional axes as attributes.
+type SliceAttrs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>);
+
 /// Slice: starts/ends/axes/steps from inputs (opset ≥ 10) or attributes,
 /// read at run time.
 struct Slice {
     es: usize,
     shape: Vec<usize>,
     out: Vec<usize>,
-    attrs: Option<(Vec<i64>, Vec<i64>, Option<Vec<i64>>)>,
+    attrs: Option<SliceAttrs>,
 }
 
 impl Kernel for Slice {
