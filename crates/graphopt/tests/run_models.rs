@@ -1,5 +1,5 @@
-//! `Session::run` on every testdata model, after the default pipeline,
-//! against tract on the same inputs: relative L2 per output <= 1e-5, the
+//! `Session::run` on every testdata model, as exported and after the
+//! default pipeline, against tract on the same inputs: relative L2 per output <= 1e-5, the
 //! arena allocated exactly as planned, and the poison run unchanged. A model
 //! that cannot run must be in `SKIPPED` with its reason, and a skipped model
 //! that runs fails the test (the list must shrink as kernels land).
@@ -62,11 +62,25 @@ fn inputs_of(name: &str) -> Inputs {
 fn every_model_runs_like_tract_in_its_planned_arena() {
     let mut failures = Vec::new();
     let mut ran = 0;
-    for name in models() {
-        let skipped = SKIPPED.iter().find(|s| s.0 == name);
-        let session = optimized(&name);
+    // Each model as optimized by the default pipeline, and as exported.
+    let variants = models()
+        .into_iter()
+        .flat_map(|m| [(m.clone(), true), (m, false)]);
+    for (model, opt) in variants {
+        let skipped = SKIPPED.iter().find(|s| s.0 == model);
+        let session = if opt {
+            optimized(&model)
+        } else {
+            graphopt::load(models_dir().join(format!("{model}.onnx"))).unwrap()
+        };
+        let name = if opt {
+            format!("{model} (optimized)")
+        } else {
+            model.clone()
+        };
+        let name = name.as_str();
         let opts = RunOptions {
-            inputs: inputs_of(&name),
+            inputs: inputs_of(&model),
             poison: true,
             repeat: 1,
             ..Default::default()
@@ -132,7 +146,7 @@ fn every_model_runs_like_tract_in_its_planned_arena() {
         ran += 1;
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(ran >= 15, "only {ran} models ran");
+    assert!(ran >= 30, "only {ran} model variants ran");
 }
 
 /// Cuts the lifetime of the largest f32-sized intermediate read two or more
