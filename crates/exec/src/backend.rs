@@ -33,6 +33,8 @@ pub struct NodeCtx<'a> {
     pub opset: i64,
     /// `None` for an omitted optional input.
     pub inputs: Vec<Option<TensorInfo>>,
+    /// Output types; an omitted optional output gets a placeholder (f32,
+    /// shape `[0]`).
     pub outputs: Vec<TensorInfo>,
     /// Contents of constant inputs (initializers), by input slot, for
     /// kernels that read attributes-as-inputs (Reshape's shape, Slice's
@@ -147,6 +149,8 @@ impl Out<'_> {
 pub struct KernelIo<'a> {
     /// `None` for an omitted optional input.
     pub inputs: Vec<Option<In<'a>>>,
+    /// The present outputs in order (only trailing optional outputs may
+    /// be omitted; the executor refuses others).
     pub outputs: Vec<Out<'a>>,
     /// At least [`Kernel::workspace_bytes`], 64-aligned.
     pub workspace: &'a mut [u8],

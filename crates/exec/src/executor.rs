@@ -379,9 +379,29 @@ impl Executable {
                                 g.name(v)
                             )));
                         };
+                        let want = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+                        if len != want {
+                            return Err(ExecError::BadPlan(format!(
+                                "tensor '{}' is planned at {len} bytes but holds {want}",
+                                g.name(v)
+                            )));
+                        }
+                        let Loc::Arena { offset, len } = loc(v)? else {
+                            return Err(ExecError::BadPlan(format!(
+                                "output '{}' of node '{name}' is an initializer",
+                                g.name(v)
+                            )));
+                        };
                         outputs.push(Some((offset, len, ti.clone())));
                         out_infos.push(ti);
                     }
+                }
+            }
+            if let Some(k) = d.outputs().iter().position(|o| o.is_none()) {
+                if d.outputs()[k..].iter().any(|o| o.is_some()) {
+                    return Err(refuse(format!(
+                        "output {k} is omitted but a later one is not (not supported yet)"
+                    )));
                 }
             }
             let ctx = NodeCtx {
@@ -632,21 +652,17 @@ impl Executable {
                     }));
                 }
                 let mut outs = Vec::with_capacity(step.outputs.len());
-                let mut dummy: Vec<Vec<u8>> = Vec::new();
-                for o in &step.outputs {
-                    match o {
-                        // SAFETY: inside the arena; outputs are pairwise
-                        // disjoint and disjoint from the inputs handed out
-                        // as slices (checked in `new`).
-                        Some((off, len, ti)) => outs.push(Out {
-                            dtype: ti.dtype,
-                            shape: &ti.shape,
-                            data: unsafe { std::slice::from_raw_parts_mut(base.add(*off), *len) },
-                        }),
-                        None => dummy.push(Vec::new()),
-                    }
+                // Omitted outputs are trailing (checked in `new`).
+                for (off, len, ti) in step.outputs.iter().flatten() {
+                    // SAFETY: inside the arena; outputs are pairwise
+                    // disjoint and disjoint from the inputs handed out as
+                    // slices (checked in `new`).
+                    outs.push(Out {
+                        dtype: ti.dtype,
+                        shape: &ti.shape,
+                        data: unsafe { std::slice::from_raw_parts_mut(base.add(*off), *len) },
+                    });
                 }
-                let _ = dummy;
                 let mut io = KernelIo {
                     inputs: ins,
                     outputs: outs,

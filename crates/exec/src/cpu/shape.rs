@@ -209,7 +209,6 @@ fn norm_axis(a: i64, r: usize) -> usize {
 
 /// Concat; Split is the same walk with inputs and outputs swapped.
 struct Concat {
-    es: usize,
     outer: usize,
     /// Bytes each part contributes per outer index.
     parts: Vec<usize>,
@@ -219,7 +218,6 @@ struct Concat {
 impl Kernel for Concat {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let total: usize = self.parts.iter().sum();
-        let _ = self.es;
         if self.split {
             let x = io.input(0)?.bytes()?;
             for o in 0..self.outer {
@@ -276,7 +274,6 @@ fn concat(ctx: &NodeCtx, split: bool) -> Result<Box<dyn Kernel>, String> {
         return Err("an omitted Concat input".into());
     }
     Ok(Box::new(Concat {
-        es,
         outer,
         parts,
         split,
