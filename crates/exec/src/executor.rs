@@ -386,12 +386,6 @@ impl Executable {
                                 g.name(v)
                             )));
                         }
-                        let Loc::Arena { offset, len } = loc(v)? else {
-                            return Err(ExecError::BadPlan(format!(
-                                "output '{}' of node '{name}' is an initializer",
-                                g.name(v)
-                            )));
-                        };
                         outputs.push(Some((offset, len, ti.clone())));
                         out_infos.push(ti);
                     }
