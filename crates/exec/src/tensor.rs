@@ -45,6 +45,7 @@ impl Elem for i64 {}
 impl Elem for i32 {}
 impl Elem for u8 {}
 impl Elem for i8 {}
+impl Elem for u16 {}
 
 /// Views bytes as `T`. Panics when misaligned or not a whole number of
 /// elements (arena offsets are 64-aligned and weights are aligned on load,

@@ -443,3 +443,46 @@ fn the_in_place_chain_is_really_in_place() {
         .collect();
     close(&out[0].to_f32().unwrap(), &want);
 }
+
+#[test]
+fn fp16_nodes_compute_in_f32_and_round_once() {
+    use half::f16;
+    let a = data(12, 21);
+    let b = data(8, 22);
+    let h = |shape: &[usize], v: &[f32]| HostTensor {
+        dtype: graphopt_ir::DType::F16,
+        shape: shape.to_vec(),
+        data: v
+            .iter()
+            .flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes())
+            .collect(),
+    };
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float16[3,4] a, float16[4,2] b) => (float16[3,2] y, float[3,2] z) {
+          p = MatMul (a, b)
+          y = Relu (p)
+          z = Cast <to = 1> (y)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let (out, _) = exe
+        .run(&[h(&[3, 4], &a), h(&[4, 2], &b)], &RunOptions::default())
+        .unwrap();
+    // The reference: f16 inputs widened, f32 product, one rounding.
+    let wa: Vec<f32> = a.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+    let wb: Vec<f32> = b.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+    let want: Vec<f32> = matmul_ref(&wa, &wb, 3, 4, 2)
+        .iter()
+        .map(|&x| f16::from_f32(f16::from_f32(x).to_f32().max(0.0)).to_f32())
+        .collect();
+    let y: Vec<f32> = out[0]
+        .data
+        .chunks_exact(2)
+        .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+        .collect();
+    assert_eq!(y, want);
+    assert_eq!(out[1].to_f32().unwrap(), want);
+}

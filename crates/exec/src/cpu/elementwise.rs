@@ -338,6 +338,7 @@ impl Kernel for Where {
             Some(4) => where_t::<i32>(io),
             Some(8) => where_t::<i64>(io),
             Some(1) => where_t::<u8>(io),
+            Some(2) => where_t::<u16>(io),
             _ => Err(format!("Where on {}", self.dtype.name())),
         }
     }
@@ -583,6 +584,14 @@ fn read_as_f64(d: DType, b: &[u8]) -> Result<Vec<f64>, String> {
         DType::I32 => cast::<i32>(b).iter().map(|&x| x as f64).collect(),
         DType::I8 => cast::<i8>(b).iter().map(|&x| x as f64).collect(),
         DType::U8 | DType::Bool => b.iter().map(|&x| x as f64).collect(),
+        DType::F16 => cast::<u16>(b)
+            .iter()
+            .map(|&x| half::f16::from_bits(x).to_f64())
+            .collect(),
+        DType::BF16 => cast::<u16>(b)
+            .iter()
+            .map(|&x| half::bf16::from_bits(x).to_f64())
+            .collect(),
         d => return Err(format!("Cast from {}", d.name())),
     })
 }
@@ -638,6 +647,16 @@ impl Kernel for Cast {
                 .iter_mut()
                 .zip(&v)
                 .for_each(|(o, &x)| *o = (x != 0.0) as u8),
+            // Through f32: exact for every source but f64 and large ints,
+            // where f64 -> f32 -> f16 may round twice.
+            DType::F16 => cast_mut::<u16>(o.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = half::f16::from_f32(x as f32).to_bits()),
+            DType::BF16 => cast_mut::<u16>(o.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = half::bf16::from_f32(x as f32).to_bits()),
             d => return Err(format!("Cast to {}", d.name())),
         }
         Ok(())

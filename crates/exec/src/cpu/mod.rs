@@ -1,9 +1,11 @@
 //! The CPU backend: fp32 kernels (plus the integer and bool ops that shape
-//! computations use), one file per op family. Threads: GEMMs split by
+//! computations use), one file per op family; fp16/bf16 nodes run them on
+//! widened copies ([`lowp`]). Threads: GEMMs split by
 //! batch or rows ([`matmul::sgemm`]), which also carries Conv.
 
 pub mod conv;
 pub mod elementwise;
+pub mod lowp;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -105,10 +107,24 @@ impl Backend for CpuBackend {
         if !(d.is_empty() || d == "ai.onnx") {
             return Err("custom-domain ops have no kernels".into());
         }
+        // Data movement is byte-generic: any dtype, fp16 included.
+        if let Some(k) = shape::kernel(ctx) {
+            return k;
+        }
+        let op = ctx.node.op_type.as_str();
+        if op != "Cast" && lowp::is_low(ctx) {
+            return lowp::via_f32(ctx, |c| self.f32_kernel(c));
+        }
+        self.f32_kernel(ctx)
+    }
+}
+
+impl CpuBackend {
+    /// The kernel of a node without fp16/bf16 tensors.
+    fn f32_kernel(&self, ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         if let Some(k) = elementwise::binary(ctx)
             .or_else(|| elementwise::unary(ctx))
             .or_else(|| reduce::reduce(ctx))
-            .or_else(|| shape::kernel(ctx))
         {
             return k;
         }
