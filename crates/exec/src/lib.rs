@@ -14,7 +14,7 @@
 //!   largest need, reported apart from the arena.
 //!
 //! Not yet: subgraphs (If/Loop), values of data-dependent size
-//! (`Plan::dynamic_values` is refused), int8 kernels, a CUDA backend.
+//! (`Plan::dynamic_values` is refused), a CUDA backend.
 //! fp16/bf16 nodes run the fp32 kernels on widened copies
 //! ([`cpu::lowp`]).
 

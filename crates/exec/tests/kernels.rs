@@ -486,3 +486,44 @@ fn fp16_nodes_compute_in_f32_and_round_once() {
     assert_eq!(y, want);
     assert_eq!(out[1].to_f32().unwrap(), want);
 }
+
+#[test]
+fn dynamic_quantize_and_matmul_integer_follow_the_onnx_examples() {
+    // DynamicQuantizeLinear's example in the ONNX operator docs.
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[6] x, uint8[2,3] a, int8[3,2] b) => (uint8[6] y, float s, uint8 z, int32[2,2] p, float[2,2] d) {
+          y, s, z = DynamicQuantizeLinear (x)
+          za = Constant <value = uint8 {1}> ()
+          p = MatMulInteger (a, b, za)
+          sc = Constant <value = float {0.5}> ()
+          d = DequantizeLinear (p, sc)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let x = HostTensor::from_f32(&[6], &[0.0, 2.0, -3.0, -2.5, 1.34, 0.5]);
+    let a = HostTensor {
+        dtype: graphopt_ir::DType::U8,
+        shape: vec![2, 3],
+        data: vec![1, 2, 3, 4, 5, 6],
+    };
+    let b = HostTensor {
+        dtype: graphopt_ir::DType::I8,
+        shape: vec![3, 2],
+        data: [1i8, -1, 2, 0, -3, 4].iter().map(|&v| v as u8).collect(),
+    };
+    let (out, _) = exe.run(&[x, a, b], &RunOptions::default()).unwrap();
+    assert_eq!(out[0].data, vec![153, 255, 0, 26, 221, 179]);
+    assert!((out[1].to_f32().unwrap()[0] - 0.019_607_844).abs() < 1e-9);
+    assert_eq!(out[2].data, vec![153]);
+    // (a - 1) @ b = [[0,1,2],[3,4,5]] @ [[1,-1],[2,0],[-3,4]].
+    let p: Vec<i32> = out[3]
+        .data
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(p, vec![-4, 8, -4, 17]);
+    assert_eq!(out[4].to_f32().unwrap(), vec![-2.0, 4.0, -2.0, 8.5]);
+}

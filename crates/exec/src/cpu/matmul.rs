@@ -84,6 +84,80 @@ pub fn sgemm(
     });
 }
 
+/// The matrix sizes of a (batched, broadcasting) matrix product and the
+/// element offset of each batch's operands.
+pub struct Batches {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub oa: Vec<usize>,
+    pub ob: Vec<usize>,
+}
+
+/// Batches of `a @ b` with numpy semantics (1-D operands promoted).
+pub fn batches(a: &[usize], b: &[usize]) -> Result<Batches, String> {
+    // 1-D operands: [k] as [1, k] and [k] as [k, 1].
+    let sa: Vec<usize> = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let sb: Vec<usize> = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+    let n = sb[sb.len() - 1];
+    if sb[sb.len() - 2] != k {
+        return Err(format!("inner dims differ: {a:?} x {b:?}"));
+    }
+    let ba = &sa[..sa.len() - 2];
+    let bb = &sb[..sb.len() - 2];
+    let rank = ba.len().max(bb.len());
+    let mut batch = vec![1usize; rank];
+    for d in 0..rank {
+        let x = if d + ba.len() >= rank {
+            ba[d + ba.len() - rank]
+        } else {
+            1
+        };
+        let y = if d + bb.len() >= rank {
+            bb[d + bb.len() - rank]
+        } else {
+            1
+        };
+        batch[d] = x.max(y);
+    }
+    let nb = numel(&batch);
+    // Batch offsets of each operand.
+    let offs = |bs: &[usize], mat: usize| -> Vec<usize> {
+        let own = strides(bs);
+        let mut v = Vec::with_capacity(nb);
+        let mut idx = vec![0usize; rank];
+        for _ in 0..nb {
+            let mut off = 0;
+            for (d, &i) in idx.iter().enumerate() {
+                let od = d as isize - (rank - bs.len()) as isize;
+                if od >= 0 && bs[od as usize] != 1 {
+                    off += i * own[od as usize];
+                }
+            }
+            v.push(off * mat);
+            for d in (0..rank).rev() {
+                idx[d] += 1;
+                if idx[d] < batch[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        v
+    };
+    let (oa, ob) = (offs(ba, m * k), offs(bb, k * n));
+    Ok(Batches { m, k, n, oa, ob })
+}
+
 struct MatMul {
     a: Vec<usize>,
     b: Vec<usize>,
@@ -95,71 +169,14 @@ impl Kernel for MatMul {
         let (a, b) = (io.input(0)?.f32()?, io.input(1)?.f32()?);
         let threads = io.threads;
         let o = io.outputs[0].f32()?;
-        // 1-D operands: [k] as [1, k] and [k] as [k, 1].
-        let sa: Vec<usize> = if self.a.len() == 1 {
-            vec![1, self.a[0]]
-        } else {
-            self.a.clone()
-        };
-        let sb: Vec<usize> = if self.b.len() == 1 {
-            vec![self.b[0], 1]
-        } else {
-            self.b.clone()
-        };
-        let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
-        let n = sb[sb.len() - 1];
-        if sb[sb.len() - 2] != k {
-            return Err(format!("inner dims differ: {:?} x {:?}", self.a, self.b));
-        }
-        let ba = &sa[..sa.len() - 2];
-        let bb = &sb[..sb.len() - 2];
-        let rank = ba.len().max(bb.len());
-        let mut batch = vec![1usize; rank];
-        for d in 0..rank {
-            let x = if d + ba.len() >= rank {
-                ba[d + ba.len() - rank]
-            } else {
-                1
-            };
-            let y = if d + bb.len() >= rank {
-                bb[d + bb.len() - rank]
-            } else {
-                1
-            };
-            batch[d] = x.max(y);
-        }
-        let nb = numel(&batch);
+        let Batches { m, k, n, oa, ob } = batches(&self.a, &self.b)?;
+        let nb = oa.len();
         if o.len() != nb * m * n {
             return Err(format!(
                 "output {:?} does not fit {:?} x {:?}",
                 self.out, self.a, self.b
             ));
         }
-        // Batch offsets of each operand.
-        let offs = |bs: &[usize], mat: usize| -> Vec<usize> {
-            let own = strides(bs);
-            let mut v = Vec::with_capacity(nb);
-            let mut idx = vec![0usize; rank];
-            for _ in 0..nb {
-                let mut off = 0;
-                for (d, &i) in idx.iter().enumerate() {
-                    let od = d as isize - (rank - bs.len()) as isize;
-                    if od >= 0 && bs[od as usize] != 1 {
-                        off += i * own[od as usize];
-                    }
-                }
-                v.push(off * mat);
-                for d in (0..rank).rev() {
-                    idx[d] += 1;
-                    if idx[d] < batch[d] {
-                        break;
-                    }
-                    idx[d] = 0;
-                }
-            }
-            v
-        };
-        let (oa, ob) = (offs(ba, m * k), offs(bb, k * n));
         if nb >= threads && threads > 1 && nb > 1 {
             let per = nb.div_ceil(threads);
             std::thread::scope(|s| {

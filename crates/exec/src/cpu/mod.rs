@@ -1,7 +1,8 @@
 //! The CPU backend: fp32 kernels (plus the integer and bool ops that shape
-//! computations use), one file per op family; fp16/bf16 nodes run them on
-//! widened copies ([`lowp`]). Threads: GEMMs split by
-//! batch or rows ([`matmul::sgemm`]), which also carries Conv.
+//! computations use, and dynamic int8 quantization, [`quant`]), one file per
+//! op family; fp16/bf16 nodes run them on widened copies ([`lowp`]).
+//! Threads: GEMMs split by batch or rows ([`matmul::sgemm`]), which also
+//! carries Conv; other kernels run on one thread.
 
 pub mod conv;
 pub mod elementwise;
@@ -9,6 +10,7 @@ pub mod lowp;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
+pub mod quant;
 pub mod reduce;
 pub mod shape;
 
@@ -30,7 +32,9 @@ pub const OPS: &[&str] = &[
     "ConstantOfShape",
     "Conv",
     "Cos",
+    "DequantizeLinear",
     "Div",
+    "DynamicQuantizeLinear",
     "Equal",
     "Erf",
     "Exp",
@@ -55,6 +59,7 @@ pub const OPS: &[&str] = &[
     "Log",
     "LogSoftmax",
     "MatMul",
+    "MatMulInteger",
     "Max",
     "MaxPool",
     "Min",
@@ -139,6 +144,9 @@ impl CpuBackend {
             "Softmax" | "LogSoftmax" => reduce::softmax(ctx),
             "LayerNormalization" => norm::layer_norm(ctx),
             "BatchNormalization" => norm::batch_norm(ctx),
+            "DequantizeLinear" => quant::dequantize(ctx),
+            "DynamicQuantizeLinear" => quant::dynamic_quantize(ctx),
+            "MatMulInteger" => quant::matmul_integer(ctx),
             _ => Err("no kernel for this op yet".into()),
         }
     }
