@@ -59,7 +59,9 @@ pub use optimize::{
 pub use precision::{
     MemoryFigures, PrecisionOptions, PrecisionReport, ValidateOptions, Validation, ValidationCheck,
 };
-pub use run::{peak_rss_bytes, to_host, to_tract, Device, PoisonReport, RunOptions, RunReport};
+pub use run::{
+    peak_rss_bytes, to_host, to_tract, Device, PoisonReport, RunOptions, RunReport, Runner,
+};
 pub use session::{load, PlanRequest, SaveOptions, Session};
 
 pub use graphopt_exec as exec;

@@ -4,6 +4,8 @@
 //! and as allocated, workspace, peak RSS. With `poison`, one more run
 //! overwrites every region after its last reader and checks that the
 //! outputs did not change: a plan that frees a tensor too early fails it.
+//! A [`Runner`] keeps the plan and kernels made for each set of input
+//! shapes, so repeated calls plan once per shape.
 
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
@@ -76,6 +78,8 @@ pub struct RunReport {
     pub device: Device,
     pub inputs: String,
     pub dims: Vec<DimBinding>,
+    /// False when the plan came from a [`Runner`]'s cache.
+    pub planned_now: bool,
     /// Output names, in graph order, and their values (of the last clean run).
     pub output_names: Vec<String>,
     #[serde(skip)]
@@ -149,10 +153,43 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 impl Session {
-    /// Runs the model in graphopt's runtime on `opts.device`.
+    /// Runs the model in graphopt's runtime on `opts.device` (a fresh
+    /// [`Runner`]: plans once for these inputs).
     pub fn run(&self, opts: &RunOptions) -> Result<RunReport> {
+        self.runner().run(opts)
+    }
+
+    /// A runner that caches a plan and its kernels per input shapes.
+    pub fn runner(&self) -> Runner<'_> {
+        Runner {
+            session: self,
+            cache: Vec::new(),
+        }
+    }
+}
+
+/// The dims and input shapes a plan was made for.
+type PlanKey = (Vec<(String, i64)>, Vec<(String, Vec<i64>)>);
+
+/// Runs one session's model again and again: symbolic dims are bound from
+/// each call's inputs, and the plan and kernels made for those shapes are
+/// cached, so a later call with the same shapes plans nothing.
+pub struct Runner<'s> {
+    session: &'s Session,
+    cache: Vec<(PlanKey, Executable, Vec<DimBinding>)>,
+}
+
+impl Runner<'_> {
+    /// Plans made so far (one per distinct set of input shapes and dims).
+    pub fn cached_plans(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Runs the model; see [`RunOptions`].
+    pub fn run(&mut self, opts: &RunOptions) -> Result<RunReport> {
+        let session = self.session;
         if opts.device == Device::Cuda {
-            return Err(self.err(Error::new(
+            return Err(session.err(Error::new(
                 "the CUDA backend is not built yet: run with --device cpu",
             )));
         }
@@ -166,8 +203,10 @@ impl Session {
             },
             other => other.clone(),
         };
-        let (tensors, label) = inputs.materialize(&self.model).map_err(|e| self.err(e))?;
-        let g = &self.model.graph;
+        let (tensors, label) = inputs
+            .materialize(&session.model)
+            .map_err(|e| session.err(e))?;
+        let g = &session.model.graph;
         let names: Vec<String> = g
             .inputs
             .iter()
@@ -183,13 +222,41 @@ impl Session {
                 .collect(),
             default: None,
         };
-        let mut mp = graphopt_plan::plan_model(&self.model, &dims, &PlanOptions::default())
-            .map_err(|e| self.err(e))?;
-        if let Some(f) = opts.tamper {
-            f(&mut mp.plan);
-        }
-        let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend)
-            .map_err(|e| self.err(Error::new(e.to_string())))?;
+        let key: PlanKey = (dims.bound.clone(), dims.shapes.clone());
+        let hit = match opts.tamper {
+            // A tampered plan is never cached (nor taken from the cache).
+            Some(_) => None,
+            None => self.cache.iter().position(|c| c.0 == key),
+        };
+        let planned_now = hit.is_none();
+        let mut fresh: Option<(Executable, Vec<DimBinding>)> = None;
+        let slot = match hit {
+            Some(i) => i,
+            None => {
+                let mut mp =
+                    graphopt_plan::plan_model(&session.model, &dims, &PlanOptions::default())
+                        .map_err(|e| session.err(e))?;
+                if let Some(f) = opts.tamper {
+                    f(&mut mp.plan);
+                }
+                let exe = Executable::new(&mp.model, &mp.plan, &CpuBackend)
+                    .map_err(|e| session.err(Error::new(e.to_string())))?;
+                if opts.tamper.is_some() {
+                    fresh = Some((exe, mp.dims));
+                    usize::MAX
+                } else {
+                    self.cache.push((key, exe, mp.dims));
+                    self.cache.len() - 1
+                }
+            }
+        };
+        let (exe, bound_dims) = match &mut fresh {
+            Some((e, d)) => (e, d.clone()),
+            None => {
+                let c = &mut self.cache[slot];
+                (&mut c.1, c.2.clone())
+            }
+        };
         let host: Vec<HostTensor> = tensors.iter().map(to_host).collect::<Result<_>>()?;
         let threads = opts
             .threads
@@ -205,7 +272,7 @@ impl Session {
             let t0 = Instant::now();
             let (o, _) = exe
                 .run(&host, &ropts)
-                .map_err(|e| self.err(Error::new(e.to_string())))?;
+                .map_err(|e| session.err(Error::new(e.to_string())))?;
             times.push(t0.elapsed());
             outputs = o;
         }
@@ -219,7 +286,7 @@ impl Session {
                         poison: true,
                     },
                 )
-                .map_err(|e| self.err(Error::new(e.to_string())))?;
+                .map_err(|e| session.err(Error::new(e.to_string())))?;
             let poisoned_outputs: Vec<String> = output_names
                 .iter()
                 .zip(o.iter().zip(&outputs))
@@ -239,7 +306,8 @@ impl Session {
         Ok(RunReport {
             device: opts.device,
             inputs: label,
-            dims: mp.dims.clone(),
+            dims: bound_dims,
+            planned_now,
             output_names,
             outputs: outputs.iter().map(to_tract).collect::<Result<_>>()?,
             repeat: times.len(),

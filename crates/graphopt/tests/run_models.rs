@@ -295,3 +295,33 @@ fn fp16_versions_run_within_the_precision_suites_bounds() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(ran >= 17, "only {ran} fp16 models ran");
 }
+
+#[test]
+fn a_runner_plans_once_per_input_shape() {
+    let session = optimized("bert_tiny.ts14");
+    let mut runner = session.runner();
+    let at = |batch: i64| RunOptions {
+        dims: vec![("batch".into(), batch), ("seq".into(), 8)],
+        ..Default::default()
+    };
+    let first = runner.run(&at(2)).unwrap();
+    assert!(first.planned_now);
+    let again = runner.run(&at(2)).unwrap();
+    assert!(!again.planned_now);
+    assert_eq!(runner.cached_plans(), 1);
+    let other = runner.run(&at(3)).unwrap();
+    assert!(other.planned_now);
+    assert_eq!(runner.cached_plans(), 2);
+    assert_eq!(other.outputs[0].shape(), &[3, 8, 64]);
+    // A tampered plan is neither cached nor reused.
+    let tampered = runner
+        .run(&RunOptions {
+            tamper: Some(cut_a_lifetime),
+            poison: true,
+            ..at(2)
+        })
+        .unwrap();
+    assert!(tampered.planned_now);
+    assert_eq!(runner.cached_plans(), 2);
+    assert!(!runner.run(&at(2)).unwrap().planned_now);
+}
