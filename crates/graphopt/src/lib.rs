@@ -35,7 +35,7 @@
 //! The crates below the facade stay usable on their own and are re-exported
 //! here: [`ir`] (the IR), [`onnx`] (import/export), [`text`] (ONNX text),
 //! [`passes`] (the passes, registry and manager), [`plan`] (the memory
-//! planner) and [`tract`] (the reference executor).
+//! planner), [`exec`] (the runtime) and [`tract`] (the reference executor).
 
 mod check;
 mod error;
@@ -44,6 +44,7 @@ mod inputs;
 mod inspect;
 mod optimize;
 mod precision;
+mod run;
 mod session;
 pub mod util;
 
@@ -63,9 +64,13 @@ pub use precision::{
     Clamped, KeptSensitive, KeptWeight, MemoryFigures, PrecisionOptions, PrecisionReport,
     ValidateOptions, Validation, ValidationCheck,
 };
+pub use run::{
+    peak_rss_bytes, to_host, to_tract, Device, PoisonReport, RunOptions, RunReport, Runner,
+};
 pub use session::{load, PlanRequest, SaveOptions, Session};
 
 pub use graphopt_autodiff as autodiff;
+pub use graphopt_exec as exec;
 pub use graphopt_ir as ir;
 pub use graphopt_onnx as onnx;
 pub use graphopt_passes as passes;

@@ -1,0 +1,125 @@
+//! `graphopt run`: runs a model in graphopt's runtime, one arena laid out
+//! by the planner ([`graphopt::Session::run`]), and prints latency and
+//! memory; this file turns arguments into that call and prints the report.
+
+use crate::util::{human_bytes, json_text, print_out};
+use graphopt::{Device, Error, Inputs, RunOptions};
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The ONNX model.
+    input: PathBuf,
+    /// Inputs named like the model's in a numpy `.npz` (default: seeded
+    /// random); their shapes bind the input dims.
+    #[arg(long, value_name = "IN.npz")]
+    inputs: Option<PathBuf>,
+    /// Write the outputs to a numpy `.npz`.
+    #[arg(short = 'o', long = "output", value_name = "OUT.npz")]
+    output: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
+    /// Bind a symbolic dim (NAME=VALUE), repeatable.
+    #[arg(long = "dim", value_name = "NAME=VALUE")]
+    dims: Vec<String>,
+    /// Timed runs: the best and the median are printed.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    repeat: usize,
+    /// Overwrite each arena region after its last reader, run again and
+    /// fail when an output changed.
+    #[arg(long)]
+    poison: bool,
+    /// Kernel threads (default: all cores).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> graphopt::Result<()> {
+    let session = graphopt::load(&a.input)?;
+    let dims = graphopt::util::parse_dims(&a.dims)?;
+    let opts = RunOptions {
+        inputs: match &a.inputs {
+            Some(p) => Inputs::Npz(p.clone()),
+            None => Inputs::default(),
+        },
+        dims,
+        device: match a.device {
+            DeviceArg::Cpu => Device::Cpu,
+            DeviceArg::Cuda => Device::Cuda,
+        },
+        repeat: a.repeat.max(1),
+        poison: a.poison,
+        threads: a.threads,
+        tamper: None,
+    };
+    let r = session.run(&opts)?;
+    if let Some(out) = &a.output {
+        let arrays: Vec<_> = r
+            .output_names
+            .iter()
+            .cloned()
+            .zip(r.outputs.iter().cloned())
+            .collect();
+        let bytes = graphopt::tract::npz::write(&arrays)
+            .map_err(|e| Error::new(format!("{}: {e:#}", out.display())))?;
+        graphopt::util::write_atomic(out, &bytes)?;
+    }
+    if a.json {
+        print_out(&json_text(&r)?);
+    } else {
+        let mut s = String::new();
+        s += &format!(
+            "ran {} on {:?} ({} thread(s)), inputs: {}\n",
+            a.input.display(),
+            r.device,
+            r.threads,
+            r.inputs
+        );
+        s += &format!(
+            "latency     best {:.3} ms, median {:.3} ms of {}\n",
+            r.latency_best_ms, r.latency_median_ms, r.repeat
+        );
+        s += &format!("weights     {}\n", human_bytes(r.weights_bytes));
+        s += &format!(
+            "arena       {} planned, {} allocated\n",
+            human_bytes(r.arena_planned_bytes),
+            human_bytes(r.arena_allocated_bytes)
+        );
+        s += &format!("workspace   {}\n", human_bytes(r.workspace_bytes));
+        if let Some(p) = r.peak_rss_bytes {
+            s += &format!("peak RSS    {}\n", human_bytes(p));
+        }
+        if let Some(p) = &r.poison {
+            s += &format!(
+                "poison      {} region(s) poisoned, {}\n",
+                p.regions,
+                if p.ok {
+                    "no output changed".to_string()
+                } else {
+                    format!("POISON REACHED {}", p.poisoned_outputs.join(", "))
+                }
+            );
+        }
+        for (n, t) in r.output_names.iter().zip(&r.outputs) {
+            s += &format!("output      {n}: {:?} {:?}\n", t.datum_type(), t.shape());
+        }
+        print_out(&s);
+    }
+    match &r.poison {
+        Some(p) if !p.ok => Err(Error::new(format!(
+            "{}: poison reached output(s) {}: the plan frees or overlaps a tensor that is still read",
+            a.input.display(),
+            p.poisoned_outputs.join(", ")
+        ))),
+        _ => Ok(()),
+    }
+}

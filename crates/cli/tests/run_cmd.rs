@@ -1,0 +1,63 @@
+//! `graphopt run`: JSON report, `-o OUT.npz`, `--poison`, and one-line
+//! refusals (`--device cuda`, an op without a kernel).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_graphopt"))
+}
+
+fn model(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../testdata/models/{name}"))
+}
+
+#[test]
+fn run_reports_memory_and_writes_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.npz");
+    let o = bin()
+        .arg("run")
+        .arg(model("resnet_tiny.ts14.onnx"))
+        .arg("--inputs")
+        .arg(model("resnet_tiny.ts14.inputs.npz"))
+        .args(["--repeat", "3", "--poison", "--json", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["arena_planned_bytes"], j["arena_allocated_bytes"]);
+    assert!(j["arena_planned_bytes"].as_u64().unwrap() > 0);
+    assert!(j["weights_bytes"].as_u64().unwrap() > 0);
+    assert!(j["workspace_bytes"].as_u64().is_some());
+    assert_eq!(j["repeat"], 3);
+    assert!(j["latency_best_ms"].as_f64().unwrap() <= j["latency_median_ms"].as_f64().unwrap());
+    assert_eq!(j["poison"]["ok"], true);
+    let arrays = graphopt_tract::npz::read(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(arrays["logits"].shape(), &[2, 10]);
+}
+
+#[test]
+fn cuda_and_missing_kernels_are_one_line_errors() {
+    let o = bin()
+        .arg("run")
+        .arg(model("resnet_tiny.ts14.onnx"))
+        .args(["--device", "cuda"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("CUDA backend is not built yet"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+
+    let o = bin()
+        .arg("run")
+        .arg(model("custom_domain.helper17.onnx"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("com.example::FancyOp (node 'fancy')"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+}

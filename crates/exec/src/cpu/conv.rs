@@ -1,0 +1,240 @@
+//! Conv (1-D and 2-D, groups, strides, pads, dilations, auto_pad) as
+//! im2col + GEMM. A 1×1 convolution with stride 1 and no padding is a plain
+//! GEMM on the input; other shapes unfold one group of one image at a time
+//! into the workspace (`K × OH·OW` floats, K = C/group · kh · kw), the
+//! largest scratch a node needs, which the executor sizes once.
+
+use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::cpu::matmul::sgemm;
+use crate::tensor::cast_mut;
+use graphopt_ir::DType;
+
+/// Geometry of a 2-D window op (1-D ops get H = 1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Window {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub sh: usize,
+    pub sw: usize,
+    pub dh: usize,
+    pub dw: usize,
+    /// Padding at the start of each spatial dim (the end pad follows from
+    /// the output size, which shape inference fixed).
+    pub ph: usize,
+    pub pw: usize,
+}
+
+/// Reads kernel size, strides, dilations and pads of a Conv or pooling
+/// node with input `[N, C, (H,) W]` and output `[N, M, (OH,) OW]`.
+pub fn window(ctx: &NodeCtx, kernel: &[usize]) -> Result<Window, String> {
+    let x = ctx.input(0)?;
+    let y = &ctx.outputs[0];
+    let sp = x.shape.len().checked_sub(2).ok_or("input rank below 3")?;
+    if !(1..=2).contains(&sp) || kernel.len() != sp || y.shape.len() != x.shape.len() {
+        return Err(format!(
+            "{}-D windows are not implemented (1-D and 2-D are)",
+            sp
+        ));
+    }
+    let node = ctx.node;
+    let ints = |name: &str, d: usize| -> Vec<usize> {
+        node.attr_ints(name)
+            .map(|v| v.iter().map(|&x| x as usize).collect())
+            .unwrap_or_else(|| vec![d; sp])
+    };
+    let s = ints("strides", 1);
+    let dl = ints("dilations", 1);
+    let pads = node
+        .attr_ints("pads")
+        .map(|v| v.iter().map(|&x| x as usize).collect())
+        .unwrap_or_else(|| vec![0; 2 * sp]);
+    let in_sp = &x.shape[2..];
+    let out_sp = &y.shape[2..];
+    let mut begin = pads[..sp].to_vec();
+    match node.attr_str("auto_pad").unwrap_or("NOTSET") {
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let lower = node.attr_str("auto_pad") == Some("SAME_LOWER");
+            for i in 0..sp {
+                let need =
+                    ((out_sp[i] - 1) * s[i] + (kernel[i] - 1) * dl[i] + 1).saturating_sub(in_sp[i]);
+                begin[i] = if lower { need.div_ceil(2) } else { need / 2 };
+            }
+        }
+        "VALID" => begin = vec![0; sp],
+        _ => {}
+    }
+    let pick = |v: &[usize], one: usize| if sp == 1 { (one, v[0]) } else { (v[0], v[1]) };
+    let (h, w) = pick(in_sp, 1);
+    let (oh, ow) = pick(out_sp, 1);
+    let (kh, kw) = pick(kernel, 1);
+    let (sh, sw) = pick(&s, 1);
+    let (dh, dw) = pick(&dl, 1);
+    let (ph, pw) = pick(&begin, 0);
+    Ok(Window {
+        n: x.shape[0],
+        c: x.shape[1],
+        h,
+        w,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        sw,
+        dh,
+        dw,
+        ph,
+        pw,
+    })
+}
+
+/// Unfolds channels `c0..c0+cg` of one image `x` ([C, H, W]) into `col`
+/// ([cg·kh·kw, OH·OW]); padding reads as 0.
+pub fn im2col(g: &Window, x: &[f32], c0: usize, cg: usize, col: &mut [f32]) {
+    let ohw = g.oh * g.ow;
+    for c in 0..cg {
+        let plane = &x[(c0 + c) * g.h * g.w..][..g.h * g.w];
+        for ki in 0..g.kh {
+            for kj in 0..g.kw {
+                let row = &mut col[((c * g.kh + ki) * g.kw + kj) * ohw..][..ohw];
+                for oy in 0..g.oh {
+                    let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+                    let dst = &mut row[oy * g.ow..][..g.ow];
+                    if iy < 0 || iy as usize >= g.h {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[iy as usize * g.w..][..g.w];
+                    for (ox, d) in dst.iter_mut().enumerate() {
+                        let ix = (ox * g.sw + kj * g.dw) as isize - g.pw as isize;
+                        *d = if ix < 0 || ix as usize >= g.w {
+                            0.0
+                        } else {
+                            src[ix as usize]
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Conv {
+    g: Window,
+    m: usize,
+    group: usize,
+    bias: bool,
+    direct: bool,
+}
+
+impl Kernel for Conv {
+    fn workspace_bytes(&self) -> usize {
+        if self.direct {
+            0
+        } else {
+            let cg = self.g.c / self.group;
+            cg * self.g.kh * self.g.kw * self.g.oh * self.g.ow * 4
+        }
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let g = &self.g;
+        let x = io.input(0)?.f32()?;
+        let w = io.input(1)?.f32()?;
+        let b = if self.bias {
+            Some(io.input(2)?.f32()?)
+        } else {
+            None
+        };
+        let threads = io.threads;
+        let col: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
+        let y = io.outputs[0].f32()?;
+        let (cg, mg) = (g.c / self.group, self.m / self.group);
+        let k = cg * g.kh * g.kw;
+        let ohw = g.oh * g.ow;
+        for n in 0..g.n {
+            let xi = &x[n * g.c * g.h * g.w..][..g.c * g.h * g.w];
+            let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
+            match b {
+                Some(b) => {
+                    for (m, plane) in yi.chunks_mut(ohw).enumerate() {
+                        plane.fill(b[m]);
+                    }
+                }
+                None => yi.fill(0.0),
+            }
+            for gi in 0..self.group {
+                let wg = &w[gi * mg * k..][..mg * k];
+                let yg = &mut yi[gi * mg * ohw..][..mg * ohw];
+                if self.direct {
+                    let xg = &xi[gi * cg * ohw..][..cg * ohw];
+                    sgemm(
+                        mg,
+                        k,
+                        ohw,
+                        1.0,
+                        wg,
+                        (k, 1),
+                        xg,
+                        (ohw, 1),
+                        1.0,
+                        yg,
+                        ohw,
+                        threads,
+                    );
+                } else {
+                    im2col(g, xi, gi * cg, cg, col);
+                    sgemm(
+                        mg,
+                        k,
+                        ohw,
+                        1.0,
+                        wg,
+                        (k, 1),
+                        col,
+                        (ohw, 1),
+                        1.0,
+                        yg,
+                        ohw,
+                        threads,
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
+    if x.dtype != DType::F32 {
+        return Err(format!("Conv on {} is not implemented", x.dtype.name()));
+    }
+    let kernel: Vec<usize> = w.shape[2..].to_vec();
+    let g = window(ctx, &kernel)?;
+    let group = ctx.node.attr_int("group").unwrap_or(1) as usize;
+    let m = w.shape[0];
+    if group == 0 || g.c % group != 0 || m % group != 0 || w.shape[1] * group != g.c {
+        return Err(format!("bad group {group} for {} channels", g.c));
+    }
+    let direct = g.kh == 1
+        && g.kw == 1
+        && g.sh == 1
+        && g.sw == 1
+        && g.ph == 0
+        && g.pw == 0
+        && g.oh == g.h
+        && g.ow == g.w;
+    Ok(Box::new(Conv {
+        g,
+        m,
+        group,
+        bias: ctx.inputs.get(2).is_some_and(|b| b.is_some()),
+        direct,
+    }))
+}

@@ -1,0 +1,671 @@
+//! Elementwise ops with numpy broadcasting: arithmetic, comparisons, logic,
+//! `Where`, `Cast`, and unary math.
+//!
+//! In place: a same-dtype op whose output the plan puts over an input
+//! reads that input from the output (element `i` is read before it is
+//! written, and an in-place input has the output's shape, so the indices
+//! agree). Ops changing the dtype (comparisons) get staging instead.
+
+use crate::backend::{Data, In, Kernel, KernelIo, NodeCtx};
+use crate::tensor::{cast, cast_mut, numel, strides, Elem};
+use graphopt_ir::DType;
+
+/// Calls `f(out_index, [input indices])` for every output element, with
+/// numpy broadcasting of each input shape to `out`.
+pub fn for_each_bcast<const N: usize>(
+    out: &[usize],
+    ins: [&[usize]; N],
+    mut f: impl FnMut(usize, [usize; N]),
+) {
+    let n = numel(out);
+    if n == 0 {
+        return;
+    }
+    let rank = out.len();
+    // Fast path: every input full-size or scalar.
+    if ins.iter().all(|s| numel(s) == n || numel(s) == 1) {
+        let full: [bool; N] = std::array::from_fn(|k| numel(ins[k]) == n);
+        for i in 0..n {
+            f(i, std::array::from_fn(|k| if full[k] { i } else { 0 }));
+        }
+        return;
+    }
+    // Per-input strides aligned to the output's rank, 0 on broadcast dims.
+    let st: [Vec<usize>; N] = std::array::from_fn(|k| {
+        let s = ins[k];
+        let own = strides(s);
+        (0..rank)
+            .map(|d| {
+                let off = rank - s.len();
+                if d < off || s[d - off] == 1 {
+                    0
+                } else {
+                    own[d - off]
+                }
+            })
+            .collect()
+    });
+    let mut idx = vec![0usize; rank];
+    let mut pos = [0usize; N];
+    let last = rank - 1;
+    let inner = out[last];
+    let mut i = 0;
+    while i < n {
+        for j in 0..inner {
+            f(i + j, std::array::from_fn(|k| pos[k] + j * st[k][last]));
+        }
+        i += inner;
+        // Advance the odometer over the outer dims.
+        let mut d = last;
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            for k in 0..N {
+                pos[k] += st[k][d];
+            }
+            if idx[d] < out[d] {
+                break;
+            }
+            for k in 0..N {
+                pos[k] -= st[k][d] * out[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+fn slice<'a, T: Elem>(x: &In<'a>) -> Option<&'a [T]> {
+    match x.data {
+        Data::Bytes(b) => Some(cast(b)),
+        Data::Output0 => None,
+    }
+}
+
+/// `out = f(a, b)` with a, b, out of one dtype `T`; either input may be
+/// in place.
+fn binary_same<T: Elem>(io: &mut KernelIo, f: impl Fn(T, T) -> T) -> Result<(), String> {
+    let (a, b) = (io.input(0)?, io.input(1)?);
+    let (sa, sb) = (slice::<T>(&a), slice::<T>(&b));
+    let out = &mut io.outputs[0];
+    let shape = out.shape;
+    let o: &mut [T] = cast_mut(out.data);
+    for_each_bcast(shape, [a.shape, b.shape], |i, [ia, ib]| {
+        let x = sa.map_or(o[i], |s| s[ia]);
+        let y = sb.map_or(o[i], |s| s[ib]);
+        o[i] = f(x, y);
+    });
+    Ok(())
+}
+
+/// `out = f(a, b)` into another dtype (no in-place: staged).
+fn binary_to<T: Elem, U: Elem>(io: &mut KernelIo, f: impl Fn(T, T) -> U) -> Result<(), String> {
+    let (a, b) = (io.input(0)?, io.input(1)?);
+    let (sa, sb): (&[T], &[T]) = (cast(a.bytes()?), cast(b.bytes()?));
+    let out = &mut io.outputs[0];
+    let shape = out.shape;
+    let o: &mut [U] = cast_mut(out.data);
+    for_each_bcast(shape, [a.shape, b.shape], |i, [ia, ib]| {
+        o[i] = f(sa[ia], sb[ib])
+    });
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Max,
+    Min,
+    Mod,
+    And,
+    Or,
+    Xor,
+    Equal,
+    Less,
+    Greater,
+    LessEq,
+    GreaterEq,
+}
+
+struct Binary {
+    op: Bin,
+    dtype: DType,
+    fmod: bool,
+}
+
+impl Kernel for Binary {
+    fn in_place(&self) -> bool {
+        !matches!(
+            self.op,
+            Bin::Equal | Bin::Less | Bin::Greater | Bin::LessEq | Bin::GreaterEq
+        )
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        use Bin::*;
+        let op = self.op;
+        macro_rules! cmp {
+            ($t:ty) => {
+                binary_to::<$t, u8>(io, |x, y| {
+                    (match op {
+                        Equal => x == y,
+                        Less => x < y,
+                        Greater => x > y,
+                        LessEq => x <= y,
+                        _ => x >= y,
+                    }) as u8
+                })
+            };
+        }
+        match (self.dtype, op) {
+            (DType::F32, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(f32),
+            (DType::I64, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(i64),
+            (DType::I32, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(i32),
+            (DType::Bool, Equal) => cmp!(u8),
+            (DType::F32, _) => {
+                let fmod = self.fmod;
+                binary_same::<f32>(io, move |x, y| match op {
+                    Add => x + y,
+                    Sub => x - y,
+                    Mul => x * y,
+                    Div => x / y,
+                    Pow => pow(x, y),
+                    Max => {
+                        if x.is_nan() || y.is_nan() {
+                            f32::NAN
+                        } else {
+                            x.max(y)
+                        }
+                    }
+                    Min => {
+                        if x.is_nan() || y.is_nan() {
+                            f32::NAN
+                        } else {
+                            x.min(y)
+                        }
+                    }
+                    _ if fmod => x % y,
+                    _ => x - y * (x / y).floor(),
+                })
+            }
+            (DType::I64, _) => binary_same::<i64>(io, move |x, y| int_op(op, x, y)),
+            (DType::I32, _) => {
+                binary_same::<i32>(io, move |x, y| int_op(op, x as i64, y as i64) as i32)
+            }
+            (DType::Bool, And | Or | Xor) => binary_same::<u8>(io, move |x, y| match op {
+                And => x & y,
+                Or => x | y,
+                _ => x ^ y,
+            }),
+            (d, _) => Err(format!("{op:?} on {} is not implemented", d.name())),
+        }
+    }
+}
+
+/// `x^y` as onnxruntime computes it: squares and square roots exactly.
+fn pow(x: f32, y: f32) -> f32 {
+    if y == 2.0 {
+        x * x
+    } else if y == 0.5 {
+        x.sqrt()
+    } else if y == 1.0 {
+        x
+    } else if y == 3.0 {
+        x * x * x
+    } else {
+        x.powf(y)
+    }
+}
+
+fn int_op(op: Bin, x: i64, y: i64) -> i64 {
+    match op {
+        Bin::Add => x.wrapping_add(y),
+        Bin::Sub => x.wrapping_sub(y),
+        Bin::Mul => x.wrapping_mul(y),
+        // ONNX integer division truncates (C semantics).
+        Bin::Div => {
+            if y == 0 {
+                0
+            } else {
+                x.wrapping_div(y)
+            }
+        }
+        Bin::Pow => (x as f64).powf(y as f64) as i64,
+        Bin::Max => x.max(y),
+        Bin::Min => x.min(y),
+        // fmod=0: the remainder takes the divisor's sign (Python's %).
+        Bin::Mod => {
+            if y == 0 {
+                0
+            } else {
+                let r = x.wrapping_rem(y);
+                if r != 0 && (r < 0) != (y < 0) {
+                    r + y
+                } else {
+                    r
+                }
+            }
+        }
+        _ => 0,
+    }
+}
+
+/// The kernel for a binary op, if it is one.
+pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
+    let op = match ctx.node.op_type.as_str() {
+        "Add" | "Sum" => Bin::Add,
+        "Sub" => Bin::Sub,
+        "Mul" => Bin::Mul,
+        "Div" => Bin::Div,
+        "Pow" => Bin::Pow,
+        "Max" => Bin::Max,
+        "Min" => Bin::Min,
+        "Mod" => Bin::Mod,
+        "And" => Bin::And,
+        "Or" => Bin::Or,
+        "Xor" => Bin::Xor,
+        "Equal" => Bin::Equal,
+        "Less" => Bin::Less,
+        "Greater" => Bin::Greater,
+        "LessOrEqual" => Bin::LessEq,
+        "GreaterOrEqual" => Bin::GreaterEq,
+        _ => return None,
+    };
+    Some((|| {
+        if ctx.inputs.len() != 2 {
+            return Err(format!(
+                "{} inputs (only 2 are implemented)",
+                ctx.inputs.len()
+            ));
+        }
+        let a = ctx.input(0)?;
+        let b = ctx.input(1)?;
+        if a.dtype != b.dtype && op != Bin::Pow {
+            return Err("mixed input dtypes".into());
+        }
+        if op == Bin::Pow && a.dtype != b.dtype {
+            return Err("Pow with an exponent of another dtype is not implemented".into());
+        }
+        let ok = matches!(
+            (a.dtype, op),
+            (DType::F32 | DType::I64 | DType::I32, _)
+                | (DType::Bool, Bin::And | Bin::Or | Bin::Xor | Bin::Equal)
+        ) && !(a.dtype == DType::F32 && matches!(op, Bin::And | Bin::Or | Bin::Xor))
+            && !(a.dtype != DType::F32
+                && a.dtype != DType::Bool
+                && matches!(op, Bin::And | Bin::Or | Bin::Xor));
+        if !ok {
+            return Err(format!("{op:?} on {} is not implemented", a.dtype.name()));
+        }
+        Ok(Box::new(Binary {
+            op,
+            dtype: a.dtype,
+            fmod: ctx.node.attr_int("fmod") == Some(1),
+        }) as Box<dyn Kernel>)
+    })())
+}
+
+/// `Where(cond, x, y)`; x or y may be in place.
+struct Where {
+    dtype: DType,
+}
+
+fn where_t<T: Elem>(io: &mut KernelIo) -> Result<(), String> {
+    let (c, x, y) = (io.input(0)?, io.input(1)?, io.input(2)?);
+    let sc: &[u8] = cast(c.bytes()?);
+    let (sx, sy) = (slice::<T>(&x), slice::<T>(&y));
+    let out = &mut io.outputs[0];
+    let shape = out.shape;
+    let o: &mut [T] = cast_mut(out.data);
+    for_each_bcast(shape, [c.shape, x.shape, y.shape], |i, [ic, ix, iy]| {
+        o[i] = if sc[ic] != 0 {
+            sx.map_or(o[i], |s| s[ix])
+        } else {
+            sy.map_or(o[i], |s| s[iy])
+        };
+    });
+    Ok(())
+}
+
+impl Kernel for Where {
+    fn in_place(&self) -> bool {
+        true
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        match crate::tensor::elem_size(self.dtype) {
+            Some(4) => where_t::<i32>(io),
+            Some(8) => where_t::<i64>(io),
+            Some(1) => where_t::<u8>(io),
+            Some(2) => where_t::<u16>(io),
+            _ => Err(format!("Where on {}", self.dtype.name())),
+        }
+    }
+}
+
+pub fn where_(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    if ctx.input(0)?.dtype != DType::Bool {
+        return Err("condition is not bool".into());
+    }
+    Ok(Box::new(Where {
+        dtype: ctx.outputs[0].dtype,
+    }))
+}
+
+/// A unary f32 function, in place when the plan says so.
+pub struct Unary<F: Fn(f32) -> f32 + Send + Sync>(pub F);
+
+impl<F: Fn(f32) -> f32 + Send + Sync> Kernel for Unary<F> {
+    fn in_place(&self) -> bool {
+        true
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?;
+        let sx = slice::<f32>(&x);
+        let o = io.outputs[0].f32()?;
+        match sx {
+            Some(s) => o.iter_mut().zip(s).for_each(|(o, &v)| *o = (self.0)(v)),
+            None => o.iter_mut().for_each(|o| *o = (self.0)(*o)),
+        }
+        Ok(())
+    }
+}
+
+/// `Not` on bool, `Neg`/`Abs` on integers.
+struct IntUnary {
+    op: &'static str,
+    dtype: DType,
+}
+
+impl Kernel for IntUnary {
+    fn in_place(&self) -> bool {
+        true
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?;
+        macro_rules! go {
+            ($t:ty, $f:expr) => {{
+                let sx = slice::<$t>(&x);
+                let o: &mut [$t] = cast_mut(io.outputs[0].data);
+                let f = $f;
+                match sx {
+                    Some(s) => o.iter_mut().zip(s).for_each(|(o, &v)| *o = f(v)),
+                    None => o.iter_mut().for_each(|o| *o = f(*o)),
+                }
+            }};
+        }
+        match (self.op, self.dtype) {
+            ("Not", DType::Bool) => go!(u8, |v: u8| (v == 0) as u8),
+            ("Neg", DType::I64) => go!(i64, |v: i64| v.wrapping_neg()),
+            ("Abs", DType::I64) => go!(i64, |v: i64| v.wrapping_abs()),
+            (op, d) => return Err(format!("{op} on {}", d.name())),
+        }
+        Ok(())
+    }
+}
+
+/// erf(x) to f32 precision (W. J. Cody's rational approximations, as in
+/// most libms), computed in f64.
+pub fn erf(x: f32) -> f32 {
+    erf64(x as f64) as f32
+}
+
+fn erf64(x: f64) -> f64 {
+    // |x| < 0.5: the Taylor series; beyond: the Chebyshev fit of erfc
+    // from Numerical Recipes (fractional error < 1.2e-7), enough for f32.
+    let z = x.abs();
+    let r = if z < 0.5 {
+        // Taylor series: converges fast near 0.
+        let x2 = z * z;
+        let mut term = z;
+        let mut sum = z;
+        let mut k = 0.0;
+        loop {
+            k += 1.0;
+            term *= -x2 / k;
+            let add = term / (2.0 * k + 1.0);
+            sum += add;
+            if add.abs() < 1e-17 * sum.abs() {
+                break;
+            }
+        }
+        sum * std::f64::consts::FRAC_2_SQRT_PI
+    } else {
+        let t = 1.0 / (1.0 + 0.5 * z);
+        let erfc = t
+            * (-z * z - 1.26551223
+                + t * (1.00002368
+                    + t * (0.37409196
+                        + t * (0.09678418
+                            + t * (-0.18628806
+                                + t * (0.27886807
+                                    + t * (-1.13520398
+                                        + t * (1.48851587
+                                            + t * (-0.82215223 + t * 0.17087277)))))))))
+                .exp();
+        (1.0 - erfc).min(1.0)
+    };
+    if x < 0.0 {
+        -r
+    } else {
+        r
+    }
+}
+
+fn attr_f(ctx: &NodeCtx, name: &str, d: f32) -> f32 {
+    ctx.node.attr_float(name).unwrap_or(d)
+}
+
+/// Unary ops and activations; `None` when the op is not one.
+pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
+    let op = ctx.node.op_type.as_str();
+    const UNARY: &[&str] = &[
+        "Abs",
+        "Ceil",
+        "Clip",
+        "Cos",
+        "Erf",
+        "Exp",
+        "Floor",
+        "Gelu",
+        "HardSigmoid",
+        "HardSwish",
+        "LeakyRelu",
+        "Log",
+        "Neg",
+        "Not",
+        "Reciprocal",
+        "Relu",
+        "Sigmoid",
+        "Sin",
+        "Sqrt",
+        "Tanh",
+    ];
+    if !UNARY.contains(&op) {
+        return None;
+    }
+    let dt = match ctx.input(0) {
+        Ok(t) => t.dtype,
+        Err(e) => return Some(Err(e)),
+    };
+    if matches!(op, "Not") || (dt == DType::I64 && matches!(op, "Neg" | "Abs")) {
+        return Some(Ok(Box::new(IntUnary {
+            op: if op == "Not" {
+                "Not"
+            } else if op == "Neg" {
+                "Neg"
+            } else {
+                "Abs"
+            },
+            dtype: dt,
+        })));
+    }
+    let k: Box<dyn Kernel> = match op {
+        "Sqrt" => Box::new(Unary(f32::sqrt)),
+        "Exp" => Box::new(Unary(f32::exp)),
+        "Log" => Box::new(Unary(f32::ln)),
+        "Neg" => Box::new(Unary(|x: f32| -x)),
+        "Abs" => Box::new(Unary(f32::abs)),
+        "Reciprocal" => Box::new(Unary(|x: f32| 1.0 / x)),
+        "Floor" => Box::new(Unary(f32::floor)),
+        "Ceil" => Box::new(Unary(f32::ceil)),
+        "Erf" => Box::new(Unary(erf)),
+        "Tanh" => Box::new(Unary(f32::tanh)),
+        "Sin" => Box::new(Unary(f32::sin)),
+        "Cos" => Box::new(Unary(f32::cos)),
+        "Sigmoid" => Box::new(Unary(|x: f32| 1.0 / (1.0 + (-x).exp()))),
+        "Relu" => Box::new(Unary(|x: f32| if x > 0.0 { x } else { 0.0 })),
+        "LeakyRelu" => {
+            let a = attr_f(ctx, "alpha", 0.01);
+            Box::new(Unary(move |x: f32| if x >= 0.0 { x } else { a * x }))
+        }
+        "HardSigmoid" => {
+            let (a, b) = (attr_f(ctx, "alpha", 0.2), attr_f(ctx, "beta", 0.5));
+            Box::new(Unary(move |x: f32| (a * x + b).clamp(0.0, 1.0)))
+        }
+        "HardSwish" => Box::new(Unary(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0))),
+        "Gelu" => {
+            if ctx.node.attr_str("approximate") == Some("tanh") {
+                Box::new(Unary(|x: f32| {
+                    0.5 * x
+                        * (1.0
+                            + ((2.0f32 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x))
+                                .tanh())
+                }))
+            } else {
+                Box::new(Unary(|x: f32| {
+                    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+                }))
+            }
+        }
+        "Clip" => {
+            // Opset < 11: min/max attributes; since 11: optional inputs,
+            // which must be constants here.
+            let mut lo = attr_f(ctx, "min", f32::NEG_INFINITY);
+            let mut hi = attr_f(ctx, "max", f32::INFINITY);
+            for (k, v) in [(1usize, &mut lo), (2, &mut hi)] {
+                if ctx.inputs.get(k).is_some_and(|i| i.is_some()) {
+                    match ctx.constants.get(k).copied().flatten() {
+                        Some(b) if b.len() == 4 => {
+                            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                        }
+                        _ => {
+                            return Some(Err(
+                                "Clip bounds computed at run time are not implemented".into(),
+                            ))
+                        }
+                    }
+                }
+            }
+            Box::new(Unary(
+                move |x: f32| if x.is_nan() { x } else { x.max(lo).min(hi) },
+            ))
+        }
+        _ => return None,
+    };
+    if dt != DType::F32 {
+        return Some(Err(format!("{op} on {} is not implemented", dt.name())));
+    }
+    Some(Ok(k))
+}
+
+/// `Cast` between f32, f64, i64, i32, i8, u8 and bool.
+struct Cast {
+    from: DType,
+    to: DType,
+}
+
+fn read_as_f64(d: DType, b: &[u8]) -> Result<Vec<f64>, String> {
+    Ok(match d {
+        DType::F32 => cast::<f32>(b).iter().map(|&x| x as f64).collect(),
+        DType::F64 => cast::<f64>(b).to_vec(),
+        DType::I64 => cast::<i64>(b).iter().map(|&x| x as f64).collect(),
+        DType::I32 => cast::<i32>(b).iter().map(|&x| x as f64).collect(),
+        DType::I8 => cast::<i8>(b).iter().map(|&x| x as f64).collect(),
+        DType::U8 | DType::Bool => b.iter().map(|&x| x as f64).collect(),
+        DType::F16 => cast::<u16>(b)
+            .iter()
+            .map(|&x| half::f16::from_bits(x).to_f64())
+            .collect(),
+        DType::BF16 => cast::<u16>(b)
+            .iter()
+            .map(|&x| half::bf16::from_bits(x).to_f64())
+            .collect(),
+        d => return Err(format!("Cast from {}", d.name())),
+    })
+}
+
+impl Kernel for Cast {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?;
+        let b = x.bytes()?;
+        let o = &mut io.outputs[0];
+        if self.from == self.to {
+            o.data.copy_from_slice(b);
+            return Ok(());
+        }
+        // Integer to integer exactly (i64 does not fit f64 beyond 2^53).
+        if self.from == DType::I64 && self.to == DType::I32 {
+            let s: &[i64] = cast(b);
+            cast_mut::<i32>(o.data)
+                .iter_mut()
+                .zip(s)
+                .for_each(|(o, &v)| *o = v as i32);
+            return Ok(());
+        }
+        if self.from == DType::I64 && self.to == DType::Bool {
+            let s: &[i64] = cast(b);
+            o.data
+                .iter_mut()
+                .zip(s)
+                .for_each(|(o, &v)| *o = (v != 0) as u8);
+            return Ok(());
+        }
+        let v = read_as_f64(self.from, b)?;
+        match self.to {
+            DType::F32 => cast_mut::<f32>(o.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = x as f32),
+            DType::F64 => cast_mut::<f64>(o.data).copy_from_slice(&v),
+            DType::I64 => cast_mut::<i64>(o.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = x as i64),
+            DType::I32 => cast_mut::<i32>(o.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = x as i32),
+            DType::I8 => cast_mut::<i8>(o.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = x as i8),
+            DType::U8 => o.data.iter_mut().zip(&v).for_each(|(o, &x)| *o = x as u8),
+            DType::Bool => o
+                .data
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = (x != 0.0) as u8),
+            // Through f32: exact for every source but f64 and large ints,
+            // where f64 -> f32 -> f16 may round twice.
+            DType::F16 => cast_mut::<u16>(o.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = half::f16::from_f32(x as f32).to_bits()),
+            DType::BF16 => cast_mut::<u16>(o.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = half::bf16::from_f32(x as f32).to_bits()),
+            d => return Err(format!("Cast to {}", d.name())),
+        }
+        Ok(())
+    }
+}
+
+pub fn cast_kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    Ok(Box::new(Cast {
+        from: ctx.input(0)?.dtype,
+        to: ctx.outputs[0].dtype,
+    }))
+}

@@ -1,0 +1,301 @@
+//! MatMul (batched, numpy broadcasting of the batch dims) and Gemm, on
+//! `matrixmultiply::sgemm` (strided operands, so transposes cost nothing).
+//! Work splits across threads by batch, or by rows of one large product.
+
+use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::tensor::{numel, strides};
+use graphopt_ir::DType;
+
+/// `c[m×n] = alpha · a[m×k] · b[k×n] + beta · c` with element strides
+/// `(row, col)` per operand, split over row blocks on `threads` threads.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    (rsa, csa): (usize, usize),
+    b: &[f32],
+    (rsb, csb): (usize, usize),
+    beta: f32,
+    c: &mut [f32],
+    rsc: usize,
+    threads: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k > 0 {
+        let need_a = (m - 1) * rsa + (k - 1) * csa + 1;
+        let need_b = (k - 1) * rsb + (n - 1) * csb + 1;
+        assert!(
+            a.len() >= need_a && b.len() >= need_b,
+            "gemm operand too short"
+        );
+    }
+    assert!(c.len() >= (m - 1) * rsc + n, "gemm output too short");
+    let work = m * n * k.max(1);
+    let t = if work < 1 << 16 {
+        1
+    } else {
+        threads.clamp(1, m)
+    };
+    let rows = m.div_ceil(t);
+    let run = |r0: usize, rows: usize, c: &mut [f32]| {
+        // SAFETY: bounds asserted above for the whole product; this block
+        // reads rows r0..r0+rows of a and writes only the rows of `c` it
+        // owns (c starts at row r0).
+        unsafe {
+            matrixmultiply::sgemm(
+                rows,
+                k,
+                n,
+                alpha,
+                a.as_ptr().add(r0 * rsa),
+                rsa as isize,
+                csa as isize,
+                b.as_ptr(),
+                rsb as isize,
+                csb as isize,
+                beta,
+                c.as_mut_ptr(),
+                rsc as isize,
+                1,
+            )
+        }
+    };
+    if t == 1 {
+        run(0, m, c);
+        return;
+    }
+    std::thread::scope(|s| {
+        let mut rest = c;
+        let mut r0 = 0;
+        while r0 < m {
+            let r = rows.min(m - r0);
+            let take = if r0 + r == m { rest.len() } else { r * rsc };
+            let (mine, tail) = rest.split_at_mut(take);
+            rest = tail;
+            let run = &run;
+            s.spawn(move || run(r0, r, mine));
+            r0 += r;
+        }
+    });
+}
+
+/// The matrix sizes of a (batched, broadcasting) matrix product and the
+/// element offset of each batch's operands.
+pub struct Batches {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub oa: Vec<usize>,
+    pub ob: Vec<usize>,
+}
+
+/// Batches of `a @ b` with numpy semantics (1-D operands promoted).
+pub fn batches(a: &[usize], b: &[usize]) -> Result<Batches, String> {
+    // 1-D operands: [k] as [1, k] and [k] as [k, 1].
+    let sa: Vec<usize> = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let sb: Vec<usize> = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+    let n = sb[sb.len() - 1];
+    if sb[sb.len() - 2] != k {
+        return Err(format!("inner dims differ: {a:?} x {b:?}"));
+    }
+    let ba = &sa[..sa.len() - 2];
+    let bb = &sb[..sb.len() - 2];
+    let rank = ba.len().max(bb.len());
+    let mut batch = vec![1usize; rank];
+    for d in 0..rank {
+        let x = if d + ba.len() >= rank {
+            ba[d + ba.len() - rank]
+        } else {
+            1
+        };
+        let y = if d + bb.len() >= rank {
+            bb[d + bb.len() - rank]
+        } else {
+            1
+        };
+        batch[d] = x.max(y);
+    }
+    let nb = numel(&batch);
+    // Batch offsets of each operand.
+    let offs = |bs: &[usize], mat: usize| -> Vec<usize> {
+        let own = strides(bs);
+        let mut v = Vec::with_capacity(nb);
+        let mut idx = vec![0usize; rank];
+        for _ in 0..nb {
+            let mut off = 0;
+            for (d, &i) in idx.iter().enumerate() {
+                let od = d as isize - (rank - bs.len()) as isize;
+                if od >= 0 && bs[od as usize] != 1 {
+                    off += i * own[od as usize];
+                }
+            }
+            v.push(off * mat);
+            for d in (0..rank).rev() {
+                idx[d] += 1;
+                if idx[d] < batch[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        v
+    };
+    let (oa, ob) = (offs(ba, m * k), offs(bb, k * n));
+    Ok(Batches { m, k, n, oa, ob })
+}
+
+struct MatMul {
+    a: Vec<usize>,
+    b: Vec<usize>,
+    out: Vec<usize>,
+}
+
+impl Kernel for MatMul {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let (a, b) = (io.input(0)?.f32()?, io.input(1)?.f32()?);
+        let threads = io.threads;
+        let o = io.outputs[0].f32()?;
+        let Batches { m, k, n, oa, ob } = batches(&self.a, &self.b)?;
+        let nb = oa.len();
+        if o.len() != nb * m * n {
+            return Err(format!(
+                "output {:?} does not fit {:?} x {:?}",
+                self.out, self.a, self.b
+            ));
+        }
+        if nb >= threads && threads > 1 && nb > 1 {
+            let per = nb.div_ceil(threads);
+            std::thread::scope(|s| {
+                for (ci, chunk) in o.chunks_mut(per * m * n).enumerate() {
+                    let (oa, ob) = (&oa, &ob);
+                    s.spawn(move || {
+                        for (j, c) in chunk.chunks_mut(m * n).enumerate() {
+                            let i = ci * per + j;
+                            sgemm(
+                                m,
+                                k,
+                                n,
+                                1.0,
+                                &a[oa[i]..],
+                                (k, 1),
+                                &b[ob[i]..],
+                                (n, 1),
+                                0.0,
+                                c,
+                                n,
+                                1,
+                            );
+                        }
+                    });
+                }
+            });
+        } else {
+            for (i, c) in o.chunks_mut(m * n).enumerate() {
+                sgemm(
+                    m,
+                    k,
+                    n,
+                    1.0,
+                    &a[oa[i]..],
+                    (k, 1),
+                    &b[ob[i]..],
+                    (n, 1),
+                    0.0,
+                    c,
+                    n,
+                    threads,
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn matmul(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (a, b) = (ctx.input(0)?, ctx.input(1)?);
+    if a.dtype != DType::F32 || b.dtype != DType::F32 {
+        return Err(format!("MatMul on {} is not implemented", a.dtype.name()));
+    }
+    if a.shape.is_empty() || b.shape.is_empty() {
+        return Err("MatMul of a scalar".into());
+    }
+    Ok(Box::new(MatMul {
+        a: a.shape.clone(),
+        b: b.shape.clone(),
+        out: ctx.outputs[0].shape.clone(),
+    }))
+}
+
+struct Gemm {
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+    a: Vec<usize>,
+    b: Vec<usize>,
+    c: Option<Vec<usize>>,
+}
+
+impl Kernel for Gemm {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let (a, b) = (io.input(0)?.f32()?, io.input(1)?.f32()?);
+        let c = match &self.c {
+            Some(_) => Some(io.input(2)?.f32()?),
+            None => None,
+        };
+        let threads = io.threads;
+        let o = io.outputs[0].f32()?;
+        let (m, k) = if self.trans_a {
+            (self.a[1], self.a[0])
+        } else {
+            (self.a[0], self.a[1])
+        };
+        let n = if self.trans_b { self.b[0] } else { self.b[1] };
+        let sa = if self.trans_a { (1, m) } else { (k, 1) };
+        let sb = if self.trans_b { (1, k) } else { (n, 1) };
+        // The bias, broadcast to [m, n], scaled by beta.
+        let mut beta = 0.0;
+        if let (Some(c), Some(cs)) = (c, &self.c) {
+            if self.beta != 0.0 {
+                crate::cpu::elementwise::for_each_bcast(&[m, n], [cs.as_slice()], |i, [ic]| {
+                    o[i] = self.beta * c[ic];
+                });
+                beta = 1.0;
+            }
+        }
+        sgemm(m, k, n, self.alpha, a, sa, b, sb, beta, o, n, threads);
+        Ok(())
+    }
+}
+
+pub fn gemm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (a, b) = (ctx.input(0)?, ctx.input(1)?);
+    if a.dtype != DType::F32 || a.shape.len() != 2 || b.shape.len() != 2 {
+        return Err("Gemm is implemented for 2-D f32 only".into());
+    }
+    let c = ctx.inputs.get(2).cloned().flatten().map(|t| t.shape);
+    let n = &ctx.node;
+    Ok(Box::new(Gemm {
+        alpha: n.attr_float("alpha").unwrap_or(1.0),
+        beta: n.attr_float("beta").unwrap_or(1.0),
+        trans_a: n.attr_int("transA").unwrap_or(0) != 0,
+        trans_b: n.attr_int("transB").unwrap_or(0) != 0,
+        a: a.shape.clone(),
+        b: b.shape.clone(),
+        c,
+    }))
+}

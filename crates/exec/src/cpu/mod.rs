@@ -1,0 +1,153 @@
+//! The CPU backend: fp32 kernels (plus the integer and bool ops that shape
+//! computations use, and dynamic int8 quantization, [`quant`]), one file per
+//! op family; fp16/bf16 nodes run them on widened copies ([`lowp`]).
+//! Threads: GEMMs split by batch or rows ([`matmul::sgemm`]), which also
+//! carries Conv; other kernels run on one thread.
+
+pub mod conv;
+pub mod elementwise;
+pub mod lowp;
+pub mod matmul;
+pub mod norm;
+pub mod pool;
+pub mod quant;
+pub mod reduce;
+pub mod shape;
+
+use crate::backend::{Backend, Kernel, NodeCtx};
+
+/// Every op the CPU backend has a kernel for (some only for some dtypes:
+/// the kernel says which when it refuses).
+pub const OPS: &[&str] = &[
+    "Abs",
+    "Add",
+    "And",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "Ceil",
+    "Clip",
+    "Concat",
+    "Constant",
+    "ConstantOfShape",
+    "Conv",
+    "Cos",
+    "DequantizeLinear",
+    "Div",
+    "DynamicQuantizeLinear",
+    "Equal",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Floor",
+    "Gather",
+    "GatherND",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Greater",
+    "GreaterOrEqual",
+    "HardSigmoid",
+    "HardSwish",
+    "Identity",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Less",
+    "LessOrEqual",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "MatMulInteger",
+    "Max",
+    "MaxPool",
+    "Min",
+    "Mod",
+    "Mul",
+    "Neg",
+    "Not",
+    "Or",
+    "Pow",
+    "Range",
+    "Reciprocal",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceSum",
+    "Relu",
+    "Reshape",
+    "Shape",
+    "Sigmoid",
+    "Sin",
+    "Slice",
+    "Softmax",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tanh",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+    "Xor",
+];
+
+/// The CPU backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn has_op(&self, domain: &str, op_type: &str) -> bool {
+        (domain.is_empty() || domain == "ai.onnx") && OPS.contains(&op_type)
+    }
+
+    fn kernel(&self, ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+        let d = &ctx.node.domain;
+        if !(d.is_empty() || d == "ai.onnx") {
+            return Err("custom-domain ops have no kernels".into());
+        }
+        // Data movement is byte-generic: any dtype, fp16 included.
+        if let Some(k) = shape::kernel(ctx) {
+            return k;
+        }
+        let op = ctx.node.op_type.as_str();
+        if op != "Cast" && lowp::is_low(ctx) {
+            return lowp::via_f32(ctx, |c| self.f32_kernel(c));
+        }
+        self.f32_kernel(ctx)
+    }
+}
+
+impl CpuBackend {
+    /// The kernel of a node without fp16/bf16 tensors.
+    fn f32_kernel(&self, ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+        if let Some(k) = elementwise::binary(ctx)
+            .or_else(|| elementwise::unary(ctx))
+            .or_else(|| reduce::reduce(ctx))
+        {
+            return k;
+        }
+        match ctx.node.op_type.as_str() {
+            "Where" => elementwise::where_(ctx),
+            "Cast" => elementwise::cast_kernel(ctx),
+            "MatMul" => matmul::matmul(ctx),
+            "Gemm" => matmul::gemm(ctx),
+            "Conv" => conv::conv(ctx),
+            "MaxPool" | "AveragePool" => pool::pool(ctx),
+            "GlobalAveragePool" | "GlobalMaxPool" => pool::global(ctx),
+            "Softmax" | "LogSoftmax" => reduce::softmax(ctx),
+            "LayerNormalization" => norm::layer_norm(ctx),
+            "BatchNormalization" => norm::batch_norm(ctx),
+            "DequantizeLinear" => quant::dequantize(ctx),
+            "DynamicQuantizeLinear" => quant::dynamic_quantize(ctx),
+            "MatMulInteger" => quant::matmul_integer(ctx),
+            _ => Err("no kernel for this op yet".into()),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Normalizations: LayerNormalization (graphopt's own fusion target: the
+//! mean, variance, scale and shift of the tail dims from `axis`) and
+//! BatchNormalization in inference mode.
+
+use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::tensor::cast_mut;
+use graphopt_ir::DType;
+
+struct LayerNorm {
+    rows: usize,
+    cols: usize,
+    eps: f32,
+}
+
+impl Kernel for LayerNorm {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let scale = io.input(1)?.f32()?;
+        let bias = match io.inputs.get(2).copied().flatten() {
+            Some(b) => Some(b.f32()?),
+            None => None,
+        };
+        let (rows, cols) = (self.rows, self.cols);
+        let mut stats = vec![(0f32, 0f32); rows];
+        {
+            let y = io.outputs[0].f32()?;
+            for r in 0..rows {
+                let xr = &x[r * cols..][..cols];
+                let mean = xr.iter().sum::<f32>() / cols as f32;
+                let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
+                let inv = 1.0 / (var + self.eps).sqrt();
+                stats[r] = (mean, inv);
+                let yr = &mut y[r * cols..][..cols];
+                for c in 0..cols {
+                    let s = scale[if scale.len() == 1 { 0 } else { c }];
+                    let b = bias.map_or(0.0, |b| b[if b.len() == 1 { 0 } else { c }]);
+                    yr[c] = (xr[c] - mean) * inv * s + b;
+                }
+            }
+        }
+        for (k, out) in io.outputs.iter_mut().enumerate().skip(1) {
+            let o: &mut [f32] = cast_mut(out.data);
+            for (r, v) in o.iter_mut().enumerate() {
+                *v = if k == 1 { stats[r].0 } else { stats[r].1 };
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn layer_norm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 {
+        return Err(format!(
+            "LayerNormalization on {} is not implemented",
+            x.dtype.name()
+        ));
+    }
+    let r = x.shape.len() as i64;
+    let mut axis = ctx.node.attr_int("axis").unwrap_or(-1);
+    if axis < 0 {
+        axis += r;
+    }
+    let axis = axis.clamp(0, r) as usize;
+    let cols: usize = x.shape[axis..].iter().product();
+    let s = ctx.input(1)?;
+    let sn: usize = s.shape.iter().product();
+    if sn != cols && sn != 1 {
+        return Err("a scale that is not the normalized shape is not implemented".into());
+    }
+    Ok(Box::new(LayerNorm {
+        rows: x.shape[..axis].iter().product(),
+        cols,
+        eps: ctx.node.attr_float("epsilon").unwrap_or(1e-5),
+    }))
+}
+
+struct BatchNorm {
+    n: usize,
+    c: usize,
+    plane: usize,
+    eps: f32,
+}
+
+impl Kernel for BatchNorm {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let (s, b, m, v) = (
+            io.input(1)?.f32()?,
+            io.input(2)?.f32()?,
+            io.input(3)?.f32()?,
+            io.input(4)?.f32()?,
+        );
+        let y = io.outputs[0].f32()?;
+        for n in 0..self.n {
+            for c in 0..self.c {
+                let k = s[c] / (v[c] + self.eps).sqrt();
+                let at = (n * self.c + c) * self.plane;
+                for i in at..at + self.plane {
+                    y[i] = (x[i] - m[c]) * k + b[c];
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn batch_norm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 || x.shape.len() < 2 {
+        return Err("BatchNormalization is implemented for f32 [N, C, ...] only".into());
+    }
+    if ctx.outputs.len() > 1 || ctx.node.attr_int("training_mode") == Some(1) {
+        return Err("training mode is not implemented".into());
+    }
+    Ok(Box::new(BatchNorm {
+        n: x.shape[0],
+        c: x.shape[1],
+        plane: x.shape[2..].iter().product(),
+        eps: ctx.node.attr_float("epsilon").unwrap_or(1e-5),
+    }))
+}

@@ -1,0 +1,116 @@
+//! MaxPool, AveragePool (1-D and 2-D windows, pads, strides, dilations,
+//! count_include_pad) and GlobalAveragePool / GlobalMaxPool.
+
+use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::cpu::conv::{window, Window};
+use graphopt_ir::DType;
+
+struct Pool {
+    g: Window,
+    max: bool,
+    include_pad: bool,
+}
+
+impl Kernel for Pool {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let g = &self.g;
+        let x = io.input(0)?.f32()?;
+        let y = io.outputs[0].f32()?;
+        for (p, plane) in x.chunks(g.h * g.w).enumerate().take(g.n * g.c) {
+            let out = &mut y[p * g.oh * g.ow..][..g.oh * g.ow];
+            for oy in 0..g.oh {
+                for ox in 0..g.ow {
+                    let (mut acc, mut cnt, mut padded) = (
+                        if self.max { f32::NEG_INFINITY } else { 0.0 },
+                        0usize,
+                        0usize,
+                    );
+                    for ki in 0..g.kh {
+                        let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+                        for kj in 0..g.kw {
+                            let ix = (ox * g.sw + kj * g.dw) as isize - g.pw as isize;
+                            if iy < 0 || ix < 0 || iy as usize >= g.h || ix as usize >= g.w {
+                                // Pads inside the (begin, end) padding count
+                                // for count_include_pad; beyond (ceil_mode)
+                                // never.
+                                let in_pad =
+                                    iy < (g.h + g.ph) as isize && ix < (g.w + g.pw) as isize;
+                                padded += in_pad as usize;
+                                continue;
+                            }
+                            let v = plane[iy as usize * g.w + ix as usize];
+                            if self.max {
+                                if v > acc || v.is_nan() {
+                                    acc = v;
+                                }
+                            } else {
+                                acc += v;
+                            }
+                            cnt += 1;
+                        }
+                    }
+                    out[oy * g.ow + ox] = if self.max {
+                        acc
+                    } else {
+                        let d = if self.include_pad { cnt + padded } else { cnt };
+                        acc / d.max(1) as f32
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn pool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 {
+        return Err(format!("pooling on {} is not implemented", x.dtype.name()));
+    }
+    if ctx.outputs.len() > 1 {
+        return Err("MaxPool's Indices output is not implemented".into());
+    }
+    let ks: Vec<usize> = ctx
+        .node
+        .attr_ints("kernel_shape")
+        .ok_or("no kernel_shape")?
+        .iter()
+        .map(|&k| k as usize)
+        .collect();
+    Ok(Box::new(Pool {
+        g: window(ctx, &ks)?,
+        max: ctx.node.op_type == "MaxPool",
+        include_pad: ctx.node.attr_int("count_include_pad") == Some(1),
+    }))
+}
+
+struct Global {
+    max: bool,
+    plane: usize,
+}
+
+impl Kernel for Global {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let y = io.outputs[0].f32()?;
+        for (o, p) in y.iter_mut().zip(x.chunks(self.plane.max(1))) {
+            *o = if self.max {
+                p.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+            } else {
+                p.iter().sum::<f32>() / self.plane as f32
+            };
+        }
+        Ok(())
+    }
+}
+
+pub fn global(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 || x.shape.len() < 2 {
+        return Err("global pooling is implemented for f32 [N, C, ...] only".into());
+    }
+    Ok(Box::new(Global {
+        max: ctx.node.op_type == "GlobalMaxPool",
+        plane: x.shape[2..].iter().product(),
+    }))
+}

@@ -1,0 +1,158 @@
+//! Integer quantization (what onnxruntime's dynamic quantizer emits):
+//! DequantizeLinear, DynamicQuantizeLinear and MatMulInteger.
+//!
+//! Rounding is half to even, as ONNX specifies and onnxruntime does.
+
+use crate::backend::{In, Kernel, KernelIo, NodeCtx};
+use crate::cpu::matmul::{batches, Batches};
+use crate::tensor::{cast, cast_mut, strides};
+use graphopt_ir::DType;
+
+/// Integer elements widened to i32 (u8, i8, i32).
+fn ints(x: &In) -> Result<Vec<i32>, String> {
+    let b = x.bytes()?;
+    Ok(match x.dtype {
+        DType::U8 => b.iter().map(|&v| v as i32).collect(),
+        DType::I8 => cast::<i8>(b).iter().map(|&v| v as i32).collect(),
+        DType::I32 => cast::<i32>(b).to_vec(),
+        d => {
+            return Err(format!(
+                "expected an 8- or 32-bit integer, got {}",
+                d.name()
+            ))
+        }
+    })
+}
+
+struct Dequantize {
+    /// Elements per index of `axis` and the axis length (1 for per-tensor).
+    inner: usize,
+    len: usize,
+}
+
+impl Kernel for Dequantize {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = ints(&io.input(0)?)?;
+        let scale = io.input(1)?.f32()?;
+        let zp = match io.inputs.get(2).copied().flatten() {
+            Some(z) => ints(&z)?,
+            None => vec![0; scale.len()],
+        };
+        let y = io.outputs[0].f32()?;
+        for (i, (o, &v)) in y.iter_mut().zip(&x).enumerate() {
+            let c = if self.len == 1 {
+                0
+            } else {
+                (i / self.inner) % self.len
+            };
+            *o = (v - zp[c]) as f32 * scale[c];
+        }
+        Ok(())
+    }
+}
+
+pub fn dequantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let s = ctx.input(1)?;
+    let len: usize = s.shape.iter().product();
+    let (mut inner, mut l) = (1, 1);
+    if len > 1 {
+        if s.shape.len() != 1 || ctx.node.attr_int("block_size").unwrap_or(0) != 0 {
+            return Err("only per-tensor and per-axis scales are implemented".into());
+        }
+        let r = x.shape.len() as i64;
+        let mut axis = ctx.node.attr_int("axis").unwrap_or(1);
+        if axis < 0 {
+            axis += r;
+        }
+        let axis = axis as usize;
+        inner = strides(&x.shape)[axis];
+        l = x.shape[axis];
+    }
+    Ok(Box::new(Dequantize { inner, len: l }))
+}
+
+struct DynamicQuantize;
+
+impl Kernel for DynamicQuantize {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let lo = x.iter().copied().fold(0.0f32, f32::min);
+        let hi = x.iter().copied().fold(0.0f32, f32::max);
+        let scale = (hi - lo) / 255.0;
+        let zp = if scale == 0.0 {
+            0.0
+        } else {
+            (-lo / scale).round_ties_even().clamp(0.0, 255.0)
+        };
+        {
+            let y = &mut io.outputs[0].data;
+            for (o, &v) in y.iter_mut().zip(x) {
+                let q = if scale == 0.0 {
+                    0.0
+                } else {
+                    (v / scale).round_ties_even()
+                };
+                *o = (q + zp).clamp(0.0, 255.0) as u8;
+            }
+        }
+        if let Some(s) = io.outputs.get_mut(1) {
+            cast_mut::<f32>(s.data)[0] = scale;
+        }
+        if let Some(z) = io.outputs.get_mut(2) {
+            z.data[0] = zp as u8;
+        }
+        Ok(())
+    }
+}
+
+pub fn dynamic_quantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    if ctx.input(0)?.dtype != DType::F32 {
+        return Err("DynamicQuantizeLinear takes float".into());
+    }
+    Ok(Box::new(DynamicQuantize))
+}
+
+struct MatMulInteger {
+    a: Vec<usize>,
+    b: Vec<usize>,
+}
+
+impl Kernel for MatMulInteger {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let a = ints(&io.input(0)?)?;
+        let b = ints(&io.input(1)?)?;
+        let za = match io.inputs.get(2).copied().flatten() {
+            Some(z) => ints(&z)?,
+            None => vec![0],
+        };
+        let zb = match io.inputs.get(3).copied().flatten() {
+            Some(z) => ints(&z)?,
+            None => vec![0],
+        };
+        let Batches { m, k, n, oa, ob } = batches(&self.a, &self.b)?;
+        let y: &mut [i32] = cast_mut(io.outputs[0].data);
+        for (bi, c) in y.chunks_mut(m * n).enumerate() {
+            let (ab, bb) = (&a[oa[bi]..], &b[ob[bi]..]);
+            for i in 0..m {
+                let zai = za[if za.len() == 1 { 0 } else { i }];
+                for j in 0..n {
+                    let zbj = zb[if zb.len() == 1 { 0 } else { j }];
+                    let mut s = 0i32;
+                    for p in 0..k {
+                        s += (ab[i * k + p] - zai) * (bb[p * n + j] - zbj);
+                    }
+                    c[i * n + j] = s;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn matmul_integer(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    Ok(Box::new(MatMulInteger {
+        a: ctx.input(0)?.shape.clone(),
+        b: ctx.input(1)?.shape.clone(),
+    }))
+}

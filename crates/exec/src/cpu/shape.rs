@@ -1,0 +1,476 @@
+//! Data movement, byte-generic (any element size): views (Reshape,
+//! Flatten, Squeeze, Unsqueeze, Identity: a copy, run only when the plan
+//! did not alias the output to the input), Transpose, Expand, Slice,
+//! Concat, Split, Gather, GatherND, and the shape-makers Shape,
+//! ConstantOfShape, Range and Constant. Output shapes come from shape
+//! inference, so kernels only place bytes.
+
+use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::tensor::{cast, cast_mut, elem_size, numel, strides};
+use graphopt_ir::{AttrValue, DType};
+
+/// `dst[i] = src[base + Σ idx_d · st_d]` over every index of `out`, in
+/// elements of `es` bytes.
+pub fn strided(es: usize, out: &[usize], src: &[u8], base: isize, st: &[isize], dst: &mut [u8]) {
+    let n = numel(out);
+    if n == 0 {
+        return;
+    }
+    if out.is_empty() {
+        let b = base as usize * es;
+        dst[..es].copy_from_slice(&src[b..b + es]);
+        return;
+    }
+    let rank = out.len();
+    let mut idx = vec![0usize; rank];
+    let mut pos = base;
+    let last = rank - 1;
+    let (inner, ist) = (out[last], st[last]);
+    let mut i = 0;
+    while i < n {
+        for j in 0..inner {
+            let s = (pos + j as isize * ist) as usize * es;
+            dst[(i + j) * es..(i + j + 1) * es].copy_from_slice(&src[s..s + es]);
+        }
+        i += inner;
+        let mut d = last;
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            pos += st[d];
+            if idx[d] < out[d] {
+                break;
+            }
+            pos -= st[d] * out[d] as isize;
+            idx[d] = 0;
+        }
+    }
+}
+
+struct Copy;
+
+impl Kernel for Copy {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let o = &mut io.outputs[0];
+        let n = o.data.len();
+        o.data.copy_from_slice(&x[..n]);
+        Ok(())
+    }
+}
+
+struct Strided {
+    es: usize,
+    out: Vec<usize>,
+    st: Vec<isize>,
+    base: isize,
+}
+
+impl Kernel for Strided {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        strided(
+            self.es,
+            &self.out,
+            x,
+            self.base,
+            &self.st,
+            io.outputs[0].data,
+        );
+        Ok(())
+    }
+}
+
+fn es_of(d: DType) -> Result<usize, String> {
+    elem_size(d).ok_or_else(|| format!("element type {}", d.name()))
+}
+
+fn transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    let perm: Vec<usize> = ctx
+        .node
+        .attr_ints("perm")
+        .map(|p| p.iter().map(|&v| v as usize).collect())
+        .unwrap_or_else(|| (0..r).rev().collect());
+    let own = strides(&x.shape);
+    Ok(Box::new(Strided {
+        es: es_of(x.dtype)?,
+        out: ctx.outputs[0].shape.clone(),
+        st: perm.iter().map(|&p| own[p] as isize).collect(),
+        base: 0,
+    }))
+}
+
+fn bcast_strides(inp: &[usize], out: &[usize]) -> Vec<isize> {
+    let own = strides(inp);
+    let off = out.len() - inp.len();
+    (0..out.len())
+        .map(|d| {
+            if d < off || inp[d - off] == 1 {
+                0
+            } else {
+                own[d - off] as isize
+            }
+        })
+        .collect()
+}
+
+fn expand(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let out = ctx.outputs[0].shape.clone();
+    Ok(Box::new(Strided {
+        es: es_of(x.dtype)?,
+        st: bcast_strides(&x.shape, &out),
+        out,
+        base: 0,
+    }))
+}
+
+/// Opset < 10: starts, ends and optional axes as attributes.
+type SliceAttrs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>);
+
+/// Slice: starts/ends/axes/steps from inputs (opset ≥ 10) or attributes,
+/// read at run time.
+struct Slice {
+    es: usize,
+    shape: Vec<usize>,
+    out: Vec<usize>,
+    attrs: Option<SliceAttrs>,
+}
+
+impl Kernel for Slice {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let opt = |k: usize| -> Result<Option<Vec<i64>>, String> {
+            match io.inputs.get(k).copied().flatten() {
+                Some(t) => Ok(Some(t.ints()?)),
+                None => Ok(None),
+            }
+        };
+        let (starts, _ends, axes, steps) = match &self.attrs {
+            Some((s, e, a)) => (s.clone(), e.clone(), a.clone(), None),
+            None => (
+                opt(1)?.ok_or("no starts")?,
+                opt(2)?.ok_or("no ends")?,
+                opt(3)?,
+                opt(4)?,
+            ),
+        };
+        let r = self.shape.len() as i64;
+        let own = strides(&self.shape);
+        let mut st: Vec<isize> = own.iter().map(|&s| s as isize).collect();
+        let mut base = 0isize;
+        for (i, &s0) in starts.iter().enumerate() {
+            let mut a = axes.as_ref().map_or(i as i64, |a| a[i]);
+            if a < 0 {
+                a += r;
+            }
+            let a = a as usize;
+            let dim = self.shape[a] as i64;
+            let step = steps.as_ref().map_or(1, |s| s[i]);
+            let mut s = if s0 < 0 { s0 + dim } else { s0 };
+            s = if step > 0 {
+                s.clamp(0, dim)
+            } else {
+                s.clamp(0, dim - 1)
+            };
+            base += s as isize * own[a] as isize;
+            st[a] = step as isize * own[a] as isize;
+        }
+        strided(self.es, &self.out, x, base, &st, io.outputs[0].data);
+        Ok(())
+    }
+}
+
+fn slice(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let n = ctx.node;
+    let attrs = if ctx.opset < 10 {
+        Some((
+            n.attr_ints("starts").ok_or("no starts")?.to_vec(),
+            n.attr_ints("ends").ok_or("no ends")?.to_vec(),
+            n.attr_ints("axes").map(|a| a.to_vec()),
+        ))
+    } else {
+        None
+    };
+    Ok(Box::new(Slice {
+        es: es_of(x.dtype)?,
+        shape: x.shape.clone(),
+        out: ctx.outputs[0].shape.clone(),
+        attrs,
+    }))
+}
+
+fn norm_axis(a: i64, r: usize) -> usize {
+    (if a < 0 { a + r as i64 } else { a }) as usize
+}
+
+/// Concat; Split is the same walk with inputs and outputs swapped.
+struct Concat {
+    outer: usize,
+    /// Bytes each part contributes per outer index.
+    parts: Vec<usize>,
+    split: bool,
+}
+
+impl Kernel for Concat {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let total: usize = self.parts.iter().sum();
+        if self.split {
+            let x = io.input(0)?.bytes()?;
+            for o in 0..self.outer {
+                let mut at = o * total;
+                for (k, &p) in self.parts.iter().enumerate() {
+                    io.outputs[k].data[o * p..(o + 1) * p].copy_from_slice(&x[at..at + p]);
+                    at += p;
+                }
+            }
+        } else {
+            let ins: Vec<&[u8]> = (0..self.parts.len())
+                .map(|k| io.input(k).and_then(|i| i.bytes()))
+                .collect::<Result<_, _>>()?;
+            let y = &mut io.outputs[0].data;
+            for o in 0..self.outer {
+                let mut at = o * total;
+                for (k, &p) in self.parts.iter().enumerate() {
+                    y[at..at + p].copy_from_slice(&ins[k][o * p..(o + 1) * p]);
+                    at += p;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn concat(ctx: &NodeCtx, split: bool) -> Result<Box<dyn Kernel>, String> {
+    let whole = if split {
+        ctx.input(0)?.clone()
+    } else {
+        ctx.outputs[0].clone()
+    };
+    let es = es_of(whole.dtype)?;
+    let axis = norm_axis(
+        ctx.node
+            .attr_int("axis")
+            .unwrap_or(if split { 0 } else { 1 }),
+        whole.shape.len(),
+    );
+    let outer: usize = whole.shape[..axis].iter().product();
+    let inner: usize = whole.shape[axis + 1..].iter().product();
+    let parts: Vec<usize> = if split {
+        ctx.outputs
+            .iter()
+            .map(|o| o.shape[axis] * inner * es)
+            .collect()
+    } else {
+        ctx.inputs
+            .iter()
+            .map(|i| i.as_ref().map_or(0, |i| i.shape[axis] * inner * es))
+            .collect()
+    };
+    if !split && ctx.inputs.iter().any(|i| i.is_none()) {
+        return Err("an omitted Concat input".into());
+    }
+    Ok(Box::new(Concat {
+        outer,
+        parts,
+        split,
+    }))
+}
+
+struct Gather {
+    es: usize,
+    outer: usize,
+    dim: usize,
+    inner: usize,
+}
+
+impl Kernel for Gather {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let idx = io.input(1)?.ints()?;
+        let y = &mut io.outputs[0].data;
+        let row = self.inner * self.es;
+        for o in 0..self.outer {
+            for (j, &i) in idx.iter().enumerate() {
+                let i = if i < 0 { i + self.dim as i64 } else { i };
+                if i < 0 || i as usize >= self.dim {
+                    return Err(format!("index {i} out of range for a dim of {}", self.dim));
+                }
+                let src = (o * self.dim + i as usize) * row;
+                let dst = (o * idx.len() + j) * row;
+                y[dst..dst + row].copy_from_slice(&x[src..src + row]);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn gather(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let axis = norm_axis(ctx.node.attr_int("axis").unwrap_or(0), x.shape.len());
+    Ok(Box::new(Gather {
+        es: es_of(x.dtype)?,
+        outer: x.shape[..axis].iter().product(),
+        dim: x.shape[axis],
+        inner: x.shape[axis + 1..].iter().product(),
+    }))
+}
+
+struct GatherNd {
+    es: usize,
+    data: Vec<usize>,
+    batch: usize,
+    /// Index tuples per batch, tuple length.
+    tuples: usize,
+    last: usize,
+}
+
+impl Kernel for GatherNd {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let idx = io.input(1)?.ints()?;
+        let y = &mut io.outputs[0].data;
+        let b = self.batch;
+        let nb: usize = self.data[..b].iter().product();
+        let st = strides(&self.data);
+        let slice: usize = self.data[b + self.last..].iter().product::<usize>() * self.es;
+        let per_batch: usize = self.data[b..].iter().product();
+        let mut out = 0;
+        for bi in 0..nb {
+            for t in 0..self.tuples {
+                let tup = &idx[(bi * self.tuples + t) * self.last..][..self.last];
+                let mut off = bi * per_batch;
+                for (k, &i) in tup.iter().enumerate() {
+                    let dim = self.data[b + k] as i64;
+                    let i = if i < 0 { i + dim } else { i };
+                    if i < 0 || i >= dim {
+                        return Err(format!("index {i} out of range for a dim of {dim}"));
+                    }
+                    off += i as usize * st[b + k];
+                }
+                let s = off * self.es;
+                y[out..out + slice].copy_from_slice(&x[s..s + slice]);
+                out += slice;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn gather_nd(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (x, i) = (ctx.input(0)?, ctx.input(1)?);
+    let b = ctx.node.attr_int("batch_dims").unwrap_or(0) as usize;
+    let last = *i.shape.last().ok_or("scalar indices")?;
+    let q = i.shape.len();
+    Ok(Box::new(GatherNd {
+        es: es_of(x.dtype)?,
+        data: x.shape.clone(),
+        batch: b,
+        tuples: i.shape[b..q - 1].iter().product(),
+        last,
+    }))
+}
+
+/// Writes fixed bytes (Shape, ConstantOfShape, Constant: known when the
+/// kernel is made).
+struct Fill(Vec<u8>);
+
+impl Kernel for Fill {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let o = &mut io.outputs[0].data;
+        if self.0.len() == o.len() {
+            o.copy_from_slice(&self.0);
+        } else if !self.0.is_empty() {
+            for c in o.chunks_mut(self.0.len()) {
+                c.copy_from_slice(&self.0[..c.len()]);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn shape_op(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let s = &ctx.input(0)?.shape;
+    let r = s.len() as i64;
+    let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let start = clampi(ctx.node.attr_int("start").unwrap_or(0));
+    let end = clampi(ctx.node.attr_int("end").unwrap_or(r));
+    let v: Vec<u8> = s[start..end.max(start)]
+        .iter()
+        .flat_map(|&d| (d as i64).to_le_bytes())
+        .collect();
+    Ok(Box::new(Fill(v)))
+}
+
+fn constant_of_shape(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let v = match ctx.node.attr_tensor("value") {
+        Some(t) => t.raw().ok_or("string value")?.to_vec(),
+        None => 0f32.to_le_bytes().to_vec(),
+    };
+    Ok(Box::new(Fill(v)))
+}
+
+fn constant(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let a = ctx.node.attributes.first().ok_or("no value")?;
+    let v = match &a.value {
+        AttrValue::Tensor(t) => t.raw().ok_or("string value")?.to_vec(),
+        AttrValue::Float(f) => f.to_le_bytes().to_vec(),
+        AttrValue::Int(i) => i.to_le_bytes().to_vec(),
+        AttrValue::Floats(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        AttrValue::Ints(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        _ => return Err(format!("Constant {} is not implemented", a.name)),
+    };
+    Ok(Box::new(Fill(v)))
+}
+
+struct Range(DType);
+
+impl Kernel for Range {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let (s, d) = (io.input(0)?.bytes()?, io.input(2)?.bytes()?);
+        match self.0 {
+            DType::F32 => {
+                let (s, d) = (cast::<f32>(s)[0], cast::<f32>(d)[0]);
+                for (i, o) in io.outputs[0].f32()?.iter_mut().enumerate() {
+                    *o = s + i as f32 * d;
+                }
+            }
+            DType::I64 => {
+                let (s, d) = (cast::<i64>(s)[0], cast::<i64>(d)[0]);
+                for (i, o) in cast_mut::<i64>(io.outputs[0].data).iter_mut().enumerate() {
+                    *o = s + i as i64 * d;
+                }
+            }
+            DType::I32 => {
+                let (s, d) = (cast::<i32>(s)[0], cast::<i32>(d)[0]);
+                for (i, o) in cast_mut::<i32>(io.outputs[0].data).iter_mut().enumerate() {
+                    *o = s + i as i32 * d;
+                }
+            }
+            t => return Err(format!("Range on {}", t.name())),
+        }
+        Ok(())
+    }
+}
+
+/// The kernel for a data-movement op, if it is one.
+pub fn kernel(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
+    Some(match ctx.node.op_type.as_str() {
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" => Ok(Box::new(Copy)),
+        "Transpose" => transpose(ctx),
+        "Expand" => expand(ctx),
+        "Slice" => slice(ctx),
+        "Concat" => concat(ctx, false),
+        "Split" => concat(ctx, true),
+        "Gather" => gather(ctx),
+        "GatherND" => gather_nd(ctx),
+        "Shape" => shape_op(ctx),
+        "ConstantOfShape" => constant_of_shape(ctx),
+        "Constant" => constant(ctx),
+        "Range" => Ok(Box::new(Range(ctx.outputs[0].dtype))),
+        _ => return None,
+    })
+}

@@ -1,0 +1,710 @@
+//! The runtime core: one arena at the planner's offsets, nodes in the
+//! plan's schedule.
+//!
+//! Invariants checked by [`Executable::new`] before anything runs (each
+//! one a refusal with one line, never a wrong run):
+//! 1. every node has a kernel from the backend;
+//! 2. every value has a concrete type, and every activation a planned
+//!    tensor inside the arena;
+//! 3. at every node, output bytes overlap neither each other nor the
+//!    inputs', except the in-place pairs the plan declares (this is also
+//!    what makes handing out `&[u8]` and `&mut [u8]` into one arena sound).
+//!
+//! Poison ([`RunOptions::poison`]): after the last step of each storage
+//! region (a tensor with the tensors aliased to it), its bytes are
+//! overwritten with NaN (f32 regions) or `0xA5` (others). A plan that ends
+//! a lifetime too early then feeds poison to a later reader, and outputs
+//! change.
+
+use crate::backend::{Backend, Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
+use crate::tensor::{elem_size, numel, HostTensor};
+use bytes::Bytes;
+use graphopt_ir::{DType, Graph, Model, TensorData, ValueId};
+use graphopt_plan::{inplace_rule, InPlace, Plan};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+/// Why a model cannot run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    /// An op without a kernel (refused before anything runs).
+    #[error("no {backend} kernel for {op} (node '{node}'): {why}")]
+    NoKernel {
+        backend: String,
+        op: String,
+        node: String,
+        why: String,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+    /// The plan breaks an invariant the executor relies on.
+    #[error("bad plan: {0}")]
+    BadPlan(String),
+    #[error("bad input: {0}")]
+    Input(String),
+    #[error("node '{node}' ({op}): {msg}")]
+    Kernel {
+        op: String,
+        node: String,
+        msg: String,
+    },
+}
+
+/// Options of [`Executable::run`].
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Threads kernels may use.
+    pub threads: usize,
+    /// Overwrite each region with poison after its last reader.
+    pub poison: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            poison: false,
+        }
+    }
+}
+
+/// What one run did besides computing outputs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Regions overwritten with poison.
+    pub poisoned_regions: usize,
+    /// Nodes whose kernel ran (aliased views do not run).
+    pub kernels_run: usize,
+}
+
+/// A 64-byte aligned, zeroed byte buffer.
+struct Aligned {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain owned memory.
+unsafe impl Send for Aligned {}
+unsafe impl Sync for Aligned {}
+
+const ALIGN: usize = 64;
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        if len == 0 {
+            // A dangling, aligned pointer is valid for zero-length slices.
+            return Aligned {
+                ptr: NonNull::new(ALIGN as *mut u8).expect("non-null"),
+                len,
+            };
+        }
+        let layout = Layout::from_size_align(len, ALIGN).expect("arena size fits a layout");
+        // SAFETY: non-zero size.
+        let p = unsafe { alloc_zeroed(layout) };
+        Aligned {
+            ptr: NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
+            len,
+        }
+    }
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes (or dangling with len 0).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe {
+                dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align(self.len, ALIGN).expect("same layout"),
+                )
+            }
+        }
+    }
+}
+
+/// A weight: in place in the model's bytes, or copied when misaligned.
+enum Weight {
+    Shared(Bytes),
+    Copied(Aligned),
+}
+
+impl Weight {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Weight::Shared(b) => b,
+            Weight::Copied(a) => a.bytes(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loc {
+    Arena { offset: usize, len: usize },
+    Weight(usize),
+}
+
+struct Step {
+    name: String,
+    op: String,
+    kernel: Box<dyn Kernel>,
+    inputs: Vec<Option<(Loc, TensorInfo)>>,
+    /// Arena offset, length and type of each output (`None`: omitted).
+    outputs: Vec<Option<(usize, usize, TensorInfo)>>,
+    /// Input slots living in output 0's storage.
+    in_place: Vec<usize>,
+    /// An aliased view: the bytes are already there.
+    skip: bool,
+}
+
+struct Region {
+    offset: usize,
+    len: usize,
+    float: bool,
+}
+
+/// A model bound to a plan and a backend, ready to run.
+pub struct Executable {
+    steps: Vec<Step>,
+    arena: Aligned,
+    planned_arena: u64,
+    workspace: Aligned,
+    staging_bytes: usize,
+    weights: Vec<Weight>,
+    weights_bytes: u64,
+    weights_copied: u64,
+    /// Runtime inputs: name, arena offset, type.
+    inputs: Vec<(String, usize, TensorInfo)>,
+    /// Overridable inputs fed from their initializer: arena offset, bytes.
+    defaults: Vec<(usize, Bytes)>,
+    outputs: Vec<(String, Loc, TensorInfo)>,
+    /// Regions to poison after each step.
+    poison_after: Vec<Vec<Region>>,
+}
+
+fn info(g: &Graph, v: ValueId) -> Result<TensorInfo, ExecError> {
+    let t = g.ty(v).and_then(|t| t.as_tensor()).ok_or_else(|| {
+        ExecError::Unsupported(format!("value '{}' is not a typed tensor", g.name(v)))
+    })?;
+    let dims = t.shape.as_ref().and_then(|s| s.as_known()).ok_or_else(|| {
+        ExecError::Unsupported(format!(
+            "value '{}' has no concrete shape (bind its dims)",
+            g.name(v)
+        ))
+    })?;
+    if elem_size(t.elem).is_none() {
+        return Err(ExecError::Unsupported(format!(
+            "value '{}' has element type {}, which the runtime does not handle",
+            g.name(v),
+            t.elem.name()
+        )));
+    }
+    Ok(TensorInfo {
+        dtype: t.elem,
+        shape: dims.iter().map(|&d| d as usize).collect(),
+    })
+}
+
+fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.1 > 0 && b.1 > 0 && a.0 < b.0 + b.1 && b.0 < a.0 + a.1
+}
+
+impl Executable {
+    /// Binds `model` (shapes inferred at the plan's dims: the
+    /// [`graphopt_plan::ModelPlan::model`]) to `plan` and asks `backend` for
+    /// every kernel. Refuses, with one line, an op without a kernel, a
+    /// value of unknown size, a subgraph, or a plan with overlapping live
+    /// bytes at a node.
+    pub fn new(model: &Model, plan: &Plan, backend: &dyn Backend) -> Result<Executable, ExecError> {
+        let g = &model.graph;
+        // Invariant 1 first by name: an op without any kernel, or a
+        // subgraph, is named before anything else is checked.
+        for &n in &plan.schedule {
+            let d = g.node(n);
+            let why = if d.has_subgraphs() {
+                "subgraphs (If/Loop/Scan) are not supported yet"
+            } else if !backend.has_op(&d.domain, &d.op_type) {
+                "no kernel for this op yet"
+            } else {
+                continue;
+            };
+            return Err(ExecError::NoKernel {
+                backend: backend.name().to_string(),
+                op: d.qualified_op(),
+                node: if d.name.is_empty() {
+                    n.to_string()
+                } else {
+                    d.name.clone()
+                },
+                why: why.into(),
+            });
+        }
+        if !plan.dynamic_values.is_empty() {
+            return Err(ExecError::Unsupported(format!(
+                "{} value(s) of data-dependent size ({}): dynamic allocation is not implemented yet",
+                plan.dynamic_values.len(),
+                plan.dynamic_values.join(", ")
+            )));
+        }
+        let opset = model
+            .opset_imports
+            .iter()
+            .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+            .map_or(1, |o| o.version);
+        let nvals = g.values().map(|v| v.index() + 1).max().unwrap_or(0);
+        let mut tensor_of: Vec<Option<usize>> = vec![None; nvals];
+        for (i, t) in plan.tensors.iter().enumerate() {
+            tensor_of[t.value.index()] = Some(i);
+            if t.offset + t.size > plan.arena_bytes {
+                return Err(ExecError::BadPlan(format!(
+                    "tensor '{}' at [{}, +{}) lies outside the arena of {} bytes",
+                    t.name, t.offset, t.size, plan.arena_bytes
+                )));
+            }
+        }
+        // Weights: initializers that are not graph inputs, read in place.
+        let mut weights = Vec::new();
+        let mut weight_of: Vec<Option<usize>> = vec![None; nvals];
+        let (mut weights_bytes, mut weights_copied) = (0u64, 0u64);
+        for &w in g.initializers() {
+            if g.is_input(w) {
+                continue;
+            }
+            let t = g.initializer(w).expect("listed initializer");
+            let TensorData::Raw(b) = &t.data else {
+                return Err(ExecError::Unsupported(format!(
+                    "initializer '{}' holds strings",
+                    g.name(w)
+                )));
+            };
+            weights_bytes += b.len() as u64;
+            let es = elem_size(t.dtype).unwrap_or(1);
+            let wt = if b.as_ptr().align_offset(es.max(1)) == 0 {
+                Weight::Shared(b.clone())
+            } else {
+                weights_copied += b.len() as u64;
+                let mut a = Aligned::new(b.len());
+                a.bytes_mut().copy_from_slice(b);
+                Weight::Copied(a)
+            };
+            weight_of[w.index()] = Some(weights.len());
+            weights.push(wt);
+        }
+        let loc = |v: ValueId| -> Result<Loc, ExecError> {
+            if let Some(i) = weight_of[v.index()] {
+                return Ok(Loc::Weight(i));
+            }
+            match tensor_of[v.index()] {
+                Some(t) => Ok(Loc::Arena {
+                    offset: plan.tensors[t].offset as usize,
+                    len: plan.tensors[t].size as usize,
+                }),
+                None => Err(ExecError::Unsupported(format!(
+                    "value '{}' is neither a weight nor a planned tensor (outer-scope values are not supported)",
+                    g.name(v)
+                ))),
+            }
+        };
+        // Declared aliases: output value -> input value.
+        let mut alias_in: Vec<Option<ValueId>> = vec![None; nvals];
+        for a in &plan.aliases {
+            alias_in[plan.tensors[a.output].value.index()] = Some(plan.tensors[a.input].value);
+        }
+        let mut steps = Vec::new();
+        let mut max_ws = 0usize;
+        let mut max_stage = 0usize;
+        for &n in &plan.schedule {
+            let d = g.node(n);
+            let name = if d.name.is_empty() {
+                n.to_string()
+            } else {
+                d.name.clone()
+            };
+            let refuse = |why: String| ExecError::NoKernel {
+                backend: backend.name().to_string(),
+                op: d.qualified_op(),
+                node: name.clone(),
+                why,
+            };
+            if d.has_subgraphs() {
+                return Err(refuse(
+                    "subgraphs (If/Loop/Scan) are not supported yet".into(),
+                ));
+            }
+            let mut inputs = Vec::new();
+            let mut infos = Vec::new();
+            let mut constants = Vec::new();
+            for &i in d.inputs() {
+                match i {
+                    None => {
+                        inputs.push(None);
+                        infos.push(None);
+                        constants.push(None);
+                    }
+                    Some(v) => {
+                        let ti = info(g, v)?;
+                        let l = loc(v)?;
+                        constants.push(match l {
+                            Loc::Weight(w) => Some(weights[w].bytes()),
+                            _ => None,
+                        });
+                        inputs.push(Some((l, ti.clone())));
+                        infos.push(Some(ti));
+                    }
+                }
+            }
+            let mut outputs = Vec::new();
+            let mut out_infos = Vec::new();
+            for &o in d.outputs() {
+                match o {
+                    None => {
+                        outputs.push(None);
+                        out_infos.push(TensorInfo {
+                            dtype: DType::F32,
+                            shape: vec![0],
+                        });
+                    }
+                    Some(v) => {
+                        let ti = info(g, v)?;
+                        let Loc::Arena { offset, len } = loc(v)? else {
+                            return Err(ExecError::BadPlan(format!(
+                                "output '{}' of node '{name}' is an initializer",
+                                g.name(v)
+                            )));
+                        };
+                        let want = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+                        if len != want {
+                            return Err(ExecError::BadPlan(format!(
+                                "tensor '{}' is planned at {len} bytes but holds {want}",
+                                g.name(v)
+                            )));
+                        }
+                        outputs.push(Some((offset, len, ti.clone())));
+                        out_infos.push(ti);
+                    }
+                }
+            }
+            if let Some(k) = d.outputs().iter().position(|o| o.is_none()) {
+                if d.outputs()[k..].iter().any(|o| o.is_some()) {
+                    return Err(refuse(format!(
+                        "output {k} is omitted but a later one is not (not supported yet)"
+                    )));
+                }
+            }
+            let ctx = NodeCtx {
+                node: d,
+                opset,
+                inputs: infos,
+                outputs: out_infos,
+                constants,
+            };
+            let kernel = backend.kernel(&ctx).map_err(refuse)?;
+            // In-place slots and aliased views.
+            let host = d.output(0).and_then(|o| alias_in[o.index()]);
+            let rule = if d.domain.is_empty() || d.domain == "ai.onnx" {
+                inplace_rule(&d.op_type)
+            } else {
+                InPlace::None
+            };
+            let mut in_place = Vec::new();
+            let mut skip = false;
+            if let Some(h) = host {
+                match rule {
+                    InPlace::View if d.input(0) == Some(h) => skip = true,
+                    InPlace::Elementwise => {
+                        in_place = (0..d.inputs().len())
+                            .filter(|&k| d.input(k) == Some(h))
+                            .collect();
+                    }
+                    _ => {
+                        return Err(ExecError::BadPlan(format!(
+                            "node '{name}' ({}) has an in-place pair its rule does not allow",
+                            d.op_type
+                        )))
+                    }
+                }
+            }
+            // Invariant 3: no overlap but the declared pair.
+            let outs: Vec<(usize, usize)> = outputs.iter().flatten().map(|o| (o.0, o.1)).collect();
+            for (a, x) in outs.iter().enumerate() {
+                for y in &outs[a + 1..] {
+                    if overlaps(*x, *y) {
+                        return Err(ExecError::BadPlan(format!(
+                            "two outputs of node '{name}' overlap"
+                        )));
+                    }
+                }
+            }
+            if !skip {
+                for (k, i) in inputs.iter().enumerate() {
+                    if in_place.contains(&k) {
+                        continue;
+                    }
+                    if let Some((Loc::Arena { offset, len }, _)) = i {
+                        if outs.iter().any(|o| overlaps(*o, (*offset, *len))) {
+                            return Err(ExecError::BadPlan(format!(
+                                "node '{name}' writes over its input {k}, which the plan does not declare in place"
+                            )));
+                        }
+                    }
+                }
+            }
+            if !skip {
+                max_ws = max_ws.max(kernel.workspace_bytes());
+                if !in_place.is_empty() && !kernel.in_place() {
+                    max_stage = max_stage.max(outputs[0].as_ref().map_or(0, |o| o.1));
+                }
+            }
+            steps.push(Step {
+                name,
+                op: d.op_type.clone(),
+                kernel,
+                inputs,
+                outputs,
+                in_place,
+                skip,
+            });
+        }
+        // Graph inputs and outputs.
+        let mut inputs = Vec::new();
+        let mut defaults = Vec::new();
+        for &v in &g.inputs {
+            let Loc::Arena { offset, .. } = loc(v)? else {
+                continue;
+            };
+            match g.initializer(v) {
+                Some(t) => {
+                    let Some(b) = t.raw() else {
+                        return Err(ExecError::Unsupported(format!(
+                            "input '{}' has a string default",
+                            g.name(v)
+                        )));
+                    };
+                    defaults.push((offset, b.clone()));
+                }
+                None => inputs.push((g.name(v).to_string(), offset, info(g, v)?)),
+            }
+        }
+        let mut outputs = Vec::new();
+        for &v in &g.outputs {
+            outputs.push((g.name(v).to_string(), loc(v)?, info(g, v)?));
+        }
+        // Poison regions: alias groups end together.
+        let mut parent: Vec<usize> = (0..plan.tensors.len()).collect();
+        fn find(p: &mut [usize], mut x: usize) -> usize {
+            while p[x] != x {
+                p[x] = p[p[x]];
+                x = p[x];
+            }
+            x
+        }
+        for a in &plan.aliases {
+            let (x, y) = (find(&mut parent, a.input), find(&mut parent, a.output));
+            parent[x] = y;
+        }
+        let steps_n = plan.schedule.len();
+        let mut groups: Vec<Option<(usize, usize, usize, bool)>> = vec![None; plan.tensors.len()];
+        for (i, t) in plan.tensors.iter().enumerate() {
+            let r = find(&mut parent, i);
+            let float = g.ty(t.value).and_then(|t| t.elem()) == Some(DType::F32);
+            let e = groups[r].get_or_insert((t.offset as usize, 0, 0, float));
+            e.1 = e.1.max(t.size as usize);
+            e.2 = e.2.max(t.last);
+            e.3 &= float;
+        }
+        let mut poison_after: Vec<Vec<Region>> = (0..steps_n).map(|_| Vec::new()).collect();
+        for (offset, len, last, float) in groups.into_iter().flatten() {
+            if len > 0 && last + 1 < steps_n {
+                poison_after[last].push(Region { offset, len, float });
+            }
+        }
+        Ok(Executable {
+            steps,
+            arena: Aligned::new(plan.arena_bytes as usize),
+            planned_arena: plan.arena_bytes,
+            workspace: Aligned::new(max_stage.next_multiple_of(ALIGN) + max_ws),
+            staging_bytes: max_stage.next_multiple_of(ALIGN),
+            weights,
+            weights_bytes,
+            weights_copied,
+            inputs,
+            defaults,
+            outputs,
+            poison_after,
+        })
+    }
+
+    /// Arena bytes as the plan sized it.
+    pub fn arena_planned_bytes(&self) -> u64 {
+        self.planned_arena
+    }
+    /// Arena bytes actually allocated (one buffer).
+    pub fn arena_allocated_bytes(&self) -> u64 {
+        self.arena.len as u64
+    }
+    /// Kernel scratch and in-place staging: one buffer.
+    pub fn workspace_bytes(&self) -> u64 {
+        self.workspace.len as u64
+    }
+    /// Bytes of weights (read in place).
+    pub fn weights_bytes(&self) -> u64 {
+        self.weights_bytes
+    }
+    /// Bytes of weights copied because the file left them misaligned.
+    pub fn weights_copied_bytes(&self) -> u64 {
+        self.weights_copied
+    }
+    /// Names and types of the runtime inputs, in graph order.
+    pub fn input_infos(&self) -> Vec<(String, TensorInfo)> {
+        self.inputs
+            .iter()
+            .map(|(n, _, t)| (n.clone(), t.clone()))
+            .collect()
+    }
+    /// Names of the outputs, in graph order.
+    pub fn output_names(&self) -> Vec<String> {
+        self.outputs.iter().map(|o| o.0.clone()).collect()
+    }
+
+    /// Runs once on `inputs` (the runtime inputs in graph order, with the
+    /// planned dtypes and shapes).
+    pub fn run(
+        &mut self,
+        inputs: &[HostTensor],
+        opts: &RunOptions,
+    ) -> Result<(Vec<HostTensor>, RunStats), ExecError> {
+        if inputs.len() != self.inputs.len() {
+            return Err(ExecError::Input(format!(
+                "the model has {} inputs, {} given",
+                self.inputs.len(),
+                inputs.len()
+            )));
+        }
+        let arena = self.arena.bytes_mut();
+        for ((name, off, ti), t) in self.inputs.iter().zip(inputs) {
+            if t.dtype != ti.dtype || t.shape != ti.shape {
+                return Err(ExecError::Input(format!(
+                    "input '{name}' is {} {:?}, the plan is for {} {:?}",
+                    t.dtype.name(),
+                    t.shape,
+                    ti.dtype.name(),
+                    ti.shape
+                )));
+            }
+            arena[*off..*off + t.data.len()].copy_from_slice(&t.data);
+        }
+        for (off, b) in &self.defaults {
+            arena[*off..*off + b.len()].copy_from_slice(b);
+        }
+        let mut stats = RunStats::default();
+        let base = self.arena.ptr.as_ptr();
+        let ws_all = self.workspace.bytes_mut();
+        let (staging, ws) = ws_all.split_at_mut(self.staging_bytes);
+        for (si, step) in self.steps.iter().enumerate() {
+            if !step.skip {
+                let stage = !step.in_place.is_empty() && !step.kernel.in_place();
+                if stage {
+                    let (off, len, _) = step.outputs[0].as_ref().expect("in-place output");
+                    // SAFETY: inside the arena (checked in `new`); no other
+                    // reference into the arena is alive here.
+                    let src = unsafe { std::slice::from_raw_parts(base.add(*off), *len) };
+                    staging[..*len].copy_from_slice(src);
+                }
+                let mut ins = Vec::with_capacity(step.inputs.len());
+                for (k, i) in step.inputs.iter().enumerate() {
+                    ins.push(i.as_ref().map(|(l, ti)| {
+                        let data = if step.in_place.contains(&k) {
+                            if stage {
+                                Data::Bytes(
+                                    &staging[..numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1)],
+                                )
+                            } else {
+                                Data::Output0
+                            }
+                        } else {
+                            match *l {
+                                // SAFETY: inside the arena, and disjoint from
+                                // every output of this node (checked in `new`).
+                                Loc::Arena { offset, len } => Data::Bytes(unsafe {
+                                    std::slice::from_raw_parts(base.add(offset), len)
+                                }),
+                                Loc::Weight(w) => Data::Bytes(self.weights[w].bytes()),
+                            }
+                        };
+                        In {
+                            dtype: ti.dtype,
+                            shape: &ti.shape,
+                            data,
+                        }
+                    }));
+                }
+                let mut outs = Vec::with_capacity(step.outputs.len());
+                // Omitted outputs are trailing (checked in `new`).
+                for (off, len, ti) in step.outputs.iter().flatten() {
+                    // SAFETY: inside the arena; outputs are pairwise
+                    // disjoint and disjoint from the inputs handed out as
+                    // slices (checked in `new`).
+                    outs.push(Out {
+                        dtype: ti.dtype,
+                        shape: &ti.shape,
+                        data: unsafe { std::slice::from_raw_parts_mut(base.add(*off), *len) },
+                    });
+                }
+                let mut io = KernelIo {
+                    inputs: ins,
+                    outputs: outs,
+                    workspace: &mut ws[..],
+                    threads: opts.threads.max(1),
+                };
+                step.kernel.run(&mut io).map_err(|msg| ExecError::Kernel {
+                    op: step.op.clone(),
+                    node: step.name.clone(),
+                    msg,
+                })?;
+                stats.kernels_run += 1;
+            }
+            if opts.poison {
+                for r in &self.poison_after[si] {
+                    // SAFETY: inside the arena; no reference is alive.
+                    let b = unsafe { std::slice::from_raw_parts_mut(base.add(r.offset), r.len) };
+                    if r.float && r.len % 4 == 0 {
+                        for c in b.chunks_exact_mut(4) {
+                            c.copy_from_slice(&POISON_F32.to_le_bytes());
+                        }
+                    } else {
+                        b.fill(0xA5);
+                    }
+                    stats.poisoned_regions += 1;
+                }
+            }
+        }
+        let arena = self.arena.bytes();
+        let outputs = self
+            .outputs
+            .iter()
+            .map(|(_, l, ti)| {
+                let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+                let data = match *l {
+                    Loc::Arena { offset, .. } => arena[offset..offset + n].to_vec(),
+                    Loc::Weight(w) => self.weights[w].bytes()[..n].to_vec(),
+                };
+                HostTensor {
+                    dtype: ti.dtype,
+                    shape: ti.shape.clone(),
+                    data,
+                }
+            })
+            .collect();
+        Ok((outputs, stats))
+    }
+}
+
+/// The f32 poison: a NaN with a recognisable payload.
+pub const POISON_F32: u32 = 0x7FA5_A5A5;

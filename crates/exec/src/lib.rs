@@ -1,0 +1,29 @@
+//! Runs a planned model (issue 13): every activation lives in ONE arena at
+//! the offset the memory planner gave it, so a run both computes outputs
+//! and proves the plan right (a wrong lifetime or alias changes outputs,
+//! and [`RunOptions::poison`] makes that loud).
+//!
+//! - [`Executable::new`] takes a model with inferred shapes and its
+//!   [`graphopt_plan::Plan`], asks a [`Backend`] for a kernel per node and
+//!   refuses, before anything runs, an op without one;
+//! - [`Executable::run`] copies the inputs into the arena, runs the nodes in
+//!   the plan's schedule and copies the outputs out;
+//! - weights (initializers) are read in place from the model's
+//!   [`bytes::Bytes`] (no copy unless misaligned; the copy is reported);
+//! - kernel scratch (im2col, in-place staging) is one workspace sized to the
+//!   largest need, reported apart from the arena.
+//!
+//! Not yet: subgraphs (If/Loop), values of data-dependent size
+//! (`Plan::dynamic_values` is refused), a CUDA backend.
+//! fp16/bf16 nodes run the fp32 kernels on widened copies
+//! ([`cpu::lowp`]).
+
+pub mod backend;
+pub mod cpu;
+mod executor;
+pub mod tensor;
+
+pub use backend::{Backend, Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
+pub use cpu::CpuBackend;
+pub use executor::{ExecError, Executable, RunOptions, RunStats};
+pub use tensor::HostTensor;

@@ -1,0 +1,529 @@
+//! Kernel edge cases against naive reference loops written here: numpy
+//! broadcasting, batched and 1-D MatMul, Gemm's transposes and bias, Conv
+//! with groups, strides, pads and dilations (im2col and the direct 1×1
+//! path, 1-D and 2-D), pooling pads, Slice with negative steps. Each model
+//! runs through the whole runtime (planned arena, poison on), so the
+//! executor is exercised too; and a plan that overlaps a node's input and
+//! output is refused.
+
+use graphopt_exec::{CpuBackend, ExecError, Executable, HostTensor, RunOptions};
+use graphopt_plan::{plan_model, DimValues, PlanOptions};
+
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn run(text: &str, inputs: &[HostTensor]) -> Vec<Vec<f32>> {
+    let m = graphopt_text::parse_model(text).expect("fixture parses");
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let opts = RunOptions {
+        threads: 2,
+        poison: true,
+    };
+    let (out, _) = exe.run(inputs, &opts).unwrap();
+    out.iter().map(|t| t.to_f32().unwrap()).collect()
+}
+
+fn close(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+            "element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+fn t(shape: &[usize], seed: u64) -> HostTensor {
+    HostTensor::from_f32(shape, &data(shape.iter().product(), seed))
+}
+
+#[test]
+fn broadcasting_add_where_and_an_in_place_chain() {
+    let a = t(&[2, 3, 1], 1);
+    let b = t(&[4], 2);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3,1] a, float[4] b) => (float[2,3,4] y, float[2,3,4] z) {
+          s = Add (a, b)
+          r = Relu (s)
+          m = Mul (r, r)
+          c = Greater (a, b)
+          y = Where (c, m, b)
+          z = Sub (b, a)
+        }"#,
+        &[a.clone(), b.clone()],
+    );
+    let (av, bv) = (a.to_f32().unwrap(), b.to_f32().unwrap());
+    let mut y = Vec::new();
+    let mut z = Vec::new();
+    for &ai in &av {
+        for &bj in &bv {
+            let s = (ai + bj).max(0.0);
+            y.push(if ai > bj { s * s } else { bj });
+            z.push(bj - ai);
+        }
+    }
+    close(&got[0], &y);
+    close(&got[1], &z);
+}
+
+fn matmul_ref(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+        }
+    }
+    c
+}
+
+#[test]
+fn matmul_broadcasts_batches_and_promotes_vectors() {
+    let a = t(&[2, 1, 3, 4], 3);
+    let b = t(&[3, 4, 5], 4);
+    let v = t(&[4], 5);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,1,3,4] a, float[3,4,5] b, float[4] v) => (float[2,3,3,5] y, float[3,5] w) {
+          y = MatMul (a, b)
+          w = MatMul (v, b)
+        }"#,
+        &[a.clone(), b.clone(), v.clone()],
+    );
+    let (av, bv, vv) = (
+        a.to_f32().unwrap(),
+        b.to_f32().unwrap(),
+        v.to_f32().unwrap(),
+    );
+    let mut y = Vec::new();
+    for i in 0..2 {
+        for j in 0..3 {
+            y.extend(matmul_ref(
+                &av[i * 12..][..12],
+                &bv[j * 20..][..20],
+                3,
+                4,
+                5,
+            ));
+        }
+    }
+    close(&got[0], &y);
+    let mut w = Vec::new();
+    for j in 0..3 {
+        w.extend(matmul_ref(&vv, &bv[j * 20..][..20], 1, 4, 5));
+    }
+    close(&got[1], &w);
+}
+
+#[test]
+fn large_matmul_splits_rows_across_threads() {
+    let (m, k, n) = (67, 33, 65);
+    let a = t(&[m, k], 6);
+    let b = t(&[k, n], 7);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[67,33] a, float[33,65] b) => (float[67,65] y) { y = MatMul (a, b) }"#,
+        &[a.clone(), b.clone()],
+    );
+    close(
+        &got[0],
+        &matmul_ref(&a.to_f32().unwrap(), &b.to_f32().unwrap(), m, k, n),
+    );
+}
+
+#[test]
+fn gemm_transposes_alpha_beta_and_bias() {
+    let a = t(&[4, 3], 8); // transA: m = 3, k = 4
+    let b = t(&[5, 4], 9); // transB: k = 4, n = 5
+    let c = t(&[5], 10);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[4,3] a, float[5,4] b, float[5] c) => (float[3,5] y) {
+          y = Gemm <transA = 1, transB = 1, alpha = 0.5, beta = 2.0> (a, b, c)
+        }"#,
+        &[a.clone(), b.clone(), c.clone()],
+    );
+    let (av, bv, cv) = (
+        a.to_f32().unwrap(),
+        b.to_f32().unwrap(),
+        c.to_f32().unwrap(),
+    );
+    let mut y = Vec::new();
+    for i in 0..3 {
+        for j in 0..5 {
+            let s: f32 = (0..4).map(|p| av[p * 3 + i] * bv[j * 4 + p]).sum();
+            y.push(0.5 * s + 2.0 * cv[j]);
+        }
+    }
+    close(&got[0], &y);
+}
+
+/// Geometry of [`conv_ref`]: input, kernel, group, stride, pad, dilation,
+/// output.
+struct Geo {
+    x: (usize, usize, usize, usize),
+    k: (usize, usize, usize),
+    group: usize,
+    s: (usize, usize),
+    p: (usize, usize),
+    d: (usize, usize),
+    o: (usize, usize),
+}
+
+/// Direct convolution, the reference for im2col + GEMM.
+fn conv_ref(x: &[f32], w: &[f32], b: &[f32], g: &Geo) -> Vec<f32> {
+    let (n, c, h, wd) = g.x;
+    let (m, kh, kw) = g.k;
+    let (oh, ow) = g.o;
+    let (cg, mg) = (c / g.group, m / g.group);
+    let mut y = vec![0.0; n * m * oh * ow];
+    for ni in 0..n {
+        for mi in 0..m {
+            let gi = mi / mg;
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut s = b[mi];
+                    for ci in 0..cg {
+                        for ki in 0..kh {
+                            for kj in 0..kw {
+                                let iy = (oy * g.s.0 + ki * g.d.0) as isize - g.p.0 as isize;
+                                let ix = (ox * g.s.1 + kj * g.d.1) as isize - g.p.1 as isize;
+                                if iy < 0 || ix < 0 || iy as usize >= h || ix as usize >= wd {
+                                    continue;
+                                }
+                                let xc = gi * cg + ci;
+                                s += x[((ni * c + xc) * h + iy as usize) * wd + ix as usize]
+                                    * w[((mi * cg + ci) * kh + ki) * kw + kj];
+                            }
+                        }
+                    }
+                    y[((ni * m + mi) * oh + oy) * ow + ox] = s;
+                }
+            }
+        }
+    }
+    y
+}
+
+#[test]
+fn conv_groups_strides_pads_dilations() {
+    // x [2,4,7,6], w [6,2,3,3] (group 2), stride 2x1, pads 1/2, dilation 2x1:
+    // oh = (7 + 2 - 5) / 2 + 1 = 3, ow = (6 + 4 - 3) / 1 + 1 = 8.
+    let x = t(&[2, 4, 7, 6], 11);
+    let w = t(&[6, 2, 3, 3], 12);
+    let b = t(&[6], 13);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,4,7,6] x, float[6,2,3,3] w, float[6] b) => (float[2,6,3,8] y) {
+          y = Conv <group = 2, strides = [2, 1], pads = [1, 2, 1, 2], dilations = [2, 1]> (x, w, b)
+        }"#,
+        &[x.clone(), w.clone(), b.clone()],
+    );
+    let geo = Geo {
+        x: (2, 4, 7, 6),
+        k: (6, 3, 3),
+        group: 2,
+        s: (2, 1),
+        p: (1, 2),
+        d: (2, 1),
+        o: (3, 8),
+    };
+    let want = conv_ref(
+        &x.to_f32().unwrap(),
+        &w.to_f32().unwrap(),
+        &b.to_f32().unwrap(),
+        &geo,
+    );
+    close(&got[0], &want);
+}
+
+#[test]
+fn conv_depthwise_pointwise_and_1d() {
+    let x = t(&[1, 3, 5, 5], 14);
+    let dw = t(&[3, 1, 3, 3], 15);
+    let pw = t(&[4, 3, 1, 1], 16);
+    let x1 = t(&[1, 2, 9], 17);
+    let w1 = t(&[3, 2, 3], 18);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,3,5,5] x, float[3,1,3,3] dw, float[4,3,1,1] pw, float[1,2,9] x1, float[3,2,3] w1)
+          => (float[1,3,5,5] d, float[1,4,5,5] p, float[1,3,5] q) {
+          d = Conv <group = 3, pads = [1, 1, 1, 1]> (x, dw)
+          p = Conv (d, pw)
+          q = Conv <strides = [2], pads = [1, 1]> (x1, w1)
+        }"#,
+        &[x.clone(), dw.clone(), pw.clone(), x1.clone(), w1.clone()],
+    );
+    let zeros = vec![0.0; 4];
+    let one = (1, 1);
+    let d = conv_ref(
+        &x.to_f32().unwrap(),
+        &dw.to_f32().unwrap(),
+        &zeros,
+        &Geo {
+            x: (1, 3, 5, 5),
+            k: (3, 3, 3),
+            group: 3,
+            s: one,
+            p: one,
+            d: one,
+            o: (5, 5),
+        },
+    );
+    close(&got[0], &d);
+    let p = conv_ref(
+        &d,
+        &pw.to_f32().unwrap(),
+        &zeros,
+        &Geo {
+            x: (1, 3, 5, 5),
+            k: (4, 1, 1),
+            group: 1,
+            s: one,
+            p: (0, 0),
+            d: one,
+            o: (5, 5),
+        },
+    );
+    close(&got[1], &p);
+    let q = conv_ref(
+        &x1.to_f32().unwrap(),
+        &w1.to_f32().unwrap(),
+        &zeros,
+        &Geo {
+            x: (1, 2, 1, 9),
+            k: (3, 1, 3),
+            group: 1,
+            s: (1, 2),
+            p: (0, 1),
+            d: one,
+            o: (1, 5),
+        },
+    );
+    close(&got[2], &q);
+}
+
+#[test]
+fn pooling_with_pads() {
+    let x = t(&[1, 1, 4, 4], 19);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,1,4,4] x) => (float[1,1,2,2] mx, float[1,1,2,2] av, float[1,1,2,2] avp) {
+          mx = MaxPool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 0, 0]> (x)
+          av = AveragePool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 0, 0]> (x)
+          avp = AveragePool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 0, 0], count_include_pad = 1> (x)
+        }"#,
+        std::slice::from_ref(&x),
+    );
+    let xv = x.to_f32().unwrap();
+    let (mut mx, mut av, mut avp) = (vec![], vec![], vec![]);
+    for oy in 0..2 {
+        for ox in 0..2 {
+            let mut vals = vec![];
+            for ki in 0..3 {
+                for kj in 0..3 {
+                    let (iy, ix) = ((oy * 2 + ki) as isize - 1, (ox * 2 + kj) as isize - 1);
+                    if iy >= 0 && ix >= 0 && iy < 4 && ix < 4 {
+                        vals.push(xv[iy as usize * 4 + ix as usize]);
+                    }
+                }
+            }
+            mx.push(vals.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+            av.push(vals.iter().sum::<f32>() / vals.len() as f32);
+            avp.push(vals.iter().sum::<f32>() / 9.0);
+        }
+    }
+    close(&got[0], &mx);
+    close(&got[1], &av);
+    close(&got[2], &avp);
+}
+
+#[test]
+fn slice_transpose_gather_concat_split() {
+    let x = t(&[3, 4], 20);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[3,4] x) => (float[3,2] s, float[4,3] tr, float[2,4] ga, float[3,8] c, float[3,1] p) {
+          st = Constant <value = int64[1] {-1}> ()
+          en = Constant <value = int64[1] {-5}> ()
+          ax = Constant <value = int64[1] {1}> ()
+          sp = Constant <value = int64[1] {-2}> ()
+          s = Slice (x, st, en, ax, sp)
+          tr = Transpose <perm = [1, 0]> (x)
+          ix = Constant <value = int64[2] {-1, 0}> ()
+          ga = Gather <axis = 0> (x, ix)
+          c = Concat <axis = 1> (x, x)
+          lens = Constant <value = int64[2] {3, 1}> ()
+          q, p = Split <axis = 1> (x, lens)
+        }"#,
+        std::slice::from_ref(&x),
+    );
+    let xv = x.to_f32().unwrap();
+    let at = |i: usize, j: usize| xv[i * 4 + j];
+    let s: Vec<f32> = (0..3).flat_map(|i| [at(i, 3), at(i, 1)]).collect();
+    close(&got[0], &s);
+    let tr: Vec<f32> = (0..4)
+        .flat_map(|j| (0..3).map(move |i| (i, j)))
+        .map(|(i, j)| at(i, j))
+        .collect();
+    close(&got[1], &tr);
+    close(&got[2], &[&xv[8..12], &xv[0..4]].concat());
+    let c: Vec<f32> = (0..3)
+        .flat_map(|i| [&xv[i * 4..i * 4 + 4], &xv[i * 4..i * 4 + 4]].concat())
+        .collect();
+    close(&got[3], &c);
+    close(&got[4], &(0..3).map(|i| at(i, 3)).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_plan_overlapping_a_nodes_input_and_output_is_refused() {
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[8,8] a, float[8,8] b) => (float[8,8] y) {
+          t = MatMul (a, b)
+          y = Relu (t)
+        }"#,
+    )
+    .unwrap();
+    let mut mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let off_a = mp
+        .plan
+        .tensors
+        .iter()
+        .find(|t| t.name == "a")
+        .unwrap()
+        .offset;
+    let t = mp.plan.tensors.iter_mut().find(|t| t.name == "t").unwrap();
+    t.offset = off_a;
+    let e = Executable::new(&mp.model, &mp.plan, &CpuBackend)
+        .err()
+        .unwrap();
+    assert!(matches!(e, ExecError::BadPlan(_)), "{e}");
+}
+
+#[test]
+fn the_in_place_chain_is_really_in_place() {
+    // The first test's chain: Relu and Mul must write over their input, so
+    // that test checks the in-place reads (Mul reads both operands from its
+    // own output).
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3,1] a, float[4] b) => (float[2,3,4] y) {
+          s = Add (a, b)
+          r = Relu (s)
+          m = Mul (r, r)
+          y = Sub (m, b)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let ops: Vec<&str> = mp.plan.aliases.iter().map(|a| a.op_type.as_str()).collect();
+    assert!(ops.contains(&"Relu") && ops.contains(&"Mul"), "{ops:?}");
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let (a, b) = (t(&[2, 3, 1], 1), t(&[4], 2));
+    let (out, _) = exe
+        .run(&[a.clone(), b.clone()], &RunOptions::default())
+        .unwrap();
+    let (av, bv) = (a.to_f32().unwrap(), b.to_f32().unwrap());
+    let want: Vec<f32> = (0..24)
+        .map(|i| {
+            let r = (av[i / 4] + bv[i % 4]).max(0.0);
+            r * r - bv[i % 4]
+        })
+        .collect();
+    close(&out[0].to_f32().unwrap(), &want);
+}
+
+#[test]
+fn fp16_nodes_compute_in_f32_and_round_once() {
+    use half::f16;
+    let a = data(12, 21);
+    let b = data(8, 22);
+    let h = |shape: &[usize], v: &[f32]| HostTensor {
+        dtype: graphopt_ir::DType::F16,
+        shape: shape.to_vec(),
+        data: v
+            .iter()
+            .flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes())
+            .collect(),
+    };
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float16[3,4] a, float16[4,2] b) => (float16[3,2] y, float[3,2] z) {
+          p = MatMul (a, b)
+          y = Relu (p)
+          z = Cast <to = 1> (y)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let (out, _) = exe
+        .run(&[h(&[3, 4], &a), h(&[4, 2], &b)], &RunOptions::default())
+        .unwrap();
+    // The reference: f16 inputs widened, f32 product, one rounding.
+    let wa: Vec<f32> = a.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+    let wb: Vec<f32> = b.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+    let want: Vec<f32> = matmul_ref(&wa, &wb, 3, 4, 2)
+        .iter()
+        .map(|&x| f16::from_f32(f16::from_f32(x).to_f32().max(0.0)).to_f32())
+        .collect();
+    let y: Vec<f32> = out[0]
+        .data
+        .chunks_exact(2)
+        .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+        .collect();
+    assert_eq!(y, want);
+    assert_eq!(out[1].to_f32().unwrap(), want);
+}
+
+#[test]
+fn dynamic_quantize_and_matmul_integer_follow_the_onnx_examples() {
+    // DynamicQuantizeLinear's example in the ONNX operator docs.
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[6] x, uint8[2,3] a, int8[3,2] b) => (uint8[6] y, float s, uint8 z, int32[2,2] p, float[2,2] d) {
+          y, s, z = DynamicQuantizeLinear (x)
+          za = Constant <value = uint8 {1}> ()
+          p = MatMulInteger (a, b, za)
+          sc = Constant <value = float {0.5}> ()
+          d = DequantizeLinear (p, sc)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let x = HostTensor::from_f32(&[6], &[0.0, 2.0, -3.0, -2.5, 1.34, 0.5]);
+    let a = HostTensor {
+        dtype: graphopt_ir::DType::U8,
+        shape: vec![2, 3],
+        data: vec![1, 2, 3, 4, 5, 6],
+    };
+    let b = HostTensor {
+        dtype: graphopt_ir::DType::I8,
+        shape: vec![3, 2],
+        data: [1i8, -1, 2, 0, -3, 4].iter().map(|&v| v as u8).collect(),
+    };
+    let (out, _) = exe.run(&[x, a, b], &RunOptions::default()).unwrap();
+    assert_eq!(out[0].data, vec![153, 255, 0, 26, 221, 179]);
+    assert!((out[1].to_f32().unwrap()[0] - 0.019_607_844).abs() < 1e-9);
+    assert_eq!(out[2].data, vec![153]);
+    // (a - 1) @ b = [[0,1,2],[3,4,5]] @ [[1,-1],[2,0],[-3,4]].
+    let p: Vec<i32> = out[3]
+        .data
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(p, vec![-4, 8, -4, 17]);
+    assert_eq!(out[4].to_f32().unwrap(), vec![-2.0, 4.0, -2.0, 8.5]);
+}

@@ -1,0 +1,327 @@
+//! `Session::run`: runs the model with graphopt's own runtime
+//! (`graphopt-exec`) in one arena laid out by the memory planner, and
+//! measures it: latency (best and median of N), weights, arena as planned
+//! and as allocated, workspace, peak RSS. With `poison`, one more run
+//! overwrites every region after its last reader and checks that the
+//! outputs did not change: a plan that frees a tensor too early fails it.
+//! A [`Runner`] keeps the plan and kernels made for each set of input
+//! shapes, so repeated calls plan once per shape.
+
+use crate::error::{Error, Result};
+use crate::inputs::Inputs;
+use crate::session::Session;
+use graphopt_exec::{CpuBackend, Executable, HostTensor};
+use graphopt_ir::DType;
+use graphopt_plan::{DimBinding, DimValues, Plan, PlanOptions};
+use graphopt_tract::TractTensor;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+use tract_onnx::prelude::{DatumType, Tensor};
+
+/// Where to run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+/// Options of [`Session::run`].
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Inputs (default: seeded random). Their shapes bind the input dims.
+    pub inputs: Inputs,
+    /// `NAME=VALUE` bindings of symbolic dims.
+    pub dims: Vec<(String, i64)>,
+    pub device: Device,
+    /// Timed runs (at least 1).
+    pub repeat: usize,
+    /// One more run with poison after each region's last reader; its
+    /// outputs must equal the clean run's.
+    pub poison: bool,
+    /// Kernel threads (default: the machine's parallelism).
+    pub threads: Option<usize>,
+    /// Test hook: edits the plan before it runs, to plant a planner bug
+    /// and show that the poison check fails. Not for production use.
+    #[doc(hidden)]
+    pub tamper: Option<fn(&mut Plan)>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            inputs: Inputs::default(),
+            dims: Vec::new(),
+            device: Device::Cpu,
+            repeat: 1,
+            poison: false,
+            threads: None,
+            tamper: None,
+        }
+    }
+}
+
+/// What the poison run found.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PoisonReport {
+    /// Regions overwritten.
+    pub regions: usize,
+    /// Outputs whose bytes differ from the clean run (poison reached them).
+    pub poisoned_outputs: Vec<String>,
+    pub ok: bool,
+}
+
+/// What [`Session::run`] returns.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    pub device: Device,
+    pub inputs: String,
+    pub dims: Vec<DimBinding>,
+    /// False when the plan came from a [`Runner`]'s cache.
+    pub planned_now: bool,
+    /// Output names, in graph order, and their values (of the last clean run).
+    pub output_names: Vec<String>,
+    #[serde(skip)]
+    pub outputs: Vec<TractTensor>,
+    pub repeat: usize,
+    pub threads: usize,
+    pub latency_best_ms: f64,
+    pub latency_median_ms: f64,
+    pub weights_bytes: u64,
+    /// Weights copied because the file left them misaligned (else read in place).
+    pub weights_copied_bytes: u64,
+    pub arena_planned_bytes: u64,
+    pub arena_allocated_bytes: u64,
+    pub workspace_bytes: u64,
+    /// Bytes allocated outside the arena for values of data-dependent
+    /// size (always 0: such models are refused for now).
+    pub dynamic_bytes: u64,
+    /// Peak resident set of this process (Linux `VmHWM`), if known.
+    pub peak_rss_bytes: Option<u64>,
+    pub poison: Option<PoisonReport>,
+}
+
+fn datum(d: DType) -> Option<DatumType> {
+    Some(match d {
+        DType::F32 => DatumType::F32,
+        DType::F64 => DatumType::F64,
+        DType::F16 => DatumType::F16,
+        DType::I64 => DatumType::I64,
+        DType::I32 => DatumType::I32,
+        DType::I16 => DatumType::I16,
+        DType::I8 => DatumType::I8,
+        DType::U8 => DatumType::U8,
+        DType::U16 => DatumType::U16,
+        DType::U32 => DatumType::U32,
+        DType::U64 => DatumType::U64,
+        DType::Bool => DatumType::Bool,
+        _ => return None,
+    })
+}
+
+fn dtype(d: DatumType) -> Option<DType> {
+    DType::all().find(|&x| datum(x) == Some(d))
+}
+
+/// A tract tensor as the runtime's host tensor.
+pub fn to_host(t: &TractTensor) -> Result<HostTensor> {
+    let d = dtype(t.datum_type())
+        .ok_or_else(|| Error::new(format!("input type {:?} is not supported", t.datum_type())))?;
+    Ok(HostTensor {
+        dtype: d,
+        shape: t.shape().to_vec(),
+        data: t.as_bytes().to_vec(),
+    })
+}
+
+/// A host tensor as a tract tensor.
+pub fn to_tract(t: &HostTensor) -> Result<TractTensor> {
+    let dt = datum(t.dtype)
+        .ok_or_else(|| Error::new(format!("output type {} is not supported", t.dtype.name())))?;
+    let mut out = Tensor::zero_dt(dt, &t.shape).map_err(|e| Error::new(e.to_string()))?;
+    out.as_bytes_mut().copy_from_slice(&t.data);
+    Ok(out)
+}
+
+/// Peak resident set size of this process (Linux), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl Session {
+    /// Runs the model in graphopt's runtime on `opts.device` (a fresh
+    /// [`Runner`]: plans once for these inputs).
+    pub fn run(&self, opts: &RunOptions) -> Result<RunReport> {
+        self.runner().run(opts)
+    }
+
+    /// A runner that caches a plan and its kernels per input shapes.
+    pub fn runner(&self) -> Runner<'_> {
+        Runner {
+            session: self,
+            cache: Vec::new(),
+        }
+    }
+}
+
+/// The dims and input shapes a plan was made for.
+type PlanKey = (Vec<(String, i64)>, Vec<(String, Vec<i64>)>);
+
+/// Runs one session's model again and again: symbolic dims are bound from
+/// each call's inputs, and the plan and kernels made for those shapes are
+/// cached, so a later call with the same shapes plans nothing.
+pub struct Runner<'s> {
+    session: &'s Session,
+    cache: Vec<(PlanKey, Executable, Vec<DimBinding>)>,
+}
+
+impl Runner<'_> {
+    /// Plans made so far (one per distinct set of input shapes and dims).
+    pub fn cached_plans(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Runs the model; see [`RunOptions`].
+    pub fn run(&mut self, opts: &RunOptions) -> Result<RunReport> {
+        let session = self.session;
+        if opts.device == Device::Cuda {
+            return Err(session.err(Error::new(
+                "the CUDA backend is not built yet: run with --device cpu",
+            )));
+        }
+        let inputs = match &opts.inputs {
+            Inputs::Random {
+                seed, default_dim, ..
+            } => Inputs::Random {
+                seed: *seed,
+                dims: opts.dims.clone(),
+                default_dim: *default_dim,
+            },
+            other => other.clone(),
+        };
+        let (tensors, label) = inputs
+            .materialize(&session.model)
+            .map_err(|e| session.err(e))?;
+        let g = &session.model.graph;
+        let names: Vec<String> = g
+            .inputs
+            .iter()
+            .filter(|&&v| g.initializer(v).is_none())
+            .map(|&v| g.name(v).to_string())
+            .collect();
+        let dims = DimValues {
+            bound: opts.dims.clone(),
+            shapes: names
+                .iter()
+                .zip(&tensors)
+                .map(|(n, t)| (n.clone(), t.shape().iter().map(|&d| d as i64).collect()))
+                .collect(),
+            default: None,
+        };
+        let key: PlanKey = (dims.bound.clone(), dims.shapes.clone());
+        let hit = match opts.tamper {
+            // A tampered plan is never cached (nor taken from the cache).
+            Some(_) => None,
+            None => self.cache.iter().position(|c| c.0 == key),
+        };
+        let planned_now = hit.is_none();
+        let mut fresh: Option<(Executable, Vec<DimBinding>)> = None;
+        let slot = match hit {
+            Some(i) => i,
+            None => {
+                let mut mp =
+                    graphopt_plan::plan_model(&session.model, &dims, &PlanOptions::default())
+                        .map_err(|e| session.err(e))?;
+                if let Some(f) = opts.tamper {
+                    f(&mut mp.plan);
+                }
+                let exe = Executable::new(&mp.model, &mp.plan, &CpuBackend)
+                    .map_err(|e| session.err(Error::new(e.to_string())))?;
+                if opts.tamper.is_some() {
+                    fresh = Some((exe, mp.dims));
+                    usize::MAX
+                } else {
+                    self.cache.push((key, exe, mp.dims));
+                    self.cache.len() - 1
+                }
+            }
+        };
+        let (exe, bound_dims) = match &mut fresh {
+            Some((e, d)) => (e, d.clone()),
+            None => {
+                let c = &mut self.cache[slot];
+                (&mut c.1, c.2.clone())
+            }
+        };
+        let host: Vec<HostTensor> = tensors.iter().map(to_host).collect::<Result<_>>()?;
+        let threads = opts
+            .threads
+            .unwrap_or_else(graphopt_plan::default_threads)
+            .max(1);
+        let ropts = graphopt_exec::RunOptions {
+            threads,
+            poison: false,
+        };
+        let mut times: Vec<Duration> = Vec::new();
+        let mut outputs = Vec::new();
+        for _ in 0..opts.repeat.max(1) {
+            let t0 = Instant::now();
+            let (o, _) = exe
+                .run(&host, &ropts)
+                .map_err(|e| session.err(Error::new(e.to_string())))?;
+            times.push(t0.elapsed());
+            outputs = o;
+        }
+        let output_names = exe.output_names();
+        let poison = if opts.poison {
+            let (o, stats) = exe
+                .run(
+                    &host,
+                    &graphopt_exec::RunOptions {
+                        threads,
+                        poison: true,
+                    },
+                )
+                .map_err(|e| session.err(Error::new(e.to_string())))?;
+            let poisoned_outputs: Vec<String> = output_names
+                .iter()
+                .zip(o.iter().zip(&outputs))
+                .filter(|(_, (a, b))| a.data != b.data)
+                .map(|(n, _)| n.clone())
+                .collect();
+            Some(PoisonReport {
+                regions: stats.poisoned_regions,
+                ok: poisoned_outputs.is_empty(),
+                poisoned_outputs,
+            })
+        } else {
+            None
+        };
+        times.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        Ok(RunReport {
+            device: opts.device,
+            inputs: label,
+            dims: bound_dims,
+            planned_now,
+            output_names,
+            outputs: outputs.iter().map(to_tract).collect::<Result<_>>()?,
+            repeat: times.len(),
+            threads,
+            latency_best_ms: ms(times[0]),
+            latency_median_ms: ms(times[times.len() / 2]),
+            weights_bytes: exe.weights_bytes(),
+            weights_copied_bytes: exe.weights_copied_bytes(),
+            arena_planned_bytes: exe.arena_planned_bytes(),
+            arena_allocated_bytes: exe.arena_allocated_bytes(),
+            workspace_bytes: exe.workspace_bytes(),
+            dynamic_bytes: 0,
+            peak_rss_bytes: peak_rss_bytes(),
+            poison,
+        })
+    }
+}
