@@ -99,6 +99,12 @@ const NOT_FIRING: &[(&str, &str, &str)] = &[
          MatMuls are 3-D; their 2-D Linear layers are exported as Gemm already)",
     ),
     ("fuse_matmul_add", "default", "as alone"),
+    (
+        "fuse_parallel_matmul",
+        "default",
+        "not in the default pipeline: merging q/k/v raises the planned arena (see \
+         default_pipeline); it fires alone on the transformer models",
+    ),
 ];
 
 /// The opset the `@20` cases are upgraded to.
