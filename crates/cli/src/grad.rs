@@ -96,6 +96,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         ..GradOptions::default()
     };
     let mut session = graphopt::load(&a.input)?;
+    session.check_output_path(&a.output)?;
     let r = session.grad(&opts)?;
     session.save(&a.output)?;
     let mut out = format!(
@@ -131,8 +132,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     }
     print_out(&out);
     if let Some(path) = &a.report {
-        std::fs::write(path, json_text(&r)?)
-            .map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
+        graphopt::util::write_atomic(path, json_text(&r)?.as_bytes())?;
     }
     Ok(())
 }

@@ -142,14 +142,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     let t0 = Instant::now();
     let mut session = graphopt::load(&a.input)?;
     // Refuse before any work when -o names the input.
-    if let (Ok(i), Ok(o)) = (a.input.canonicalize(), a.output.canonicalize()) {
-        if i == o {
-            return Err(Error::new(format!(
-                "{}: the output would overwrite the input; choose another -o",
-                a.output.display()
-            )));
-        }
-    }
+    session.check_output_path(&a.output)?;
     let import_time = t0.elapsed();
     let t1 = Instant::now();
     let opt = session.optimize(&OptimizeOptions {

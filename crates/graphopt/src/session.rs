@@ -180,8 +180,10 @@ impl Session {
         self.save_with(path, &SaveOptions::default())
     }
 
-    /// [`Session::save`] with options.
-    pub fn save_with(&self, path: impl AsRef<Path>, opts: &SaveOptions) -> Result<SaveReport> {
+    /// An error when `path` names the file the session was loaded from
+    /// (callers check it before any work; [`Session::save_with`] checks it
+    /// again).
+    pub fn check_output_path(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         if let Some(src) = &self.source {
             if let (Ok(i), Ok(o)) = (src.canonicalize(), path.canonicalize()) {
@@ -193,6 +195,13 @@ impl Session {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// [`Session::save`] with options.
+    pub fn save_with(&self, path: impl AsRef<Path>, opts: &SaveOptions) -> Result<SaveReport> {
+        let path = path.as_ref();
+        self.check_output_path(path)?;
         let save = graphopt_onnx::SaveOptions {
             external: opts.external.clone().unwrap_or(ExternalData::Auto {
                 input_used_external: self.used_external_data,

@@ -64,19 +64,15 @@ pub fn layer_norm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     // μ and σ⁻¹ from the forward node (its optional outputs, added if off).
     let node = cx.node;
     let yname = cx.g.name(cx.y(0)?).to_string();
-    let mut saved = [None, None];
-    for (k, slot) in saved.iter_mut().enumerate() {
-        *slot = Some(match cx.g.node(node).output(k + 1) {
-            Some(v) => v,
-            None => {
-                let hint = if k == 0 { "mean" } else { "inv_std_dev" };
-                let v = cx.g.fresh_value(&format!("{yname}_{hint}"), None);
-                cx.g.set_output(node, k + 1, Some(v));
-                v
-            }
-        });
-    }
-    let (mean, rstd) = (saved[0].unwrap(), saved[1].unwrap());
+    let mut saved = |k: usize, hint: &str| match cx.g.node(node).output(k) {
+        Some(v) => v,
+        None => {
+            let v = cx.g.fresh_value(&format!("{yname}_{hint}"), None);
+            cx.g.set_output(node, k, Some(v));
+            v
+        }
+    };
+    let (mean, rstd) = (saved(1, "mean"), saved(2, "inv_std_dev"));
     let xc = cx.op("Sub", &[x, mean], vec![])?;
     let xhat = cx.op("Mul", &[xc, rstd], vec![])?;
     if cx.need(2) {
