@@ -225,28 +225,37 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
         g.value_mut(out).ty = ty;
         outs.push(out);
     }
-    if let Optimizer::Sgd { lr, weight_decay } = opts.optimizer {
-        let grads_out: Vec<ValueId> = outs[1..=params.len()].to_vec();
-        for (&p, &gv) in params.iter().zip(&grads_out) {
-            let ty = g.ty(p).cloned();
-            let pdt = ty.as_ref().and_then(|t| t.elem()).unwrap_or(dt);
-            let want = format!("{}_new", g.name(p));
+    let grads_out: Vec<ValueId> = outs[1..=params.len()].to_vec();
+    let mut state_inputs = Vec::new();
+    match opts.optimizer {
+        Optimizer::None => {}
+        Optimizer::Sgd { lr, weight_decay } => {
+            for (&p, &gv) in params.iter().zip(&grads_out) {
+                let ty = g.ty(p).cloned();
+                let pdt = ty.as_ref().and_then(|t| t.elem()).unwrap_or(dt);
+                let want = format!("{}_new", g.name(p));
+                let anchor = forward[0];
+                let mut cx = Cx::new(g, opset, anchor, &mut shapes, &mut added, &mut wants16);
+                cx.prefix = Some(want.clone());
+                let step = if weight_decay != 0.0 {
+                    let wd = cx.scale(p, pdt, weight_decay as f64)?;
+                    cx.op("Add", &[gv, wd], vec![])?
+                } else {
+                    gv
+                };
+                let s = cx.scale(step, pdt, lr as f64)?;
+                let new = cx.op("Sub", &[p, s], vec![])?;
+                name_output(g, new, &want, ty)?;
+                outs.push(new);
+            }
+        }
+        Optimizer::AdamW { .. } => {
             let anchor = forward[0];
             let mut cx = Cx::new(g, opset, anchor, &mut shapes, &mut added, &mut wants16);
-            cx.prefix = Some(want.clone());
-            let step = if weight_decay != 0.0 {
-                let wd = cx.scale(p, pdt, weight_decay as f64)?;
-                cx.op("Add", &[gv, wd], vec![])?
-            } else {
-                gv
-            };
-            let s = cx.scale(step, pdt, lr as f64)?;
-            let new = cx.op("Sub", &[p, s], vec![])?;
-            if g.value_by_name(&want).is_none() {
-                g.rename_value(new, &want)?;
-            }
-            g.value_mut(new).ty = ty;
-            outs.push(new);
+            let (news, state_outs, ins) = adamw(&mut cx, &params, &grads_out, dt, opts.optimizer)?;
+            outs.extend(news);
+            outs.extend(state_outs);
+            state_inputs = ins;
         }
     }
     g.value_mut(loss).ty = Some(Type::tensor(dt, Some(Shape::known(&[]))));
@@ -262,6 +271,18 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
         }
         opset_raised = Some((opset, 16));
     }
+    let mut initial_params = Vec::new();
+    if opts.params_as_inputs {
+        let g = &mut m.graph;
+        for &p in &params {
+            if let Some(t) = g.take_initializer(p) {
+                if !g.inputs.contains(&p) {
+                    g.inputs.push(p);
+                }
+                initial_params.push((g.name(p).to_string(), t));
+            }
+        }
+    }
     infer_model(&mut m, &InferOptions::default());
     let forward_nodes = forward_cone(&m.graph).len();
     let backward_nodes = m.graph.node_count() - forward_nodes;
@@ -272,8 +293,151 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
         forward_nodes,
         backward_nodes,
         opset_raised,
+        state_inputs: state_inputs
+            .iter()
+            .map(|&v| m.graph.name(v).to_string())
+            .collect(),
+        initial_params,
         model: m,
     })
+}
+
+/// Names `v` (a new value) `want` unless the name is taken, and types it.
+fn name_output(g: &mut Graph, v: ValueId, want: &str, ty: Option<Type>) -> Result<()> {
+    if g.value_by_name(want).is_none() {
+        g.rename_value(v, want)?;
+    }
+    g.value_mut(v).ty = ty;
+    Ok(())
+}
+
+/// Adds the graph input `name` typed `ty`; an error if the name is taken.
+fn add_state_input(g: &mut Graph, name: &str, ty: Option<Type>) -> Result<ValueId> {
+    let v = g.add_value(name, ty).map_err(|_| {
+        GradError::Invalid(format!(
+            "the model already has a value named '{name}', which the optimizer's state needs"
+        ))
+    })?;
+    g.inputs.push(v);
+    Ok(v)
+}
+
+/// The AdamW update (see [`Optimizer::AdamW`]): returns the outputs
+/// `<p>_new` (one per parameter), then the state outputs (`<p>_m_new`,
+/// `<p>_v_new` per parameter, then `step_new`), then the state inputs
+/// (`step`, then `<p>_m`, `<p>_v` per parameter).
+#[allow(clippy::type_complexity)]
+fn adamw(
+    cx: &mut Cx,
+    params: &[ValueId],
+    grads: &[ValueId],
+    dt: DType,
+    opt: Optimizer,
+) -> Result<(Vec<ValueId>, Vec<ValueId>, Vec<ValueId>)> {
+    let Optimizer::AdamW {
+        lr,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+    } = opt
+    else {
+        return Err(GradError::Invalid("not AdamW".into()));
+    };
+    let (lr, b1, b2, eps, wd) = (
+        lr as f64,
+        beta1 as f64,
+        beta2 as f64,
+        eps as f64,
+        weight_decay as f64,
+    );
+    if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) {
+        return Err(GradError::Invalid(format!(
+            "AdamW's betas must lie in [0, 1), got ({beta1}, {beta2})"
+        )));
+    }
+    let mut m_outs = Vec::new();
+    let mut v_outs = Vec::new();
+    let mut news = Vec::new();
+    let step = add_state_input(
+        cx.g,
+        "step",
+        Some(Type::tensor(DType::I64, Some(Shape::known(&[])))),
+    )?;
+    let mut state_in = vec![step];
+    cx.prefix = Some("step_new".into());
+    let one_i = {
+        let t = graphopt_ir::Tensor::from_i64(vec![], &[1])?;
+        cx.constant("one", t)
+    };
+    let t_i = cx.op("Add", &[step, one_i], vec![])?;
+    name_output(
+        cx.g,
+        t_i,
+        "step_new",
+        Some(Type::tensor(DType::I64, Some(Shape::known(&[])))),
+    )?;
+    // Bias corrections per float type: 1/(1 - β1^t) and 1/√(1 - β2^t).
+    let mut corr: HashMap<DType, (ValueId, ValueId)> = HashMap::new();
+    for (&p, &gv) in params.iter().zip(grads) {
+        let ty = cx.g.ty(p).cloned();
+        let pdt = ty.as_ref().and_then(|t| t.elem()).unwrap_or(dt);
+        let pname = cx.g.name(p).to_string();
+        let (c1, c2) = match corr.get(&pdt) {
+            Some(&c) => c,
+            None => {
+                cx.prefix = Some("adamw".into());
+                let tf = cx.op("Cast", &[t_i], vec![int_attr("to", pdt.to_onnx() as i64)])?;
+                let one = cx.scalar(pdt, 1.0)?;
+                let pw = |cx: &mut Cx, b: f64| -> Result<ValueId> {
+                    let bv = cx.scalar(pdt, b)?;
+                    let p = cx.op("Pow", &[bv, tf], vec![])?;
+                    cx.op("Sub", &[one, p], vec![])
+                };
+                let d1 = pw(cx, b1)?;
+                let c1 = cx.op("Reciprocal", &[d1], vec![])?;
+                let d2 = pw(cx, b2)?;
+                let s2 = cx.op("Sqrt", &[d2], vec![])?;
+                let c2 = cx.op("Reciprocal", &[s2], vec![])?;
+                corr.insert(pdt, (c1, c2));
+                (c1, c2)
+            }
+        };
+        let m = add_state_input(cx.g, &format!("{pname}_m"), ty.clone())?;
+        let v = add_state_input(cx.g, &format!("{pname}_v"), ty.clone())?;
+        state_in.extend([m, v]);
+        cx.prefix = Some(format!("{pname}_m_new"));
+        let bm = cx.scale(m, pdt, b1)?;
+        let gm = cx.scale(gv, pdt, 1.0 - b1)?;
+        let m2 = cx.op("Add", &[bm, gm], vec![])?;
+        name_output(cx.g, m2, &format!("{pname}_m_new"), ty.clone())?;
+        cx.prefix = Some(format!("{pname}_v_new"));
+        let bv = cx.scale(v, pdt, b2)?;
+        let gg = cx.op("Mul", &[gv, gv], vec![])?;
+        let gv2 = cx.scale(gg, pdt, 1.0 - b2)?;
+        let v2 = cx.op("Add", &[bv, gv2], vec![])?;
+        name_output(cx.g, v2, &format!("{pname}_v_new"), ty.clone())?;
+        cx.prefix = Some(format!("{pname}_new"));
+        let sv = cx.op("Sqrt", &[v2], vec![])?;
+        let sc = cx.op("Mul", &[sv, c2], vec![])?;
+        let e = cx.scalar(pdt, eps)?;
+        let den = cx.op("Add", &[sc, e], vec![])?;
+        let q = cx.op("Div", &[m2, den], vec![])?;
+        let qc = cx.op("Mul", &[q, c1], vec![])?;
+        let upd = cx.scale(qc, pdt, lr)?;
+        let decayed = cx.scale(p, pdt, 1.0 - lr * wd)?;
+        let new = cx.op("Sub", &[decayed, upd], vec![])?;
+        name_output(cx.g, new, &format!("{pname}_new"), ty)?;
+        news.push(new);
+        m_outs.push(m2);
+        v_outs.push(v2);
+    }
+    let mut state_out = Vec::new();
+    for (m, v) in m_outs.into_iter().zip(v_outs) {
+        state_out.extend([m, v]);
+    }
+    state_out.push(t_i);
+    Ok((news, state_out, state_in))
 }
 
 /// The nodes `loss` depends on: the forward pass and the loss. Every other

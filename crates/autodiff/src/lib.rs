@@ -13,8 +13,12 @@
 //!    (and `<input>_grad` for float graph inputs with
 //!    [`GradOptions::input_grads`]);
 //! 5. with [`GradOptions::optimizer`], the updated parameters
-//!    `<param>_new` (SGD), so that a runtime can loop the step by feeding
-//!    them back.
+//!    `<param>_new` (SGD, AdamW) and the optimizer state (AdamW's
+//!    `<param>_m_new`, `<param>_v_new`, `step_new`, fed back as the graph
+//!    inputs `<param>_m`, `<param>_v`, `step`), so that a runtime can loop
+//!    the step by feeding them back;
+//! 6. with [`GradOptions::params_as_inputs`], the trainable parameters are
+//!    graph inputs rather than initializers.
 //!
 //! Invariants the builder keeps:
 //! 1. integer, bool and shape computations get no gradient: only values of
@@ -93,6 +97,38 @@ pub enum Optimizer {
     None,
     /// `p_new = p - lr·(grad + weight_decay·p)`, as outputs `<param>_new`.
     Sgd { lr: f32, weight_decay: f32 },
+    /// `torch.optim.AdamW` (no amsgrad): graph inputs `<param>_m`,
+    /// `<param>_v` (the moments, zeros at the start) and an int64 scalar
+    /// `step` (steps taken so far, 0 at the start: torch's `state["step"]`
+    /// before the update); outputs `<param>_new`, `<param>_m_new`,
+    /// `<param>_v_new` and `step_new = step + 1`. With `t = step + 1`:
+    ///
+    /// ```text
+    /// m' = β1·m + (1 - β1)·g
+    /// v' = β2·v + (1 - β2)·g²
+    /// p' = p·(1 - lr·wd) - lr/(1 - β1^t) · m' / (√v' / √(1 - β2^t) + ε)
+    /// ```
+    AdamW {
+        lr: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+    },
+}
+
+impl Optimizer {
+    /// AdamW with torch's defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+    /// weight decay 1e-2).
+    pub fn adamw_default() -> Optimizer {
+        Optimizer::AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 1e-2,
+        }
+    }
 }
 
 /// What to differentiate and how.
@@ -116,6 +152,10 @@ pub struct GradOptions {
     pub input_grads: bool,
     /// Also compute the updated parameters.
     pub optimizer: Optimizer,
+    /// Trainable parameters become graph inputs (without initializers)
+    /// instead of initializers, so that a runtime feeds them; their
+    /// initial values are in [`TrainingGraph::initial_params`].
+    pub params_as_inputs: bool,
 }
 
 impl Default for GradOptions {
@@ -128,6 +168,7 @@ impl Default for GradOptions {
             frozen: Vec::new(),
             input_grads: false,
             optimizer: Optimizer::None,
+            params_as_inputs: false,
         }
     }
 }
@@ -146,6 +187,12 @@ pub struct TrainingGraph {
     pub inputs: Vec<String>,
     /// Opset raised from, to (when a rule needed a newer op).
     pub opset_raised: Option<(i64, i64)>,
+    /// With [`GradOptions::params_as_inputs`], the parameters' values
+    /// taken out of the graph (in `params` order); empty otherwise.
+    pub initial_params: Vec<(String, graphopt_ir::Tensor)>,
+    /// Graph inputs the optimizer added (state: `<param>_m`, `<param>_v`,
+    /// `step`), in graph-input order.
+    pub state_inputs: Vec<String>,
 }
 
 /// Why a training graph could not be built: one line naming the op and node.

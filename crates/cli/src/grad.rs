@@ -34,15 +34,33 @@ pub struct Args {
     /// Also output `<input>_grad` for every float graph input.
     #[arg(long)]
     input_grads: bool,
-    /// none | sgd: also output the updated parameters `<param>_new`.
+    /// none | sgd | adamw: also output the updated parameters
+    /// `<param>_new` (adamw: and its state, `<param>_m_new`,
+    /// `<param>_v_new`, `step_new`, from inputs `<param>_m`, `<param>_v`,
+    /// `step`).
     #[arg(long, default_value = "none")]
     optimizer: String,
-    /// SGD's learning rate.
-    #[arg(long, default_value_t = 0.01)]
-    lr: f32,
-    /// SGD's weight decay (added to the gradient as `wd·p`).
-    #[arg(long, default_value_t = 0.0)]
-    weight_decay: f32,
+    /// Learning rate (default: sgd 0.01, adamw 0.001).
+    #[arg(long)]
+    lr: Option<f32>,
+    /// Weight decay (sgd: added to the gradient as `wd·p`, default 0;
+    /// adamw: decoupled, `p·(1 - lr·wd)`, default 0.01).
+    #[arg(long)]
+    weight_decay: Option<f32>,
+    /// AdamW's betas, `B1,B2`.
+    #[arg(long, default_value = "0.9,0.999", value_name = "B1,B2")]
+    betas: String,
+    /// AdamW's epsilon.
+    #[arg(long, default_value_t = 1e-8)]
+    eps: f32,
+    /// Trainable parameters become graph inputs instead of initializers.
+    #[arg(long)]
+    params_as_inputs: bool,
+    /// Write the inputs a runtime feeds besides the data for the first
+    /// step (parameters with --params-as-inputs; adamw's zero moments and
+    /// step 0) as an npz file.
+    #[arg(long, value_name = "INIT.npz")]
+    init_out: Option<PathBuf>,
     /// Bind a symbolic dim for the memory figures (NAME=VALUE), repeatable.
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
@@ -73,12 +91,34 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     let optimizer = match a.optimizer.as_str() {
         "none" => Optimizer::None,
         "sgd" => Optimizer::Sgd {
-            lr: a.lr,
-            weight_decay: a.weight_decay,
+            lr: a.lr.unwrap_or(0.01),
+            weight_decay: a.weight_decay.unwrap_or(0.0),
         },
+        "adamw" => {
+            let betas: Vec<f32> = a
+                .betas
+                .split(',')
+                .map(|b| b.trim().parse::<f32>())
+                .collect::<Result<_, _>>()
+                .ok()
+                .filter(|b: &Vec<f32>| b.len() == 2)
+                .ok_or_else(|| {
+                    Error::new(format!(
+                        "--betas wants two numbers B1,B2, got '{}'",
+                        a.betas
+                    ))
+                })?;
+            Optimizer::AdamW {
+                lr: a.lr.unwrap_or(1e-3),
+                beta1: betas[0],
+                beta2: betas[1],
+                eps: a.eps,
+                weight_decay: a.weight_decay.unwrap_or(1e-2),
+            }
+        }
         other => {
             return Err(Error::new(format!(
-                "unknown optimizer '{other}' (none, sgd; adamw is not written yet)"
+                "unknown optimizer '{other}' (none, sgd, adamw)"
             )))
         }
     };
@@ -91,6 +131,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             frozen: globs(&a.frozen),
             input_grads: a.input_grads,
             optimizer,
+            params_as_inputs: a.params_as_inputs,
         },
         dims: DimValues::new(&graphopt::util::parse_dims(&a.dims)?),
         ..GradOptions::default()
@@ -127,10 +168,19 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         human_bytes(r.lower_bound_bytes),
         human_bytes(r.arena_bytes)
     );
+    if !r.state_inputs.is_empty() {
+        out += &format!(
+            "optimizer state inputs: {} (fed back from the matching _new outputs)\n",
+            r.state_inputs.len()
+        );
+    }
     if let Some((from, to)) = r.opset_raised {
         out += &format!("opset raised from {from} to {to} for the gradients' ops\n");
     }
     print_out(&out);
+    if let Some(path) = &a.init_out {
+        graphopt::util::write_atomic(path, &graphopt::initial_state_npz(&r)?)?;
+    }
     if let Some(path) = &a.report {
         graphopt::util::write_atomic(path, json_text(&r)?.as_bytes())?;
     }

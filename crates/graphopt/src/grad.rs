@@ -69,6 +69,49 @@ pub struct GradReport {
     /// rules' ops, to 16 for ScatterND/ScatterElements with reduction.
     pub opset_raised: Option<(i64, i64)>,
     pub optimize: Option<OptimizeReport>,
+    /// Graph inputs that carry the optimizer's state (AdamW: `step`,
+    /// `<param>_m`, `<param>_v`), fed back from the `_new` outputs.
+    pub state_inputs: Vec<String>,
+    /// The values of the graph inputs that a runtime feeds besides the
+    /// data for the first step: the parameters (with `params_as_inputs`),
+    /// zero moments and `step = 0` (AdamW). Write them with
+    /// [`initial_state_npz`].
+    #[serde(skip)]
+    pub initial_state: Vec<(String, Tensor)>,
+}
+
+/// [`GradReport::initial_state`] as an npz file (name → array).
+pub fn initial_state_npz(report: &GradReport) -> Result<Vec<u8>> {
+    let mut arrays = Vec::new();
+    for (name, t) in &report.initial_state {
+        let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+        let err = || Error::new(format!("initial state '{name}': unreadable {}", t.dtype));
+        let tt = match t.dtype {
+            graphopt_ir::DType::F32 => {
+                let v: Vec<f32> = t
+                    .to_f64_vec()
+                    .ok_or_else(err)?
+                    .into_iter()
+                    .map(|x| x as f32)
+                    .collect();
+                TractTensor::from_shape(&shape, &v)
+            }
+            graphopt_ir::DType::F64 => {
+                TractTensor::from_shape(&shape, &t.to_f64_vec().ok_or_else(err)?)
+            }
+            graphopt_ir::DType::I64 => {
+                TractTensor::from_shape(&shape, &t.to_i64_vec().ok_or_else(err)?)
+            }
+            other => {
+                return Err(Error::new(format!(
+                    "initial state '{name}': {other} is not written yet (float, double, int64)"
+                )))
+            }
+        }
+        .map_err(|e| Error::new(e.to_string()))?;
+        arrays.push((name.clone(), tt));
+    }
+    Ok(graphopt_tract::npz::write(&arrays)?)
 }
 
 impl Session {
@@ -97,10 +140,12 @@ impl Session {
         // the tie between a parameter and its gradient.
         let g = &mut self.model.graph;
         let n_inputs = g.inputs.len();
+        // (With `params_as_inputs` they are graph inputs already.)
         let params: Vec<_> = train
             .params
             .iter()
             .filter_map(|p| g.value_by_name(p))
+            .filter(|v| !g.inputs.contains(v))
             .collect();
         g.inputs.extend(params.iter().copied());
         let optimize = if opts.simplify {
@@ -165,7 +210,41 @@ impl Session {
                 .sum()
         };
         let forward_nodes = cone.len();
+        let mut initial_state = train.initial_params;
+        for name in &train.state_inputs {
+            let v = g
+                .value_by_name(name)
+                .ok_or_else(|| Error::new(format!("state input '{name}' vanished")))?;
+            let t = g.ty(v).and_then(|t| t.as_tensor());
+            let (dt, dims) = match t.and_then(|t| Some((t.elem, t.shape.as_ref()?))) {
+                Some((dt, s)) => (
+                    dt,
+                    s.dims
+                        .iter()
+                        .map(|d| d.known())
+                        .collect::<Option<Vec<i64>>>()
+                        .ok_or_else(|| {
+                            Error::new(format!("state input '{name}' has symbolic dims"))
+                        })?,
+                ),
+                None => {
+                    return Err(Error::new(format!(
+                        "state input '{name}' has no known type"
+                    )))
+                }
+            };
+            let n: i64 = dims.iter().product();
+            let bytes = dt
+                .storage_bytes(n as u64)
+                .ok_or_else(|| Error::new(format!("state input '{name}': no zero of type {dt}")))?;
+            initial_state.push((
+                name.clone(),
+                Tensor::from_raw(dt, dims, vec![0u8; bytes as usize].into())?,
+            ));
+        }
         Ok(GradReport {
+            state_inputs: train.state_inputs,
+            initial_state,
             loss: "loss".into(),
             params: train.params,
             inputs: train.inputs,

@@ -53,7 +53,8 @@ pub use check::{
 };
 pub use error::{Error, Result};
 pub use grad::{
-    grad_check, AutodiffOptions, GradCheck, GradOptions, GradReport, Loss, Optimizer, SavedValue,
+    grad_check, initial_state_npz, AutodiffOptions, GradCheck, GradOptions, GradReport, Loss,
+    Optimizer, SavedValue,
 };
 pub use inputs::Inputs;
 pub use inspect::{Inspection, IoInfo};
