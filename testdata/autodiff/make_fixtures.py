@@ -167,6 +167,58 @@ F["reduce/reduce_max"] = (17, "float[2,3,4] x", "float[2,1,4] y", [init("w",[2,3
   h = Mul (x, w)
   m = ReduceMax <axes = [1], keepdims = 1> (h)
   y = Mul (m, m)""")
+# Offsets keep h = x*w + o at least 0.3 from PRelu's kink at 0.
+F["activations/prelu"] = (17, "float[2,3,4] x", "float[2,3,4] y", [init("w",[2,3,4], -0.2, 0.2), init("o",[2,3,4], 0.5, 1.5), "float[4] sgn = {1.0, -1.0, 1.0, -1.0}", init("slope",[3,1], 0.1, 0.5)], """
+  m = Mul (x, w)
+  a = Add (m, o)
+  h = Mul (a, sgn)
+  p = PRelu (h, slope)
+  y = Mul (p, h)""")
+F["activations/gelu_tanh"] = (20, "float[2,3] x", "float[2,3] y", [init("w",[2,3], -2.0, 2.0)], """
+  h = Mul (x, w)
+  e = Gelu <approximate = "tanh"> (h)
+  y = Mul (e, h)""")
+F["reduce/reduce_min_cumsum"] = (17, "float[2,3,4] x", "float[2,4] y", [init("w",[2,3,4]), "int64[1] ax = {1}", "int64 cax = {2}", "int64 cax1 = {1}"], """
+  h = Mul (x, w)
+  m = ReduceMin <axes = [1], keepdims = 0> (h)
+  c = CumSum (h, cax)
+  e = CumSum <exclusive = 1, reverse = 1> (c, cax1)
+  s = ReduceSum <keepdims = 0> (e, ax)
+  p = Mul (s, m)
+  y = Add (p, m)""")
+F["nn/average_pool"] = (17, "float[1,2,5,5] x", "float[1,2,3,3] y", [init("w",[1,2,5,5]), init("k",[1,2,3,3]), init("k2",[1,2,3,3])], """
+  h = Mul (x, w)
+  p = AveragePool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]> (h)
+  q = AveragePool <kernel_shape = [3, 2], strides = [2, 2], pads = [1, 0, 1, 1], count_include_pad = 1> (h)
+  a = Mul (p, k)
+  b = Mul (q, k2)
+  c = Add (a, b)
+  y = Mul (c, p)""")
+F["nn/instance_norm"] = (17, "float[2,3,2,3] x", "float[2,3,2,3] y", [init("scale",[3]), init("bias",[3]), init("k",[2,3,2,3])], """
+  n = InstanceNormalization <epsilon = 1e-5> (x, scale, bias)
+  p = Mul (n, k)
+  y = Mul (p, n)""")
+F["nn/group_norm"] = (21, "float[2,4,2,3] x", "float[2,4,2,3] y", [init("scale",[4]), init("bias",[4]), init("k",[2,4,2,3])], """
+  n = GroupNormalization <epsilon = 1e-5, num_groups = 2> (x, scale, bias)
+  p = Mul (n, k)
+  y = Mul (p, n)""")
+F["nn/group_norm_18"] = (18, "float[2,4,3] x", "float[2,4,3] y", [init("scale",[2]), init("bias",[2]), init("k",[2,4,3])], """
+  n = GroupNormalization <epsilon = 1e-5, num_groups = 2> (x, scale, bias)
+  p = Mul (n, k)
+  y = Mul (p, n)""")
+F["matmul/einsum_attention"] = (17, "float[1,2,3,4] x", "float[1,2,3,4] y", [init("wq",[1,2,3,4]), init("kk",[1,2,3,4]), init("v",[1,2,3,4])], """
+  q = Mul (x, wq)
+  s = Einsum <equation = "bhqd,bhkd->bhqk"> (q, kk)
+  a = Softmax <axis = -1> (s)
+  o = Einsum <equation = "bhqk,bhkd->bhqd"> (a, v)
+  y = Mul (o, q)""")
+F["matmul/einsum_forms"] = (17, "float[2,3,4] x", "float[2,3,5] y", [init("w",[4,5]), init("u",[3,3]), init("c",[2,5]), "int64[1] one = {1}"], """
+  h = Einsum <equation = "...ij,...jk->...ik"> (x, w)
+  g = Einsum <equation = "ij,bjk"> (u, h)
+  r = Einsum <equation = "bij->bj"> (g)
+  t = Einsum <equation = "bj,bj->bj"> (r, c)
+  tu = Unsqueeze (t, one)
+  y = Mul (g, tu)""")
 for name, (opset, ins, outs, inits, body) in F.items():
     fam, case = name.split("/")
     os.makedirs(fam, exist_ok=True)

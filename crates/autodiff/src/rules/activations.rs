@@ -6,6 +6,11 @@
 //! - `Erf`: `dx = dy·(2/√π)·exp(-x²)`;
 //! - `Gelu` (`approximate="none"`): `dx = dy·(Φ(x) + x·φ(x))` with
 //!   `Φ(x) = ½(1 + erf(x/√2))`, `φ(x) = exp(-x²/2)/√(2π)`;
+//! - `Gelu` (`approximate="tanh"`): `y = ½x(1 + t)`, `t = tanh(u)`,
+//!   `u = √(2/π)(x + 0.044715x³)`; `dx = dy·(½(1 + t) + ½x(1 - t²)·√(2/π)(1
+//!   + 3·0.044715x²))` (`t` recomputed from `x`);
+//! - `PRelu(x, slope)` (slope broadcast to `x`): `dx = Where(x > 0, dy,
+//!   slope·dy)`, `dslope = unbroadcast(Where(x > 0, 0, dy·x))`;
 //! - `HardSigmoid(α, β)`: `dx = Where(0 < αx + β < 1, α·dy, 0)`;
 //! - `HardSwish`: `y = x·HardSigmoid(x; 1/6, ½)`, `dx = dy·Where(x < -3, 0,
 //!   Where(x > 3, 1, (2x + 3)/6))`;
@@ -77,8 +82,11 @@ pub fn gelu(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
             .attr_str("approximate")
             .unwrap_or("none")
             .to_string();
+    if approx == "tanh" {
+        return gelu_tanh(cx, dys);
+    }
     if approx != "none" {
-        return Err(cx.unsupported(format!("approximate=\"{approx}\" has no rule yet")));
+        return Err(cx.unsupported(format!("approximate=\"{approx}\" is not an ONNX form")));
     }
     let d = dy(cx, dys)?;
     let x = cx.x(0)?;
@@ -202,4 +210,53 @@ pub fn elu(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let ya = cx.op("Add", &[y, a], vec![])?;
     let neg = cx.op("Mul", &[d, ya], vec![])?;
     Ok(vec![Some(cx.op("Where", &[pos, d, neg], vec![])?)])
+}
+
+fn gelu_tanh(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    const K: f64 = 0.044715;
+    let d = dy(cx, dys)?;
+    let x = cx.x(0)?;
+    let dt = cx.dtype(x)?;
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let x2 = cx.op("Mul", &[x, x], vec![])?;
+    // u = c·x·(1 + K·x²)
+    let kx2 = cx.scale(x2, dt, K)?;
+    let one = cx.scalar(dt, 1.0)?;
+    let a = cx.op("Add", &[kx2, one], vec![])?;
+    let xa = cx.op("Mul", &[x, a], vec![])?;
+    let u = cx.scale(xa, dt, c)?;
+    let t = cx.op("Tanh", &[u], vec![])?;
+    // ½(1 + t)
+    let t1 = cx.op("Add", &[t, one], vec![])?;
+    let left = cx.scale(t1, dt, 0.5)?;
+    // ½x(1 - t²)·c(1 + 3K·x²)
+    let tt = cx.op("Mul", &[t, t], vec![])?;
+    let sech2 = cx.op("Sub", &[one, tt], vec![])?;
+    let k3 = cx.scale(x2, dt, 3.0 * K)?;
+    let du = cx.op("Add", &[k3, one], vec![])?;
+    let xs = cx.op("Mul", &[x, sech2], vec![])?;
+    let r = cx.op("Mul", &[xs, du], vec![])?;
+    let right = cx.scale(r, dt, 0.5 * c)?;
+    let s = cx.op("Add", &[left, right], vec![])?;
+    Ok(vec![Some(cx.op("Mul", &[d, s], vec![])?)])
+}
+
+pub fn prelu(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let (x, slope) = (cx.x(0)?, cx.x(1)?);
+    let dt = cx.dtype(x)?;
+    let od = super::out_dims(cx)?;
+    let zero = cx.scalar(dt, 0.0)?;
+    let pos = cx.op("Greater", &[x, zero], vec![])?;
+    let mut out = vec![None, None];
+    if cx.need(0) {
+        let sd = cx.op("Mul", &[d, slope], vec![])?;
+        out[0] = Some(cx.op("Where", &[pos, d, sd], vec![])?);
+    }
+    if cx.need(1) {
+        let dx = cx.op("Mul", &[d, x], vec![])?;
+        let neg = cx.op("Where", &[pos, zero, dx], vec![])?;
+        out[1] = Some(cx.unbroadcast(neg, &od, slope)?);
+    }
+    Ok(out)
 }

@@ -13,9 +13,11 @@ use crate::Result;
 use graphopt_ir::ValueId;
 
 mod activations;
+mod einsum;
 mod elementwise;
 mod matmul;
 mod nn;
+mod norm;
 mod reduce;
 mod shape;
 
@@ -55,6 +57,9 @@ pub const RULES: &[(&str, Rule)] = &[
     ("ReduceSum", reduce::reduce_sum),
     ("ReduceMean", reduce::reduce_mean),
     ("ReduceMax", reduce::reduce_max),
+    ("ReduceMin", reduce::reduce_max),
+    ("CumSum", reduce::cum_sum),
+    ("PRelu", activations::prelu),
     ("GlobalAveragePool", reduce::global_average_pool),
     ("Reshape", shape::reshape_like),
     ("Flatten", shape::reshape_like),
@@ -70,6 +75,10 @@ pub const RULES: &[(&str, Rule)] = &[
     ("Conv", nn::conv),
     ("BatchNormalization", nn::batch_norm),
     ("MaxPool", nn::max_pool),
+    ("AveragePool", nn::average_pool),
+    ("InstanceNormalization", norm::instance_norm),
+    ("GroupNormalization", norm::group_norm),
+    ("Einsum", einsum::einsum),
 ];
 
 /// The rule for a default-domain op.

@@ -32,6 +32,15 @@
 //! is switched on and kept; `dX = Reshape(ScatterElements(zeros(numel X),
 //! flat(Indices), flat(dY), reduction="add"), Shape(X))`.
 //!
+//! `AveragePool` (unit dilations, no ceil mode, static channel and spatial
+//! dims): a depthwise convolution with a kernel of ones, divided by the
+//! number of elements each window averages, `dX = ConvTranspose(dY / cnt,
+//! ones[C, 1, k...], group = C)` with the forward strides and pads.
+//! `cnt` is `prod(kernel)`, or with `count_include_pad = 0` and pads the
+//! count of window elements inside the input, a constant per output
+//! position (the product over axes of the in-bounds counts). It reads no
+//! forward value.
+//!
 //! `BatchNormalization` in inference form (`training_mode = 0`: running
 //! mean `μ` and variance `v` are inputs), per channel (axis 1), with
 //! `r = 1/√(v + ε)` and sums over every axis but 1:
@@ -354,4 +363,109 @@ pub fn batch_norm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         }
     }
     Ok(out)
+}
+
+pub fn average_pool(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let x = cx.x(0)?;
+    let dt = cx.dtype(x)?;
+    if cx.attr_int("ceil_mode", 0) != 0
+        || cx
+            .attr_ints("dilations")
+            .is_some_and(|d| d.iter().any(|&v| v != 1))
+    {
+        return Err(cx.unsupported("ceil_mode or dilations have no rule yet"));
+    }
+    let ap =
+        cx.g.node(cx.node)
+            .attr_str("auto_pad")
+            .unwrap_or("NOTSET")
+            .to_string();
+    if ap != "NOTSET" && ap != "VALID" {
+        return Err(cx.unsupported(format!("auto_pad={ap} has no rule yet")));
+    }
+    let kernel = cx
+        .attr_ints("kernel_shape")
+        .ok_or_else(|| cx.unsupported("kernel_shape is missing"))?;
+    let sp = kernel.len();
+    let strides = cx.attr_ints("strides").unwrap_or(vec![1; sp]);
+    let pads = if ap == "VALID" {
+        vec![0; 2 * sp]
+    } else {
+        cx.attr_ints("pads").unwrap_or(vec![0; 2 * sp])
+    };
+    let static_dims = |cx: &Cx, v: ValueId| -> Option<Vec<i64>> {
+        cx.dims(v)?.iter().skip(1).map(|d| d.known()).collect()
+    };
+    let (Some(xd), Some(yd)) = (static_dims(cx, x), static_dims(cx, cx.y(0)?)) else {
+        return Err(cx.unsupported("AveragePool needs static channel and spatial dims"));
+    };
+    if xd.len() != sp + 1 || yd.len() != sp + 1 || strides.len() != sp || pads.len() != 2 * sp {
+        return Err(cx.unsupported("the kernel's rank does not match the input's"));
+    }
+    let c = xd[0];
+    let k: i64 = kernel.iter().product();
+    let include = cx.attr_int("count_include_pad", 0) != 0;
+    let scaled = if include || pads.iter().all(|&p| p == 0) {
+        cx.scale(d, dt, 1.0 / k as f64)?
+    } else {
+        // 1/cnt per output position: the product over axes of
+        // 1/#{j < k_i : 0 <= o·s_i - p_i + j < H_i}.
+        let mut inv = vec![1f64];
+        for i in 0..sp {
+            let per: Vec<f64> = (0..yd[1 + i])
+                .map(|o| {
+                    let start = o * strides[i] - pads[i];
+                    let n = (0..kernel[i])
+                        .filter(|j| (0..xd[1 + i]).contains(&(start + j)))
+                        .count();
+                    1.0 / n.max(1) as f64
+                })
+                .collect();
+            inv = inv
+                .iter()
+                .flat_map(|a| per.iter().map(move |b| a * b))
+                .collect();
+        }
+        let mut dims = vec![1, 1];
+        dims.extend_from_slice(&yd[1..]);
+        let t = match dt {
+            graphopt_ir::DType::F64 => {
+                let raw: Vec<u8> = inv.iter().flat_map(|v| v.to_le_bytes()).collect();
+                graphopt_ir::Tensor::from_raw(dt, dims, raw.into())?
+            }
+            _ => {
+                let v: Vec<f32> = inv.iter().map(|&v| v as f32).collect();
+                graphopt_ir::Tensor::from_f32(dims, &v)?
+            }
+        };
+        let w = cx.constant("inv_count", t);
+        cx.op("Mul", &[d, w], vec![])?
+    };
+    let mut wdims = vec![c, 1];
+    wdims.extend_from_slice(&kernel);
+    let n = (c * k) as usize;
+    let ones = match dt {
+        graphopt_ir::DType::F64 => {
+            let raw: Vec<u8> = std::iter::repeat_n(1f64.to_le_bytes(), n)
+                .flatten()
+                .collect();
+            graphopt_ir::Tensor::from_raw(dt, wdims, raw.into())?
+        }
+        _ => graphopt_ir::Tensor::from_f32(wdims, &vec![1f32; n])?,
+    };
+    let w = cx.constant("ones", ones);
+    let opad: Vec<i64> = (0..sp)
+        .map(|i| xd[1 + i] - (strides[i] * (yd[1 + i] - 1) + kernel[i] - pads[i] - pads[i + sp]))
+        .collect();
+    Ok(vec![Some(cx.op(
+        "ConvTranspose",
+        &[scaled, w],
+        vec![
+            ints_attr("strides", &strides),
+            ints_attr("pads", &pads),
+            ints_attr("output_padding", &opad),
+            int_attr("group", c),
+        ],
+    )?)])
 }

@@ -4,9 +4,13 @@
 //! `numel(x) / numel(y)`; `GlobalAveragePool` is a ReduceMean over the
 //! spatial axes with `keepdims=1`. Only `Shape(x)` is read, never `x`.
 //!
-//! `ReduceMax` (the exception: it keeps `x` and `y`): the gradient goes to
-//! the maxima, split evenly among ties as `torch.amax` does:
-//! `dx = dy'·m / Σm` with `m = (x == y')`.
+//! `ReduceMax` and `ReduceMin` (the exceptions: they keep `x` and `y`):
+//! the gradient goes to the extrema, split evenly among ties as
+//! `torch.amax`/`torch.amin` do: `dx = dy'·m / Σm` with `m = (x == y')`.
+//!
+//! `CumSum(x, axis)` (`exclusive`, `reverse`): `dx = CumSum(dy, axis)` with
+//! the same `exclusive` and the opposite `reverse`; it reads no forward
+//! value.
 
 use super::dy;
 use crate::cx::Cx;
@@ -98,4 +102,20 @@ pub fn global_average_pool(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let ny = cx.numel_f(y, dt)?;
     let n = cx.op("Div", &[nx, ny], vec![])?;
     Ok(vec![Some(cx.op("Div", &[e, n], vec![])?)])
+}
+
+pub fn cum_sum(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let axis = cx.x(1)?;
+    let excl = cx.attr_int("exclusive", 0);
+    let rev = cx.attr_int("reverse", 0);
+    let dx = cx.op(
+        "CumSum",
+        &[d, axis],
+        vec![
+            crate::cx::int_attr("exclusive", excl),
+            crate::cx::int_attr("reverse", 1 - (rev != 0) as i64),
+        ],
+    )?;
+    Ok(vec![Some(dx), None])
 }
