@@ -344,13 +344,7 @@ fn adamw(
     else {
         return Err(GradError::Invalid("not AdamW".into()));
     };
-    let (lr, b1, b2, eps, wd) = (
-        lr as f64,
-        beta1 as f64,
-        beta2 as f64,
-        eps as f64,
-        weight_decay as f64,
-    );
+    let (lr, b1, b2, eps, wd) = (lr, beta1, beta2, eps, weight_decay);
     if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) {
         return Err(GradError::Invalid(format!(
             "AdamW's betas must lie in [0, 1), got ({beta1}, {beta2})"
@@ -377,7 +371,25 @@ fn adamw(
         "step_new",
         Some(Type::tensor(DType::I64, Some(Shape::known(&[])))),
     )?;
-    // Bias corrections per float type: 1/(1 - β1^t) and 1/√(1 - β2^t).
+    // The bias corrections in double, as torch computes them in Python
+    // floats: step_size = lr/(1 - β1^t) and √(1 - β2^t); cast per type.
+    cx.prefix = Some("adamw".into());
+    let td = cx.op(
+        "Cast",
+        &[t_i],
+        vec![int_attr("to", DType::F64.to_onnx() as i64)],
+    )?;
+    let one = cx.scalar(DType::F64, 1.0)?;
+    let pw = |cx: &mut Cx, b: f64| -> Result<ValueId> {
+        let bv = cx.scalar(DType::F64, b)?;
+        let p = cx.op("Pow", &[bv, td], vec![])?;
+        cx.op("Sub", &[one, p], vec![])
+    };
+    let d1 = pw(cx, b1)?;
+    let lrv = cx.scalar(DType::F64, lr)?;
+    let step_size = cx.op("Div", &[lrv, d1], vec![])?;
+    let d2 = pw(cx, b2)?;
+    let c2 = cx.op("Sqrt", &[d2], vec![])?;
     let mut corr: HashMap<DType, (ValueId, ValueId)> = HashMap::new();
     for (&p, &gv) in params.iter().zip(grads) {
         let ty = cx.g.ty(p).cloned();
@@ -385,22 +397,16 @@ fn adamw(
         let pname = cx.g.name(p).to_string();
         let (c1, c2) = match corr.get(&pdt) {
             Some(&c) => c,
+            None if pdt == DType::F64 => (step_size, c2),
             None => {
                 cx.prefix = Some("adamw".into());
-                let tf = cx.op("Cast", &[t_i], vec![int_attr("to", pdt.to_onnx() as i64)])?;
-                let one = cx.scalar(pdt, 1.0)?;
-                let pw = |cx: &mut Cx, b: f64| -> Result<ValueId> {
-                    let bv = cx.scalar(pdt, b)?;
-                    let p = cx.op("Pow", &[bv, tf], vec![])?;
-                    cx.op("Sub", &[one, p], vec![])
-                };
-                let d1 = pw(cx, b1)?;
-                let c1 = cx.op("Reciprocal", &[d1], vec![])?;
-                let d2 = pw(cx, b2)?;
-                let s2 = cx.op("Sqrt", &[d2], vec![])?;
-                let c2 = cx.op("Reciprocal", &[s2], vec![])?;
-                corr.insert(pdt, (c1, c2));
-                (c1, c2)
+                let to = vec![int_attr("to", pdt.to_onnx() as i64)];
+                let c = (
+                    cx.op("Cast", &[step_size], to.clone())?,
+                    cx.op("Cast", &[c2], to)?,
+                );
+                corr.insert(pdt, c);
+                c
             }
         };
         let m = add_state_input(cx.g, &format!("{pname}_m"), ty.clone())?;
@@ -419,12 +425,11 @@ fn adamw(
         name_output(cx.g, v2, &format!("{pname}_v_new"), ty.clone())?;
         cx.prefix = Some(format!("{pname}_new"));
         let sv = cx.op("Sqrt", &[v2], vec![])?;
-        let sc = cx.op("Mul", &[sv, c2], vec![])?;
+        let sc = cx.op("Div", &[sv, c2], vec![])?;
         let e = cx.scalar(pdt, eps)?;
         let den = cx.op("Add", &[sc, e], vec![])?;
         let q = cx.op("Div", &[m2, den], vec![])?;
-        let qc = cx.op("Mul", &[q, c1], vec![])?;
-        let upd = cx.scale(qc, pdt, lr)?;
+        let upd = cx.op("Mul", &[q, c1], vec![])?;
         let decayed = cx.scale(p, pdt, 1.0 - lr * wd)?;
         let new = cx.op("Sub", &[decayed, upd], vec![])?;
         name_output(cx.g, new, &format!("{pname}_new"), ty)?;

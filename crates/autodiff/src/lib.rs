@@ -108,12 +108,16 @@ pub enum Optimizer {
     /// v' = β2·v + (1 - β2)·g²
     /// p' = p·(1 - lr·wd) - lr/(1 - β1^t) · m' / (√v' / √(1 - β2^t) + ε)
     /// ```
+    ///
+    /// The hyperparameters are doubles, as torch's Python floats are: the
+    /// bias corrections are computed in double in the graph (`1 - β2^t`
+    /// cancels badly in float) and cast to the parameter's type.
     AdamW {
-        lr: f32,
-        beta1: f32,
-        beta2: f32,
-        eps: f32,
-        weight_decay: f32,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
     },
 }
 

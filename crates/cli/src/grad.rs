@@ -42,17 +42,17 @@ pub struct Args {
     optimizer: String,
     /// Learning rate (default: sgd 0.01, adamw 0.001).
     #[arg(long)]
-    lr: Option<f32>,
+    lr: Option<f64>,
     /// Weight decay (sgd: added to the gradient as `wd·p`, default 0;
     /// adamw: decoupled, `p·(1 - lr·wd)`, default 0.01).
     #[arg(long)]
-    weight_decay: Option<f32>,
+    weight_decay: Option<f64>,
     /// AdamW's betas, `B1,B2`.
     #[arg(long, default_value = "0.9,0.999", value_name = "B1,B2")]
     betas: String,
     /// AdamW's epsilon.
     #[arg(long, default_value_t = 1e-8)]
-    eps: f32,
+    eps: f64,
     /// Trainable parameters become graph inputs instead of initializers.
     #[arg(long)]
     params_as_inputs: bool,
@@ -91,17 +91,17 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     let optimizer = match a.optimizer.as_str() {
         "none" => Optimizer::None,
         "sgd" => Optimizer::Sgd {
-            lr: a.lr.unwrap_or(0.01),
-            weight_decay: a.weight_decay.unwrap_or(0.0),
+            lr: a.lr.unwrap_or(0.01) as f32,
+            weight_decay: a.weight_decay.unwrap_or(0.0) as f32,
         },
         "adamw" => {
-            let betas: Vec<f32> = a
+            let betas: Vec<f64> = a
                 .betas
                 .split(',')
-                .map(|b| b.trim().parse::<f32>())
+                .map(|b| b.trim().parse::<f64>())
                 .collect::<Result<_, _>>()
                 .ok()
-                .filter(|b: &Vec<f32>| b.len() == 2)
+                .filter(|b: &Vec<f64>| b.len() == 2)
                 .ok_or_else(|| {
                     Error::new(format!(
                         "--betas wants two numbers B1,B2, got '{}'",

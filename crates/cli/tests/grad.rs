@@ -81,3 +81,61 @@ fn grad_rejects_unknown_loss_in_one_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("unknown loss 'hinge'"), "{err}");
 }
+
+/// `--optimizer adamw --params-as-inputs --init-out`: the parameters become
+/// inputs, and the npz holds everything a runtime feeds besides the data.
+#[test]
+fn grad_adamw_params_as_inputs_writes_initial_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t.onnx");
+    let init = dir.path().join("init.npz");
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/autodiff/torch/mlp.ts.onnx");
+    let o = bin()
+        .arg("grad")
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .args([
+            "--loss",
+            "cross_entropy",
+            "--optimizer",
+            "adamw",
+            "--betas",
+            "0.8,0.9",
+        ])
+        .args(["--params-as-inputs", "--init-out"])
+        .arg(&init)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("optimizer state inputs: 13"), "{stdout}");
+    let npz = graphopt::tract::npz::read(&std::fs::read(&init).unwrap()).unwrap();
+    // 6 parameters, their 12 moments, and step.
+    assert_eq!(npz.len(), 19, "{:?}", npz.keys().collect::<Vec<_>>());
+    assert!(npz.contains_key("step") && npz.contains_key("fc1.weight_m"));
+    let m = graphopt::load(&out).unwrap();
+    let g = &m.model().graph;
+    let w = g.value_by_name("fc1.weight").unwrap();
+    assert!(g.is_input(w) && g.initializer(w).is_none());
+    // A bad --betas is one line.
+    let o = bin()
+        .arg("grad")
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.path().join("u.onnx"))
+        .args(["--optimizer", "adamw", "--betas", "0.9"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--betas") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+}

@@ -9,7 +9,11 @@
 //!   within tolerance of the reference outputs;
 //! - every real model's training graph (`graphopt grad --loss mse`) passes
 //!   the full onnx checker, uses only the default domain, and runs in plain
-//!   onnxruntime with the loss of the reference output.
+//!   onnxruntime with the loss of the reference output;
+//! - AdamW training graphs (`--optimizer adamw --params-as-inputs
+//!   --init-out`) of the torch modules in `testdata/autodiff/torch`, looped
+//!   in onnxruntime, match AdamW in numpy step by step and torch.optim.AdamW
+//!   after 3 steps.
 //!
 //! They run in the pinned Python environment of `graphopt-testutil` (a
 //! venv under `target/` with `tests-py/requirements.txt` installed). Without
@@ -74,4 +78,9 @@ fn real_models_lowered_to_fp16_bf16_run_in_onnxruntime() {
 #[test]
 fn training_graphs_run_in_onnxruntime() {
     run_script("grad_models.py", &[]);
+}
+
+#[test]
+fn adamw_training_graphs_match_numpy_and_torch_in_onnxruntime() {
+    run_script("grad_optim.py", &[]);
 }

@@ -130,7 +130,8 @@ impl Session {
             })?;
             opset_upgraded = Some((v, 13));
         }
-        let train = build_training_graph(&self.model, &opts.autodiff)
+        let autodiff = self.prefold(&opts.autodiff)?;
+        let train = build_training_graph(&self.model, &autodiff)
             .map_err(|e| self.err(Error::new(e.to_string())))?;
         let before = std::mem::replace(&mut self.model, train.model);
         // While simplifying, the parameters are graph inputs (with their
@@ -262,6 +263,57 @@ impl Session {
             },
             optimize,
         })
+    }
+}
+
+impl Session {
+    /// Folds constant subgraphs (axes, shapes and bounds that exporters
+    /// compute from Constant nodes) so that the rules read them as
+    /// constants: `fold_constants` and `fold_shapes`, with every float
+    /// initializer held as a graph input meanwhile so that no weight is
+    /// folded into a new tensor. Float tensors the fold creates (a Constant
+    /// node become an initializer) were not parameters before and are
+    /// frozen in the returned options.
+    fn prefold(&mut self, opts: &AutodiffOptions) -> Result<AutodiffOptions> {
+        let g = &mut self.model.graph;
+        let floats = |g: &graphopt_ir::Graph| -> Vec<graphopt_ir::ValueId> {
+            g.initializers()
+                .iter()
+                .copied()
+                .filter(|&v| g.initializer(v).is_some_and(|t| t.dtype.is_float()))
+                .collect()
+        };
+        let held: Vec<_> = floats(g)
+            .into_iter()
+            .filter(|v| !g.inputs.contains(v))
+            .collect();
+        let before: HashSet<String> = floats(g).iter().map(|&v| g.name(v).to_string()).collect();
+        let n_inputs = g.inputs.len();
+        g.inputs.extend(held.iter().copied());
+        let r = self.optimize(&OptimizeOptions {
+            passes: Some("fold_constants,fold_shapes".into()),
+            ..OptimizeOptions::default()
+        });
+        let g = &mut self.model.graph;
+        let inputs: Vec<_> = g
+            .inputs
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|&(i, v)| i < n_inputs || !held.contains(&v))
+            .map(|(_, v)| v)
+            .collect();
+        g.inputs = inputs;
+        r?;
+        let mut out = opts.clone();
+        let g = &self.model.graph;
+        out.frozen.extend(
+            floats(g)
+                .iter()
+                .map(|&v| g.name(v).to_string())
+                .filter(|n| !before.contains(n)),
+        );
+        Ok(out)
     }
 }
 

@@ -8,6 +8,8 @@
 //! - `Pow`: `da = dy·p·a^(p-1)`, `dp = dy·y·ln a`;
 //! - `Neg`: `-dy`; `Identity`, `Dropout` (inference: identity): `dy`;
 //! - `Cast` (float to float): `dy` cast back to the input's type;
+//!   `CastLike(x, like)` likewise for `x`; `like` gives only a type and gets
+//!   no gradient;
 //! - `Where(c, a, b)`: `da = Where(c, dy, 0)`, `db = Where(c, 0, dy)`;
 //! - `Sqrt`: `dx = dy / (2y)`; `Exp`: `dx = dy·y`; `Log`: `dx = dy / x`;
 //! - `Reciprocal`: `dx = -dy·y²`.
@@ -108,6 +110,15 @@ pub fn cast(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         &[d],
         vec![int_attr("to", dt.to_onnx() as i64)],
     )?)])
+}
+
+pub fn cast_like(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    if !cx.need(0) {
+        return Ok(vec![None, None]);
+    }
+    let mut g = cast(cx, dys)?;
+    g.push(None);
+    Ok(g)
 }
 
 pub fn where_(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {

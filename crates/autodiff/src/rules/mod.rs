@@ -34,6 +34,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("Identity", elementwise::identity),
     ("Dropout", elementwise::identity),
     ("Cast", elementwise::cast),
+    ("CastLike", elementwise::cast_like),
     ("Where", elementwise::where_),
     ("Pow", elementwise::pow),
     ("Sqrt", elementwise::sqrt),

@@ -6,8 +6,11 @@
 //! - `Concat(axis)`: `dxᵢ = Slice(dy, offᵢ, offᵢ + sizeᵢ, axis)`;
 //! - `Split(axis)`: `dx = Concat(dy₀, dy₁, ..., axis)`, zeros for outputs
 //!   no gradient reaches;
-//! - `Slice` (unit steps, constant bounds, static sliced dims):
-//!   `dx = Pad(dy, begin = start, end = dim - end)` with zeros;
+//! - `Slice` (unit steps, constant axes): `dx = Pad(dy, begin = start,
+//!   end = dim - end)` with zeros; the pads are constants when the bounds
+//!   and sliced dims are, else computed at run time from `Shape(x)` and the
+//!   bounds (normalized and clamped as Slice does: `s < 0 → s + dim`, then
+//!   into `[0, dim]`, `end ≥ start`) and scattered into the `2·rank` pads;
 //! - `Gather(data, idx, axis)`: `ddata = ScatterND(zeros(Shape(data)),
 //!   Unsqueeze(idx, -1), dy, reduction="add")` with `axis` moved to the
 //!   front by Transposes when it is not 0 (repeated indices accumulate, as
@@ -137,28 +140,43 @@ pub fn slice(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         .dims(x)
         .ok_or_else(|| cx.unsupported("the input's rank is unknown"))?;
     let r = xd.len() as i64;
-    let get = |cx: &Cx, i: usize| -> Result<Option<Vec<i64>>> {
+    let get = |cx: &Cx, i: usize, what: &str| -> Result<Option<Vec<i64>>> {
         match cx.input(i) {
             None => Ok(None),
-            Some(v) => cx
-                .const_ints(v)
-                .map(Some)
-                .ok_or_else(|| cx.unsupported("bounds computed at run time have no rule yet")),
+            Some(v) => cx.const_ints(v).map(Some).ok_or_else(|| {
+                cx.unsupported(format!("{what} computed at run time have no rule yet"))
+            }),
         }
     };
     if cx.opset < 10 {
         return Err(cx.unsupported("Slice before opset 10 has no rule"));
     }
-    let starts = get(cx, 1)?.unwrap_or_default();
-    let ends = get(cx, 2)?.unwrap_or_default();
-    let axes = get(cx, 3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
-    let steps = get(cx, 4)?.unwrap_or_else(|| vec![1; starts.len()]);
+    let bounds = (
+        cx.input(1).and_then(|v| cx.const_ints(v)),
+        cx.input(2).and_then(|v| cx.const_ints(v)),
+    );
+    let n = match (&bounds.0, cx.input(1)) {
+        (Some(s), _) => s.len(),
+        (None, Some(v)) => cx
+            .dims(v)
+            .and_then(|d| d.first().and_then(|d| d.known()))
+            .ok_or_else(|| cx.unsupported("the number of sliced axes is unknown"))?
+            as usize,
+        (None, None) => return Err(cx.unsupported("starts are missing")),
+    };
+    let axes = get(cx, 3, "axes")?.unwrap_or_else(|| (0..n as i64).collect());
+    let steps = get(cx, 4, "steps")?.unwrap_or_else(|| vec![1; n]);
     if steps.iter().any(|&s| s != 1) {
         return Err(cx.unsupported("steps other than 1 have no rule yet"));
     }
+    let axes: Vec<i64> = axes.iter().map(|&a| norm(a, r)).collect();
+    let static_dims = axes.iter().all(|&a| xd[a as usize].known().is_some());
+    let (Some(starts), Some(ends), true) = (bounds.0, bounds.1, static_dims) else {
+        return Ok(vec![Some(slice_dynamic(cx, d, x, r, &axes)?)]);
+    };
     let mut pads = vec![0i64; 2 * r as usize];
     for (k, &a) in axes.iter().enumerate() {
-        let a = norm(a, r) as usize;
+        let a = a as usize;
         let dim = xd[a].known().ok_or_else(|| {
             cx.unsupported(format!("sliced axis {a} has a dim unknown before run time"))
         })?;
@@ -169,6 +187,45 @@ pub fn slice(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     }
     let p = cx.const_i64(&pads)?;
     Ok(vec![Some(cx.op("Pad", &[d, p], vec![])?)])
+}
+
+/// Slice's gradient with bounds or sliced dims known only at run time.
+fn slice_dynamic(cx: &mut Cx, d: ValueId, x: ValueId, r: i64, axes: &[i64]) -> Result<ValueId> {
+    let xs = cx.shape_of(x)?;
+    let ax = cx.const_i64(axes)?;
+    let dims = cx.op("Gather", &[xs, ax], vec![int_attr("axis", 0)])?;
+    let zero = cx.const_i64(&[0])?;
+    let clamp = |cx: &mut Cx, v: ValueId| -> Result<ValueId> {
+        let v = if cx.dtype(v)? == graphopt_ir::DType::I64 {
+            v
+        } else {
+            cx.op("Cast", &[v], vec![int_attr("to", 7)])?
+        };
+        let neg = cx.op("Less", &[v, zero], vec![])?;
+        let wrapped = cx.op("Add", &[v, dims], vec![])?;
+        let n = cx.op("Where", &[neg, wrapped, v], vec![])?;
+        let lo = cx.op("Min", &[n, dims], vec![])?;
+        cx.op("Max", &[lo, zero], vec![])
+    };
+    let (sv, ev) = (cx.x(1)?, cx.x(2)?);
+    let s = clamp(cx, sv)?;
+    let e0 = clamp(cx, ev)?;
+    let e = cx.op("Max", &[e0, s], vec![])?;
+    let tail = cx.op("Sub", &[dims, e], vec![])?;
+    let upd = cx.op("Concat", &[s, tail], vec![int_attr("axis", 0)])?;
+    let idx: Vec<i64> = axes
+        .iter()
+        .copied()
+        .chain(axes.iter().map(|a| a + r))
+        .collect();
+    let idx = cx.const_i64(&idx)?;
+    let zeros = cx.const_i64(&vec![0; 2 * r as usize])?;
+    let pads = cx.op(
+        "ScatterElements",
+        &[zeros, idx, upd],
+        vec![int_attr("axis", 0)],
+    )?;
+    cx.op("Pad", &[d, pads], vec![])
 }
 
 pub fn gather(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
