@@ -219,6 +219,21 @@ F["matmul/einsum_forms"] = (17, "float[2,3,4] x", "float[2,3,5] y", [init("w",[4
   t = Einsum <equation = "bj,bj->bj"> (r, c)
   tu = Unsqueeze (t, one)
   y = Mul (g, tu)""")
+# Slice bounds computed at run time (from Shape), as the TorchScript
+# exporter writes torch.chunk: a negative start and an end past the dim.
+F["shape/slice_dynamic"] = (17, "float[2,6] x", "float[2,3] y", [init("w",[2,6]), "int64[1] i1 = {1}", "int64[1] two = {2}", "int64[1] big = {100}", "int64[1] ax = {1}", "int64[4] pp = {0, 1, 0, 0}"], """
+  h = Mul (x, w)
+  sh = Shape (h)
+  d = Gather (sh, i1)
+  half = Div (d, two)
+  a = Slice (h, i1, d, ax)
+  b0 = Slice (a, half, big, ax)
+  nh = Neg (half)
+  c = Slice (h, nh, big, ax)
+  p = Mul (c, c)
+  q = Mul (b0, b0)
+  qp = Pad <mode = "constant"> (q, pp)
+  y = Add (p, qp)""")
 for name, (opset, ins, outs, inits, body) in F.items():
     fam, case = name.split("/")
     os.makedirs(fam, exist_ok=True)

@@ -71,6 +71,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("Concat", shape::concat),
     ("Split", shape::split),
     ("Slice", shape::slice),
+    ("Pad", shape::pad),
     ("Gather", shape::gather),
     ("LayerNormalization", nn::layer_norm),
     ("Conv", nn::conv),

@@ -11,6 +11,9 @@
 //!   and sliced dims are, else computed at run time from `Shape(x)` and the
 //!   bounds (normalized and clamped as Slice does: `s < 0 → s + dim`, then
 //!   into `[0, dim]`, `end ≥ start`) and scattered into the `2·rank` pads;
+//! - `Pad` (constant mode, constant non-negative pads): `dx = Slice(dy,
+//!   begin, begin + Shape(x))` over every axis (the pad value gets no
+//!   gradient);
 //! - `Gather(data, idx, axis)`: `ddata = ScatterND(zeros(Shape(data)),
 //!   Unsqueeze(idx, -1), dy, reduction="add")` with `axis` moved to the
 //!   front by Transposes when it is not 0 (repeated indices accumulate, as
@@ -187,6 +190,53 @@ pub fn slice(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     }
     let p = cx.const_i64(&pads)?;
     Ok(vec![Some(cx.op("Pad", &[d, p], vec![])?)])
+}
+
+pub fn pad(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let x = cx.x(0)?;
+    let r = cx.rank(x)? as i64;
+    let mode =
+        cx.g.node(cx.node)
+            .attr_str("mode")
+            .unwrap_or("constant")
+            .to_string();
+    if mode != "constant" {
+        return Err(cx.unsupported(format!("mode={mode} has no rule yet")));
+    }
+    let pads = match cx.attr_ints("pads") {
+        Some(p) => p,
+        None => {
+            let v = cx.x(1)?;
+            cx.const_ints(v)
+                .ok_or_else(|| cx.unsupported("pads computed at run time have no rule yet"))?
+        }
+    };
+    let axes: Vec<i64> = match cx.input(3) {
+        Some(v) => cx
+            .const_ints(v)
+            .ok_or_else(|| cx.unsupported("axes computed at run time have no rule yet"))?
+            .iter()
+            .map(|&a| norm(a, r))
+            .collect(),
+        None => (0..r).collect(),
+    };
+    let k = axes.len();
+    if pads.len() != 2 * k {
+        return Err(cx.unsupported("pads do not match the padded axes"));
+    }
+    if pads.iter().any(|&p| p < 0) {
+        return Err(cx.unsupported("negative pads (cropping) have no rule yet"));
+    }
+    let mut begin = vec![0i64; r as usize];
+    for (i, &a) in axes.iter().enumerate() {
+        begin[a as usize] = pads[i];
+    }
+    let starts = cx.const_i64(&begin)?;
+    let s = cx.shape_of(x)?;
+    let ends = cx.op("Add", &[s, starts], vec![])?;
+    let ax = cx.const_i64(&(0..r).collect::<Vec<_>>())?;
+    Ok(vec![Some(cx.op("Slice", &[d, starts, ends, ax], vec![])?)])
 }
 
 /// Slice's gradient with bounds or sliced dims known only at run time.
