@@ -15,11 +15,13 @@
 //!   point) per `block_size` elements along the reduction axis: the
 //!   blocked `DequantizeLinear` of opset 21. Conv weights, and weights whose
 //!   reduction axis is not a multiple of `block_size`, fall back to int8.
-//! - `dynamic`: int8 weights as above, and each float activation read by a
+//! - `dynamic`: weights on the same symmetric int8 grid, stored as uint8
+//!   around zero point 128 (onnxruntime's x86 u8s8 kernels saturate; see
+//!   `quantize_weight`), and each float activation read by a
 //!   quantized MatMul/Gemm/Conv (both operands of attention MatMuls) goes
 //!   through `DynamicQuantizeLinear` + `DequantizeLinear` (the QDQ form of
 //!   dynamic quantization; one pair per activation).
-//! - `static`: int8 weights, and activations through `QuantizeLinear` +
+//! - `static`: weights as in `dynamic`, and activations through `QuantizeLinear` +
 //!   `DequantizeLinear` with scales from calibrated ranges the caller gives
 //!   ([`Quantize::ranges`], by value name): uint8 asymmetric, or int8
 //!   symmetric with `symmetric`. An activation without a range keeps its
@@ -27,7 +29,7 @@
 //!   [`QuantReport::wanted_ranges`]).
 //!
 //! Rules the output keeps:
-//! 1. A weight is a float32 initializer (not an overridable graph input) or
+//! 1. A weight is a float32 (or float16) initializer (not an overridable graph input) or
 //!    a `Constant` node's value, in any graph. Its reads are followed
 //!    through `Transpose`, `Reshape` and `Identity` and into If/Loop/Scan
 //!    bodies that capture it. It is quantized only when every read ends in
@@ -44,8 +46,11 @@
 //!    (listed in [`QuantReport::kept_ops`] with why); so do weights smaller
 //!    than `min_weight_elems`, nodes named or typed in `exclude`, and
 //!    main-graph nodes in `keep_nodes` (the `--max-error` fallback).
-//! 4. The default-domain opset is raised (by `upgrade_opset`) to 13, or 21
-//!    for int4, and the IR version to one that has int4.
+//! 4. The default-domain opset is raised (by `upgrade_opset`) to 13, 19
+//!    when float16 weights are quantized (float16 scales), or 21 for int4,
+//!    and the IR version to one that has int4. float16 weights keep float16
+//!    compute: only their storage is quantized (DynamicQuantizeLinear takes
+//!    float32 only).
 //!
 //! Needs element types: runs inference on a copy. Run it last (after the
 //! fusions; Gemm and fused Conv weights are quantized as they are).
@@ -250,6 +255,8 @@ struct Ctx<'a> {
     names: HashSet<String>,
     quantized_weights: HashSet<String>,
     uses_int4: bool,
+    /// A float16 weight was quantized (its float16 scales need opset 19).
+    uses_f16: bool,
     /// Element types by value name, every graph (names are unique
     /// model-wide, and a body's captures need the enclosing graph's types).
     elems: HashMap<String, DType>,
@@ -286,25 +293,28 @@ impl Quantize {
             names,
             quantized_weights: HashSet::new(),
             uses_int4: false,
+            uses_f16: false,
             elems,
         };
         quantize_graph(&mut m.graph, &types, &mut cx, true)?;
         let mut r = cx.report;
         let changed = !r.weights.is_empty() || r.activations > 0;
-        if changed && opset < self.mode.min_opset() {
+        let need = if cx.uses_f16 {
+            self.mode.min_opset().max(19)
+        } else {
+            self.mode.min_opset()
+        };
+        if changed && opset < need {
             // DequantizeLinear's axis needs 13, blocked int4 21; the upgrade
             // leaves the quantization nodes as they are.
-            UpgradeOpset {
-                target: self.mode.min_opset(),
-            }
-            .run(&mut m)
-            .map_err(|e| {
-                PassError(format!(
-                    "quantize: {} needs opset {}: {e}",
-                    self.mode.name(),
-                    self.mode.min_opset()
-                ))
-            })?;
+            UpgradeOpset { target: need }
+                .run(&mut m)
+                .map_err(|e| {
+                    PassError(format!(
+                        "quantize: {} needs opset {need}: {e}",
+                        self.mode.name()
+                    ))
+                })?;
         }
         if cx.uses_int4 && m.ir_version < 10 {
             m.ir_version = 10;
@@ -404,7 +414,7 @@ fn weight_tensor(g: &Graph, v: ValueId) -> Option<&Tensor> {
             d.attr_tensor("value")?
         }
     };
-    (t.dtype == DType::F32 && t.raw().is_some()).then_some(t)
+    (matches!(t.dtype, DType::F32 | DType::F16) && t.raw().is_some()).then_some(t)
 }
 
 /// Where the reads of `v` end, with `map[i]` the weight axis of `v`'s axis
@@ -781,13 +791,34 @@ fn add_init(g: &mut Graph, cx: &mut Ctx, hint: &str, t: Tensor) -> Result<ValueI
 }
 
 fn f32s(t: &Tensor) -> Vec<f32> {
-    t.raw()
-        .map(|b| {
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()
-        })
-        .unwrap_or_default()
+    let Some(b) = t.raw() else {
+        return Vec::new();
+    };
+    match t.dtype {
+        DType::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    }
+}
+
+/// Scales in the weight's own float type (DequantizeLinear writes the
+/// scale's type; float16 scales need opset 19).
+fn scales_tensor(dtype: DType, dims: Vec<i64>, v: &[f32]) -> Result<Tensor, PassError> {
+    Ok(match dtype {
+        DType::F16 => {
+            let raw: Vec<u8> = v
+                .iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect();
+            Tensor::from_raw(DType::F16, dims, Bytes::from(raw))?
+        }
+        _ => Tensor::from_f32(dims, v)?,
+    })
 }
 
 /// Packs 4-bit values (low nibble first), as ONNX's raw_data holds them.
@@ -806,8 +837,13 @@ fn quantize_weight(
     reads: &[Read],
     cx: &mut Ctx,
 ) -> Result<String, PassError> {
-    let t = weight_tensor(g, v).expect("checked by the caller").clone();
+    let t = weight_tensor(g, v)
+        .ok_or_else(|| PassError(format!("quantize: '{}' is not a float weight", g.name(v))))?
+        .clone();
     let w = f32s(&t);
+    if t.dtype == DType::F16 {
+        cx.uses_f16 = true;
+    }
     let name = g.name(v).to_string();
     let r = dims.len();
     let agree = |f: &dyn Fn(&Read) -> Option<usize>| -> Option<usize> {
@@ -876,7 +912,7 @@ fn quantize_weight(
         let _ = (na, d0);
         let qd = if sym { DType::I4 } else { DType::U4 };
         qt = Tensor::from_raw(qd, dims.to_vec(), Bytes::from(pack4(&q)))?;
-        st = Tensor::from_f32(sdims.clone(), &scales)?;
+        st = scales_tensor(t.dtype, sdims.clone(), &scales)?;
         zt = (!sym)
             .then(|| Tensor::from_raw(DType::U4, sdims, Bytes::from(pack4(&zps))))
             .transpose()?;
@@ -904,26 +940,43 @@ fn quantize_weight(
             .iter()
             .map(|&m| if m > 0.0 { m / 127.0 } else { 1.0 })
             .collect();
+        // With quantized activations, weights are uint8 around zero point
+        // 128: onnxruntime's x86 u8s8 integer kernels (AVX2, what its QDQ
+        // fusion picks for int8 weights) saturate their 16-bit pair sums
+        // and gave 4-5x the error on the testdata transformers; u8u8 does
+        // not. The values are the same symmetric int8 grid either way.
+        let u8w = cx.q.mode.activations();
+        let off = if u8w { 128.0 } else { 0.0 };
         let q: Vec<u8> = w
             .iter()
             .enumerate()
             .map(|(i, x)| {
                 let c = if axis.is_some() { (i / stride) % nc } else { 0 };
-                (x / scales[c]).round_ties_even().clamp(-127.0, 127.0) as i8 as u8
+                let v = (x / scales[c]).round_ties_even().clamp(-127.0, 127.0) + off;
+                if u8w {
+                    v as u8
+                } else {
+                    v as i8 as u8
+                }
             })
             .collect();
-        qt = Tensor::from_raw(DType::I8, dims.to_vec(), Bytes::from(q))?;
+        let qd = if u8w { DType::U8 } else { DType::I8 };
+        qt = Tensor::from_raw(qd, dims.to_vec(), Bytes::from(q))?;
         st = match axis {
-            Some(_) => Tensor::from_f32(vec![nc as i64], &scales)?,
-            None => Tensor::scalar_f32(scales[0]),
+            Some(_) => scales_tensor(t.dtype, vec![nc as i64], &scales)?,
+            None => scales_tensor(t.dtype, vec![], &scales[..1])?,
         };
-        zt = None;
+        let zdims = if axis.is_some() { vec![nc as i64] } else { vec![] };
+        zt = u8w
+            .then(|| Tensor::from_raw(DType::U8, zdims, Bytes::from(vec![128u8; st.numel().unwrap_or(1) as usize])))
+            .transpose()?;
         if let Some(a) = axis {
             attrs.push(Attribute::new("axis", AttrValue::Int(a as i64)));
         }
+        let kind = if u8w { "uint8 (zero point 128)" } else { "int8" };
         fmt = match axis {
-            Some(a) => format!("int8 per-channel axis {a}"),
-            None => "int8 per-tensor".into(),
+            Some(a) => format!("{kind} per-channel axis {a}"),
+            None => format!("{kind} per-tensor"),
         };
     }
     let qv = add_init(g, cx, &format!("{name}_quantized"), qt)?;

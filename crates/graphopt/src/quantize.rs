@@ -272,23 +272,65 @@ impl Session {
             if let (Some(bound), Some(e)) = (opts.max_error, &error) {
                 if e.rel_l2 > bound {
                     let ranked = meas.sensitivity(&self.model, &m, &r.quantized)?;
-                    let mut k = 1;
-                    loop {
-                        let keep: Vec<NodeId> = ranked.iter().take(k).copied().collect();
-                        config = Quantize {
-                            keep_nodes: keep.clone(),
+                    // Doubling, then bisection: the fewest of the most
+                    // sensitive nodes whose return to float fits the bound.
+                    let mut try_k = |k: usize| -> Result<(Quantize, QuantError)> {
+                        let q = Quantize {
+                            keep_nodes: ranked.iter().take(k).copied().collect(),
                             ..base.clone()
                         };
-                        let (m2, _) = trial(&config)?;
+                        let (m2, _) = trial(&q)?;
                         runs += 1;
-                        let e2 = meas.error(&m2)?;
-                        let fits = e2.rel_l2 <= bound;
-                        error = Some(e2);
-                        if fits || k >= ranked.len() {
-                            fallback = keep.iter().map(|&n| node_label(&self.model, n)).collect();
+                        Ok((q, meas.error(&m2)?))
+                    };
+                    let (mut lo, mut hi) = (0, None);
+                    let mut k = 1.min(ranked.len());
+                    let mut best = None;
+                    while k > 0 {
+                        let (q, e2) = try_k(k)?;
+                        if e2.rel_l2 <= bound {
+                            hi = Some(k);
+                            best = Some((q, e2));
+                            break;
+                        }
+                        lo = k;
+                        if k == ranked.len() {
                             break;
                         }
                         k = (k * 2).min(ranked.len());
+                    }
+                    if let Some(mut h) = hi {
+                        while h - lo > 1 {
+                            let mid = (lo + h) / 2;
+                            let (q, e2) = try_k(mid)?;
+                            if e2.rel_l2 <= bound {
+                                h = mid;
+                                best = Some((q, e2));
+                            } else {
+                                lo = mid;
+                            }
+                        }
+                        let (q, e2) = best.expect("set with hi");
+                        if h >= ranked.len() {
+                            return Err(self.err(Error::new(format!(
+                                "--max-error {bound}: the {} model fits only with every quantized layer back to float (error {:.3e} with them all quantized); nothing was quantized",
+                                opts.mode.name(),
+                                e.rel_l2
+                            ))));
+                        }
+                        fallback = ranked
+                            .iter()
+                            .take(h)
+                            .map(|&n| node_label(&self.model, n))
+                            .collect();
+                        config = q;
+                        error = Some(e2);
+                    } else {
+                        return Err(self.err(Error::new(format!(
+                            "--max-error {bound}: the {} model is at relative L2 error {:.3e} on {label} and no layer put back to float brings it under; nothing was quantized",
+                            opts.mode.name(),
+                            e.rel_l2
+                        ))));
                     }
                 }
             }
@@ -541,7 +583,7 @@ pub fn entropy_threshold(v: &[f32]) -> f32 {
     for i in (LEVELS..=BINS).step_by(16) {
         let mut p: Vec<f64> = hist[..i].to_vec();
         p[i - 1] += hist[i..].iter().sum::<f64>();
-        // Quantize hist[..i] into LEVELS levels, spread back over the
+        // Quantize the clipped p into LEVELS levels, spread back over the
         // non-empty bins of each level.
         let mut q = vec![0f64; i];
         let per = i as f64 / LEVELS as f64;
@@ -564,18 +606,36 @@ pub fn entropy_threshold(v: &[f32]) -> f32 {
         if sp == 0.0 || sq == 0.0 {
             continue;
         }
-        let mut kl = 0.0;
-        for (a, b) in p.iter().zip(&q) {
-            if *a > 0.0 {
-                let (a, b) = (a / sp, (b / sq).max(1e-12));
-                kl += a * (a / b).ln();
-            }
+        p.iter_mut().for_each(|x| *x /= sp);
+        q.iter_mut().for_each(|x| *x /= sq);
+        // onnxruntime's smoothing: empty bins get 1e-4, taken evenly from
+        // the others, so that mass outside q costs in proportion.
+        if !smooth(&mut p) || !smooth(&mut q) {
+            continue;
         }
+        let kl: f64 = p.iter().zip(&q).map(|(a, b)| a * (a / b).ln()).sum();
         if kl < best.0 {
             best = (kl, i);
         }
     }
     w * best.1 as f32
+}
+
+fn smooth(d: &mut [f64]) -> bool {
+    const EPS: f64 = 1e-4;
+    let zeros = d.iter().filter(|&&x| x == 0.0).count();
+    let nonzeros = d.len() - zeros;
+    if nonzeros == 0 {
+        return false;
+    }
+    let eps1 = EPS * zeros as f64 / nonzeros as f64;
+    if eps1 >= 1.0 {
+        return false;
+    }
+    for x in d.iter_mut() {
+        *x = if *x == 0.0 { EPS } else { *x - eps1 };
+    }
+    d.iter().all(|&x| x > 0.0)
 }
 
 /// Runs the float model once per batch and compares candidates with it.
@@ -845,6 +905,23 @@ fn emulate_dynamic(g: &mut Graph) -> Result<()> {
     Ok(())
 }
 
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, m) => {
+            // Subnormal: value m * 2^-24.
+            let v = m as f32 * (1.0 / 16_777_216.0);
+            return if sign != 0 { -v } else { v };
+        }
+        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
+        (e, m) => sign | ((e + 112) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
 fn ints(t: &Tensor) -> Option<Vec<i32>> {
     let raw = t.raw()?;
     Some(match t.dtype {
@@ -872,15 +949,20 @@ fn ints(t: &Tensor) -> Option<Vec<i32>> {
 }
 
 fn dequantize(q: &Tensor, s: &Tensor, z: Option<&Tensor>, axis: i64, block: i64) -> Option<Tensor> {
-    if s.dtype != DType::F32 {
-        return None;
-    }
+    let sv: Vec<f32> = match s.dtype {
+        DType::F32 => s
+            .raw()?
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        DType::F16 => s
+            .raw()?
+            .chunks_exact(2)
+            .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        _ => return None,
+    };
     let qv = ints(q)?;
-    let sv: Vec<f32> = s
-        .raw()?
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
     let zv = match z {
         Some(z) => ints(z)?,
         None => vec![0; sv.len()],
@@ -930,6 +1012,13 @@ fn dequantize(q: &Tensor, s: &Tensor, z: Option<&Tensor>, axis: i64, block: i64)
             let c = (i / stride) % nc;
             out[i] = (qv[i] - zv[c]) as f32 * sv[c];
         }
+    }
+    if s.dtype == DType::F16 {
+        let raw: Vec<u8> = out
+            .iter()
+            .flat_map(|x| graphopt_passes::lower_precision::f32_to_f16_bits(*x).to_le_bytes())
+            .collect();
+        return Tensor::from_raw(DType::F16, dims.clone(), raw.into()).ok();
     }
     Tensor::from_f32(dims.clone(), &out).ok()
 }
