@@ -255,6 +255,8 @@ struct Ctx<'a> {
     names: HashSet<String>,
     quantized_weights: HashSet<String>,
     uses_int4: bool,
+    /// Gather nodes replaced by the gathered int8 form (counted already).
+    gathered: Vec<NodeId>,
     /// A float16 weight was quantized (its float16 scales need opset 19).
     uses_f16: bool,
     /// Element types by value name, every graph (names are unique
@@ -294,6 +296,7 @@ impl Quantize {
             quantized_weights: HashSet::new(),
             uses_int4: false,
             uses_f16: false,
+            gathered: Vec::new(),
             elems,
         };
         quantize_graph(&mut m.graph, &types, &mut cx, true)?;
@@ -601,6 +604,11 @@ fn quantize_graph(
         }
     }
 
+    let gathered = std::mem::take(&mut cx.gathered);
+    if main {
+        cx.report.quantized.extend(gathered);
+    }
+
     // 2. Nodes: which are quantized, and their activations.
     let mut act_cache: BTreeMap<ValueId, ValueId> = BTreeMap::new();
     for n in g.nodes().collect::<Vec<_>>() {
@@ -846,6 +854,11 @@ fn quantize_weight(
     }
     let name = g.name(v).to_string();
     let r = dims.len();
+    if let Some(gathers) = gather_only(g, v, r) {
+        if cx.q.mode != QuantMode::Int4Weights && cx.q.per_channel {
+            return gathered(g, v, &t, &w, dims, &gathers, cx);
+        }
+    }
     let agree = |f: &dyn Fn(&Read) -> Option<usize>| -> Option<usize> {
         let first = f(&reads[0])?;
         reads.iter().all(|x| f(x) == Some(first)).then_some(first)
@@ -1009,6 +1022,117 @@ fn quantize_weight(
         }
     }
     Ok(fmt)
+}
+
+/// The Gather nodes reading `v` when every read is `Gather(v, ids)` on
+/// axis 0 of a 2-D table in this graph (an embedding).
+fn gather_only(g: &Graph, v: ValueId, rank: usize) -> Option<Vec<NodeId>> {
+    if rank != 2 || g.is_output(v) {
+        return None;
+    }
+    let mut out = Vec::new();
+    for u in g.uses(v) {
+        let Use::Input { node, slot: 0 } = *u else {
+            return None;
+        };
+        let d = g.node(node);
+        let axis = d.attr_int("axis").unwrap_or(0);
+        if d.op_type != "Gather" || !d.domain.is_empty() || !(axis == 0 || axis == -2) {
+            return None;
+        }
+        out.push(node);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// An embedding read only by Gathers, in int8 with one scale per row:
+/// `y = Gather(W, ids)` ==> `y = Mul(Cast(Gather(W_quantized, ids)),
+/// Gather(W_scale, ids))` (`W_scale` is `[rows, 1]`). The same arithmetic
+/// as `DequantizeLinear` (`q * scale` in float), but only the gathered rows
+/// are ever float: a `DequantizeLinear` in front of the Gather would
+/// materialize the whole table (94 MB for BERT-base's) on every run.
+fn gathered(
+    g: &mut Graph,
+    v: ValueId,
+    t: &Tensor,
+    w: &[f32],
+    dims: &[i64],
+    gathers: &[NodeId],
+    cx: &mut Ctx,
+) -> Result<String, PassError> {
+    let name = g.name(v).to_string();
+    let (rows, cols) = (dims[0] as usize, dims[1] as usize);
+    let mut scales = vec![1f32; rows];
+    let mut q = vec![0u8; w.len()];
+    for (r, s) in scales.iter_mut().enumerate() {
+        let row = &w[r * cols..(r + 1) * cols];
+        let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+        if amax > 0.0 {
+            *s = amax / 127.0;
+        }
+        for (k, x) in row.iter().enumerate() {
+            q[r * cols + k] = (x / *s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+        }
+    }
+    let qv = add_init(
+        g,
+        cx,
+        &format!("{name}_quantized"),
+        Tensor::from_raw(DType::I8, dims.to_vec(), Bytes::from(q))?,
+    )?;
+    let sv = add_init(
+        g,
+        cx,
+        &format!("{name}_scale"),
+        scales_tensor(t.dtype, vec![rows as i64, 1], &scales)?,
+    )?;
+    for &n in gathers {
+        let (Some(ids), Some(y)) = (g.node(n).input(1), g.node(n).output(0)) else {
+            continue;
+        };
+        let nm = match g.node(n).name.as_str() {
+            "" => g.name(y).to_string(),
+            s => s.to_string(),
+        };
+        let shape = g.ty(y).and_then(|ty| ty.shape()).cloned();
+        let qr = g.add_value(
+            fresh(cx, &format!("{name}_rows_quantized")),
+            Some(Type::tensor(DType::I8, shape.clone())),
+        )?;
+        let sr = g.add_value(fresh(cx, &format!("{name}_rows_scale")), None)?;
+        let qf = g.add_value(
+            fresh(cx, &format!("{name}_rows")),
+            Some(Type::tensor(t.dtype, shape)),
+        )?;
+        let node = |op: &str, suffix: &str, cx: &mut Ctx| {
+            NewNode::new(op).name(fresh(cx, &format!("{nm}_{suffix}")))
+        };
+        let n1 = node("Gather", "rows", cx).inputs(&[qv, ids]).outputs(&[qr]);
+        let n2 = node("Gather", "row_scales", cx).inputs(&[sv, ids]).outputs(&[sr]);
+        let n3 = node("Cast", "cast", cx)
+            .inputs(&[qr])
+            .outputs(&[qf])
+            .attr(Attribute::new("to", AttrValue::Int(t.dtype.to_onnx() as i64)));
+        let n4 = node("Mul", "dequantize", cx).inputs(&[qf, sr]).outputs(&[y]);
+        g.insert_node_before(n, n1)?;
+        g.insert_node_before(n, n2)?;
+        g.insert_node_before(n, n3)?;
+        let pos = g.position(n).unwrap_or(0);
+        g.remove_node(n);
+        g.insert_node(pos, n4)?;
+        *cx.report.by_op.entry("Gather".into()).or_default() += 1;
+        cx.gathered.push(n);
+    }
+    match g.producer(v) {
+        Some((c, _)) => g.remove_node(c),
+        None => {
+            g.take_initializer(v);
+        }
+    }
+    if g.uses(v).is_empty() {
+        g.remove_value(v);
+    }
+    Ok("int8 per-row, gathered (the float table is never built)".into())
 }
 
 /// Activation `x`, read by node `n` ==> its dequantized value (dynamic:

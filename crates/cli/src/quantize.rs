@@ -57,6 +57,10 @@ pub struct QuantizeArgs {
     /// first, until it holds; still over it is an error (nothing written).
     #[arg(long, requires = "quantize", value_name = "E")]
     pub max_error: Option<f64>,
+    /// Skip measuring the error against the float model (tract runs both on
+    /// the calibration inputs; slow on large models in a debug build).
+    #[arg(long, requires = "quantize", conflicts_with = "max_error")]
+    pub no_measure: bool,
 }
 
 impl QuantizeArgs {
@@ -93,6 +97,7 @@ impl QuantizeArgs {
             block_size: self.block_size,
             exclude: self.exclude.clone(),
             max_error: self.max_error,
+            measure: !self.no_measure,
             memory: Some(memory),
             pipeline,
             ..QuantizeOptions::new(mode)
