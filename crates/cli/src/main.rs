@@ -10,6 +10,7 @@ mod grad;
 mod inspect;
 mod optimize;
 mod plan;
+mod quantize;
 mod run;
 mod util;
 

@@ -44,6 +44,7 @@ mod inputs;
 mod inspect;
 mod optimize;
 mod precision;
+mod quantize;
 mod run;
 mod session;
 pub mod util;
@@ -64,6 +65,10 @@ pub use optimize::{
 pub use precision::{
     Clamped, KeptSensitive, KeptWeight, MemoryFigures, PrecisionOptions, PrecisionReport,
     ValidateOptions, Validation, ValidationCheck,
+};
+pub use quantize::{
+    dequantize_constants, entropy_threshold, Calibrate, KeptFloat, KeptOp, QuantError,
+    QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight,
 };
 pub use run::{
     peak_rss_bytes, to_host, to_tract, Device, PoisonReport, RunOptions, RunReport, Runner,
