@@ -44,6 +44,7 @@ mod inputs;
 mod inspect;
 mod optimize;
 mod precision;
+mod remat;
 mod run;
 mod session;
 pub mod util;
@@ -55,6 +56,7 @@ pub use error::{Error, Result};
 pub use grad::{
     grad_check, AutodiffOptions, GradCheck, GradOptions, GradReport, Loss, Optimizer, SavedValue,
 };
+pub use graphopt_passes::remat::Strategy as RematStrategy;
 pub use inputs::Inputs;
 pub use inspect::{Inspection, IoInfo};
 pub use optimize::{
@@ -63,6 +65,9 @@ pub use optimize::{
 pub use precision::{
     Clamped, KeptSensitive, KeptWeight, MemoryFigures, PrecisionOptions, PrecisionReport,
     ValidateOptions, Validation, ValidationCheck,
+};
+pub use remat::{
+    remat_svg, Budget, FrontierPoint, RematOptions, RematReport, RematSweep, StrategyFrontier,
 };
 pub use run::{
     peak_rss_bytes, to_host, to_tract, Device, PoisonReport, RunOptions, RunReport, Runner,
