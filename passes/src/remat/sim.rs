@@ -259,17 +259,53 @@ impl Problem {
         self.nodes[i].flops
     }
 
-    /// Bytes of node `i`'s outputs that the backward pass reads.
+    /// Bytes of node `i`'s outputs that the backward pass reads; for a
+    /// view, the bytes of the storage it views (which it keeps alive).
     pub fn saved_bytes(&self, i: usize) -> u64 {
         let nd = &self.nodes[i];
+        let read_back = nd
+            .outs
+            .iter()
+            .any(|&o| self.vals[o].readers.iter().any(|&r| !self.nodes[r].forward));
         if nd.view {
-            return 0;
+            let mut k = nd.ins[0];
+            while let Some(q) = self.vals[k].producer {
+                if !self.nodes[q].view {
+                    break;
+                }
+                k = self.nodes[q].ins[0];
+            }
+            return if read_back { self.vals[k].size } else { 0 };
         }
         nd.outs
             .iter()
             .filter(|&&o| self.vals[o].readers.iter().any(|&r| !self.nodes[r].forward))
             .map(|&o| self.vals[o].size)
             .sum()
+    }
+
+    /// Candidate `i` and the view candidates reading its outputs
+    /// (transitively): what dropping `i` drops, so that no kept view holds
+    /// a dropped node's storage.
+    pub(crate) fn with_views(&self, i: usize, is_cand: &[bool]) -> Vec<usize> {
+        let mut out = vec![i];
+        let mut k = 0;
+        while k < out.len() {
+            let q = out[k];
+            k += 1;
+            for &o in &self.nodes[q].outs {
+                for &r in &self.vals[o].readers {
+                    if self.nodes[r].view
+                        && is_cand[r]
+                        && self.nodes[r].ins[0] == o
+                        && !out.contains(&r)
+                    {
+                        out.push(r);
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Where each dropped node's clone goes: the position of the backward

@@ -195,6 +195,10 @@ fn greedy(
         })
         .collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
+    let mut is_cand = vec![false; p.len()];
+    for &c in &p.candidates {
+        is_cand[c] = true;
+    }
     let mut drop = p.base_drop();
     let mut sim = p.simulate(&drop);
     let mut least = (drop.clone(), sim);
@@ -207,7 +211,14 @@ fn greedy(
             if drop[i] {
                 continue;
             }
-            drop[i] = true;
+            let group: Vec<usize> = p
+                .with_views(i, &is_cand)
+                .into_iter()
+                .filter(|&q| !drop[q])
+                .collect();
+            for &q in &group {
+                drop[q] = true;
+            }
             let s = p.simulate(&drop);
             if (s.peak, s.area) < (sim.peak, sim.area) {
                 sim = s;
@@ -216,7 +227,9 @@ fn greedy(
                     least = (drop.clone(), s);
                 }
             } else {
-                drop[i] = false;
+                for &q in &group {
+                    drop[q] = false;
+                }
             }
         }
         if !changed || sim.peak <= budget {
@@ -376,9 +389,10 @@ fn optimal(p: &Problem, budget: u64, deadline: Instant) -> Option<Solution> {
 }
 
 /// The forward pass's cut points: positions after which exactly one
-/// activation (of at least 1/100 of the largest) is live into the rest of
-/// the forward pass; with the value crossing there.
-pub(crate) fn cut_points(p: &Problem) -> Vec<(usize, usize)> {
+/// activation (of at least 1/100 of the largest, and not live over half
+/// the forward pass or more, as masks are) is live into the rest of the
+/// forward pass; with the value crossing there.
+pub fn cut_points(p: &Problem) -> Vec<(usize, usize)> {
     let n = p.len();
     let max = p
         .vals
@@ -388,6 +402,7 @@ pub(crate) fn cut_points(p: &Problem) -> Vec<(usize, usize)> {
         .max()
         .unwrap_or(0);
     let floor = (max / 100).max(1);
+    let n_forward = p.nodes.iter().filter(|x| x.forward).count();
     let mut count = vec![0i64; n + 1];
     let mut xor = vec![0u64; n + 1];
     for (k, v) in p.vals.iter().enumerate() {
@@ -402,7 +417,9 @@ pub(crate) fn cut_points(p: &Problem) -> Vec<(usize, usize)> {
             .filter(|&r| p.nodes[r].forward)
             .max()
             .unwrap_or(q);
-        if lf <= q {
+        // Values live over most of the forward pass (an attention mask,
+        // position embeddings) are side inputs, not the stream to cut.
+        if lf <= q || (lf - q) * 2 > n_forward {
             continue;
         }
         // Crosses the steps after q .. after lf - 1.
