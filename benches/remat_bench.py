@@ -63,9 +63,9 @@ elif name == "bert_base":
 elif name == "gpt2":
     from transformers import GPT2Config, GPT2LMHeadModel
     model = W(GPT2LMHeadModel(GPT2Config(use_cache=False, attn_implementation="eager")).eval(),
-              lambda m, ids: m(input_ids=ids, use_cache=False).logits)
-    args = (torch.randint(0, 50000, (8, 256)),)
-    names = ["input_ids"]
+              lambda m, ids, mask: m(input_ids=ids, attention_mask=mask, use_cache=False).logits)
+    args = (torch.randint(0, 50000, (8, 256)), torch.ones(8, 256, dtype=torch.int64))
+    names = ["input_ids", "attention_mask"]
 else:
     raise SystemExit(f"unknown model {name}")
 with torch.no_grad():
@@ -93,7 +93,10 @@ def export(name: str, timeout: float) -> str:
     if not os.path.exists(path):
         t = time.time()
         tmp = path + ".tmp.onnx"
-        subprocess.run([bench_python(), "-c", EXPORT, name, tmp], check=True, timeout=timeout)
+        r = subprocess.run([bench_python(), "-c", EXPORT, name, tmp], timeout=timeout,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"exporting {name} failed: {r.stderr[-2000:]}")
         os.replace(tmp, path)
         print(f"exported {name} in {time.time() - t:.0f} s", flush=True)
     return path

@@ -9,7 +9,10 @@
 //!   within tolerance of the reference outputs;
 //! - every real model's training graph (`graphopt grad --loss mse`) passes
 //!   the full onnx checker, uses only the default domain, and runs in plain
-//!   onnxruntime with the loss of the reference output.
+//!   onnxruntime with the loss of the reference output;
+//! - every real model's training graph rewritten by `graphopt remat` gives
+//!   a loss and gradients bit-identical to the training graph's in
+//!   onnxruntime.
 //!
 //! They run in the pinned Python environment of `graphopt-testutil` (a
 //! venv under `target/` with `tests-py/requirements.txt` installed). Without
@@ -74,4 +77,9 @@ fn real_models_lowered_to_fp16_bf16_run_in_onnxruntime() {
 #[test]
 fn training_graphs_run_in_onnxruntime() {
     run_script("grad_models.py", &[]);
+}
+
+#[test]
+fn rematerialized_training_graphs_are_bit_identical_in_onnxruntime() {
+    run_script("remat_models.py", &[]);
 }

@@ -208,21 +208,24 @@ impl Session {
         let Some((drop, proven, used)) = chosen else {
             let (least, _) = solve::least_peak(p, opts.time_limit);
             let min = real_peak(&pre.inferred, p, &least)?.min(pre.lower_bound);
-            return Err(self.err(Error::new(format!(
-                "budget {} is below the least peak recomputation reaches here: {} ({min} bytes; \
-                 store-all {}){}",
-                human_bytes(budget),
-                human_bytes(min),
-                human_bytes(pre.lower_bound),
-                if min <= budget {
-                    format!(
-                        " -- the {} strategy found no drop set within the time limit",
-                        opts.strategy.name()
-                    )
-                } else {
-                    String::new()
-                },
-            ))));
+            let msg = if min > budget {
+                format!(
+                    "budget {} is below the least peak recomputation reaches here: {} ({min} bytes; \
+                     store-all {})",
+                    human_bytes(budget),
+                    human_bytes(min),
+                    human_bytes(pre.lower_bound)
+                )
+            } else {
+                format!(
+                    "the {} strategy finds no drop set within the budget {} (the least peak \
+                     recomputation reaches here is {}, {min} bytes; try --strategy auto)",
+                    opts.strategy.name(),
+                    human_bytes(budget),
+                    human_bytes(min)
+                )
+            };
+            return Err(self.err(Error::new(msg)));
         };
         let mut model = self.model.clone();
         let rw = remat::rewrite(&mut model.graph, p, &drop).map_err(|e| self.err(e))?;
