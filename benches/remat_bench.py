@@ -162,7 +162,10 @@ def goals(res: dict) -> list[dict]:
                     "met": not worse, "detail": "; ".join(worse) or f"{len(fr[base]['points'])} points"})
     if "optimal" in fr:
         gaps = []
-        for p in fr["optimal"]["points"]:
+        proven = [p for p in fr["optimal"]["points"] if p.get("proven_optimal")]
+        if not proven:
+            gaps.append("optimal proved no point within the time limit (its points are its best found)")
+        for p in proven:
             a = least_flops_at(auto["points"], p["peak_bytes"])
             if a is None:
                 gaps.append(f"no auto point at {p['peak_fraction']:.3f}")
@@ -179,12 +182,20 @@ def goals(res: dict) -> list[dict]:
 
 
 def table(name: str, res: dict) -> str:
+    sa, outs = res["lower_bound_store_all_bytes"], res.get("outputs_bytes", 0)
     lines = [f"### {MODELS.get(name, ('', name))[1]}", "",
-             f"{res['nodes']} nodes, {res['candidates']} recomputable; store-all activation peak "
-             f"{res['lower_bound_store_all_bytes'] / 1e6:.1f} MB; {res['flops'] / 1e9:.1f} GFLOP per step", ""]
+             f"{res['nodes']} nodes, {res['candidates']} recomputable; store-all peak "
+             f"{sa / 1e6:.1f} MB, of which graph outputs (loss, gradients; live at the end, a floor "
+             f"no recomputation lowers) {outs / 1e6:.1f} MB = {outs / max(sa, 1):.3f}; "
+             f"{res['flops'] / 1e9:.1f} GFLOP per step", "",
+             "peak / store-all @ extra FLOPs % (in brackets: (peak - outputs) / (store-all - outputs); "
+             "* = proven optimal)", ""]
     for f in res["frontiers"]:
-        pts = ", ".join(f"{p['peak_fraction']:.3f} @ +{p['extra_flops_pct']:.2f}%" for p in f["points"])
-        lines.append(f"- **{f['strategy']}** (sweep {f['seconds']:.2f} s, mean solve "
+        pts = ", ".join(
+            f"{p['peak_fraction']:.3f} [{(p['peak_bytes'] - outs) / max(sa - outs, 1):.3f}] "
+            f"@ +{p['extra_flops_pct']:.2f}%{'*' if p.get('proven_optimal') else ''}"
+            for p in f["points"])
+        lines.append(f"- **{f['strategy']}** (sweep {f['seconds']:.2f} s, slowest solve "
                      f"{f['max_solve_seconds']:.2f} s): {pts}")
     lines += ["", "| goal | met | detail |", "|---|---|---|"]
     for g in res["goals"]:

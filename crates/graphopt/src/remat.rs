@@ -109,6 +109,8 @@ pub struct FrontierPoint {
     /// `extra_flops` / the training graph's FLOPs, in percent.
     pub extra_flops_pct: f64,
     pub recomputed_nodes: usize,
+    /// `optimal` finished its search for this point.
+    pub proven_optimal: bool,
 }
 
 /// The frontier of one strategy.
@@ -116,7 +118,9 @@ pub struct FrontierPoint {
 pub struct StrategyFrontier {
     pub strategy: String,
     pub points: Vec<FrontierPoint>,
-    /// Seconds to compute the whole frontier, and the slowest single solve.
+    /// Seconds to compute the whole frontier (with the planner's check of
+    /// every point), and the slowest single solve (the sweep of the
+    /// strides for `sqrt` and `per-block`).
     pub seconds: f64,
     pub max_solve_seconds: f64,
 }
@@ -125,6 +129,9 @@ pub struct StrategyFrontier {
 #[derive(Clone, Debug, Serialize)]
 pub struct RematSweep {
     pub lower_bound_store_all_bytes: u64,
+    /// Bytes of the graph outputs (the loss and the gradients), all live
+    /// at the last step: no recomputation goes below this.
+    pub outputs_bytes: u64,
     pub flops: u64,
     pub nodes: usize,
     pub candidates: usize,
@@ -278,8 +285,7 @@ impl Session {
         let mut frontiers = Vec::new();
         for &s in strategies {
             let t0 = Instant::now();
-            let sols = solve::frontier(p, s, points, time_limit);
-            let seconds_solve = t0.elapsed().as_secs_f64();
+            let (sols, longest) = solve::frontier(p, s, points, time_limit);
             let mut pts = Vec::new();
             for sol in &sols {
                 let real = real_peak(&pre.inferred, p, &sol.drop)?;
@@ -289,10 +295,11 @@ impl Session {
                     extra_flops: sol.sim.extra_flops,
                     extra_flops_pct: 100.0 * sol.sim.extra_flops as f64 / pre.flops.max(1) as f64,
                     recomputed_nodes: sol.sim.clones,
+                    proven_optimal: sol.proven_optimal,
                 });
             }
             // Pareto on the real peak.
-            pts.sort_by(|a, b| (a.peak_bytes, a.extra_flops).cmp(&(b.peak_bytes, b.extra_flops)));
+            pts.sort_by_key(|a| (a.peak_bytes, a.extra_flops));
             let mut front: Vec<FrontierPoint> = Vec::new();
             for q in pts {
                 if front.last().is_none_or(|l| q.extra_flops < l.extra_flops) {
@@ -303,11 +310,18 @@ impl Session {
                 strategy: s.name().to_string(),
                 points: front,
                 seconds: t0.elapsed().as_secs_f64(),
-                max_solve_seconds: seconds_solve / points.max(1) as f64,
+                max_solve_seconds: longest,
             });
         }
+        let g = &pre.inferred.graph;
+        let outputs_bytes = g
+            .outputs
+            .iter()
+            .filter_map(|&v| graphopt_plan::liveness::value_size(g, v))
+            .sum();
         Ok(RematSweep {
             lower_bound_store_all_bytes: pre.lower_bound,
+            outputs_bytes,
             flops: pre.flops,
             nodes: p.len(),
             candidates: p.candidates.len(),

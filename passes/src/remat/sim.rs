@@ -341,10 +341,8 @@ impl Problem {
             }
         }
         let mut out = Vec::with_capacity(n);
-        for q in 0..n {
-            for &c in &before[q] {
-                out.push((c, true));
-            }
+        for (q, copies) in before.iter().enumerate() {
+            out.extend(copies.iter().map(|&c| (c, true)));
             out.push((q, false));
         }
         out

@@ -294,7 +294,10 @@ struct Bnb<'a> {
     p: &'a Problem,
     order: Vec<usize>,
     gaps: Vec<Vec<(usize, usize, i128)>>,
+    /// The bound with the kept candidates' gaps added.
     profile: Vec<i128>,
+    /// The gaps of the undecided candidates, summed.
+    open: Vec<i128>,
     budget: i128,
     drop: Vec<bool>,
     best: Option<(u64, Vec<bool>, Simulated)>,
@@ -312,13 +315,68 @@ impl Bnb<'_> {
         }
     }
 
+    fn open_gaps(&mut self, c: usize, sign: i128) {
+        for &(a, b, s) in &self.gaps[c] {
+            for x in &mut self.open[a..b] {
+                *x += sign * s;
+            }
+        }
+    }
+
+    /// A lower bound on the FLOPs still to spend: at the step where
+    /// keeping every undecided candidate overshoots the budget most, the
+    /// undecided candidates dropped must free the excess from their gaps
+    /// there; the cheapest way, fractionally (by FLOPs per byte), bounds
+    /// every completion.
+    fn cover_bound(&self, depth: usize) -> u64 {
+        let (mut t, mut worst) = (0usize, i128::MIN);
+        for (k, (&a, &b)) in self.profile.iter().zip(&self.open).enumerate() {
+            if a + b > worst {
+                (t, worst) = (k, a + b);
+            }
+        }
+        let mut excess = worst - self.budget;
+        if excess <= 0 {
+            return 0;
+        }
+        let mut items: Vec<(f64, i128)> = self.order[depth..]
+            .iter()
+            .filter_map(|&c| {
+                let bytes: i128 = self.gaps[c]
+                    .iter()
+                    .filter(|&&(a, b, _)| a <= t && t < b)
+                    .map(|&(_, _, s)| s)
+                    .sum();
+                (bytes > 0).then(|| {
+                    let f = self.p.flops(self.p.candidates[c]) as f64;
+                    (f / bytes as f64, bytes)
+                })
+            })
+            .collect();
+        items.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut cost = 0f64;
+        for (per_byte, bytes) in items {
+            let take = bytes.min(excess);
+            cost += per_byte * take as f64;
+            excess -= take;
+            if excess <= 0 {
+                break;
+            }
+        }
+        if excess > 0 {
+            return u64::MAX; // cannot be covered
+        }
+        // Round down, minus a margin for float error: a bound, never more.
+        (cost * (1.0 - 1e-9)).floor().max(0.0) as u64
+    }
+
     fn fits(&self) -> bool {
         self.profile.iter().all(|&x| x <= self.budget)
     }
 
     fn dfs(&mut self, depth: usize, cost: u64) {
         self.steps += 1;
-        if self.steps % 256 == 0 && Instant::now() > self.deadline {
+        if self.steps.is_multiple_of(256) && Instant::now() > self.deadline {
             self.timed_out = true;
         }
         if self.timed_out {
@@ -326,6 +384,17 @@ impl Bnb<'_> {
         }
         if self.best.as_ref().is_some_and(|b| cost >= b.0) {
             return;
+        }
+        if depth < self.order.len() {
+            let more = self.cover_bound(depth);
+            if more == u64::MAX
+                || self
+                    .best
+                    .as_ref()
+                    .is_some_and(|b| cost.saturating_add(more) >= b.0)
+            {
+                return;
+            }
         }
         if depth == self.order.len() {
             let s = self.p.simulate(&self.drop);
@@ -337,6 +406,7 @@ impl Bnb<'_> {
             return;
         }
         let (c, i) = (self.order[depth], self.p.candidates[self.order[depth]]);
+        self.open_gaps(c, -1);
         // Keep.
         self.add_gaps(c, 1);
         if self.fits() {
@@ -347,6 +417,7 @@ impl Bnb<'_> {
         self.drop[i] = true;
         self.dfs(depth + 1, cost.saturating_add(self.p.flops(i)));
         self.drop[i] = false;
+        self.open_gaps(c, 1);
     }
 }
 
@@ -366,11 +437,20 @@ fn optimal(p: &Problem, budget: u64, deadline: Instant) -> Option<Solution> {
     if profile.is_empty() {
         profile.push(0);
     }
+    let mut open = vec![0i128; profile.len()];
+    for g in &lb.gaps {
+        for &(a, b, s) in g {
+            for x in &mut open[a..b] {
+                *x += s;
+            }
+        }
+    }
     let mut b = Bnb {
         p,
         order,
         gaps: lb.gaps,
         profile,
+        open,
         budget: budget as i128,
         drop: p.base_drop(),
         best,
@@ -547,9 +627,16 @@ fn per_block_family(p: &Problem) -> Vec<(Vec<bool>, bool)> {
 
 /// The frontier of one strategy: (simulated peak, extra FLOPs, drop set)
 /// at budgets from the store-all peak down to the least reachable, in
-/// `points` steps, keeping only Pareto-optimal points (ascending peak).
-pub fn frontier(p: &Problem, strategy: Strategy, points: usize, limit: Duration) -> Vec<Solution> {
+/// `points` steps, keeping only Pareto-optimal points (ascending peak);
+/// with the longest single solve in seconds.
+pub fn frontier(
+    p: &Problem,
+    strategy: Strategy,
+    points: usize,
+    limit: Duration,
+) -> (Vec<Solution>, f64) {
     let mut sols: Vec<Solution> = Vec::new();
+    let mut longest = 0f64;
     match strategy {
         Strategy::Sqrt | Strategy::PerBlock => {
             let fam = if strategy == Strategy::Sqrt {
@@ -557,6 +644,7 @@ pub fn frontier(p: &Problem, strategy: Strategy, points: usize, limit: Duration)
             } else {
                 per_block_family(p)
             };
+            let t0 = Instant::now();
             for (drop, _) in fam {
                 let sim = p.simulate(&drop);
                 sols.push(Solution {
@@ -566,6 +654,7 @@ pub fn frontier(p: &Problem, strategy: Strategy, points: usize, limit: Duration)
                     proven_optimal: false,
                 });
             }
+            longest = t0.elapsed().as_secs_f64();
         }
         _ => {
             let hi = p.simulate(&vec![false; p.len()]).peak;
@@ -573,18 +662,21 @@ pub fn frontier(p: &Problem, strategy: Strategy, points: usize, limit: Duration)
             let steps = points.max(2);
             for s in 0..steps {
                 let b = hi - ((hi - lo) as u128 * s as u128 / (steps - 1) as u128) as u64;
-                if let Some(sol) = solve(p, strategy, b, limit) {
+                let t0 = Instant::now();
+                let sol = solve(p, strategy, b, limit);
+                longest = longest.max(t0.elapsed().as_secs_f64());
+                if let Some(sol) = sol {
                     sols.push(sol);
                 }
             }
         }
     }
-    pareto(sols)
+    (pareto(sols), longest)
 }
 
 /// The Pareto-optimal solutions, ascending peak (descending FLOPs).
 pub fn pareto(mut sols: Vec<Solution>) -> Vec<Solution> {
-    sols.sort_by(|a, b| (a.sim.peak, a.sim.extra_flops).cmp(&(b.sim.peak, b.sim.extra_flops)));
+    sols.sort_by_key(|a| (a.sim.peak, a.sim.extra_flops));
     let mut out: Vec<Solution> = Vec::new();
     for s in sols {
         if out
