@@ -331,6 +331,77 @@ impl Session {
     }
 }
 
+impl Session {
+    /// The largest value of `batch_dim` (default: the first symbolic input
+    /// dim) at which weights + arena fit `budget` bytes once the training
+    /// graph is rematerialized to the least peak the solvers reach
+    /// (`fast`'s walk to its end, `sqrt`, `per-block`); bisection as
+    /// [`Session::max_batch`], with memory assumed to grow with the batch.
+    /// Returns the dim, the batch, and weights + arena there.
+    pub fn max_batch_remat(
+        &self,
+        dims: &DimValues,
+        batch_dim: Option<&str>,
+        budget: u64,
+        time_limit: Duration,
+    ) -> Result<(String, i64, u64)> {
+        let name = match batch_dim {
+            Some(n) => n.to_string(),
+            None => graphopt_plan::input_dim_names(&self.model)
+                .into_iter()
+                .next()
+                .ok_or_else(|| self.err(Error::new("no symbolic input dim to use as the batch")))?,
+        };
+        let total = |b: i64| -> Result<u64> {
+            let mut d = dims.clone();
+            d.bound.retain(|(k, _)| *k != name);
+            d.bound.push((name.clone(), b));
+            let mut s = self.clone();
+            let pre = s.remat_prepare(&d)?;
+            let (least, _) = solve::least_peak(&pre.problem, time_limit);
+            let mut model = s.model.clone();
+            remat::rewrite(&mut model.graph, &pre.problem, &least)?;
+            let after = plan_model(&model, &d, &PlanOptions::default()).map_err(|e| self.err(e))?;
+            Ok(after.plan.weights_bytes + after.plan.arena_bytes.min(pre.arena))
+        };
+        let first = total(1)?;
+        if first > budget {
+            return Err(self.err(Error::new(format!(
+                "the budget of {} is too small even for {name}=1 with recomputation (weights + arena = {})",
+                human_bytes(budget),
+                human_bytes(first)
+            ))));
+        }
+        let (mut lo, mut lo_total) = (1i64, first);
+        let mut hi = None;
+        while hi.is_none() {
+            let b = lo.saturating_mul(2);
+            if b > 1 << 30 {
+                return Err(self.err(Error::new(format!(
+                    "memory does not grow with '{name}' (is it the batch dim?)"
+                ))));
+            }
+            let t = total(b)?;
+            if t <= budget {
+                (lo, lo_total) = (b, t);
+            } else {
+                hi = Some(b);
+            }
+        }
+        let mut hi = hi.expect("set above");
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let t = total(mid)?;
+            if t <= budget {
+                (lo, lo_total) = (mid, t);
+            } else {
+                hi = mid;
+            }
+        }
+        Ok((name, lo, lo_total))
+    }
+}
+
 /// The planner's lower bound of the graph rewritten with `drop`.
 fn real_peak(inferred: &Model, p: &Problem, drop: &[bool]) -> Result<u64> {
     let mut g: Graph = inferred.graph.clone();

@@ -22,7 +22,8 @@
 //!   candidate. `s = round(sqrt(cuts))` unless another stride fits the
 //!   budget and that one does not.
 //! - `per-block`: the cut points grouped into the blocks that repeat (the
-//!   op-type sequence between cuts, with the period found by matching),
+//!   op-type sequence between cuts, with the period, up to 24 segments,
+//!   that matches most),
 //!   one checkpoint per block boundary (every `e`-th boundary when one per
 //!   block does not fit), everything inside the blocks dropped; what lies
 //!   outside the repeated blocks (embeddings, head) is kept, as with
@@ -581,7 +582,7 @@ fn per_block_family(p: &Problem) -> Vec<(Vec<bool>, bool)> {
     }
     let m = sigs.len();
     let (mut period, mut matches) = (1usize, 0usize);
-    for q in 1..=4.min(m.saturating_sub(1)) {
+    for q in 1..=24.min(m.saturating_sub(1)) {
         let c = (0..m - q).filter(|&j| sigs[j] == sigs[j + q]).count();
         if c > matches {
             (period, matches) = (q, c);
