@@ -13,6 +13,7 @@
 
 pub mod manager;
 mod pattern;
+pub mod remat;
 mod util;
 
 use graphopt_ir::infer::{InferOptions, TypeTable};

@@ -203,7 +203,11 @@ fn dfs_schedule(g: &Graph, d: &Deps) -> Vec<NodeId> {
             .flatten()
             .filter_map(|&o| value_size(g, o))
             .sum();
-        weight[i] = own as u128 + d.preds[i].iter().map(|&p| weight[p]).sum::<u128>();
+        // Saturating: shared ancestors are counted once per path, which
+        // grows exponentially along a training graph's residual chains.
+        weight[i] = d.preds[i]
+            .iter()
+            .fold(own as u128, |acc, &p| acc.saturating_add(weight[p]));
     }
     let mut done = vec![false; n];
     let mut out = Vec::with_capacity(n);
