@@ -394,6 +394,113 @@ pub fn strided_copy(
     Ok(finish(family, c))
 }
 
+/// Slice whose starts (and axes, steps) are computed at run time: each
+/// thread reads the `n` starts from the device and derives the base
+/// offset and strides (clamped as ONNX says) before indexing; `axes` and
+/// `steps` are the dtypes of those inputs when present. Pointers: x,
+/// starts, [axes], [steps], y.
+pub fn slice_dynamic(
+    elem: usize,
+    in_shape: &[usize],
+    out_shape: &[usize],
+    n: usize,
+    starts: DType,
+    axes: Option<DType>,
+    steps: Option<DType>,
+) -> Result<Src, String> {
+    let t = bits(elem)?;
+    let r = in_shape.len();
+    let total: usize = out_shape.iter().product();
+    let list = |v: &[i64]| {
+        v.iter()
+            .map(|x| format!("{x}LL"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let shape: Vec<i64> = in_shape.iter().map(|&d| d as i64).collect();
+    let own = strides_of(in_shape);
+    let mut c = String::new();
+    let mut params = vec![
+        "const void* __restrict__ px".to_string(),
+        "const void* __restrict__ ps".to_string(),
+    ];
+    if axes.is_some() {
+        params.push("const void* __restrict__ pa".into());
+    }
+    if steps.is_some() {
+        params.push("const void* __restrict__ pt".into());
+    }
+    params.push("void* __restrict__ py".into());
+    writeln!(
+        c,
+        "extern \"C\" __global__ void KERNEL({}) {{",
+        params.join(", ")
+    )
+    .unwrap();
+    writeln!(c, "  const {t}* x = (const {t}*)px;").unwrap();
+    writeln!(c, "  {t}* y = ({t}*)py;").unwrap();
+    writeln!(c, "  const long long shape[{r}] = {{{}}};", list(&shape)).unwrap();
+    writeln!(c, "  const long long own[{r}] = {{{}}};", list(&own)).unwrap();
+    writeln!(c, "  long long st[{r}] = {{{}}};", list(&own)).unwrap();
+    writeln!(c, "  long long base = 0;").unwrap();
+    writeln!(c, "  for (int q = 0; q < {n}; ++q) {{").unwrap();
+    match axes {
+        Some(d) => writeln!(
+            c,
+            "    long long a = (long long)(({})pa)[q]; if (a < 0) a += {r};",
+            format_args!("const {}*", storage(d)?)
+        )
+        .unwrap(),
+        None => writeln!(c, "    long long a = q;").unwrap(),
+    }
+    writeln!(c, "    if (a < 0 || a >= {r}) continue;").unwrap();
+    match steps {
+        Some(d) => writeln!(
+            c,
+            "    long long step = (long long)((const {}*)pt)[q];",
+            storage(d)?
+        )
+        .unwrap(),
+        None => writeln!(c, "    long long step = 1;").unwrap(),
+    }
+    writeln!(
+        c,
+        "    long long dim = shape[a], s = (long long)((const {}*)ps)[q];",
+        storage(starts)?
+    )
+    .unwrap();
+    c += "    if (s < 0) s += dim;
+";
+    c += "    if (step > 0) s = s < 0 ? 0 : (s > dim ? dim : s);
+";
+    c += "    else s = s < 0 ? 0 : (s > dim - 1 ? dim - 1 : s);
+";
+    c += "    base += s * own[a];
+    st[a] = step * own[a];
+  }
+";
+    c += &grid_loop(total);
+    c += "    long long r = i, o = base;
+";
+    for j in (0..out_shape.len()).rev() {
+        if j == 0 {
+            writeln!(c, "    o += r * st[0];").unwrap();
+        } else {
+            writeln!(
+                c,
+                "    o += (r % {d}) * st[{j}]; r /= {d};",
+                d = out_shape[j]
+            )
+            .unwrap();
+        }
+    }
+    c += "    y[i] = x[o];
+  }
+}
+";
+    Ok(finish("slice_dyn", c))
+}
+
 /// Gather along an axis: data viewed as `[outer, axis_dim, inner]`,
 /// `n_idx` indices (negative ones count from the end; out-of-range ones
 /// are clamped, not read out of bounds).

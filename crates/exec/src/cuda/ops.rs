@@ -969,6 +969,40 @@ fn slice(ctx: &NodeCtx) -> Result<NodePlan, String> {
     let x = ctx.input(0)?;
     let y = &ctx.outputs[0];
     let n = ctx.node;
+    let constant = |k: usize| {
+        ctx.inputs.get(k).is_none_or(|t| t.is_none())
+            || ctx.constants.get(k).copied().flatten().is_some()
+    };
+    if ctx.opset >= 10 && !(constant(1) && constant(3) && constant(4)) {
+        // Starts (axes, steps) computed at run time: read on the device.
+        if numel(&y.shape) == 0 {
+            return Ok(NodePlan::default());
+        }
+        let dt = |k: usize| ctx.inputs.get(k).and_then(|t| t.as_ref()).map(|t| t.dtype);
+        let starts = ctx.input(1)?;
+        let src = codegen::slice_dynamic(
+            es(x.dtype)?,
+            &x.shape,
+            &y.shape,
+            numel(&starts.shape),
+            starts.dtype,
+            dt(3),
+            dt(4),
+        )?;
+        let mut args = vec![Arg::In(0), Arg::In(1)];
+        for k in [3, 4] {
+            if dt(k).is_some() {
+                args.push(Arg::In(k));
+            }
+        }
+        args.push(Arg::Out(0));
+        return Ok(one(
+            src,
+            grid_for(numel(&y.shape), BLOCK as usize),
+            BLOCK,
+            args,
+        ));
+    }
     let (starts, axes, steps) = if ctx.opset < 10 {
         (
             n.attr_ints("starts").ok_or("no starts")?.to_vec(),

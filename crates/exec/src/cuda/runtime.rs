@@ -22,9 +22,10 @@
 //! [`super::codegen`]) are tested on the CPU.
 
 use super::codegen;
-use super::ops::{self, Arg, Launch, NodePlan};
-use crate::backend::{NodeCtx, TensorInfo};
-use crate::executor::{bind, Bound, ExecError, KernelMaker, Loc, Step};
+use super::ops::{self, Launch, NodePlan};
+use super::{dev_steps, issue_step, CudaBackend, DevStep, Issue};
+use crate::backend::TensorInfo;
+use crate::executor::{bind, Bound, ExecError, Loc};
 use crate::tensor::{elem_size, numel, HostTensor};
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys as drv;
@@ -39,37 +40,6 @@ use std::sync::Arc;
 const DEV_ALIGN: usize = 256;
 /// cuBLAS workspace (its documented recommendation for Hopper).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
-
-/// The CUDA backend: which ops it has, and each node's [`NodePlan`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CudaBackend;
-
-impl KernelMaker for CudaBackend {
-    type K = NodePlan;
-    fn name(&self) -> &str {
-        "cuda"
-    }
-    fn has_op(&self, domain: &str, op_type: &str) -> bool {
-        (domain.is_empty() || domain == "ai.onnx") && ops::OPS.contains(&op_type)
-    }
-    fn make(&self, ctx: &NodeCtx) -> Result<NodePlan, String> {
-        ops::plan_node(ctx)
-    }
-    fn workspace_bytes(k: &NodePlan) -> usize {
-        k.workspace_bytes
-    }
-    fn in_place(k: &NodePlan) -> bool {
-        k.in_place
-    }
-}
-
-/// Binds a model to a plan with the CUDA backend's kernels, without a GPU
-/// (every plan check and every kernel's source): what
-/// [`CudaExecutable::new`] does before touching the device.
-pub fn plan_kernels(model: &Model, plan: &Plan) -> Result<Vec<(String, NodePlan)>, ExecError> {
-    let b = bind(model, plan, &CudaBackend)?;
-    Ok(b.steps.into_iter().map(|s| (s.name, s.kernel)).collect())
-}
 
 /// Why the CUDA backend cannot start here, or `None` when the driver,
 /// NVRTC and cuBLAS libraries load and a device is visible.
@@ -151,20 +121,6 @@ pub struct DeviceMemory {
     /// Free device memory (cuMemGetInfo) before the two allocations minus
     /// after them: what they really took, page rounding included.
     pub measured_bytes: u64,
-}
-
-struct DevStep {
-    name: String,
-    op: String,
-    plan: NodePlan,
-    /// Input addresses (0: omitted), output addresses.
-    ins: Vec<drv::CUdeviceptr>,
-    outs: Vec<drv::CUdeviceptr>,
-    /// Output 0's bytes to stage before the kernel (in place, kernel not
-    /// in-place safe): then the in-place inputs read the staging copy.
-    stage: Option<usize>,
-    /// Device addresses of this step's Upload launches, in order.
-    uploads: Vec<drv::CUdeviceptr>,
 }
 
 /// A model bound to a plan on the GPU, ready to run.
@@ -344,53 +300,23 @@ impl CudaExecutable {
                 Loc::Weight(w) => weights.ptr + w_off[w] as u64,
             }
         };
-        let mut kernels = 0;
-        let mut steps = Vec::new();
-        for (s, offs) in b.steps.into_iter().zip(up_off) {
-            let Step {
-                name,
-                op,
-                kernel,
-                inputs,
-                outputs,
-                in_place,
-                skip,
-            } = s;
-            if skip {
-                continue;
-            }
-            let outs: Vec<drv::CUdeviceptr> = outputs
-                .iter()
-                .map(|o| o.as_ref().map_or(0, |(off, _, _)| arena.ptr + *off as u64))
-                .collect();
-            let stage = (!in_place.is_empty() && !kernel.in_place)
-                .then(|| outputs[0].as_ref().map_or(0, |o| o.1));
-            let ins: Vec<drv::CUdeviceptr> = inputs
-                .iter()
-                .enumerate()
-                .map(|(k, i)| match i {
-                    None => 0,
-                    Some(_) if in_place.contains(&k) => {
-                        if stage.is_some() {
-                            arena.ptr + staging_off as u64
-                        } else {
-                            outs[0]
-                        }
-                    }
-                    Some((l, _)) => addr(l),
-                })
-                .collect();
-            kernels += kernel.launches.len();
-            steps.push(DevStep {
-                name,
-                op,
-                uploads: offs.iter().map(|&o| weights.ptr + o as u64).collect(),
-                plan: kernel,
-                ins,
-                outs,
-                stage,
-            });
-        }
+        let uploads: Vec<Vec<u64>> = up_off
+            .iter()
+            .map(|v| v.iter().map(|&o| weights.ptr + o as u64).collect())
+            .collect();
+        let kernels = b
+            .steps
+            .iter()
+            .filter(|s| !s.skip)
+            .map(|s| s.kernel.launches.len())
+            .sum();
+        let steps = dev_steps(
+            b.steps,
+            arena.ptr,
+            arena.ptr + staging_off as u64,
+            &|w| weights.ptr + w_off[w] as u64,
+            uploads,
+        );
         // Pinned staging for inputs (and overridable defaults) and outputs.
         let mut in_slots = Vec::new();
         let mut pin_len = 0usize;
@@ -503,162 +429,14 @@ impl CudaExecutable {
             .collect()
     }
 
-    fn resolve(&self, s: &DevStep, a: Arg) -> Result<drv::CUdeviceptr, String> {
-        match a {
-            Arg::In(k) => match s.ins.get(k) {
-                Some(&p) if p != 0 => Ok(p),
-                _ => Err(format!("input {k} is missing")),
-            },
-            Arg::Out(k) => match s.outs.get(k) {
-                Some(&p) if p != 0 => Ok(p),
-                _ => Err(format!("output {k} is missing")),
-            },
-            Arg::Ws(o) => Ok(self.arena.ptr + (self.scratch_off + o) as u64),
-        }
-    }
-
     /// Issues every step's work on the stream (no synchronisation).
     fn issue_steps(&self) -> Result<(), ExecError> {
-        let cu = self.stream.cu_stream();
+        let staging = self.arena.ptr + self.staging_off as u64;
+        let scratch = self.arena.ptr + self.scratch_off as u64;
         for s in &self.steps {
-            let err = |msg: String| ExecError::Kernel {
-                op: s.op.clone(),
-                node: s.name.clone(),
-                msg,
-            };
-            if let Some(n) = s.stage {
-                // SAFETY: both ranges lie in the arena allocation.
-                unsafe {
-                    result::memcpy_dtod_async(
-                        self.arena.ptr + self.staging_off as u64,
-                        s.outs[0],
-                        n,
-                        cu,
-                    )
-                }
-                .map_err(|e| err(format!("staging copy: {e}")))?;
-            }
-            let mut up = 0;
-            for l in &s.plan.launches {
-                match l {
-                    Launch::Kernel {
-                        func,
-                        grid,
-                        block,
-                        args,
-                    } => {
-                        let f = self
-                            .functions
-                            .get(func)
-                            .ok_or_else(|| err(format!("kernel {func} was not compiled")))?;
-                        let mut vals: Vec<drv::CUdeviceptr> = Vec::with_capacity(args.len());
-                        for a in args {
-                            vals.push(self.resolve(s, *a).map_err(err)?);
-                        }
-                        let mut params: Vec<*mut c_void> = vals
-                            .iter_mut()
-                            .map(|v| v as *mut drv::CUdeviceptr as *mut c_void)
-                            .collect();
-                        // SAFETY: every parameter of a generated kernel is
-                        // one device pointer, and `vals` outlives the call
-                        // (cuLaunchKernel copies the parameters).
-                        unsafe {
-                            result::launch_kernel(
-                                f.cu_function(),
-                                (grid[0], grid[1], grid[2]),
-                                (*block, 1, 1),
-                                0,
-                                cu,
-                                &mut params,
-                            )
-                        }
-                        .map_err(|e| err(format!("launch of {func}: {e}")))?;
-                    }
-                    Launch::Gemm(g) => self.gemm(s, g).map_err(err)?,
-                    Launch::Copy { src, dst, bytes } => {
-                        if *bytes > 0 {
-                            let (a, b) = (
-                                self.resolve(s, *src).map_err(err)?,
-                                self.resolve(s, *dst).map_err(err)?,
-                            );
-                            if a != b {
-                                // SAFETY: planned ranges of `bytes` bytes.
-                                unsafe { result::memcpy_dtod_async(b, a, *bytes, cu) }
-                                    .map_err(|e| err(format!("copy: {e}")))?;
-                            }
-                        }
-                    }
-                    Launch::Upload { dst, data } => {
-                        let to = self.resolve(s, *dst).map_err(err)?;
-                        if !data.is_empty() {
-                            // SAFETY: the constant bytes were uploaded at `uploads[up]`.
-                            unsafe { result::memcpy_dtod_async(to, s.uploads[up], data.len(), cu) }
-                                .map_err(|e| err(format!("constant copy: {e}")))?;
-                        }
-                        up += 1;
-                    }
-                }
-            }
+            issue_step(self, s, staging, scratch)?;
         }
         Ok(())
-    }
-
-    fn gemm(&self, s: &DevStep, g: &ops::Gemm) -> Result<(), String> {
-        let ty = match g.dtype {
-            DType::F32 => blas::cudaDataType::CUDA_R_32F,
-            DType::F16 => blas::cudaDataType::CUDA_R_16F,
-            DType::BF16 => blas::cudaDataType::CUDA_R_16BF,
-            d => return Err(format!("no cuBLAS GEMM for {}", d.name())),
-        };
-        let op = |t: bool| {
-            if t {
-                blas::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                blas::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        let i = |x: usize| -> Result<i32, String> {
-            i32::try_from(x).map_err(|_| format!("GEMM size {x} exceeds cuBLAS's 32-bit sizes"))
-        };
-        let (a, b, c) = (
-            self.resolve(s, g.a)?,
-            self.resolve(s, g.b)?,
-            self.resolve(s, g.c)?,
-        );
-        let (alpha, beta) = (g.alpha, g.beta);
-        // SAFETY: the addresses are planned tensors of the sizes the GEMM
-        // reads and writes (checked by `ops::matmul`/`ops::gemm` against
-        // the node's shapes); alpha/beta are host floats (pointer mode host)
-        // matching the 32F compute type.
-        unsafe {
-            blas::cublasGemmStridedBatchedEx(
-                *self.blas.handle(),
-                op(g.trans_a),
-                op(g.trans_b),
-                i(g.m)?,
-                i(g.n)?,
-                i(g.k)?,
-                &alpha as *const f32 as *const c_void,
-                a as *const c_void,
-                ty,
-                i(g.lda)?,
-                g.stride_a as i64,
-                b as *const c_void,
-                ty,
-                i(g.ldb)?,
-                g.stride_b as i64,
-                &beta as *const f32 as *const c_void,
-                c as *mut c_void,
-                ty,
-                i(g.ldc)?,
-                g.stride_c as i64,
-                i(g.batch)?,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .result()
-        .map_err(|e| format!("cublasGemmStridedBatchedEx: {e:?}"))
     }
 
     /// Input copies, every step, output copies: the whole run on the stream.
@@ -804,6 +582,98 @@ impl CudaExecutable {
             .map_err(|e| format!("cuStreamEndCapture: {e}"))?;
         issued.map_err(|e| e.to_string())?;
         g.ok_or_else(|| "stream capture produced no graph".to_string())
+    }
+}
+
+impl Issue for CudaExecutable {
+    fn kernel(
+        &self,
+        func: &str,
+        grid: [u32; 3],
+        block: u32,
+        args: &mut [u64],
+    ) -> Result<(), String> {
+        let f = self
+            .functions
+            .get(func)
+            .ok_or_else(|| format!("kernel {func} was not compiled"))?;
+        let mut params: Vec<*mut c_void> = args
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: every parameter of a generated kernel is one device
+        // pointer (a u64), and `args` outlives the call (cuLaunchKernel
+        // copies the parameter values before returning).
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (grid[0], grid[1], grid[2]),
+                (block, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| format!("cuLaunchKernel: {e}"))
+    }
+
+    fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
+        // SAFETY: both are planned device ranges of `bytes` bytes.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(|e| format!("cuMemcpyDtoDAsync: {e}"))
+    }
+
+    fn gemm(&self, g: &ops::Gemm, a: u64, b: u64, c: u64) -> Result<(), String> {
+        let ty = match g.dtype {
+            DType::F32 => blas::cudaDataType::CUDA_R_32F,
+            DType::F16 => blas::cudaDataType::CUDA_R_16F,
+            DType::BF16 => blas::cudaDataType::CUDA_R_16BF,
+            d => return Err(format!("no cuBLAS GEMM for {}", d.name())),
+        };
+        let op = |t: bool| {
+            if t {
+                blas::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let i = |x: usize| -> Result<i32, String> {
+            i32::try_from(x).map_err(|_| format!("GEMM size {x} exceeds cuBLAS's 32-bit sizes"))
+        };
+        let (alpha, beta) = (g.alpha, g.beta);
+        // SAFETY: the addresses are planned tensors of the sizes the GEMM
+        // reads and writes (checked by `ops::matmul`/`ops::gemm` against
+        // the node's shapes); alpha/beta are host floats (pointer mode host)
+        // matching the 32F compute type.
+        unsafe {
+            blas::cublasGemmStridedBatchedEx(
+                *self.blas.handle(),
+                op(g.trans_a),
+                op(g.trans_b),
+                i(g.m)?,
+                i(g.n)?,
+                i(g.k)?,
+                &alpha as *const f32 as *const c_void,
+                a as *const c_void,
+                ty,
+                i(g.lda)?,
+                g.stride_a as i64,
+                b as *const c_void,
+                ty,
+                i(g.ldb)?,
+                g.stride_b as i64,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                ty,
+                i(g.ldc)?,
+                g.stride_c as i64,
+                i(g.batch)?,
+                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .result()
+        .map_err(|e| format!("cublasGemmStridedBatchedEx: {e:?}"))
     }
 }
 
