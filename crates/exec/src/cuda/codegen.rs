@@ -536,6 +536,51 @@ pub fn gather(
     Ok(finish("gather", c))
 }
 
+/// GatherND: data `[B..., D_b .. D_{b+last-1}, S...]`, indices of
+/// `nb * tuples` tuples of `last` entries; output element `(t, s)` is the
+/// slice element `s` at the tuple's offset (negative entries count from
+/// the end; out-of-range ones are clamped, not read out of bounds).
+pub fn gather_nd(
+    elem: usize,
+    idx: DType,
+    data: &[usize],
+    batch: usize,
+    tuples: usize,
+    last: usize,
+) -> Result<Src, String> {
+    let t = bits(elem)?;
+    let it = storage(idx)?;
+    let st = strides_of(data);
+    let nb: usize = data[..batch].iter().product();
+    let slice: usize = data[batch + last..].iter().product();
+    let per_batch: usize = data[batch..].iter().product();
+    let n = nb * tuples * slice;
+    let mut c = String::new();
+    writeln!(c, "extern \"C\" __global__ void KERNEL(const void* __restrict__ pd, const void* __restrict__ pi, void* __restrict__ py) {{").unwrap();
+    writeln!(c, "  const {t}* d = (const {t}*)pd;").unwrap();
+    writeln!(c, "  const {it}* ix = (const {it}*)pi;").unwrap();
+    writeln!(c, "  {t}* y = ({t}*)py;").unwrap();
+    c += &grid_loop(n);
+    writeln!(
+        c,
+        "    long long s = i % {slice}LL, tup = i / {slice}LL, bi = tup / {tuples}LL;"
+    )
+    .unwrap();
+    writeln!(c, "    long long off = bi * {per_batch}LL;").unwrap();
+    for k in 0..last {
+        let dim = data[batch + k];
+        writeln!(
+            c,
+            "    {{ long long v = (long long)ix[tup * {last}LL + {k}]; if (v < 0) v += {dim}LL; v = v < 0 ? 0 : (v >= {dim}LL ? {} : v); off += v * {}LL; }}",
+            dim as i64 - 1,
+            st[batch + k]
+        )
+        .unwrap();
+    }
+    c += "    y[i] = d[off + s];\n  }\n}\n";
+    Ok(finish("gathernd", c))
+}
+
 /// How a reduction combines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceKind {

@@ -208,7 +208,11 @@ pub(crate) fn issue_step(
                     .map_err(|e| err(format!("kernel {func}: {e}")))?;
             }
             Launch::Gemm(g) => {
-                dev.gemm(g, resolve(g.a)?, resolve(g.b)?, resolve(g.c)?)
+                let es = crate::tensor::elem_size(g.dtype).unwrap_or(4) as u64;
+                let at = |a: Arg, k: usize| -> Result<u64, ExecError> {
+                    Ok(resolve(a)? + g.offsets[k] as u64 * es)
+                };
+                dev.gemm(g, at(g.a, 0)?, at(g.b, 1)?, at(g.c, 2)?)
                     .map_err(err)?;
             }
             Launch::Copy { src, dst, bytes } => {

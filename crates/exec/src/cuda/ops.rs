@@ -43,6 +43,9 @@ pub struct Gemm {
     pub batch: usize,
     pub alpha: f32,
     pub beta: f32,
+    /// Element offsets added to `a`, `b` and `c` (one GEMM per batch
+    /// element when batch dims broadcast partly).
+    pub offsets: [usize; 3],
 }
 
 /// One step of a node on the device.
@@ -105,6 +108,7 @@ pub const OPS: &[&str] = &[
     "Flatten",
     "Floor",
     "Gather",
+    "GatherND",
     "Gelu",
     "Gemm",
     "GlobalAveragePool",
@@ -639,6 +643,7 @@ fn row_major_gemm(
         batch,
         alpha,
         beta,
+        offsets: [0; 3],
     }
 }
 
@@ -677,23 +682,58 @@ fn matmul(ctx: &NodeCtx) -> Result<NodePlan, String> {
             1
         },
     );
-    let stride = |bx: usize, size: usize| -> Result<usize, String> {
-        if bx == out_batch {
-            Ok(size)
-        } else if bx == 1 {
-            Ok(0)
-        } else {
-            Err(format!(
-                "MatMul with partly broadcast batch dims ({:?} x {:?}) is not supported on CUDA",
-                a.shape, b.shape
-            ))
-        }
-    };
-    let sa = stride(ba, m * ka)?;
-    let sb = stride(bb, ka * n)?;
     if numel(&y.shape) == 0 {
         return Ok(NodePlan::default());
     }
+    let full = |bx: usize| bx == out_batch || bx == 1;
+    if !full(ba) || !full(bb) {
+        // Batch dims broadcast partly ([2,1,..] x [3,..]): one GEMM per
+        // output batch element, each operand at its broadcast offset.
+        let yb: Vec<usize> = y.shape[..y.shape.len() - 2].to_vec();
+        let bst = |s: &[usize], size: usize| -> Result<Vec<i64>, String> {
+            let lead = if s.len() > 2 {
+                &s[..s.len() - 2]
+            } else {
+                &[][..]
+            };
+            let st = codegen::broadcast_strides(lead, &yb)?;
+            Ok(st.iter().map(|&x| x * size as i64).collect())
+        };
+        let (sa, sb) = (bst(&a.shape, m * ka)?, bst(&b.shape, ka * n)?);
+        let mut launches = Vec::new();
+        for bi in 0..out_batch {
+            let (mut r, mut oa, mut ob) = (bi, 0i64, 0i64);
+            for d in (0..yb.len()).rev() {
+                let c = (r % yb[d]) as i64;
+                r /= yb[d];
+                oa += c * sa[d];
+                ob += c * sb[d];
+            }
+            let mut g = row_major_gemm(
+                a.dtype,
+                (m, n, ka),
+                Arg::In(0),
+                false,
+                0,
+                Arg::In(1),
+                false,
+                0,
+                Arg::Out(0),
+                1,
+                1.0,
+                0.0,
+            );
+            // Operands swap in the column-major call: cuBLAS's A is B.
+            g.offsets = [ob as usize, oa as usize, bi * m * n];
+            launches.push(Launch::Gemm(g));
+        }
+        return Ok(NodePlan {
+            launches,
+            ..Default::default()
+        });
+    }
+    let sa = if ba == out_batch { m * ka } else { 0 };
+    let sb = if bb == out_batch { ka * n } else { 0 };
     // A broadcast B with a batched A of contiguous rows is one plain GEMM
     // over all rows (M·batch × K) · (K × N): better for cuBLAS than batch 0-stride.
     let g = if sb == 0 && out_batch > 1 && sa == m * ka {
@@ -853,7 +893,10 @@ fn conv(ctx: &NodeCtx) -> Result<NodePlan, String> {
         dilation: d,
         group,
     };
-    if shape.c % group != 0 || shape.oc % group != 0 || w.shape[1] != shape.c / group {
+    if !shape.c.is_multiple_of(group)
+        || !shape.oc.is_multiple_of(group)
+        || w.shape[1] != shape.c / group
+    {
         return Err("Conv channels do not match the group count".into());
     }
     let bias = matches!(ctx.inputs.get(2), Some(Some(_)));
@@ -1125,6 +1168,28 @@ fn gather(ctx: &NodeCtx) -> Result<NodePlan, String> {
     ))
 }
 
+fn gather_nd(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    let (x, i) = (ctx.input(0)?, ctx.input(1)?);
+    let b = ctx.node.attr_int("batch_dims").unwrap_or(0) as usize;
+    let last = *i.shape.last().ok_or("GatherND with scalar indices")?;
+    let q = i.shape.len();
+    if b + last > x.shape.len() || b >= q {
+        return Err("GatherND indices do not fit the data".into());
+    }
+    let tuples: usize = i.shape[b..q - 1].iter().product();
+    let n = numel(&ctx.outputs[0].shape);
+    if n == 0 {
+        return Ok(NodePlan::default());
+    }
+    let src = codegen::gather_nd(es(x.dtype)?, i.dtype, &x.shape, b, tuples, last)?;
+    Ok(one(
+        src,
+        grid_for(n, BLOCK as usize),
+        BLOCK,
+        vec![Arg::In(0), Arg::In(1), Arg::Out(0)],
+    ))
+}
+
 fn upload(data: Vec<u8>) -> NodePlan {
     NodePlan {
         launches: vec![Launch::Upload {
@@ -1215,6 +1280,7 @@ pub fn plan_node(ctx: &NodeCtx) -> Result<NodePlan, String> {
         "Concat" => return concat(ctx, false),
         "Split" => return concat(ctx, true),
         "Gather" => return gather(ctx),
+        "GatherND" => return gather_nd(ctx),
         "MatMul" => return matmul(ctx),
         "Gemm" => return gemm(ctx),
         "Conv" => return conv(ctx),
