@@ -76,7 +76,8 @@ pub use remat::{
     remat_svg, Budget, FrontierPoint, RematOptions, RematReport, RematSweep, StrategyFrontier,
 };
 pub use run::{
-    peak_rss_bytes, to_host, to_tract, Device, PoisonReport, RunOptions, RunReport, Runner,
+    cuda_unavailable, peak_rss_bytes, to_host, to_tract, CudaReport, Device, PoisonReport,
+    RunOptions, RunReport, Runner,
 };
 pub use session::{load, PlanRequest, SaveOptions, Session};
 
