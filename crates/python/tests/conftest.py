@@ -1,6 +1,6 @@
 """Shared fixtures of the graphopt Python package tests.
 
-Run by `cargo test --workspace` (tests/pytest_suite.rs builds the wheel,
+Run by `cargo test --workspace` (crates/cli/tests/python_package.rs builds the wheel,
 installs it into a fresh venv and runs pytest here). The CLI the results
 are compared with is the `graphopt` console script the wheel installed
 (`GRAPHOPT_CLI`), which runs the Rust CLI's code (graphopt_cli).

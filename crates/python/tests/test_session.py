@@ -42,8 +42,8 @@ def test_version_and_passes(cli):
 @pytest.mark.parametrize("name,dims", PLAN_MODELS)
 def test_plan_equals_cli(cli, name, dims):
     s = graphopt.load(model(name))
-    got = s.plan(dims=dims_dict(dims), verify=True)
-    want = cli.json("plan", model(name), "--json", "--verify", *dim_args(dims))
+    got = s.plan(dims=dims_dict(dims), verify=True, node_budget=20_000)
+    want = cli.json("plan", model(name), "--json", "--verify", "--nodes", "20000", *dim_args(dims))
     assert got == want
     assert got["arena_bytes"] >= got["lower_bound_bytes"] > 0
 
@@ -60,11 +60,15 @@ def test_plan_shapes_from_inputs_equal_cli(cli):
 def test_max_batch_equals_cli(cli):
     name = "bert_tiny.ts14"
     s = graphopt.load(model(name))
-    got = s.max_batch("64MiB", dims={"sequence": 128})
-    want = cli.json("plan", model(name), "--json", "--budget", "64MiB", "--max-batch", "--dim", "sequence=128")
+    got = s.max_batch("16MiB", dims={"sequence": 32}, node_budget=2000)
+    want = cli.json(
+        "plan", model(name), "--json", "--budget", "16MiB", "--max-batch", "--dim", "sequence=32", "--nodes", "2000"
+    )
     assert got == want
-    assert got["max_batch"] > 1 and got["budget_bytes"] == 64 << 20
-    assert s.max_batch(64 << 20, dims={"sequence": 128}) == want
+    assert got["max_batch"] > 1 and got["budget_bytes"] == 16 << 20
+    assert got["weights_bytes"] + got["arena_bytes"] <= 16 << 20
+    with pytest.raises(graphopt.GraphoptError, match="budget"):
+        s.max_batch("lots")
 
 
 def test_inspect_equals_cli(cli):

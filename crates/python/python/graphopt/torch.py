@@ -114,7 +114,9 @@ class MemoryReport:
     #: The module's parameters (``module.parameters()``).
     parameters: int
     weights_bytes: int
-    #: Peak of live activation bytes in the best order graphopt finds.
+    #: Peak of live activation bytes in the best order graphopt finds (for
+    #: training, of everything the step computes: activations, the loss and
+    #: the gradients, which are the step's outputs).
     activation_lower_bound_bytes: int
     #: The one arena that holds every activation at its planned offset.
     arena_bytes: int
@@ -137,17 +139,19 @@ class MemoryReport:
         def mib(b: Optional[int]) -> str:
             return "-" if b is None else f"{b / 2**20:10.2f} MiB"
 
-        lines = [
-            f"graphopt memory report ({self.mode}, {self.parameters:,} parameters)",
-            f"  weights                      {mib(self.weights_bytes)}",
-            f"  activations, lower bound     {mib(self.activation_lower_bound_bytes)}",
-            f"  arena (planned)              {mib(self.arena_bytes)}",
-            f"  weights + arena              {mib(self.total_bytes)}",
+        bound = "activations, lower bound" if self.mode == "inference" else "activations + grads, bound"
+        rows = [
+            ("weights", self.weights_bytes),
+            (bound, self.activation_lower_bound_bytes),
+            ("arena (planned)", self.arena_bytes),
+            ("weights + arena", self.total_bytes),
         ]
         if self.mode == "training":
-            lines.append(f"  saved for backward           {mib(self.saved_for_backward_bytes)}")
-            for name, b in self.largest_saved[:3]:
-                lines.append(f"    {name:<26} {mib(b)}")
+            rows.append(("saved for backward", self.saved_for_backward_bytes))
+        lines = [f"graphopt memory report ({self.mode}, {self.parameters:,} parameters)"]
+        lines += [f"  {label:<28} {mib(b)}" for label, b in rows]
+        if self.mode == "training":
+            lines += [f"    {name:<26} {mib(b)}" for name, b in self.largest_saved[:3]]
         for n in self.notes:
             lines.append(f"  note: {n}")
         return "\n".join(lines)

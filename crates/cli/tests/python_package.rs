@@ -1,13 +1,19 @@
-//! The Python package, tested as a user gets it: the wheel is built with
-//! maturin, installed with pip into a fresh virtual environment under
-//! `target/py-pkg/venv`, and `pytest crates/python/tests` runs there
+//! The Python package (`crates/python`), tested as a user gets it: the
+//! wheel is built with maturin, installed with pip into a fresh virtual
+//! environment under `target/py-pkg/venv`, and `pytest crates/python/tests`
+//! runs there
 //! (every Session method against the `graphopt` console script the wheel
 //! installed, numpy round trips, errors, `graphopt.torch` when torch is
 //! importable).
 //!
 //! Build cost: the wheel is built with `--profile dev` into the workspace's
 //! target folder, so the dependencies `cargo test --workspace` compiled are
-//! reused and only this crate (pyo3 bindings) and the link are new.
+//! reused and only pyo3, numpy and the bindings are new. This test lives in
+//! the CLI crate (the console script is the CLI) rather than in
+//! `crates/python`: an integration test there would make `cargo test`
+//! build the extension too, with another pyo3 configuration than maturin's
+//! (its build script reads maturin's `PYO3_*` variables), and each of the
+//! two builds would then rebuild pyo3 after the other.
 //! That holds only while `cargo build -p graphopt-python` (what maturin
 //! runs) resolves the same features as the workspace build:
 //! [`wheel_build_resolves_the_workspace_features`] checks it.
@@ -91,9 +97,13 @@ fn python_package() {
     let wheel = build_wheel(&py, &root, &target, &work.join("wheels"));
 
     // A fresh venv, seeing the pinned venv's packages through a .pth file.
+    // Without pip of its own (ensurepip takes ~10 s): the pinned venv's pip
+    // installs into it (`pip --python`).
     let venv = work.join("venv");
     let _ = std::fs::remove_dir_all(&venv);
-    run(Command::new(&py).args(["-m", "venv"]).arg(&venv));
+    run(Command::new(&py)
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv));
     let vpy = venv.join("bin/python");
     let site = |p: &Path| {
         text(&run(Command::new(p).args([
@@ -106,15 +116,10 @@ fn python_package() {
         format!("{}\n", site(&py)),
     )
     .expect("write .pth");
-    run(Command::new(&vpy)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "--no-index",
-        ])
+    run(Command::new(&py)
+        .args(["-m", "pip", "--python"])
+        .arg(&vpy)
+        .args(["install", "-q", "--disable-pip-version-check", "--no-index"])
         .arg(&wheel));
 
     let t0 = Instant::now();
