@@ -131,23 +131,34 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         .as_deref()
         .map(|b| graphopt::util::parse_size(b).map_err(|e| Error::new(format!("--budget {e}"))))
         .transpose()?;
-    let mut with_remat: Option<(String, i64, u64)> = None;
-    let (planned, batch) = if a.max_batch {
-        let budget = budget.expect("clap requires --budget");
-        let mb = session.max_batch(&req, a.batch_dim.as_deref(), budget)?;
-        let info = (mb.dim.clone(), mb.batch, mb.budget);
-        if a.remat {
-            with_remat = Some(session.max_batch_remat(
-                &req.dims,
-                a.batch_dim.as_deref(),
-                budget,
-                std::time::Duration::from_secs(10),
-            )?);
+    let max_batch = match a.max_batch {
+        true => {
+            let budget = budget.expect("clap requires --budget");
+            Some(session.max_batch(&req, a.batch_dim.as_deref(), budget)?)
         }
-        (mb.at, Some(info))
-    } else {
-        (session.plan(&req)?, None)
+        false => None,
     };
+    let with_remat: Option<(String, i64, u64)> = match (a.max_batch && a.remat, budget) {
+        (true, Some(budget)) => Some(session.max_batch_remat(
+            &req.dims,
+            a.batch_dim.as_deref(),
+            budget,
+            std::time::Duration::from_secs(10),
+        )?),
+        _ => None,
+    };
+    let single = match &max_batch {
+        Some(_) => None,
+        None => Some(session.plan(&req)?),
+    };
+    let planned = match (&max_batch, &single) {
+        (Some(mb), _) => &mb.at,
+        (None, Some(p)) => p,
+        (None, None) => unreachable!("one of the two is planned"),
+    };
+    let batch = max_batch
+        .as_ref()
+        .map(|mb| (mb.dim.clone(), mb.batch, mb.budget));
     let (model, plan, dims) = (&planned.model, &planned.plan, &planned.dims);
     if a.verify {
         check_graph_plan(&model.graph, plan).map_err(|errs| {
@@ -172,30 +183,11 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         .map(|d| d.name.as_str())
         .collect();
     if a.json {
-        let mut v = serde_json::to_value(plan).map_err(|e| Error::new(e.to_string()))?;
-        let o = v.as_object_mut().expect("a plan serializes to an object");
-        o.insert(
-            "dims".into(),
-            json!(dims
-                .iter()
-                .map(|d| (d.name.clone(), json!(d.value)))
-                .collect::<serde_json::Map<_, _>>()),
-        );
-        o.insert("default_dim".into(), json!(a.default_dim));
-        o.insert("defaulted_dims".into(), json!(defaulted));
-        o.insert("peak_tensors".into(), json!(plan.peak_tensors));
-        o.insert("schedule_heuristic".into(), json!(plan.heuristic));
-        o.insert("strategy".into(), json!(plan.strategy));
-        o.insert("optimal".into(), json!(plan.optimal));
-        if a.verify {
-            o.insert("verified".into(), json!(true));
-        }
-        if let Some((name, b, budget)) = &batch {
-            o.insert("batch_dim".into(), json!(name));
-            o.insert("max_batch".into(), json!(b));
-            o.insert("budget_bytes".into(), json!(budget));
-        }
-        if let Some((_, b, total)) = &with_remat {
+        let mut v = match &max_batch {
+            Some(mb) => graphopt::max_batch_json(mb, a.default_dim, a.verify)?,
+            None => graphopt::plan_json(planned, a.default_dim, a.verify)?,
+        };
+        if let (Some((_, b, total)), Some(o)) = (&with_remat, v.as_object_mut()) {
             o.insert("max_batch_remat".into(), json!(b));
             o.insert("max_batch_remat_bytes".into(), json!(total));
         }

@@ -43,6 +43,7 @@ mod grad;
 mod inputs;
 mod inspect;
 mod optimize;
+mod plan_json;
 mod precision;
 mod quantize;
 mod remat;
@@ -64,6 +65,7 @@ pub use inspect::{Inspection, IoInfo};
 pub use optimize::{
     OptimizeOptions, OptimizeReport, PassRunReport, PipelineOptions, Summary, DEFAULT_MAX_ROUNDS,
 };
+pub use plan_json::{max_batch_json, plan_json};
 pub use precision::{
     Clamped, KeptSensitive, KeptWeight, MemoryFigures, PrecisionOptions, PrecisionReport,
     ValidateOptions, Validation, ValidationCheck,

@@ -1,0 +1,181 @@
+"""Type stubs of the extension module ``graphopt._graphopt`` (Rust, pyo3)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, Mapping, Sequence, Union, overload
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+PathLike = Union[str, "os.PathLike[str]"]
+#: A dict of numpy arrays by input name, an ``.npz`` path, or None (seeded
+#: random inputs: floats uniform in [-1, 1), integers in {0, 1}).
+Inputs = Union[Mapping[str, npt.ArrayLike], PathLike, None]
+Dims = Mapping[str, int]
+Report = dict[str, Any]
+
+class GraphoptError(Exception):
+    """A graphopt error: one line naming the file and the node or tensor, as the CLI prints it."""
+
+class Session:
+    """One ONNX model and what graphopt did to it.
+
+    ``optimize``, ``lower_precision`` and ``grad`` return a new Session and
+    leave this one unchanged; ``report()`` lists the steps that made it.
+    """
+
+    @property
+    def source(self) -> str | None:
+        """The file the model was loaded from, or None."""
+    @property
+    def input_names(self) -> list[str]:
+        """Names of the inputs a caller feeds (graph inputs without an initializer)."""
+    @property
+    def output_names(self) -> list[str]:
+        """Names of the graph outputs."""
+    def optimize(
+        self,
+        passes: str | Sequence[str] | None = None,
+        opset: int | None = None,
+        max_rounds: int | None = None,
+        verify: bool = True,
+        stop_after: int | None = None,
+    ) -> Session:
+        """The default simplify/fuse pipeline to a fixed point, or the named passes
+        (``"none"`` for none), verified after every pass; ``opset`` raises the
+        default-domain opset first (e.g. 20 for LayerNormalization and Gelu fusion)."""
+    def lower_precision(
+        self,
+        precision: Literal["fp16", "bf16", "fp16-weights"],
+        keep_fp32: str | Sequence[str] | None = None,
+        keep_io_types: bool = True,
+        any_runtime: bool = False,
+        validate: bool | Literal["best-effort", "strict"] | None = None,
+        inputs: Inputs = None,
+        rtol: float = 1e-2,
+        atol: float = 1e-3,
+        force: bool = False,
+        dims: Dims | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        seed: int = 7,
+    ) -> Session:
+        """fp16/bf16 compute with an autocast-like fp32 keep-list, or fp16 weight storage.
+
+        ``validate`` runs the original and the lowered model in tract and keeps the
+        nodes that break the tolerance fp32; ending over tolerance raises
+        :class:`GraphoptError` unless ``force``."""
+    def grad(
+        self,
+        loss: Literal["sum", "mean", "mse", "l1", "cross_entropy"] = "sum",
+        output: str | None = None,
+        class_axis: int = 1,
+        trainable: str | Sequence[str] | None = None,
+        frozen: str | Sequence[str] | None = None,
+        input_grads: bool = False,
+        optimizer: Literal["none", "sgd"] = "none",
+        lr: float = 0.01,
+        weight_decay: float = 0.0,
+        dims: Dims | None = None,
+        simplify: bool = True,
+    ) -> Session:
+        """The training graph (forward, ``loss``, ``<param>_grad``); its report has the
+        saved-for-backward bytes and the step's plan at ``dims``."""
+    def plan(
+        self,
+        dims: Dims | None = None,
+        inputs: Inputs = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        default_dim: int = 1,
+        alignment: int = 256,
+        reorder: bool = True,
+        strict: bool = False,
+        verify: bool = False,
+        threads: int | None = None,
+        node_budget: int = 200_000,
+        time_limit: float | None = None,
+    ) -> Report:
+        """The memory plan, with the fields of ``graphopt plan --json``
+        (``weights_bytes``, ``lower_bound_bytes``, ``arena_bytes``, ``naive_bytes``,
+        ``schedule``, ``tensors``, ``peak_tensors``, ``dims``, ...)."""
+    def max_batch(
+        self,
+        budget: int | str,
+        dims: Dims | None = None,
+        batch_dim: str | None = None,
+        inputs: Inputs = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        default_dim: int = 1,
+        alignment: int = 256,
+        reorder: bool = True,
+        strict: bool = False,
+        threads: int | None = None,
+        node_budget: int = 200_000,
+        time_limit: float | None = None,
+    ) -> Report:
+        """The largest batch whose weights + arena fit ``budget`` (bytes or "8GiB"):
+        ``plan()``'s dict at that batch plus ``batch_dim``, ``max_batch``, ``budget_bytes``."""
+    @overload
+    def run(
+        self,
+        inputs: Inputs = None,
+        device: Literal["cpu", "cuda"] = "cpu",
+        dims: Dims | None = None,
+        repeat: int = 1,
+        poison: bool = False,
+        threads: int | None = None,
+        seed: int = 7,
+        return_report: Literal[False] = False,
+    ) -> dict[str, np.ndarray]: ...
+    @overload
+    def run(
+        self,
+        inputs: Inputs = None,
+        device: Literal["cpu", "cuda"] = "cpu",
+        dims: Dims | None = None,
+        repeat: int = 1,
+        poison: bool = False,
+        threads: int | None = None,
+        seed: int = 7,
+        *,
+        return_report: Literal[True],
+    ) -> tuple[dict[str, np.ndarray], Report]: ...
+    def check(
+        self,
+        other: Session,
+        inputs: Inputs = None,
+        rtol: float = 1e-5,
+        atol: float = 1e-5,
+        tensor_scale: bool = False,
+        seed: int = 7,
+        dims: Dims | None = None,
+    ) -> Report:
+        """Both models on the same inputs in tract, every output compared (``graphopt
+        check --json``); out of tolerance is ``report["ok"] == False``, not an exception."""
+    def inspect(self, dims: Dims | None = None) -> Report:
+        """Inputs, outputs, ops, parameters by dtype, opsets (``graphopt inspect --json``)."""
+    def save(
+        self,
+        path: PathLike,
+        external_data: bool | int | None = None,
+        location: str | None = None,
+    ) -> Report:
+        """Saves atomically; never over the file the session was loaded from."""
+    def to_bytes(self) -> bytes:
+        """The model as ONNX bytes (everything inline)."""
+    def text(self, full: bool = False) -> str:
+        """The model in the ONNX textual syntax (``graphopt print``)."""
+    def report(self) -> Report:
+        """``source``, ``steps`` (one ``{"step", "report"}`` per transform) and ``passes``."""
+
+def load(model: PathLike | bytes | bytearray | memoryview | Any) -> Session:
+    """Loads a model: a path, ONNX bytes, or an object with ``SerializeToString()``
+    (``onnx.ModelProto``)."""
+
+def passes() -> list[tuple[str, str]]:
+    """Every pass: ``(name, one-line doc)``."""
+
+def cli_main(argv: list[str]) -> int:
+    """Runs the ``graphopt`` command with ``argv`` (argv[0] the program name); returns its exit status."""

@@ -1,0 +1,229 @@
+"""graphopt for people who hold a ``torch.nn.Module``.
+
+``torch`` (and ``onnxscript`` for torch's dynamo exporter) is imported here
+only, when this module is imported: the rest of ``graphopt`` never needs it.
+
+    import torch, graphopt.torch
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
+    x = torch.randn(32, 512)
+    print(graphopt.torch.memory_report(model, (x,), training=True))
+
+Figures come from graphopt's memory planner on the exported ONNX graph
+(not from running torch): weights, the activation lower bound (the peak of
+live bytes in the best order graphopt finds), the arena that holds every
+activation at a planned offset, and for training the bytes of forward
+activations that the backward pass reads ("saved for backward").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import tempfile
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import torch
+
+import graphopt
+
+__all__ = ["MemoryReport", "export", "max_batch", "memory_report"]
+
+ExampleInputs = Union["torch.Tensor", Sequence["torch.Tensor"]]
+
+
+def _as_tuple(example_inputs: ExampleInputs) -> tuple:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    return tuple(example_inputs)
+
+
+def export(
+    module: "torch.nn.Module",
+    example_inputs: ExampleInputs,
+    dynamic_shapes: Optional[Any] = None,
+    *,
+    opset: Optional[int] = None,
+    dynamo: bool = True,
+    input_names: Optional[Sequence[str]] = None,
+    output_names: Optional[Sequence[str]] = None,
+) -> graphopt.Session:
+    """Exports ``module`` with ``torch.onnx.export`` and loads the result.
+
+    ``dynamic_shapes`` is passed to torch's exporter as it is (torch.export's
+    form, e.g. ``({0: torch.export.Dim("batch")},)``); None exports static
+    shapes. ``dynamo=False`` uses the TorchScript exporter instead (then
+    ``dynamic_shapes`` is read as ``dynamic_axes``). The module is exported
+    in its current mode (call ``module.eval()`` first for inference).
+    """
+    args = _as_tuple(example_inputs)
+    with tempfile.TemporaryDirectory(prefix="graphopt-export-") as d:
+        path = os.path.join(d, "model.onnx")
+        kwargs: dict = {}
+        if opset is not None:
+            kwargs["opset_version"] = opset
+        if input_names is not None:
+            kwargs["input_names"] = list(input_names)
+        if output_names is not None:
+            kwargs["output_names"] = list(output_names)
+        if dynamo:
+            if dynamic_shapes is not None:
+                kwargs["dynamic_shapes"] = dynamic_shapes
+            torch.onnx.export(module, args, path, dynamo=True, verbose=False, **kwargs)
+        else:
+            if dynamic_shapes is not None:
+                kwargs["dynamic_axes"] = dynamic_shapes
+            torch.onnx.export(module, args, path, dynamo=False, **kwargs)
+        files = os.listdir(d)
+        if files == ["model.onnx"]:
+            # One self-contained file: load its bytes, so that nothing
+            # refers to the temporary folder once it is gone.
+            with open(path, "rb") as f:
+                return graphopt.load(f.read())
+        # External data (models past 2 GiB): the session reads the files
+        # while loading them, so load before the folder goes.
+        session = graphopt.load(path)
+        return graphopt.load(session.to_bytes())
+
+
+def _export_eval(module: "torch.nn.Module", args: tuple, dynamic_shapes: Any, dynamo: bool) -> graphopt.Session:
+    """``export`` in eval mode (Dropout off, BatchNorm on running stats: the
+    forms graphopt's gradient rules take), restoring the module's mode."""
+    was_training = module.training
+    module.eval()
+    try:
+        return export(module, args, dynamic_shapes, dynamo=dynamo)
+    finally:
+        module.train(was_training)
+
+
+def _batch_shapes(args: tuple, dynamo: bool) -> Any:
+    """Dim 0 of every tensor input as one symbolic ``batch`` dim."""
+    if dynamo:
+        batch = torch.export.Dim("batch")
+        return tuple({0: batch} if isinstance(a, torch.Tensor) and a.dim() > 0 else None for a in args)
+    return {f"input_{i}": {0: "batch"} for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+
+
+@dataclasses.dataclass
+class MemoryReport:
+    """What ``memory_report`` found. Byte counts are from graphopt's planner."""
+
+    #: "inference" or "training".
+    mode: str
+    #: The module's parameters (``module.parameters()``).
+    parameters: int
+    weights_bytes: int
+    #: Peak of live activation bytes in the best order graphopt finds (for
+    #: training, of everything the step computes: activations, the loss and
+    #: the gradients, which are the step's outputs).
+    activation_lower_bound_bytes: int
+    #: The one arena that holds every activation at its planned offset.
+    arena_bytes: int
+    #: Training only: forward activations (and inputs) the backward pass reads.
+    saved_for_backward_bytes: Optional[int] = None
+    saved_input_bytes: Optional[int] = None
+    #: The largest saved values, (name, bytes), largest first.
+    largest_saved: list = dataclasses.field(default_factory=list)
+    #: Training only: memory/recompute trade-off points from graphopt's
+    #: rematerialization; None while this build has no ``Session.remat``.
+    remat_frontier: Optional[list] = None
+    notes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        """Weights + arena: what the planned step needs, besides the runtime's own."""
+        return self.weights_bytes + self.arena_bytes
+
+    def __str__(self) -> str:
+        def mib(b: Optional[int]) -> str:
+            return "-" if b is None else f"{b / 2**20:10.2f} MiB"
+
+        bound = "activations, lower bound" if self.mode == "inference" else "activations + grads, bound"
+        rows = [
+            ("weights", self.weights_bytes),
+            (bound, self.activation_lower_bound_bytes),
+            ("arena (planned)", self.arena_bytes),
+            ("weights + arena", self.total_bytes),
+        ]
+        if self.mode == "training":
+            rows.append(("saved for backward", self.saved_for_backward_bytes))
+        lines = [f"graphopt memory report ({self.mode}, {self.parameters:,} parameters)"]
+        lines += [f"  {label:<28} {mib(b)}" for label, b in rows]
+        if self.mode == "training":
+            lines += [f"    {name:<26} {mib(b)}" for name, b in self.largest_saved[:3]]
+        for n in self.notes:
+            lines.append(f"  note: {n}")
+        return "\n".join(lines)
+
+
+def _report(
+    session: graphopt.Session, params: int, training: bool, loss: str, dims: Optional[Mapping[str, int]]
+) -> MemoryReport:
+    session = session.optimize()
+    if not training:
+        p = session.plan(dims=dims)
+        return MemoryReport(
+            mode="inference",
+            parameters=params,
+            weights_bytes=p["weights_bytes"],
+            activation_lower_bound_bytes=p["lower_bound_bytes"],
+            arena_bytes=p["arena_bytes"],
+        )
+    train = session.grad(loss=loss, dims=dims)
+    g = train.report()["steps"][-1]["report"]
+    r = MemoryReport(
+        mode="training",
+        parameters=params,
+        weights_bytes=g["weights_bytes"],
+        activation_lower_bound_bytes=g["lower_bound_bytes"],
+        arena_bytes=g["arena_bytes"],
+        saved_for_backward_bytes=g["saved_activation_bytes"],
+        saved_input_bytes=g["saved_input_bytes"],
+        largest_saved=[(s["name"], s["bytes"]) for s in g["saved"] if not s["input"] and s["bytes"]],
+    )
+    if hasattr(train, "remat"):  # pragma: no cover - once Session.remat lands
+        # TODO(remat): fill from the remat report's frontier once the API is on main.
+        r.notes.append("remat frontier: not wired yet")
+    else:
+        r.notes.append("remat frontier: not available (this graphopt has no Session.remat yet)")
+    return r
+
+
+def memory_report(
+    module: "torch.nn.Module",
+    example_inputs: ExampleInputs,
+    training: bool = False,
+    *,
+    loss: str = "sum",
+    dynamo: bool = True,
+) -> MemoryReport:
+    """Weights, activation lower bound and arena of ``module`` at the shapes of
+    ``example_inputs``; with ``training=True``, of one training step (forward,
+    ``loss`` over the first output, backward), with the bytes saved for backward.
+
+    The module is exported in eval mode (``export``), simplified with graphopt's default
+    pipeline, and for training differentiated by graphopt (``Session.grad``).
+    """
+    params = sum(p.numel() for p in module.parameters())
+    return _report(_export_eval(module, _as_tuple(example_inputs), None, dynamo), params, training, loss, None)
+
+
+def max_batch(
+    module: "torch.nn.Module",
+    example_inputs: ExampleInputs,
+    budget: Union[int, str],
+    training: bool = False,
+    *,
+    loss: str = "sum",
+    dynamo: bool = True,
+) -> int:
+    """The largest batch (dim 0 of every input) whose weights + arena fit
+    ``budget`` (bytes, or a size such as ``"8GiB"``), for inference or for one
+    training step. Use example inputs with a batch of at least 2, so that the
+    exporter keeps the dim symbolic."""
+    args = _as_tuple(example_inputs)
+    session = _export_eval(module, args, _batch_shapes(args, dynamo), dynamo).optimize()
+    if training:
+        session = session.grad(loss=loss)
+    return int(session.max_batch(budget)["max_batch"])
