@@ -7,6 +7,8 @@
 #
 # Here (the build machine), first:
 #   cargo build --release --bin graphopt        # about 13 minutes on 2 cores
+#   ls -l target/release/graphopt               # with the ~12 MB tree it must fit 64 MiB;
+#   strip target/release/graphopt               # if not, strip it
 # then, through the device tool, from the repository root:
 #   run(command="bash benches/device/cuda_check.sh", carry=["target/release/graphopt"], timeout_s=590)
 # The markdown table and the JSON land in benches/results/cuda_check.{md,json}

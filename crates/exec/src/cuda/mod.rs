@@ -75,6 +75,7 @@ pub fn plan_kernels(model: &Model, plan: &Plan) -> Result<Vec<(String, NodePlan)
 /// A node ready to issue: its launch plan and the addresses of its
 /// inputs, outputs and constant bytes (device addresses on the GPU, host
 /// addresses in the CPU emulation used by the tests).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the runtime and the tests
 pub(crate) struct DevStep {
     pub(crate) name: String,
     pub(crate) op: String,
@@ -93,6 +94,7 @@ pub(crate) struct DevStep {
 /// Turns bound steps into [`DevStep`]s: `arena` and `staging` are base
 /// addresses, `weight(i)` the address of weight `i`, `uploads[s]` those of
 /// step `s`'s constant bytes. Aliased views (nothing to run) are dropped.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the runtime and the tests
 pub(crate) fn dev_steps(
     steps: Vec<crate::executor::Step<NodePlan>>,
     arena: u64,
@@ -144,6 +146,7 @@ pub(crate) fn dev_steps(
 }
 
 /// What issuing a [`DevStep`] needs from a device.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the runtime and the tests
 pub(crate) trait Issue {
     /// Launches NVRTC kernel `func`; every argument is an address.
     fn kernel(
@@ -160,6 +163,7 @@ pub(crate) trait Issue {
 }
 
 /// Issues one step's launches in order (`scratch`: the kernel scratch base).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the runtime and the tests
 pub(crate) fn issue_step(
     dev: &impl Issue,
     s: &DevStep,

@@ -156,16 +156,18 @@ pub struct CudaExecutable {
     module_bytes: usize,
 }
 
+/// NVRTC's target: the device's virtual architecture, so that NVRTC
+/// returns PTX (what cudarc's `compile_ptx` fetches) and the driver
+/// compiles it for the exact chip at module load.
 fn arch(cc: (i32, i32)) -> Option<&'static str> {
     Some(match cc {
-        (7, 0) => "sm_70",
-        (7, 5) => "sm_75",
-        (8, 0) => "sm_80",
-        (8, 6) => "sm_86",
-        (8, 9) => "sm_89",
-        (9, 0) => "sm_90",
-        (10, 0) => "sm_100",
-        (12, 0) => "sm_120",
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (12, 0) => "compute_120",
         _ => return None,
     })
 }
