@@ -180,6 +180,12 @@ impl Session {
         let cone = forward_cone(g);
         let mut saved = Vec::new();
         let mut seen = HashSet::new();
+        let not_saved: HashSet<&str> = train
+            .params
+            .iter()
+            .chain(&train.state_inputs)
+            .map(String::as_str)
+            .collect();
         // A backward `Shape` reads only metadata, right where the value is
         // computed: it keeps nothing alive.
         for n in g
@@ -188,7 +194,10 @@ impl Session {
         {
             for &v in g.node(n).inputs().iter().flatten() {
                 let computed = g.producer(v).is_some_and(|(p, _)| cone.contains(&p));
-                let input = g.is_input(v) && g.initializer(v).is_none();
+                // Parameters fed as inputs and the optimizer's state are
+                // weights and state, not saved activations.
+                let input =
+                    g.is_input(v) && g.initializer(v).is_none() && !not_saved.contains(g.name(v));
                 if (computed || input) && seen.insert(v) {
                     let bytes = g.ty(v).and_then(|t| {
                         let tt = t.as_tensor()?;
