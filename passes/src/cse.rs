@@ -16,7 +16,9 @@
 //! 2. nodes outside the default ONNX domain (a custom op may have state);
 //! 3. nodes holding subgraphs (skipping them is simpler than comparing
 //!    graphs structurally, and they are rarely duplicated);
-//! 4. a node one of whose outputs is a graph output (the name is part of
+//! 4. a copy that `remat` inserted to recompute a value (metadata
+//!    `graphopt.remat`): merging it would undo the rematerialization;
+//! 5. a node one of whose outputs is a graph output (the name is part of
 //!    the interface) — it is kept, and later duplicates can merge into it.
 //!
 //! Identical *initializers* are `dedup_initializers`' job; run it before
@@ -104,6 +106,7 @@ fn eligible(n: &NodeData) -> bool {
         && !NONDETERMINISTIC.contains(&n.op_type.as_str())
         && !n.has_subgraphs()
         && !n.outputs().is_empty()
+        && !crate::remat::is_recompute(n)
 }
 
 /// Same computation: op, overload, inputs, output arity and attributes.

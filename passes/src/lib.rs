@@ -13,6 +13,7 @@
 
 pub mod manager;
 mod pattern;
+pub mod remat;
 mod util;
 
 use graphopt_ir::infer::{InferOptions, TypeTable};
@@ -191,6 +192,7 @@ passes! {
     fuse_matmul_add::FuseMatmulAdd => "MatMul followed by a bias Add becomes Gemm where Gemm's rules allow",
     fuse_parallel_matmul::FuseParallelMatmul => "three or more MatMuls on one input with constant weights become one MatMul on concatenated weights + Split",
     lower_precision::LowerPrecision => "fp16/bf16 lowering with an fp32 keep-list and clean Cast boundaries (configure with --precision)",
+    quantize::Quantize => "int8/int4 quantization in standard DequantizeLinear/QuantizeLinear ops (configure with --quantize)",
     upgrade_opset::UpgradeOpset => "opt-in: raises the default-domain opset, rewriting ops whose signature changed",
 }
 

@@ -1,7 +1,7 @@
 //! The `graphopt` command: argument parsing and printing over the
 //! [`graphopt`] library, where every capability lives.
 //!
-//! `optimize`, `grad`, `check`, `inspect`, `plan`, `run`, `print` and `passes`. Errors are
+//! `optimize`, `grad`, `remat`, `check`, `inspect`, `plan`, `run`, `print` and `passes`. Errors are
 //! one line on stderr (`error: <file>: <what and where>`) with exit status
 //! 1; usage errors exit with 2.
 
@@ -10,6 +10,8 @@ mod grad;
 mod inspect;
 mod optimize;
 mod plan;
+mod quantize;
+mod remat;
 mod run;
 mod util;
 
@@ -48,6 +50,8 @@ enum Cmd {
     Grad(grad::Args),
     /// Memory plan: lower bounds, schedule, arena offsets, max batch.
     Plan(plan::Args),
+    /// Fit a training graph into a memory budget by recomputing forward values.
+    Remat(remat::Args),
     /// Run a model in graphopt's runtime (one planned arena); latency and memory.
     Run(run::Args),
     /// Print a model in the ONNX textual syntax (large tensors elided).
@@ -78,6 +82,7 @@ fn main() -> ExitCode {
         Cmd::Grad(a) => grad::run(a),
         Cmd::Plan(a) => plan::run(a),
         Cmd::Run(a) => run::run(a),
+        Cmd::Remat(a) => remat::run(a),
         Cmd::Print { input, full } => print(&input, full),
         Cmd::Passes => {
             let mut out = String::new();

@@ -63,6 +63,9 @@ pub struct Args {
     /// command enum small.
     #[command(flatten)]
     lp: Box<PrecisionArgs>,
+    /// Quantization (`--quantize` and its flags).
+    #[command(flatten)]
+    q: Box<crate::quantize::QuantizeArgs>,
 }
 
 /// `--precision` and the flags that go with it.
@@ -181,6 +184,20 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         }
         None => None,
     };
+    let quantize_opts = a.q.options(
+        &dims,
+        graphopt::plan::DimValues {
+            bound: dims.clone(),
+            shapes: shapes.clone(),
+            default: None,
+        },
+        pipeline.clone(),
+    )?;
+    // Over --max-error is an error inside quantize: nothing is written.
+    let quantized = match &quantize_opts {
+        Some(o) => Some(session.quantize(o)?),
+        None => None,
+    };
     let validation_failed = lowered
         .as_ref()
         .and_then(|r| r.validation.as_ref())
@@ -230,6 +247,11 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             eprintln!("warning: {}: {w}", r.name);
         }
     }
+    if let Some(r) = &quantized {
+        for w in &r.warnings {
+            eprintln!("warning: quantize: {w}");
+        }
+    }
     if let Some(r) = &lowered {
         if let Some(why) = &r.validation_skipped {
             eprintln!("warning: --validate skipped (best effort): {why}");
@@ -241,6 +263,9 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         out += &fusions(&opt);
         if let Some(r) = &lowered {
             out += &precision_text(r);
+        }
+        if let Some(r) = &quantized {
+            out += &crate::quantize::text(r);
         }
         if session.reordered() {
             out += "note: the input's nodes were not in topological order; the output's are\n";
@@ -271,6 +296,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             "time_passes_ms": ms(pass_time),
             "time_export_ms": ms(export_time),
             "precision": lowered,
+            "quantize": quantized,
             "memory": lowered.as_ref().map(|r| json!({"before": r.memory_before, "after": r.memory_after})),
         });
         graphopt::util::write_atomic(path, json_text(&report)?.as_bytes())?;

@@ -76,6 +76,10 @@ pub struct Args {
     /// Find the largest batch that fits --budget.
     #[arg(long, requires = "budget")]
     max_batch: bool,
+    /// With --max-batch on a training graph: also the largest batch once
+    /// recomputation (`graphopt remat`) lowers the peak as far as it goes.
+    #[arg(long, requires = "max_batch")]
+    remat: bool,
     /// The batch dim's name (default: the first symbolic dim of the first
     /// graph input).
     #[arg(long, value_name = "NAME")]
@@ -127,10 +131,19 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         .as_deref()
         .map(|b| graphopt::util::parse_size(b).map_err(|e| Error::new(format!("--budget {e}"))))
         .transpose()?;
+    let mut with_remat: Option<(String, i64, u64)> = None;
     let (planned, batch) = if a.max_batch {
         let budget = budget.expect("clap requires --budget");
         let mb = session.max_batch(&req, a.batch_dim.as_deref(), budget)?;
         let info = (mb.dim.clone(), mb.batch, mb.budget);
+        if a.remat {
+            with_remat = Some(session.max_batch_remat(
+                &req.dims,
+                a.batch_dim.as_deref(),
+                budget,
+                std::time::Duration::from_secs(10),
+            )?);
+        }
         (mb.at, Some(info))
     } else {
         (session.plan(&req)?, None)
@@ -182,6 +195,10 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             o.insert("max_batch".into(), json!(b));
             o.insert("budget_bytes".into(), json!(budget));
         }
+        if let Some((_, b, total)) = &with_remat {
+            o.insert("max_batch_remat".into(), json!(b));
+            o.insert("max_batch_remat_bytes".into(), json!(total));
+        }
         print_out(&json_text(&v)?);
         return Ok(());
     }
@@ -193,6 +210,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             "max batch: {name}={b} fits the budget of {} (weights + arena = {})\n",
             bytes(*budget),
             bytes(plan.weights_bytes + plan.arena_bytes)
+        );
+    }
+    if let Some((name, b, total)) = &with_remat {
+        out += &format!(
+            "max batch with recomputation (graphopt remat): {name}={b} (weights + arena = {})\n",
+            bytes(*total)
         );
     }
     if dims.is_empty() {

@@ -95,6 +95,28 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             human_bytes(r.arena_allocated_bytes)
         );
         s += &format!("workspace   {}\n", human_bytes(r.workspace_bytes));
+        if let Some(c) = &r.cuda {
+            s += &format!(
+                "gpu         {}: {} kernel launch(es) per run, {} compiled kernel(s), setup {:.0} ms\n",
+                c.gpu, c.launches_per_run, c.compiled_kernels, c.setup_ms
+            );
+            s += &format!(
+                "device mem  {} expected (weights {} + arena {} + workspace {}), {} measured by cuMemGetInfo\n",
+                human_bytes(c.expected_device_bytes),
+                human_bytes(c.weights_device_bytes),
+                human_bytes(c.arena_device_bytes),
+                human_bytes(c.workspace_device_bytes),
+                human_bytes(c.measured_device_bytes)
+            );
+            s += &format!(
+                "cuda graph  {}\n",
+                match (&c.graph_error, c.graph_replay) {
+                    (Some(e), _) => format!("capture failed, ran op by op: {e}"),
+                    (None, true) => "timed runs replayed one captured graph".to_string(),
+                    (None, false) => "not used (one run)".to_string(),
+                }
+            );
+        }
         if let Some(p) = r.peak_rss_bytes {
             s += &format!("peak RSS    {}\n", human_bytes(p));
         }

@@ -14,6 +14,9 @@
 //!   --init-out`) of the torch modules in `testdata/autodiff/torch`, looped
 //!   in onnxruntime, match AdamW in numpy step by step and torch.optim.AdamW
 //!   after 3 steps.
+//! - every real model's training graph rewritten by `graphopt remat` gives
+//!   a loss and gradients bit-identical to the training graph's in
+//!   onnxruntime.
 //!
 //! They run in the pinned Python environment of `graphopt-testutil` (a
 //! venv under `target/` with `tests-py/requirements.txt` installed). Without
@@ -83,4 +86,9 @@ fn training_graphs_run_in_onnxruntime() {
 #[test]
 fn adamw_training_graphs_match_numpy_and_torch_in_onnxruntime() {
     run_script("grad_optim.py", &[]);
+}
+
+#[test]
+fn rematerialized_training_graphs_are_bit_identical_in_onnxruntime() {
+    run_script("remat_models.py", &[]);
 }

@@ -78,7 +78,7 @@ pub struct RunStats {
 }
 
 /// A 64-byte aligned, zeroed byte buffer.
-struct Aligned {
+pub(crate) struct Aligned {
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -87,7 +87,7 @@ struct Aligned {
 unsafe impl Send for Aligned {}
 unsafe impl Sync for Aligned {}
 
-const ALIGN: usize = 64;
+pub(crate) const ALIGN: usize = 64;
 
 impl Aligned {
     fn new(len: usize) -> Aligned {
@@ -131,13 +131,13 @@ impl Drop for Aligned {
 }
 
 /// A weight: in place in the model's bytes, or copied when misaligned.
-enum Weight {
+pub(crate) enum Weight {
     Shared(Bytes),
     Copied(Aligned),
 }
 
 impl Weight {
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             Weight::Shared(b) => b,
             Weight::Copied(a) => a.bytes(),
@@ -146,33 +146,84 @@ impl Weight {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Loc {
+pub(crate) enum Loc {
     Arena { offset: usize, len: usize },
     Weight(usize),
 }
 
-struct Step {
-    name: String,
-    op: String,
-    kernel: Box<dyn Kernel>,
-    inputs: Vec<Option<(Loc, TensorInfo)>>,
+pub(crate) struct Step<K> {
+    pub(crate) name: String,
+    pub(crate) op: String,
+    pub(crate) kernel: K,
+    pub(crate) inputs: Vec<Option<(Loc, TensorInfo)>>,
     /// Arena offset, length and type of each output (`None`: omitted).
-    outputs: Vec<Option<(usize, usize, TensorInfo)>>,
+    pub(crate) outputs: Vec<Option<(usize, usize, TensorInfo)>>,
     /// Input slots living in output 0's storage.
-    in_place: Vec<usize>,
+    pub(crate) in_place: Vec<usize>,
     /// An aliased view: the bytes are already there.
-    skip: bool,
+    pub(crate) skip: bool,
 }
 
-struct Region {
-    offset: usize,
-    len: usize,
-    float: bool,
+pub(crate) struct Region {
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+    pub(crate) float: bool,
+}
+
+/// What makes kernels for [`bind`]: a host [`Backend`] (kernels on byte
+/// slices) or a device backend (kernels on device addresses, see
+/// `crate::cuda`). Both share every plan check below.
+pub(crate) trait KernelMaker {
+    type K;
+    fn name(&self) -> &str;
+    fn has_op(&self, domain: &str, op_type: &str) -> bool;
+    fn make(&self, ctx: &NodeCtx) -> Result<Self::K, String>;
+    fn workspace_bytes(k: &Self::K) -> usize;
+    fn in_place(k: &Self::K) -> bool;
+}
+
+struct HostMaker<'a>(&'a dyn Backend);
+
+impl KernelMaker for HostMaker<'_> {
+    type K = Box<dyn Kernel>;
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn has_op(&self, domain: &str, op_type: &str) -> bool {
+        self.0.has_op(domain, op_type)
+    }
+    fn make(&self, ctx: &NodeCtx) -> Result<Self::K, String> {
+        self.0.kernel(ctx)
+    }
+    fn workspace_bytes(k: &Self::K) -> usize {
+        k.workspace_bytes()
+    }
+    fn in_place(k: &Self::K) -> bool {
+        k.in_place()
+    }
+}
+
+/// A model bound to a plan: every check of [`Executable::new`] done, every
+/// kernel made, nothing allocated but misaligned weights.
+pub(crate) struct Bound<K> {
+    pub(crate) steps: Vec<Step<K>>,
+    pub(crate) arena_bytes: u64,
+    /// Largest kernel scratch.
+    pub(crate) max_workspace: usize,
+    /// In-place staging bytes (64-aligned), placed before the scratch.
+    pub(crate) staging_bytes: usize,
+    pub(crate) weights: Vec<Weight>,
+    pub(crate) weights_bytes: u64,
+    pub(crate) weights_copied: u64,
+    pub(crate) inputs: Vec<(String, usize, TensorInfo)>,
+    pub(crate) defaults: Vec<(usize, Bytes)>,
+    pub(crate) outputs: Vec<(String, Loc, TensorInfo)>,
+    pub(crate) poison_after: Vec<Vec<Region>>,
 }
 
 /// A model bound to a plan and a backend, ready to run.
 pub struct Executable {
-    steps: Vec<Step>,
+    steps: Vec<Step<Box<dyn Kernel>>>,
     arena: Aligned,
     planned_arena: u64,
     workspace: Aligned,
@@ -223,321 +274,20 @@ impl Executable {
     /// value of unknown size, a subgraph, or a plan with overlapping live
     /// bytes at a node.
     pub fn new(model: &Model, plan: &Plan, backend: &dyn Backend) -> Result<Executable, ExecError> {
-        let g = &model.graph;
-        // Invariant 1 first by name: an op without any kernel, or a
-        // subgraph, is named before anything else is checked.
-        for &n in &plan.schedule {
-            let d = g.node(n);
-            let why = if d.has_subgraphs() {
-                "subgraphs (If/Loop/Scan) are not supported yet"
-            } else if !backend.has_op(&d.domain, &d.op_type) {
-                "no kernel for this op yet"
-            } else {
-                continue;
-            };
-            return Err(ExecError::NoKernel {
-                backend: backend.name().to_string(),
-                op: d.qualified_op(),
-                node: if d.name.is_empty() {
-                    n.to_string()
-                } else {
-                    d.name.clone()
-                },
-                why: why.into(),
-            });
-        }
-        if !plan.dynamic_values.is_empty() {
-            return Err(ExecError::Unsupported(format!(
-                "{} value(s) of data-dependent size ({}): dynamic allocation is not implemented yet",
-                plan.dynamic_values.len(),
-                plan.dynamic_values.join(", ")
-            )));
-        }
-        let opset = model
-            .opset_imports
-            .iter()
-            .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-            .map_or(1, |o| o.version);
-        let nvals = g.values().map(|v| v.index() + 1).max().unwrap_or(0);
-        let mut tensor_of: Vec<Option<usize>> = vec![None; nvals];
-        for (i, t) in plan.tensors.iter().enumerate() {
-            tensor_of[t.value.index()] = Some(i);
-            if t.offset + t.size > plan.arena_bytes {
-                return Err(ExecError::BadPlan(format!(
-                    "tensor '{}' at [{}, +{}) lies outside the arena of {} bytes",
-                    t.name, t.offset, t.size, plan.arena_bytes
-                )));
-            }
-        }
-        // Weights: initializers that are not graph inputs, read in place.
-        let mut weights = Vec::new();
-        let mut weight_of: Vec<Option<usize>> = vec![None; nvals];
-        let (mut weights_bytes, mut weights_copied) = (0u64, 0u64);
-        for &w in g.initializers() {
-            if g.is_input(w) {
-                continue;
-            }
-            let t = g.initializer(w).expect("listed initializer");
-            let TensorData::Raw(b) = &t.data else {
-                return Err(ExecError::Unsupported(format!(
-                    "initializer '{}' holds strings",
-                    g.name(w)
-                )));
-            };
-            weights_bytes += b.len() as u64;
-            let es = elem_size(t.dtype).unwrap_or(1);
-            let wt = if b.as_ptr().align_offset(es.max(1)) == 0 {
-                Weight::Shared(b.clone())
-            } else {
-                weights_copied += b.len() as u64;
-                let mut a = Aligned::new(b.len());
-                a.bytes_mut().copy_from_slice(b);
-                Weight::Copied(a)
-            };
-            weight_of[w.index()] = Some(weights.len());
-            weights.push(wt);
-        }
-        let loc = |v: ValueId| -> Result<Loc, ExecError> {
-            if let Some(i) = weight_of[v.index()] {
-                return Ok(Loc::Weight(i));
-            }
-            match tensor_of[v.index()] {
-                Some(t) => Ok(Loc::Arena {
-                    offset: plan.tensors[t].offset as usize,
-                    len: plan.tensors[t].size as usize,
-                }),
-                None => Err(ExecError::Unsupported(format!(
-                    "value '{}' is neither a weight nor a planned tensor (outer-scope values are not supported)",
-                    g.name(v)
-                ))),
-            }
-        };
-        // Declared aliases: output value -> input value.
-        let mut alias_in: Vec<Option<ValueId>> = vec![None; nvals];
-        for a in &plan.aliases {
-            alias_in[plan.tensors[a.output].value.index()] = Some(plan.tensors[a.input].value);
-        }
-        let mut steps = Vec::new();
-        let mut max_ws = 0usize;
-        let mut max_stage = 0usize;
-        for &n in &plan.schedule {
-            let d = g.node(n);
-            let name = if d.name.is_empty() {
-                n.to_string()
-            } else {
-                d.name.clone()
-            };
-            let refuse = |why: String| ExecError::NoKernel {
-                backend: backend.name().to_string(),
-                op: d.qualified_op(),
-                node: name.clone(),
-                why,
-            };
-            if d.has_subgraphs() {
-                return Err(refuse(
-                    "subgraphs (If/Loop/Scan) are not supported yet".into(),
-                ));
-            }
-            let mut inputs = Vec::new();
-            let mut infos = Vec::new();
-            let mut constants = Vec::new();
-            for &i in d.inputs() {
-                match i {
-                    None => {
-                        inputs.push(None);
-                        infos.push(None);
-                        constants.push(None);
-                    }
-                    Some(v) => {
-                        let ti = info(g, v)?;
-                        let l = loc(v)?;
-                        constants.push(match l {
-                            Loc::Weight(w) => Some(weights[w].bytes()),
-                            _ => None,
-                        });
-                        inputs.push(Some((l, ti.clone())));
-                        infos.push(Some(ti));
-                    }
-                }
-            }
-            let mut outputs = Vec::new();
-            let mut out_infos = Vec::new();
-            for &o in d.outputs() {
-                match o {
-                    None => {
-                        outputs.push(None);
-                        out_infos.push(TensorInfo {
-                            dtype: DType::F32,
-                            shape: vec![0],
-                        });
-                    }
-                    Some(v) => {
-                        let ti = info(g, v)?;
-                        let Loc::Arena { offset, len } = loc(v)? else {
-                            return Err(ExecError::BadPlan(format!(
-                                "output '{}' of node '{name}' is an initializer",
-                                g.name(v)
-                            )));
-                        };
-                        let want = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
-                        if len != want {
-                            return Err(ExecError::BadPlan(format!(
-                                "tensor '{}' is planned at {len} bytes but holds {want}",
-                                g.name(v)
-                            )));
-                        }
-                        outputs.push(Some((offset, len, ti.clone())));
-                        out_infos.push(ti);
-                    }
-                }
-            }
-            if let Some(k) = d.outputs().iter().position(|o| o.is_none()) {
-                if d.outputs()[k..].iter().any(|o| o.is_some()) {
-                    return Err(refuse(format!(
-                        "output {k} is omitted but a later one is not (not supported yet)"
-                    )));
-                }
-            }
-            let ctx = NodeCtx {
-                node: d,
-                opset,
-                inputs: infos,
-                outputs: out_infos,
-                constants,
-            };
-            let kernel = backend.kernel(&ctx).map_err(refuse)?;
-            // In-place slots and aliased views.
-            let host = d.output(0).and_then(|o| alias_in[o.index()]);
-            let rule = if d.domain.is_empty() || d.domain == "ai.onnx" {
-                inplace_rule(&d.op_type)
-            } else {
-                InPlace::None
-            };
-            let mut in_place = Vec::new();
-            let mut skip = false;
-            if let Some(h) = host {
-                match rule {
-                    InPlace::View if d.input(0) == Some(h) => skip = true,
-                    InPlace::Elementwise => {
-                        in_place = (0..d.inputs().len())
-                            .filter(|&k| d.input(k) == Some(h))
-                            .collect();
-                    }
-                    _ => {
-                        return Err(ExecError::BadPlan(format!(
-                            "node '{name}' ({}) has an in-place pair its rule does not allow",
-                            d.op_type
-                        )))
-                    }
-                }
-            }
-            // Invariant 3: no overlap but the declared pair.
-            let outs: Vec<(usize, usize)> = outputs.iter().flatten().map(|o| (o.0, o.1)).collect();
-            for (a, x) in outs.iter().enumerate() {
-                for y in &outs[a + 1..] {
-                    if overlaps(*x, *y) {
-                        return Err(ExecError::BadPlan(format!(
-                            "two outputs of node '{name}' overlap"
-                        )));
-                    }
-                }
-            }
-            if !skip {
-                for (k, i) in inputs.iter().enumerate() {
-                    if in_place.contains(&k) {
-                        continue;
-                    }
-                    if let Some((Loc::Arena { offset, len }, _)) = i {
-                        if outs.iter().any(|o| overlaps(*o, (*offset, *len))) {
-                            return Err(ExecError::BadPlan(format!(
-                                "node '{name}' writes over its input {k}, which the plan does not declare in place"
-                            )));
-                        }
-                    }
-                }
-            }
-            if !skip {
-                max_ws = max_ws.max(kernel.workspace_bytes());
-                if !in_place.is_empty() && !kernel.in_place() {
-                    max_stage = max_stage.max(outputs[0].as_ref().map_or(0, |o| o.1));
-                }
-            }
-            steps.push(Step {
-                name,
-                op: d.op_type.clone(),
-                kernel,
-                inputs,
-                outputs,
-                in_place,
-                skip,
-            });
-        }
-        // Graph inputs and outputs.
-        let mut inputs = Vec::new();
-        let mut defaults = Vec::new();
-        for &v in &g.inputs {
-            let Loc::Arena { offset, .. } = loc(v)? else {
-                continue;
-            };
-            match g.initializer(v) {
-                Some(t) => {
-                    let Some(b) = t.raw() else {
-                        return Err(ExecError::Unsupported(format!(
-                            "input '{}' has a string default",
-                            g.name(v)
-                        )));
-                    };
-                    defaults.push((offset, b.clone()));
-                }
-                None => inputs.push((g.name(v).to_string(), offset, info(g, v)?)),
-            }
-        }
-        let mut outputs = Vec::new();
-        for &v in &g.outputs {
-            outputs.push((g.name(v).to_string(), loc(v)?, info(g, v)?));
-        }
-        // Poison regions: alias groups end together.
-        let mut parent: Vec<usize> = (0..plan.tensors.len()).collect();
-        fn find(p: &mut [usize], mut x: usize) -> usize {
-            while p[x] != x {
-                p[x] = p[p[x]];
-                x = p[x];
-            }
-            x
-        }
-        for a in &plan.aliases {
-            let (x, y) = (find(&mut parent, a.input), find(&mut parent, a.output));
-            parent[x] = y;
-        }
-        let steps_n = plan.schedule.len();
-        let mut groups: Vec<Option<(usize, usize, usize, bool)>> = vec![None; plan.tensors.len()];
-        for (i, t) in plan.tensors.iter().enumerate() {
-            let r = find(&mut parent, i);
-            let float = g.ty(t.value).and_then(|t| t.elem()) == Some(DType::F32);
-            let e = groups[r].get_or_insert((t.offset as usize, 0, 0, float));
-            e.1 = e.1.max(t.size as usize);
-            e.2 = e.2.max(t.last);
-            e.3 &= float;
-        }
-        let mut poison_after: Vec<Vec<Region>> = (0..steps_n).map(|_| Vec::new()).collect();
-        for (offset, len, last, float) in groups.into_iter().flatten() {
-            if len > 0 && last + 1 < steps_n {
-                poison_after[last].push(Region { offset, len, float });
-            }
-        }
+        let b = bind(model, plan, &HostMaker(backend))?;
         Ok(Executable {
-            steps,
-            arena: Aligned::new(plan.arena_bytes as usize),
-            planned_arena: plan.arena_bytes,
-            workspace: Aligned::new(max_stage.next_multiple_of(ALIGN) + max_ws),
-            staging_bytes: max_stage.next_multiple_of(ALIGN),
-            weights,
-            weights_bytes,
-            weights_copied,
-            inputs,
-            defaults,
-            outputs,
-            poison_after,
+            steps: b.steps,
+            arena: Aligned::new(b.arena_bytes as usize),
+            planned_arena: b.arena_bytes,
+            workspace: Aligned::new(b.staging_bytes + b.max_workspace),
+            staging_bytes: b.staging_bytes,
+            weights: b.weights,
+            weights_bytes: b.weights_bytes,
+            weights_copied: b.weights_copied,
+            inputs: b.inputs,
+            defaults: b.defaults,
+            outputs: b.outputs,
+            poison_after: b.poison_after,
         })
     }
 
@@ -708,3 +458,328 @@ impl Executable {
 
 /// The f32 poison: a NaN with a recognisable payload.
 pub const POISON_F32: u32 = 0x7FA5_A5A5;
+
+/// Binds `model` to `plan`, asking `maker` for every kernel: the checks
+/// and layout of [`Executable::new`], shared with device backends.
+pub(crate) fn bind<M: KernelMaker>(
+    model: &Model,
+    plan: &Plan,
+    backend: &M,
+) -> Result<Bound<M::K>, ExecError> {
+    let g = &model.graph;
+
+    // Invariant 1 first by name: an op without any kernel, or a
+    // subgraph, is named before anything else is checked.
+    for &n in &plan.schedule {
+        let d = g.node(n);
+        let why = if d.has_subgraphs() {
+            "subgraphs (If/Loop/Scan) are not supported yet"
+        } else if !backend.has_op(&d.domain, &d.op_type) {
+            "no kernel for this op yet"
+        } else {
+            continue;
+        };
+        return Err(ExecError::NoKernel {
+            backend: backend.name().to_string(),
+            op: d.qualified_op(),
+            node: if d.name.is_empty() {
+                n.to_string()
+            } else {
+                d.name.clone()
+            },
+            why: why.into(),
+        });
+    }
+    if !plan.dynamic_values.is_empty() {
+        return Err(ExecError::Unsupported(format!(
+            "{} value(s) of data-dependent size ({}): dynamic allocation is not implemented yet",
+            plan.dynamic_values.len(),
+            plan.dynamic_values.join(", ")
+        )));
+    }
+    let opset = model
+        .opset_imports
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map_or(1, |o| o.version);
+    let nvals = g.values().map(|v| v.index() + 1).max().unwrap_or(0);
+    let mut tensor_of: Vec<Option<usize>> = vec![None; nvals];
+    for (i, t) in plan.tensors.iter().enumerate() {
+        tensor_of[t.value.index()] = Some(i);
+        if t.offset + t.size > plan.arena_bytes {
+            return Err(ExecError::BadPlan(format!(
+                "tensor '{}' at [{}, +{}) lies outside the arena of {} bytes",
+                t.name, t.offset, t.size, plan.arena_bytes
+            )));
+        }
+    }
+    // Weights: initializers that are not graph inputs, read in place.
+    let mut weights = Vec::new();
+    let mut weight_of: Vec<Option<usize>> = vec![None; nvals];
+    let (mut weights_bytes, mut weights_copied) = (0u64, 0u64);
+    for &w in g.initializers() {
+        if g.is_input(w) {
+            continue;
+        }
+        let t = g.initializer(w).expect("listed initializer");
+        let TensorData::Raw(b) = &t.data else {
+            return Err(ExecError::Unsupported(format!(
+                "initializer '{}' holds strings",
+                g.name(w)
+            )));
+        };
+        weights_bytes += b.len() as u64;
+        let es = elem_size(t.dtype).unwrap_or(1);
+        let wt = if b.as_ptr().align_offset(es.max(1)) == 0 {
+            Weight::Shared(b.clone())
+        } else {
+            weights_copied += b.len() as u64;
+            let mut a = Aligned::new(b.len());
+            a.bytes_mut().copy_from_slice(b);
+            Weight::Copied(a)
+        };
+        weight_of[w.index()] = Some(weights.len());
+        weights.push(wt);
+    }
+    let loc = |v: ValueId| -> Result<Loc, ExecError> {
+        if let Some(i) = weight_of[v.index()] {
+            return Ok(Loc::Weight(i));
+        }
+        match tensor_of[v.index()] {
+            Some(t) => Ok(Loc::Arena {
+                offset: plan.tensors[t].offset as usize,
+                len: plan.tensors[t].size as usize,
+            }),
+            None => Err(ExecError::Unsupported(format!(
+                "value '{}' is neither a weight nor a planned tensor (outer-scope values are not supported)",
+                g.name(v)
+            ))),
+        }
+    };
+    // Declared aliases: output value -> input value.
+    let mut alias_in: Vec<Option<ValueId>> = vec![None; nvals];
+    for a in &plan.aliases {
+        alias_in[plan.tensors[a.output].value.index()] = Some(plan.tensors[a.input].value);
+    }
+    let mut steps = Vec::new();
+    let mut max_ws = 0usize;
+    let mut max_stage = 0usize;
+    for &n in &plan.schedule {
+        let d = g.node(n);
+        let name = if d.name.is_empty() {
+            n.to_string()
+        } else {
+            d.name.clone()
+        };
+        let refuse = |why: String| ExecError::NoKernel {
+            backend: backend.name().to_string(),
+            op: d.qualified_op(),
+            node: name.clone(),
+            why,
+        };
+        if d.has_subgraphs() {
+            return Err(refuse(
+                "subgraphs (If/Loop/Scan) are not supported yet".into(),
+            ));
+        }
+        let mut inputs = Vec::new();
+        let mut infos = Vec::new();
+        let mut constants = Vec::new();
+        for &i in d.inputs() {
+            match i {
+                None => {
+                    inputs.push(None);
+                    infos.push(None);
+                    constants.push(None);
+                }
+                Some(v) => {
+                    let ti = info(g, v)?;
+                    let l = loc(v)?;
+                    constants.push(match l {
+                        Loc::Weight(w) => Some(weights[w].bytes()),
+                        _ => None,
+                    });
+                    inputs.push(Some((l, ti.clone())));
+                    infos.push(Some(ti));
+                }
+            }
+        }
+        let mut outputs = Vec::new();
+        let mut out_infos = Vec::new();
+        for &o in d.outputs() {
+            match o {
+                None => {
+                    outputs.push(None);
+                    out_infos.push(TensorInfo {
+                        dtype: DType::F32,
+                        shape: vec![0],
+                    });
+                }
+                Some(v) => {
+                    let ti = info(g, v)?;
+                    let Loc::Arena { offset, len } = loc(v)? else {
+                        return Err(ExecError::BadPlan(format!(
+                            "output '{}' of node '{name}' is an initializer",
+                            g.name(v)
+                        )));
+                    };
+                    let want = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+                    if len != want {
+                        return Err(ExecError::BadPlan(format!(
+                            "tensor '{}' is planned at {len} bytes but holds {want}",
+                            g.name(v)
+                        )));
+                    }
+                    outputs.push(Some((offset, len, ti.clone())));
+                    out_infos.push(ti);
+                }
+            }
+        }
+        if let Some(k) = d.outputs().iter().position(|o| o.is_none()) {
+            if d.outputs()[k..].iter().any(|o| o.is_some()) {
+                return Err(refuse(format!(
+                    "output {k} is omitted but a later one is not (not supported yet)"
+                )));
+            }
+        }
+        let ctx = NodeCtx {
+            node: d,
+            opset,
+            inputs: infos,
+            outputs: out_infos,
+            constants,
+        };
+        let kernel = backend.make(&ctx).map_err(refuse)?;
+        // In-place slots and aliased views.
+        let host = d.output(0).and_then(|o| alias_in[o.index()]);
+        let rule = if d.domain.is_empty() || d.domain == "ai.onnx" {
+            inplace_rule(&d.op_type)
+        } else {
+            InPlace::None
+        };
+        let mut in_place = Vec::new();
+        let mut skip = false;
+        if let Some(h) = host {
+            match rule {
+                InPlace::View if d.input(0) == Some(h) => skip = true,
+                InPlace::Elementwise => {
+                    in_place = (0..d.inputs().len())
+                        .filter(|&k| d.input(k) == Some(h))
+                        .collect();
+                }
+                _ => {
+                    return Err(ExecError::BadPlan(format!(
+                        "node '{name}' ({}) has an in-place pair its rule does not allow",
+                        d.op_type
+                    )))
+                }
+            }
+        }
+        // Invariant 3: no overlap but the declared pair.
+        let outs: Vec<(usize, usize)> = outputs.iter().flatten().map(|o| (o.0, o.1)).collect();
+        for (a, x) in outs.iter().enumerate() {
+            for y in &outs[a + 1..] {
+                if overlaps(*x, *y) {
+                    return Err(ExecError::BadPlan(format!(
+                        "two outputs of node '{name}' overlap"
+                    )));
+                }
+            }
+        }
+        if !skip {
+            for (k, i) in inputs.iter().enumerate() {
+                if in_place.contains(&k) {
+                    continue;
+                }
+                if let Some((Loc::Arena { offset, len }, _)) = i {
+                    if outs.iter().any(|o| overlaps(*o, (*offset, *len))) {
+                        return Err(ExecError::BadPlan(format!(
+                            "node '{name}' writes over its input {k}, which the plan does not declare in place"
+                        )));
+                    }
+                }
+            }
+        }
+        if !skip {
+            max_ws = max_ws.max(M::workspace_bytes(&kernel));
+            if !in_place.is_empty() && !M::in_place(&kernel) {
+                max_stage = max_stage.max(outputs[0].as_ref().map_or(0, |o| o.1));
+            }
+        }
+        steps.push(Step {
+            name,
+            op: d.op_type.clone(),
+            kernel,
+            inputs,
+            outputs,
+            in_place,
+            skip,
+        });
+    }
+    // Graph inputs and outputs.
+    let mut inputs = Vec::new();
+    let mut defaults = Vec::new();
+    for &v in &g.inputs {
+        let Loc::Arena { offset, .. } = loc(v)? else {
+            continue;
+        };
+        match g.initializer(v) {
+            Some(t) => {
+                let Some(b) = t.raw() else {
+                    return Err(ExecError::Unsupported(format!(
+                        "input '{}' has a string default",
+                        g.name(v)
+                    )));
+                };
+                defaults.push((offset, b.clone()));
+            }
+            None => inputs.push((g.name(v).to_string(), offset, info(g, v)?)),
+        }
+    }
+    let mut outputs = Vec::new();
+    for &v in &g.outputs {
+        outputs.push((g.name(v).to_string(), loc(v)?, info(g, v)?));
+    }
+    // Poison regions: alias groups end together.
+    let mut parent: Vec<usize> = (0..plan.tensors.len()).collect();
+    fn find(p: &mut [usize], mut x: usize) -> usize {
+        while p[x] != x {
+            p[x] = p[p[x]];
+            x = p[x];
+        }
+        x
+    }
+    for a in &plan.aliases {
+        let (x, y) = (find(&mut parent, a.input), find(&mut parent, a.output));
+        parent[x] = y;
+    }
+    let steps_n = plan.schedule.len();
+    let mut groups: Vec<Option<(usize, usize, usize, bool)>> = vec![None; plan.tensors.len()];
+    for (i, t) in plan.tensors.iter().enumerate() {
+        let r = find(&mut parent, i);
+        let float = g.ty(t.value).and_then(|t| t.elem()) == Some(DType::F32);
+        let e = groups[r].get_or_insert((t.offset as usize, 0, 0, float));
+        e.1 = e.1.max(t.size as usize);
+        e.2 = e.2.max(t.last);
+        e.3 &= float;
+    }
+    let mut poison_after: Vec<Vec<Region>> = (0..steps_n).map(|_| Vec::new()).collect();
+    for (offset, len, last, float) in groups.into_iter().flatten() {
+        if len > 0 && last + 1 < steps_n {
+            poison_after[last].push(Region { offset, len, float });
+        }
+    }
+    Ok(Bound {
+        steps,
+        arena_bytes: plan.arena_bytes,
+        max_workspace: max_ws,
+        staging_bytes: max_stage.next_multiple_of(ALIGN),
+        weights,
+        weights_bytes,
+        weights_copied,
+        inputs,
+        defaults,
+        outputs,
+        poison_after,
+    })
+}

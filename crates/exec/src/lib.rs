@@ -14,12 +14,15 @@
 //!   largest need, reported apart from the arena.
 //!
 //! Not yet: subgraphs (If/Loop), values of data-dependent size
-//! (`Plan::dynamic_values` is refused), a CUDA backend.
+//! (`Plan::dynamic_values` is refused). The CUDA backend ([`cuda`],
+//! feature `cuda`, on by default) is compiled and CPU-tested but has not
+//! run on a GPU yet.
 //! fp16/bf16 nodes run the fp32 kernels on widened copies
 //! ([`cpu::lowp`]).
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda;
 mod executor;
 pub mod tensor;
 

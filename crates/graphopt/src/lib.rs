@@ -44,6 +44,8 @@ mod inputs;
 mod inspect;
 mod optimize;
 mod precision;
+mod quantize;
+mod remat;
 mod run;
 mod session;
 pub mod util;
@@ -56,6 +58,7 @@ pub use grad::{
     grad_check, initial_state_npz, AutodiffOptions, GradCheck, GradOptions, GradReport, Loss,
     Optimizer, SavedValue,
 };
+pub use graphopt_passes::remat::Strategy as RematStrategy;
 pub use inputs::Inputs;
 pub use inspect::{Inspection, IoInfo};
 pub use optimize::{
@@ -65,8 +68,16 @@ pub use precision::{
     Clamped, KeptSensitive, KeptWeight, MemoryFigures, PrecisionOptions, PrecisionReport,
     ValidateOptions, Validation, ValidationCheck,
 };
+pub use quantize::{
+    dequantize_constants, entropy_threshold, Calibrate, KeptFloat, KeptOp, QuantError,
+    QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight,
+};
+pub use remat::{
+    remat_svg, Budget, FrontierPoint, RematOptions, RematReport, RematSweep, StrategyFrontier,
+};
 pub use run::{
-    peak_rss_bytes, to_host, to_tract, Device, PoisonReport, RunOptions, RunReport, Runner,
+    cuda_unavailable, peak_rss_bytes, to_host, to_tract, CudaReport, Device, PoisonReport,
+    RunOptions, RunReport, Runner,
 };
 pub use session::{load, PlanRequest, SaveOptions, Session};
 

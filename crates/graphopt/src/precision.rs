@@ -348,7 +348,7 @@ impl Pass for Capture {
 
 /// Plans `model` at `dims` (other input dims 1); values whose size stays
 /// unknown are dynamic, outside the arena, and counted.
-fn memory(model: &Model, dims: &DimValues) -> MemoryFigures {
+pub(crate) fn memory(model: &Model, dims: &DimValues) -> MemoryFigures {
     let opts = PlanOptions {
         node_budget: 20_000,
         ..Default::default()

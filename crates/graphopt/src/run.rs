@@ -6,6 +6,12 @@
 //! outputs did not change: a plan that frees a tensor too early fails it.
 //! A [`Runner`] keeps the plan and kernels made for each set of input
 //! shapes, so repeated calls plan once per shape.
+//!
+//! `Device::Cuda` runs the same plan with graphopt-exec's CUDA backend
+//! (one weights buffer and one arena + workspace buffer on the GPU; later
+//! runs of `repeat` replay a CUDA graph). It is planned afresh on each
+//! call, and refused in one line where no driver or GPU is found
+//! ([`cuda_unavailable`]). Not yet run on a GPU: see the README.
 
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
@@ -100,6 +106,41 @@ pub struct RunReport {
     /// Peak resident set of this process (Linux `VmHWM`), if known.
     pub peak_rss_bytes: Option<u64>,
     pub poison: Option<PoisonReport>,
+    /// Device figures of a `Device::Cuda` run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<CudaReport>,
+}
+
+/// What a CUDA run adds to [`RunReport`]: graphopt's whole device
+/// footprint is `weights + arena + workspace`, allocated once, and
+/// `measured_bytes` is what `cuMemGetInfo` saw those allocations take.
+#[derive(Clone, Debug, Serialize)]
+pub struct CudaReport {
+    pub gpu: String,
+    /// Weights plus Shape/Constant bytes, each 256-aligned.
+    pub weights_device_bytes: u64,
+    pub arena_device_bytes: u64,
+    /// In-place staging, kernel scratch and cuBLAS's workspace.
+    pub workspace_device_bytes: u64,
+    /// `weights + arena + workspace`.
+    pub expected_device_bytes: u64,
+    /// Free device memory before the two allocations minus after.
+    pub measured_device_bytes: u64,
+    /// True when the runs after the first replayed a CUDA graph.
+    pub graph_replay: bool,
+    /// Why graph capture failed, if it did (runs were then op by op).
+    pub graph_error: Option<String>,
+    pub launches_per_run: usize,
+    pub compiled_kernels: usize,
+    /// Binding, NVRTC compile, allocation and weight upload.
+    pub setup_ms: f64,
+}
+
+/// Why `Device::Cuda` cannot run on this machine (no driver, no GPU, no
+/// NVRTC/cuBLAS library, or a build without the `cuda` feature), or
+/// `None` when it can.
+pub fn cuda_unavailable() -> Option<String> {
+    graphopt_exec::cuda::unavailable()
 }
 
 fn datum(d: DType) -> Option<DatumType> {
@@ -189,9 +230,14 @@ impl Runner<'_> {
     pub fn run(&mut self, opts: &RunOptions) -> Result<RunReport> {
         let session = self.session;
         if opts.device == Device::Cuda {
-            return Err(session.err(Error::new(
-                "the CUDA backend is not built yet: run with --device cpu",
-            )));
+            if opts.poison {
+                return Err(session.err(Error::new(
+                    "--poison runs on the CPU backend only (not yet with --device cuda)",
+                )));
+            }
+            if let Some(why) = cuda_unavailable() {
+                return Err(session.err(Error::new(format!("--device cuda: {why}"))));
+            }
         }
         let inputs = match &opts.inputs {
             Inputs::Random {
@@ -222,6 +268,9 @@ impl Runner<'_> {
                 .collect(),
             default: None,
         };
+        if opts.device == Device::Cuda {
+            return run_cuda(session, opts, &tensors, label, &dims);
+        }
         let key: PlanKey = (dims.bound.clone(), dims.shapes.clone());
         let hit = match opts.tamper {
             // A tampered plan is never cached (nor taken from the cache).
@@ -322,6 +371,84 @@ impl Runner<'_> {
             dynamic_bytes: 0,
             peak_rss_bytes: peak_rss_bytes(),
             poison,
+            cuda: None,
         })
     }
+}
+
+/// [`Runner::run`] on the CUDA backend: plan, bind and compile, run
+/// `repeat` times (graph replay after the first), report.
+fn run_cuda(
+    session: &Session,
+    opts: &RunOptions,
+    tensors: &[TractTensor],
+    label: String,
+    dims: &DimValues,
+) -> Result<RunReport> {
+    let t0 = Instant::now();
+    let mut mp = graphopt_plan::plan_model(&session.model, dims, &PlanOptions::default())
+        .map_err(|e| session.err(e))?;
+    if let Some(f) = opts.tamper {
+        f(&mut mp.plan);
+    }
+    let mut exe = graphopt_exec::cuda::CudaExecutable::new(&mp.model, &mp.plan)
+        .map_err(|e| session.err(Error::new(e.to_string())))?;
+    let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let host: Vec<HostTensor> = tensors.iter().map(to_host).collect::<Result<_>>()?;
+    let repeat = opts.repeat.max(1);
+    let run = |exe: &mut graphopt_exec::cuda::CudaExecutable| {
+        exe.run(&host, repeat > 1)
+            .map_err(|e| session.err(Error::new(e.to_string())))
+    };
+    let mut outputs = Vec::new();
+    if repeat > 1 {
+        // Untimed: the first run op by op, the second captures the CUDA
+        // graph that the timed runs replay.
+        run(&mut exe)?;
+        run(&mut exe)?;
+    }
+    let mut times: Vec<Duration> = Vec::new();
+    for _ in 0..repeat {
+        let t = Instant::now();
+        outputs = run(&mut exe)?;
+        times.push(t.elapsed());
+    }
+    times.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mem = exe.memory();
+    let (graph_replay, graph_error) = exe.graph_state();
+    let cuda = CudaReport {
+        gpu: exe.device_name(),
+        weights_device_bytes: mem.weights_bytes,
+        arena_device_bytes: mem.arena_bytes,
+        workspace_device_bytes: mem.workspace_bytes,
+        expected_device_bytes: mem.weights_bytes + mem.arena_bytes + mem.workspace_bytes,
+        measured_device_bytes: mem.measured_bytes,
+        graph_replay,
+        graph_error: graph_error.map(str::to_string),
+        launches_per_run: exe.launches(),
+        compiled_kernels: exe.compiled_kernels(),
+        setup_ms,
+    };
+    Ok(RunReport {
+        device: Device::Cuda,
+        inputs: label,
+        dims: mp.dims.clone(),
+        planned_now: true,
+        output_names: exe.output_names(),
+        outputs: outputs.iter().map(to_tract).collect::<Result<_>>()?,
+        repeat: times.len(),
+        threads: 1,
+        latency_best_ms: ms(times[0]),
+        latency_median_ms: ms(times[times.len() / 2]),
+        weights_bytes: exe.weights_bytes(),
+        weights_copied_bytes: 0,
+        arena_planned_bytes: mp.plan.arena_bytes,
+        arena_allocated_bytes: mem.arena_bytes,
+        workspace_bytes: mem.workspace_bytes,
+        dynamic_bytes: 0,
+        peak_rss_bytes: peak_rss_bytes(),
+        poison: None,
+        cuda: Some(cuda),
+    })
 }

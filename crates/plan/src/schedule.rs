@@ -203,11 +203,11 @@ fn dfs_schedule(g: &Graph, d: &Deps) -> Vec<NodeId> {
             .flatten()
             .filter_map(|&o| value_size(g, o))
             .sum();
-        // Saturating: on a training graph the overcount grows with the
-        // number of paths and overflowed even u128 (BERT-base).
+        // Saturating: shared ancestors are counted once per path, which
+        // grows exponentially along a training graph's residual chains.
         weight[i] = d.preds[i]
             .iter()
-            .fold(own as u128, |a, &p| a.saturating_add(weight[p]));
+            .fold(own as u128, |acc, &p| acc.saturating_add(weight[p]));
     }
     let mut done = vec![false; n];
     let mut out = Vec::with_capacity(n);

@@ -1,0 +1,184 @@
+//! `graphopt optimize --quantize MODE ...`: the flags, their
+//! [`graphopt::QuantizeOptions`], and the printed summary of the report.
+
+use crate::util::human_bytes;
+use graphopt::{Calibrate, QuantizeMode, QuantizeOptions, QuantizeReport};
+use std::path::PathBuf;
+
+/// `--quantize` and the flags that go with it.
+#[derive(clap::Args)]
+pub struct QuantizeArgs {
+    /// Quantize after the pass pipeline: int8 weights and activations
+    /// (`dynamic`: DynamicQuantizeLinear; `static`: calibrated
+    /// QuantizeLinear/DequantizeLinear), or weights only (`int8-weights`,
+    /// `int4-weights`: blocked opset-21 DequantizeLinear).
+    #[arg(long, value_name = "dynamic|static|int8-weights|int4-weights")]
+    pub quantize: Option<String>,
+    /// Calibration inputs: one npz per batch (by input name), or a directory
+    /// of them. Default: seeded random inputs, with a warning.
+    #[arg(long, requires = "quantize", value_name = "FILE.npz|DIR")]
+    pub calibration: Option<PathBuf>,
+    /// How activation ranges are taken (static mode).
+    #[arg(
+        long,
+        requires = "quantize",
+        value_name = "minmax|percentile[:P]|entropy",
+        default_value = "minmax"
+    )]
+    pub calibrate: String,
+    /// One scale per output channel (the default).
+    #[arg(long, requires = "quantize", conflicts_with = "per_tensor")]
+    pub per_channel: bool,
+    /// One scale per weight tensor.
+    #[arg(long, requires = "quantize")]
+    pub per_tensor: bool,
+    /// Symmetric activations (int8, zero point 0) and int4 weights without
+    /// zero points.
+    #[arg(long, requires = "quantize")]
+    pub symmetric: bool,
+    /// int4 block size (along the reduction axis).
+    #[arg(
+        long,
+        requires = "quantize",
+        value_name = "32|64|128",
+        default_value_t = 32
+    )]
+    pub block_size: i64,
+    /// Op types or node names to leave float.
+    #[arg(
+        long,
+        requires = "quantize",
+        value_name = "OP|NAME,...",
+        value_delimiter = ','
+    )]
+    pub exclude: Vec<String>,
+    /// Bound on every output's relative L2 error against the float model on
+    /// the calibration inputs: layers go back to float, the most sensitive
+    /// first, until it holds; still over it is an error (nothing written).
+    #[arg(long, requires = "quantize", value_name = "E")]
+    pub max_error: Option<f64>,
+    /// Skip measuring the error against the float model (tract runs both on
+    /// the calibration inputs; slow on large models in a debug build).
+    #[arg(long, requires = "quantize", conflicts_with = "max_error")]
+    pub no_measure: bool,
+}
+
+impl QuantizeArgs {
+    /// The options, or `None` without `--quantize`.
+    pub fn options(
+        &self,
+        dims: &[(String, i64)],
+        memory: graphopt::plan::DimValues,
+        pipeline: graphopt::PipelineOptions,
+    ) -> graphopt::Result<Option<QuantizeOptions>> {
+        let Some(mode) = &self.quantize else {
+            return Ok(None);
+        };
+        let mode = QuantizeMode::parse(mode).map_err(|e| graphopt::Error::new(e.0))?;
+        if ![32, 64, 128].contains(&self.block_size) {
+            return Err(graphopt::Error::new(format!(
+                "--block-size {}: expected 32, 64 or 128",
+                self.block_size
+            )));
+        }
+        if let Some(e) = self.max_error {
+            if !(e.is_finite() && e > 0.0) {
+                return Err(graphopt::Error::new(format!(
+                    "--max-error {e}: expected a positive number"
+                )));
+            }
+        }
+        Ok(Some(QuantizeOptions {
+            calibration: self.calibration.clone(),
+            dims: dims.to_vec(),
+            calibrate: Calibrate::parse(&self.calibrate)?,
+            per_channel: !self.per_tensor,
+            symmetric: self.symmetric,
+            block_size: self.block_size,
+            exclude: self.exclude.clone(),
+            max_error: self.max_error,
+            measure: !self.no_measure,
+            memory: Some(memory),
+            pipeline,
+            ..QuantizeOptions::new(mode)
+        }))
+    }
+}
+
+/// The printed summary.
+pub fn text(r: &QuantizeReport) -> String {
+    let mut out = format!(
+        "quantize {}: weights {} -> {} ({:.3}x); {} weights, {} activations quantized\n",
+        r.mode,
+        human_bytes(r.weights_bytes_before),
+        human_bytes(r.weights_bytes_after),
+        r.weights_ratio,
+        r.weights.len(),
+        r.activations_quantized
+    );
+    if r.opset_before != r.opset_after {
+        out += &format!(
+            "  opset {} -> {}\n",
+            r.opset_before.map_or("-".into(), |v| v.to_string()),
+            r.opset_after.map_or("-".into(), |v| v.to_string())
+        );
+    }
+    out += &format!("  {:<28} {:>8}\n", "nodes quantized", "count");
+    for (op, n) in &r.nodes_quantized {
+        out += &format!("  {:<28} {:>8}\n", op, n);
+    }
+    for k in &r.kept_ops {
+        out += &format!("  float: {} x{} ({})\n", k.op, k.count, k.why);
+    }
+    for k in &r.kept_float {
+        out += &format!("  float: {}: {}\n", k.name, k.why);
+    }
+    if r.activations_calibrated > 0 {
+        out += &format!(
+            "  calibrated {} activation ranges ({}) on {}\n",
+            r.activations_calibrated, r.calibrate, r.calibration
+        );
+    }
+    match (&r.error, &r.error_skipped) {
+        (Some(e), _) => {
+            out += &format!(
+                "  error vs float on {}: rel L2 {:.3e}, max abs {:.3e}{}\n",
+                r.calibration,
+                e.rel_l2,
+                e.max_abs,
+                r.max_error
+                    .map(|b| format!(" (bound {b})"))
+                    .unwrap_or_default()
+            );
+        }
+        (None, Some(why)) => out += &format!("  error NOT measured: {why}\n"),
+        _ => {}
+    }
+    if !r.fallback.is_empty() {
+        out += &format!(
+            "  put back to float for --max-error ({} runs): {}\n",
+            r.runs,
+            r.fallback.join(", ")
+        );
+    }
+    match (&r.memory_before, &r.memory_after) {
+        (Some(b), Some(a)) if b.error.is_none() && a.error.is_none() => {
+            out += &format!(
+                "memory at {}: weights {} -> {}; activations lower bound {} -> {}; arena {} -> {}\n",
+                if b.dims.is_empty() { "static shapes" } else { &b.dims },
+                human_bytes(b.weights_bytes),
+                human_bytes(a.weights_bytes),
+                human_bytes(b.lower_bound_bytes),
+                human_bytes(a.lower_bound_bytes),
+                human_bytes(b.arena_bytes),
+                human_bytes(a.arena_bytes)
+            );
+        }
+        (Some(b), Some(a)) => {
+            let e = b.error.as_ref().or(a.error.as_ref()).expect("one failed");
+            out += &format!("memory plan unavailable: {e}\n");
+        }
+        _ => {}
+    }
+    out
+}
