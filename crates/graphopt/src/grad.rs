@@ -180,6 +180,12 @@ impl Session {
         let cone = forward_cone(g);
         let mut saved = Vec::new();
         let mut seen = HashSet::new();
+        let not_saved: HashSet<&str> = train
+            .params
+            .iter()
+            .chain(&train.state_inputs)
+            .map(String::as_str)
+            .collect();
         // A backward `Shape` reads only metadata, right where the value is
         // computed: it keeps nothing alive.
         for n in g
@@ -188,7 +194,10 @@ impl Session {
         {
             for &v in g.node(n).inputs().iter().flatten() {
                 let computed = g.producer(v).is_some_and(|(p, _)| cone.contains(&p));
-                let input = g.is_input(v) && g.initializer(v).is_none();
+                // Parameters fed as inputs and the optimizer's state are
+                // weights and state, not saved activations.
+                let input =
+                    g.is_input(v) && g.initializer(v).is_none() && !not_saved.contains(g.name(v));
                 if (computed || input) && seen.insert(v) {
                     let bytes = g.ty(v).and_then(|t| {
                         let tt = t.as_tensor()?;
@@ -329,10 +338,10 @@ pub struct GradCheck {
     pub max_abs: f64,
 }
 
-fn to_f32(t: &TractTensor) -> Result<Vec<f32>> {
-    let c = t.cast_to::<f32>().map_err(|e| Error::new(e.to_string()))?;
+fn to_f64(t: &TractTensor) -> Result<Vec<f64>> {
+    let c = t.cast_to::<f64>().map_err(|e| Error::new(e.to_string()))?;
     let a = c
-        .to_plain_array_view::<f32>()
+        .to_plain_array_view::<f64>()
         .map_err(|e| Error::new(e.to_string()))?;
     Ok(a.iter().copied().collect())
 }
@@ -348,6 +357,8 @@ fn run(model: &Model, inputs: &[TractTensor]) -> Result<Vec<TractTensor>> {
 /// `max_elements` entries of each with the largest analytic gradient
 /// (embedding gradients are mostly zeros; ties go to the first). `names` are float
 /// initializers or runtime graph inputs (`inputs` in graph-input order).
+/// Float and double tensors keep their type: a double model is checked in
+/// double (as `torch.autograd.gradcheck` does, with a small `h`).
 /// Returns the loss and one [`GradCheck`] per name.
 pub fn grad_check(
     train: &Model,
@@ -358,7 +369,7 @@ pub fn grad_check(
 ) -> Result<(f64, Vec<GradCheck>)> {
     let g = &train.graph;
     let outs = run(train, inputs)?;
-    let loss = to_f32(&outs[0])?[0] as f64;
+    let loss = to_f64(&outs[0])?[0];
     let runtime: Vec<_> = g.runtime_inputs().collect();
     let mut checks = Vec::new();
     for name in names {
@@ -367,7 +378,7 @@ pub fn grad_check(
             .iter()
             .position(|&o| g.name(o) == format!("{name}_grad"))
             .ok_or_else(|| Error::new(format!("no output {name}_grad")))?;
-        let analytic = to_f32(&outs[gi])?;
+        let analytic = to_f64(&outs[gi])?;
         let v = g
             .value_by_name(name)
             .ok_or_else(|| Error::new(format!("no value {name}")))?;
@@ -386,26 +397,37 @@ pub fn grad_check(
                 let mut m = train.clone();
                 let mut ins = inputs.to_vec();
                 if let Some(t) = g.initializer(v) {
-                    let mut vals: Vec<f32> = t
+                    let mut vals = t
                         .to_f64_vec()
-                        .ok_or_else(|| Error::new(format!("{name} is not numeric")))?
-                        .into_iter()
-                        .map(|x| x as f32)
-                        .collect();
-                    vals[j] += (sign * h) as f32;
-                    m.graph
-                        .set_initializer(v, Tensor::from_f32(t.dims.clone(), &vals)?);
+                        .ok_or_else(|| Error::new(format!("{name} is not numeric")))?;
+                    let dims = t.dims.clone();
+                    let t = if t.dtype == graphopt_ir::DType::F64 {
+                        vals[j] += sign * h;
+                        let raw: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
+                        Tensor::from_raw(graphopt_ir::DType::F64, dims, raw.into())?
+                    } else {
+                        let mut v32: Vec<f32> = vals.into_iter().map(|x| x as f32).collect();
+                        v32[j] += (sign * h) as f32;
+                        Tensor::from_f32(dims, &v32)?
+                    };
+                    m.graph.set_initializer(v, t);
                 } else {
                     let i = runtime
                         .iter()
                         .position(|&r| r == v)
                         .ok_or_else(|| Error::new(format!("{name} is not an input")))?;
-                    let mut vals = to_f32(&ins[i])?;
-                    vals[j] += (sign * h) as f32;
-                    ins[i] = TractTensor::from_shape(ins[i].shape(), &vals)
-                        .map_err(|e| Error::new(e.to_string()))?;
+                    let mut vals = to_f64(&ins[i])?;
+                    vals[j] += sign * h;
+                    let shape = ins[i].shape().to_vec();
+                    ins[i] = if ins[i].datum_type() == tract_onnx::prelude::DatumType::F64 {
+                        TractTensor::from_shape(&shape, &vals)
+                    } else {
+                        let v32: Vec<f32> = vals.iter().map(|&x| x as f32).collect();
+                        TractTensor::from_shape(&shape, &v32)
+                    }
+                    .map_err(|e| Error::new(e.to_string()))?;
                 }
-                f[k] = to_f32(&run(&m, &ins)?[0])?[0] as f64;
+                f[k] = to_f64(&run(&m, &ins)?[0])?[0];
             }
             let fd = (f[0] - f[1]) / (2.0 * h);
             let d = analytic[j] as f64 - fd;

@@ -3,8 +3,8 @@
 //! fixed target: the sum of a LayerNorm's output barely depends on the
 //! weights) equals the one computed from the forward output, and the
 //! largest gradient entries of a few parameters match central finite
-//! differences. (Comparing with torch autograd needs torch, which CI does
-//! not install: not done yet.)
+//! differences. (The comparison with torch autograd, on small torch
+//! modules whose references are committed, is `grad_torch.rs`.)
 
 use graphopt::tract::TractTensor;
 use graphopt::{AutodiffOptions, GradOptions, Loss};

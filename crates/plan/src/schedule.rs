@@ -298,3 +298,35 @@ pub fn memory_aware_schedule_with(
     }
     Ok(best)
 }
+
+#[cfg(test)]
+mod overflow_tests {
+    use super::*;
+    use graphopt_ir::{DType, NewNode, Shape, Type};
+
+    /// 140 diamonds in a chain: 2^140 paths from the input, so the DFS
+    /// order's subtree weights (which count shared ancestors once per path)
+    /// exceed u128; they saturate instead of overflowing.
+    #[test]
+    fn subtree_weights_saturate_on_many_paths() {
+        let mut g = Graph::new("diamonds");
+        let ty = || Some(Type::tensor(DType::F32, Some(Shape::known(&[1024]))));
+        let mut prev = g.add_value("x", ty()).unwrap();
+        g.inputs.push(prev);
+        for i in 0..140 {
+            let a = g.add_value(format!("a{i}"), ty()).unwrap();
+            let b = g.add_value(format!("b{i}"), ty()).unwrap();
+            let c = g.add_value(format!("c{i}"), ty()).unwrap();
+            g.add_node(NewNode::new("Relu").inputs(&[prev]).outputs(&[a]))
+                .unwrap();
+            g.add_node(NewNode::new("Neg").inputs(&[prev]).outputs(&[b]))
+                .unwrap();
+            g.add_node(NewNode::new("Add").inputs(&[a, b]).outputs(&[c]))
+                .unwrap();
+            prev = c;
+        }
+        g.outputs.push(prev);
+        let s = memory_aware_schedule(&g, true).unwrap();
+        assert_eq!(s.order.len(), 420);
+    }
+}

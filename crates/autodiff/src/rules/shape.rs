@@ -236,7 +236,11 @@ pub fn pad(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let s = cx.shape_of(x)?;
     let ends = cx.op("Add", &[s, starts], vec![])?;
     let ax = cx.const_i64(&(0..r).collect::<Vec<_>>())?;
-    Ok(vec![Some(cx.op("Slice", &[d, starts, ends, ax], vec![])?)])
+    Ok(vec![Some(cx.op(
+        "Slice",
+        &[d, starts, ends, ax],
+        vec![],
+    )?)])
 }
 
 /// Slice's gradient with bounds or sliced dims known only at run time.
