@@ -291,10 +291,27 @@ fn tensor_to_array<'py>(py: Python<'py>, t: TractTensor) -> PyResult<Bound<'py, 
     typed.call_method1("reshape", (PyTuple::new(py, shape)?,))
 }
 
+/// What the input conversion needs to know of a session (read without
+/// the GIL, so that no thread waits for a session's lock holding it).
+struct SessionInfo {
+    label: String,
+    inputs: Vec<String>,
+}
+
+impl SessionInfo {
+    fn of(s: &Session) -> SessionInfo {
+        let g = &s.model().graph;
+        SessionInfo {
+            label: s.label(),
+            inputs: g.runtime_inputs().map(|v| g.name(v).to_string()).collect(),
+        }
+    }
+}
+
 /// `inputs=`: `None` (seeded random inputs), an `.npz` path, or a dict of
 /// arrays by input name (every runtime input of `session`'s model, no more).
 fn inputs_arg(
-    session: &Session,
+    session: &SessionInfo,
     obj: Option<&Bound<'_, PyAny>>,
     seed: u64,
     dims: &[(String, i64)],
@@ -316,15 +333,14 @@ fn inputs_arg(
 }
 
 /// The runtime inputs of `session`'s model, in order, from a dict.
-fn inputs_from_dict(session: &Session, d: &Bound<'_, PyDict>) -> PyResult<Vec<TractTensor>> {
-    let g = &session.model().graph;
-    let names: Vec<String> = g.runtime_inputs().map(|v| g.name(v).to_string()).collect();
+fn inputs_from_dict(session: &SessionInfo, d: &Bound<'_, PyDict>) -> PyResult<Vec<TractTensor>> {
+    let names = &session.inputs;
     for k in d.keys() {
         let k: String = k.extract()?;
         if !names.contains(&k) {
             return Err(gmsg(format!(
                 "{}: '{k}' is not an input of the model (inputs: {})",
-                session.label(),
+                session.label,
                 names.join(", ")
             )));
         }
@@ -335,7 +351,7 @@ fn inputs_from_dict(session: &Session, d: &Bound<'_, PyDict>) -> PyResult<Vec<Tr
             Some(a) => array_to_tensor(n, &a),
             None => Err(gmsg(format!(
                 "{}: input '{n}' is missing (inputs: {})",
-                session.label(),
+                session.label,
                 names.join(", ")
             ))),
         })
@@ -383,6 +399,16 @@ impl PySession {
 
     fn lock(&self) -> MutexGuard<'_, Session> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads the session with the GIL released (the lock may be held by a
+    /// long call on another thread, which must be able to finish).
+    fn peek<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&Session) -> R + Send) -> R {
+        py.detach(|| f(&self.lock()))
+    }
+
+    fn info(&self, py: Python<'_>) -> SessionInfo {
+        self.peek(py, SessionInfo::of)
     }
 
     /// Runs `f` on the session with the GIL released.
@@ -469,36 +495,33 @@ fn verify_plan(label: &str, planned: &graphopt::plan::ModelPlan) -> graphopt::Re
 
 #[pymethods]
 impl PySession {
-    fn __repr__(&self) -> String {
-        let s = self.lock();
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let (label, nodes) = self.peek(py, |s| (s.label(), s.model().graph.node_count_deep()));
         format!(
-            "<graphopt.Session {} ({} nodes, {} steps)>",
-            s.label(),
-            s.model().graph.node_count_deep(),
+            "<graphopt.Session {label} ({nodes} nodes, {} steps)>",
             self.steps.len()
         )
     }
 
     /// The file the model was loaded from, or None.
     #[getter]
-    fn source(&self) -> Option<String> {
-        self.lock().source().map(|p| p.display().to_string())
+    fn source(&self, py: Python<'_>) -> Option<String> {
+        self.peek(py, |s| s.source().map(|p| p.display().to_string()))
     }
 
     /// Names of the inputs a caller feeds (graph inputs without an initializer).
     #[getter]
-    fn input_names(&self) -> Vec<String> {
-        let s = self.lock();
-        let g = &s.model().graph;
-        g.runtime_inputs().map(|v| g.name(v).to_string()).collect()
+    fn input_names(&self, py: Python<'_>) -> Vec<String> {
+        self.info(py).inputs
     }
 
     /// Names of the graph outputs.
     #[getter]
-    fn output_names(&self) -> Vec<String> {
-        let s = self.lock();
-        let g = &s.model().graph;
-        g.outputs.iter().map(|&v| g.name(v).to_string()).collect()
+    fn output_names(&self, py: Python<'_>) -> Vec<String> {
+        self.peek(py, |s| {
+            let g = &s.model().graph;
+            g.outputs.iter().map(|&v| g.name(v).to_string()).collect()
+        })
     }
 
     /// The default simplify/fuse pipeline to a fixed point, or the named
@@ -576,7 +599,7 @@ impl PySession {
         let validate = match best_effort {
             None => None,
             Some(best_effort) => Some(ValidateOptions {
-                inputs: inputs_arg(&self.lock(), inputs, seed, &dims)?,
+                inputs: inputs_arg(&self.info(py), inputs, seed, &dims)?,
                 rtol,
                 atol,
                 best_effort,
@@ -777,7 +800,7 @@ impl PySession {
         };
         let dims = dims_arg(dims)?;
         let opts = RunOptions {
-            inputs: inputs_arg(&self.lock(), inputs, seed, &dims)?,
+            inputs: inputs_arg(&self.info(py), inputs, seed, &dims)?,
             dims,
             device,
             repeat: repeat.max(1),
@@ -831,7 +854,7 @@ impl PySession {
     ) -> PyResult<Bound<'py, PyAny>> {
         let dims = dims_arg(dims)?;
         let opts = CheckOptions {
-            inputs: inputs_arg(&self.lock(), inputs, seed, &dims)?,
+            inputs: inputs_arg(&self.info(py), inputs, seed, &dims)?,
             tolerance: Tolerance {
                 rtol,
                 atol,
@@ -842,18 +865,11 @@ impl PySession {
                 },
             },
         };
-        // Two locks: take a copy of `other` when it is this very session.
-        let other = other.get();
-        let v = if std::ptr::eq(other, self) {
-            let copy = self.lock().clone();
-            self.with(py, move |s| to_json(&s.check(&copy, &opts)?))?
-        } else {
-            py.detach(|| {
-                let (a, b) = (self.lock(), other.lock());
-                to_json(&a.check(&b, &opts)?)
-            })
-            .map_err(gerr)?
-        };
+        // One lock at a time (two threads checking a against b and b
+        // against a must not deadlock): a copy of `other` (its tensors
+        // are shared, not copied), then this session.
+        let other = other.get().peek(py, Session::clone);
+        let v = self.with(py, move |s| to_json(&s.check(&other, &opts)?))?;
         to_py(py, &v)
     }
 
@@ -932,13 +948,17 @@ impl PySession {
     /// per optimize / lower_precision / grad, each the facade's report, as
     /// the CLI's `--report` writes it) and `passes` (every pass run).
     fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let s = self.lock();
-        let v = json!({
-            "source": s.source().map(|p| p.display().to_string()),
-            "steps": self.steps,
-            "passes": to_json(&s.pass_runs()).map_err(gerr)?,
+        let (source, passes) = self.peek(py, |s| {
+            (
+                s.source().map(|p| p.display().to_string()),
+                to_json(&s.pass_runs()),
+            )
         });
-        drop(s);
+        let v = json!({
+            "source": source,
+            "steps": self.steps,
+            "passes": passes.map_err(gerr)?,
+        });
         to_py(py, &v)
     }
 }

@@ -250,3 +250,23 @@ def test_gil_released_during_long_calls():
     # inside the window at all.
     assert window["end"] - window["start"] > 0.05
     assert len(inside) >= 10, (len(inside), window)
+
+
+def test_concurrent_calls_on_shared_sessions():
+    a = graphopt.load(model("resnet_tiny.ts14"))
+    b = a.optimize()
+    results, errors = [], []
+
+    def work(x, y):
+        try:
+            results.append((x.check(y, rtol=1e-3, atol=1e-4)["ok"], x.input_names))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=p) for p in [(a, b), (b, a), (a, a)] * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert not errors and results == [(True, a.input_names)] * 6
