@@ -760,7 +760,9 @@ fn source(g: &Graph, x: ValueId, cx: &Ctx) -> Source {
         if g.is_outer(v) {
             return Source::Activation;
         }
-        if g.constant(v).is_some() {
+        // Overridable initializers (graph inputs with a default, as IR < 4
+        // writes every weight) are weights too, left float.
+        if g.initializer(v).is_some() {
             return Source::FloatWeight;
         }
         let Some((n, _)) = g.producer(v) else {
