@@ -210,6 +210,8 @@ def main():
     ap.add_argument("--no-generate", action="store_true", help="use only models already in benches/models")
     ap.add_argument("--no-big", action="store_true", help="testdata models only")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the models already in benches/results/quantize.json")
     args = ap.parse_args()
     graphopt = resolve_graphopt(args.graphopt)
     models = pb.testdata_models()
@@ -219,8 +221,14 @@ def main():
     if args.k:
         models = [m for m in models if re.search(args.k, m[0])]
     results = []
+    if args.resume and os.path.exists(os.path.join(RESULTS, "quantize.json")):
+        with open(os.path.join(RESULTS, "quantize.json")) as f:
+            results = json.load(f)["results"]
+    done = {r["model"] for r in results}
     with tempfile.TemporaryDirectory(prefix="graphopt-qbench-") as tmp:
         for name, path, inputs in models:
+            if name in done:
+                continue
             feeds = dict(np.load(inputs))
             try:
                 ref = run(path, feeds)
@@ -241,17 +249,24 @@ def main():
                 if isinstance(r, dict) and "weights_bytes" in r:
                     r["ratio"] = r["weights_bytes"] / base if base else 1.0
             results.append(row)
+            # Written after every model, so that an interrupted run keeps
+            # what it measured (--resume skips those models).
+            save(results, graphopt)
             print(f"# {name}: " + "; ".join(f"{k} {cell(v)}" for k, v in row.items() if isinstance(v, dict)),
                   flush=True)
+    print(save(results, graphopt))
+
+
+def save(results, graphopt) -> str:
     goals = check_goals(results)
     md = table(results, goals, graphopt)
-    print(md)
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "quantize.json"), "w") as f:
         json.dump({"graphopt": " ".join(graphopt), "versions": versions(), "results": results,
                    "goals": goals}, f, indent=1)
     with open(os.path.join(RESULTS, "quantize.md"), "w") as f:
         f.write(md)
+    return md
 
 
 def check_goals(results) -> list[dict]:

@@ -12,9 +12,10 @@
 //!   dequantized once by `DequantizeLinear` (opset 13, `axis`).
 //! - `int4-weights`: as above, but 2-D MatMul/Gemm/Gather weights are
 //!   packed 4-bit with one scale (and, unless symmetric, a uint4 zero
-//!   point) per `block_size` elements along the reduction axis: the
+//!   point) per `block_size` elements along the reduction axis (or the
+//!   largest smaller power of two, down to 16, that divides it): the
 //!   blocked `DequantizeLinear` of opset 21. Conv weights, and weights whose
-//!   reduction axis is not a multiple of `block_size`, fall back to int8.
+//!   reduction axis no such block divides, fall back to int8.
 //! - `dynamic`: weights on the same symmetric int8 grid, stored as uint8
 //!   around zero point 128 (onnxruntime's x86 u8s8 kernels saturate; see
 //!   `quantize_weight`), and each float activation read by a
@@ -760,7 +761,9 @@ fn source(g: &Graph, x: ValueId, cx: &Ctx) -> Source {
         if g.is_outer(v) {
             return Source::Activation;
         }
-        if g.constant(v).is_some() {
+        // Overridable initializers (graph inputs with a default, as IR < 4
+        // writes every weight) are weights too, left float.
+        if g.initializer(v).is_some() {
             return Source::FloatWeight;
         }
         let Some((n, _)) = g.producer(v) else {
@@ -869,7 +872,14 @@ fn quantize_weight(
         None
     };
     let reduce = agree(&|x| x.reduce);
-    let b = cx.q.block_size;
+    // The block: `block_size`, or the largest smaller power of two (down
+    // to 16) that divides the reduction axis.
+    let mut b = cx.q.block_size;
+    if let Some(a) = reduce {
+        while b > 16 && dims[a] % b != 0 {
+            b /= 2;
+        }
+    }
     let int4 = cx.q.mode == QuantMode::Int4Weights
         && r == 2
         && !reads.iter().any(|x| x.conv)
