@@ -12,7 +12,8 @@ recomputes at least one node, for S = auto (and sqrt, per-block on BASELINES_ON)
     and a fixed `target`, with graph optimizations off and on: every output
     (the loss and each gradient) is bit-identical between the two.
 Prints one line per model and `N passed, M failed`; exits 1 on any failure
-(a model where no budget recomputes anything fails too).
+(a model where no budget recomputes anything fails too, unless no drop set
+lowers its peak at all: then it passes as n/a, nothing to compare).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ BUDGETS = ["50%", "70%", "90%"]
 DIM_VALUES = [16, 128]
 # sqrt and per-block run on the models named here too (time: the default
 # test run stays short).
-BASELINES_ON = {"gpt2_tiny.ts14", "resnet_tiny.ts14"}
+BASELINES_ON = {"gpt2_tiny.ts14", "mobilenet_v3_small.ts14"}
 
 
 def run(path: str, feeds: dict, optimize: bool) -> list[np.ndarray]:
@@ -96,9 +97,17 @@ def check(graphopt: str, name: str, tmp: str) -> str:
                     break
                 rep = None
         if rep is None:
-            if strategy == "auto":
-                return f"no budget of {BUDGETS} made auto recompute anything"
-            continue  # a baseline may find nothing on a model without blocks
+            if strategy != "auto":
+                continue  # a baseline may find nothing on a model without blocks
+            # Fine when no drop set lowers the peak at all (the gradients or
+            # the backward's own temporaries make it): nothing to rewrite.
+            r = subprocess.run([graphopt, "remat", train, "--sweep", "--json", "--strategy", "fast",
+                                *dims_of(train, DIM_VALUES[-1])], capture_output=True, text=True)
+            pts = json.loads(r.stdout)["frontiers"][0]["points"] if r.returncode == 0 else []
+            if pts and all(p["peak_fraction"] >= 1.0 for p in pts):
+                return ("ok: n/a, recomputation cannot lower this graph's peak at dims "
+                        f"{DIM_VALUES} (nothing rewritten)")
+            return f"no budget of {BUDGETS} made auto recompute anything"
         m = onnx.load(out)
         onnx.checker.check_model(m, full_check=True)
         if len(m.graph.node) <= n_train:
