@@ -656,7 +656,8 @@ fn per_block_family(p: &Problem) -> Vec<(Vec<bool>, bool)> {
 
 /// The frontier of one strategy: (simulated peak, extra FLOPs, drop set)
 /// at budgets from the store-all peak down to the least reachable, in
-/// `points` steps, keeping only Pareto-optimal points (ascending peak);
+/// `points` steps, and at the peaks of the `sqrt` and `per-block` drop
+/// sets, keeping only Pareto-optimal points (ascending peak);
 /// with the longest single solve in seconds.
 pub fn frontier(
     p: &Problem,
@@ -689,8 +690,21 @@ pub fn frontier(
             let hi = p.simulate(&vec![false; p.len()]).peak;
             let lo = least_peak(p, limit).1.peak.min(hi);
             let steps = points.max(2);
-            for s in 0..steps {
-                let b = hi - ((hi - lo) as u128 * s as u128 / (steps - 1) as u128) as u64;
+            // Evenly spaced budgets, and the peaks of the baselines' drop
+            // sets (to compare at equal memory).
+            let mut budgets: Vec<u64> = (0..steps)
+                .map(|s| hi - ((hi - lo) as u128 * s as u128 / (steps - 1) as u128) as u64)
+                .collect();
+            budgets.extend(
+                sqrt_family(p)
+                    .into_iter()
+                    .chain(per_block_family(p))
+                    .map(|(d, _)| p.simulate(&d).peak)
+                    .filter(|&b| b < hi),
+            );
+            budgets.sort_unstable_by(|a, b| b.cmp(a));
+            budgets.dedup();
+            for b in budgets {
                 let t0 = Instant::now();
                 let sol = solve(p, strategy, b, limit);
                 longest = longest.max(t0.elapsed().as_secs_f64());
