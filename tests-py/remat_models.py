@@ -4,15 +4,16 @@
     python3 tests-py/remat_models.py --graphopt target/debug/graphopt
 
 For each model below: `graphopt grad IN -o TRAIN --loss mse`, then
-`graphopt remat TRAIN -o REMAT --budget B --strategy S --dim D=16` (every
-symbolic input dim) at the first budget of BUDGETS that recomputes at least
-one node, for S = auto (and sqrt, per-block on BASELINES_ON); then
+`graphopt remat TRAIN -o REMAT --budget B --strategy S --dim D=V` (every
+symbolic input dim) at the first V of DIM_VALUES and budget of BUDGETS that
+recomputes at least one node, for S = auto (and sqrt, per-block on BASELINES_ON); then
   * the full onnx checker passes on REMAT, and REMAT has more nodes;
   * onnxruntime (CPU, one thread) runs TRAIN and REMAT on NAME.inputs.npz
     and a fixed `target`, with graph optimizations off and on: every output
     (the loss and each gradient) is bit-identical between the two.
 Prints one line per model and `N passed, M failed`; exits 1 on any failure
-(a model where no budget recomputes anything fails too).
+(a model where no budget recomputes anything fails too, unless no drop set
+lowers its peak at all: then it passes as n/a, nothing to compare).
 """
 from __future__ import annotations
 
@@ -35,9 +36,12 @@ MODELS = [
     "mobilenet_v3_small.ts14", "mobilenet_v3_small.dynamo18",
 ]
 BUDGETS = ["50%", "70%", "90%"]
+# Values for every symbolic input dim: at small dims the gradients (live to
+# the end) make the peak and recomputation cannot lower it.
+DIM_VALUES = [16, 128]
 # sqrt and per-block run on the models named here too (time: the default
 # test run stays short).
-BASELINES_ON = {"gpt2_tiny.ts14", "resnet_tiny.ts14"}
+BASELINES_ON = {"gpt2_tiny.ts14", "mobilenet_v3_small.ts14"}
 
 
 def run(path: str, feeds: dict, optimize: bool) -> list[np.ndarray]:
@@ -83,9 +87,9 @@ def check(graphopt: str, name: str, tmp: str) -> str:
     for strategy in ["auto", "sqrt", "per-block"] if name in BASELINES_ON else ["auto"]:
         out = os.path.join(tmp, f"{name}.{strategy}.remat.onnx")
         rep = None
-        for budget in BUDGETS:
+        for value, budget in [(v, b) for v in DIM_VALUES for b in BUDGETS]:
             r = subprocess.run([graphopt, "remat", train, "-o", out, "--budget", budget,
-                                "--strategy", strategy, "--json", *dims_of(train, 16)],
+                                "--strategy", strategy, "--json", *dims_of(train, value)],
                                capture_output=True, text=True)
             if r.returncode == 0:
                 rep = json.loads(r.stdout)
@@ -93,9 +97,17 @@ def check(graphopt: str, name: str, tmp: str) -> str:
                     break
                 rep = None
         if rep is None:
-            if strategy == "auto":
-                return f"no budget of {BUDGETS} made auto recompute anything"
-            continue  # a baseline may find nothing on a model without blocks
+            if strategy != "auto":
+                continue  # a baseline may find nothing on a model without blocks
+            # Fine when no drop set lowers the peak at all (the gradients or
+            # the backward's own temporaries make it): nothing to rewrite.
+            r = subprocess.run([graphopt, "remat", train, "--sweep", "--json", "--strategy", "fast",
+                                *dims_of(train, DIM_VALUES[-1])], capture_output=True, text=True)
+            pts = json.loads(r.stdout)["frontiers"][0]["points"] if r.returncode == 0 else []
+            if pts and all(p["peak_fraction"] >= 1.0 for p in pts):
+                return ("ok: n/a, recomputation cannot lower this graph's peak at dims "
+                        f"{DIM_VALUES} (nothing rewritten)")
+            return f"no budget of {BUDGETS} made auto recompute anything"
         m = onnx.load(out)
         onnx.checker.check_model(m, full_check=True)
         if len(m.graph.node) <= n_train:
@@ -107,7 +119,7 @@ def check(graphopt: str, name: str, tmp: str) -> str:
                     diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
                     return (f"{strategy}: output {k} differs (optimizations "
                             f"{'on' if opt else 'off'}): max |diff| {diff:g}")
-        done.append(f"{strategy} {budget}: {len(rep['recomputed_nodes'])} copies, "
+        done.append(f"{strategy} {budget} at dims={value}: {len(rep['recomputed_nodes'])} copies, "
                     f"peak {rep['lower_bound_after_bytes'] / max(rep['lower_bound_before_bytes'], 1):.2f}")
     return f"ok: {len(ref[False])} outputs bit-identical; " + "; ".join(done)
 

@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::session::Session;
 use graphopt_ir::{Graph, Model};
 use graphopt_passes::remat::{self, cost, solve, Problem, Strategy};
-use graphopt_plan::liveness::{live_bytes, liveness};
-use graphopt_plan::schedule::memory_aware_schedule;
+use graphopt_plan::liveness::{live_bytes, liveness_with};
+use graphopt_plan::schedule::memory_aware_schedule_with;
 use graphopt_plan::{human_bytes, plan_model, DimValues, PlanOptions};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -157,10 +157,9 @@ impl Session {
         if topo.as_slice() != self.model.graph.order() {
             self.model.graph.set_order(topo)?;
         }
-        let opts = PlanOptions {
-            strict: true,
-            ..PlanOptions::default()
-        };
+        // Values of data-dependent size stay outside the arena (dynamic
+        // allocations), as `graphopt plan` counts them.
+        let opts = PlanOptions::default();
         let before = plan_model(&self.model, dims, &opts).map_err(|e| self.err(e))?;
         let problem = Problem::new(&before.model.graph);
         let flops = cost::graph_flops(&before.model.graph);
@@ -236,10 +235,7 @@ impl Session {
         };
         let mut model = self.model.clone();
         let rw = remat::rewrite(&mut model.graph, p, &drop).map_err(|e| self.err(e))?;
-        let popts = PlanOptions {
-            strict: true,
-            ..PlanOptions::default()
-        };
+        let popts = PlanOptions::default();
         let after = plan_model(&model, &opts.dims, &popts).map_err(|e| self.err(e))?;
         model
             .graph
@@ -406,11 +402,11 @@ impl Session {
 fn real_peak(inferred: &Model, p: &Problem, drop: &[bool]) -> Result<u64> {
     let mut g: Graph = inferred.graph.clone();
     remat::rewrite(&mut g, p, drop)?;
-    Ok(memory_aware_schedule(&g, true)?.peak)
+    Ok(memory_aware_schedule_with(&g, true, true)?.peak)
 }
 
 fn timeline(g: &Graph, schedule: &[graphopt_ir::NodeId]) -> Result<Vec<u64>> {
-    let l = liveness(g, schedule)?;
+    let l = liveness_with(g, schedule, true)?;
     Ok(live_bytes(&l.storages, schedule.len()))
 }
 

@@ -24,9 +24,9 @@
 //! after their last forward reader. [`Problem::simulate`] builds that
 //! order and returns its peak of live bytes, counted as the planner's
 //! liveness counts it (graph inputs from step 0, graph outputs to the end,
-//! weights outside the arena, views sharing their input's storage), except
-//! that elementwise in-place merging is ignored: the simulator never counts
-//! less than the planner would for the same order.
+//! weights outside the arena, views sharing their input's storage,
+//! elementwise outputs taking over a same-sized input that dies there), as
+//! the planner counts the same order.
 //!
 //! [`Problem::lower_bound`] bounds the simulated peak of every completion
 //! of a partial drop set from below (what the exact solver prunes with).
@@ -55,6 +55,8 @@ pub(crate) struct SNode {
     pub outs: Vec<usize>,
     /// Output 0 is a view of input 0 (shares its storage).
     pub view: bool,
+    /// Output 0 may take over a same-sized input's storage that dies here.
+    pub elementwise: bool,
     pub forward: bool,
     pub flops: u64,
     /// A hash of the op type (block detection).
@@ -185,6 +187,7 @@ impl Problem {
             total_flops = total_flops.saturating_add(flops);
             nodes.push(SNode {
                 view: default && inplace_rule(&d.op_type) == InPlace::View && d.input(0).is_some(),
+                elementwise: default && inplace_rule(&d.op_type) == InPlace::Elementwise,
                 forward: cone.contains(&n) || last_fwd.is_some_and(|l| i < l),
                 ins,
                 outs,
@@ -357,7 +360,6 @@ impl Problem {
         // Instances: value k (original) and nv + k (its clone).
         let mut first = vec![INF; 2 * nv];
         let mut last = vec![0usize; 2 * nv];
-        let mut root: Vec<usize> = (0..2 * nv).collect();
         let mut extra = 0u64;
         let mut clones = 0usize;
         for (k, v) in self.vals.iter().enumerate() {
@@ -381,17 +383,10 @@ impl Problem {
                 let inst = if reads_clone && cloned(k) { nv + k } else { k };
                 last[inst] = last[inst].max(t);
             }
-            for (j, &k) in nd.outs.iter().enumerate() {
+            for &k in &nd.outs {
                 let inst = if is_clone { nv + k } else { k };
                 first[inst] = t;
                 last[inst] = last[inst].max(t);
-                if j == 0 && nd.view {
-                    let h = nd.ins[0];
-                    let hinst = if reads_clone && cloned(h) { nv + h } else { h };
-                    if self.vals[h].size > 0 {
-                        root[inst] = root[hinst];
-                    }
-                }
             }
         }
         let end = seq.len().saturating_sub(1);
@@ -400,12 +395,43 @@ impl Problem {
                 last[k] = end;
             }
         }
-        // Storages: roots own their size; views extend their root.
+        // Storages, in emission order, as the planner's liveness merges
+        // them: a view shares its input's storage; an elementwise output
+        // takes over a same-sized input storage that dies at this step
+        // (neither a graph input nor output).
+        let mut root: Vec<usize> = (0..2 * nv).collect();
         let mut slast = last.clone();
-        for inst in 0..2 * nv {
-            if first[inst] != INF && root[inst] != inst {
-                let r = root[inst];
-                slast[r] = slast[r].max(last[inst]);
+        let pinned = |inst: usize| {
+            let v = &self.vals[inst % nv];
+            v.producer.is_none() || v.output
+        };
+        let mut spinned: Vec<bool> = (0..2 * nv).map(pinned).collect();
+        for (t, &(i, is_clone)) in seq.iter().enumerate() {
+            let nd = &self.nodes[i];
+            let Some(&k0) = nd.outs.first() else {
+                continue;
+            };
+            let size = self.vals[k0].size;
+            if size == 0 || !(nd.view || nd.elementwise) {
+                continue;
+            }
+            let out = if is_clone { nv + k0 } else { k0 };
+            let reads_clone = is_clone || !nd.forward;
+            let inst_of = |k: usize| if reads_clone && cloned(k) { nv + k } else { k };
+            let host = if nd.view {
+                let h = inst_of(nd.ins[0]);
+                (self.vals[h % nv].size >= size).then_some(h)
+            } else {
+                nd.ins.iter().map(|&k| inst_of(k)).find(|&h| {
+                    let r = root[h];
+                    self.vals[h % nv].size == size && !spinned[r] && slast[r] == t && last[h] == t
+                })
+            };
+            if let Some(h) = host {
+                let r = root[h];
+                root[out] = r;
+                slast[r] = slast[r].max(last[out]);
+                spinned[r] |= pinned(out);
             }
         }
         let mut delta = vec![0i128; seq.len() + 2];
@@ -478,7 +504,20 @@ impl LowerBound {
                 }
             }
             let size = v.size as i128;
-            let f = v.producer.unwrap_or(0);
+            // An elementwise output may share the storage of an input that
+            // dies at its step: counted from the step after, so that the
+            // bound never exceeds the simulator.
+            if v.producer.is_some_and(|pr| p.nodes[pr].elementwise)
+                && v.readers.is_empty()
+                && !v.output
+            {
+                continue; // live at its own step only
+            }
+            let f = match v.producer {
+                Some(pr) if p.nodes[pr].elementwise => (pr + 1).min(end),
+                Some(pr) => pr,
+                None => 0,
+            };
             let l_all = if v.output {
                 end
             } else {

@@ -12,10 +12,12 @@
 //!   otherwise the best found.
 //! - `fast`: rank candidates by saved bytes per FLOP of recomputation
 //!   (pointwise ops first, then the products with the smallest inner
-//!   dimension), take the shortest prefix of that ranking that fits
-//!   (bisection on its length), then un-drop the costliest dropped nodes
-//!   one by one while the budget still holds. `O(k log k)` simulations to
-//!   the prefix and `k` for the refinement.
+//!   dimension); walk the ranking, dropping each candidate (with the views
+//!   of its outputs) when that lowers the simulated (peak, memory × time),
+//!   until the budget holds; then un-drop the costliest dropped nodes one
+//!   by one while the budget still holds. The `sqrt` and `per-block` drop
+//!   sets that fit are refined the same way; the cheapest answer wins.
+//!   `O(k)` simulations per walk and per refinement.
 //! - `sqrt` (Chen et al. 2016): the forward pass's articulation values
 //!   (cut points: the only activation crossing that step) are the
 //!   possible checkpoints; keep every `s`-th one, drop every other
@@ -101,7 +103,8 @@ pub fn solve(p: &Problem, strategy: Strategy, budget: u64, limit: Duration) -> O
             }
         }
         Strategy::Fast => fast(p, budget, deadline),
-        Strategy::Optimal => optimal(p, budget, deadline),
+        // A margin for the seed and the last steps between clock checks.
+        Strategy::Optimal => optimal(p, budget, Instant::now() + limit.mul_f64(0.9)),
         Strategy::Sqrt => best_of(p, Strategy::Sqrt, sqrt_family(p), budget),
         Strategy::PerBlock => best_of(p, Strategy::PerBlock, per_block_family(p), budget),
     }
@@ -242,10 +245,35 @@ fn greedy(
 
 fn fast(p: &Problem, budget: u64, deadline: Instant) -> Option<Solution> {
     let (drop, sim, _, _) = greedy(p, budget, deadline);
-    if sim.peak > budget {
-        return None;
+    let mut best = (sim.peak <= budget).then(|| refine(p, drop, sim, budget, deadline));
+    // The greedy walk drops one node at a time and stops where no single
+    // drop lowers the peak (chains of convolutions need several at once);
+    // the checkpoint sets of `sqrt` and `per-block` that fit, refined the
+    // same way, are the other starting points: the two with the most
+    // slack.
+    let mut starts: Vec<(Vec<bool>, Simulated)> = sqrt_family(p)
+        .into_iter()
+        .chain(per_block_family(p))
+        .map(|(d, _)| {
+            let s = p.simulate(&d);
+            (d, s)
+        })
+        .filter(|(_, s)| s.peak <= budget)
+        .collect();
+    starts.sort_by_key(|(_, s)| (s.peak, s.extra_flops));
+    for (d, s) in starts.into_iter().take(2) {
+        if Instant::now() > deadline {
+            break;
+        }
+        let r = refine(p, d, s, budget, deadline);
+        if best
+            .as_ref()
+            .is_none_or(|b| r.sim.extra_flops < b.sim.extra_flops)
+        {
+            best = Some(r);
+        }
     }
-    Some(refine(p, drop, sim, budget, deadline))
+    best
 }
 
 /// The least simulated peak the solvers find (the greedy walk to the end,
@@ -377,7 +405,7 @@ impl Bnb<'_> {
 
     fn dfs(&mut self, depth: usize, cost: u64) {
         self.steps += 1;
-        if self.steps.is_multiple_of(256) && Instant::now() > self.deadline {
+        if self.steps.is_multiple_of(32) && Instant::now() > self.deadline {
             self.timed_out = true;
         }
         if self.timed_out {
@@ -628,7 +656,8 @@ fn per_block_family(p: &Problem) -> Vec<(Vec<bool>, bool)> {
 
 /// The frontier of one strategy: (simulated peak, extra FLOPs, drop set)
 /// at budgets from the store-all peak down to the least reachable, in
-/// `points` steps, keeping only Pareto-optimal points (ascending peak);
+/// `points` steps, and at the peaks of the `sqrt` and `per-block` drop
+/// sets, keeping only Pareto-optimal points (ascending peak);
 /// with the longest single solve in seconds.
 pub fn frontier(
     p: &Problem,
@@ -661,8 +690,21 @@ pub fn frontier(
             let hi = p.simulate(&vec![false; p.len()]).peak;
             let lo = least_peak(p, limit).1.peak.min(hi);
             let steps = points.max(2);
-            for s in 0..steps {
-                let b = hi - ((hi - lo) as u128 * s as u128 / (steps - 1) as u128) as u64;
+            // Evenly spaced budgets, and the peaks of the baselines' drop
+            // sets (to compare at equal memory).
+            let mut budgets: Vec<u64> = (0..steps)
+                .map(|s| hi - ((hi - lo) as u128 * s as u128 / (steps - 1) as u128) as u64)
+                .collect();
+            budgets.extend(
+                sqrt_family(p)
+                    .into_iter()
+                    .chain(per_block_family(p))
+                    .map(|(d, _)| p.simulate(&d).peak)
+                    .filter(|&b| b < hi),
+            );
+            budgets.sort_unstable_by(|a, b| b.cmp(a));
+            budgets.dedup();
+            for b in budgets {
                 let t0 = Instant::now();
                 let sol = solve(p, strategy, b, limit);
                 longest = longest.max(t0.elapsed().as_secs_f64());
