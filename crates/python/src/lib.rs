@@ -17,21 +17,6 @@
 //!
 //! Errors: [`graphopt::Error`] becomes `graphopt.GraphoptError` with the
 //! one-line message the CLI prints after `error: `.
-//
-// TODO(quantize, remat): once `Session::quantize(&QuantizeOptions) ->
-// Result<QuantizeReport>` and `Session::remat(&RematOptions) ->
-// Result<RematReport>` are on main, each is one `transform` call here
-// plus its stub in `python/graphopt/_graphopt.pyi`:
-//
-//     Session.quantize(mode: str, calibration: Iterable[dict[str, np.ndarray]] | str | None = None,
-//                      per_channel: bool = ..., ...) -> Session
-//         # calibration: dicts of arrays (each converted with `inputs_from_dict`,
-//         # collected into Vec<Vec<TractTensor>>), an .npz path, or None.
-//     Session.remat(budget: int | str, dims: dict[str, int] | None = None, ...) -> Session
-//         # budget parsed with `parse_budget` (same as max_batch).
-//
-// `graphopt.torch.memory_report(training=True)` then adds "remat_frontier"
-// from the remat report (see python/graphopt/torch.py).
 
 use graphopt::onnx::ExternalData;
 use graphopt::plan::{DimValues, PlanOptions};
@@ -66,6 +51,28 @@ fn gerr(e: graphopt::Error) -> PyErr {
 
 fn gmsg(msg: impl Into<String>) -> PyErr {
     GraphoptError::new_err(msg.into())
+}
+
+/// A private folder under the system's temporary folder, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> PyResult<TempDir> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("graphopt-calibration-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p)
+            .map_err(|e| gmsg(format!("calibration: cannot create {}: {e}", p.display())))?;
+        Ok(TempDir(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A serde value (a facade report) as Python objects: objects become
@@ -629,7 +636,8 @@ impl PySession {
     /// Returns a new Session; its `report()` has the saved-for-backward
     /// bytes and the plan of the step at `dims`.
     #[pyo3(signature = (loss="sum", output=None, class_axis=1, trainable=None, frozen=None,
-                        input_grads=false, optimizer="none", lr=0.01, weight_decay=0.0,
+                        input_grads=false, optimizer="none", lr=None, weight_decay=None,
+                        betas=(0.9, 0.999), eps=1e-8, params_as_inputs=false,
                         dims=None, simplify=true))]
     #[allow(clippy::too_many_arguments)]
     fn grad(
@@ -642,8 +650,11 @@ impl PySession {
         frozen: Option<&Bound<'_, PyAny>>,
         input_grads: bool,
         optimizer: &str,
-        lr: f32,
-        weight_decay: f32,
+        lr: Option<f64>,
+        weight_decay: Option<f64>,
+        betas: (f64, f64),
+        eps: f64,
+        params_as_inputs: bool,
         dims: Option<&Bound<'_, PyDict>>,
         simplify: bool,
     ) -> PyResult<PySession> {
@@ -654,10 +665,21 @@ impl PySession {
         })?;
         let optimizer = match optimizer {
             "none" => Optimizer::None,
-            "sgd" => Optimizer::Sgd { lr, weight_decay },
+            "sgd" => Optimizer::Sgd {
+                lr: lr.unwrap_or(0.01) as f32,
+                weight_decay: weight_decay.unwrap_or(0.0) as f32,
+            },
+            // torch.optim.AdamW's defaults.
+            "adamw" => Optimizer::AdamW {
+                lr: lr.unwrap_or(1e-3),
+                beta1: betas.0,
+                beta2: betas.1,
+                eps,
+                weight_decay: weight_decay.unwrap_or(1e-2),
+            },
             other => {
                 return Err(gmsg(format!(
-                    "unknown optimizer '{other}' (none, sgd; adamw is not written yet)"
+                    "unknown optimizer '{other}' (none, sgd, adamw)"
                 )))
             }
         };
@@ -670,11 +692,194 @@ impl PySession {
                 frozen: list_arg(frozen)?,
                 input_grads,
                 optimizer,
+                params_as_inputs,
             },
             dims: DimValues::new(&dims_arg(dims)?),
             simplify,
         };
         self.transform(py, "grad", move |s| to_json(&s.grad(&opts)?))
+    }
+
+    /// Quantizes after the pipeline, in standard ONNX ops only:
+    /// `mode` is "dynamic" | "static" | "int8-weights" | "int4-weights"
+    /// (as `graphopt optimize --quantize`). `calibration`: an iterable of
+    /// dicts of numpy arrays (one batch of graph inputs each), an .npz
+    /// path or a directory of them, or None (seeded random inputs, with a
+    /// warning in the report). `max_error` bounds the relative L2 error of
+    /// every output; layers go back to float until it holds, or
+    /// GraphoptError. Returns a new Session.
+    #[pyo3(signature = (mode, calibration=None, calibrate="minmax", per_channel=true,
+                        symmetric=false, block_size=32, exclude=None, max_error=None,
+                        measure=true, dims=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn quantize(
+        &self,
+        py: Python<'_>,
+        mode: &str,
+        calibration: Option<&Bound<'_, PyAny>>,
+        calibrate: &str,
+        per_channel: bool,
+        symmetric: bool,
+        block_size: i64,
+        exclude: Option<&Bound<'_, PyAny>>,
+        max_error: Option<f64>,
+        measure: bool,
+        dims: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PySession> {
+        let mode = graphopt::QuantizeMode::parse(mode).map_err(|e| gmsg(e.0))?;
+        if ![32, 64, 128].contains(&block_size) {
+            return Err(gmsg(format!(
+                "block_size={block_size}: expected 32, 64 or 128"
+            )));
+        }
+        let dims = dims_arg(dims)?;
+        // Batches given as dicts are written as npz files into a private
+        // folder that the quantizer reads like `--calibration DIR`.
+        let mut batches_dir: Option<TempDir> = None;
+        let calibration = match calibration.filter(|c| !c.is_none()) {
+            None => None,
+            Some(c) => match path_arg(c)? {
+                Some(p) => Some(p),
+                None => {
+                    let info = self.info(py);
+                    let dir = TempDir::new()?;
+                    let mut n = 0usize;
+                    for batch in c.try_iter()? {
+                        let batch = batch?;
+                        let d = batch.cast::<PyDict>().map_err(|_| {
+                            PyTypeError::new_err(
+                                "calibration: expected an iterable of dicts of numpy arrays, an .npz path or a directory",
+                            )
+                        })?;
+                        let tensors = inputs_from_dict(&info, d)?;
+                        let named: Vec<(String, Tensor)> =
+                            info.inputs.iter().cloned().zip(tensors).collect();
+                        let bytes = graphopt::tract::npz::write(&named)
+                            .map_err(|e| gmsg(format!("calibration batch {n}: {e:#}")))?;
+                        std::fs::write(dir.0.join(format!("batch{n:06}.npz")), bytes)
+                            .map_err(|e| gmsg(format!("calibration: cannot write a batch: {e}")))?;
+                        n += 1;
+                    }
+                    if n == 0 {
+                        return Err(gmsg("calibration: the iterable gave no batch"));
+                    }
+                    let p = dir.0.clone();
+                    batches_dir = Some(dir);
+                    Some(p)
+                }
+            },
+        };
+        let opts = graphopt::QuantizeOptions {
+            calibration,
+            dims: dims.clone(),
+            calibrate: graphopt::Calibrate::parse(calibrate).map_err(gerr)?,
+            per_channel,
+            symmetric,
+            block_size,
+            exclude: list_arg(exclude)?,
+            max_error,
+            measure,
+            memory: Some(DimValues::new(&dims)),
+            pipeline: PipelineOptions::default(),
+            ..graphopt::QuantizeOptions::new(mode)
+        };
+        let out = self.transform(py, "quantize", move |s| to_json(&s.quantize(&opts)?));
+        drop(batches_dir);
+        out
+    }
+
+    /// Recomputation under a memory budget, on a training graph (from
+    /// `grad`): `budget` is bytes (int), a size ("2GiB") or a percent of
+    /// the store-everything activation bound ("40%"); `strategy` is
+    /// "auto" | "optimal" | "fast" | "sqrt" | "per-block". A budget below
+    /// the least reachable peak raises GraphoptError naming that minimum.
+    /// Returns a new Session; its report has the `graphopt remat --json`
+    /// fields.
+    #[pyo3(signature = (budget, dims=None, strategy="auto", time_limit=10.0))]
+    fn remat(
+        &self,
+        py: Python<'_>,
+        budget: &Bound<'_, PyAny>,
+        dims: Option<&Bound<'_, PyDict>>,
+        strategy: &str,
+        time_limit: f64,
+    ) -> PyResult<PySession> {
+        let budget = match budget.extract::<u64>() {
+            Ok(b) => graphopt::Budget::Bytes(b),
+            Err(_) => {
+                let s: String = budget.extract().map_err(|_| {
+                    PyTypeError::new_err(
+                        "budget: expected bytes (int), a size like '2GiB' or 'PCT%'",
+                    )
+                })?;
+                graphopt::Budget::parse(&s).map_err(gerr)?
+            }
+        };
+        let strategy = graphopt::RematStrategy::parse(strategy).ok_or_else(|| {
+            gmsg(format!(
+                "unknown strategy '{strategy}' (auto, optimal, fast, sqrt, per-block)"
+            ))
+        })?;
+        if !(time_limit.is_finite() && time_limit > 0.0) {
+            return Err(gmsg(format!(
+                "time_limit={time_limit}: expected seconds > 0"
+            )));
+        }
+        let opts = graphopt::RematOptions {
+            budget,
+            dims: DimValues::new(&dims_arg(dims)?),
+            strategy,
+            time_limit: Duration::from_secs_f64(time_limit),
+        };
+        self.transform(py, "remat", move |s| to_json(&s.remat(&opts)?))
+    }
+
+    /// The Pareto frontier of peak memory against extra FLOPs on a
+    /// training graph, per strategy (as `graphopt remat --sweep --json`):
+    /// a dict with `lower_bound_store_all_bytes`, `outputs_bytes`, `flops`
+    /// and `frontiers` (each `{strategy, points: [{peak_bytes,
+    /// peak_fraction, extra_flops_pct, ...}]}`). The session is unchanged.
+    #[pyo3(signature = (dims=None, strategies=None, points=8, time_limit=10.0))]
+    fn remat_sweep<'py>(
+        &self,
+        py: Python<'py>,
+        dims: Option<&Bound<'py, PyDict>>,
+        strategies: Option<&Bound<'py, PyAny>>,
+        points: usize,
+        time_limit: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let names = match strategies {
+            None => vec!["auto".to_string()],
+            Some(s) => list_arg(Some(s))?,
+        };
+        let strategies = names
+            .iter()
+            .map(|n| {
+                graphopt::RematStrategy::parse(n).ok_or_else(|| {
+                    gmsg(format!(
+                        "unknown strategy '{n}' (auto, optimal, fast, sqrt, per-block)"
+                    ))
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        if !(time_limit.is_finite() && time_limit > 0.0) {
+            return Err(gmsg(format!(
+                "time_limit={time_limit}: expected seconds > 0"
+            )));
+        }
+        let dims = DimValues::new(&dims_arg(dims)?);
+        let v = py
+            .detach(|| {
+                let mut s = self.lock().clone();
+                to_json(&s.remat_sweep(
+                    &dims,
+                    &strategies,
+                    points.max(2),
+                    Duration::from_secs_f64(time_limit),
+                )?)
+            })
+            .map_err(gerr)?;
+        to_py(py, &v)
     }
 
     /// The memory plan at `dims` (unbound input dims: `default_dim`), as

@@ -270,3 +270,45 @@ def test_concurrent_calls_on_shared_sessions():
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "deadlock"
     assert not errors and results == [(True, a.input_names)] * 6
+
+
+def test_quantize_equals_cli(cli, tmp_path):
+    name = "bert_tiny.ts14"
+    out, rep = tmp_path / "q.onnx", tmp_path / "r.json"
+    calib = MODELS / f"{name}.inputs.npz"
+    cli.run("optimize", model(name), "-o", out, "--quantize", "int8-weights", "--calibration", calib,
+            "--report", rep)
+    want = json.loads(rep.read_text())["quantize"]
+    q = graphopt.load(model(name)).optimize().quantize("int8-weights", calibration=calib)
+    assert q.to_bytes() == out.read_bytes()
+    got = q.report()["steps"][-1]["report"]
+    assert strip_times(got) == strip_times(want)
+    assert got["weights_bytes_after"] < 0.5 * got["weights_bytes_before"]
+    # Calibration batches as dicts give the same model as the npz they came from.
+    with np.load(calib) as z:
+        batch = {k: z[k] for k in z.files}
+    s = graphopt.load(model(name)).optimize().quantize("static", calibration=[batch])
+    t = graphopt.load(model(name)).optimize().quantize("static", calibration=calib)
+    assert s.to_bytes() == t.to_bytes()
+    assert "DequantizeLinear" in s.text()
+    with pytest.raises(graphopt.GraphoptError, match="block_size"):
+        graphopt.load(model(name)).quantize("int4-weights", block_size=48)
+
+
+def test_remat_equals_cli(cli, tmp_path):
+    name = "gpt2_tiny.ts14"
+    train_path, out, rep = tmp_path / "t.onnx", tmp_path / "r.onnx", tmp_path / "r.json"
+    cli.run("grad", model(name), "-o", train_path, "--loss", "sum")
+    want = cli.json("remat", train_path, "-o", out, "--budget", "60%", "--dim", "batch=8", "--dim", "seq=8",
+                    "--json")
+    t = graphopt.load(train_path)
+    r = t.remat("60%", dims={"batch": 8, "seq": 8})
+    assert r.to_bytes() == out.read_bytes()
+    got = r.report()["steps"][-1]["report"]
+    assert strip_times(got) == strip_times(want)
+    assert got["arena_after_bytes"] <= got["budget_bytes"] or got["lower_bound_after_bytes"] <= got["budget_bytes"]
+    sweep = t.remat_sweep(dims={"batch": 8, "seq": 8}, strategies=["auto", "sqrt"], points=4)
+    assert [f["strategy"] for f in sweep["frontiers"]] == ["auto", "sqrt"]
+    assert all(p["peak_fraction"] <= 1.0 for f in sweep["frontiers"] for p in f["points"])
+    with pytest.raises(graphopt.GraphoptError, match="strategy"):
+        t.remat("50%", strategy="bogus")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Mapping, Sequence, Union, overload
+from typing import Any, Iterable, Literal, Mapping, Sequence, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -75,14 +75,52 @@ class Session:
         trainable: str | Sequence[str] | None = None,
         frozen: str | Sequence[str] | None = None,
         input_grads: bool = False,
-        optimizer: Literal["none", "sgd"] = "none",
-        lr: float = 0.01,
-        weight_decay: float = 0.0,
+        optimizer: Literal["none", "sgd", "adamw"] = "none",
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        params_as_inputs: bool = False,
         dims: Dims | None = None,
         simplify: bool = True,
     ) -> Session:
-        """The training graph (forward, ``loss``, ``<param>_grad``); its report has the
+        """The training graph (forward, ``loss``, ``<param>_grad``; ``sgd``/``adamw`` add
+        ``<param>_new``, adamw also its moments and ``step``, with torch's defaults:
+        sgd lr 0.01, adamw lr 1e-3 and weight_decay 1e-2); its report has the
         saved-for-backward bytes and the step's plan at ``dims``."""
+    def quantize(
+        self,
+        mode: Literal["dynamic", "static", "int8-weights", "int4-weights"],
+        calibration: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike[str] | None = None,
+        calibrate: str = "minmax",
+        per_channel: bool = True,
+        symmetric: bool = False,
+        block_size: Literal[32, 64, 128] = 32,
+        exclude: str | Sequence[str] | None = None,
+        max_error: float | None = None,
+        measure: bool = True,
+        dims: Dims | None = None,
+    ) -> Session:
+        """Quantized in standard ONNX ops (``graphopt optimize --quantize``);
+        ``calibration`` is batches (dicts of arrays), an .npz or a folder of them.
+        Over ``max_error`` after putting layers back to float: GraphoptError."""
+    def remat(
+        self,
+        budget: int | str,
+        dims: Dims | None = None,
+        strategy: Literal["auto", "optimal", "fast", "sqrt", "per-block"] = "auto",
+        time_limit: float = 10.0,
+    ) -> Session:
+        """A training graph that fits ``budget`` (bytes, "2GiB" or "40%" of store-all)
+        by recomputing forward values (``graphopt remat``)."""
+    def remat_sweep(
+        self,
+        dims: Dims | None = None,
+        strategies: str | Sequence[str] | None = None,
+        points: int = 8,
+        time_limit: float = 10.0,
+    ) -> dict[str, Any]:
+        """Peak against extra FLOPs, per strategy (``graphopt remat --sweep --json``)."""
     def plan(
         self,
         dims: Dims | None = None,

@@ -126,7 +126,8 @@ class MemoryReport:
     #: The largest saved values, (name, bytes), largest first.
     largest_saved: list = dataclasses.field(default_factory=list)
     #: Training only: memory/recompute trade-off points from graphopt's
-    #: rematerialization; None while this build has no ``Session.remat``.
+    #: rematerialization (``Session.remat_sweep``): dicts with ``peak_bytes``,
+    #: ``peak_fraction`` (of store-all) and ``extra_flops_pct``.
     remat_frontier: Optional[list] = None
     notes: list = dataclasses.field(default_factory=list)
 
@@ -152,6 +153,12 @@ class MemoryReport:
         lines += [f"  {label:<28} {mib(b)}" for label, b in rows]
         if self.mode == "training":
             lines += [f"    {name:<26} {mib(b)}" for name, b in self.largest_saved[:3]]
+        if self.remat_frontier:
+            lines.append("  recomputation (graphopt remat): peak -> extra FLOPs")
+            lines += [
+                f"    {mib(p['peak_bytes'])} ({p['peak_fraction']:.2f} of store-all)  +{p['extra_flops_pct']:.1f}%"
+                for p in self.remat_frontier
+            ]
         for n in self.notes:
             lines.append(f"  note: {n}")
         return "\n".join(lines)
@@ -182,11 +189,17 @@ def _report(
         saved_input_bytes=g["saved_input_bytes"],
         largest_saved=[(s["name"], s["bytes"]) for s in g["saved"] if not s["input"] and s["bytes"]],
     )
-    if hasattr(train, "remat"):  # pragma: no cover - once Session.remat lands
-        # TODO(remat): fill from the remat report's frontier once the API is on main.
-        r.notes.append("remat frontier: not wired yet")
-    else:
-        r.notes.append("remat frontier: not available (this graphopt has no Session.remat yet)")
+    # The recomputation trade-off: peak (fraction of store-all) against
+    # extra FLOPs, from graphopt's remat solver (the model is not changed).
+    try:
+        sweep = train.remat_sweep(dims=dims, strategies=["auto"], points=6)
+        r.remat_frontier = [
+            {"peak_bytes": p["peak_bytes"], "peak_fraction": p["peak_fraction"],
+             "extra_flops_pct": p["extra_flops_pct"]}
+            for f in sweep["frontiers"] for p in f["points"]
+        ]
+    except graphopt.GraphoptError as e:
+        r.notes.append(f"remat frontier: {e}")
     return r
 
 
