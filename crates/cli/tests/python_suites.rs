@@ -13,7 +13,11 @@
 //! - AdamW training graphs (`--optimizer adamw --params-as-inputs
 //!   --init-out`) of the torch modules in `testdata/autodiff/torch`, looped
 //!   in onnxruntime, match AdamW in numpy step by step and torch.optim.AdamW
-//!   after 3 steps.
+//!   after 3 steps;
+//! - a real training run: the untrained digits CNN of
+//!   `testdata/autodiff/digits`, trained 300 steps by looping its SGD
+//!   training graph in onnxruntime, follows torch's committed loss curve
+//!   step by step and reaches torch's test accuracy;
 //! - every real model's training graph rewritten by `graphopt remat` gives
 //!   a loss and gradients bit-identical to the training graph's in
 //!   onnxruntime.
@@ -88,6 +92,11 @@ fn training_graphs_run_in_onnxruntime() {
 #[test]
 fn adamw_training_graphs_match_numpy_and_torch_in_onnxruntime() {
     run_script("grad_optim.py", &[]);
+}
+
+#[test]
+fn digits_cnn_trains_like_torch_in_onnxruntime() {
+    run_script("grad_digits_train.py", &[]);
 }
 
 #[test]
