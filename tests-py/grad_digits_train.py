@@ -38,8 +38,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import REPO, ort_session, resolve_graphopt, short_err  # noqa: E402
 
 DIR = os.path.join(REPO, "testdata", "autodiff", "digits")
-FIRST20_BOUND = 1e-3  # issue 10's figure (measured 2.4e-7)
-CURVE_BOUND = 2e-6    # every step, about 3x measured (6.0e-7)
+# Measured here: 2.4e-7 over the first 20 steps, 6.0e-7 over all 300. The
+# reference curve was recorded with torch on one x86 CPU, and onnxruntime's
+# MLAS picks kernels by CPU feature (AVX2 / AVX-512), whose rounding drifts
+# apart over 300 SGD steps; the bounds allow that drift and no more (a
+# learning rate of 0.101 instead of 0.1 moves the curve by 4.6e-2).
+FIRST20_BOUND = 1e-6
+CURVE_BOUND = 1e-5
 MAX_ACC_DROP = 0.5    # percentage points below torch's test accuracy
 
 
