@@ -977,8 +977,9 @@ impl PySession {
     /// path, or None for seeded random inputs) and returns the outputs by
     /// name as numpy arrays that view the runtime's memory. With
     /// `return_report=True`, returns `(outputs, report)`, the report being
-    /// `graphopt run --json`'s. `device="cuda"` raises GraphoptError until
-    /// the CUDA backend lands.
+    /// `graphopt run --json`'s. `device="cuda"` runs on the CUDA backend
+    /// (built, not yet run on a GPU); without a GPU it raises GraphoptError
+    /// with the CLI's message.
     #[pyo3(signature = (inputs=None, device="cpu", dims=None, repeat=1, poison=false,
                         threads=None, seed=7, return_report=false))]
     #[allow(clippy::too_many_arguments)]
