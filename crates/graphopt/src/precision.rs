@@ -12,9 +12,10 @@ use crate::error::{Error, Result};
 use crate::inputs::Inputs;
 use crate::optimize::PipelineOptions;
 use crate::session::Session;
+use crate::util::Capture;
 use graphopt_ir::{DType, Model, NodeId};
 use graphopt_passes::lower_precision::{LowerPrecision, LowerReport, Precision};
-use graphopt_passes::{Pass, PassError, PassStats};
+use graphopt_passes::Pass;
 use graphopt_plan::{DimValues, PlanOptions};
 use graphopt_tract::TractTensor;
 use serde::Serialize;
@@ -247,7 +248,13 @@ impl Session {
         let memory_before = memory(&self.model);
         let captured = Rc::new(RefCell::new(None));
         let pass: Vec<Box<dyn Pass>> = vec![Box::new(Capture {
-            lp: config,
+            name: "lower_precision",
+            run: Box::new(move |model| {
+                let r = config.lower(model)?;
+                let mut stats = r.stats();
+                stats.warnings = r.warnings.clone();
+                Ok((r, stats))
+            }),
             out: captured.clone(),
         })];
         let stopped_early = self.run_passes(&pass, 1, &opts.pipeline)?;
@@ -321,28 +328,6 @@ impl Session {
             Ok((m, r))
         };
         validator.fallback(base, &lower, label)
-    }
-}
-
-/// `lower_precision` as a pass of the manager, keeping its full report.
-struct Capture {
-    lp: LowerPrecision,
-    out: Rc<RefCell<Option<LowerReport>>>,
-}
-
-impl Pass for Capture {
-    fn name(&self) -> &'static str {
-        "lower_precision"
-    }
-    fn run(&self, model: &mut Model) -> std::result::Result<PassStats, PassError> {
-        let r = self.lp.lower(model)?;
-        let mut stats = r.stats();
-        stats.warnings = r.warnings.clone();
-        *self.out.borrow_mut() = Some(r);
-        Ok(stats)
-    }
-    fn exact(&self) -> bool {
-        false
     }
 }
 

@@ -20,9 +20,10 @@ use crate::error::{Error, Result};
 use crate::optimize::PipelineOptions;
 use crate::precision::{memory, MemoryFigures};
 use crate::session::Session;
+use crate::util::Capture;
 use graphopt_ir::{DType, Graph, Model, NodeId, Tensor};
 use graphopt_passes::quantize::{weight_bytes, QuantMode, QuantReport, Quantize};
-use graphopt_passes::{Pass, PassError, PassStats};
+use graphopt_passes::Pass;
 use graphopt_plan::DimValues;
 use graphopt_tract::TractTensor;
 use serde::Serialize;
@@ -355,7 +356,13 @@ impl Session {
         let memory_before = mem(&self.model);
         let captured = Rc::new(RefCell::new(None));
         let pass: Vec<Box<dyn Pass>> = vec![Box::new(Capture {
-            q: config,
+            name: "quantize",
+            run: Box::new(move |model| {
+                let r = config.quantize(model)?;
+                let mut stats = r.stats();
+                stats.warnings = r.warnings.clone();
+                Ok((r, stats))
+            }),
             out: captured.clone(),
         })];
         self.run_passes(&pass, 1, &opts.pipeline)?;
@@ -465,28 +472,6 @@ fn node_label(m: &Model, n: NodeId) -> String {
         format!("{}#{}", d.op_type, n.index())
     } else {
         d.name.clone()
-    }
-}
-
-/// The `quantize` pass in the manager, keeping its full report.
-struct Capture {
-    q: Quantize,
-    out: Rc<RefCell<Option<QuantReport>>>,
-}
-
-impl Pass for Capture {
-    fn name(&self) -> &'static str {
-        "quantize"
-    }
-    fn run(&self, model: &mut Model) -> std::result::Result<PassStats, PassError> {
-        let r = self.q.quantize(model)?;
-        let mut stats = r.stats();
-        stats.warnings = r.warnings.clone();
-        *self.out.borrow_mut() = Some(r);
-        Ok(stats)
-    }
-    fn exact(&self) -> bool {
-        false
     }
 }
 

@@ -127,3 +127,37 @@ pub fn npz_shapes(path: &Path) -> Result<Vec<(String, Vec<i64>)>> {
         .map(|(k, t)| (k, t.shape().iter().map(|&d| d as i64).collect()))
         .collect())
 }
+
+/// A transform run by [`Capture`]: the transform's report and the pass
+/// statistics (warnings included) made from it.
+pub(crate) type CaptureFn<R> = Box<
+    dyn Fn(
+        &mut graphopt_ir::Model,
+    ) -> std::result::Result<(R, graphopt_passes::PassStats), graphopt_passes::PassError>,
+>;
+
+/// A transform with a full report (`lower_precision`, `quantize`) run as a
+/// pass of the manager, so that `--dump-ir`, `--stop-after` and
+/// `--time-passes` see it, keeping its report in `out` for the caller.
+pub(crate) struct Capture<R> {
+    pub name: &'static str,
+    pub run: CaptureFn<R>,
+    pub out: std::rc::Rc<std::cell::RefCell<Option<R>>>,
+}
+
+impl<R> graphopt_passes::Pass for Capture<R> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn run(
+        &self,
+        model: &mut graphopt_ir::Model,
+    ) -> std::result::Result<graphopt_passes::PassStats, graphopt_passes::PassError> {
+        let (r, stats) = (self.run)(model)?;
+        *self.out.borrow_mut() = Some(r);
+        Ok(stats)
+    }
+    fn exact(&self) -> bool {
+        false
+    }
+}
