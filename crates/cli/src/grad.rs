@@ -137,6 +137,11 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         ..GradOptions::default()
     };
     let mut session = graphopt::load(&a.input)?;
+    // Symbolic input dims no --dim binds: the memory figures take them as 1.
+    let unbound: Vec<String> = graphopt::plan::input_dim_names(session.model())
+        .into_iter()
+        .filter(|n| !opts.dims.bound.iter().any(|(b, _)| b == n))
+        .collect();
     session.check_output_path(&a.output)?;
     let r = session.grad(&opts)?;
     session.save(&a.output)?;
@@ -168,6 +173,16 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         human_bytes(r.lower_bound_bytes),
         human_bytes(r.arena_bytes)
     );
+    if !unbound.is_empty() {
+        out += &format!(
+            "  (memory at {}; bind dims with --dim NAME=VALUE)\n",
+            unbound
+                .iter()
+                .map(|n| format!("{n}=1"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     if !r.state_inputs.is_empty() {
         out += &format!(
             "optimizer state inputs: {} (fed back from the matching _new outputs)\n",
