@@ -84,31 +84,8 @@ pub struct GradReport {
 pub fn initial_state_npz(report: &GradReport) -> Result<Vec<u8>> {
     let mut arrays = Vec::new();
     for (name, t) in &report.initial_state {
-        let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-        let err = || Error::new(format!("initial state '{name}': unreadable {}", t.dtype));
-        let tt = match t.dtype {
-            graphopt_ir::DType::F32 => {
-                let v: Vec<f32> = t
-                    .to_f64_vec()
-                    .ok_or_else(err)?
-                    .into_iter()
-                    .map(|x| x as f32)
-                    .collect();
-                TractTensor::from_shape(&shape, &v)
-            }
-            graphopt_ir::DType::F64 => {
-                TractTensor::from_shape(&shape, &t.to_f64_vec().ok_or_else(err)?)
-            }
-            graphopt_ir::DType::I64 => {
-                TractTensor::from_shape(&shape, &t.to_i64_vec().ok_or_else(err)?)
-            }
-            other => {
-                return Err(Error::new(format!(
-                    "initial state '{name}': {other} is not written yet (float, double, int64)"
-                )))
-            }
-        }
-        .map_err(|e| Error::new(e.to_string()))?;
+        let tt = graphopt_tract::from_ir(t)
+            .map_err(|e| Error::new(format!("initial state '{name}': {e}")))?;
         arrays.push((name.clone(), tt));
     }
     Ok(graphopt_tract::npz::write(&arrays)?)

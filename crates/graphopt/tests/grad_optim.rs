@@ -30,15 +30,7 @@ fn vals(t: &TractTensor) -> Vec<f64> {
 }
 
 fn to_tract(t: &Tensor) -> TractTensor {
-    let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-    match t.dtype {
-        graphopt::ir::DType::I64 => TractTensor::from_shape(&shape, &t.to_i64_vec().unwrap()),
-        _ => {
-            let v: Vec<f32> = t.to_f64_vec().unwrap().iter().map(|&x| x as f32).collect();
-            TractTensor::from_shape(&shape, &v)
-        }
-    }
-    .unwrap()
+    graphopt::tract::from_ir(t).unwrap()
 }
 
 fn train(

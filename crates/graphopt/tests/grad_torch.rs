@@ -34,10 +34,6 @@ const GRAD_BOUND: f64 = 1.5e-6;
 /// 2.9e-7; the bound is about 3x.
 const ADAMW_BOUND: f64 = 9e-7;
 
-fn f64s(t: &Tensor) -> Vec<f64> {
-    t.to_f64_vec().expect("numeric")
-}
-
 fn tract_f64s(t: &TractTensor) -> Vec<f64> {
     t.cast_to::<f64>()
         .unwrap()
@@ -49,15 +45,7 @@ fn tract_f64s(t: &TractTensor) -> Vec<f64> {
 }
 
 fn to_tract(t: &Tensor) -> TractTensor {
-    let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-    match t.dtype {
-        graphopt::ir::DType::I64 => TractTensor::from_shape(&shape, &t.to_i64_vec().unwrap()),
-        _ => {
-            let v: Vec<f32> = f64s(t).iter().map(|&x| x as f32).collect();
-            TractTensor::from_shape(&shape, &v)
-        }
-    }
-    .unwrap()
+    graphopt::tract::from_ir(t).unwrap()
 }
 
 fn rel_l2(got: &[f64], want: &[f64]) -> f64 {

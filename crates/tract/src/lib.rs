@@ -18,6 +18,27 @@ pub mod npz;
 pub use fp16::fp16_proxy;
 pub use tract_onnx::prelude::Tensor as TractTensor;
 
+/// An IR tensor as a tract tensor of the same type and shape (float,
+/// double and int64: the types of parameters, optimizer state and feeds).
+pub fn from_ir(t: &graphopt_ir::Tensor) -> anyhow::Result<Tensor> {
+    let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+    let unreadable = || anyhow::anyhow!("unreadable {} tensor", t.dtype);
+    Ok(match t.dtype {
+        DType::F32 => {
+            let v: Vec<f32> = t
+                .to_f64_vec()
+                .ok_or_else(unreadable)?
+                .into_iter()
+                .map(|x| x as f32)
+                .collect();
+            Tensor::from_shape(&shape, &v)?
+        }
+        DType::F64 => Tensor::from_shape(&shape, &t.to_f64_vec().ok_or_else(unreadable)?)?,
+        DType::I64 => Tensor::from_shape(&shape, &t.to_i64_vec().ok_or_else(unreadable)?)?,
+        other => bail!("{other} tensors are not converted yet (float, double, int64)"),
+    })
+}
+
 /// A model compiled by tract for fixed input shapes.
 pub struct Runner {
     plan: std::sync::Arc<TypedRunnableModel>,
