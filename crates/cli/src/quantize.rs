@@ -75,19 +75,6 @@ impl QuantizeArgs {
             return Ok(None);
         };
         let mode = QuantizeMode::parse(mode).map_err(|e| graphopt::Error::new(e.0))?;
-        if ![32, 64, 128].contains(&self.block_size) {
-            return Err(graphopt::Error::new(format!(
-                "--block-size {}: expected 32, 64 or 128",
-                self.block_size
-            )));
-        }
-        if let Some(e) = self.max_error {
-            if !(e.is_finite() && e > 0.0) {
-                return Err(graphopt::Error::new(format!(
-                    "--max-error {e}: expected a positive number"
-                )));
-            }
-        }
         Ok(Some(QuantizeOptions {
             calibration: self.calibration.clone(),
             dims: dims.to_vec(),

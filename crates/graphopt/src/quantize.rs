@@ -108,6 +108,25 @@ pub struct QuantizeOptions {
 }
 
 impl QuantizeOptions {
+    /// Refuses options no quantization can follow: a block size other than
+    /// 32, 64 or 128, a `max_error` that is not a positive number.
+    pub fn validate(&self) -> Result<()> {
+        if ![32, 64, 128].contains(&self.block_size) {
+            return Err(Error::new(format!(
+                "--block-size {}: expected 32, 64 or 128",
+                self.block_size
+            )));
+        }
+        if let Some(e) = self.max_error {
+            if !(e.is_finite() && e > 0.0) {
+                return Err(Error::new(format!(
+                    "--max-error {e}: expected a positive number"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub fn new(mode: QuantMode) -> QuantizeOptions {
         QuantizeOptions {
             mode,
@@ -199,6 +218,7 @@ impl Session {
     /// Quantizes the model (see the module doc). An error leaves the
     /// session unchanged.
     pub fn quantize(&mut self, opts: &QuantizeOptions) -> Result<QuantizeReport> {
+        opts.validate()?;
         let t0 = Instant::now();
         let mut warnings = Vec::new();
         let mut base = Quantize {

@@ -727,11 +727,6 @@ impl PySession {
         dims: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PySession> {
         let mode = graphopt::QuantizeMode::parse(mode).map_err(|e| gmsg(e.0))?;
-        if ![32, 64, 128].contains(&block_size) {
-            return Err(gmsg(format!(
-                "block_size={block_size}: expected 32, 64 or 128"
-            )));
-        }
         let dims = dims_arg(dims)?;
         // Batches given as dicts are written as npz files into a private
         // folder that the quantizer reads like `--calibration DIR`.
