@@ -61,6 +61,10 @@ pub struct Args {
     /// step 0) as an npz file.
     #[arg(long, value_name = "INIT.npz")]
     init_out: Option<PathBuf>,
+    /// Hold every forward value the backward pass reads, instead of
+    /// recomputing cheap elementwise ones from values it keeps anyway.
+    #[arg(long)]
+    no_recompute_pointwise: bool,
     /// Bind a symbolic dim for the memory figures (NAME=VALUE), repeatable.
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
@@ -134,6 +138,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             params_as_inputs: a.params_as_inputs,
         },
         dims: DimValues::new(&graphopt::util::parse_dims(&a.dims)?),
+        recompute_pointwise: !a.no_recompute_pointwise,
         ..GradOptions::default()
     };
     let mut session = graphopt::load(&a.input)?;
@@ -167,6 +172,13 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         r.saved.iter().filter(|s| !s.input).count(),
         human_bytes(r.saved_input_bytes)
     );
+    if r.recomputed_pointwise > 0 {
+        out += &format!(
+            "  ({} elementwise op(s) recomputed in the backward pass from values it keeps anyway; \
+             --no-recompute-pointwise holds them instead)\n",
+            r.recomputed_pointwise
+        );
+    }
     out += &format!(
         "plan: weights {}, activation lower bound {}, arena {}\n",
         human_bytes(r.weights_bytes),

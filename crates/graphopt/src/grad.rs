@@ -22,6 +22,10 @@ pub struct GradOptions {
     pub dims: DimValues,
     /// Run the default simplify pipeline on the training graph (default).
     pub simplify: bool,
+    /// Recompute, in the backward pass, elementwise forward values that
+    /// come cheaply from values it keeps anyway, instead of holding them
+    /// (default; see `graphopt_passes::remat::solve::pointwise_from_saved`).
+    pub recompute_pointwise: bool,
 }
 
 impl Default for GradOptions {
@@ -30,6 +34,7 @@ impl Default for GradOptions {
             autodiff: AutodiffOptions::default(),
             dims: DimValues::default(),
             simplify: true,
+            recompute_pointwise: true,
         }
     }
 }
@@ -61,6 +66,9 @@ pub struct GradReport {
     pub saved_input_bytes: u64,
     /// Every saved value, largest first.
     pub saved: Vec<SavedValue>,
+    /// Elementwise forward nodes recomputed in the backward pass from
+    /// values it keeps anyway ([`GradOptions::recompute_pointwise`]).
+    pub recomputed_pointwise: usize,
     /// The planner's figures for the training step at the dims.
     pub weights_bytes: u64,
     pub lower_bound_bytes: u64,
@@ -151,6 +159,17 @@ impl Session {
             )));
         }
         g.inputs = kept.into_iter().map(|(_, v)| v).collect();
+        let recomputed_pointwise = if opts.recompute_pointwise {
+            match self.recompute_pointwise(&opts.dims) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.model = before;
+                    return Err(e);
+                }
+            }
+        } else {
+            0
+        };
         let planned = graphopt_plan::plan_model(&self.model, &opts.dims, &PlanOptions::default())
             .map_err(|e| self.err(e))?;
         let g = &planned.model.graph;
@@ -240,6 +259,7 @@ impl Session {
             saved_activation_bytes: sum(false),
             saved_input_bytes: sum(true),
             saved,
+            recomputed_pointwise,
             weights_bytes: planned.plan.weights_bytes,
             lower_bound_bytes: planned.plan.lower_bound_bytes,
             arena_bytes: planned.plan.arena_bytes,

@@ -175,6 +175,29 @@ impl Session {
         })
     }
 
+    /// Recomputes the elementwise forward values that come cheaply from
+    /// values the backward pass keeps anyway
+    /// ([`solve::pointwise_from_saved`]), when that does not raise the
+    /// planner's lower bound at `dims`; returns how many copies went in.
+    pub(crate) fn recompute_pointwise(&mut self, dims: &DimValues) -> Result<usize> {
+        let pre = self.remat_prepare(dims)?;
+        let p = &pre.problem;
+        let drop = solve::pointwise_from_saved(p);
+        if drop == p.base_drop() {
+            return Ok(0);
+        }
+        let mut model = self.model.clone();
+        let rw = remat::rewrite(&mut model.graph, p, &drop).map_err(|e| self.err(e))?;
+        graphopt_ir::verify::verify_model(&model)
+            .map_err(|e| self.err(Error::new(format!("after recomputing pointwise ops: {e}"))))?;
+        let after = plan_model(&model, dims, &PlanOptions::default()).map_err(|e| self.err(e))?;
+        if after.plan.lower_bound_bytes > pre.lower_bound {
+            return Ok(0);
+        }
+        self.model = model;
+        Ok(rw.recomputed_nodes.len())
+    }
+
     /// Rewrites the (training) model so that its peak memory fits
     /// `opts.budget`, and schedules it: see the module docs. Refuses a
     /// budget below what recomputation can reach, naming that minimum.

@@ -229,15 +229,31 @@ g (float[2,6] x) => (float[3,4] y)
   e = Exp (r)
   y = Sigmoid (e)
 }"#;
-    let mut s = graphopt::Session::from_model(parse_model(src).unwrap());
-    let r = s.grad(&graphopt::GradOptions::default()).unwrap();
-    let mut saved: Vec<&str> = r.saved.iter().map(|v| v.name.as_str()).collect();
-    saved.sort();
-    // x for Mul's weight gradient; h (Relu's output), e (Exp's output) and
-    // y (Sigmoid's output); not m, r.
+    let saved_of = |recompute_pointwise: bool| {
+        let mut s = graphopt::Session::from_model(parse_model(src).unwrap());
+        let r = s
+            .grad(&graphopt::GradOptions {
+                recompute_pointwise,
+                ..graphopt::GradOptions::default()
+            })
+            .unwrap();
+        let mut saved: Vec<String> = r.saved.iter().map(|v| v.name.clone()).collect();
+        saved.sort();
+        (saved, r)
+    };
+    // What the rules read: x for Mul's weight gradient; h (Relu's output),
+    // e (Exp's output) and y (Sigmoid's output); not m, r.
+    let (saved, r) = saved_of(false);
     assert_eq!(saved, ["e", "h", "x", "y"], "{:?}", r.saved);
     assert_eq!(r.saved_activation_bytes, 3 * 48);
     assert_eq!(r.saved_input_bytes, 48);
+    assert_eq!(r.recomputed_pointwise, 0);
+    // By default the elementwise values that come from kept ones are
+    // recomputed: h = Relu(Mul(x, w)) from x, y = Sigmoid(e) from e.
+    let (saved, r) = saved_of(true);
+    assert_eq!(saved, ["e", "x"], "{:?}", r.saved);
+    assert_eq!(r.saved_activation_bytes, 48);
+    assert_eq!(r.recomputed_pointwise, 3, "Mul, Relu and Sigmoid");
 }
 
 /// `--optimizer sgd`: `<param>_new = param - lr·(grad + wd·param)`.

@@ -638,7 +638,7 @@ impl PySession {
     #[pyo3(signature = (loss="sum", output=None, class_axis=1, trainable=None, frozen=None,
                         input_grads=false, optimizer="none", lr=None, weight_decay=None,
                         betas=(0.9, 0.999), eps=1e-8, params_as_inputs=false,
-                        dims=None, simplify=true))]
+                        dims=None, simplify=true, recompute_pointwise=true))]
     #[allow(clippy::too_many_arguments)]
     fn grad(
         &self,
@@ -657,6 +657,7 @@ impl PySession {
         params_as_inputs: bool,
         dims: Option<&Bound<'_, PyDict>>,
         simplify: bool,
+        recompute_pointwise: bool,
     ) -> PyResult<PySession> {
         let loss_kind = Loss::parse(loss).ok_or_else(|| {
             gmsg(format!(
@@ -696,6 +697,7 @@ impl PySession {
             },
             dims: DimValues::new(&dims_arg(dims)?),
             simplify,
+            recompute_pointwise,
         };
         self.transform(py, "grad", move |s| to_json(&s.grad(&opts)?))
     }

@@ -110,6 +110,60 @@ pub fn solve(p: &Problem, strategy: Strategy, budget: u64, limit: Duration) -> O
     }
 }
 
+/// The drop set that costs almost nothing: elementwise candidates whose
+/// non-weight inputs the backward pass keeps anyway (read by a backward
+/// node from a node that is not dropped), or that are themselves outputs
+/// of such dropped nodes. Recomputing them repeats a few cheap
+/// elementwise ops from values that stay alive regardless, so their own
+/// bytes are no longer held from the forward into the backward pass.
+/// This is the policy PyTorch's min-cut partitioner applies by default to
+/// pointwise ops; on a decomposed GELU, `x·½·(1 + erf(x/√2))`, only `x`
+/// stays saved, as with torch's fused GELU.
+pub fn pointwise_from_saved(p: &Problem) -> Vec<bool> {
+    let n = p.len();
+    // Elementwise forward nodes that may be recomputed at all.
+    let recomputable: Vec<bool> = {
+        let mut r = vec![false; n];
+        for &i in p.candidates.iter().chain(&p.followers) {
+            r[i] = p.nodes[i].elementwise;
+        }
+        r
+    };
+    let mut inc = recomputable.clone();
+    let read_by_backward = |k: usize| p.vals[k].readers.iter().any(|&r| !p.nodes[r].forward);
+    // A weight: no producer and no arena bytes (initializers that are not
+    // graph inputs). Graph inputs count like computed values: recomputing
+    // from one the backward pass does not read would extend its life.
+    let weight = |k: usize| p.vals[k].producer.is_none() && p.vals[k].size == 0;
+    loop {
+        let mut changed = false;
+        for i in 0..n {
+            if !inc[i] {
+                continue;
+            }
+            let ok = p.nodes[i].ins.iter().all(|&k| {
+                weight(k)
+                    || match p.vals[k].producer {
+                        Some(j) if inc[j] => true,
+                        _ => read_by_backward(k),
+                    }
+            });
+            if !ok {
+                inc[i] = false;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let mut drop = p.base_drop();
+    for &c in &p.candidates {
+        drop[c] |= inc[c];
+    }
+    drop
+}
+
 /// Every candidate dropped: the least peak these strategies aim at.
 pub fn drop_all(p: &Problem) -> Vec<bool> {
     let mut d = p.base_drop();
