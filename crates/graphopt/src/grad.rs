@@ -22,6 +22,9 @@ pub struct GradOptions {
     pub dims: DimValues,
     /// Run the default simplify pipeline on the training graph (default).
     pub simplify: bool,
+    /// The planner's options for the report's memory figures (they do not
+    /// change the training graph; `search: false` plans much faster).
+    pub plan: PlanOptions,
 }
 
 impl Default for GradOptions {
@@ -30,6 +33,7 @@ impl Default for GradOptions {
             autodiff: AutodiffOptions::default(),
             dims: DimValues::default(),
             simplify: true,
+            plan: PlanOptions::default(),
         }
     }
 }
@@ -151,7 +155,7 @@ impl Session {
             )));
         }
         g.inputs = kept.into_iter().map(|(_, v)| v).collect();
-        let planned = graphopt_plan::plan_model(&self.model, &opts.dims, &PlanOptions::default())
+        let planned = graphopt_plan::plan_model(&self.model, &opts.dims, &opts.plan)
             .map_err(|e| self.err(e))?;
         let g = &planned.model.graph;
         let cone = forward_cone(g);

@@ -696,6 +696,7 @@ impl PySession {
             },
             dims: DimValues::new(&dims_arg(dims)?),
             simplify,
+            ..GradOptions::default()
         };
         self.transform(py, "grad", move |s| to_json(&s.grad(&opts)?))
     }
