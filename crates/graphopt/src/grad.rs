@@ -76,6 +76,10 @@ pub struct GradReport {
     /// Graph inputs that carry the optimizer's state (AdamW: `step`,
     /// `<param>_m`, `<param>_v`), fed back from the `_new` outputs.
     pub state_inputs: Vec<String>,
+    /// The Dropout nodes `dropout_train` switched to training mode.
+    pub dropout_train: Vec<String>,
+    /// What the caller should know (an option that changed nothing).
+    pub warnings: Vec<String>,
     /// The values of the graph inputs that a runtime feeds besides the
     /// data for the first step: the parameters (with `params_as_inputs`),
     /// zero moments and `step = 0` (AdamW). Write them with
@@ -233,7 +237,18 @@ impl Session {
                 Tensor::from_raw(dt, dims, vec![0u8; bytes as usize].into())?,
             ));
         }
+        let mut warnings = Vec::new();
+        if opts.autodiff.dropout_train && train.dropout_train.is_empty() {
+            warnings.push(
+                "dropout_train: the model has no Dropout node, nothing changed (exporters in \
+                 eval mode remove them: export with torch.onnx.export(..., \
+                 training=torch.onnx.TrainingMode.TRAINING) or from a module in train mode)"
+                    .into(),
+            );
+        }
         Ok(GradReport {
+            dropout_train: train.dropout_train,
+            warnings,
             state_inputs: train.state_inputs,
             initial_state,
             loss: "loss".into(),

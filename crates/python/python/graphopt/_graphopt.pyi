@@ -83,11 +83,14 @@ class Session:
         params_as_inputs: bool = False,
         dims: Dims | None = None,
         simplify: bool = True,
+        dropout_train: bool = False,
     ) -> Session:
         """The training graph (forward, ``loss``, ``<param>_grad``; ``sgd``/``adamw`` add
         ``<param>_new``, adamw also its moments and ``step``, with torch's defaults:
         sgd lr 0.01, adamw lr 1e-3 and weight_decay 1e-2); its report has the
-        saved-for-backward bytes and the step's plan at ``dims``."""
+        saved-for-backward bytes and the step's plan at ``dims``. ``dropout_train``
+        runs every Dropout in training mode (the report's ``dropout_train`` lists
+        them; a model without one gets a ``warnings`` entry)."""
     def quantize(
         self,
         mode: Literal["dynamic", "static", "int8-weights", "int4-weights"],
