@@ -234,6 +234,14 @@ F["shape/slice_dynamic"] = (17, "float[2,6] x", "float[2,3] y", [init("w",[2,6])
   q = Mul (b0, b0)
   qp = Pad <mode = "constant"> (q, pp)
   y = Add (p, qp)""")
+# Dropout with --dropout-train: one with a ratio input and its mask output,
+# one with neither (default ratio 0.5; the builder adds the mask).
+F["nn/dropout"] = (17, "float[2,8] x", "float[2,4] y", [init("w",[8,4]), "float ratio = {0.5}", init("k",[2,4])], """
+  h = MatMul (x, w)
+  d, m = Dropout (h, ratio)
+  t = Tanh (d)
+  e = Dropout (t)
+  y = Mul (e, k)""")
 for name, (opset, ins, outs, inits, body) in F.items():
     fam, case = name.split("/")
     os.makedirs(fam, exist_ok=True)

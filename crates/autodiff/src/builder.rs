@@ -57,6 +57,11 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
     }
     infer_model(&mut m, &InferOptions::default());
     let g = &mut m.graph;
+    let dropout_train = if opts.dropout_train {
+        dropout_to_training(g)?
+    } else {
+        Vec::new()
+    };
     let y = match &opts.output {
         Some(name) => g
             .outputs
@@ -298,8 +303,52 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
             .map(|&v| m.graph.name(v).to_string())
             .collect(),
         initial_params,
+        dropout_train,
         model: m,
     })
+}
+
+/// Switches every Dropout of the main graph to training mode: its
+/// `training_mode` input becomes a constant true (the ratio stays as given),
+/// and a missing mask output is added, for the backward to read. Returns
+/// the nodes' names.
+fn dropout_to_training(g: &mut Graph) -> Result<Vec<String>> {
+    let nodes: Vec<NodeId> = g
+        .nodes()
+        .filter(|&n| {
+            let node = g.node(n);
+            node.op_type == "Dropout" && (node.domain.is_empty() || node.domain == "ai.onnx")
+        })
+        .collect();
+    let mut names = Vec::new();
+    if nodes.is_empty() {
+        return Ok(names);
+    }
+    let t = graphopt_ir::Tensor::from_raw(DType::Bool, vec![], vec![1u8].into())?;
+    let yes = g.add_initializer("dropout_training_mode", t);
+    for n in nodes {
+        g.set_input(n, 2, Some(yes));
+        let node = g.node(n);
+        let x = node.input(0);
+        let label = if node.name.is_empty() {
+            node.output(0)
+                .map(|v| g.name(v).to_string())
+                .unwrap_or_default()
+        } else {
+            node.name.clone()
+        };
+        if node.output(1).is_none() {
+            let shape = x.and_then(|x| g.ty(x)).and_then(|t| t.shape()).cloned();
+            let hint = format!("{}_mask", label.replace(['/', ':', '.'], "_"));
+            let mask = g.fresh_value(
+                hint.trim_start_matches('_'),
+                Some(Type::tensor(DType::Bool, shape)),
+            );
+            g.set_output(n, 1, Some(mask));
+        }
+        names.push(label);
+    }
+    Ok(names)
 }
 
 /// Names `v` (a new value) `want` unless the name is taken, and types it.

@@ -18,7 +18,9 @@
 //!    inputs `<param>_m`, `<param>_v`, `step`), so that a runtime can loop
 //!    the step by feeding them back;
 //! 6. with [`GradOptions::params_as_inputs`], the trainable parameters are
-//!    graph inputs rather than initializers.
+//!    graph inputs rather than initializers;
+//! 7. with [`GradOptions::dropout_train`], every Dropout runs in training
+//!    mode and its gradient reads the forward's mask.
 //!
 //! Invariants the builder keeps:
 //! 1. integer, bool and shape computations get no gradient: only values of
@@ -160,6 +162,15 @@ pub struct GradOptions {
     /// instead of initializers, so that a runtime feeds them; their
     /// initial values are in [`TrainingGraph::initial_params`].
     pub params_as_inputs: bool,
+    /// Run every `Dropout` in training mode (`training_mode` a constant
+    /// true, the ratio as given, default 0.5; the mask output added where
+    /// missing): the backward reads the forward's mask, `dx = dy · mask /
+    /// (1 - ratio)`. Without it a Dropout in inference (no or a constant
+    /// false `training_mode`) is the identity, and one exported in training
+    /// mode is differentiated as such anyway. Exporters in eval mode remove
+    /// Dropout altogether: then there is nothing to switch (see
+    /// [`TrainingGraph::dropout_train`]).
+    pub dropout_train: bool,
 }
 
 impl Default for GradOptions {
@@ -173,6 +184,7 @@ impl Default for GradOptions {
             input_grads: false,
             optimizer: Optimizer::None,
             params_as_inputs: false,
+            dropout_train: false,
         }
     }
 }
@@ -197,6 +209,9 @@ pub struct TrainingGraph {
     /// Graph inputs the optimizer added (state: `<param>_m`, `<param>_v`,
     /// `step`), in graph-input order.
     pub state_inputs: Vec<String>,
+    /// The Dropout nodes [`GradOptions::dropout_train`] switched to
+    /// training mode (empty without it, or when the model has none).
+    pub dropout_train: Vec<String>,
 }
 
 /// Why a training graph could not be built: one line naming the op and node.

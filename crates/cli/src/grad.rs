@@ -56,6 +56,11 @@ pub struct Args {
     /// Trainable parameters become graph inputs instead of initializers.
     #[arg(long)]
     params_as_inputs: bool,
+    /// Run every Dropout in training mode (the ratio as given): the
+    /// backward reads the forward's mask, dx = dy·mask/(1 - ratio). Models
+    /// exported in eval mode have no Dropout left: export in train mode.
+    #[arg(long)]
+    dropout_train: bool,
     /// Write the inputs a runtime feeds besides the data for the first
     /// step (parameters with --params-as-inputs; adamw's zero moments and
     /// step 0) as an npz file.
@@ -136,6 +141,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             input_grads: a.input_grads,
             optimizer,
             params_as_inputs: a.params_as_inputs,
+            dropout_train: a.dropout_train,
         },
         dims: DimValues::new(&graphopt::util::parse_dims(&a.dims)?),
         recompute_pointwise: !a.no_recompute_pointwise,
@@ -201,10 +207,21 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             r.state_inputs.len()
         );
     }
+    if !r.dropout_train.is_empty() {
+        out += &format!(
+            "dropout: {} node{} in training mode ({})\n",
+            r.dropout_train.len(),
+            if r.dropout_train.len() == 1 { "" } else { "s" },
+            r.dropout_train.join(", ")
+        );
+    }
     if let Some((from, to)) = r.opset_raised {
         out += &format!("opset raised from {from} to {to} for the gradients' ops\n");
     }
     print_out(&out);
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
     if let Some(path) = &a.init_out {
         graphopt::util::write_atomic(path, &graphopt::initial_state_npz(&r)?)?;
     }

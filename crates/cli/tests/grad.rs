@@ -139,3 +139,81 @@ fn grad_adamw_params_as_inputs_writes_initial_state() {
         "{err}"
     );
 }
+
+/// `--dropout-train`: the fixture's two Dropouts run in training mode (a
+/// constant true `training_mode`, mask outputs) and stay through the
+/// simplify pipeline; without the flag they are inference no-ops and go;
+/// on a model without Dropout the flag is a reported no-op.
+#[test]
+fn grad_dropout_train() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/autodiff/nn/dropout.onnxtxt");
+    let m = graphopt::text::parse_model(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    let src = dir.path().join("dropout.onnx");
+    graphopt::Session::from_model(m).save(&src).unwrap();
+    let dropouts = |path: &Path| -> Vec<(usize, usize)> {
+        let s = graphopt::load(path).unwrap();
+        let g = &s.model().graph;
+        g.nodes()
+            .map(|n| g.node(n))
+            .filter(|n| n.op_type == "Dropout")
+            .map(|n| (n.inputs().len(), n.outputs().len()))
+            .collect()
+    };
+    let out = dir.path().join("t.onnx");
+    let report = dir.path().join("r.json");
+    let o = bin()
+        .arg("grad")
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .args(["--dropout-train", "--report"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        stdout.contains("dropout: 2 nodes in training mode (d, e)"),
+        "{stdout}"
+    );
+    assert_eq!(dropouts(&out), [(3, 2), (3, 2)]);
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["dropout_train"], serde_json::json!(["d", "e"]));
+    assert_eq!(r["warnings"], serde_json::json!([]));
+
+    let o = bin()
+        .arg("grad")
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("dropout:"));
+    assert!(dropouts(&out).is_empty(), "inference Dropouts are no-ops");
+
+    let mlp =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/autodiff/torch/mlp.ts.onnx");
+    let o = bin()
+        .arg("grad")
+        .arg(&mlp)
+        .arg("-o")
+        .arg(&out)
+        .arg("--dropout-train")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("warning: dropout_train: the model has no Dropout node")
+            && err.contains("TrainingMode.TRAINING"),
+        "{err}"
+    );
+}

@@ -14,6 +14,9 @@
 //!   --init-out`) of the torch modules in `testdata/autodiff/torch`, looped
 //!   in onnxruntime, match AdamW in numpy step by step and torch.optim.AdamW
 //!   after 3 steps;
+//! - `graphopt grad --dropout-train`: onnxruntime's random training-mode
+//!   masks, and gradients `dy·mask/(1 - ratio)` from the masks of the same
+//!   run;
 //! - a real training run: the untrained digits CNN of
 //!   `testdata/autodiff/digits`, trained 300 steps by looping its SGD
 //!   training graph in onnxruntime, follows torch's committed loss curve
@@ -92,6 +95,11 @@ fn training_graphs_run_in_onnxruntime() {
 #[test]
 fn adamw_training_graphs_match_numpy_and_torch_in_onnxruntime() {
     run_script("grad_optim.py", &[]);
+}
+
+#[test]
+fn dropout_training_graph_runs_in_onnxruntime() {
+    run_script("grad_dropout.py", &[]);
 }
 
 #[test]

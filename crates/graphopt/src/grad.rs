@@ -26,6 +26,9 @@ pub struct GradOptions {
     /// come cheaply from values it keeps anyway, instead of holding them
     /// (default; see `graphopt_passes::remat::solve::pointwise_from_saved`).
     pub recompute_pointwise: bool,
+    /// The planner's options for the report's memory figures (they do not
+    /// change the training graph; `search: false` plans much faster).
+    pub plan: PlanOptions,
 }
 
 impl Default for GradOptions {
@@ -35,6 +38,7 @@ impl Default for GradOptions {
             dims: DimValues::default(),
             simplify: true,
             recompute_pointwise: true,
+            plan: PlanOptions::default(),
         }
     }
 }
@@ -80,6 +84,10 @@ pub struct GradReport {
     /// Graph inputs that carry the optimizer's state (AdamW: `step`,
     /// `<param>_m`, `<param>_v`), fed back from the `_new` outputs.
     pub state_inputs: Vec<String>,
+    /// The Dropout nodes `dropout_train` switched to training mode.
+    pub dropout_train: Vec<String>,
+    /// What the caller should know (an option that changed nothing).
+    pub warnings: Vec<String>,
     /// The values of the graph inputs that a runtime feeds besides the
     /// data for the first step: the parameters (with `params_as_inputs`),
     /// zero moments and `step = 0` (AdamW). Write them with
@@ -170,7 +178,7 @@ impl Session {
         } else {
             0
         };
-        let planned = graphopt_plan::plan_model(&self.model, &opts.dims, &PlanOptions::default())
+        let planned = graphopt_plan::plan_model(&self.model, &opts.dims, &opts.plan)
             .map_err(|e| self.err(e))?;
         let g = &planned.model.graph;
         let cone = forward_cone(g);
@@ -248,7 +256,18 @@ impl Session {
                 Tensor::from_raw(dt, dims, vec![0u8; bytes as usize].into())?,
             ));
         }
+        let mut warnings = Vec::new();
+        if opts.autodiff.dropout_train && train.dropout_train.is_empty() {
+            warnings.push(
+                "dropout_train: the model has no Dropout node, nothing changed (exporters in \
+                 eval mode remove them: export with torch.onnx.export(..., \
+                 training=torch.onnx.TrainingMode.TRAINING) or from a module in train mode)"
+                    .into(),
+            );
+        }
         Ok(GradReport {
+            dropout_train: train.dropout_train,
+            warnings,
             state_inputs: train.state_inputs,
             initial_state,
             loss: "loss".into(),

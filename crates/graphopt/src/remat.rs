@@ -153,14 +153,17 @@ struct Prepared {
 
 impl Session {
     fn remat_prepare(&mut self, dims: &DimValues) -> Result<Prepared> {
+        self.remat_prepare_with(dims, &PlanOptions::default())
+    }
+
+    fn remat_prepare_with(&mut self, dims: &DimValues, opts: &PlanOptions) -> Result<Prepared> {
         let topo = graphopt_ir::stable_topo_order(&self.model.graph)?;
         if topo.as_slice() != self.model.graph.order() {
             self.model.graph.set_order(topo)?;
         }
         // Values of data-dependent size stay outside the arena (dynamic
         // allocations), as `graphopt plan` counts them.
-        let opts = PlanOptions::default();
-        let before = plan_model(&self.model, dims, &opts).map_err(|e| self.err(e))?;
+        let before = plan_model(&self.model, dims, opts).map_err(|e| self.err(e))?;
         let problem = Problem::new(&before.model.graph);
         let flops = cost::graph_flops(&before.model.graph);
         let timeline = timeline(&before.model.graph, &before.plan.schedule)?;
@@ -180,7 +183,12 @@ impl Session {
     /// ([`solve::pointwise_from_saved`]), when that does not raise the
     /// planner's lower bound at `dims`; returns how many copies went in.
     pub(crate) fn recompute_pointwise(&mut self, dims: &DimValues) -> Result<usize> {
-        let pre = self.remat_prepare(dims)?;
+        // Only the lower bound is compared: no offset search.
+        let popts = PlanOptions {
+            search: false,
+            ..PlanOptions::default()
+        };
+        let pre = self.remat_prepare_with(dims, &popts)?;
         let p = &pre.problem;
         let drop = solve::pointwise_from_saved(p);
         if drop == p.base_drop() {
@@ -190,7 +198,7 @@ impl Session {
         let rw = remat::rewrite(&mut model.graph, p, &drop).map_err(|e| self.err(e))?;
         graphopt_ir::verify::verify_model(&model)
             .map_err(|e| self.err(Error::new(format!("after recomputing pointwise ops: {e}"))))?;
-        let after = plan_model(&model, dims, &PlanOptions::default()).map_err(|e| self.err(e))?;
+        let after = plan_model(&model, dims, &popts).map_err(|e| self.err(e))?;
         if after.plan.lower_bound_bytes > pre.lower_bound {
             return Ok(0);
         }

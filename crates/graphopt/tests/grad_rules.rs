@@ -62,6 +62,7 @@ fn opts(case: &str) -> GradOptions {
         } else {
             Vec::new()
         },
+        dropout_train: case == "dropout",
         ..GradOptions::default()
     }
 }
@@ -116,6 +117,11 @@ fn rules_match_finite_differences() {
     let mut failures = Vec::new();
     let mut worst = 0f64;
     for (fam, case, path) in fixtures() {
+        if case == "dropout" {
+            // tract runs Dropout in inference only: checked with its mask
+            // fixed by `dropout_train_reads_the_forward_mask`.
+            continue;
+        }
         let model = parse_model(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let train = build_training_graph(&model, &opts(&case)).unwrap();
         let inputs = graphopt::tract::sample_inputs(&model, &[], 1, 7).unwrap();
@@ -590,4 +596,171 @@ fn rules_gradcheck_f64_random_shapes() {
         "gradients off:\n{}",
         failures.join("\n")
     );
+}
+
+/// Replaces every Dropout of `m` (in training mode) by its training-mode
+/// definition with a fixed mask: `mask` an initializer, `y = x · mask /
+/// (1 - ratio)`, so that tract (which runs Dropout in inference only) runs
+/// the training graph deterministically. Returns the masks, in node order.
+fn fix_dropout_masks(m: &mut graphopt::ir::Model) -> Vec<Vec<bool>> {
+    use graphopt::ir::{DType, NewNode, Tensor};
+    let g = &mut m.graph;
+    let drops: Vec<_> = g
+        .nodes()
+        .filter(|&n| g.node(n).op_type == "Dropout")
+        .collect();
+    let mut masks = Vec::new();
+    for (k, n) in drops.into_iter().enumerate() {
+        let node = g.node(n).clone();
+        let (x, y, mask) = (
+            node.input(0).unwrap(),
+            node.output(0).unwrap(),
+            node.output(1).expect("the builder adds the mask"),
+        );
+        let ratio = node
+            .input(1)
+            .map(|r| g.initializer(r).unwrap().to_f64_vec().unwrap()[0])
+            .unwrap_or(0.5);
+        let dims: Vec<i64> = g
+            .ty(x)
+            .and_then(|t| t.shape())
+            .unwrap()
+            .dims
+            .iter()
+            .map(|d| d.known().unwrap())
+            .collect();
+        let n_el: i64 = dims.iter().product();
+        // Both kept and dropped entries, differently per node.
+        let bits: Vec<bool> = (0..n_el).map(|i| (i * 5 + 3 * k as i64) % 3 != 0).collect();
+        let raw: Vec<u8> = bits.iter().map(|&b| b as u8).collect();
+        let pos = g.position(n).unwrap();
+        g.remove_node(n);
+        g.set_initializer(
+            mask,
+            Tensor::from_raw(DType::Bool, dims, raw.into()).unwrap(),
+        );
+        let scale = g.add_initializer(
+            "fixed_scale",
+            Tensor::from_f32(vec![], &[(1.0 / (1.0 - ratio)) as f32]).unwrap(),
+        );
+        let c = g.fresh_value("fixed_mask_f", None);
+        let p = g.fresh_value("fixed_kept", None);
+        let mut cast = NewNode::new("Cast").inputs(&[mask]).outputs(&[c]);
+        cast.attributes = vec![graphopt::ir::Attribute::new(
+            "to",
+            graphopt::ir::AttrValue::Int(1),
+        )];
+        g.insert_node(pos, cast).unwrap();
+        g.insert_node(pos + 1, NewNode::new("Mul").inputs(&[x, c]).outputs(&[p]))
+            .unwrap();
+        g.insert_node(
+            pos + 2,
+            NewNode::new("Mul").inputs(&[p, scale]).outputs(&[y]),
+        )
+        .unwrap();
+        masks.push(bits);
+    }
+    masks
+}
+
+/// `dropout_train` on `nn/dropout` (a Dropout with ratio 0.5 and its mask
+/// output, then one with neither): both run in training mode (training_mode
+/// a constant true, the second given a mask output), the backward reads the
+/// masks, and with the masks fixed (tract runs Dropout in inference only)
+/// the gradients are `dy · mask / (1 - ratio)` through both (computed here
+/// by hand, within 1e-6) and match central differences.
+#[test]
+fn dropout_train_reads_the_forward_mask() {
+    let path = root().join("nn/dropout.onnxtxt");
+    let model = parse_model(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut train = build_training_graph(&model, &opts("dropout")).unwrap();
+    assert_eq!(train.dropout_train, ["d", "e"]);
+    let g = &train.model.graph;
+    for n in g.nodes().filter(|&n| g.node(n).op_type == "Dropout") {
+        let node = g.node(n);
+        let tm = node.input(2).expect("training_mode");
+        assert_eq!(g.initializer(tm).unwrap().to_i64_vec().unwrap(), [1]);
+        let mask = node.output(1).expect("mask output");
+        assert!(
+            g.uses(mask)
+                .iter()
+                .any(|u| g.node(u.node()).name.starts_with("grad/")),
+            "the backward does not read the mask of {}",
+            node.name
+        );
+    }
+    // Without the option, the same Dropouts are the identity.
+    let plain = build_training_graph(&model, &GradOptions::default()).unwrap();
+    assert!(plain.dropout_train.is_empty());
+    let pg = &plain.model.graph;
+    assert!(pg
+        .nodes()
+        .filter(|&n| pg.node(n).op_type == "Dropout")
+        .all(|n| pg.node(n).input(2).is_none()));
+
+    let masks = fix_dropout_masks(&mut train.model);
+    let inputs = graphopt::tract::sample_inputs(&model, &[], 1, 5).unwrap();
+    let names: Vec<String> = train.params.iter().chain(&train.inputs).cloned().collect();
+    assert_eq!(names, ["w", "k", "x"]);
+    let (_, checks) = graphopt::grad_check(&train.model, &names, &inputs, 1e-2, 64).unwrap();
+    for c in &checks {
+        eprintln!("dropout: {}: rel_l2 {:.2e}", c.name, c.rel_l2);
+        assert!(c.rel_l2 <= BOUND, "{}: rel_l2 {:.3e}", c.name, c.rel_l2);
+    }
+    // By hand: h = x·w, d = 2·h·m1, t = tanh d, e = 2·t·m2, y = e·k.
+    let f = |t: &TractTensor| -> Vec<f64> {
+        t.cast_to::<f64>()
+            .unwrap()
+            .to_plain_array_view::<f64>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect()
+    };
+    let init = |n: &str| {
+        let g = &model.graph;
+        g.initializer(g.value_by_name(n).unwrap())
+            .unwrap()
+            .to_f64_vec()
+            .unwrap()
+    };
+    let (x, w, k) = (f(&inputs[0]), init("w"), init("k"));
+    let (m1, m2) = (&masks[0], &masks[1]);
+    let mut dh = [0.0; 8];
+    for i in 0..2 {
+        for j in 0..4 {
+            let h: f64 = (0..8).map(|l| x[i * 8 + l] * w[l * 4 + j]).sum();
+            let q = i * 4 + j;
+            let d = if m1[q] { 2.0 * h } else { 0.0 };
+            let dt = if m2[q] { 2.0 * k[q] } else { 0.0 };
+            let dd = dt * (1.0 - d.tanh().powi(2));
+            dh[q] = if m1[q] { 2.0 * dd } else { 0.0 };
+        }
+    }
+    let mut dw = vec![0.0; 32];
+    let mut dx = vec![0.0; 16];
+    for i in 0..2 {
+        for l in 0..8 {
+            for j in 0..4 {
+                dw[l * 4 + j] += x[i * 8 + l] * dh[i * 4 + j];
+                dx[i * 8 + l] += dh[i * 4 + j] * w[l * 4 + j];
+            }
+        }
+    }
+    let outs =
+        graphopt::tract::run_bytes(&graphopt::tract::prepare(&train.model).unwrap(), &inputs)
+            .unwrap();
+    let g = &train.model.graph;
+    let out = |name: &str| {
+        let i = g.outputs.iter().position(|&o| g.name(o) == name).unwrap();
+        f(&outs[i])
+    };
+    for (name, want) in [("w_grad", dw), ("x_grad", dx)] {
+        let got = out(name);
+        let num: f64 = got.iter().zip(&want).map(|(a, b)| (a - b).powi(2)).sum();
+        let den: f64 = want.iter().map(|b| b * b).sum();
+        let e = (num / den).sqrt();
+        eprintln!("dropout: {name} by hand: rel_l2 {e:.2e}");
+        assert!(e <= 1e-6, "{name}: rel_l2 {e:.3e} against dy·mask/(1-p)");
+    }
 }

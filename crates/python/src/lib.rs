@@ -634,11 +634,14 @@ impl PySession {
     /// The training graph: forward, `loss`, and `<param>_grad` for every
     /// trainable initializer (`optimizer="sgd"` adds `<param>_new`).
     /// Returns a new Session; its `report()` has the saved-for-backward
-    /// bytes and the plan of the step at `dims`.
+    /// bytes and the plan of the step at `dims`. `dropout_train=True` runs
+    /// every Dropout in training mode (the report's `dropout_train` lists
+    /// them; a model without one gets a warning).
     #[pyo3(signature = (loss="sum", output=None, class_axis=1, trainable=None, frozen=None,
                         input_grads=false, optimizer="none", lr=None, weight_decay=None,
                         betas=(0.9, 0.999), eps=1e-8, params_as_inputs=false,
-                        dims=None, simplify=true, recompute_pointwise=true))]
+                        dims=None, simplify=true, recompute_pointwise=true,
+                        dropout_train=false))]
     #[allow(clippy::too_many_arguments)]
     fn grad(
         &self,
@@ -658,6 +661,7 @@ impl PySession {
         dims: Option<&Bound<'_, PyDict>>,
         simplify: bool,
         recompute_pointwise: bool,
+        dropout_train: bool,
     ) -> PyResult<PySession> {
         let loss_kind = Loss::parse(loss).ok_or_else(|| {
             gmsg(format!(
@@ -694,10 +698,12 @@ impl PySession {
                 input_grads,
                 optimizer,
                 params_as_inputs,
+                dropout_train,
             },
             dims: DimValues::new(&dims_arg(dims)?),
             simplify,
             recompute_pointwise,
+            ..GradOptions::default()
         };
         self.transform(py, "grad", move |s| to_json(&s.grad(&opts)?))
     }

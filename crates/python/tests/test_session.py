@@ -134,6 +134,24 @@ def test_grad_equals_cli(cli, tmp_path):
     assert "loss" in t.output_names and "target" in t.input_names
 
 
+def test_grad_dropout_train_equals_cli(cli, tmp_path):
+    import onnx
+    import onnx.parser
+
+    src = tmp_path / "dropout.onnx"
+    fixture = MODELS.parent / "autodiff" / "nn" / "dropout.onnxtxt"
+    onnx.save(onnx.parser.parse_model(fixture.read_text()), src)
+    out = tmp_path / "t.onnx"
+    cli.run("grad", src, "-o", out, "--dropout-train")
+    t = graphopt.load(src).grad(dropout_train=True)
+    assert t.to_bytes() == out.read_bytes()
+    rep = t.report()["steps"][-1]["report"]
+    assert rep["dropout_train"] == ["d", "e"] and rep["warnings"] == []
+    # A model without Dropout: the option is a no-op, with a warning.
+    rep = graphopt.load(model("resnet_tiny.ts14")).grad(dropout_train=True).report()["steps"][-1]["report"]
+    assert rep["dropout_train"] == [] and "no Dropout node" in rep["warnings"][0]
+
+
 @pytest.mark.parametrize("name", ["bert_tiny.ts14", "resnet_tiny.ts14", "gpt2_tiny.dynamo18", "bert_tiny.ts14.int8"])
 def test_run_outputs_equal_cli(cli, tmp_path, name):
     out = tmp_path / "out.npz"

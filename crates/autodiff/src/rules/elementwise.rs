@@ -6,7 +6,11 @@
 //! - `Mul`: `da = dy·b`, `db = dy·a`;
 //! - `Div`: `da = dy / b`, `db = -dy·y / b` (reads the output, not `a`);
 //! - `Pow`: `da = dy·p·a^(p-1)`, `dp = dy·y·ln a`;
-//! - `Neg`: `-dy`; `Identity`, `Dropout` (inference: identity): `dy`;
+//! - `Neg`: `-dy`; `Identity`: `dy`;
+//! - `Dropout`: in inference (no `training_mode`, or a constant false one)
+//!   `dy`; in training, `dy · mask / (1 - ratio)`, reading the forward's
+//!   own mask output (added when the node lacks it), so the backward drops
+//!   exactly what the forward dropped;
 //! - `Cast` (float to float): `dy` cast back to the input's type;
 //!   `CastLike(x, like)` likewise for `x`; `like` gives only a type and gets
 //!   no gradient;
@@ -92,6 +96,64 @@ pub fn neg(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
 pub fn identity(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
     Ok(vec![Some(d)])
+}
+
+pub fn dropout(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    let d = dy(cx, dys)?;
+    let training = match cx.input(2) {
+        None => false,
+        Some(t) => match cx.const_ints(t).as_deref() {
+            Some([v]) => *v != 0,
+            _ => {
+                return Err(cx.unsupported(format!(
+                    "training_mode '{}' is not a constant (--dropout-train sets it to true)",
+                    cx.g.name(t)
+                )))
+            }
+        },
+    };
+    if !training {
+        return Ok(vec![Some(d)]);
+    }
+    let x = cx.x(0)?;
+    let dt = cx.dtype(x)?;
+    let mask = match cx.g.node(cx.node).output(1) {
+        Some(m) => m,
+        None => {
+            let shape = cx.g.ty(x).and_then(|t| t.shape()).cloned();
+            let hint = format!("{}_mask", cx.node_name().replace(['/', ':', '.'], "_"));
+            let m = cx.g.fresh_value(
+                hint.trim_start_matches('_'),
+                Some(graphopt_ir::Type::tensor(graphopt_ir::DType::Bool, shape)),
+            );
+            let node = cx.node;
+            cx.g.set_output(node, 1, Some(m));
+            m
+        }
+    };
+    let mf = cx.op("Cast", &[mask], vec![int_attr("to", dt.to_onnx() as i64)])?;
+    let kept = cx.op("Mul", &[d, mf], vec![])?;
+    let dx = match cx.input(1) {
+        // The default ratio.
+        None => cx.scale(kept, dt, 2.0)?,
+        Some(r) => match cx.const_floats(r).as_deref() {
+            Some([r]) if (0.0..1.0).contains(r) => cx.scale(kept, dt, 1.0 / (1.0 - r))?,
+            Some([r]) => {
+                return Err(cx.unsupported(format!(
+                    "ratio {r} is outside [0, 1): training-mode Dropout scales by 1/(1 - ratio)"
+                )))
+            }
+            Some(_) => return Err(cx.unsupported("ratio is not a scalar")),
+            None => {
+                // A runtime ratio: 1/(1 - ratio) in the graph.
+                let rc = cx.op("Cast", &[r], vec![int_attr("to", dt.to_onnx() as i64)])?;
+                let one = cx.scalar(dt, 1.0)?;
+                let keep = cx.op("Sub", &[one, rc], vec![])?;
+                cx.op("Div", &[kept, keep], vec![])?
+            }
+        },
+    };
+    Ok(vec![Some(dx), None, None])
 }
 
 pub fn cast(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {

@@ -32,7 +32,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("Div", elementwise::div),
     ("Neg", elementwise::neg),
     ("Identity", elementwise::identity),
-    ("Dropout", elementwise::identity),
+    ("Dropout", elementwise::dropout),
     ("Cast", elementwise::cast),
     ("CastLike", elementwise::cast_like),
     ("Where", elementwise::where_),

@@ -84,13 +84,16 @@ class Session:
         dims: Dims | None = None,
         simplify: bool = True,
         recompute_pointwise: bool = True,
+        dropout_train: bool = False,
     ) -> Session:
         """The training graph (forward, ``loss``, ``<param>_grad``; ``sgd``/``adamw`` add
         ``<param>_new``, adamw also its moments and ``step``, with torch's defaults:
         sgd lr 0.01, adamw lr 1e-3 and weight_decay 1e-2); its report has the
         saved-for-backward bytes and the step's plan at ``dims``. Elementwise values that
         come cheaply from values the backward pass keeps anyway are recomputed there
-        (``recompute_pointwise=False`` holds them, as ``--no-recompute-pointwise``)."""
+        (``recompute_pointwise=False`` holds them, as ``--no-recompute-pointwise``). ``dropout_train``
+        runs every Dropout in training mode (the report's ``dropout_train`` lists
+        them; a model without one gets a ``warnings`` entry)."""
     def quantize(
         self,
         mode: Literal["dynamic", "static", "int8-weights", "int4-weights"],
