@@ -21,6 +21,7 @@
 //! ([`cpu::lowp`]).
 
 pub mod backend;
+mod control;
 pub mod cpu;
 pub mod cuda;
 mod executor;
