@@ -64,8 +64,16 @@ pub(crate) enum OutSlot {
     },
 }
 
-/// The input types a nested program was planned for.
-type ShapeKey = Vec<(DType, Vec<usize>)>;
+/// The input types a nested program was planned for, with the contents
+/// of the inputs folded in as constants.
+type ShapeKey = Vec<(DType, Vec<usize>, Option<Vec<u8>>)>;
+
+/// Integer inputs of at most this many elements are folded into a node
+/// run alone (shapes, axes, sizes: what its shape inference needs).
+const FOLD_MAX_ELEMS: usize = 64;
+
+/// Nested programs kept per body (the oldest is dropped beyond this).
+const MAX_CACHED: usize = 64;
 
 /// A graph run as a nested program, planned per input shapes.
 pub(crate) struct Body {
@@ -77,6 +85,10 @@ pub(crate) struct Body {
     /// Non-weight outer values of `graph`, in the order fed after the
     /// formal inputs.
     feeds: Vec<String>,
+    /// Fold small integer formal inputs into the program as constants (a
+    /// node run alone: a Reshape's computed shape must be known to plan
+    /// its output).
+    fold_ints: bool,
     cache: Vec<(ShapeKey, Executable)>,
 }
 
@@ -105,8 +117,16 @@ impl Body {
             header: Box::new(model.clone_header()),
             weights,
             feeds,
+            fold_ints: false,
             cache: Vec::new(),
         }
+    }
+
+    fn folded(&self, k: usize, t: &HostTensor) -> bool {
+        self.fold_ints
+            && k < self.graph.inputs.len()
+            && matches!(t.dtype, DType::I64 | DType::I32)
+            && numel(&t.shape) <= FOLD_MAX_ELEMS
     }
 
     /// Bytes of the nested arenas and workspaces made so far (recursively).
@@ -136,15 +156,33 @@ impl Body {
                 .ok_or_else(|| format!("outer value '{f}' is not available to the subgraph"))?;
             fed.push(t.1.clone());
         }
-        let key: ShapeKey = fed.iter().map(|t| (t.dtype, t.shape.clone())).collect();
+        let key: ShapeKey = fed
+            .iter()
+            .enumerate()
+            .map(|(k, t)| {
+                let c = self.folded(k, t).then(|| t.data.clone());
+                (t.dtype, t.shape.clone(), c)
+            })
+            .collect();
         let slot = match self.cache.iter().position(|c| c.0 == key) {
             Some(i) => i,
             None => {
                 let exe = self.build(&fed)?;
+                if self.cache.len() >= MAX_CACHED {
+                    // Folded values that change every run (a loop counter
+                    // feeding a Reshape): keep memory bounded.
+                    self.cache.remove(0);
+                }
                 self.cache.push((key, exe));
                 self.cache.len() - 1
             }
         };
+        let fed: Vec<HostTensor> = fed
+            .into_iter()
+            .enumerate()
+            .filter(|(k, t)| !self.folded(*k, t))
+            .map(|(_, t)| t)
+            .collect();
         let exe = &mut self.cache[slot].1;
         let (out, s) = exe.run(&fed, opts).map_err(|e| e.to_string())?;
         stats.poisoned_regions += s.poisoned_regions;
@@ -174,8 +212,15 @@ impl Body {
         let mut map: HashMap<ValueId, ValueId> = HashMap::new();
         let err = |e: graphopt_ir::IrError| format!("subgraph '{}': {e}", body.name);
         for (k, &v) in body.inputs.iter().enumerate() {
-            let nv = g.add_value(body.name(v), Some(ty(&fed[k]))).map_err(err)?;
-            g.inputs.push(nv);
+            let t = &fed[k];
+            let nv = g.add_value(body.name(v), Some(ty(t))).map_err(err)?;
+            if self.folded(k, t) {
+                let dims = t.shape.iter().map(|&d| d as i64).collect();
+                let c = Tensor::from_raw(t.dtype, dims, t.data.clone().into()).map_err(err)?;
+                g.set_initializer(nv, c);
+            } else {
+                g.inputs.push(nv);
+            }
             map.insert(v, nv);
         }
         for v in body.values() {
@@ -261,6 +306,18 @@ impl Body {
         };
         let mp = graphopt_plan::plan_model(&model, &DimValues::default(), &popts)
             .map_err(|e| format!("subgraph '{}': {e}", body.name))?;
+        if self.fold_ints && !mp.plan.dynamic_values.is_empty() {
+            // A node run alone whose output size is still unknown (NonZero
+            // and the like): running it alone again would not end.
+            return Err(format!(
+                "the size of {} is unknown even at the input shapes seen ({}): not supported yet",
+                mp.plan.dynamic_values.join(", "),
+                fed.iter()
+                    .map(|t| format!("{} {:?}", t.dtype.name(), t.shape))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         Executable::new(&mp.model, &mp.plan, &CpuBackend).map_err(|e| e.to_string())
     }
 }
@@ -578,5 +635,7 @@ pub(crate) fn node_kind(
     model: &Model,
 ) -> Result<(Kind, Vec<ValueId>), String> {
     let (sub, fed) = one_node_graph(g, d)?;
-    Ok((Kind::Node(Body::new(sub, g, model)), fed))
+    let mut body = Body::new(sub, g, model);
+    body.fold_ints = true;
+    Ok((Kind::Node(body), fed))
 }

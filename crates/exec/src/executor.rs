@@ -314,8 +314,10 @@ impl Executable {
     /// Binds `model` (shapes inferred at the plan's dims: the
     /// [`graphopt_plan::ModelPlan::model`]) to `plan` and asks `backend` for
     /// every kernel. Refuses, with one line, an op without a kernel, a
-    /// value of unknown size, a subgraph, or a plan with overlapping live
-    /// bytes at a node.
+    /// value of unknown size the plan did not list as dynamic, a Scan, or
+    /// a plan with overlapping live bytes at a node. If/Loop and nodes
+    /// touching the plan's `dynamic_values` become nested programs
+    /// (`crate::control`).
     pub fn new(model: &Model, plan: &Plan, backend: &dyn Backend) -> Result<Executable, ExecError> {
         let b = bind(model, plan, &HostMaker(backend))?;
         Ok(Executable {

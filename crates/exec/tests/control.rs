@@ -168,6 +168,33 @@ fn values_after_a_scan_output_are_dynamic_allocations() {
     assert_eq!(s.dynamic_peak_bytes, 48);
 }
 
+/// A Reshape of a dynamic value to a shape computed at run time: the node
+/// runs alone with the computed shape folded in, so its output is planned.
+#[test]
+fn a_node_after_a_dynamic_value_sees_computed_shapes() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (int64 m, float[2] x) => (float[2,N] flipped) <int64[1] st = {-1}, int64[1] en = {-3}, int64[1] ax = {0}, int64[1] stp = {-1}> {
+          last, rows = Loop (m, "", x) <body = body (int64 i, bool c, float[2] xi) => (bool co, float[2] xo, float[2] row) {
+                xo = Identity (xi)
+                row = Identity (xi)
+                co = Identity (c)
+              }>
+          sh = Shape (rows)
+          rev = Slice (sh, st, en, ax, stp)
+          flipped = Reshape (rows, rev)
+        }"#);
+    assert!(e.dynamic_values().contains(&"flipped".to_string()));
+    let (o, _) = run(
+        &mut e,
+        &[
+            HostTensor::from_i64(&[], &[3]),
+            HostTensor::from_f32(&[2], &[1.0, 2.0]),
+        ],
+    );
+    assert_eq!(o[0].shape, [2, 3]);
+    assert_eq!(f32s(&o[0]), [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
+}
+
 /// A nested If inside a Loop body reads a value of the main graph (a
 /// runtime input two scopes out) and a main-graph weight.
 #[test]
@@ -247,6 +274,26 @@ fn body_outputs_may_be_inputs_or_outer_values() {
     );
     assert_eq!(f32s(&o[0]), [3.0, 4.0]);
     assert_eq!(f32s(&o[1]), [1.0, 2.0, 1.0, 2.0]);
+}
+
+/// A node whose output size stays unknown even run alone at the shapes
+/// seen (a float Range to a computed limit) fails in one line naming it.
+#[test]
+fn a_size_unknown_even_at_run_time_is_one_clear_error() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float a) => (float[N] r) <float zero = {0.0}, float one = {1.0}> {
+          lim = Add (a, one)
+          [range0] r = Range (zero, lim, one)
+        }"#);
+    assert_eq!(e.dynamic_values(), ["r"]);
+    let err = e
+        .run(&[HostTensor::from_f32(&[], &[2.0])], &RunOptions::default())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("node 'range0' (Range)"), "{err}");
+    assert!(err.contains("the size of r is unknown"), "{err}");
+    assert!(!err.contains('\n'), "{err}");
 }
 
 #[test]
