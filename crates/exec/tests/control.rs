@@ -288,8 +288,7 @@ fn a_size_unknown_even_at_run_time_is_one_clear_error() {
     assert_eq!(e.dynamic_values(), ["r"]);
     let err = e
         .run(&[HostTensor::from_f32(&[], &[2.0])], &RunOptions::default())
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(err.contains("node 'range0' (Range)"), "{err}");
     assert!(err.contains("the size of r is unknown"), "{err}");
