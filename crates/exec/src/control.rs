@@ -1,4 +1,4 @@
-//! Nodes the kernel table cannot express: If and Loop (their bodies are
+//! Nodes the kernel table cannot express: If, Loop and Scan (their bodies are
 //! subgraphs), and nodes that read or write a value of data-dependent size
 //! (a Loop's scan outputs, an If whose branches differ in shape, and
 //! everything downstream: the plan's `dynamic_values`).
@@ -14,6 +14,9 @@
 //! - Loop: runs the body while `i < M` (when M is given) and the condition
 //!   holds (when given); loop-carried values feed the next iteration, scan
 //!   outputs are stacked along a new axis 0.
+//! - Scan (opset 9+, along axis 0, either direction): the body runs once
+//!   per row of the scan inputs with the state carried; scan outputs are
+//!   stacked (reversed for a reverse direction).
 //! - A node touching a dynamic value: the node alone, as a one-node graph.
 //!
 //! Inputs are copied out of the arena (or the dynamic store) and outputs
@@ -34,6 +37,14 @@ pub(crate) enum Kind {
     },
     Loop {
         body: Body,
+    },
+    /// Scan (opset 9+) along axis 0: `m` scan inputs after the states;
+    /// `reverse` flags per scan input, then per scan output.
+    Scan {
+        body: Body,
+        m: usize,
+        in_rev: Vec<bool>,
+        out_rev: Vec<bool>,
     },
     /// One ordinary node run alone (it reads or writes a dynamic value).
     Node(Body),
@@ -475,6 +486,65 @@ impl Special {
                 }
                 Ok(out.into_iter().take(nout).collect())
             }
+            Kind::Scan {
+                body,
+                m,
+                in_rev,
+                out_rev,
+            } => {
+                let n = node_in.len() - *m;
+                let ins: Vec<HostTensor> = node_in
+                    .iter()
+                    .map(|t| t.clone().ok_or("an input is missing"))
+                    .collect::<Result<_, _>>()?;
+                let (states, scan_in) = ins.split_at(n);
+                let mut states = states.to_vec();
+                let len = match scan_in.first() {
+                    Some(t) => *t.shape.first().ok_or("a scan input is a scalar")?,
+                    None => 0,
+                };
+                if scan_in.iter().any(|t| t.shape.first() != Some(&len)) {
+                    return Err("scan inputs differ in length along axis 0".into());
+                }
+                let k = body.graph.outputs.len() - n;
+                let mut scans: Vec<Vec<HostTensor>> = vec![Vec::new(); k];
+                for step in 0..len {
+                    let mut formal = std::mem::take(&mut states);
+                    for (j, t) in scan_in.iter().enumerate() {
+                        let row = if in_rev[j] { len - 1 - step } else { step };
+                        let bytes = t.data.len() / len;
+                        formal.push(HostTensor {
+                            dtype: t.dtype,
+                            shape: t.shape[1..].to_vec(),
+                            data: t.data[row * bytes..(row + 1) * bytes].to_vec(),
+                        });
+                    }
+                    let out = body.run(formal, &captures, opts, stats)?;
+                    if out.len() != n + k {
+                        return Err(format!(
+                            "the body gives {} outputs, expected {}",
+                            out.len(),
+                            n + k
+                        ));
+                    }
+                    let mut out = out.into_iter();
+                    states.extend(out.by_ref().take(n));
+                    for (j, t) in out.enumerate() {
+                        scans[j].push(t);
+                    }
+                }
+                let mut result = states;
+                for (j, mut parts) in scans.into_iter().enumerate() {
+                    if out_rev[j] {
+                        parts.reverse();
+                    }
+                    result.push(stack(
+                        parts,
+                        self.outputs.get(n + j).and_then(|o| o.as_ref()),
+                    )?);
+                }
+                Ok(result.into_iter().take(nout).collect())
+            }
             Kind::Loop { body } => {
                 let trip = match node_in.first().and_then(|t| t.as_ref()) {
                     Some(t) => Some(scalar_i64(t, "the trip count M")?),
@@ -543,7 +613,7 @@ impl Special {
     pub(crate) fn arena_bytes(&self) -> u64 {
         match &self.kind {
             Kind::If { then_b, else_b } => then_b.arena_bytes() + else_b.arena_bytes(),
-            Kind::Loop { body } => body.arena_bytes(),
+            Kind::Loop { body } | Kind::Scan { body, .. } => body.arena_bytes(),
             Kind::Node(b) => b.arena_bytes(),
         }
     }
@@ -592,7 +662,17 @@ pub(crate) fn supported_control(d: &NodeData) -> Result<(), String> {
     let default = d.domain.is_empty() || d.domain == "ai.onnx";
     match d.op_type.as_str() {
         "If" | "Loop" if default => Ok(()),
-        _ => Err("subgraphs of this op are not supported yet (If and Loop run)".into()),
+        "Scan" if default => {
+            for a in ["scan_input_axes", "scan_output_axes"] {
+                if d.attr_ints(a).is_some_and(|v| v.iter().any(|&x| x != 0)) {
+                    return Err(format!(
+                        "Scan with {a} other than 0 is not supported yet (If, Loop and Scan along axis 0 run)"
+                    ));
+                }
+            }
+            Ok(())
+        }
+        _ => Err("subgraphs of this op are not supported yet (If, Loop and Scan run)".into()),
     }
 }
 
@@ -612,6 +692,44 @@ pub(crate) fn control_kind(d: &NodeData, outer: &Graph, model: &Model) -> Result
             then_b: Body::new(graph_attr(d, "then_branch")?.clone(), outer, model),
             else_b: Body::new(graph_attr(d, "else_branch")?.clone(), outer, model),
         },
+        "Scan" => {
+            if model.onnx_opset().is_some_and(|v| v < 9) {
+                return Err("Scan before opset 9 (batched, sequence_lens) is not supported".into());
+            }
+            let body = graph_attr(d, "body")?;
+            let m = d
+                .attr_int("num_scan_inputs")
+                .ok_or("attribute 'num_scan_inputs' is missing")? as usize;
+            let n = d
+                .inputs()
+                .len()
+                .checked_sub(m)
+                .ok_or("fewer inputs than num_scan_inputs")?;
+            let k = body
+                .outputs
+                .len()
+                .checked_sub(n)
+                .ok_or("the body gives fewer outputs than states")?;
+            if body.inputs.len() != n + m || d.inputs().iter().any(|i| i.is_none()) {
+                return Err(format!(
+                    "the body takes {} inputs, the node gives {} (states, scan inputs)",
+                    body.inputs.len(),
+                    d.inputs().len()
+                ));
+            }
+            let dirs = |a: &str, len: usize| -> Vec<bool> {
+                let v = d.attr_ints(a).unwrap_or(&[]);
+                (0..len)
+                    .map(|i| v.get(i).is_some_and(|&x| x == 1))
+                    .collect()
+            };
+            Kind::Scan {
+                body: Body::new(body.clone(), outer, model),
+                m,
+                in_rev: dirs("scan_input_directions", m),
+                out_rev: dirs("scan_output_directions", k),
+            }
+        }
         _ => {
             let body = graph_attr(d, "body")?;
             if body.inputs.len() != d.inputs().len() {

@@ -1,4 +1,4 @@
-//! If and Loop as nested programs, and values of data-dependent size as
+//! If, Loop and Scan as nested programs, and values of data-dependent size as
 //! dynamic allocations outside the arena: each small model runs through the
 //! whole runtime (planned arena, poison on) against values computed here.
 
@@ -295,12 +295,43 @@ fn a_size_unknown_even_at_run_time_is_one_clear_error() {
     assert!(!err.contains('\n'), "{err}");
 }
 
+/// Scan along axis 0: a running sum (state) and its trace (a scan output),
+/// forward over the rows and backward.
 #[test]
-fn scan_is_refused_in_one_line_naming_the_node() {
+fn scan_carries_state_over_rows_both_directions() {
+    let text = |dirs: &str| {
+        format!(
+            r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[3,2] xs, float[2] s0) => (float[2] s, float[3,2] trace) {{
+          s, trace = Scan <num_scan_inputs = 1, {dirs} body = body (float[2] si, float[2] x) => (float[2] so, float[2] t) {{
+                so = Add (si, x)
+                t = Identity (so)
+              }}> (s0, xs)
+        }}"#
+        )
+    };
+    let xs = HostTensor::from_f32(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let s0 = HostTensor::from_f32(&[2], &[10.0, 20.0]);
+    let mut e = exe(&text(""));
+    let (o, s) = run(&mut e, &[xs.clone(), s0.clone()]);
+    assert_eq!(f32s(&o[0]), [19.0, 32.0]);
+    assert_eq!(f32s(&o[1]), [11.0, 22.0, 14.0, 26.0, 19.0, 32.0]);
+    assert_eq!(s.subgraph_runs, 3);
+    // Rows last to first; the trace written back to front.
+    let mut e = exe(&text(
+        "scan_input_directions = [1], scan_output_directions = [1],",
+    ));
+    let (o, _) = run(&mut e, &[xs, s0]);
+    assert_eq!(f32s(&o[0]), [19.0, 32.0]);
+    assert_eq!(f32s(&o[1]), [19.0, 32.0, 18.0, 30.0, 15.0, 26.0]);
+}
+
+#[test]
+fn scan_along_another_axis_is_refused_in_one_line_naming_the_node() {
     let m = graphopt_text::parse_model(
         r#"<ir_version: 8, opset_import: ["" : 17]>
-        g (float[3,2] xs, float[2] s0) => (float[2] s) {
-          [scan0] s = Scan <num_scan_inputs = 1, body = body (float[2] si, float[2] x) => (float[2] so) {
+        g (float[2,3] xs, float[2] s0) => (float[2] s) {
+          [scan0] s = Scan <num_scan_inputs = 1, scan_input_axes = [1], body = body (float[2] si, float[2] x) => (float[2] so) {
                 so = Add (si, x)
               }> (s0, xs)
         }"#,
@@ -312,6 +343,6 @@ fn scan_is_refused_in_one_line_naming_the_node() {
         .expect("refused")
         .to_string();
     assert!(e.contains("Scan (node 'scan0')"), "{e}");
-    assert!(e.contains("If and Loop run"), "{e}");
+    assert!(e.contains("scan_input_axes other than 0"), "{e}");
     assert!(!e.contains('\n'));
 }
