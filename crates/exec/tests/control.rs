@@ -346,3 +346,28 @@ fn scan_along_another_axis_is_refused_in_one_line_naming_the_node() {
     assert!(e.contains("scan_input_axes other than 0"), "{e}");
     assert!(!e.contains('\n'));
 }
+
+/// The CUDA backend (bound without a GPU) refuses subgraphs and dynamic
+/// values in one line naming the node, before anything runs.
+#[test]
+fn the_cuda_backend_refuses_control_flow_in_one_line() {
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (bool c, float[3] x) => (float[3] y) {
+          [if0] y = If (c) <then_branch = then_g () => (float[3] a) {
+                a = Neg (x)
+              }, else_branch = else_g () => (float[3] b) {
+                b = Identity (x)
+              }>
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let e = graphopt_exec::cuda::plan_kernels(&mp.model, &mp.plan)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("no cuda kernel for If (node 'if0')"), "{e}");
+    assert!(e.contains("not supported yet on this backend"), "{e}");
+    assert!(!e.contains('\n'));
+}
