@@ -364,8 +364,7 @@ fn the_cuda_backend_refuses_control_flow_in_one_line() {
     .unwrap();
     let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
     let e = graphopt_exec::cuda::plan_kernels(&mp.model, &mp.plan)
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(e.contains("no cuda kernel for If (node 'if0')"), "{e}");
     assert!(e.contains("not supported yet on this backend"), "{e}");
