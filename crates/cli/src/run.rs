@@ -97,7 +97,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         s += &format!("workspace   {}\n", human_bytes(r.workspace_bytes));
         if r.subgraph_arena_bytes > 0 {
             s += &format!(
-                "subgraphs   {} (nested arenas and workspaces of If/Loop bodies)\n",
+                "subgraphs   {} (nested arenas and workspaces: If/Loop/Scan bodies, nodes run alone)\n",
                 human_bytes(r.subgraph_arena_bytes)
             );
         }

@@ -7,6 +7,10 @@
 //! A [`Runner`] keeps the plan and kernels made for each set of input
 //! shapes, so repeated calls plan once per shape.
 //!
+//! If, Loop and Scan run as nested programs planned per shape in their own
+//! arenas (`subgraph_arena_bytes`); values of data-dependent size are heap
+//! allocations outside the arena (`dynamic_values`, `dynamic_bytes`).
+//!
 //! `Device::Cuda` runs the same plan with graphopt-exec's CUDA backend
 //! (one weights buffer and one arena + workspace buffer on the GPU; later
 //! runs of `repeat` replay a CUDA graph). It is planned afresh on each
