@@ -95,6 +95,28 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             human_bytes(r.arena_allocated_bytes)
         );
         s += &format!("workspace   {}\n", human_bytes(r.workspace_bytes));
+        if r.subgraph_arena_bytes > 0 {
+            s += &format!(
+                "subgraphs   {} (nested arenas and workspaces: If/Loop/Scan bodies, nodes run alone)\n",
+                human_bytes(r.subgraph_arena_bytes)
+            );
+        }
+        if !r.dynamic_values.is_empty() {
+            let shown: Vec<&str> = r
+                .dynamic_values
+                .iter()
+                .take(8)
+                .map(|s| s.as_str())
+                .collect();
+            s +=
+                &format!(
+                "dynamic     {} peak outside the arena, {} value(s) of data-dependent size: {}{}\n",
+                human_bytes(r.dynamic_bytes),
+                r.dynamic_values.len(),
+                shown.join(", "),
+                if r.dynamic_values.len() > shown.len() { ", ..." } else { "" }
+            );
+        }
         if let Some(c) = &r.cuda {
             s += &format!(
                 "gpu         {}: {} kernel launch(es) per run, {} compiled kernel(s), setup {:.0} ms\n",

@@ -1,5 +1,6 @@
-//! `graphopt run`: JSON report, `-o OUT.npz`, `--poison`, and one-line
-//! refusals (`--device cuda`, an op without a kernel).
+//! `graphopt run`: JSON report, `-o OUT.npz`, `--poison`, If/Loop with a
+//! dynamic value reported, and one-line refusals (`--device cuda`, an op
+//! without a kernel).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -36,6 +37,41 @@ fn run_reports_memory_and_writes_outputs() {
     assert_eq!(j["poison"]["ok"], true);
     let arrays = graphopt_tract::npz::read(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(arrays["logits"].shape(), &[2, 10]);
+}
+
+/// If/Loop run; the Loop's scan output is a dynamic allocation, listed
+/// with its peak bytes, and the nested arenas are reported beside the main
+/// one, in the JSON and the text report.
+#[test]
+fn control_flow_reports_nested_arenas_and_dynamic_values() {
+    let o = bin()
+        .arg("run")
+        .arg(model("if_loop.helper13.onnx"))
+        .arg("--inputs")
+        .arg(model("if_loop.helper13.else.inputs.npz"))
+        .args(["--poison", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["dynamic_values"], serde_json::json!(["means"]));
+    // `means`: 3 iterations of one f32.
+    assert_eq!(j["dynamic_bytes"], 12);
+    assert!(j["subgraph_arena_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(j["arena_planned_bytes"], j["arena_allocated_bytes"]);
+    assert_eq!(j["poison"]["ok"], true);
+    let o = bin()
+        .arg("run")
+        .arg(model("if_loop.helper13.onnx"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("1 value(s) of data-dependent size: means"),
+        "{text}"
+    );
+    assert!(text.contains("subgraphs "), "{text}");
 }
 
 #[test]

@@ -17,6 +17,7 @@
 //! change.
 
 use crate::backend::{Backend, Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
+use crate::control::{self, nbytes, OutSlot, Special};
 use crate::tensor::{elem_size, numel, HostTensor};
 use bytes::Bytes;
 use graphopt_ir::{DType, Graph, Model, TensorData, ValueId};
@@ -71,10 +72,18 @@ impl Default for RunOptions {
 /// What one run did besides computing outputs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunStats {
-    /// Regions overwritten with poison.
+    /// Regions overwritten with poison (nested arenas included).
     pub poisoned_regions: usize,
-    /// Nodes whose kernel ran (aliased views do not run).
+    /// Nodes whose kernel ran (aliased views do not run; kernels of
+    /// subgraph bodies count).
     pub kernels_run: usize,
+    /// Runs of nested programs (If branches, Loop iterations, nodes run
+    /// alone because they touch a dynamic value).
+    pub subgraph_runs: usize,
+    /// Peak bytes of the values of data-dependent size live at once,
+    /// outside the arena (a nested run's peak is added to what was live
+    /// around it).
+    pub dynamic_peak_bytes: u64,
 }
 
 /// A 64-byte aligned, zeroed byte buffer.
@@ -147,8 +156,14 @@ impl Weight {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Loc {
-    Arena { offset: usize, len: usize },
+    Arena {
+        offset: usize,
+        len: usize,
+    },
     Weight(usize),
+    /// A value of data-dependent size: slot of the dynamic store (host
+    /// executables only; device backends refuse such plans).
+    Dynamic(usize),
 }
 
 pub(crate) struct Step<K> {
@@ -162,6 +177,9 @@ pub(crate) struct Step<K> {
     pub(crate) in_place: Vec<usize>,
     /// An aliased view: the bytes are already there.
     pub(crate) skip: bool,
+    /// If/Loop, or a node touching a dynamic value: run as a nested
+    /// program (`kernel` is then a placeholder and `outputs` empty).
+    pub(crate) special: Option<Box<Special>>,
 }
 
 pub(crate) struct Region {
@@ -180,6 +198,20 @@ pub(crate) trait KernelMaker {
     fn make(&self, ctx: &NodeCtx) -> Result<Self::K, String>;
     fn workspace_bytes(k: &Self::K) -> usize;
     fn in_place(k: &Self::K) -> bool;
+    /// A placeholder kernel for steps run as nested programs (If, Loop,
+    /// nodes touching dynamic values); `None` (the default) refuses them.
+    fn nop(&self) -> Option<Self::K> {
+        None
+    }
+}
+
+/// The placeholder kernel of a special step (never run).
+struct Nop;
+
+impl Kernel for Nop {
+    fn run(&self, _: &mut KernelIo) -> Result<(), String> {
+        Err("a special step has no kernel".into())
+    }
 }
 
 struct HostMaker<'a>(&'a dyn Backend);
@@ -201,6 +233,9 @@ impl KernelMaker for HostMaker<'_> {
     fn in_place(k: &Self::K) -> bool {
         k.in_place()
     }
+    fn nop(&self) -> Option<Self::K> {
+        Some(Box::new(Nop))
+    }
 }
 
 /// A model bound to a plan: every check of [`Executable::new`] done, every
@@ -219,6 +254,10 @@ pub(crate) struct Bound<K> {
     pub(crate) defaults: Vec<(usize, Bytes)>,
     pub(crate) outputs: Vec<(String, Loc, TensorInfo)>,
     pub(crate) poison_after: Vec<Vec<Region>>,
+    /// Names of the dynamic values, by store slot.
+    pub(crate) dyn_names: Vec<String>,
+    /// Dynamic values to free after each step.
+    pub(crate) dyn_free_after: Vec<Vec<usize>>,
 }
 
 /// A model bound to a plan and a backend, ready to run.
@@ -238,6 +277,10 @@ pub struct Executable {
     outputs: Vec<(String, Loc, TensorInfo)>,
     /// Regions to poison after each step.
     poison_after: Vec<Vec<Region>>,
+    dyn_names: Vec<String>,
+    dyn_free_after: Vec<Vec<usize>>,
+    /// Values of data-dependent size during a run (emptied after it).
+    dyn_store: Vec<Option<HostTensor>>,
 }
 
 fn info(g: &Graph, v: ValueId) -> Result<TensorInfo, ExecError> {
@@ -271,8 +314,10 @@ impl Executable {
     /// Binds `model` (shapes inferred at the plan's dims: the
     /// [`graphopt_plan::ModelPlan::model`]) to `plan` and asks `backend` for
     /// every kernel. Refuses, with one line, an op without a kernel, a
-    /// value of unknown size, a subgraph, or a plan with overlapping live
-    /// bytes at a node.
+    /// value of unknown size the plan did not list as dynamic, a Scan, or
+    /// a plan with overlapping live bytes at a node. If/Loop and nodes
+    /// touching the plan's `dynamic_values` become nested programs
+    /// (`crate::control`).
     pub fn new(model: &Model, plan: &Plan, backend: &dyn Backend) -> Result<Executable, ExecError> {
         let b = bind(model, plan, &HostMaker(backend))?;
         Ok(Executable {
@@ -288,7 +333,26 @@ impl Executable {
             defaults: b.defaults,
             outputs: b.outputs,
             poison_after: b.poison_after,
+            dyn_store: vec![None; b.dyn_names.len()],
+            dyn_names: b.dyn_names,
+            dyn_free_after: b.dyn_free_after,
         })
+    }
+
+    /// Bytes of the nested programs' arenas and workspaces (If branches,
+    /// Loop bodies, nodes run alone), one per input shapes seen so far,
+    /// recursively: allocated beside the main arena.
+    pub fn subgraph_arena_bytes(&self) -> u64 {
+        self.steps
+            .iter()
+            .filter_map(|s| s.special.as_ref())
+            .map(|s| s.arena_bytes())
+            .sum()
+    }
+    /// Values of data-dependent size, allocated outside the arena during
+    /// a run (the plan's `dynamic_values`).
+    pub fn dynamic_values(&self) -> &[String] {
+        &self.dyn_names
     }
 
     /// Arena bytes as the plan sized it.
@@ -339,7 +403,7 @@ impl Executable {
         }
         let arena = self.arena.bytes_mut();
         for ((name, off, ti), t) in self.inputs.iter().zip(inputs) {
-            if t.dtype != ti.dtype || t.shape != ti.shape {
+            if t.dtype != ti.dtype || t.shape != ti.shape || t.data.len() != nbytes(t) {
                 return Err(ExecError::Input(format!(
                     "input '{name}' is {} {:?}, the plan is for {} {:?}",
                     t.dtype.name(),
@@ -357,8 +421,84 @@ impl Executable {
         let base = self.arena.ptr.as_ptr();
         let ws_all = self.workspace.bytes_mut();
         let (staging, ws) = ws_all.split_at_mut(self.staging_bytes);
-        for (si, step) in self.steps.iter().enumerate() {
-            if !step.skip {
+        let weights = &self.weights;
+        let dyn_store = &mut self.dyn_store;
+        dyn_store.iter_mut().for_each(|d| *d = None);
+        let mut dyn_live = 0u64;
+        for (si, step) in self.steps.iter_mut().enumerate() {
+            if let Some(sp) = step.special.as_mut() {
+                let kerr = |msg: String| ExecError::Kernel {
+                    op: step.op.clone(),
+                    node: step.name.clone(),
+                    msg,
+                };
+                let mut ins = Vec::with_capacity(step.inputs.len());
+                for i in &step.inputs {
+                    let Some((l, ti)) = i else {
+                        ins.push(None);
+                        continue;
+                    };
+                    let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+                    let data = match *l {
+                        // SAFETY: inside the arena (checked in `new`); no
+                        // other reference into the arena is alive here.
+                        Loc::Arena { offset, .. } => {
+                            unsafe { std::slice::from_raw_parts(base.add(offset), n) }.to_vec()
+                        }
+                        Loc::Weight(w) => weights[w].bytes()[..n].to_vec(),
+                        Loc::Dynamic(k) => {
+                            let t = dyn_store[k].clone().ok_or_else(|| {
+                                kerr(format!(
+                                    "dynamic value '{}' is read after it was freed",
+                                    self.dyn_names[k]
+                                ))
+                            })?;
+                            ins.push(Some(t));
+                            continue;
+                        }
+                    };
+                    ins.push(Some(HostTensor {
+                        dtype: ti.dtype,
+                        shape: ti.shape.clone(),
+                        data,
+                    }));
+                }
+                let mut sub = RunStats::default();
+                let outs = sp.run(ins, opts, &mut sub).map_err(kerr)?;
+                stats.poisoned_regions += sub.poisoned_regions;
+                stats.kernels_run += sub.kernels_run;
+                stats.subgraph_runs += sub.subgraph_runs;
+                stats.dynamic_peak_bytes = stats
+                    .dynamic_peak_bytes
+                    .max(dyn_live + sub.dynamic_peak_bytes);
+                for (t, slot) in outs.into_iter().zip(sp.outputs.iter().flatten()) {
+                    match slot {
+                        OutSlot::Arena {
+                            name,
+                            offset,
+                            len,
+                            shape,
+                        } => {
+                            if t.shape != *shape || t.data.len() != *len {
+                                return Err(kerr(format!(
+                                    "output '{name}' is {:?} at run time, the plan has {shape:?} ({len} B)",
+                                    t.shape
+                                )));
+                            }
+                            // SAFETY: inside the arena; no reference is alive.
+                            unsafe { std::slice::from_raw_parts_mut(base.add(*offset), *len) }
+                                .copy_from_slice(&t.data);
+                        }
+                        OutSlot::Dynamic { index } => {
+                            dyn_live += t.data.len() as u64;
+                            if let Some(old) = dyn_store[*index].replace(t) {
+                                dyn_live -= old.data.len() as u64;
+                            }
+                        }
+                    }
+                }
+                stats.dynamic_peak_bytes = stats.dynamic_peak_bytes.max(dyn_live);
+            } else if !step.skip {
                 let stage = !step.in_place.is_empty() && !step.kernel.in_place();
                 if stage {
                     let (off, len, _) = step.outputs[0].as_ref().expect("in-place output");
@@ -385,7 +525,9 @@ impl Executable {
                                 Loc::Arena { offset, len } => Data::Bytes(unsafe {
                                     std::slice::from_raw_parts(base.add(offset), len)
                                 }),
-                                Loc::Weight(w) => Data::Bytes(self.weights[w].bytes()),
+                                Loc::Weight(w) => Data::Bytes(weights[w].bytes()),
+                                // Steps reading a dynamic value are special.
+                                Loc::Dynamic(_) => Data::Bytes(&[]),
                             }
                         };
                         In {
@@ -420,6 +562,11 @@ impl Executable {
                 })?;
                 stats.kernels_run += 1;
             }
+            for &k in &self.dyn_free_after[si] {
+                if let Some(t) = dyn_store[k].take() {
+                    dyn_live -= t.data.len() as u64;
+                }
+            }
             if opts.poison {
                 for r in &self.poison_after[si] {
                     // SAFETY: inside the arena; no reference is alive.
@@ -436,22 +583,27 @@ impl Executable {
             }
         }
         let arena = self.arena.bytes();
-        let outputs = self
-            .outputs
-            .iter()
-            .map(|(_, l, ti)| {
-                let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
-                let data = match *l {
-                    Loc::Arena { offset, .. } => arena[offset..offset + n].to_vec(),
-                    Loc::Weight(w) => self.weights[w].bytes()[..n].to_vec(),
-                };
-                HostTensor {
-                    dtype: ti.dtype,
-                    shape: ti.shape.clone(),
-                    data,
+        let mut outputs = Vec::with_capacity(self.outputs.len());
+        for (name, l, ti) in &self.outputs {
+            let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+            let data = match *l {
+                Loc::Arena { offset, .. } => arena[offset..offset + n].to_vec(),
+                Loc::Weight(w) => self.weights[w].bytes()[..n].to_vec(),
+                Loc::Dynamic(k) => {
+                    let t = self.dyn_store[k].clone().ok_or_else(|| {
+                        ExecError::BadPlan(format!("output '{name}' was freed before the end"))
+                    })?;
+                    outputs.push(t);
+                    continue;
                 }
-            })
-            .collect();
+            };
+            outputs.push(HostTensor {
+                dtype: ti.dtype,
+                shape: ti.shape.clone(),
+                data,
+            });
+        }
+        self.dyn_store.iter_mut().for_each(|d| *d = None);
         Ok((outputs, stats))
     }
 }
@@ -470,12 +622,19 @@ pub(crate) fn bind<M: KernelMaker>(
 
     // Invariant 1 first by name: an op without any kernel, or a
     // subgraph, is named before anything else is checked.
+    let specials = backend.nop().is_some();
     for &n in &plan.schedule {
         let d = g.node(n);
-        let why = if d.has_subgraphs() {
-            "subgraphs (If/Loop/Scan) are not supported yet"
+        let why: String = if d.has_subgraphs() {
+            if !specials {
+                "subgraphs (If/Loop/Scan) are not supported yet on this backend".into()
+            } else if let Err(e) = control::supported_control(d) {
+                e
+            } else {
+                continue;
+            }
         } else if !backend.has_op(&d.domain, &d.op_type) {
-            "no kernel for this op yet"
+            "no kernel for this op yet".into()
         } else {
             continue;
         };
@@ -487,10 +646,10 @@ pub(crate) fn bind<M: KernelMaker>(
             } else {
                 d.name.clone()
             },
-            why: why.into(),
+            why,
         });
     }
-    if !plan.dynamic_values.is_empty() {
+    if !plan.dynamic_values.is_empty() && !specials {
         return Err(ExecError::Unsupported(format!(
             "{} value(s) of data-dependent size ({}): dynamic allocation is not implemented yet",
             plan.dynamic_values.len(),
@@ -504,6 +663,14 @@ pub(crate) fn bind<M: KernelMaker>(
         .map_or(1, |o| o.version);
     let nvals = g.values().map(|v| v.index() + 1).max().unwrap_or(0);
     let mut tensor_of: Vec<Option<usize>> = vec![None; nvals];
+    // Values of data-dependent size: the dynamic store's slots.
+    let mut dyn_of: Vec<Option<usize>> = vec![None; nvals];
+    for (i, name) in plan.dynamic_values.iter().enumerate() {
+        let v = g.value_by_name(name).ok_or_else(|| {
+            ExecError::BadPlan(format!("dynamic value '{name}' is not in the graph"))
+        })?;
+        dyn_of[v.index()] = Some(i);
+    }
     for (i, t) in plan.tensors.iter().enumerate() {
         tensor_of[t.value.index()] = Some(i);
         if t.offset + t.size > plan.arena_bytes {
@@ -545,6 +712,9 @@ pub(crate) fn bind<M: KernelMaker>(
         if let Some(i) = weight_of[v.index()] {
             return Ok(Loc::Weight(i));
         }
+        if let Some(i) = dyn_of[v.index()] {
+            return Ok(Loc::Dynamic(i));
+        }
         match tensor_of[v.index()] {
             Some(t) => Ok(Loc::Arena {
                 offset: plan.tensors[t].offset as usize,
@@ -577,10 +747,89 @@ pub(crate) fn bind<M: KernelMaker>(
             node: name.clone(),
             why,
         };
-        if d.has_subgraphs() {
-            return Err(refuse(
-                "subgraphs (If/Loop/Scan) are not supported yet".into(),
-            ));
+        let touches_dynamic = d
+            .inputs()
+            .iter()
+            .chain(d.outputs())
+            .flatten()
+            .any(|v| dyn_of[v.index()].is_some());
+        if d.has_subgraphs() || touches_dynamic {
+            let kernel = backend.nop().ok_or_else(|| {
+                refuse("subgraphs (If/Loop/Scan) are not supported yet on this backend".into())
+            })?;
+            // Inputs: the node's, then its non-weight captures (If/Loop),
+            // or the distinct non-weight inputs (a node run alone).
+            let (kind, fed, node_inputs, capture_names) = if d.has_subgraphs() {
+                let kind = control::control_kind(d, g, model).map_err(&refuse)?;
+                let mut fed: Vec<Option<ValueId>> = d.inputs().to_vec();
+                let mut names = Vec::new();
+                for &c in d.captures() {
+                    if weight_of[c.index()].is_none() {
+                        fed.push(Some(c));
+                        names.push(g.name(c).to_string());
+                    }
+                }
+                (kind, fed, d.inputs().len(), names)
+            } else {
+                let (kind, fed) = control::node_kind(g, d, model).map_err(&refuse)?;
+                let n = fed.len();
+                (kind, fed.into_iter().map(Some).collect(), n, Vec::new())
+            };
+            let mut inputs = Vec::new();
+            for v in fed {
+                inputs.push(match v {
+                    None => None,
+                    Some(v) => Some((loc(v)?, info_or_dynamic(g, v, &dyn_of)?)),
+                });
+            }
+            let mut outs = Vec::new();
+            for &o in d.outputs() {
+                let Some(v) = o else {
+                    outs.push(None);
+                    continue;
+                };
+                outs.push(Some(match loc(v)? {
+                    Loc::Arena { offset, len } => {
+                        let ti = info(g, v)?;
+                        let want = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+                        if len != want {
+                            return Err(ExecError::BadPlan(format!(
+                                "tensor '{}' is planned at {len} bytes but holds {want}",
+                                g.name(v)
+                            )));
+                        }
+                        OutSlot::Arena {
+                            name: g.name(v).to_string(),
+                            offset,
+                            len,
+                            shape: ti.shape,
+                        }
+                    }
+                    Loc::Dynamic(index) => OutSlot::Dynamic { index },
+                    Loc::Weight(_) => {
+                        return Err(ExecError::BadPlan(format!(
+                            "output '{}' of node '{name}' is an initializer",
+                            g.name(v)
+                        )))
+                    }
+                }));
+            }
+            steps.push(Step {
+                name,
+                op: d.op_type.clone(),
+                kernel,
+                inputs,
+                outputs: Vec::new(),
+                in_place: Vec::new(),
+                skip: false,
+                special: Some(Box::new(Special {
+                    kind,
+                    node_inputs,
+                    capture_names,
+                    outputs: outs,
+                })),
+            });
+            continue;
         }
         let mut inputs = Vec::new();
         let mut infos = Vec::new();
@@ -714,6 +963,7 @@ pub(crate) fn bind<M: KernelMaker>(
             outputs,
             in_place,
             skip,
+            special: None,
         });
     }
     // Graph inputs and outputs.
@@ -738,7 +988,39 @@ pub(crate) fn bind<M: KernelMaker>(
     }
     let mut outputs = Vec::new();
     for &v in &g.outputs {
-        outputs.push((g.name(v).to_string(), loc(v)?, info(g, v)?));
+        outputs.push((
+            g.name(v).to_string(),
+            loc(v)?,
+            info_or_dynamic(g, v, &dyn_of)?,
+        ));
+    }
+    // Dynamic values are freed after their last reader (graph outputs
+    // live to the end).
+    let mut dyn_last: Vec<Option<usize>> = vec![None; plan.dynamic_values.len()];
+    for (si, s) in steps.iter().enumerate() {
+        for (l, _) in s.inputs.iter().flatten() {
+            if let Loc::Dynamic(k) = *l {
+                dyn_last[k] = Some(si);
+            }
+        }
+        if let Some(sp) = &s.special {
+            for o in sp.outputs.iter().flatten() {
+                if let OutSlot::Dynamic { index } = o {
+                    dyn_last[*index] = Some(dyn_last[*index].map_or(si, |x| x.max(si)));
+                }
+            }
+        }
+    }
+    for (_, l, _) in &outputs {
+        if let Loc::Dynamic(k) = *l {
+            dyn_last[k] = None;
+        }
+    }
+    let mut dyn_free_after: Vec<Vec<usize>> = (0..steps.len()).map(|_| Vec::new()).collect();
+    for (k, l) in dyn_last.iter().enumerate() {
+        if let Some(si) = l {
+            dyn_free_after[*si].push(k);
+        }
     }
     // Poison regions: alias groups end together.
     let mut parent: Vec<usize> = (0..plan.tensors.len()).collect();
@@ -781,5 +1063,23 @@ pub(crate) fn bind<M: KernelMaker>(
         defaults,
         outputs,
         poison_after,
+        dyn_names: plan.dynamic_values.clone(),
+        dyn_free_after,
+    })
+}
+
+/// [`info`], or for a value of data-dependent size its element type with
+/// an empty placeholder shape (the run-time shape travels with the value).
+fn info_or_dynamic(
+    g: &Graph,
+    v: ValueId,
+    dyn_of: &[Option<usize>],
+) -> Result<TensorInfo, ExecError> {
+    if dyn_of[v.index()].is_none() {
+        return info(g, v);
+    }
+    Ok(TensorInfo {
+        dtype: g.ty(v).and_then(|t| t.elem()).unwrap_or(DType::F32),
+        shape: Vec::new(),
     })
 }

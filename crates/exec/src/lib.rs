@@ -13,14 +13,25 @@
 //! - kernel scratch (im2col, in-place staging) is one workspace sized to the
 //!   largest need, reported apart from the arena.
 //!
-//! Not yet: subgraphs (If/Loop), values of data-dependent size
-//! (`Plan::dynamic_values` is refused). The CUDA backend ([`cuda`],
+//! - If, Loop and Scan (axis 0) run as nested programs (`control`): each branch or body
+//!   is planned by graphopt-plan at the shapes seen at run time and bound
+//!   to a nested [`Executable`] with its own arena, cached per shapes
+//!   ([`Executable::subgraph_arena_bytes`]);
+//! - values of data-dependent size (`Plan::dynamic_values`: Loop scan
+//!   outputs, If outputs whose branches differ, what follows them) are
+//!   heap allocations outside the arena, freed after their last reader
+//!   ([`RunStats::dynamic_peak_bytes`]); nodes touching them run alone as
+//!   one-node nested programs.
+//!
+//! Not yet: Scan along other axes; subgraphs and dynamic values on the
+//! CUDA backend. The CUDA backend ([`cuda`],
 //! feature `cuda`, on by default) is compiled and CPU-tested but has not
 //! run on a GPU yet.
 //! fp16/bf16 nodes run the fp32 kernels on widened copies
 //! ([`cpu::lowp`]).
 
 pub mod backend;
+mod control;
 pub mod cpu;
 pub mod cuda;
 mod executor;

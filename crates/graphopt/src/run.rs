@@ -7,6 +7,10 @@
 //! A [`Runner`] keeps the plan and kernels made for each set of input
 //! shapes, so repeated calls plan once per shape.
 //!
+//! If, Loop and Scan run as nested programs planned per shape in their own
+//! arenas (`subgraph_arena_bytes`); values of data-dependent size are heap
+//! allocations outside the arena (`dynamic_values`, `dynamic_bytes`).
+//!
 //! `Device::Cuda` runs the same plan with graphopt-exec's CUDA backend
 //! (one weights buffer and one arena + workspace buffer on the GPU; later
 //! runs of `repeat` replay a CUDA graph). It is planned afresh on each
@@ -100,9 +104,16 @@ pub struct RunReport {
     pub arena_planned_bytes: u64,
     pub arena_allocated_bytes: u64,
     pub workspace_bytes: u64,
-    /// Bytes allocated outside the arena for values of data-dependent
-    /// size (always 0: such models are refused for now).
+    /// Peak bytes allocated outside the arena, in the last clean run, for
+    /// values of data-dependent size (`dynamic_values`: Loop scan
+    /// outputs, If outputs whose branches differ, what follows them).
     pub dynamic_bytes: u64,
+    /// The values of data-dependent size the plan left outside the arena.
+    pub dynamic_values: Vec<String>,
+    /// Arenas and workspaces of the nested programs (If branches, Loop
+    /// bodies, nodes run alone on dynamic values), one per input shapes
+    /// seen, allocated beside the main arena.
+    pub subgraph_arena_bytes: u64,
     /// Peak resident set of this process (Linux `VmHWM`), if known.
     pub peak_rss_bytes: Option<u64>,
     pub poison: Option<PoisonReport>,
@@ -317,13 +328,15 @@ impl Runner<'_> {
         };
         let mut times: Vec<Duration> = Vec::new();
         let mut outputs = Vec::new();
+        let mut dynamic_bytes = 0;
         for _ in 0..opts.repeat.max(1) {
             let t0 = Instant::now();
-            let (o, _) = exe
+            let (o, st) = exe
                 .run(&host, &ropts)
                 .map_err(|e| session.err(Error::new(e.to_string())))?;
             times.push(t0.elapsed());
             outputs = o;
+            dynamic_bytes = st.dynamic_peak_bytes;
         }
         let output_names = exe.output_names();
         let poison = if opts.poison {
@@ -368,7 +381,9 @@ impl Runner<'_> {
             arena_planned_bytes: exe.arena_planned_bytes(),
             arena_allocated_bytes: exe.arena_allocated_bytes(),
             workspace_bytes: exe.workspace_bytes(),
-            dynamic_bytes: 0,
+            dynamic_bytes,
+            dynamic_values: exe.dynamic_values().to_vec(),
+            subgraph_arena_bytes: exe.subgraph_arena_bytes(),
             peak_rss_bytes: peak_rss_bytes(),
             poison,
             cuda: None,
@@ -447,6 +462,8 @@ fn run_cuda(
         arena_allocated_bytes: mem.arena_bytes,
         workspace_bytes: mem.workspace_bytes,
         dynamic_bytes: 0,
+        dynamic_values: Vec::new(),
+        subgraph_arena_bytes: 0,
         peak_rss_bytes: peak_rss_bytes(),
         poison: None,
         cuda: Some(cuda),

@@ -12,15 +12,10 @@ use graphopt::{Inputs, OptimizeOptions, RunOptions, Session, Tolerance};
 use std::path::PathBuf;
 
 /// Models that do not run yet, and why.
-const SKIPPED: &[(&str, &str)] = &[
-    (
-        "custom_domain.helper17",
-        "com.example::FancyOp: a custom op",
-    ),
-    ("if_loop.helper13", "If/Loop: subgraphs do not run yet"),
-    ("scripted_cf.ts14", "If/Loop: subgraphs do not run yet"),
-    ("scripted_cf.ts9", "If/Loop: subgraphs do not run yet"),
-];
+const SKIPPED: &[(&str, &str)] = &[(
+    "custom_domain.helper17",
+    "com.example::FancyOp: a custom op",
+)];
 
 fn models_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models")
@@ -160,7 +155,7 @@ fn every_model_runs_like_tract_in_its_planned_arena() {
         ran += 1;
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(ran >= 42, "only {ran} model variants ran");
+    assert!(ran >= 48, "only {ran} model variants ran");
 }
 
 /// Cuts the lifetime of the largest f32-sized intermediate read two or more
@@ -241,6 +236,15 @@ fn an_op_without_a_kernel_is_named_before_anything_runs() {
 /// that runs, against onnxruntime's fp32 outputs saved beside the model,
 /// within the bound the precision suite uses (`testdata/tolerances.json`,
 /// mode `fp16`), with poison clean.
+/// fp16 bounds that differ from the precision suite's, and why. The
+/// scripted_cf models: this runtime rounds where the fp16 graph says and
+/// lands at rel L2 4.28e-5 from the fp32 outputs, equal (4e-8) to a NumPy
+/// evaluation of the fp16 graph; onnxruntime lands at 1.18e-5 because it
+/// rounds less (a NumPy evaluation that skips rounding the else branch's
+/// fp16 Sub lands within 3.6e-6 of it), and the suite's bound is 3x that.
+const FP16_BOUND_OVERRIDES: &[(&str, f64)] =
+    &[("scripted_cf.ts14", 5e-5), ("scripted_cf.ts9", 5e-5)];
+
 #[test]
 fn fp16_versions_run_within_the_precision_suites_bounds() {
     let tol: serde_json::Value =
@@ -252,9 +256,12 @@ fn fp16_versions_run_within_the_precision_suites_bounds() {
         if SKIPPED.iter().any(|s| s.0 == model) || model.starts_with("mlp_fp16") {
             continue;
         }
-        let bound = tol["bounds"][&model]["fp16"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("{model}: no fp16 bound in tolerances.json"));
+        let bound = match FP16_BOUND_OVERRIDES.iter().find(|o| o.0 == model) {
+            Some(o) => o.1,
+            None => tol["bounds"][&model]["fp16"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{model}: no fp16 bound in tolerances.json")),
+        };
         let mut session = graphopt::load(models_dir().join(format!("{model}.onnx"))).unwrap();
         session
             .lower_precision(&graphopt::PrecisionOptions::new(graphopt::Precision::F16))
@@ -301,7 +308,76 @@ fn fp16_versions_run_within_the_precision_suites_bounds() {
         ran += 1;
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(ran >= 17, "only {ran} fp16 models ran");
+    assert!(ran >= 22, "only {ran} fp16 models ran");
+}
+
+/// The control-flow models against onnxruntime's saved outputs, on every
+/// committed input set (`if_loop`'s `.else.` inputs take the other
+/// branch), as exported and optimized: If and Loop run as nested programs,
+/// the Loop's scan output is a dynamic allocation the report lists, and
+/// the nested arenas are reported.
+#[test]
+fn control_flow_models_match_onnxruntime_on_both_branches() {
+    let cases = [
+        ("if_loop.helper13", ""),
+        ("if_loop.helper13", ".else"),
+        ("scripted_cf.ts14", ""),
+        ("scripted_cf.ts9", ""),
+    ];
+    let mut failures = Vec::new();
+    for (model, set) in cases {
+        for opt in [false, true] {
+            let session = if opt {
+                optimized(model)
+            } else {
+                graphopt::load(models_dir().join(format!("{model}.onnx"))).unwrap()
+            };
+            let name = format!("{model}{set}{}", if opt { " (optimized)" } else { "" });
+            let report = session
+                .run(&RunOptions {
+                    inputs: Inputs::Npz(models_dir().join(format!("{model}{set}.inputs.npz"))),
+                    poison: true,
+                    ..Default::default()
+                })
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let saved =
+                std::fs::read(models_dir().join(format!("{model}{set}.outputs.npz"))).unwrap();
+            let saved = graphopt::tract::npz::read(&saved).unwrap();
+            let reference: Vec<_> = report
+                .output_names
+                .iter()
+                .map(|n| saved[n].clone())
+                .collect();
+            for d in graphopt::compare_outputs(
+                &report.output_names,
+                &reference,
+                &report.outputs,
+                &Tolerance::default(),
+            ) {
+                println!("{name} {}: rel_l2 {:.3e}", d.name, d.rel_l2);
+                if d.error.is_some() || d.rel_l2.is_nan() || d.rel_l2 > 1e-5 {
+                    failures.push(format!(
+                        "{name} {}: rel_l2 {} ({:?})",
+                        d.name, d.rel_l2, d.error
+                    ));
+                }
+            }
+            assert!(
+                report.poison.as_ref().unwrap().ok,
+                "{name}: poison reached an output"
+            );
+            assert!(
+                report.subgraph_arena_bytes > 0,
+                "{name}: no nested arena reported"
+            );
+            if model.starts_with("if_loop") {
+                // The Loop's scan output `means` (3 iterations of a scalar).
+                assert_eq!(report.dynamic_values, ["means"], "{name}");
+                assert_eq!(report.dynamic_bytes, 12, "{name}");
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

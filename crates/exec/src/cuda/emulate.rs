@@ -353,6 +353,7 @@ pub fn run_emulated(
                 Loc::Weight(w) => {
                     unsafe { std::slice::from_raw_parts(wptr[w] as *const u8, n) }.to_vec()
                 }
+                Loc::Dynamic(_) => unreachable!("device backends refuse dynamic values in bind"),
             };
             HostTensor {
                 dtype: ti.dtype,

@@ -130,6 +130,9 @@ pub(crate) fn dev_steps(
                 }
                 Some((Loc::Arena { offset, .. }, _)) => arena + *offset as u64,
                 Some((Loc::Weight(w), _)) => weight(*w),
+                Some((Loc::Dynamic(_), _)) => {
+                    unreachable!("device backends refuse dynamic values in bind")
+                }
             })
             .collect();
         out.push(DevStep {

@@ -300,6 +300,7 @@ impl CudaExecutable {
             match *l {
                 Loc::Arena { offset, .. } => arena.ptr + offset as u64,
                 Loc::Weight(w) => weights.ptr + w_off[w] as u64,
+                Loc::Dynamic(_) => unreachable!("device backends refuse dynamic values in bind"),
             }
         };
         let uploads: Vec<Vec<u64>> = up_off

@@ -1,0 +1,372 @@
+//! If, Loop and Scan as nested programs, and values of data-dependent size as
+//! dynamic allocations outside the arena: each small model runs through the
+//! whole runtime (planned arena, poison on) against values computed here.
+
+use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions, RunStats};
+use graphopt_ir::DType;
+use graphopt_plan::{plan_model, DimValues, PlanOptions};
+
+fn exe(text: &str) -> Executable {
+    let m = graphopt_text::parse_model(text).expect("fixture parses");
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap()
+}
+
+fn run(e: &mut Executable, inputs: &[HostTensor]) -> (Vec<HostTensor>, RunStats) {
+    let clean = e
+        .run(
+            inputs,
+            &RunOptions {
+                threads: 2,
+                poison: false,
+            },
+        )
+        .unwrap();
+    // Poison changes nothing (nested arenas are poisoned too).
+    let poisoned = e
+        .run(
+            inputs,
+            &RunOptions {
+                threads: 2,
+                poison: true,
+            },
+        )
+        .unwrap();
+    assert_eq!(clean.0, poisoned.0, "poison reached an output");
+    assert!(poisoned.1.poisoned_regions >= clean.1.poisoned_regions);
+    clean
+}
+
+fn f32s(t: &HostTensor) -> Vec<f32> {
+    t.to_f32().unwrap()
+}
+
+fn boolean(b: bool) -> HostTensor {
+    HostTensor {
+        dtype: DType::Bool,
+        shape: vec![],
+        data: vec![u8::from(b)],
+    }
+}
+
+#[test]
+fn if_runs_the_branch_its_condition_picks() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (bool c, float[3] x) => (float[3] y) <float two = {2.0}> {
+          y = If (c) <then_branch = then_g () => (float[3] a) {
+                a = Mul (x, two)
+              }, else_branch = else_g () => (float[3] b) {
+                b = Neg (x)
+              }>
+        }"#);
+    let x = HostTensor::from_f32(&[3], &[1.0, -2.0, 3.5]);
+    let (o, s) = run(&mut e, &[boolean(true), x.clone()]);
+    assert_eq!(f32s(&o[0]), [2.0, -4.0, 7.0]);
+    assert_eq!(s.subgraph_runs, 1);
+    let (o, _) = run(&mut e, &[boolean(false), x]);
+    assert_eq!(f32s(&o[0]), [-1.0, 2.0, -3.5]);
+    // One nested arena per branch that ran (3 floats each, 256-aligned).
+    assert!(e.subgraph_arena_bytes() > 0);
+    assert!(e.dynamic_values().is_empty());
+}
+
+#[test]
+fn loop_runs_its_trip_count_with_a_carried_value() {
+    // y <- y * 2 + x, M times; the condition input is omitted.
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (int64 m, float[2] y0, float[2] x) => (float[2] y) <float two = {2.0}> {
+          y = Loop (m, "", y0) <body = body (int64 i, bool c, float[2] yi) => (bool co, float[2] yo) {
+                d = Mul (yi, two)
+                yo = Add (d, x)
+                co = Identity (c)
+              }>
+        }"#);
+    let (o, s) = run(
+        &mut e,
+        &[
+            HostTensor::from_i64(&[], &[4]),
+            HostTensor::from_f32(&[2], &[1.0, 0.5]),
+            HostTensor::from_f32(&[2], &[1.0, -1.0]),
+        ],
+    );
+    let mut y = [1.0f32, 0.5];
+    for _ in 0..4 {
+        y = [y[0] * 2.0 + 1.0, y[1] * 2.0 - 1.0];
+    }
+    assert_eq!(f32s(&o[0]), y);
+    assert_eq!(s.subgraph_runs, 4);
+    // Zero trips: the initial value passes through.
+    let (o, _) = run(
+        &mut e,
+        &[
+            HostTensor::from_i64(&[], &[0]),
+            HostTensor::from_f32(&[2], &[1.0, 0.5]),
+            HostTensor::from_f32(&[2], &[1.0, -1.0]),
+        ],
+    );
+    assert_eq!(f32s(&o[0]), [1.0, 0.5]);
+}
+
+/// The loop ends when the body's condition turns false, well before M; its
+/// scan output (one value per iteration) is of data-dependent size: a
+/// dynamic allocation outside the arena, listed and measured.
+#[test]
+fn loop_condition_ends_it_early_and_scan_outputs_stack() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float s0) => (float s, float[N] trace) <int64 m = {100}, bool t = {1}, float one = {1.0}, float limit = {3.0}> {
+          s, trace = Loop (m, t, s0) <body = body (int64 i, bool c, float si) => (bool co, float so, float sc) {
+                so = Add (si, one)
+                co = Less (so, limit)
+                sc = Identity (so)
+              }>
+        }"#);
+    assert_eq!(e.dynamic_values(), ["trace"]);
+    let (o, s) = run(&mut e, &[HostTensor::from_f32(&[], &[0.0])]);
+    // 1 < 3, 2 < 3, 3 < 3 is false: three iterations.
+    assert_eq!(f32s(&o[0]), [3.0]);
+    assert_eq!(o[1].shape, [3]);
+    assert_eq!(f32s(&o[1]), [1.0, 2.0, 3.0]);
+    assert_eq!(s.subgraph_runs, 3);
+    assert_eq!(s.dynamic_peak_bytes, 12);
+    // Another start: another length, same executable.
+    let (o, s) = run(&mut e, &[HostTensor::from_f32(&[], &[-3.5])]);
+    assert_eq!(f32s(&o[1]), [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5]);
+    assert_eq!(s.dynamic_peak_bytes, 28);
+}
+
+/// Values downstream of a dynamic one are dynamic too and run as nodes
+/// alone at the shapes seen; a reduction back to a known size lands in the
+/// arena again.
+#[test]
+fn values_after_a_scan_output_are_dynamic_allocations() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (int64 m, float[2] x) => (float[2] total, float[N,2] doubled) <float two = {2.0}, int64[1] ax = {0}> {
+          last, rows = Loop (m, "", x) <body = body (int64 i, bool c, float[2] xi) => (bool co, float[2] xo, float[2] row) {
+                fi = Cast <to = 1> (i)
+                xo = Add (xi, fi)
+                row = Identity (xo)
+                co = Identity (c)
+              }>
+          doubled = Mul (rows, two)
+          total = ReduceSum <keepdims = 0> (doubled, ax)
+        }"#);
+    let mut dv = e.dynamic_values().to_vec();
+    dv.sort();
+    assert_eq!(dv, ["doubled", "rows"]);
+    let (o, s) = run(
+        &mut e,
+        &[
+            HostTensor::from_i64(&[], &[3]),
+            HostTensor::from_f32(&[2], &[1.0, 10.0]),
+        ],
+    );
+    // rows: x+0, x+0+1, x+0+1+2 = [1,10], [2,11], [4,13].
+    assert_eq!(o[1].shape, [3, 2]);
+    assert_eq!(f32s(&o[1]), [2.0, 20.0, 4.0, 22.0, 8.0, 26.0]);
+    assert_eq!(f32s(&o[0]), [14.0, 68.0]);
+    // rows (24 B) and doubled (24 B) live at once.
+    assert_eq!(s.dynamic_peak_bytes, 48);
+}
+
+/// A Reshape of a dynamic value to a shape computed at run time: the node
+/// runs alone with the computed shape folded in, so its output is planned.
+#[test]
+fn a_node_after_a_dynamic_value_sees_computed_shapes() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (int64 m, float[2] x) => (float[2,N] flipped) <int64[1] st = {-1}, int64[1] en = {-3}, int64[1] ax = {0}, int64[1] stp = {-1}> {
+          last, rows = Loop (m, "", x) <body = body (int64 i, bool c, float[2] xi) => (bool co, float[2] xo, float[2] row) {
+                xo = Identity (xi)
+                row = Identity (xi)
+                co = Identity (c)
+              }>
+          sh = Shape (rows)
+          rev = Slice (sh, st, en, ax, stp)
+          flipped = Reshape (rows, rev)
+        }"#);
+    assert!(e.dynamic_values().contains(&"flipped".to_string()));
+    let (o, _) = run(
+        &mut e,
+        &[
+            HostTensor::from_i64(&[], &[3]),
+            HostTensor::from_f32(&[2], &[1.0, 2.0]),
+        ],
+    );
+    assert_eq!(o[0].shape, [2, 3]);
+    assert_eq!(f32s(&o[0]), [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
+}
+
+/// A nested If inside a Loop body reads a value of the main graph (a
+/// runtime input two scopes out) and a main-graph weight.
+#[test]
+fn a_nested_if_in_a_loop_body_reads_outer_values() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (int64 m, float[2] w, float[2] y0) => (float[2] y) <int64 one = {1}, float half = {0.5}> {
+          y = Loop (m, "", y0) <body = body (int64 i, bool c, float[2] yi) => (bool co, float[2] yo) {
+                big = Greater (i, one)
+                yo = If (big) <then_branch = then_g () => (float[2] a) {
+                       a = Add (yi, w)
+                     }, else_branch = else_g () => (float[2] b) {
+                       p = Mul (yi, half)
+                       b = Sub (p, w)
+                     }>
+                co = Identity (c)
+              }>
+        }"#);
+    let w = [1.0f32, -2.0];
+    let (o, _) = run(
+        &mut e,
+        &[
+            HostTensor::from_i64(&[], &[4]),
+            HostTensor::from_f32(&[2], &w),
+            HostTensor::from_f32(&[2], &[8.0, 4.0]),
+        ],
+    );
+    let mut y = [8.0f32, 4.0];
+    for i in 0..4 {
+        for k in 0..2 {
+            y[k] = if i > 1 {
+                y[k] + w[k]
+            } else {
+                y[k] * 0.5 - w[k]
+            };
+        }
+    }
+    assert_eq!(f32s(&o[0]), y);
+}
+
+/// If branches of different shapes: the output's size is data-dependent.
+#[test]
+fn if_branches_of_different_shapes_give_a_dynamic_output() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (bool c, float[2] x) => (float[N] y, float s) {
+          y = If (c) <then_branch = then_g () => (float[2] a) {
+                a = Identity (x)
+              }, else_branch = else_g () => (float[4] b) {
+                b = Concat <axis = 0> (x, x)
+              }>
+          s = ReduceSum <keepdims = 0> (y)
+        }"#);
+    assert_eq!(e.dynamic_values(), ["y"]);
+    let x = HostTensor::from_f32(&[2], &[1.0, 2.0]);
+    let (o, _) = run(&mut e, &[boolean(true), x.clone()]);
+    assert_eq!(f32s(&o[0]), [1.0, 2.0]);
+    assert_eq!(f32s(&o[1]), [3.0]);
+    let (o, _) = run(&mut e, &[boolean(false), x]);
+    assert_eq!(f32s(&o[0]), [1.0, 2.0, 1.0, 2.0]);
+    assert_eq!(f32s(&o[1]), [6.0]);
+}
+
+/// Body outputs that are a body input or an outer value as they are.
+#[test]
+fn body_outputs_may_be_inputs_or_outer_values() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (int64 m, float[2] x, float[2] z0) => (float[2] z, float[N,2] xs) {
+          z, xs = Loop (m, "", z0) <body = body (int64 i, bool c, float[2] zi) => (bool c, float[2] zi, float[2] x) {
+              }>
+        }"#);
+    let (o, _) = run(
+        &mut e,
+        &[
+            HostTensor::from_i64(&[], &[2]),
+            HostTensor::from_f32(&[2], &[1.0, 2.0]),
+            HostTensor::from_f32(&[2], &[3.0, 4.0]),
+        ],
+    );
+    assert_eq!(f32s(&o[0]), [3.0, 4.0]);
+    assert_eq!(f32s(&o[1]), [1.0, 2.0, 1.0, 2.0]);
+}
+
+/// A node whose output size stays unknown even run alone at the shapes
+/// seen (a float Range to a computed limit) fails in one line naming it.
+#[test]
+fn a_size_unknown_even_at_run_time_is_one_clear_error() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float a) => (float[N] r) <float zero = {0.0}, float one = {1.0}> {
+          lim = Add (a, one)
+          [range0] r = Range (zero, lim, one)
+        }"#);
+    assert_eq!(e.dynamic_values(), ["r"]);
+    let err = e
+        .run(&[HostTensor::from_f32(&[], &[2.0])], &RunOptions::default())
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("node 'range0' (Range)"), "{err}");
+    assert!(err.contains("the size of r is unknown"), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+}
+
+/// Scan along axis 0: a running sum (state) and its trace (a scan output),
+/// forward over the rows and backward.
+#[test]
+fn scan_carries_state_over_rows_both_directions() {
+    let text = |dirs: &str| {
+        format!(
+            r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[3,2] xs, float[2] s0) => (float[2] s, float[3,2] trace) {{
+          s, trace = Scan <num_scan_inputs = 1, {dirs} body = body (float[2] si, float[2] x) => (float[2] so, float[2] t) {{
+                so = Add (si, x)
+                t = Identity (so)
+              }}> (s0, xs)
+        }}"#
+        )
+    };
+    let xs = HostTensor::from_f32(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let s0 = HostTensor::from_f32(&[2], &[10.0, 20.0]);
+    let mut e = exe(&text(""));
+    let (o, s) = run(&mut e, &[xs.clone(), s0.clone()]);
+    assert_eq!(f32s(&o[0]), [19.0, 32.0]);
+    assert_eq!(f32s(&o[1]), [11.0, 22.0, 14.0, 26.0, 19.0, 32.0]);
+    assert_eq!(s.subgraph_runs, 3);
+    // Rows last to first; the trace written back to front.
+    let mut e = exe(&text(
+        "scan_input_directions = [1], scan_output_directions = [1],",
+    ));
+    let (o, _) = run(&mut e, &[xs, s0]);
+    assert_eq!(f32s(&o[0]), [19.0, 32.0]);
+    assert_eq!(f32s(&o[1]), [19.0, 32.0, 18.0, 30.0, 15.0, 26.0]);
+}
+
+#[test]
+fn scan_along_another_axis_is_refused_in_one_line_naming_the_node() {
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] xs, float[2] s0) => (float[2] s) {
+          [scan0] s = Scan <num_scan_inputs = 1, scan_input_axes = [1], body = body (float[2] si, float[2] x) => (float[2] so) {
+                so = Add (si, x)
+              }> (s0, xs)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let e = Executable::new(&mp.model, &mp.plan, &CpuBackend)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("Scan (node 'scan0')"), "{e}");
+    assert!(e.contains("scan_input_axes other than 0"), "{e}");
+    assert!(!e.contains('\n'));
+}
+
+/// The CUDA backend (bound without a GPU) refuses subgraphs and dynamic
+/// values in one line naming the node, before anything runs.
+#[test]
+fn the_cuda_backend_refuses_control_flow_in_one_line() {
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (bool c, float[3] x) => (float[3] y) {
+          [if0] y = If (c) <then_branch = then_g () => (float[3] a) {
+                a = Neg (x)
+              }, else_branch = else_g () => (float[3] b) {
+                b = Identity (x)
+              }>
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let e = graphopt_exec::cuda::plan_kernels(&mp.model, &mp.plan)
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("no cuda kernel for If (node 'if0')"), "{e}");
+    assert!(e.contains("not supported yet on this backend"), "{e}");
+    assert!(!e.contains('\n'));
+}
