@@ -51,6 +51,9 @@ TORCH_CHILD = r"""
 import os, sys, warnings, torch
 warnings.simplefilter("ignore")
 name, exporter, path = sys.argv[1], sys.argv[2], sys.argv[3]
+# Optional batch and sequence length (run_bench.py exports batch 8 too).
+B = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+S = int(sys.argv[5]) if len(sys.argv) > 5 else 16
 torch.manual_seed(0)
 torch.set_num_threads(2)
 import torch.nn as nn
@@ -63,18 +66,18 @@ class W(nn.Module):
 if name in ("resnet50", "mobilenet_v2"):
     import torchvision
     model = getattr(torchvision.models, name)(weights=None).eval()
-    args = (torch.randn(1, 3, 224, 224),); names = ["input"]
+    args = (torch.randn(B, 3, 224, 224),); names = ["input"]
 elif name == "bert_base":
     from transformers import BertConfig, BertModel
     model = W(BertModel(BertConfig(attn_implementation="eager")).eval(),
               lambda m, ids, mask: m(input_ids=ids, attention_mask=mask).last_hidden_state)
-    args = (torch.randint(0, 30000, (1, 16)), torch.ones(1, 16, dtype=torch.int64))
+    args = (torch.randint(0, 30000, (B, S)), torch.ones(B, S, dtype=torch.int64))
     names = ["input_ids", "attention_mask"]
 elif name == "gpt2":
     from transformers import GPT2Config, GPT2LMHeadModel
     model = W(GPT2LMHeadModel(GPT2Config(use_cache=False, attn_implementation="eager")).eval(),
               lambda m, ids, mask: m(input_ids=ids, attention_mask=mask, use_cache=False).logits)
-    args = (torch.randint(0, 50000, (1, 16)), torch.ones(1, 16, dtype=torch.int64))
+    args = (torch.randint(0, 50000, (B, S)), torch.ones(B, S, dtype=torch.int64))
     names = ["input_ids", "attention_mask"]
 elif name == "vit_base":
     from transformers import ViTConfig, ViTModel
@@ -157,6 +160,26 @@ GENERATED = [
 ]
 
 
+def export_model(name: str, exporter: str, path: str, timeout: float, batch: int = 1,
+                 seq: int = 16) -> str | None:
+    """Exports one model of TORCH_CHILD to `path` (and its `.inputs.npz`) with
+    seeded random weights; None when it worked, else why not."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    print(f"# exporting {os.path.basename(path)} ...", flush=True)
+    # A file, not `-c`: torch.jit.script needs the source of the classes.
+    child = os.path.join(os.path.dirname(path), ".precision_export.py")
+    with open(child, "w") as f:
+        f.write(TORCH_CHILD)
+    try:
+        p = subprocess.run([sys.executable, child, name, exporter, path, str(batch), str(seq)],
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    if p.returncode != 0:
+        return (p.stderr.strip().splitlines() or ["?"])[-1][:200]
+    return None
+
+
 def generated_models(generate: bool, timeout: float) -> list[tuple[str, str, str]]:
     os.makedirs(MODELS_DIR, exist_ok=True)
     out = []
@@ -166,19 +189,9 @@ def generated_models(generate: bool, timeout: float) -> list[tuple[str, str, str
         if not (os.path.exists(path) and os.path.exists(inputs)):
             if not generate:
                 continue
-            print(f"# exporting {os.path.basename(path)} ...", flush=True)
-            # A file, not `-c`: torch.jit.script needs the source of the classes.
-            child = os.path.join(MODELS_DIR, ".precision_export.py")
-            with open(child, "w") as f:
-                f.write(TORCH_CHILD)
-            try:
-                p = subprocess.run([sys.executable, child, name, exporter, path],
-                                   capture_output=True, text=True, timeout=timeout)
-                if p.returncode != 0:
-                    print(f"#   failed: {(p.stderr.strip().splitlines() or ['?'])[-1][:200]}")
-                    continue
-            except subprocess.TimeoutExpired:
-                print("#   failed: timeout")
+            why = export_model(name, exporter, path, timeout)
+            if why:
+                print(f"#   failed: {why}")
                 continue
         out.append((f"{name}.{exporter}", path, inputs))
     return out

@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""`graphopt run` beside onnxruntime CPU: latency, peak RSS and activation memory, same inputs,
+same thread count, same run.
+
+    cargo build --release --bin graphopt
+    python3 benches/run_bench.py --graphopt target/release/graphopt [-k REGEX] [--repeat N]
+        [--threads N] [--no-fp16]
+
+Models (exported on first use into benches/models/run/, git-ignored, seeded random weights, by
+precision_bench.py's exporter): torchvision resnet50 and mobilenet_v2 (224x224), BERT-base and
+GPT-2 (124M, LM head) at sequence length 128, each at batch 1 and 8 (TorchScript exporter), and
+the fp16 version of each (`graphopt optimize --precision fp16`).
+
+Per model, each tool in its own fresh process:
+  * graphopt: `graphopt run OPT.onnx --inputs IN.npz --repeat N --threads T --json`, where OPT is
+    the default pipeline's output (graphopt's own runtime runs what graphopt makes); activation
+    memory = the planned arena + kernel workspace (+ dynamic allocations), all allocated once.
+  * onnxruntime: InferenceSession(ORIGINAL, ORT_ENABLE_ALL, intra_op_num_threads=T, sequential,
+    CPU memory arena off so freed activations leave the process); one warm-up run then N timed runs.
+    Its activation memory is read as peak RSS during the runs minus RSS after session creation
+    (weights and initialised kernels are resident by then): the allocations its runs made.
+  * Both: best and median latency of N, peak RSS of the process (VmHWM), and graphopt's outputs
+    against onnxruntime's (rel L2 over the float outputs).
+The fp16 rows give both tools the same fp16 file.
+
+Goals (issue 13): activation memory <= onnxruntime's on every model; graphopt's peak RSS <=
+(weights + arena + workspace) + 10%; latency within 1.5x of onnxruntime at batch 8 on resnet50 and
+bert_base. Writes benches/results/run.json and run.md (the table, also printed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benches", "results")
+RUN_MODELS = os.path.join(REPO, "benches", "models", "run")
+sys.path.insert(0, os.path.join(REPO, "tests-py"))
+sys.path.insert(0, os.path.join(REPO, "benches"))
+from _common import resolve_graphopt  # noqa: E402
+import precision_bench as pb  # noqa: E402  (the torch exporter)
+import quantize_bench as qb  # noqa: E402  (rel_err)
+
+SEQ = 128
+MODELS = [(n, b) for n in ("resnet50", "mobilenet_v2", "bert_base", "gpt2") for b in (1, 8)]
+
+ORT_CHILD = r"""
+import json, sys, time, numpy as np, onnxruntime as ort
+path, inputs, out, repeat, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+so = ort.SessionOptions()
+so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+so.intra_op_num_threads = threads
+so.inter_op_num_threads = 1
+so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+so.enable_cpu_mem_arena = False
+so.log_severity_level = 3
+s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+feeds = dict(np.load(inputs))
+want = {i.name for i in s.get_inputs()}
+feeds = {k: v for k, v in feeds.items() if k in want}
+rss_ready = status("VmRSS")
+res = s.run(None, feeds)
+times = []
+for _ in range(repeat):
+    t = time.perf_counter(); s.run(None, feeds); times.append(time.perf_counter() - t)
+np.savez(out, **dict(zip([o.name for o in s.get_outputs()], res)))
+json.dump({"best_ms": min(times) * 1e3, "median_ms": float(np.median(times)) * 1e3,
+           "rss_ready": rss_ready, "peak_rss": status("VmHWM")}, sys.stdout)
+"""
+
+
+def file_bytes(path: str) -> int:
+    n = os.path.getsize(path)
+    data = path + ".data"
+    return n + (os.path.getsize(data) if os.path.exists(data) else 0)
+
+
+def sh(cmd, timeout):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError((p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or ["?"])[-1][:300])
+    return p.stdout
+
+
+def prepare(graphopt, name, batch, fp16, timeout) -> tuple[str, str, str]:
+    """(original, graphopt's file, inputs) for one row, exporting and optimizing on first use."""
+    src = os.path.join(RUN_MODELS, f"{name}.b{batch}.ts.onnx")
+    inputs = src[:-5] + ".inputs.npz"
+    if not (os.path.exists(src) and os.path.exists(inputs)):
+        why = pb.export_model(name, "ts", src, timeout, batch=batch, seq=SEQ)
+        if why:
+            raise RuntimeError(f"export failed: {why}")
+    opt = src[:-5] + (".fp16.onnx" if fp16 else ".opt.onnx")
+    if not os.path.exists(opt):
+        extra = ["--precision", "fp16"] if fp16 else []
+        sh([*graphopt, "optimize", src, "-o", opt, *extra], timeout)
+    return (opt if fp16 else src), opt, inputs
+
+
+def run_graphopt(graphopt, path, inputs, out, repeat, threads, timeout) -> dict:
+    r = json.loads(sh([*graphopt, "run", path, "--inputs", inputs, "-o", out, "--repeat", str(repeat),
+                       "--threads", str(threads), "--json"], timeout))
+    act = r["arena_allocated_bytes"] + r["workspace_bytes"] + r.get("dynamic_bytes", 0)
+    return {"best_ms": r["latency_best_ms"], "median_ms": r["latency_median_ms"],
+            "weights_bytes": r["weights_bytes"], "arena_bytes": r["arena_allocated_bytes"],
+            "arena_planned_bytes": r["arena_planned_bytes"], "workspace_bytes": r["workspace_bytes"],
+            "dynamic_bytes": r.get("dynamic_bytes", 0), "activation_bytes": act,
+            "peak_rss": r.get("peak_rss_bytes")}
+
+
+def run_ort(path, inputs, out, repeat, threads, timeout) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(ORT_CHILD)
+    try:
+        r = json.loads(sh([sys.executable, f.name, path, inputs, out, str(repeat), str(threads)], timeout))
+    finally:
+        os.unlink(f.name)
+    r["activation_bytes"] = max(0, r["peak_rss"] - r["rss_ready"])
+    return r
+
+
+def mb(n) -> str:
+    return "—" if n is None else f"{n / 1e6:.1f} MB"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--graphopt")
+    ap.add_argument("-k", help="only rows whose name matches this regex")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-fp16", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1800)
+    a = ap.parse_args()
+    graphopt = resolve_graphopt(a.graphopt)
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="run_bench.")
+    for name, batch in MODELS:
+        for fp16 in ([False] if a.no_fp16 else [False, True]):
+            row_name = f"{name} b{batch}" + (" fp16" if fp16 else "")
+            if a.k and not re.search(a.k, row_name):
+                continue
+            row = {"model": row_name}
+            try:
+                ort_file, go_file, inputs = prepare(graphopt, name, batch, fp16, a.timeout)
+                row["file_bytes"] = file_bytes(go_file)
+                g_out, o_out = os.path.join(tmp, "g.npz"), os.path.join(tmp, "o.npz")
+                row["onnxruntime"] = run_ort(ort_file, inputs, o_out, a.repeat, a.threads, a.timeout)
+                row["graphopt"] = run_graphopt(graphopt, go_file, inputs, g_out, a.repeat, a.threads,
+                                               a.timeout)
+                row["rel_l2"] = qb.rel_err(dict(np.load(o_out)), dict(np.load(g_out)))
+            except Exception as e:  # noqa: BLE001
+                row["error"] = str(e)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    goals = check_goals(rows)
+    md = table(rows, goals, graphopt, a)
+    print(md)
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "run.json"), "w") as f:
+        json.dump({"rows": rows, "goals": goals, "repeat": a.repeat, "threads": a.threads,
+                   "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}, f, indent=1)
+    with open(os.path.join(RESULTS, "run.md"), "w") as f:
+        f.write(md)
+
+
+def check_goals(rows) -> list[dict]:
+    ok = [r for r in rows if "error" not in r]
+    act = [r["model"] for r in ok
+           if r["graphopt"]["activation_bytes"] > r["onnxruntime"]["activation_bytes"]]
+    rss = []
+    for r in ok:
+        g = r["graphopt"]
+        if g["peak_rss"] is None:
+            continue
+        bound = 1.1 * (g["weights_bytes"] + g["arena_bytes"] + g["workspace_bytes"] + g["dynamic_bytes"])
+        if g["peak_rss"] > bound:
+            rss.append(f'{r["model"]}: {g["peak_rss"] / bound * 1.1:.2f}x of weights+arena+workspace')
+    lat = []
+    for r in ok:
+        if re.fullmatch(r"(resnet50|bert_base) b8", r["model"]):
+            ratio = r["graphopt"]["median_ms"] / r["onnxruntime"]["median_ms"]
+            lat.append((r["model"], ratio))
+    return [
+        {"goal": "activation memory <= onnxruntime's on every model", "met": not act and bool(ok),
+         "detail": f"above: {', '.join(act)}" if act else f"{len(ok)} rows"},
+        {"goal": "graphopt peak RSS <= weights + arena + workspace + 10%", "met": not rss and bool(ok),
+         "detail": "; ".join(rss) if rss else f"{len(ok)} rows"},
+        {"goal": "latency <= 1.5x onnxruntime at batch 8 on resnet50 and bert_base (median)",
+         "met": bool(lat) and all(x <= 1.5 for _, x in lat),
+         "detail": ", ".join(f"{m}: {x:.2f}x" for m, x in lat) or "not measured"},
+        {"goal": "every row ran", "met": len(ok) == len(rows),
+         "detail": "; ".join(f'{r["model"]}: {r["error"]}' for r in rows if "error" in r) or "yes"},
+    ]
+
+
+def table(rows, goals, graphopt, a) -> str:
+    out = [f"`graphopt run` vs onnxruntime {ort_version()} CPU, {a.threads} threads each, "
+           f"median (best) of {a.repeat} runs, same inputs, one process per tool and model; "
+           f"graphopt: `{' '.join(graphopt)}`.", "",
+           "Activations: graphopt = planned arena + workspace (allocated once); onnxruntime = peak "
+           "RSS during its runs minus RSS after session creation (CPU arena off).", "",
+           "| model | weights | graphopt latency | ort latency | ratio | graphopt act. | ort act. | "
+           "act. ratio | graphopt peak RSS | ort peak RSS | rel L2 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f'| {r["model"]} | FAILED: {r["error"]} |||||||||')
+            continue
+        g, o = r["graphopt"], r["onnxruntime"]
+        out.append(
+            f'| {r["model"]} | {mb(g["weights_bytes"])} | {g["median_ms"]:.1f} ({g["best_ms"]:.1f}) ms | '
+            f'{o["median_ms"]:.1f} ({o["best_ms"]:.1f}) ms | {g["median_ms"] / o["median_ms"]:.2f}x | '
+            f'{mb(g["activation_bytes"])} | {mb(o["activation_bytes"])} | '
+            f'{g["activation_bytes"] / max(o["activation_bytes"], 1):.2f}x | {mb(g["peak_rss"])} | '
+            f'{mb(o["peak_rss"])} | {r["rel_l2"]:.1e} |')
+    out += ["", "| goal | met | detail |", "|---|---|---|"]
+    out += [f'| {x["goal"]} | {"yes" if x["met"] else "NO"} | {x["detail"]} |' for x in goals]
+    return "\n".join(out) + "\n"
+
+
+def ort_version() -> str:
+    try:
+        import onnxruntime
+
+        return onnxruntime.__version__
+    except ImportError:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()
