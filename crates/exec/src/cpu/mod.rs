@@ -12,6 +12,7 @@ pub mod norm;
 pub mod pool;
 pub mod quant;
 pub mod reduce;
+pub mod scatter;
 pub mod shape;
 
 use crate::backend::{Backend, Kernel, NodeCtx};
@@ -31,6 +32,7 @@ pub const OPS: &[&str] = &[
     "Constant",
     "ConstantOfShape",
     "Conv",
+    "ConvTranspose",
     "Cos",
     "DequantizeLinear",
     "Div",
@@ -42,6 +44,7 @@ pub const OPS: &[&str] = &[
     "Flatten",
     "Floor",
     "Gather",
+    "GatherElements",
     "GatherND",
     "Gelu",
     "Gemm",
@@ -71,12 +74,21 @@ pub const OPS: &[&str] = &[
     "Pow",
     "Range",
     "Reciprocal",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
     "ReduceMax",
     "ReduceMean",
     "ReduceMin",
+    "ReduceProd",
     "ReduceSum",
+    "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "Scatter",
+    "ScatterElements",
+    "ScatterND",
     "Shape",
     "Sigmoid",
     "Sin",
@@ -147,6 +159,10 @@ impl CpuBackend {
             "DequantizeLinear" => quant::dequantize(ctx),
             "DynamicQuantizeLinear" => quant::dynamic_quantize(ctx),
             "MatMulInteger" => quant::matmul_integer(ctx),
+            "ScatterElements" | "Scatter" => scatter::scatter_elements(ctx),
+            "ScatterND" => scatter::scatter_nd(ctx),
+            "GatherElements" => scatter::gather_elements(ctx),
+            "ConvTranspose" => conv::conv_transpose(ctx),
             _ => Err("no kernel for this op yet".into()),
         }
     }

@@ -1,9 +1,11 @@
-//! Reductions: ReduceMean / ReduceSum / ReduceMax / ReduceMin (axes as an
-//! attribute or, from opsets 13/18, an input) and Softmax /
+//! Reductions: ReduceMean / Sum / Max / Min / Prod / L1 / L2 / LogSum /
+//! LogSumExp / SumSquare on f32 (the integer ones on i64 and i32 too), axes
+//! as an attribute or, from opsets 13/18, an input; and Softmax /
 //! LogSoftmax (per-axis since opset 13, over the flattened tail before).
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::elementwise::for_each_bcast;
+use crate::tensor::{cast, cast_mut, Elem};
 use graphopt_ir::DType;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -12,28 +14,40 @@ enum Red {
     Sum,
     Max,
     Min,
+    Prod,
+    L1,
+    L2,
+    LogSum,
+    LogSumExp,
+    SumSquare,
 }
 
 struct Reduce {
     op: Red,
+    dtype: DType,
     attr_axes: Option<Vec<i64>>,
     noop_empty: bool,
     shape: Vec<usize>,
 }
 
-impl Kernel for Reduce {
-    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?.f32()?;
+impl Reduce {
+    /// The kept-dims output shape and the number of elements reduced into
+    /// each output, or `None` for a no-op (empty axes with
+    /// `noop_with_empty_axes`).
+    fn kept(&self, io: &KernelIo) -> Result<Option<(Vec<usize>, usize)>, String> {
         let rank = self.shape.len() as i64;
         let axes: Vec<i64> = match (&self.attr_axes, io.inputs.get(1).copied().flatten()) {
             (Some(a), _) => a.clone(),
             (None, Some(t)) => t.ints()?,
             (None, None) => Vec::new(),
         };
-        let o = io.outputs[0].f32()?;
         if axes.is_empty() && self.noop_empty {
-            o.copy_from_slice(x);
-            return Ok(());
+            return Ok(None);
+        }
+        for &a in &axes {
+            if a < -rank || a >= rank.max(1) {
+                return Err(format!("axis {a} is out of range for rank {rank}"));
+            }
         }
         let mut kd = self.shape.clone();
         let mut count = 1usize;
@@ -47,13 +61,44 @@ impl Kernel for Reduce {
                 *k = 1;
             }
         }
-        let init = match self.op {
+        Ok(Some((kd, count)))
+    }
+
+    fn run_f32(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let kept = self.kept(io)?;
+        let o = io.outputs[0].f32()?;
+        let Some((kd, count)) = kept else {
+            // No-op: the identity, except for the elementwise part of the
+            // op (ReduceL1 of x is |x|, ...), as onnxruntime computes it.
+            for (o, &v) in o.iter_mut().zip(x) {
+                *o = match self.op {
+                    Red::L1 | Red::L2 => v.abs(),
+                    Red::SumSquare => v * v,
+                    Red::LogSum => v.ln(),
+                    _ => v,
+                };
+            }
+            return Ok(());
+        };
+        let op = self.op;
+        // LogSumExp subtracts the max first (no overflow for large x).
+        let shift: Vec<f32> = if op == Red::LogSumExp {
+            let mut m = vec![f32::NEG_INFINITY; o.len()];
+            for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| m[j] = m[j].max(x[i]));
+            m.iter()
+                .map(|&v| if v.is_finite() { v } else { 0.0 })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let init = match op {
             Red::Max => f32::NEG_INFINITY,
             Red::Min => f32::INFINITY,
+            Red::Prod => 1.0,
             _ => 0.0,
         };
         o.fill(init);
-        let op = self.op;
         for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| {
             let v = x[i];
             o[j] = match op {
@@ -71,14 +116,78 @@ impl Kernel for Reduce {
                         o[j]
                     }
                 }
-                _ => o[j] + v,
+                Red::Prod => o[j] * v,
+                Red::L1 => o[j] + v.abs(),
+                Red::L2 | Red::SumSquare => o[j] + v * v,
+                Red::LogSumExp => o[j] + (v - shift[j]).exp(),
+                Red::Mean | Red::Sum | Red::LogSum => o[j] + v,
             };
         });
-        if op == Red::Mean {
-            let c = count.max(1) as f32;
-            o.iter_mut().for_each(|v| *v /= c);
+        match op {
+            Red::Mean => {
+                let c = count.max(1) as f32;
+                o.iter_mut().for_each(|v| *v /= c);
+            }
+            Red::L2 => o.iter_mut().for_each(|v| *v = v.sqrt()),
+            Red::LogSum => o.iter_mut().for_each(|v| *v = v.ln()),
+            Red::LogSumExp => o.iter_mut().zip(&shift).for_each(|(v, &s)| *v = v.ln() + s),
+            _ => {}
         }
         Ok(())
+    }
+
+    /// Integer reductions (shape arithmetic: ReduceProd of a `Shape`).
+    fn run_int<T: Elem + Into<i64> + TryFrom<i64>>(&self, io: &mut KernelIo) -> Result<(), String> {
+        let xb = io.input(0)?.bytes()?;
+        let x: &[T] = cast(xb);
+        let kept = self.kept(io)?;
+        let o: &mut [T] = cast_mut(io.outputs[0].data);
+        let Some((kd, count)) = kept else {
+            o.copy_from_slice(x);
+            return Ok(());
+        };
+        let op = self.op;
+        let mut acc: Vec<i64> = vec![
+            match op {
+                Red::Max => i64::MIN,
+                Red::Min => i64::MAX,
+                Red::Prod => 1,
+                _ => 0,
+            };
+            o.len()
+        ];
+        for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| {
+            let v: i64 = x[i].into();
+            let a = acc[j];
+            acc[j] = match op {
+                Red::Max => a.max(v),
+                Red::Min => a.min(v),
+                Red::Prod => a.wrapping_mul(v),
+                Red::L1 => a.wrapping_add(v.wrapping_abs()),
+                Red::SumSquare => a.wrapping_add(v.wrapping_mul(v)),
+                _ => a.wrapping_add(v),
+            };
+        });
+        for (o, a) in o.iter_mut().zip(acc) {
+            let a = if op == Red::Mean {
+                a / count.max(1) as i64
+            } else {
+                a
+            };
+            *o = T::try_from(a).map_err(|_| format!("{a} overflows the output type"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Kernel for Reduce {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        match self.dtype {
+            DType::F32 => self.run_f32(io),
+            DType::I64 => self.run_int::<i64>(io),
+            DType::I32 => self.run_int::<i32>(io),
+            d => Err(format!("reduction on {}", d.name())),
+        }
     }
 }
 
@@ -88,11 +197,21 @@ pub fn reduce(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "ReduceSum" => Red::Sum,
         "ReduceMax" => Red::Max,
         "ReduceMin" => Red::Min,
+        "ReduceProd" => Red::Prod,
+        "ReduceL1" => Red::L1,
+        "ReduceL2" => Red::L2,
+        "ReduceLogSum" => Red::LogSum,
+        "ReduceLogSumExp" => Red::LogSumExp,
+        "ReduceSumSquare" => Red::SumSquare,
         _ => return None,
     };
     Some((|| {
         let x = ctx.input(0)?;
-        if x.dtype != DType::F32 {
+        let int_ok = matches!(
+            op,
+            Red::Mean | Red::Sum | Red::Max | Red::Min | Red::Prod | Red::L1 | Red::SumSquare
+        );
+        if !(x.dtype == DType::F32 || (int_ok && matches!(x.dtype, DType::I64 | DType::I32))) {
             return Err(format!(
                 "{} on {} is not implemented",
                 ctx.node.op_type,
@@ -101,6 +220,7 @@ pub fn reduce(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         }
         Ok(Box::new(Reduce {
             op,
+            dtype: x.dtype,
             attr_axes: ctx.node.attr_ints("axes").map(|a| a.to_vec()),
             noop_empty: ctx.node.attr_int("noop_with_empty_axes") == Some(1),
             shape: x.shape.clone(),
