@@ -187,12 +187,16 @@ impl Kernel for Binary {
                         }
                     }
                     _ if fmod => x % y,
-                    _ => x - y * (x / y).floor(),
+                    _ => py_mod(x, y),
                 })
             }
-            (DType::I64, _) => binary_same::<i64>(io, move |x, y| int_op(op, x, y)),
+            (DType::I64, _) => {
+                let fmod = self.fmod;
+                binary_same::<i64>(io, move |x, y| int_op(op, fmod, x, y))
+            }
             (DType::I32, _) => {
-                binary_same::<i32>(io, move |x, y| int_op(op, x as i64, y as i64) as i32)
+                let fmod = self.fmod;
+                binary_same::<i32>(io, move |x, y| int_op(op, fmod, x as i64, y as i64) as i32)
             }
             (DType::Bool, And | Or | Xor) => binary_same::<u8>(io, move |x, y| match op {
                 And => x & y,
@@ -219,7 +223,22 @@ fn pow(x: f32, y: f32) -> f32 {
     }
 }
 
-fn int_op(op: Bin, x: i64, y: i64) -> i64 {
+/// Float `Mod` with fmod=0: numpy's `mod` (the remainder takes the
+/// divisor's sign; a zero remainder is a zero of the divisor's sign).
+fn py_mod(x: f32, y: f32) -> f32 {
+    let r = x % y;
+    if r != 0.0 {
+        if (y < 0.0) != (r < 0.0) {
+            r + y
+        } else {
+            r
+        }
+    } else {
+        0f32.copysign(y)
+    }
+}
+
+fn int_op(op: Bin, fmod: bool, x: i64, y: i64) -> i64 {
     match op {
         Bin::Add => x.wrapping_add(y),
         Bin::Sub => x.wrapping_sub(y),
@@ -235,7 +254,15 @@ fn int_op(op: Bin, x: i64, y: i64) -> i64 {
         Bin::Pow => (x as f64).powf(y as f64) as i64,
         Bin::Max => x.max(y),
         Bin::Min => x.min(y),
-        // fmod=0: the remainder takes the divisor's sign (Python's %).
+        // fmod=1: C's remainder (the dividend's sign); fmod=0: the
+        // remainder takes the divisor's sign (Python's %).
+        Bin::Mod if fmod => {
+            if y == 0 {
+                0
+            } else {
+                x.wrapping_rem(y)
+            }
+        }
         Bin::Mod => {
             if y == 0 {
                 0
@@ -414,6 +441,9 @@ pub fn erf(x: f32) -> f32 {
 fn erf64(x: f64) -> f64 {
     // |x| < 0.5: the Taylor series; beyond: the Chebyshev fit of erfc
     // from Numerical Recipes (fractional error < 1.2e-7), enough for f32.
+    if x.is_nan() {
+        return x;
+    }
     let z = x.abs();
     let r = if z < 0.5 {
         // Taylor series: converges fast near 0.
@@ -426,7 +456,8 @@ fn erf64(x: f64) -> f64 {
             term *= -x2 / k;
             let add = term / (2.0 * k + 1.0);
             sum += add;
-            if add.abs() < 1e-17 * sum.abs() {
+            // `<=`: at x = 0 both sides are 0 (`<` never ended).
+            if add.abs() <= 1e-17 * sum.abs() {
                 break;
             }
         }

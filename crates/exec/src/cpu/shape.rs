@@ -470,7 +470,10 @@ pub fn kernel(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "Shape" => shape_op(ctx),
         "ConstantOfShape" => constant_of_shape(ctx),
         "Constant" => constant(ctx),
-        "Range" => Ok(Box::new(Range(ctx.outputs[0].dtype))),
+        "Range" => match ctx.outputs[0].dtype {
+            d @ (DType::F32 | DType::I64 | DType::I32) => Ok(Box::new(Range(d))),
+            d => Err(format!("Range on {} is not implemented", d.name())),
+        },
         _ => return None,
     })
 }
