@@ -49,6 +49,7 @@ fn index(i: i64, dim: usize) -> Result<usize, String> {
 }
 
 /// `out[dst..dst+n] (op)= upd[src..src+n]`, in elements.
+#[allow(clippy::too_many_arguments)]
 fn combine(
     dtype: DType,
     r: Reduction,
