@@ -301,6 +301,9 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         _ => return None,
     };
     Some((|| {
+        if ctx.inputs.len() != 2 && matches!(ctx.node.op_type.as_str(), "Sum" | "Max" | "Min") {
+            return variadic(ctx, op);
+        }
         if ctx.inputs.len() != 2 {
             return Err(format!(
                 "{} inputs (only 2 are implemented)",
@@ -332,6 +335,60 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
             fmod: ctx.node.attr_int("fmod") == Some(1),
         }) as Box<dyn Kernel>)
     })())
+}
+
+/// Sum / Max / Min of one or of three and more inputs: input 0
+/// broadcast into the output, then each further input folded in.
+struct Variadic {
+    op: Bin,
+    dtype: DType,
+}
+
+fn fold<T: Elem>(io: &mut KernelIo, f: impl Fn(T, T) -> T) -> Result<(), String> {
+    let ins: Vec<(&[usize], &[T])> = (0..io.inputs.len())
+        .map(|k| {
+            let i = io.input(k)?;
+            Ok((i.shape, cast::<T>(i.bytes()?)))
+        })
+        .collect::<Result<_, String>>()?;
+    let out = &mut io.outputs[0];
+    let shape = out.shape;
+    let o: &mut [T] = cast_mut(out.data);
+    for_each_bcast(shape, [ins[0].0], |i, [j]| o[i] = ins[0].1[j]);
+    for (s, x) in &ins[1..] {
+        for_each_bcast(shape, [*s], |i, [j]| o[i] = f(o[i], x[j]));
+    }
+    Ok(())
+}
+
+impl Kernel for Variadic {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let op = self.op;
+        match self.dtype {
+            DType::F32 => fold::<f32>(io, move |x, y| match op {
+                Bin::Add => x + y,
+                _ if x.is_nan() || y.is_nan() => f32::NAN,
+                Bin::Max => x.max(y),
+                _ => x.min(y),
+            }),
+            DType::I64 => fold::<i64>(io, move |x, y| int_op(op, false, x, y)),
+            DType::I32 => fold::<i32>(io, move |x, y| int_op(op, false, x as i64, y as i64) as i32),
+            d => Err(format!("{op:?} on {}", d.name())),
+        }
+    }
+}
+
+fn variadic(ctx: &NodeCtx, op: Bin) -> Result<Box<dyn Kernel>, String> {
+    let d = ctx.input(0)?.dtype;
+    for k in 0..ctx.inputs.len() {
+        if ctx.input(k)?.dtype != d {
+            return Err("mixed input dtypes".into());
+        }
+    }
+    if !matches!(d, DType::F32 | DType::I64 | DType::I32) {
+        return Err(format!("{op:?} on {} is not implemented", d.name()));
+    }
+    Ok(Box::new(Variadic { op, dtype: d }))
 }
 
 /// `Where(cond, x, y)`; x or y may be in place.
@@ -396,6 +453,33 @@ impl<F: Fn(f32) -> f32 + Send + Sync> Kernel for Unary<F> {
             None => o.iter_mut().for_each(|o| *o = (self.0)(*o)),
         }
         Ok(())
+    }
+}
+
+/// Clip on f32: bounds from the attributes (opset < 11) or the optional
+/// inputs 1 and 2 (scalars, read at run time).
+struct Clip {
+    lo: f32,
+    hi: f32,
+}
+
+impl Kernel for Clip {
+    fn in_place(&self) -> bool {
+        true
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let bound = |k: usize, d: f32| -> Result<f32, String> {
+            match io.inputs.get(k).copied().flatten() {
+                Some(t) => t
+                    .f32()?
+                    .first()
+                    .copied()
+                    .ok_or_else(|| format!("input {k} is empty")),
+                None => Ok(d),
+            }
+        };
+        let (lo, hi) = (bound(1, self.lo)?, bound(2, self.hi)?);
+        Unary(move |x: f32| if x.is_nan() { x } else { x.max(lo).min(hi) }).run(io)
     }
 }
 
@@ -570,29 +654,12 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
                 }))
             }
         }
-        "Clip" => {
+        "Clip" => Box::new(Clip {
             // Opset < 11: min/max attributes; since 11: optional inputs,
-            // which must be constants here.
-            let mut lo = attr_f(ctx, "min", f32::NEG_INFINITY);
-            let mut hi = attr_f(ctx, "max", f32::INFINITY);
-            for (k, v) in [(1usize, &mut lo), (2, &mut hi)] {
-                if ctx.inputs.get(k).is_some_and(|i| i.is_some()) {
-                    match ctx.constants.get(k).copied().flatten() {
-                        Some(b) if b.len() == 4 => {
-                            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-                        }
-                        _ => {
-                            return Some(Err(
-                                "Clip bounds computed at run time are not implemented".into(),
-                            ))
-                        }
-                    }
-                }
-            }
-            Box::new(Unary(
-                move |x: f32| if x.is_nan() { x } else { x.max(lo).min(hi) },
-            ))
-        }
+            // read at run time.
+            lo: attr_f(ctx, "min", f32::NEG_INFINITY),
+            hi: attr_f(ctx, "max", f32::INFINITY),
+        }),
         _ => return None,
     };
     if dt != DType::F32 {
