@@ -141,7 +141,7 @@ impl Kernel for Binary {
         !matches!(
             self.op,
             Bin::Equal | Bin::Less | Bin::Greater | Bin::LessEq | Bin::GreaterEq
-        )
+        ) && !narrow_int(self.dtype)
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         use Bin::*;
@@ -203,8 +203,89 @@ impl Kernel for Binary {
                 Or => x | y,
                 _ => x ^ y,
             }),
+            (d, _) if narrow_int(d) => binary_narrow(io, op, self.fmod, d),
             (d, _) => Err(format!("{op:?} on {} is not implemented", d.name())),
         }
+    }
+}
+
+/// Integer types without a native path: computed widened to i128 (exact
+/// for every one of them), stored back truncated (wrapping, as C does).
+fn narrow_int(d: DType) -> bool {
+    matches!(
+        d,
+        DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 | DType::U64
+    )
+}
+
+fn read_wide(d: DType, b: &[u8]) -> Vec<i128> {
+    match d {
+        DType::I8 => cast::<i8>(b).iter().map(|&v| v as i128).collect(),
+        DType::U8 => b.iter().map(|&v| v as i128).collect(),
+        DType::I16 => cast::<u16>(b).iter().map(|&v| v as i16 as i128).collect(),
+        DType::U16 => cast::<u16>(b).iter().map(|&v| v as i128).collect(),
+        DType::U32 => cast::<i32>(b).iter().map(|&v| v as u32 as i128).collect(),
+        _ => cast::<i64>(b).iter().map(|&v| v as u64 as i128).collect(),
+    }
+}
+
+fn write_wide(d: DType, v: i128, o: &mut [u8], i: usize) {
+    let es = crate::tensor::elem_size(d).unwrap_or(1);
+    o[i * es..(i + 1) * es].copy_from_slice(&v.to_le_bytes()[..es]);
+}
+
+fn binary_narrow(io: &mut KernelIo, op: Bin, fmod: bool, d: DType) -> Result<(), String> {
+    use Bin::*;
+    let (a, b) = (io.input(0)?, io.input(1)?);
+    let (va, vb) = (read_wide(d, a.bytes()?), read_wide(d, b.bytes()?));
+    let out = &mut io.outputs[0];
+    let shape = out.shape;
+    let o = &mut *out.data;
+    let mut bad = None;
+    for_each_bcast(shape, [a.shape, b.shape], |i, [ia, ib]| {
+        let (x, y) = (va[ia], vb[ib]);
+        let c = match op {
+            Equal => Some(x == y),
+            Less => Some(x < y),
+            Greater => Some(x > y),
+            LessEq => Some(x <= y),
+            GreaterEq => Some(x >= y),
+            _ => None,
+        };
+        if let Some(c) = c {
+            o[i] = c as u8;
+            return;
+        }
+        let v = match op {
+            Add => x + y,
+            Sub => x - y,
+            Mul => x.wrapping_mul(y),
+            Max => x.max(y),
+            Min => x.min(y),
+            Div | Mod if y == 0 => {
+                bad = Some("integer division by zero");
+                0
+            }
+            Div => x / y,
+            Mod if fmod => x % y,
+            Mod => {
+                let r = x % y;
+                if r != 0 && (r < 0) != (y < 0) {
+                    r + y
+                } else {
+                    r
+                }
+            }
+            _ => {
+                bad = Some("not an integer op");
+                0
+            }
+        };
+        write_wide(d, v, o, i);
+    });
+    match bad {
+        Some(b) => Err(b.into()),
+        None => Ok(()),
     }
 }
 
@@ -325,7 +406,8 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         ) && !(a.dtype == DType::F32 && matches!(op, Bin::And | Bin::Or | Bin::Xor))
             && !(a.dtype != DType::F32
                 && a.dtype != DType::Bool
-                && matches!(op, Bin::And | Bin::Or | Bin::Xor));
+                && matches!(op, Bin::And | Bin::Or | Bin::Xor))
+            || (narrow_int(a.dtype) && !matches!(op, Bin::And | Bin::Or | Bin::Xor | Bin::Pow));
         if !ok {
             return Err(format!("{op:?} on {} is not implemented", a.dtype.name()));
         }
@@ -398,6 +480,22 @@ struct Where {
 
 fn where_t<T: Elem>(io: &mut KernelIo) -> Result<(), String> {
     let (c, x, y) = (io.input(0)?, io.input(1)?, io.input(2)?);
+    if matches!(c.data, Data::Output0) {
+        // The plan put a 1-byte output over the condition (same shape):
+        // element i of the condition is read before it is overwritten.
+        let (sx, sy) = (slice::<u8>(&x), slice::<u8>(&y));
+        let out = &mut io.outputs[0];
+        let shape = out.shape;
+        let o: &mut [u8] = out.data;
+        if std::mem::size_of::<T>() != 1 || sx.is_none() || sy.is_none() {
+            return Err("condition in place with x or y".into());
+        }
+        let (sx, sy) = (sx.unwrap_or_default(), sy.unwrap_or_default());
+        for_each_bcast(shape, [x.shape, y.shape], |i, [ix, iy]| {
+            o[i] = if o[i] != 0 { sx[ix] } else { sy[iy] };
+        });
+        return Ok(());
+    }
     let sc: &[u8] = cast(c.bytes()?);
     let (sx, sy) = (slice::<T>(&x), slice::<T>(&y));
     let out = &mut io.outputs[0];
