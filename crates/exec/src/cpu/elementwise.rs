@@ -123,6 +123,7 @@ enum Bin {
     And,
     Or,
     Xor,
+    PRelu,
     Equal,
     Less,
     Greater,
@@ -171,6 +172,13 @@ impl Kernel for Binary {
                     Sub => x - y,
                     Mul => x * y,
                     Div => x / y,
+                    PRelu => {
+                        if x < 0.0 {
+                            x * y
+                        } else {
+                            x
+                        }
+                    }
                     Pow => pow(x, y),
                     Max => {
                         if x.is_nan() || y.is_nan() {
@@ -363,7 +371,8 @@ fn int_op(op: Bin, fmod: bool, x: i64, y: i64) -> i64 {
 /// The kernel for a binary op, if it is one.
 pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
     let op = match ctx.node.op_type.as_str() {
-        "Add" | "Sum" => Bin::Add,
+        "Add" | "Sum" | "Mean" => Bin::Add,
+        "PRelu" => Bin::PRelu,
         "Sub" => Bin::Sub,
         "Mul" => Bin::Mul,
         "Div" => Bin::Div,
@@ -382,7 +391,9 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         _ => return None,
     };
     Some((|| {
-        if ctx.inputs.len() != 2 && matches!(ctx.node.op_type.as_str(), "Sum" | "Max" | "Min") {
+        if (ctx.inputs.len() != 2 && matches!(ctx.node.op_type.as_str(), "Sum" | "Max" | "Min"))
+            || ctx.node.op_type == "Mean"
+        {
             return variadic(ctx, op);
         }
         if ctx.inputs.len() != 2 {
@@ -407,7 +418,9 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
             && !(a.dtype != DType::F32
                 && a.dtype != DType::Bool
                 && matches!(op, Bin::And | Bin::Or | Bin::Xor))
-            || (narrow_int(a.dtype) && !matches!(op, Bin::And | Bin::Or | Bin::Xor | Bin::Pow));
+            || (narrow_int(a.dtype)
+                && !matches!(op, Bin::And | Bin::Or | Bin::Xor | Bin::Pow | Bin::PRelu));
+        let ok = ok && !(op == Bin::PRelu && a.dtype != DType::F32);
         if !ok {
             return Err(format!("{op:?} on {} is not implemented", a.dtype.name()));
         }
@@ -424,6 +437,8 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
 struct Variadic {
     op: Bin,
     dtype: DType,
+    /// Mean: the sum divided by the input count.
+    mean: bool,
 }
 
 fn fold<T: Elem>(io: &mut KernelIo, f: impl Fn(T, T) -> T) -> Result<(), String> {
@@ -447,12 +462,19 @@ impl Kernel for Variadic {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let op = self.op;
         match self.dtype {
-            DType::F32 => fold::<f32>(io, move |x, y| match op {
-                Bin::Add => x + y,
-                _ if x.is_nan() || y.is_nan() => f32::NAN,
-                Bin::Max => x.max(y),
-                _ => x.min(y),
-            }),
+            DType::F32 => {
+                fold::<f32>(io, move |x, y| match op {
+                    Bin::Add => x + y,
+                    _ if x.is_nan() || y.is_nan() => f32::NAN,
+                    Bin::Max => x.max(y),
+                    _ => x.min(y),
+                })?;
+                if self.mean {
+                    let n = io.inputs.len() as f32;
+                    io.outputs[0].f32()?.iter_mut().for_each(|v| *v /= n);
+                }
+                Ok(())
+            }
             DType::I64 => fold::<i64>(io, move |x, y| int_op(op, false, x, y)),
             DType::I32 => fold::<i32>(io, move |x, y| int_op(op, false, x as i64, y as i64) as i32),
             d => Err(format!("{op:?} on {}", d.name())),
@@ -467,10 +489,15 @@ fn variadic(ctx: &NodeCtx, op: Bin) -> Result<Box<dyn Kernel>, String> {
             return Err("mixed input dtypes".into());
         }
     }
-    if !matches!(d, DType::F32 | DType::I64 | DType::I32) {
-        return Err(format!("{op:?} on {} is not implemented", d.name()));
+    let mean = ctx.node.op_type == "Mean";
+    if !matches!(d, DType::F32 | DType::I64 | DType::I32) || (mean && d != DType::F32) {
+        return Err(format!(
+            "{} on {} is not implemented",
+            ctx.node.op_type,
+            d.name()
+        ));
     }
-    Ok(Box::new(Variadic { op, dtype: d }))
+    Ok(Box::new(Variadic { op, dtype: d, mean }))
 }
 
 /// `Where(cond, x, y)`; x or y may be in place.
@@ -614,6 +641,15 @@ impl Kernel for IntUnary {
     }
 }
 
+/// ln(1 + eˣ) without overflow for large x.
+fn softplus(x: f32) -> f32 {
+    if x > 0.0 {
+        x + (-x).exp().ln_1p()
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
 /// erf(x) to f32 precision (W. J. Cody's rational approximations, as in
 /// most libms), computed in f64.
 pub fn erf(x: f32) -> f32 {
@@ -675,9 +711,18 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
     let op = ctx.node.op_type.as_str();
     const UNARY: &[&str] = &[
         "Abs",
+        "Acos",
+        "Acosh",
+        "Asin",
+        "Asinh",
+        "Atan",
+        "Atanh",
         "Ceil",
+        "Celu",
         "Clip",
         "Cos",
+        "Cosh",
+        "Elu",
         "Erf",
         "Exp",
         "Floor",
@@ -686,14 +731,24 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "HardSwish",
         "LeakyRelu",
         "Log",
+        "Mish",
         "Neg",
         "Not",
         "Reciprocal",
         "Relu",
+        "Round",
+        "Selu",
+        "Shrink",
         "Sigmoid",
+        "Sign",
         "Sin",
+        "Sinh",
+        "Softplus",
+        "Softsign",
         "Sqrt",
+        "Tan",
         "Tanh",
+        "ThresholdedRelu",
     ];
     if !UNARY.contains(&op) {
         return None;
@@ -725,6 +780,65 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "Ceil" => Box::new(Unary(f32::ceil)),
         "Erf" => Box::new(Unary(erf)),
         "Tanh" => Box::new(Unary(f32::tanh)),
+        "Tan" => Box::new(Unary(f32::tan)),
+        "Asin" => Box::new(Unary(f32::asin)),
+        "Acos" => Box::new(Unary(f32::acos)),
+        "Atan" => Box::new(Unary(f32::atan)),
+        "Sinh" => Box::new(Unary(f32::sinh)),
+        "Cosh" => Box::new(Unary(f32::cosh)),
+        "Asinh" => Box::new(Unary(f32::asinh)),
+        "Acosh" => Box::new(Unary(f32::acosh)),
+        "Atanh" => Box::new(Unary(f32::atanh)),
+        // Half to even, as ONNX specifies.
+        "Round" => Box::new(Unary(f32::round_ties_even)),
+        // 0 for ±0 (and NaN for NaN), unlike `signum`.
+        "Sign" => Box::new(Unary(|x: f32| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                x * 0.0
+            }
+        })),
+        "Softsign" => Box::new(Unary(|x: f32| x / (1.0 + x.abs()))),
+        "Softplus" => Box::new(Unary(softplus)),
+        "Mish" => Box::new(Unary(|x: f32| x * softplus(x).tanh())),
+        "Elu" => {
+            let a = attr_f(ctx, "alpha", 1.0);
+            Box::new(Unary(
+                move |x: f32| if x > 0.0 { x } else { a * x.exp_m1() },
+            ))
+        }
+        "Celu" => {
+            let a = attr_f(ctx, "alpha", 1.0);
+            Box::new(Unary(move |x: f32| {
+                x.max(0.0) + (a * (x / a).exp_m1()).min(0.0)
+            }))
+        }
+        "Selu" => {
+            let a = attr_f(ctx, "alpha", 1.673_263_2);
+            let g = attr_f(ctx, "gamma", 1.050_701);
+            Box::new(Unary(move |x: f32| {
+                g * if x > 0.0 { x } else { a * x.exp_m1() }
+            }))
+        }
+        "ThresholdedRelu" => {
+            let a = attr_f(ctx, "alpha", 1.0);
+            Box::new(Unary(move |x: f32| if x > a { x } else { 0.0 }))
+        }
+        "Shrink" => {
+            let (b, l) = (attr_f(ctx, "bias", 0.0), attr_f(ctx, "lambd", 0.5));
+            Box::new(Unary(move |x: f32| {
+                if x < -l {
+                    x + b
+                } else if x > l {
+                    x - b
+                } else {
+                    0.0
+                }
+            }))
+        }
         "Sin" => Box::new(Unary(f32::sin)),
         "Cos" => Box::new(Unary(f32::cos)),
         "Sigmoid" => Box::new(Unary(|x: f32| 1.0 / (1.0 + (-x).exp()))),
