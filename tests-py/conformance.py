@@ -336,9 +336,15 @@ def _run_case(idx: int) -> dict:
 
 # ------------------------------------------------------------- --exec mode
 
+_RANDOM_DROPOUT = ("Dropout in training mode with a ratio above 0 draws a random mask; the runtime "
+                   "refuses it (no RNG to match the reference's)")
 # Node cases that fail in graphopt's runtime, and why. Exact: a listed case
 # that stops failing is itself a failure (remove it from the list).
 EXEC_KNOWN_FAILURES: dict[str, str] = {
+    "test_training_dropout": _RANDOM_DROPOUT,
+    "test_training_dropout_default": _RANDOM_DROPOUT,
+    "test_training_dropout_default_mask": _RANDOM_DROPOUT,
+    "test_training_dropout_mask": _RANDOM_DROPOUT,
 }
 
 # `graphopt run` refusals that make a case a skip (not a failure): the

@@ -880,6 +880,43 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
     Some(Ok(k))
 }
 
+/// IsNaN / IsInf (detect_negative, detect_positive) on f32: bool out.
+struct Classify {
+    nan: bool,
+    neg: bool,
+    pos: bool,
+}
+
+impl Kernel for Classify {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        for (o, &v) in io.outputs[0].data.iter_mut().zip(x) {
+            *o = if self.nan {
+                v.is_nan()
+            } else {
+                v.is_infinite() && ((v > 0.0 && self.pos) || (v < 0.0 && self.neg))
+            } as u8;
+        }
+        Ok(())
+    }
+}
+
+pub fn classify(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let d = ctx.input(0)?.dtype;
+    if d != DType::F32 {
+        return Err(format!(
+            "{} on {} is not implemented",
+            ctx.node.op_type,
+            d.name()
+        ));
+    }
+    Ok(Box::new(Classify {
+        nan: ctx.node.op_type == "IsNaN",
+        neg: ctx.node.attr_int("detect_negative") != Some(0),
+        pos: ctx.node.attr_int("detect_positive") != Some(0),
+    }))
+}
+
 /// `Cast` between f32, f64, i64, i32, i8, u8 and bool.
 struct Cast {
     from: DType,

@@ -298,3 +298,76 @@ pub fn softmax(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         log: ctx.node.op_type == "LogSoftmax",
     }))
 }
+
+/// ArgMax / ArgMin along `axis` (keepdims, select_last_index) on f32,
+/// i64 and i32; int64 indices out. NaN wins as ONNX Runtime's does not
+/// define it; the first (or last) extremum on ties.
+struct Arg {
+    max: bool,
+    last: bool,
+    dtype: DType,
+    outer: usize,
+    len: usize,
+    inner: usize,
+}
+
+impl Arg {
+    fn go<T: Elem + PartialOrd>(&self, x: &[T], o: &mut [i64]) {
+        for a in 0..self.outer {
+            for b in 0..self.inner {
+                let at = |k: usize| x[(a * self.len + k) * self.inner + b];
+                let mut best = 0usize;
+                for k in 1..self.len {
+                    let (v, w) = (at(k), at(best));
+                    let better = if self.max { v > w } else { v < w };
+                    if better || (self.last && v == w) {
+                        best = k;
+                    }
+                }
+                o[a * self.inner + b] = best as i64;
+            }
+        }
+    }
+}
+
+impl Kernel for Arg {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let o: &mut [i64] = cast_mut(io.outputs[0].data);
+        match self.dtype {
+            DType::F32 => self.go::<f32>(cast(x), o),
+            DType::I64 => self.go::<i64>(cast(x), o),
+            _ => self.go::<i32>(cast(x), o),
+        }
+        Ok(())
+    }
+}
+
+pub fn arg(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if !matches!(x.dtype, DType::F32 | DType::I64 | DType::I32) {
+        return Err(format!(
+            "{} on {} is not implemented",
+            ctx.node.op_type,
+            x.dtype.name()
+        ));
+    }
+    let r = x.shape.len() as i64;
+    let a = ctx.node.attr_int("axis").unwrap_or(0);
+    if a < -r || a >= r.max(1) {
+        return Err(format!("axis {a} is out of range for rank {r}"));
+    }
+    let a = (if a < 0 { a + r } else { a }) as usize;
+    let s = &x.shape;
+    if s.get(a) == Some(&0) {
+        return Err("an empty axis has no extremum".into());
+    }
+    Ok(Box::new(Arg {
+        max: ctx.node.op_type == "ArgMax",
+        last: ctx.node.attr_int("select_last_index") == Some(1),
+        dtype: x.dtype,
+        outer: s[..a].iter().product(),
+        len: s.get(a).copied().unwrap_or(1),
+        inner: s.get(a + 1..).map_or(1, |t| t.iter().product()),
+    }))
+}
