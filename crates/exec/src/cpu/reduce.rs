@@ -300,8 +300,9 @@ pub fn softmax(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
 }
 
 /// ArgMax / ArgMin along `axis` (keepdims, select_last_index) on f32,
-/// i64 and i32; int64 indices out. NaN wins as ONNX Runtime's does not
-/// define it; the first (or last) extremum on ties.
+/// i64 and i32; int64 indices out. The first (or, with
+/// select_last_index, the last) extremum on ties; a NaN is never picked
+/// over a number after it (comparisons with NaN are false).
 struct Arg {
     max: bool,
     last: bool,
