@@ -34,6 +34,7 @@ pub const OPS: &[&str] = &[
     "AveragePool",
     "BatchNormalization",
     "Cast",
+    "CastLike",
     "Ceil",
     "Celu",
     "Clip",
@@ -44,6 +45,7 @@ pub const OPS: &[&str] = &[
     "ConvTranspose",
     "Cos",
     "Cosh",
+    "CumSum",
     "DequantizeLinear",
     "Div",
     "Dropout",
@@ -67,6 +69,7 @@ pub const OPS: &[&str] = &[
     "HardSigmoid",
     "HardSwish",
     "Identity",
+    "InstanceNormalization",
     "IsInf",
     "IsNaN",
     "LayerNormalization",
@@ -115,6 +118,7 @@ pub const OPS: &[&str] = &[
     "Sign",
     "Sin",
     "Sinh",
+    "Size",
     "Slice",
     "Softmax",
     "Softplus",
@@ -158,7 +162,7 @@ impl Backend for CpuBackend {
             return k;
         }
         let op = ctx.node.op_type.as_str();
-        if op != "Cast" && lowp::is_low(ctx) {
+        if op != "Cast" && op != "CastLike" && lowp::is_low(ctx) {
             return lowp::via_f32(ctx, |c| self.f32_kernel(c));
         }
         self.f32_kernel(ctx)
@@ -177,6 +181,9 @@ impl CpuBackend {
         match ctx.node.op_type.as_str() {
             "Where" => elementwise::where_(ctx),
             "IsNaN" | "IsInf" => elementwise::classify(ctx),
+            "CastLike" => elementwise::cast_kernel(ctx),
+            "CumSum" => reduce::cumsum(ctx),
+            "InstanceNormalization" => norm::instance_norm(ctx),
             "ArgMax" | "ArgMin" => reduce::arg(ctx),
             "Cast" => elementwise::cast_kernel(ctx),
             "MatMul" => matmul::matmul(ctx),

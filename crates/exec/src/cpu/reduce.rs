@@ -372,3 +372,70 @@ pub fn arg(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         inner: s.get(a + 1..).map_or(1, |t| t.iter().product()),
     }))
 }
+
+/// CumSum along the axis (input 1, read at run time), with `exclusive`
+/// and `reverse`, on f32, f64, i64 and i32.
+struct CumSum {
+    dtype: DType,
+    shape: Vec<usize>,
+    exclusive: bool,
+    reverse: bool,
+}
+
+impl CumSum {
+    fn go<T: Elem + std::ops::Add<Output = T> + Default>(&self, x: &[T], o: &mut [T], axis: usize) {
+        let s = &self.shape;
+        let outer: usize = s[..axis].iter().product();
+        let len = s[axis];
+        let inner: usize = s[axis + 1..].iter().product();
+        for a in 0..outer {
+            for b in 0..inner {
+                let at = |k: usize| (a * len + k) * inner + b;
+                let mut acc = T::default();
+                for step in 0..len {
+                    let k = if self.reverse { len - 1 - step } else { step };
+                    if self.exclusive {
+                        o[at(k)] = acc;
+                        acc = acc + x[at(k)];
+                    } else {
+                        acc = acc + x[at(k)];
+                        o[at(k)] = acc;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Kernel for CumSum {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let r = self.shape.len() as i64;
+        let a = *io.input(1)?.ints()?.first().ok_or("empty axis")?;
+        if a < -r || a >= r {
+            return Err(format!("axis {a} is out of range for rank {r}"));
+        }
+        let axis = (if a < 0 { a + r } else { a }) as usize;
+        let o = &mut *io.outputs[0].data;
+        match self.dtype {
+            DType::F32 => self.go::<f32>(cast(x), cast_mut(o), axis),
+            DType::F64 => self.go::<f64>(cast(x), cast_mut(o), axis),
+            DType::I64 => self.go::<i64>(cast(x), cast_mut(o), axis),
+            _ => self.go::<i32>(cast(x), cast_mut(o), axis),
+        }
+        Ok(())
+    }
+}
+
+pub fn cumsum(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if !matches!(x.dtype, DType::F32 | DType::F64 | DType::I64 | DType::I32) {
+        return Err(format!("CumSum on {} is not implemented", x.dtype.name()));
+    }
+    Ok(Box::new(CumSum {
+        dtype: x.dtype,
+        shape: x.shape.clone(),
+        exclusive: ctx.node.attr_int("exclusive") == Some(1),
+        reverse: ctx.node.attr_int("reverse") == Some(1),
+    }))
+}

@@ -469,6 +469,9 @@ pub fn kernel(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "Gather" => gather(ctx),
         "GatherND" => gather_nd(ctx),
         "Shape" => shape_op(ctx),
+        "Size" => ctx.input(0).map(|x| {
+            Box::new(Fill((numel(&x.shape) as i64).to_le_bytes().to_vec())) as Box<dyn Kernel>
+        }),
         "ConstantOfShape" => constant_of_shape(ctx),
         "Constant" => constant(ctx),
         "Tile" => (|| {
