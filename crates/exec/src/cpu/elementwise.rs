@@ -593,8 +593,14 @@ impl Kernel for Clip {
         true
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        // A bound the plan put under the (then one-element) output is
+        // read from there before anything is written.
+        let first_out = io.outputs[0].f32()?.first().copied();
         let bound = |k: usize, d: f32| -> Result<f32, String> {
             match io.inputs.get(k).copied().flatten() {
+                Some(t) if matches!(t.data, Data::Output0) => {
+                    first_out.ok_or_else(|| format!("input {k} is empty"))
+                }
                 Some(t) => t
                     .f32()?
                     .first()
