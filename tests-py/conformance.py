@@ -345,6 +345,10 @@ EXEC_KNOWN_FAILURES: dict[str, str] = {
     "test_training_dropout_default": _RANDOM_DROPOUT,
     "test_training_dropout_default_mask": _RANDOM_DROPOUT,
     "test_training_dropout_mask": _RANDOM_DROPOUT,
+    "test_attention_4d_causal_fp16_expanded": (
+        "fp16 rounding: 2 of 192 outputs are 2 fp16 ulps (4.9e-4 at 0.49) off the reference, which "
+        "computes with numpy's fp16 arithmetic where the runtime computes each node in f32 and rounds "
+        "its output once; the case's rtol 1e-3 is about one ulp"),
 }
 
 # `graphopt run` refusals that make a case a skip (not a failure): the
