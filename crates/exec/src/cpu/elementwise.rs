@@ -124,6 +124,11 @@ enum Bin {
     Or,
     Xor,
     PRelu,
+    BitAnd,
+    BitOr,
+    BitXor,
+    ShiftLeft,
+    ShiftRight,
     Equal,
     Less,
     Greater,
@@ -143,6 +148,7 @@ impl Kernel for Binary {
             self.op,
             Bin::Equal | Bin::Less | Bin::Greater | Bin::LessEq | Bin::GreaterEq
         ) && !narrow_int(self.dtype)
+            && !bitwise(self.op)
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         use Bin::*;
@@ -161,6 +167,7 @@ impl Kernel for Binary {
             };
         }
         match (self.dtype, op) {
+            (d, _) if bitwise(op) => binary_narrow(io, op, self.fmod, d),
             (DType::F32, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(f32),
             (DType::I64, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(i64),
             (DType::I32, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(i32),
@@ -217,6 +224,14 @@ impl Kernel for Binary {
     }
 }
 
+/// Bitwise ops and shifts: on the widened path for every integer type.
+fn bitwise(op: Bin) -> bool {
+    matches!(
+        op,
+        Bin::BitAnd | Bin::BitOr | Bin::BitXor | Bin::ShiftLeft | Bin::ShiftRight
+    )
+}
+
 /// Integer types without a native path: computed widened to i128 (exact
 /// for every one of them), stored back truncated (wrapping, as C does).
 fn narrow_int(d: DType) -> bool {
@@ -233,6 +248,8 @@ fn read_wide(d: DType, b: &[u8]) -> Vec<i128> {
         DType::I16 => cast::<u16>(b).iter().map(|&v| v as i16 as i128).collect(),
         DType::U16 => cast::<u16>(b).iter().map(|&v| v as i128).collect(),
         DType::U32 => cast::<i32>(b).iter().map(|&v| v as u32 as i128).collect(),
+        DType::I32 => cast::<i32>(b).iter().map(|&v| v as i128).collect(),
+        DType::I64 => cast::<i64>(b).iter().map(|&v| v as i128).collect(),
         _ => cast::<i64>(b).iter().map(|&v| v as u64 as i128).collect(),
     }
 }
@@ -246,6 +263,7 @@ fn binary_narrow(io: &mut KernelIo, op: Bin, fmod: bool, d: DType) -> Result<(),
     use Bin::*;
     let (a, b) = (io.input(0)?, io.input(1)?);
     let (va, vb) = (read_wide(d, a.bytes()?), read_wide(d, b.bytes()?));
+    let bits = 8 * crate::tensor::elem_size(d).unwrap_or(8) as i128;
     let out = &mut io.outputs[0];
     let shape = out.shape;
     let o = &mut *out.data;
@@ -275,6 +293,13 @@ fn binary_narrow(io: &mut KernelIo, op: Bin, fmod: bool, d: DType) -> Result<(),
                 0
             }
             Div => x / y,
+            BitAnd => x & y,
+            BitOr => x | y,
+            BitXor => x ^ y,
+            // Shifts are of unsigned types: by the width or more gives 0.
+            ShiftLeft | ShiftRight if !(0..bits).contains(&y) => 0,
+            ShiftLeft => x << y,
+            ShiftRight => x >> y,
             Mod if fmod => x % y,
             Mod => {
                 let r = x % y;
@@ -383,6 +408,16 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "And" => Bin::And,
         "Or" => Bin::Or,
         "Xor" => Bin::Xor,
+        "BitwiseAnd" => Bin::BitAnd,
+        "BitwiseOr" => Bin::BitOr,
+        "BitwiseXor" => Bin::BitXor,
+        "BitShift" => {
+            if ctx.node.attr_str("direction") == Some("LEFT") {
+                Bin::ShiftLeft
+            } else {
+                Bin::ShiftRight
+            }
+        }
         "Equal" => Bin::Equal,
         "Less" => Bin::Less,
         "Greater" => Bin::Greater,
@@ -421,6 +456,13 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
             || (narrow_int(a.dtype)
                 && !matches!(op, Bin::And | Bin::Or | Bin::Xor | Bin::Pow | Bin::PRelu));
         let ok = ok && !(op == Bin::PRelu && a.dtype != DType::F32);
+        let int = narrow_int(a.dtype) || matches!(a.dtype, DType::I64 | DType::I32);
+        let ok = if bitwise(op) {
+            int && !(matches!(op, Bin::ShiftLeft | Bin::ShiftRight)
+                && matches!(a.dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64))
+        } else {
+            ok
+        };
         if !ok {
             return Err(format!("{op:?} on {} is not implemented", a.dtype.name()));
         }
@@ -884,6 +926,27 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         return Some(Err(format!("{op} on {} is not implemented", dt.name())));
     }
     Some(Ok(k))
+}
+
+/// BitwiseNot on any integer type: every byte inverted.
+struct BitNot;
+
+impl Kernel for BitNot {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        for (o, &v) in io.outputs[0].data.iter_mut().zip(x) {
+            *o = !v;
+        }
+        Ok(())
+    }
+}
+
+pub fn bit_not(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let d = ctx.input(0)?.dtype;
+    if !(narrow_int(d) || matches!(d, DType::I64 | DType::I32)) {
+        return Err(format!("BitwiseNot on {} is not implemented", d.name()));
+    }
+    Ok(Box::new(BitNot))
 }
 
 /// IsNaN / IsInf (detect_negative, detect_positive) on f32: bool out.
