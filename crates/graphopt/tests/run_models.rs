@@ -404,27 +404,41 @@ fn check_training_graph(model: &str) -> Result<Vec<String>, String> {
         let n: usize = fwd[0].shape().iter().product();
         let target: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
         inputs.push(TractTensor::from_shape(fwd[0].shape(), &target).unwrap());
-        s.run(&RunOptions {
-            inputs: Inputs::Tensors(inputs.clone()),
+        run_like_tract(
+            &format!("{model} (training)"),
+            &s,
+            &inputs,
+            train_bound(model),
+        )
+    });
+    match (run, skipped) {
+        (Err(e), Some((_, why))) => Err(format!("{why} ({e})")),
+        (Err(e), None) => Ok(vec![format!("{model} (training): does not run: {e}")]),
+        (Ok(_), Some(_)) => Ok(vec![format!(
+            "{model} (training): runs now: remove it from TRAIN_SKIPPED"
+        )]),
+        (Ok(f), None) => Ok(f),
+    }
+}
+
+/// Runs `s` in graphopt-exec with poison on and compares every output with
+/// tract's on the same inputs: the failures, or `Err` when it does not run.
+fn run_like_tract(
+    label: &str,
+    s: &Session,
+    inputs: &[graphopt::tract::TractTensor],
+    bound: f64,
+) -> Result<Vec<String>, String> {
+    let report = s
+        .run(&RunOptions {
+            inputs: Inputs::Tensors(inputs.to_vec()),
             poison: true,
             ..Default::default()
         })
-        .map_err(|e| e.to_string())
-    });
-    let report = match (run, skipped) {
-        (Err(e), Some((_, why))) => return Err(format!("{why} ({e})")),
-        (Err(e), None) => return Ok(vec![format!("{model} (training): does not run: {e}")]),
-        (Ok(_), Some(_)) => {
-            return Ok(vec![format!(
-                "{model} (training): runs now: remove it from TRAIN_SKIPPED"
-            )])
-        }
-        (Ok(r), None) => r,
-    };
+        .map_err(|e| e.to_string())?;
     let reference =
-        graphopt::tract::run_bytes(&graphopt::tract::prepare(s.model()).unwrap(), &inputs).unwrap();
+        graphopt::tract::run_bytes(&graphopt::tract::prepare(s.model()).unwrap(), inputs).unwrap();
     let mut failures = Vec::new();
-    let bound = train_bound(model);
     let diffs = graphopt::compare_outputs(
         &report.output_names,
         &reference,
@@ -435,7 +449,7 @@ fn check_training_graph(model: &str) -> Result<Vec<String>, String> {
     for d in &diffs {
         if d.error.is_some() || d.rel_l2.is_nan() || d.rel_l2 > bound {
             failures.push(format!(
-                "{model} (training) {}: rel_l2 {} > {bound} ({:?})",
+                "{label} {}: rel_l2 {} > {bound} ({:?})",
                 d.name, d.rel_l2, d.error
             ));
         }
@@ -445,26 +459,23 @@ fn check_training_graph(model: &str) -> Result<Vec<String>, String> {
     }
     if diffs.len() < 2 || diffs.len() != reference.len() {
         failures.push(format!(
-            "{model} (training): {} outputs compared, tract has {}",
+            "{label}: {} outputs compared, tract has {}",
             diffs.len(),
             reference.len()
         ));
     }
     if report.arena_allocated_bytes != report.arena_planned_bytes {
         failures.push(format!(
-            "{model} (training): arena allocated {} != planned {}",
+            "{label}: arena allocated {} != planned {}",
             report.arena_allocated_bytes, report.arena_planned_bytes
         ));
     }
     let p = report.poison.as_ref().unwrap();
     if !p.ok {
-        failures.push(format!(
-            "{model} (training): poison reached {:?}",
-            p.poisoned_outputs
-        ));
+        failures.push(format!("{label}: poison reached {:?}", p.poisoned_outputs));
     }
     println!(
-        "{model} (training): {} outputs, worst rel_l2 {:.2e} ({}), bound {bound:.0e}; arena {} B planned = allocated; {} region(s) poisoned, none reached an output",
+        "{label}: {} outputs, worst rel_l2 {:.2e} ({}), bound {bound:.0e}; arena {} B planned = allocated; {} region(s) poisoned, none reached an output",
         diffs.len(),
         worst.0,
         worst.1,
@@ -512,4 +523,70 @@ fn every_training_graph_runs_like_tract_in_its_planned_arena() {
         ran >= models().len() - TRAIN_SKIPPED.len(),
         "only {ran} ran"
     );
+}
+
+/// Cross-entropy training graphs (OneHot of the labels, LogSoftmax's
+/// gradient) with an optimizer: BERT's with SGD (`<param>_new` outputs),
+/// and the torch MLP's with AdamW, whose bias corrections run in f64
+/// (Pow, Sub, Div, Sqrt on doubles), with zero moments at step 0.
+#[test]
+fn cross_entropy_sgd_and_adamw_training_graphs_run_like_tract() {
+    use graphopt::tract::TractTensor;
+    use graphopt::{AutodiffOptions, GradOptions, Loss, Optimizer};
+    let mut failures = Vec::new();
+    // BERT, SGD.
+    let mut s = graphopt::load(models_dir().join("bert_tiny.ts14.onnx")).unwrap();
+    s.grad(&GradOptions {
+        autodiff: AutodiffOptions {
+            loss: Loss::CrossEntropy,
+            class_axis: -1,
+            optimizer: Optimizer::Sgd {
+                lr: 0.1,
+                weight_decay: 0.01,
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    // Labels are {0, 1}: valid classes.
+    let inputs = graphopt::tract::sample_inputs(s.model(), &[], 3, 11).unwrap();
+    failures
+        .extend(run_like_tract("bert_tiny.ts14 (cross entropy, sgd)", &s, &inputs, 1e-5).unwrap());
+    // The MLP, AdamW.
+    let mlp =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/autodiff/torch/mlp.ts.onnx");
+    let mut s = graphopt::load(&mlp).unwrap();
+    s.grad(&GradOptions {
+        autodiff: AutodiffOptions {
+            loss: Loss::CrossEntropy,
+            optimizer: Optimizer::AdamW {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01,
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    let g = &s.model().graph;
+    let names: Vec<String> = g.runtime_inputs().map(|v| g.name(v).to_string()).collect();
+    let inputs: Vec<TractTensor> = graphopt::tract::sample_inputs(s.model(), &[], 3, 11)
+        .unwrap()
+        .into_iter()
+        .zip(&names)
+        .map(|(t, n)| {
+            if n.ends_with("_m") || n.ends_with("_v") || n == "step" {
+                // Zero moments at step 0, as an optimizer starts.
+                TractTensor::zero_dt(t.datum_type(), t.shape()).unwrap()
+            } else {
+                t
+            }
+        })
+        .collect();
+    failures.extend(run_like_tract("mlp (cross entropy, adamw)", &s, &inputs, 1e-5).unwrap());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -169,6 +169,35 @@ impl Kernel for Binary {
         match (self.dtype, op) {
             (d, _) if bitwise(op) => binary_narrow(io, op, self.fmod, d),
             (DType::F32, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(f32),
+            (DType::F64, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(f64),
+            // f64: what optimizers compute in double (AdamW's bias
+            // corrections) and the double node tests.
+            (DType::F64, Add | Sub | Mul | Div | Pow | Max | Min | Mod) => {
+                let fmod = self.fmod;
+                binary_same::<f64>(io, move |x, y| match op {
+                    Add => x + y,
+                    Sub => x - y,
+                    Mul => x * y,
+                    Div => x / y,
+                    Pow => x.powf(y),
+                    _ if x.is_nan() || y.is_nan() => f64::NAN,
+                    Max => x.max(y),
+                    Min => x.min(y),
+                    _ if fmod => x % y,
+                    _ => {
+                        let r = x % y;
+                        if r != 0.0 {
+                            if (y < 0.0) != (r < 0.0) {
+                                r + y
+                            } else {
+                                r
+                            }
+                        } else {
+                            0f64.copysign(y)
+                        }
+                    }
+                })
+            }
             (DType::I64, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(i64),
             (DType::I32, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(i32),
             (DType::Bool, Equal) => cmp!(u8),
@@ -448,6 +477,22 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         let ok = matches!(
             (a.dtype, op),
             (DType::F32 | DType::I64 | DType::I32, _)
+                | (
+                    DType::F64,
+                    Bin::Add
+                        | Bin::Sub
+                        | Bin::Mul
+                        | Bin::Div
+                        | Bin::Pow
+                        | Bin::Max
+                        | Bin::Min
+                        | Bin::Mod
+                        | Bin::Equal
+                        | Bin::Less
+                        | Bin::Greater
+                        | Bin::LessEq
+                        | Bin::GreaterEq
+                )
                 | (DType::Bool, Bin::And | Bin::Or | Bin::Xor | Bin::Equal)
         ) && !(a.dtype == DType::F32 && matches!(op, Bin::And | Bin::Or | Bin::Xor))
             && !(a.dtype != DType::F32
@@ -615,6 +660,26 @@ impl<F: Fn(f32) -> f32 + Send + Sync> Kernel for Unary<F> {
         let x = io.input(0)?;
         let sx = slice::<f32>(&x);
         let o = io.outputs[0].f32()?;
+        match sx {
+            Some(s) => o.iter_mut().zip(s).for_each(|(o, &v)| *o = (self.0)(v)),
+            None => o.iter_mut().for_each(|o| *o = (self.0)(*o)),
+        }
+        Ok(())
+    }
+}
+
+/// A unary f64 function (the few that optimizers and double node tests
+/// use), in place when the plan says so.
+struct UnaryF64(fn(f64) -> f64);
+
+impl Kernel for UnaryF64 {
+    fn in_place(&self) -> bool {
+        true
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?;
+        let sx = slice::<f64>(&x);
+        let o: &mut [f64] = cast_mut(io.outputs[0].data);
         match sx {
             Some(s) => o.iter_mut().zip(s).for_each(|(o, &v)| *o = (self.0)(v)),
             None => o.iter_mut().for_each(|o| *o = (self.0)(*o)),
@@ -816,6 +881,20 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
             },
             dtype: dt,
         })));
+    }
+    if dt == DType::F64 {
+        let f: fn(f64) -> f64 = match op {
+            "Sqrt" => f64::sqrt,
+            "Exp" => f64::exp,
+            "Log" => f64::ln,
+            "Neg" => |x| -x,
+            "Abs" => f64::abs,
+            "Reciprocal" => |x| 1.0 / x,
+            "Floor" => f64::floor,
+            "Ceil" => f64::ceil,
+            _ => return Some(Err(format!("{op} on double is not implemented"))),
+        };
+        return Some(Ok(Box::new(UnaryF64(f))));
     }
     let k: Box<dyn Kernel> = match op {
         "Sqrt" => Box::new(Unary(f32::sqrt)),

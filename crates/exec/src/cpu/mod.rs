@@ -94,6 +94,7 @@ pub const OPS: &[&str] = &[
     "Mul",
     "Neg",
     "Not",
+    "OneHot",
     "Or",
     "PRelu",
     "Pad",
@@ -208,6 +209,7 @@ impl CpuBackend {
             "ScatterElements" | "Scatter" => scatter::scatter_elements(ctx),
             "ScatterND" => scatter::scatter_nd(ctx),
             "GatherElements" => scatter::gather_elements(ctx),
+            "OneHot" => scatter::one_hot(ctx),
             "ConvTranspose" => conv::conv_transpose(ctx),
             _ => Err("no kernel for this op yet".into()),
         }

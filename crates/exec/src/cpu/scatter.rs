@@ -1,6 +1,6 @@
-//! ScatterElements, ScatterND (reduction none / add / mul / max / min) and
-//! GatherElements: the forms the gradients of Gather, GatherND and
-//! MaxPool take. The output starts as a copy of `data`; with no reduction
+//! ScatterElements, ScatterND (reduction none / add / mul / max / min),
+//! GatherElements and OneHot: the forms the gradients of Gather, GatherND
+//! and MaxPool, and the cross-entropy loss, take. The output starts as a copy of `data`; with no reduction
 //! the kernels move bytes (any element type), reductions are on f32, i64
 //! and i32. Indices are checked against their dim (negative ones count
 //! from the end); a bad one is an error naming it.
@@ -273,5 +273,67 @@ pub fn gather_elements(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         data: x.shape.clone(),
         out: ctx.outputs[0].shape.clone(),
         axis: (if a < 0 { a + r0 } else { a }) as usize,
+    }))
+}
+
+/// OneHot: `values[1]` where the index (negative ones count from the
+/// end) equals the position along `axis`, `values[0]` elsewhere; indices
+/// of an integer or float type, values of any type. The depth comes from
+/// the output shape (shape inference read the depth input).
+struct OneHot {
+    es: usize,
+    outer: usize,
+    depth: usize,
+    inner: usize,
+}
+
+impl Kernel for OneHot {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let i = io.input(0)?;
+        let idx: Vec<i64> = match i.dtype {
+            DType::F32 => cast::<f32>(i.bytes()?).iter().map(|&v| v as i64).collect(),
+            DType::F64 => cast::<f64>(i.bytes()?).iter().map(|&v| v as i64).collect(),
+            _ => i.ints()?,
+        };
+        let v = io.input(2)?.bytes()?;
+        let es = self.es;
+        if v.len() < 2 * es {
+            return Err("values must hold [off, on]".into());
+        }
+        let (off, on) = (&v[..es], &v[es..2 * es]);
+        let y = &mut io.outputs[0].data;
+        let d = self.depth as i64;
+        for a in 0..self.outer {
+            for b in 0..self.inner {
+                let mut k = idx[a * self.inner + b];
+                if k < 0 {
+                    k += d;
+                }
+                for p in 0..self.depth {
+                    let at = ((a * self.depth + p) * self.inner + b) * es;
+                    y[at..at + es].copy_from_slice(if k == p as i64 { on } else { off });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn one_hot(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (i, o) = (ctx.input(0)?, &ctx.outputs[0]);
+    if !matches!(i.dtype, DType::F32 | DType::F64 | DType::I64 | DType::I32) {
+        return Err(format!("OneHot indices of {}", i.dtype.name()));
+    }
+    let r = o.shape.len() as i64;
+    let a = ctx.node.attr_int("axis").unwrap_or(-1);
+    if a < -r || a >= r {
+        return Err(format!("axis {a} is out of range for rank {r}"));
+    }
+    let a = (if a < 0 { a + r } else { a }) as usize;
+    Ok(Box::new(OneHot {
+        es: elem_size(o.dtype).ok_or_else(|| format!("element type {}", o.dtype.name()))?,
+        outer: o.shape[..a].iter().product(),
+        depth: o.shape[a],
+        inner: o.shape[a + 1..].iter().product(),
     }))
 }
