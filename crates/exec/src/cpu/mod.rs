@@ -6,6 +6,7 @@
 
 pub mod conv;
 pub mod elementwise;
+pub mod loss;
 pub mod lowp;
 pub mod matmul;
 pub mod norm;
@@ -93,6 +94,7 @@ pub const OPS: &[&str] = &[
     "Mod",
     "Mul",
     "Neg",
+    "NegativeLogLikelihoodLoss",
     "Not",
     "OneHot",
     "Or",
@@ -128,6 +130,7 @@ pub const OPS: &[&str] = &[
     "Size",
     "Slice",
     "Softmax",
+    "SoftmaxCrossEntropyLoss",
     "Softplus",
     "Softsign",
     "Split",
@@ -210,6 +213,7 @@ impl CpuBackend {
             "ScatterND" => scatter::scatter_nd(ctx),
             "GatherElements" => scatter::gather_elements(ctx),
             "OneHot" => scatter::one_hot(ctx),
+            "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => loss::nll(ctx),
             "ConvTranspose" => conv::conv_transpose(ctx),
             _ => Err("no kernel for this op yet".into()),
         }
