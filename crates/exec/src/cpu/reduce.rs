@@ -439,3 +439,162 @@ pub fn cumsum(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         reverse: ctx.node.attr_int("reverse") == Some(1),
     }))
 }
+
+/// `(outer, len, inner)` around a normalized axis of `shape`.
+fn around(shape: &[usize], axis: i64) -> Result<(usize, usize, usize), String> {
+    let r = shape.len() as i64;
+    if axis < -r || axis >= r.max(1) {
+        return Err(format!("axis {axis} is out of range for rank {r}"));
+    }
+    let a = (if axis < 0 { axis + r } else { axis }) as usize;
+    Ok((
+        shape[..a].iter().product(),
+        shape.get(a).copied().unwrap_or(1),
+        shape.get(a + 1..).map_or(1, |t| t.iter().product()),
+    ))
+}
+
+/// TopK on f32 along `axis`: the k largest (or smallest) values, sorted,
+/// ties to the lower index; k from the output shape.
+struct TopK {
+    outer: usize,
+    len: usize,
+    inner: usize,
+    k: usize,
+    largest: bool,
+}
+
+impl Kernel for TopK {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let (vals, rest) = io.outputs.split_at_mut(1);
+        let v = vals[0].f32()?;
+        let idx: &mut [i64] = cast_mut(rest.first_mut().ok_or("no indices output")?.data);
+        let (len, inner, k) = (self.len, self.inner, self.k);
+        let mut order: Vec<usize> = Vec::with_capacity(len);
+        for a in 0..self.outer {
+            for b in 0..inner {
+                let at = |j: usize| x[(a * len + j) * inner + b];
+                order.clear();
+                order.extend(0..len);
+                // Stable: equal values keep the lower index first.
+                order.sort_by(|&p, &q| {
+                    let (u, w) = (at(p), at(q));
+                    let o = u.partial_cmp(&w).unwrap_or(std::cmp::Ordering::Equal);
+                    if self.largest {
+                        o.reverse()
+                    } else {
+                        o
+                    }
+                });
+                for (j, &p) in order.iter().take(k).enumerate() {
+                    v[(a * k + j) * inner + b] = at(p);
+                    idx[(a * k + j) * inner + b] = p as i64;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn top_k(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 || ctx.outputs.len() < 2 {
+        return Err(format!("TopK on {} is not implemented", x.dtype.name()));
+    }
+    let axis = ctx.node.attr_int("axis").unwrap_or(-1);
+    let (outer, len, inner) = around(&x.shape, axis)?;
+    let (_, k, _) = around(&ctx.outputs[0].shape, axis)?;
+    if k > len {
+        return Err(format!("k {k} exceeds the axis length {len}"));
+    }
+    Ok(Box::new(TopK {
+        outer,
+        len,
+        inner,
+        k,
+        largest: ctx.node.attr_int("largest") != Some(0),
+    }))
+}
+
+/// Hardmax (1 at the first maximum along the axis, 0 elsewhere) and
+/// LpNormalization (p = 1 or 2 along the axis) on f32.
+struct AlongAxis {
+    outer: usize,
+    len: usize,
+    inner: usize,
+    /// `None`: Hardmax; `Some(p)`: LpNormalization.
+    p: Option<i64>,
+}
+
+impl Kernel for AlongAxis {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let y = io.outputs[0].f32()?;
+        let (len, inner) = (self.len, self.inner);
+        for a in 0..self.outer {
+            for b in 0..inner {
+                let at = |j: usize| (a * len + j) * inner + b;
+                match self.p {
+                    None => {
+                        let mut best = 0;
+                        for j in 1..len {
+                            if x[at(j)] > x[at(best)] {
+                                best = j;
+                            }
+                        }
+                        for j in 0..len {
+                            y[at(j)] = (j == best) as u8 as f32;
+                        }
+                    }
+                    Some(p) => {
+                        let norm = if p == 1 {
+                            (0..len).map(|j| x[at(j)].abs()).sum::<f32>()
+                        } else {
+                            (0..len).map(|j| x[at(j)] * x[at(j)]).sum::<f32>().sqrt()
+                        };
+                        for j in 0..len {
+                            y[at(j)] = if norm == 0.0 { 0.0 } else { x[at(j)] / norm };
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn along_axis(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let op = ctx.node.op_type.as_str();
+    if x.dtype != DType::F32 {
+        return Err(format!("{op} on {} is not implemented", x.dtype.name()));
+    }
+    let hard = op == "Hardmax";
+    let p = ctx.node.attr_int("p").unwrap_or(2);
+    if !hard && p != 1 && p != 2 {
+        return Err(format!("p = {p} (1 and 2 are implemented)"));
+    }
+    let axis = ctx
+        .node
+        .attr_int("axis")
+        .unwrap_or(if hard && ctx.opset < 13 { 1 } else { -1 });
+    let (outer, len, inner) = if hard && ctx.opset < 13 {
+        // Before opset 13: the input as 2-D, split at `axis`.
+        let r = x.shape.len() as i64;
+        let a = (if axis < 0 { axis + r } else { axis }).clamp(0, r) as usize;
+        (
+            x.shape[..a].iter().product(),
+            x.shape[a..].iter().product(),
+            1,
+        )
+    } else {
+        around(&x.shape, axis)?
+    };
+    Ok(Box::new(AlongAxis {
+        outer,
+        len,
+        inner,
+        p: (!hard).then_some(p),
+    }))
+}
