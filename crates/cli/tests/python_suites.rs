@@ -4,6 +4,8 @@
 //!   within tolerance;
 //! - the ONNX backend node tests (generated from the installed `onnx`
 //!   wheel) round-trip to outputs bit-identical to the original's;
+//! - the same node tests, where every op has a CPU kernel, run in
+//!   graphopt's runtime to the cases' expected outputs (`--exec`);
 //! - every real model lowered with `--precision fp16|bf16|fp16-weights
 //!   --validate` passes the full onnx checker and runs in onnxruntime
 //!   within tolerance of the reference outputs;
@@ -78,6 +80,16 @@ fn real_models_through_default_pipeline_in_onnxruntime() {
 #[test]
 fn onnx_backend_node_conformance() {
     run_script("conformance.py", &["--jobs", "2", "--plan"]);
+}
+
+/// The kernel unit tests: every ONNX node test whose ops all have CPU
+/// kernels runs in graphopt's runtime (`graphopt run --poison`) and matches
+/// the case's expected outputs at its rtol/atol; the script's
+/// `EXEC_KNOWN_FAILURES` must list exactly the cases that fail. About a
+/// minute on two cores.
+#[test]
+fn onnx_backend_node_tests_run_in_graphopt_exec() {
+    run_script("conformance.py", &["--jobs", "2", "--exec"]);
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! Kernel edge cases against naive reference loops written here: numpy
 //! broadcasting, batched and 1-D MatMul, Gemm's transposes and bias, Conv
 //! with groups, strides, pads and dilations (im2col and the direct 1×1
-//! path, 1-D and 2-D), pooling pads, Slice with negative steps. Each model
+//! path, 1-D and 2-D), ConvTranspose (groups, strides, pads, dilations,
+//! output_padding), Scatter with add on duplicate indices, MaxPool's
+//! Indices, pooling pads, Slice with negative steps. Each model
 //! runs through the whole runtime (planned arena, poison on), so the
 //! executor is exercised too; and a plan that overlaps a node's input and
 //! output is refused.
@@ -526,4 +528,127 @@ fn dynamic_quantize_and_matmul_integer_follow_the_onnx_examples() {
         .collect();
     assert_eq!(p, vec![-4, 8, -4, 17]);
     assert_eq!(out[4].to_f32().unwrap(), vec![-2.0, 4.0, -2.0, 8.5]);
+}
+
+/// ConvTranspose as the adjoint of a convolution: every input element
+/// times every kernel tap, added where the tap lands.
+#[test]
+fn conv_transpose_groups_strides_pads_dilations_output_padding() {
+    // x [2,4,3,4], w [4,3,3,2] (group 2: 6 output channels), strides 2x3,
+    // pads 1,0 (begin) 0,1 (end), dilations 2x1, output_padding 1x2:
+    // OH = 2·2 + 1 + 4 + 1 - 1 = 9, OW = 3·3 + 2 + 1 + 1 - 1 = 12.
+    let (n, c, h, w) = (2, 4, 3, 4);
+    let (mg, kh, kw, group) = (3, 3, 2, 2);
+    let (sh, sw, dh, dw, ph, pw) = (2, 3, 2, 1, 1, 0);
+    let (oh, ow) = (9, 12);
+    let x = t(&[n, c, h, w], 41);
+    let wt = t(&[c, mg, kh, kw], 42);
+    let b = t(&[mg * group], 43);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,4,3,4] x, float[4,3,3,2] w, float[6] b) => (float[2,6,9,12] y) {
+          y = ConvTranspose <group = 2, strides = [2, 3], dilations = [2, 1], pads = [1, 0, 0, 1], output_padding = [1, 2]> (x, w, b)
+        }"#,
+        &[x.clone(), wt.clone(), b.clone()],
+    );
+    let (xv, wv, bv) = (
+        x.to_f32().unwrap(),
+        wt.to_f32().unwrap(),
+        b.to_f32().unwrap(),
+    );
+    let m = mg * group;
+    let cg = c / group;
+    let mut y = vec![0.0f32; n * m * oh * ow];
+    for ni in 0..n {
+        for mi in 0..m {
+            for p in 0..oh * ow {
+                y[(ni * m + mi) * oh * ow + p] = bv[mi];
+            }
+        }
+        for ci in 0..c {
+            let gi = ci / cg;
+            for mj in 0..mg {
+                let mi = gi * mg + mj;
+                for iy in 0..h {
+                    for ix in 0..w {
+                        for ki in 0..kh {
+                            for kj in 0..kw {
+                                let oy = (iy * sh + ki * dh) as isize - ph as isize;
+                                let ox = (ix * sw + kj * dw) as isize - pw as isize;
+                                if oy < 0 || ox < 0 || oy as usize >= oh || ox as usize >= ow {
+                                    continue;
+                                }
+                                y[((ni * m + mi) * oh + oy as usize) * ow + ox as usize] += xv
+                                    [((ni * c + ci) * h + iy) * w + ix]
+                                    * wv[((ci * mg + mj) * kh + ki) * kw + kj];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    close(&got[0], &y);
+}
+
+/// ScatterND and ScatterElements with `add` sum duplicate indices (the
+/// gradients of Gather and GatherND rely on it); MaxPool's Indices are
+/// flat positions in the input, the first maximum on ties.
+#[test]
+fn scatter_adds_duplicates_and_maxpool_returns_indices() {
+    let data = t(&[4, 3], 51);
+    let upd = t(&[3, 3], 52);
+    let upd_e = t(&[2, 3], 53);
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 18]>
+        g (float[4,3] d, float[3,3] u, float[2,3] ue, float[1,1,4,4] x) => (float[4,3] nd, float[4,3] el, float[1,1,2,2] p, int64[1,1,2,2] i) {
+          idx = Constant <value = int64[3,1] {2, 0, 2}> ()
+          nd = ScatterND <reduction = "add"> (d, idx, u)
+          eidx = Constant <value = int64[2,3] {1, 0, 3, 1, 1, 3}> ()
+          el = ScatterElements <axis = 0, reduction = "add"> (d, eidx, ue)
+          p, i = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)
+        }"#,
+    )
+    .unwrap();
+    let x = HostTensor::from_f32(
+        &[1, 1, 4, 4],
+        &[
+            1., 5., 2., 2., 3., 0., 2., 1., 9., 9., 9., 9., 0., 9., 1., 9.,
+        ],
+    );
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let (out, _) = exe
+        .run(
+            &[data.clone(), upd.clone(), upd_e.clone(), x],
+            &RunOptions {
+                threads: 1,
+                poison: true,
+            },
+        )
+        .unwrap();
+    let (d, u, ue) = (
+        data.to_f32().unwrap(),
+        upd.to_f32().unwrap(),
+        upd_e.to_f32().unwrap(),
+    );
+    let mut nd = d.clone();
+    for (k, &row) in [2usize, 0, 2].iter().enumerate() {
+        for j in 0..3 {
+            nd[row * 3 + j] += u[k * 3 + j];
+        }
+    }
+    close(&out[0].to_f32().unwrap(), &nd);
+    let mut el = d.clone();
+    for (k, &row) in [1usize, 0, 3, 1, 1, 3].iter().enumerate() {
+        el[row * 3 + k % 3] += ue[k];
+    }
+    close(&out[1].to_f32().unwrap(), &el);
+    close(&out[2].to_f32().unwrap(), &[5., 2., 9., 9.]);
+    let idx: Vec<i64> = out[3]
+        .data
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(idx, vec![1, 2, 8, 10]);
 }

@@ -238,3 +238,192 @@ pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         direct,
     }))
 }
+
+/// ConvTranspose's geometry: input `[N, C, H, W]`, output `[N, M, OH, OW]`
+/// (from shape inference), kernel `[C, M/group, kh, kw]`.
+struct Transposed {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    m: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    /// Padding at the start of each output dim.
+    ph: usize,
+    pw: usize,
+    group: usize,
+    bias: bool,
+}
+
+impl Kernel for Transposed {
+    fn workspace_bytes(&self) -> usize {
+        (self.m / self.group) * self.kh * self.kw * self.h * self.w * 4
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let w = io.input(1)?.f32()?;
+        let b = if self.bias {
+            Some(io.input(2)?.f32()?)
+        } else {
+            None
+        };
+        let threads = io.threads;
+        let col: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
+        let y = io.outputs[0].f32()?;
+        let (cg, mg) = (self.c / self.group, self.m / self.group);
+        let k = mg * self.kh * self.kw;
+        let hw = self.h * self.w;
+        let ohw = self.oh * self.ow;
+        for n in 0..self.n {
+            let xi = &x[n * self.c * hw..][..self.c * hw];
+            let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
+            match b {
+                Some(b) => {
+                    for (m, plane) in yi.chunks_mut(ohw).enumerate() {
+                        plane.fill(b[m]);
+                    }
+                }
+                None => yi.fill(0.0),
+            }
+            for gi in 0..self.group {
+                // col[k × hw] = Wgᵀ · Xg, Wg = w[gi] as [cg × k].
+                let wg = &w[gi * cg * k..][..cg * k];
+                let xg = &xi[gi * cg * hw..][..cg * hw];
+                sgemm(
+                    k,
+                    cg,
+                    hw,
+                    1.0,
+                    wg,
+                    (1, k),
+                    xg,
+                    (hw, 1),
+                    0.0,
+                    col,
+                    hw,
+                    threads,
+                );
+                // col2im: scatter-add each column into the output.
+                let yg = &mut yi[gi * mg * ohw..][..mg * ohw];
+                for (r, row) in col.chunks(hw).enumerate().take(k) {
+                    let (m, ki, kj) = (
+                        r / (self.kh * self.kw),
+                        (r / self.kw) % self.kh,
+                        r % self.kw,
+                    );
+                    let plane = &mut yg[m * ohw..][..ohw];
+                    for iy in 0..self.h {
+                        let oy = (iy * self.sh + ki * self.dh) as isize - self.ph as isize;
+                        if oy < 0 || oy as usize >= self.oh {
+                            continue;
+                        }
+                        let dst = &mut plane[oy as usize * self.ow..][..self.ow];
+                        for (ix, &v) in row[iy * self.w..][..self.w].iter().enumerate() {
+                            let ox = (ix * self.sw + kj * self.dw) as isize - self.pw as isize;
+                            if ox >= 0 && (ox as usize) < self.ow {
+                                dst[ox as usize] += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// ConvTranspose (1-D and 2-D, groups, strides, dilations, pads,
+/// output_padding, output_shape, auto_pad) as GEMM + col2im: per image and
+/// group, `Wᵀ · X` into the workspace (`M/group · kh · kw × H·W` floats),
+/// then scatter-added into the output.
+pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
+    if x.dtype != DType::F32 {
+        return Err(format!(
+            "ConvTranspose on {} is not implemented",
+            x.dtype.name()
+        ));
+    }
+    let y = &ctx.outputs[0];
+    let sp = x.shape.len().saturating_sub(2);
+    if !(1..=2).contains(&sp) || w.shape.len() != sp + 2 || y.shape.len() != sp + 2 {
+        return Err(format!(
+            "{sp}-D ConvTranspose is not implemented (1-D and 2-D are)"
+        ));
+    }
+    let node = ctx.node;
+    let ints = |name: &str, d: i64| -> Vec<i64> {
+        node.attr_ints(name)
+            .map(|v| v.to_vec())
+            .unwrap_or_else(|| vec![d; sp])
+    };
+    let (s, dl, adj) = (
+        ints("strides", 1),
+        ints("dilations", 1),
+        ints("output_padding", 0),
+    );
+    let kernel: Vec<i64> = w.shape[2..].iter().map(|&k| k as i64).collect();
+    let pads = node
+        .attr_ints("pads")
+        .map(|v| v.to_vec())
+        .unwrap_or_else(|| vec![0; 2 * sp]);
+    let auto = node.attr_str("auto_pad").unwrap_or("NOTSET");
+    let mut begin = Vec::new();
+    for i in 0..sp {
+        let (inn, out) = (x.shape[2 + i] as i64, y.shape[2 + i] as i64);
+        let full = s[i] * (inn - 1) + adj[i] + (kernel[i] - 1) * dl[i] + 1;
+        let total = (full - out).max(0);
+        begin.push(match auto {
+            // As the ONNX reference computes it: SAME_UPPER puts the
+            // larger half at the end.
+            "SAME_UPPER" => total / 2,
+            "SAME_LOWER" => total - total / 2,
+            "VALID" => 0,
+            _ if node.attr_ints("output_shape").is_some() => total - total / 2,
+            _ => pads[i],
+        } as usize);
+    }
+    let group = node.attr_int("group").unwrap_or(1).max(1) as usize;
+    let c = x.shape[1];
+    if w.shape[0] != c || c % group != 0 {
+        return Err(format!("bad group {group} for {c} channels"));
+    }
+    let m = w.shape[1] * group;
+    if y.shape[1] != m {
+        return Err(format!("output channels {} != {m}", y.shape[1]));
+    }
+    let pick = |v: &[usize], one: usize| if sp == 1 { (one, v[0]) } else { (v[0], v[1]) };
+    let u = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
+    let (h, wd) = pick(&x.shape[2..], 1);
+    let (oh, ow) = pick(&y.shape[2..], 1);
+    let (kh, kw) = pick(&w.shape[2..], 1);
+    let (sh, sw) = pick(&u(&s), 1);
+    let (dh, dw) = pick(&u(&dl), 1);
+    let (ph, pw) = pick(&begin, 0);
+    Ok(Box::new(Transposed {
+        n: x.shape[0],
+        c,
+        h,
+        w: wd,
+        m,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        sw,
+        dh,
+        dw,
+        ph,
+        pw,
+        group,
+        bias: ctx.inputs.get(2).is_some_and(|b| b.is_some()),
+    }))
+}

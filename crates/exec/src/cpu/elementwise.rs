@@ -123,6 +123,12 @@ enum Bin {
     And,
     Or,
     Xor,
+    PRelu,
+    BitAnd,
+    BitOr,
+    BitXor,
+    ShiftLeft,
+    ShiftRight,
     Equal,
     Less,
     Greater,
@@ -141,7 +147,8 @@ impl Kernel for Binary {
         !matches!(
             self.op,
             Bin::Equal | Bin::Less | Bin::Greater | Bin::LessEq | Bin::GreaterEq
-        )
+        ) && !narrow_int(self.dtype)
+            && !bitwise(self.op)
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         use Bin::*;
@@ -160,7 +167,37 @@ impl Kernel for Binary {
             };
         }
         match (self.dtype, op) {
+            (d, _) if bitwise(op) => binary_narrow(io, op, self.fmod, d),
             (DType::F32, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(f32),
+            (DType::F64, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(f64),
+            // f64: what optimizers compute in double (AdamW's bias
+            // corrections) and the double node tests.
+            (DType::F64, Add | Sub | Mul | Div | Pow | Max | Min | Mod) => {
+                let fmod = self.fmod;
+                binary_same::<f64>(io, move |x, y| match op {
+                    Add => x + y,
+                    Sub => x - y,
+                    Mul => x * y,
+                    Div => x / y,
+                    Pow => x.powf(y),
+                    _ if x.is_nan() || y.is_nan() => f64::NAN,
+                    Max => x.max(y),
+                    Min => x.min(y),
+                    _ if fmod => x % y,
+                    _ => {
+                        let r = x % y;
+                        if r != 0.0 {
+                            if (y < 0.0) != (r < 0.0) {
+                                r + y
+                            } else {
+                                r
+                            }
+                        } else {
+                            0f64.copysign(y)
+                        }
+                    }
+                })
+            }
             (DType::I64, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(i64),
             (DType::I32, Equal | Less | Greater | LessEq | GreaterEq) => cmp!(i32),
             (DType::Bool, Equal) => cmp!(u8),
@@ -171,6 +208,13 @@ impl Kernel for Binary {
                     Sub => x - y,
                     Mul => x * y,
                     Div => x / y,
+                    PRelu => {
+                        if x < 0.0 {
+                            x * y
+                        } else {
+                            x
+                        }
+                    }
                     Pow => pow(x, y),
                     Max => {
                         if x.is_nan() || y.is_nan() {
@@ -187,20 +231,123 @@ impl Kernel for Binary {
                         }
                     }
                     _ if fmod => x % y,
-                    _ => x - y * (x / y).floor(),
+                    _ => py_mod(x, y),
                 })
             }
-            (DType::I64, _) => binary_same::<i64>(io, move |x, y| int_op(op, x, y)),
+            (DType::I64, _) => {
+                let fmod = self.fmod;
+                binary_same::<i64>(io, move |x, y| int_op(op, fmod, x, y))
+            }
             (DType::I32, _) => {
-                binary_same::<i32>(io, move |x, y| int_op(op, x as i64, y as i64) as i32)
+                let fmod = self.fmod;
+                binary_same::<i32>(io, move |x, y| int_op(op, fmod, x as i64, y as i64) as i32)
             }
             (DType::Bool, And | Or | Xor) => binary_same::<u8>(io, move |x, y| match op {
                 And => x & y,
                 Or => x | y,
                 _ => x ^ y,
             }),
+            (d, _) if narrow_int(d) => binary_narrow(io, op, self.fmod, d),
             (d, _) => Err(format!("{op:?} on {} is not implemented", d.name())),
         }
+    }
+}
+
+/// Bitwise ops and shifts: on the widened path for every integer type.
+fn bitwise(op: Bin) -> bool {
+    matches!(
+        op,
+        Bin::BitAnd | Bin::BitOr | Bin::BitXor | Bin::ShiftLeft | Bin::ShiftRight
+    )
+}
+
+/// Integer types without a native path: computed widened to i128 (exact
+/// for every one of them), stored back truncated (wrapping, as C does).
+fn narrow_int(d: DType) -> bool {
+    matches!(
+        d,
+        DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 | DType::U64
+    )
+}
+
+fn read_wide(d: DType, b: &[u8]) -> Vec<i128> {
+    match d {
+        DType::I8 => cast::<i8>(b).iter().map(|&v| v as i128).collect(),
+        DType::U8 => b.iter().map(|&v| v as i128).collect(),
+        DType::I16 => cast::<u16>(b).iter().map(|&v| v as i16 as i128).collect(),
+        DType::U16 => cast::<u16>(b).iter().map(|&v| v as i128).collect(),
+        DType::U32 => cast::<i32>(b).iter().map(|&v| v as u32 as i128).collect(),
+        DType::I32 => cast::<i32>(b).iter().map(|&v| v as i128).collect(),
+        DType::I64 => cast::<i64>(b).iter().map(|&v| v as i128).collect(),
+        _ => cast::<i64>(b).iter().map(|&v| v as u64 as i128).collect(),
+    }
+}
+
+fn write_wide(d: DType, v: i128, o: &mut [u8], i: usize) {
+    let es = crate::tensor::elem_size(d).unwrap_or(1);
+    o[i * es..(i + 1) * es].copy_from_slice(&v.to_le_bytes()[..es]);
+}
+
+fn binary_narrow(io: &mut KernelIo, op: Bin, fmod: bool, d: DType) -> Result<(), String> {
+    use Bin::*;
+    let (a, b) = (io.input(0)?, io.input(1)?);
+    let (va, vb) = (read_wide(d, a.bytes()?), read_wide(d, b.bytes()?));
+    let bits = 8 * crate::tensor::elem_size(d).unwrap_or(8) as i128;
+    let out = &mut io.outputs[0];
+    let shape = out.shape;
+    let o = &mut *out.data;
+    let mut bad = None;
+    for_each_bcast(shape, [a.shape, b.shape], |i, [ia, ib]| {
+        let (x, y) = (va[ia], vb[ib]);
+        let c = match op {
+            Equal => Some(x == y),
+            Less => Some(x < y),
+            Greater => Some(x > y),
+            LessEq => Some(x <= y),
+            GreaterEq => Some(x >= y),
+            _ => None,
+        };
+        if let Some(c) = c {
+            o[i] = c as u8;
+            return;
+        }
+        let v = match op {
+            Add => x + y,
+            Sub => x - y,
+            Mul => x.wrapping_mul(y),
+            Max => x.max(y),
+            Min => x.min(y),
+            Div | Mod if y == 0 => {
+                bad = Some("integer division by zero");
+                0
+            }
+            Div => x / y,
+            BitAnd => x & y,
+            BitOr => x | y,
+            BitXor => x ^ y,
+            // Shifts are of unsigned types: by the width or more gives 0.
+            ShiftLeft | ShiftRight if !(0..bits).contains(&y) => 0,
+            ShiftLeft => x << y,
+            ShiftRight => x >> y,
+            Mod if fmod => x % y,
+            Mod => {
+                let r = x % y;
+                if r != 0 && (r < 0) != (y < 0) {
+                    r + y
+                } else {
+                    r
+                }
+            }
+            _ => {
+                bad = Some("not an integer op");
+                0
+            }
+        };
+        write_wide(d, v, o, i);
+    });
+    match bad {
+        Some(b) => Err(b.into()),
+        None => Ok(()),
     }
 }
 
@@ -219,7 +366,22 @@ fn pow(x: f32, y: f32) -> f32 {
     }
 }
 
-fn int_op(op: Bin, x: i64, y: i64) -> i64 {
+/// Float `Mod` with fmod=0: numpy's `mod` (the remainder takes the
+/// divisor's sign; a zero remainder is a zero of the divisor's sign).
+fn py_mod(x: f32, y: f32) -> f32 {
+    let r = x % y;
+    if r != 0.0 {
+        if (y < 0.0) != (r < 0.0) {
+            r + y
+        } else {
+            r
+        }
+    } else {
+        0f32.copysign(y)
+    }
+}
+
+fn int_op(op: Bin, fmod: bool, x: i64, y: i64) -> i64 {
     match op {
         Bin::Add => x.wrapping_add(y),
         Bin::Sub => x.wrapping_sub(y),
@@ -235,7 +397,15 @@ fn int_op(op: Bin, x: i64, y: i64) -> i64 {
         Bin::Pow => (x as f64).powf(y as f64) as i64,
         Bin::Max => x.max(y),
         Bin::Min => x.min(y),
-        // fmod=0: the remainder takes the divisor's sign (Python's %).
+        // fmod=1: C's remainder (the dividend's sign); fmod=0: the
+        // remainder takes the divisor's sign (Python's %).
+        Bin::Mod if fmod => {
+            if y == 0 {
+                0
+            } else {
+                x.wrapping_rem(y)
+            }
+        }
         Bin::Mod => {
             if y == 0 {
                 0
@@ -255,7 +425,8 @@ fn int_op(op: Bin, x: i64, y: i64) -> i64 {
 /// The kernel for a binary op, if it is one.
 pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
     let op = match ctx.node.op_type.as_str() {
-        "Add" | "Sum" => Bin::Add,
+        "Add" | "Sum" | "Mean" => Bin::Add,
+        "PRelu" => Bin::PRelu,
         "Sub" => Bin::Sub,
         "Mul" => Bin::Mul,
         "Div" => Bin::Div,
@@ -266,6 +437,16 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "And" => Bin::And,
         "Or" => Bin::Or,
         "Xor" => Bin::Xor,
+        "BitwiseAnd" => Bin::BitAnd,
+        "BitwiseOr" => Bin::BitOr,
+        "BitwiseXor" => Bin::BitXor,
+        "BitShift" => {
+            if ctx.node.attr_str("direction") == Some("LEFT") {
+                Bin::ShiftLeft
+            } else {
+                Bin::ShiftRight
+            }
+        }
         "Equal" => Bin::Equal,
         "Less" => Bin::Less,
         "Greater" => Bin::Greater,
@@ -274,6 +455,11 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         _ => return None,
     };
     Some((|| {
+        if (ctx.inputs.len() != 2 && matches!(ctx.node.op_type.as_str(), "Sum" | "Max" | "Min"))
+            || ctx.node.op_type == "Mean"
+        {
+            return variadic(ctx, op);
+        }
         if ctx.inputs.len() != 2 {
             return Err(format!(
                 "{} inputs (only 2 are implemented)",
@@ -291,11 +477,37 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         let ok = matches!(
             (a.dtype, op),
             (DType::F32 | DType::I64 | DType::I32, _)
+                | (
+                    DType::F64,
+                    Bin::Add
+                        | Bin::Sub
+                        | Bin::Mul
+                        | Bin::Div
+                        | Bin::Pow
+                        | Bin::Max
+                        | Bin::Min
+                        | Bin::Mod
+                        | Bin::Equal
+                        | Bin::Less
+                        | Bin::Greater
+                        | Bin::LessEq
+                        | Bin::GreaterEq
+                )
                 | (DType::Bool, Bin::And | Bin::Or | Bin::Xor | Bin::Equal)
         ) && !(a.dtype == DType::F32 && matches!(op, Bin::And | Bin::Or | Bin::Xor))
             && !(a.dtype != DType::F32
                 && a.dtype != DType::Bool
-                && matches!(op, Bin::And | Bin::Or | Bin::Xor));
+                && matches!(op, Bin::And | Bin::Or | Bin::Xor))
+            || (narrow_int(a.dtype)
+                && !matches!(op, Bin::And | Bin::Or | Bin::Xor | Bin::Pow | Bin::PRelu));
+        let ok = ok && !(op == Bin::PRelu && a.dtype != DType::F32);
+        let int = narrow_int(a.dtype) || matches!(a.dtype, DType::I64 | DType::I32);
+        let ok = if bitwise(op) {
+            int && !(matches!(op, Bin::ShiftLeft | Bin::ShiftRight)
+                && matches!(a.dtype, DType::I8 | DType::I16 | DType::I32 | DType::I64))
+        } else {
+            ok
+        };
         if !ok {
             return Err(format!("{op:?} on {} is not implemented", a.dtype.name()));
         }
@@ -307,6 +519,74 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
     })())
 }
 
+/// Sum / Max / Min of one or of three and more inputs: input 0
+/// broadcast into the output, then each further input folded in.
+struct Variadic {
+    op: Bin,
+    dtype: DType,
+    /// Mean: the sum divided by the input count.
+    mean: bool,
+}
+
+fn fold<T: Elem>(io: &mut KernelIo, f: impl Fn(T, T) -> T) -> Result<(), String> {
+    let ins: Vec<(&[usize], &[T])> = (0..io.inputs.len())
+        .map(|k| {
+            let i = io.input(k)?;
+            Ok((i.shape, cast::<T>(i.bytes()?)))
+        })
+        .collect::<Result<_, String>>()?;
+    let out = &mut io.outputs[0];
+    let shape = out.shape;
+    let o: &mut [T] = cast_mut(out.data);
+    for_each_bcast(shape, [ins[0].0], |i, [j]| o[i] = ins[0].1[j]);
+    for (s, x) in &ins[1..] {
+        for_each_bcast(shape, [*s], |i, [j]| o[i] = f(o[i], x[j]));
+    }
+    Ok(())
+}
+
+impl Kernel for Variadic {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let op = self.op;
+        match self.dtype {
+            DType::F32 => {
+                fold::<f32>(io, move |x, y| match op {
+                    Bin::Add => x + y,
+                    _ if x.is_nan() || y.is_nan() => f32::NAN,
+                    Bin::Max => x.max(y),
+                    _ => x.min(y),
+                })?;
+                if self.mean {
+                    let n = io.inputs.len() as f32;
+                    io.outputs[0].f32()?.iter_mut().for_each(|v| *v /= n);
+                }
+                Ok(())
+            }
+            DType::I64 => fold::<i64>(io, move |x, y| int_op(op, false, x, y)),
+            DType::I32 => fold::<i32>(io, move |x, y| int_op(op, false, x as i64, y as i64) as i32),
+            d => Err(format!("{op:?} on {}", d.name())),
+        }
+    }
+}
+
+fn variadic(ctx: &NodeCtx, op: Bin) -> Result<Box<dyn Kernel>, String> {
+    let d = ctx.input(0)?.dtype;
+    for k in 0..ctx.inputs.len() {
+        if ctx.input(k)?.dtype != d {
+            return Err("mixed input dtypes".into());
+        }
+    }
+    let mean = ctx.node.op_type == "Mean";
+    if !matches!(d, DType::F32 | DType::I64 | DType::I32) || (mean && d != DType::F32) {
+        return Err(format!(
+            "{} on {} is not implemented",
+            ctx.node.op_type,
+            d.name()
+        ));
+    }
+    Ok(Box::new(Variadic { op, dtype: d, mean }))
+}
+
 /// `Where(cond, x, y)`; x or y may be in place.
 struct Where {
     dtype: DType,
@@ -314,6 +594,22 @@ struct Where {
 
 fn where_t<T: Elem>(io: &mut KernelIo) -> Result<(), String> {
     let (c, x, y) = (io.input(0)?, io.input(1)?, io.input(2)?);
+    if matches!(c.data, Data::Output0) {
+        // The plan put a 1-byte output over the condition (same shape):
+        // element i of the condition is read before it is overwritten.
+        let (sx, sy) = (slice::<u8>(&x), slice::<u8>(&y));
+        let out = &mut io.outputs[0];
+        let shape = out.shape;
+        let o: &mut [u8] = out.data;
+        if std::mem::size_of::<T>() != 1 || sx.is_none() || sy.is_none() {
+            return Err("condition in place with x or y".into());
+        }
+        let (sx, sy) = (sx.unwrap_or_default(), sy.unwrap_or_default());
+        for_each_bcast(shape, [x.shape, y.shape], |i, [ix, iy]| {
+            o[i] = if o[i] != 0 { sx[ix] } else { sy[iy] };
+        });
+        return Ok(());
+    }
     let sc: &[u8] = cast(c.bytes()?);
     let (sx, sy) = (slice::<T>(&x), slice::<T>(&y));
     let out = &mut io.outputs[0];
@@ -372,6 +668,59 @@ impl<F: Fn(f32) -> f32 + Send + Sync> Kernel for Unary<F> {
     }
 }
 
+/// A unary f64 function (the few that optimizers and double node tests
+/// use), in place when the plan says so.
+struct UnaryF64(fn(f64) -> f64);
+
+impl Kernel for UnaryF64 {
+    fn in_place(&self) -> bool {
+        true
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?;
+        let sx = slice::<f64>(&x);
+        let o: &mut [f64] = cast_mut(io.outputs[0].data);
+        match sx {
+            Some(s) => o.iter_mut().zip(s).for_each(|(o, &v)| *o = (self.0)(v)),
+            None => o.iter_mut().for_each(|o| *o = (self.0)(*o)),
+        }
+        Ok(())
+    }
+}
+
+/// Clip on f32: bounds from the attributes (opset < 11) or the optional
+/// inputs 1 and 2 (scalars, read at run time).
+struct Clip {
+    lo: f32,
+    hi: f32,
+}
+
+impl Kernel for Clip {
+    fn in_place(&self) -> bool {
+        true
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        // A bound the plan put under the (then one-element) output is
+        // read from there before anything is written.
+        let first_out = io.outputs[0].f32()?.first().copied();
+        let bound = |k: usize, d: f32| -> Result<f32, String> {
+            match io.inputs.get(k).copied().flatten() {
+                Some(t) if matches!(t.data, Data::Output0) => {
+                    first_out.ok_or_else(|| format!("input {k} is empty"))
+                }
+                Some(t) => t
+                    .f32()?
+                    .first()
+                    .copied()
+                    .ok_or_else(|| format!("input {k} is empty")),
+                None => Ok(d),
+            }
+        };
+        let (lo, hi) = (bound(1, self.lo)?, bound(2, self.hi)?);
+        Unary(move |x: f32| if x.is_nan() { x } else { x.max(lo).min(hi) }).run(io)
+    }
+}
+
 /// `Not` on bool, `Neg`/`Abs` on integers.
 struct IntUnary {
     op: &'static str,
@@ -405,6 +754,15 @@ impl Kernel for IntUnary {
     }
 }
 
+/// ln(1 + eˣ) without overflow for large x.
+fn softplus(x: f32) -> f32 {
+    if x > 0.0 {
+        x + (-x).exp().ln_1p()
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
 /// erf(x) to f32 precision (W. J. Cody's rational approximations, as in
 /// most libms), computed in f64.
 pub fn erf(x: f32) -> f32 {
@@ -414,6 +772,9 @@ pub fn erf(x: f32) -> f32 {
 fn erf64(x: f64) -> f64 {
     // |x| < 0.5: the Taylor series; beyond: the Chebyshev fit of erfc
     // from Numerical Recipes (fractional error < 1.2e-7), enough for f32.
+    if x.is_nan() {
+        return x;
+    }
     let z = x.abs();
     let r = if z < 0.5 {
         // Taylor series: converges fast near 0.
@@ -426,7 +787,8 @@ fn erf64(x: f64) -> f64 {
             term *= -x2 / k;
             let add = term / (2.0 * k + 1.0);
             sum += add;
-            if add.abs() < 1e-17 * sum.abs() {
+            // `<=`: at x = 0 both sides are 0 (`<` never ended).
+            if add.abs() <= 1e-17 * sum.abs() {
                 break;
             }
         }
@@ -462,9 +824,18 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
     let op = ctx.node.op_type.as_str();
     const UNARY: &[&str] = &[
         "Abs",
+        "Acos",
+        "Acosh",
+        "Asin",
+        "Asinh",
+        "Atan",
+        "Atanh",
         "Ceil",
+        "Celu",
         "Clip",
         "Cos",
+        "Cosh",
+        "Elu",
         "Erf",
         "Exp",
         "Floor",
@@ -473,14 +844,24 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "HardSwish",
         "LeakyRelu",
         "Log",
+        "Mish",
         "Neg",
         "Not",
         "Reciprocal",
         "Relu",
+        "Round",
+        "Selu",
+        "Shrink",
         "Sigmoid",
+        "Sign",
         "Sin",
+        "Sinh",
+        "Softplus",
+        "Softsign",
         "Sqrt",
+        "Tan",
         "Tanh",
+        "ThresholdedRelu",
     ];
     if !UNARY.contains(&op) {
         return None;
@@ -501,6 +882,20 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
             dtype: dt,
         })));
     }
+    if dt == DType::F64 {
+        let f: fn(f64) -> f64 = match op {
+            "Sqrt" => f64::sqrt,
+            "Exp" => f64::exp,
+            "Log" => f64::ln,
+            "Neg" => |x| -x,
+            "Abs" => f64::abs,
+            "Reciprocal" => |x| 1.0 / x,
+            "Floor" => f64::floor,
+            "Ceil" => f64::ceil,
+            _ => return Some(Err(format!("{op} on double is not implemented"))),
+        };
+        return Some(Ok(Box::new(UnaryF64(f))));
+    }
     let k: Box<dyn Kernel> = match op {
         "Sqrt" => Box::new(Unary(f32::sqrt)),
         "Exp" => Box::new(Unary(f32::exp)),
@@ -512,6 +907,65 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "Ceil" => Box::new(Unary(f32::ceil)),
         "Erf" => Box::new(Unary(erf)),
         "Tanh" => Box::new(Unary(f32::tanh)),
+        "Tan" => Box::new(Unary(f32::tan)),
+        "Asin" => Box::new(Unary(f32::asin)),
+        "Acos" => Box::new(Unary(f32::acos)),
+        "Atan" => Box::new(Unary(f32::atan)),
+        "Sinh" => Box::new(Unary(f32::sinh)),
+        "Cosh" => Box::new(Unary(f32::cosh)),
+        "Asinh" => Box::new(Unary(f32::asinh)),
+        "Acosh" => Box::new(Unary(f32::acosh)),
+        "Atanh" => Box::new(Unary(f32::atanh)),
+        // Half to even, as ONNX specifies.
+        "Round" => Box::new(Unary(f32::round_ties_even)),
+        // 0 for ±0 (and NaN for NaN), unlike `signum`.
+        "Sign" => Box::new(Unary(|x: f32| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                x * 0.0
+            }
+        })),
+        "Softsign" => Box::new(Unary(|x: f32| x / (1.0 + x.abs()))),
+        "Softplus" => Box::new(Unary(softplus)),
+        "Mish" => Box::new(Unary(|x: f32| x * softplus(x).tanh())),
+        "Elu" => {
+            let a = attr_f(ctx, "alpha", 1.0);
+            Box::new(Unary(
+                move |x: f32| if x > 0.0 { x } else { a * x.exp_m1() },
+            ))
+        }
+        "Celu" => {
+            let a = attr_f(ctx, "alpha", 1.0);
+            Box::new(Unary(move |x: f32| {
+                x.max(0.0) + (a * (x / a).exp_m1()).min(0.0)
+            }))
+        }
+        "Selu" => {
+            let a = attr_f(ctx, "alpha", 1.673_263_2);
+            let g = attr_f(ctx, "gamma", 1.050_701);
+            Box::new(Unary(move |x: f32| {
+                g * if x > 0.0 { x } else { a * x.exp_m1() }
+            }))
+        }
+        "ThresholdedRelu" => {
+            let a = attr_f(ctx, "alpha", 1.0);
+            Box::new(Unary(move |x: f32| if x > a { x } else { 0.0 }))
+        }
+        "Shrink" => {
+            let (b, l) = (attr_f(ctx, "bias", 0.0), attr_f(ctx, "lambd", 0.5));
+            Box::new(Unary(move |x: f32| {
+                if x < -l {
+                    x + b
+                } else if x > l {
+                    x - b
+                } else {
+                    0.0
+                }
+            }))
+        }
         "Sin" => Box::new(Unary(f32::sin)),
         "Cos" => Box::new(Unary(f32::cos)),
         "Sigmoid" => Box::new(Unary(|x: f32| 1.0 / (1.0 + (-x).exp()))),
@@ -539,35 +993,76 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
                 }))
             }
         }
-        "Clip" => {
+        "Clip" => Box::new(Clip {
             // Opset < 11: min/max attributes; since 11: optional inputs,
-            // which must be constants here.
-            let mut lo = attr_f(ctx, "min", f32::NEG_INFINITY);
-            let mut hi = attr_f(ctx, "max", f32::INFINITY);
-            for (k, v) in [(1usize, &mut lo), (2, &mut hi)] {
-                if ctx.inputs.get(k).is_some_and(|i| i.is_some()) {
-                    match ctx.constants.get(k).copied().flatten() {
-                        Some(b) if b.len() == 4 => {
-                            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-                        }
-                        _ => {
-                            return Some(Err(
-                                "Clip bounds computed at run time are not implemented".into(),
-                            ))
-                        }
-                    }
-                }
-            }
-            Box::new(Unary(
-                move |x: f32| if x.is_nan() { x } else { x.max(lo).min(hi) },
-            ))
-        }
+            // read at run time.
+            lo: attr_f(ctx, "min", f32::NEG_INFINITY),
+            hi: attr_f(ctx, "max", f32::INFINITY),
+        }),
         _ => return None,
     };
     if dt != DType::F32 {
         return Some(Err(format!("{op} on {} is not implemented", dt.name())));
     }
     Some(Ok(k))
+}
+
+/// BitwiseNot on any integer type: every byte inverted.
+struct BitNot;
+
+impl Kernel for BitNot {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        for (o, &v) in io.outputs[0].data.iter_mut().zip(x) {
+            *o = !v;
+        }
+        Ok(())
+    }
+}
+
+pub fn bit_not(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let d = ctx.input(0)?.dtype;
+    if !(narrow_int(d) || matches!(d, DType::I64 | DType::I32)) {
+        return Err(format!("BitwiseNot on {} is not implemented", d.name()));
+    }
+    Ok(Box::new(BitNot))
+}
+
+/// IsNaN / IsInf (detect_negative, detect_positive) on f32: bool out.
+struct Classify {
+    nan: bool,
+    neg: bool,
+    pos: bool,
+}
+
+impl Kernel for Classify {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        for (o, &v) in io.outputs[0].data.iter_mut().zip(x) {
+            *o = if self.nan {
+                v.is_nan()
+            } else {
+                v.is_infinite() && ((v > 0.0 && self.pos) || (v < 0.0 && self.neg))
+            } as u8;
+        }
+        Ok(())
+    }
+}
+
+pub fn classify(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let d = ctx.input(0)?.dtype;
+    if d != DType::F32 {
+        return Err(format!(
+            "{} on {} is not implemented",
+            ctx.node.op_type,
+            d.name()
+        ));
+    }
+    Ok(Box::new(Classify {
+        nan: ctx.node.op_type == "IsNaN",
+        neg: ctx.node.attr_int("detect_negative") != Some(0),
+        pos: ctx.node.attr_int("detect_positive") != Some(0),
+    }))
 }
 
 /// `Cast` between f32, f64, i64, i32, i8, u8 and bool.

@@ -120,3 +120,97 @@ pub fn batch_norm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         eps: ctx.node.attr_float("epsilon").unwrap_or(1e-5),
     }))
 }
+
+/// InstanceNormalization: per image and channel, the spatial mean and
+/// variance, then `scale[c]` and `bias[c]`.
+struct InstanceNorm {
+    nc: usize,
+    c: usize,
+    plane: usize,
+    eps: f32,
+}
+
+impl Kernel for InstanceNorm {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let (scale, bias) = (io.input(1)?.f32()?, io.input(2)?.f32()?);
+        let y = io.outputs[0].f32()?;
+        let p = self.plane;
+        for i in 0..self.nc {
+            let xr = &x[i * p..][..p];
+            let mean = xr.iter().sum::<f32>() / p as f32;
+            let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / p as f32;
+            let inv = 1.0 / (var + self.eps).sqrt();
+            let c = i % self.c;
+            for (o, &v) in y[i * p..][..p].iter_mut().zip(xr) {
+                *o = (v - mean) * inv * scale[c] + bias[c];
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn instance_norm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 || x.shape.len() < 2 {
+        return Err("InstanceNormalization is implemented for f32 [N, C, ...] only".into());
+    }
+    Ok(Box::new(InstanceNorm {
+        nc: x.shape[0] * x.shape[1],
+        c: x.shape[1],
+        plane: x.shape[2..].iter().product(),
+        eps: ctx.node.attr_float("epsilon").unwrap_or(1e-5),
+    }))
+}
+
+/// RMSNormalization: `x / sqrt(mean(x²) + ε) · scale` over the tail dims
+/// from `axis` (scale of the normalized shape, or one element).
+struct RmsNorm {
+    rows: usize,
+    cols: usize,
+    eps: f32,
+}
+
+impl Kernel for RmsNorm {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let scale = io.input(1)?.f32()?;
+        let y = io.outputs[0].f32()?;
+        let cols = self.cols;
+        for r in 0..self.rows {
+            let xr = &x[r * cols..][..cols];
+            let ms = xr.iter().map(|v| v * v).sum::<f32>() / cols as f32;
+            let inv = 1.0 / (ms + self.eps).sqrt();
+            for (c, (o, &v)) in y[r * cols..][..cols].iter_mut().zip(xr).enumerate() {
+                *o = v * inv * scale[if scale.len() == 1 { 0 } else { c }];
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn rms_norm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 {
+        return Err(format!(
+            "RMSNormalization on {} is not implemented",
+            x.dtype.name()
+        ));
+    }
+    let r = x.shape.len() as i64;
+    let a = ctx.node.attr_int("axis").unwrap_or(-1);
+    if a < -r || a >= r.max(1) {
+        return Err(format!("axis {a} is out of range for rank {r}"));
+    }
+    let axis = (if a < 0 { a + r } else { a }) as usize;
+    let cols: usize = x.shape[axis..].iter().product();
+    let sn: usize = ctx.input(1)?.shape.iter().product();
+    if sn != cols && sn != 1 {
+        return Err("a scale that is not the normalized shape is not implemented".into());
+    }
+    Ok(Box::new(RmsNorm {
+        rows: x.shape[..axis].iter().product(),
+        cols,
+        eps: ctx.node.attr_float("epsilon").unwrap_or(1e-5),
+    }))
+}

@@ -1,5 +1,5 @@
-//! MaxPool, AveragePool (1-D and 2-D windows, pads, strides, dilations,
-//! count_include_pad) and GlobalAveragePool / GlobalMaxPool.
+//! MaxPool (with its Indices output), AveragePool (1-D and 2-D windows,
+//! pads, strides, dilations, count_include_pad) and GlobalAveragePool / GlobalMaxPool.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{window, Window};
@@ -9,17 +9,27 @@ struct Pool {
     g: Window,
     max: bool,
     include_pad: bool,
+    /// MaxPool's Indices output: 0 row-major, 1 column-major (`None`: not
+    /// asked for).
+    indices: Option<i64>,
 }
 
 impl Kernel for Pool {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let g = &self.g;
         let x = io.input(0)?.f32()?;
-        let y = io.outputs[0].f32()?;
+        let (y, rest) = io.outputs.split_at_mut(1);
+        let y = y[0].f32()?;
+        let mut idx: Option<&mut [i64]> = match (self.indices, rest.first_mut()) {
+            (Some(_), Some(o)) => Some(crate::tensor::cast_mut(o.data)),
+            _ => None,
+        };
+        let col_major = self.indices == Some(1);
         for (p, plane) in x.chunks(g.h * g.w).enumerate().take(g.n * g.c) {
             let out = &mut y[p * g.oh * g.ow..][..g.oh * g.ow];
             for oy in 0..g.oh {
                 for ox in 0..g.ow {
+                    let mut arg = 0usize;
                     let (mut acc, mut cnt, mut padded) = (
                         if self.max { f32::NEG_INFINITY } else { 0.0 },
                         0usize,
@@ -40,14 +50,22 @@ impl Kernel for Pool {
                             }
                             let v = plane[iy as usize * g.w + ix as usize];
                             if self.max {
-                                if v > acc || v.is_nan() {
+                                if v > acc || (v.is_nan() && !acc.is_nan()) || cnt == 0 {
                                     acc = v;
+                                    arg = if col_major {
+                                        ix as usize * g.h + iy as usize
+                                    } else {
+                                        iy as usize * g.w + ix as usize
+                                    };
                                 }
                             } else {
                                 acc += v;
                             }
                             cnt += 1;
                         }
+                    }
+                    if let Some(ix) = idx.as_deref_mut() {
+                        ix[p * g.oh * g.ow + oy * g.ow + ox] = (p * g.h * g.w + arg) as i64;
                     }
                     out[oy * g.ow + ox] = if self.max {
                         acc
@@ -67,8 +85,11 @@ pub fn pool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     if x.dtype != DType::F32 {
         return Err(format!("pooling on {} is not implemented", x.dtype.name()));
     }
-    if ctx.outputs.len() > 1 {
-        return Err("MaxPool's Indices output is not implemented".into());
+    let max = ctx.node.op_type == "MaxPool";
+    let indices = (ctx.outputs.len() > 1 && ctx.outputs[1].shape != [0])
+        .then(|| ctx.node.attr_int("storage_order").unwrap_or(0));
+    if indices.is_some() && (!max || ctx.outputs[1].dtype != DType::I64) {
+        return Err("a second output of pooling is MaxPool's int64 Indices only".into());
     }
     let ks: Vec<usize> = ctx
         .node
@@ -79,8 +100,9 @@ pub fn pool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         .collect();
     Ok(Box::new(Pool {
         g: window(ctx, &ks)?,
-        max: ctx.node.op_type == "MaxPool",
+        max,
         include_pad: ctx.node.attr_int("count_include_pad") == Some(1),
+        indices,
     }))
 }
 

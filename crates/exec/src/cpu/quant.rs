@@ -8,16 +8,18 @@ use crate::cpu::matmul::{batches, Batches};
 use crate::tensor::{cast, cast_mut, strides};
 use graphopt_ir::DType;
 
-/// Integer elements widened to i32 (u8, i8, i32).
+/// Integer elements widened to i32 (u8, i8, u16, i16, i32).
 fn ints(x: &In) -> Result<Vec<i32>, String> {
     let b = x.bytes()?;
     Ok(match x.dtype {
         DType::U8 => b.iter().map(|&v| v as i32).collect(),
         DType::I8 => cast::<i8>(b).iter().map(|&v| v as i32).collect(),
         DType::I32 => cast::<i32>(b).to_vec(),
+        DType::U16 => cast::<u16>(b).iter().map(|&v| v as i32).collect(),
+        DType::I16 => cast::<u16>(b).iter().map(|&v| v as i16 as i32).collect(),
         d => {
             return Err(format!(
-                "expected an 8- or 32-bit integer, got {}",
+                "expected an 8-, 16- or 32-bit integer, got {}",
                 d.name()
             ))
         }

@@ -1,9 +1,11 @@
-//! Reductions: ReduceMean / ReduceSum / ReduceMax / ReduceMin (axes as an
-//! attribute or, from opsets 13/18, an input) and Softmax /
+//! Reductions: ReduceMean / Sum / Max / Min / Prod / L1 / L2 / LogSum /
+//! LogSumExp / SumSquare on f32 (the integer ones on i64 and i32 too), axes
+//! as an attribute or, from opsets 13/18, an input; and Softmax /
 //! LogSoftmax (per-axis since opset 13, over the flattened tail before).
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::elementwise::for_each_bcast;
+use crate::tensor::{cast, cast_mut, Elem};
 use graphopt_ir::DType;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -12,28 +14,40 @@ enum Red {
     Sum,
     Max,
     Min,
+    Prod,
+    L1,
+    L2,
+    LogSum,
+    LogSumExp,
+    SumSquare,
 }
 
 struct Reduce {
     op: Red,
+    dtype: DType,
     attr_axes: Option<Vec<i64>>,
     noop_empty: bool,
     shape: Vec<usize>,
 }
 
-impl Kernel for Reduce {
-    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?.f32()?;
+impl Reduce {
+    /// The kept-dims output shape and the number of elements reduced into
+    /// each output, or `None` for a no-op (empty axes with
+    /// `noop_with_empty_axes`).
+    fn kept(&self, io: &KernelIo) -> Result<Option<(Vec<usize>, usize)>, String> {
         let rank = self.shape.len() as i64;
         let axes: Vec<i64> = match (&self.attr_axes, io.inputs.get(1).copied().flatten()) {
             (Some(a), _) => a.clone(),
             (None, Some(t)) => t.ints()?,
             (None, None) => Vec::new(),
         };
-        let o = io.outputs[0].f32()?;
         if axes.is_empty() && self.noop_empty {
-            o.copy_from_slice(x);
-            return Ok(());
+            return Ok(None);
+        }
+        for &a in &axes {
+            if a < -rank || a >= rank.max(1) {
+                return Err(format!("axis {a} is out of range for rank {rank}"));
+            }
         }
         let mut kd = self.shape.clone();
         let mut count = 1usize;
@@ -47,13 +61,44 @@ impl Kernel for Reduce {
                 *k = 1;
             }
         }
-        let init = match self.op {
+        Ok(Some((kd, count)))
+    }
+
+    fn run_f32(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let kept = self.kept(io)?;
+        let o = io.outputs[0].f32()?;
+        let Some((kd, count)) = kept else {
+            // No-op: the identity, except for the elementwise part of the
+            // op (ReduceL1 of x is |x|, ...), as onnxruntime computes it.
+            for (o, &v) in o.iter_mut().zip(x) {
+                *o = match self.op {
+                    Red::L1 | Red::L2 => v.abs(),
+                    Red::SumSquare => v * v,
+                    Red::LogSum => v.ln(),
+                    _ => v,
+                };
+            }
+            return Ok(());
+        };
+        let op = self.op;
+        // LogSumExp subtracts the max first (no overflow for large x).
+        let shift: Vec<f32> = if op == Red::LogSumExp {
+            let mut m = vec![f32::NEG_INFINITY; o.len()];
+            for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| m[j] = m[j].max(x[i]));
+            m.iter()
+                .map(|&v| if v.is_finite() { v } else { 0.0 })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let init = match op {
             Red::Max => f32::NEG_INFINITY,
             Red::Min => f32::INFINITY,
+            Red::Prod => 1.0,
             _ => 0.0,
         };
         o.fill(init);
-        let op = self.op;
         for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| {
             let v = x[i];
             o[j] = match op {
@@ -71,14 +116,78 @@ impl Kernel for Reduce {
                         o[j]
                     }
                 }
-                _ => o[j] + v,
+                Red::Prod => o[j] * v,
+                Red::L1 => o[j] + v.abs(),
+                Red::L2 | Red::SumSquare => o[j] + v * v,
+                Red::LogSumExp => o[j] + (v - shift[j]).exp(),
+                Red::Mean | Red::Sum | Red::LogSum => o[j] + v,
             };
         });
-        if op == Red::Mean {
-            let c = count.max(1) as f32;
-            o.iter_mut().for_each(|v| *v /= c);
+        match op {
+            Red::Mean => {
+                let c = count.max(1) as f32;
+                o.iter_mut().for_each(|v| *v /= c);
+            }
+            Red::L2 => o.iter_mut().for_each(|v| *v = v.sqrt()),
+            Red::LogSum => o.iter_mut().for_each(|v| *v = v.ln()),
+            Red::LogSumExp => o.iter_mut().zip(&shift).for_each(|(v, &s)| *v = v.ln() + s),
+            _ => {}
         }
         Ok(())
+    }
+
+    /// Integer reductions (shape arithmetic: ReduceProd of a `Shape`).
+    fn run_int<T: Elem + Into<i64> + TryFrom<i64>>(&self, io: &mut KernelIo) -> Result<(), String> {
+        let xb = io.input(0)?.bytes()?;
+        let x: &[T] = cast(xb);
+        let kept = self.kept(io)?;
+        let o: &mut [T] = cast_mut(io.outputs[0].data);
+        let Some((kd, count)) = kept else {
+            o.copy_from_slice(x);
+            return Ok(());
+        };
+        let op = self.op;
+        let mut acc: Vec<i64> = vec![
+            match op {
+                Red::Max => i64::MIN,
+                Red::Min => i64::MAX,
+                Red::Prod => 1,
+                _ => 0,
+            };
+            o.len()
+        ];
+        for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| {
+            let v: i64 = x[i].into();
+            let a = acc[j];
+            acc[j] = match op {
+                Red::Max => a.max(v),
+                Red::Min => a.min(v),
+                Red::Prod => a.wrapping_mul(v),
+                Red::L1 => a.wrapping_add(v.wrapping_abs()),
+                Red::SumSquare => a.wrapping_add(v.wrapping_mul(v)),
+                _ => a.wrapping_add(v),
+            };
+        });
+        for (o, a) in o.iter_mut().zip(acc) {
+            let a = if op == Red::Mean {
+                a / count.max(1) as i64
+            } else {
+                a
+            };
+            *o = T::try_from(a).map_err(|_| format!("{a} overflows the output type"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Kernel for Reduce {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        match self.dtype {
+            DType::F32 => self.run_f32(io),
+            DType::I64 => self.run_int::<i64>(io),
+            DType::I32 => self.run_int::<i32>(io),
+            d => Err(format!("reduction on {}", d.name())),
+        }
     }
 }
 
@@ -88,11 +197,21 @@ pub fn reduce(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "ReduceSum" => Red::Sum,
         "ReduceMax" => Red::Max,
         "ReduceMin" => Red::Min,
+        "ReduceProd" => Red::Prod,
+        "ReduceL1" => Red::L1,
+        "ReduceL2" => Red::L2,
+        "ReduceLogSum" => Red::LogSum,
+        "ReduceLogSumExp" => Red::LogSumExp,
+        "ReduceSumSquare" => Red::SumSquare,
         _ => return None,
     };
     Some((|| {
         let x = ctx.input(0)?;
-        if x.dtype != DType::F32 {
+        let int_ok = matches!(
+            op,
+            Red::Mean | Red::Sum | Red::Max | Red::Min | Red::Prod | Red::L1 | Red::SumSquare
+        );
+        if !(x.dtype == DType::F32 || (int_ok && matches!(x.dtype, DType::I64 | DType::I32))) {
             return Err(format!(
                 "{} on {} is not implemented",
                 ctx.node.op_type,
@@ -101,6 +220,7 @@ pub fn reduce(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         }
         Ok(Box::new(Reduce {
             op,
+            dtype: x.dtype,
             attr_axes: ctx.node.attr_ints("axes").map(|a| a.to_vec()),
             noop_empty: ctx.node.attr_int("noop_with_empty_axes") == Some(1),
             shape: x.shape.clone(),
@@ -176,5 +296,305 @@ pub fn softmax(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         len,
         inner,
         log: ctx.node.op_type == "LogSoftmax",
+    }))
+}
+
+/// ArgMax / ArgMin along `axis` (keepdims, select_last_index) on f32,
+/// i64 and i32; int64 indices out. The first (or, with
+/// select_last_index, the last) extremum on ties; a NaN is never picked
+/// over a number after it (comparisons with NaN are false).
+struct Arg {
+    max: bool,
+    last: bool,
+    dtype: DType,
+    outer: usize,
+    len: usize,
+    inner: usize,
+}
+
+impl Arg {
+    fn go<T: Elem + PartialOrd>(&self, x: &[T], o: &mut [i64]) {
+        for a in 0..self.outer {
+            for b in 0..self.inner {
+                let at = |k: usize| x[(a * self.len + k) * self.inner + b];
+                let mut best = 0usize;
+                for k in 1..self.len {
+                    let (v, w) = (at(k), at(best));
+                    let better = if self.max { v > w } else { v < w };
+                    if better || (self.last && v == w) {
+                        best = k;
+                    }
+                }
+                o[a * self.inner + b] = best as i64;
+            }
+        }
+    }
+}
+
+impl Kernel for Arg {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let o: &mut [i64] = cast_mut(io.outputs[0].data);
+        match self.dtype {
+            DType::F32 => self.go::<f32>(cast(x), o),
+            DType::I64 => self.go::<i64>(cast(x), o),
+            _ => self.go::<i32>(cast(x), o),
+        }
+        Ok(())
+    }
+}
+
+pub fn arg(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if !matches!(x.dtype, DType::F32 | DType::I64 | DType::I32) {
+        return Err(format!(
+            "{} on {} is not implemented",
+            ctx.node.op_type,
+            x.dtype.name()
+        ));
+    }
+    let r = x.shape.len() as i64;
+    let a = ctx.node.attr_int("axis").unwrap_or(0);
+    if a < -r || a >= r.max(1) {
+        return Err(format!("axis {a} is out of range for rank {r}"));
+    }
+    let a = (if a < 0 { a + r } else { a }) as usize;
+    let s = &x.shape;
+    if s.get(a) == Some(&0) {
+        return Err("an empty axis has no extremum".into());
+    }
+    Ok(Box::new(Arg {
+        max: ctx.node.op_type == "ArgMax",
+        last: ctx.node.attr_int("select_last_index") == Some(1),
+        dtype: x.dtype,
+        outer: s[..a].iter().product(),
+        len: s.get(a).copied().unwrap_or(1),
+        inner: s.get(a + 1..).map_or(1, |t| t.iter().product()),
+    }))
+}
+
+/// CumSum along the axis (input 1, read at run time), with `exclusive`
+/// and `reverse`, on f32, f64, i64 and i32.
+struct CumSum {
+    dtype: DType,
+    shape: Vec<usize>,
+    exclusive: bool,
+    reverse: bool,
+}
+
+impl CumSum {
+    fn go<T: Elem + std::ops::Add<Output = T> + Default>(&self, x: &[T], o: &mut [T], axis: usize) {
+        let s = &self.shape;
+        let outer: usize = s[..axis].iter().product();
+        let len = s[axis];
+        let inner: usize = s[axis + 1..].iter().product();
+        for a in 0..outer {
+            for b in 0..inner {
+                let at = |k: usize| (a * len + k) * inner + b;
+                let mut acc = T::default();
+                for step in 0..len {
+                    let k = if self.reverse { len - 1 - step } else { step };
+                    if self.exclusive {
+                        o[at(k)] = acc;
+                        acc = acc + x[at(k)];
+                    } else {
+                        acc = acc + x[at(k)];
+                        o[at(k)] = acc;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Kernel for CumSum {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let r = self.shape.len() as i64;
+        let a = *io.input(1)?.ints()?.first().ok_or("empty axis")?;
+        if a < -r || a >= r {
+            return Err(format!("axis {a} is out of range for rank {r}"));
+        }
+        let axis = (if a < 0 { a + r } else { a }) as usize;
+        let o = &mut *io.outputs[0].data;
+        match self.dtype {
+            DType::F32 => self.go::<f32>(cast(x), cast_mut(o), axis),
+            DType::F64 => self.go::<f64>(cast(x), cast_mut(o), axis),
+            DType::I64 => self.go::<i64>(cast(x), cast_mut(o), axis),
+            _ => self.go::<i32>(cast(x), cast_mut(o), axis),
+        }
+        Ok(())
+    }
+}
+
+pub fn cumsum(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if !matches!(x.dtype, DType::F32 | DType::F64 | DType::I64 | DType::I32) {
+        return Err(format!("CumSum on {} is not implemented", x.dtype.name()));
+    }
+    Ok(Box::new(CumSum {
+        dtype: x.dtype,
+        shape: x.shape.clone(),
+        exclusive: ctx.node.attr_int("exclusive") == Some(1),
+        reverse: ctx.node.attr_int("reverse") == Some(1),
+    }))
+}
+
+/// `(outer, len, inner)` around a normalized axis of `shape`.
+fn around(shape: &[usize], axis: i64) -> Result<(usize, usize, usize), String> {
+    let r = shape.len() as i64;
+    if axis < -r || axis >= r.max(1) {
+        return Err(format!("axis {axis} is out of range for rank {r}"));
+    }
+    let a = (if axis < 0 { axis + r } else { axis }) as usize;
+    Ok((
+        shape[..a].iter().product(),
+        shape.get(a).copied().unwrap_or(1),
+        shape.get(a + 1..).map_or(1, |t| t.iter().product()),
+    ))
+}
+
+/// TopK on f32 along `axis`: the k largest (or smallest) values, sorted,
+/// ties to the lower index; k from the output shape.
+struct TopK {
+    outer: usize,
+    len: usize,
+    inner: usize,
+    k: usize,
+    largest: bool,
+}
+
+impl Kernel for TopK {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let (vals, rest) = io.outputs.split_at_mut(1);
+        let v = vals[0].f32()?;
+        let idx: &mut [i64] = cast_mut(rest.first_mut().ok_or("no indices output")?.data);
+        let (len, inner, k) = (self.len, self.inner, self.k);
+        let mut order: Vec<usize> = Vec::with_capacity(len);
+        for a in 0..self.outer {
+            for b in 0..inner {
+                let at = |j: usize| x[(a * len + j) * inner + b];
+                order.clear();
+                order.extend(0..len);
+                // Stable: equal values keep the lower index first.
+                order.sort_by(|&p, &q| {
+                    let (u, w) = (at(p), at(q));
+                    let o = u.partial_cmp(&w).unwrap_or(std::cmp::Ordering::Equal);
+                    if self.largest {
+                        o.reverse()
+                    } else {
+                        o
+                    }
+                });
+                for (j, &p) in order.iter().take(k).enumerate() {
+                    v[(a * k + j) * inner + b] = at(p);
+                    idx[(a * k + j) * inner + b] = p as i64;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn top_k(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 || ctx.outputs.len() < 2 {
+        return Err(format!("TopK on {} is not implemented", x.dtype.name()));
+    }
+    let axis = ctx.node.attr_int("axis").unwrap_or(-1);
+    let (outer, len, inner) = around(&x.shape, axis)?;
+    let (_, k, _) = around(&ctx.outputs[0].shape, axis)?;
+    if k > len {
+        return Err(format!("k {k} exceeds the axis length {len}"));
+    }
+    Ok(Box::new(TopK {
+        outer,
+        len,
+        inner,
+        k,
+        largest: ctx.node.attr_int("largest") != Some(0),
+    }))
+}
+
+/// Hardmax (1 at the first maximum along the axis, 0 elsewhere) and
+/// LpNormalization (p = 1 or 2 along the axis) on f32.
+struct AlongAxis {
+    outer: usize,
+    len: usize,
+    inner: usize,
+    /// `None`: Hardmax; `Some(p)`: LpNormalization.
+    p: Option<i64>,
+}
+
+impl Kernel for AlongAxis {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let y = io.outputs[0].f32()?;
+        let (len, inner) = (self.len, self.inner);
+        for a in 0..self.outer {
+            for b in 0..inner {
+                let at = |j: usize| (a * len + j) * inner + b;
+                match self.p {
+                    None => {
+                        let mut best = 0;
+                        for j in 1..len {
+                            if x[at(j)] > x[at(best)] {
+                                best = j;
+                            }
+                        }
+                        for j in 0..len {
+                            y[at(j)] = (j == best) as u8 as f32;
+                        }
+                    }
+                    Some(p) => {
+                        let norm = if p == 1 {
+                            (0..len).map(|j| x[at(j)].abs()).sum::<f32>()
+                        } else {
+                            (0..len).map(|j| x[at(j)] * x[at(j)]).sum::<f32>().sqrt()
+                        };
+                        for j in 0..len {
+                            y[at(j)] = if norm == 0.0 { 0.0 } else { x[at(j)] / norm };
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn along_axis(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let op = ctx.node.op_type.as_str();
+    if x.dtype != DType::F32 {
+        return Err(format!("{op} on {} is not implemented", x.dtype.name()));
+    }
+    let hard = op == "Hardmax";
+    let p = ctx.node.attr_int("p").unwrap_or(2);
+    if !hard && p != 1 && p != 2 {
+        return Err(format!("p = {p} (1 and 2 are implemented)"));
+    }
+    let axis = ctx
+        .node
+        .attr_int("axis")
+        .unwrap_or(if hard && ctx.opset < 13 { 1 } else { -1 });
+    let (outer, len, inner) = if hard && ctx.opset < 13 {
+        // Before opset 13: the input as 2-D, split at `axis`.
+        let r = x.shape.len() as i64;
+        let a = (if axis < 0 { axis + r } else { axis }).clamp(0, r) as usize;
+        (
+            x.shape[..a].iter().product(),
+            x.shape[a..].iter().product(),
+            1,
+        )
+    } else {
+        around(&x.shape, axis)?
+    };
+    Ok(Box::new(AlongAxis {
+        outer,
+        len,
+        inner,
+        p: (!hard).then_some(p),
     }))
 }

@@ -1,7 +1,8 @@
 //! Data movement, byte-generic (any element size): views (Reshape,
 //! Flatten, Squeeze, Unsqueeze, Identity: a copy, run only when the plan
 //! did not alias the output to the input), Transpose, Expand, Slice,
-//! Concat, Split, Gather, GatherND, and the shape-makers Shape,
+//! Concat, Split, Gather, GatherND, Tile, Pad, Trilu, Dropout (inference),
+//! and the shape-makers Shape,
 //! ConstantOfShape, Range and Constant. Output shapes come from shape
 //! inference, so kernels only place bytes.
 
@@ -468,9 +469,284 @@ pub fn kernel(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "Gather" => gather(ctx),
         "GatherND" => gather_nd(ctx),
         "Shape" => shape_op(ctx),
+        "Size" => ctx.input(0).map(|x| {
+            Box::new(Fill((numel(&x.shape) as i64).to_le_bytes().to_vec())) as Box<dyn Kernel>
+        }),
         "ConstantOfShape" => constant_of_shape(ctx),
         "Constant" => constant(ctx),
-        "Range" => Ok(Box::new(Range(ctx.outputs[0].dtype))),
+        "Tile" => (|| {
+            let x = ctx.input(0)?;
+            Ok(Box::new(Tile {
+                es: es_of(x.dtype)?,
+                inp: x.shape.clone(),
+                out: ctx.outputs[0].shape.clone(),
+            }) as Box<dyn Kernel>)
+        })(),
+        "Pad" => pad(ctx),
+        "Trilu" => (|| {
+            let x = ctx.input(0)?;
+            Ok(Box::new(Trilu {
+                es: es_of(x.dtype)?,
+                shape: x.shape.clone(),
+                upper: ctx.node.attr_int("upper").unwrap_or(1) != 0,
+            }) as Box<dyn Kernel>)
+        })(),
+        "Dropout" => Ok(Box::new(Dropout)),
+        "Range" => match ctx.outputs[0].dtype {
+            d @ (DType::F32 | DType::I64 | DType::I32) => Ok(Box::new(Range(d))),
+            d => Err(format!("Range on {} is not implemented", d.name())),
+        },
         _ => return None,
     })
+}
+
+/// Index of each output element's source, per dim, for Tile and Pad:
+/// calls `f(out_index, Some(src_index))`, or `None` where Pad's constant
+/// goes. `src_of(d, o)` maps an output coordinate to an input one.
+fn for_each_src(
+    out: &[usize],
+    inp: &[usize],
+    src_of: impl Fn(usize, i64) -> Option<i64>,
+    mut f: impl FnMut(usize, Option<usize>),
+) {
+    let n = numel(out);
+    let st = strides(inp);
+    let mut idx = vec![0usize; out.len()];
+    for i in 0..n {
+        let mut off = Some(0usize);
+        for (d, &o) in idx.iter().enumerate() {
+            off = match (off, src_of(d, o as i64)) {
+                (Some(a), Some(s)) if s >= 0 && (s as usize) < inp[d] => {
+                    Some(a + s as usize * st[d])
+                }
+                _ => None,
+            };
+        }
+        f(i, off);
+        for d in (0..out.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < out[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Tile: output coordinate modulo the input dim.
+struct Tile {
+    es: usize,
+    inp: Vec<usize>,
+    out: Vec<usize>,
+}
+
+impl Kernel for Tile {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let es = self.es;
+        let y = &mut io.outputs[0].data;
+        let inp = &self.inp;
+        for_each_src(
+            &self.out,
+            inp,
+            |d, o| Some(o % inp[d].max(1) as i64),
+            |i, s| {
+                if let Some(s) = s {
+                    y[i * es..(i + 1) * es].copy_from_slice(&x[s * es..(s + 1) * es]);
+                }
+            },
+        );
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PadMode {
+    Constant,
+    Reflect,
+    Edge,
+    Wrap,
+}
+
+/// Pad (constant, reflect, edge, wrap; negative pads crop): pads, the
+/// constant and the axes from inputs (opset ≥ 11) or attributes.
+struct Pad {
+    es: usize,
+    dtype: DType,
+    mode: PadMode,
+    inp: Vec<usize>,
+    out: Vec<usize>,
+    /// Opset < 11: pads and value as attributes.
+    attrs: Option<(Vec<i64>, f32)>,
+}
+
+impl Kernel for Pad {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let r = self.inp.len();
+        let (pads, value): (Vec<i64>, Vec<u8>) = match &self.attrs {
+            Some((p, v)) => (p.clone(), {
+                let f = *v;
+                match self.dtype {
+                    DType::F32 => f.to_le_bytes().to_vec(),
+                    _ => vec![0; self.es],
+                }
+            }),
+            None => {
+                let p = io.input(1)?.ints()?;
+                let v = match io.inputs.get(2).copied().flatten() {
+                    Some(t) => t.bytes()?.get(..self.es).map(|b| b.to_vec()),
+                    None => None,
+                }
+                .unwrap_or_else(|| vec![0; self.es]);
+                let axes = match io.inputs.get(3).copied().flatten() {
+                    Some(t) => Some(t.ints()?),
+                    None => None,
+                };
+                let p = match axes {
+                    None => p,
+                    Some(a) => {
+                        let mut full = vec![0i64; 2 * r];
+                        for (k, &ax) in a.iter().enumerate() {
+                            let ax = norm_axis(ax, r);
+                            full[ax] = p[k];
+                            full[r + ax] = p[a.len() + k];
+                        }
+                        full
+                    }
+                };
+                (p, v)
+            }
+        };
+        if pads.len() != 2 * r {
+            return Err(format!("{} pads for rank {r}", pads.len()));
+        }
+        let (inp, mode, es) = (&self.inp, self.mode, self.es);
+        let y = &mut io.outputs[0].data;
+        for_each_src(
+            &self.out,
+            inp,
+            |d, o| {
+                let n = inp[d] as i64;
+                let i = o - pads[d];
+                if (0..n).contains(&i) {
+                    return Some(i);
+                }
+                match mode {
+                    PadMode::Constant => None,
+                    PadMode::Edge => Some(i.clamp(0, n - 1)),
+                    PadMode::Wrap => Some(i.rem_euclid(n.max(1))),
+                    PadMode::Reflect => {
+                        if n == 1 {
+                            return Some(0);
+                        }
+                        let p = 2 * (n - 1);
+                        let m = i.rem_euclid(p);
+                        Some(if m < n { m } else { p - m })
+                    }
+                }
+            },
+            |i, s| {
+                let dst = &mut y[i * es..(i + 1) * es];
+                match s {
+                    Some(s) => dst.copy_from_slice(&x[s * es..(s + 1) * es]),
+                    None => dst.copy_from_slice(&value),
+                }
+            },
+        );
+        Ok(())
+    }
+}
+
+fn pad(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let mode = match ctx.node.attr_str("mode").unwrap_or("constant") {
+        "constant" => PadMode::Constant,
+        "reflect" => PadMode::Reflect,
+        "edge" => PadMode::Edge,
+        "wrap" => PadMode::Wrap,
+        m => return Err(format!("mode '{m}' is not implemented")),
+    };
+    let attrs = if ctx.opset < 11 {
+        Some((
+            ctx.node.attr_ints("pads").ok_or("no pads")?.to_vec(),
+            ctx.node.attr_float("value").unwrap_or(0.0),
+        ))
+    } else {
+        None
+    };
+    if mode != PadMode::Constant && x.shape.contains(&0) {
+        return Err("non-constant padding of an empty tensor".into());
+    }
+    Ok(Box::new(Pad {
+        es: es_of(x.dtype)?,
+        dtype: x.dtype,
+        mode,
+        inp: x.shape.clone(),
+        out: ctx.outputs[0].shape.clone(),
+        attrs,
+    }))
+}
+
+/// Trilu: keeps the upper (or lower) triangle of the last two dims from
+/// diagonal `k` (input 1, default 0), zeroes the rest.
+struct Trilu {
+    es: usize,
+    shape: Vec<usize>,
+    upper: bool,
+}
+
+impl Kernel for Trilu {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let k = match io.inputs.get(1).copied().flatten() {
+            Some(t) => *t.ints()?.first().ok_or("empty k")?,
+            None => 0,
+        };
+        let y = &mut io.outputs[0].data;
+        let r = self.shape.len();
+        if r < 2 {
+            return Err("rank below 2".into());
+        }
+        let (h, w) = (self.shape[r - 2], self.shape[r - 1]);
+        let es = self.es;
+        for (e, (dst, src)) in y.chunks_mut(es).zip(x.chunks(es)).enumerate() {
+            let (i, j) = (((e / w) % h.max(1)) as i64, (e % w) as i64);
+            let keep = if self.upper { j - i >= k } else { j - i <= k };
+            if keep {
+                dst.copy_from_slice(src);
+            } else {
+                dst.fill(0);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Dropout at inference (or with ratio 0): the input, and an all-true
+/// mask. `training_mode` true with a ratio above 0 is an error (it would
+/// need random masks).
+struct Dropout;
+
+impl Kernel for Dropout {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        if let Some(t) = io.inputs.get(2).copied().flatten() {
+            let ratio = match io.inputs.get(1).copied().flatten() {
+                Some(r) if r.dtype == DType::F32 => cast::<f32>(r.bytes()?)[0],
+                Some(r) => return Err(format!("ratio of type {}", r.dtype.name())),
+                None => 0.5,
+            };
+            if t.bytes()?.iter().any(|&b| b != 0) && ratio != 0.0 {
+                return Err(
+                    "training_mode with a ratio above 0 (random masks) is not implemented".into(),
+                );
+            }
+        }
+        let x = io.input(0)?.bytes()?;
+        io.outputs[0].data.copy_from_slice(x);
+        if let Some(m) = io.outputs.get_mut(1) {
+            m.data.fill(1);
+        }
+        Ok(())
+    }
 }

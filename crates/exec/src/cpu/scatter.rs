@@ -1,0 +1,339 @@
+//! ScatterElements, ScatterND (reduction none / add / mul / max / min),
+//! GatherElements and OneHot: the forms the gradients of Gather, GatherND
+//! and MaxPool, and the cross-entropy loss, take. The output starts as a copy of `data`; with no reduction
+//! the kernels move bytes (any element type), reductions are on f32, i64
+//! and i32. Indices are checked against their dim (negative ones count
+//! from the end); a bad one is an error naming it.
+
+use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::tensor::{cast, cast_mut, elem_size, strides};
+use graphopt_ir::DType;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reduction {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+fn reduction(ctx: &NodeCtx) -> Result<Reduction, String> {
+    Ok(match ctx.node.attr_str("reduction").unwrap_or("none") {
+        "none" => Reduction::None,
+        "add" => Reduction::Add,
+        "mul" => Reduction::Mul,
+        "max" => Reduction::Max,
+        "min" => Reduction::Min,
+        r => return Err(format!("reduction '{r}' is not implemented")),
+    })
+}
+
+fn check_dtype(ctx: &NodeCtx, r: Reduction) -> Result<usize, String> {
+    let d = ctx.input(0)?.dtype;
+    if r != Reduction::None && !matches!(d, DType::F32 | DType::I64 | DType::I32) {
+        return Err(format!(
+            "reduction {r:?} on {} is not implemented",
+            d.name()
+        ));
+    }
+    elem_size(d).ok_or_else(|| format!("element type {}", d.name()))
+}
+
+fn index(i: i64, dim: usize) -> Result<usize, String> {
+    let j = if i < 0 { i + dim as i64 } else { i };
+    if j < 0 || j >= dim as i64 {
+        return Err(format!("index {i} out of range for a dim of {dim}"));
+    }
+    Ok(j as usize)
+}
+
+/// `out[dst..dst+n] (op)= upd[src..src+n]`, in elements.
+#[allow(clippy::too_many_arguments)]
+fn combine(
+    dtype: DType,
+    r: Reduction,
+    es: usize,
+    out: &mut [u8],
+    dst: usize,
+    upd: &[u8],
+    src: usize,
+    n: usize,
+) {
+    fn go<
+        T: crate::tensor::Elem + PartialOrd + std::ops::Add<Output = T> + std::ops::Mul<Output = T>,
+    >(
+        r: Reduction,
+        out: &mut [u8],
+        dst: usize,
+        upd: &[u8],
+        src: usize,
+        n: usize,
+    ) {
+        let o: &mut [T] = cast_mut(out);
+        let u: &[T] = cast(upd);
+        for k in 0..n {
+            let (a, b) = (o[dst + k], u[src + k]);
+            o[dst + k] = match r {
+                Reduction::Add => a + b,
+                Reduction::Mul => a * b,
+                Reduction::Max => {
+                    if b > a {
+                        b
+                    } else {
+                        a
+                    }
+                }
+                Reduction::Min => {
+                    if b < a {
+                        b
+                    } else {
+                        a
+                    }
+                }
+                Reduction::None => b,
+            };
+        }
+    }
+    match (r, dtype) {
+        (Reduction::None, _) => {
+            out[dst * es..(dst + n) * es].copy_from_slice(&upd[src * es..(src + n) * es])
+        }
+        (_, DType::F32) => go::<f32>(r, out, dst, upd, src, n),
+        (_, DType::I64) => go::<i64>(r, out, dst, upd, src, n),
+        (_, _) => go::<i32>(r, out, dst, upd, src, n),
+    }
+}
+
+struct ScatterElements {
+    dtype: DType,
+    es: usize,
+    r: Reduction,
+    data: Vec<usize>,
+    upd: Vec<usize>,
+    axis: usize,
+}
+
+impl Kernel for ScatterElements {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let idx = io.input(1)?.ints()?;
+        let u = io.input(2)?.bytes()?;
+        let o = &mut io.outputs[0].data;
+        o.copy_from_slice(x);
+        let ds = strides(&self.data);
+        let rank = self.upd.len();
+        let mut pos = vec![0usize; rank];
+        for (k, &i) in idx.iter().enumerate() {
+            let mut off = 0;
+            for d in 0..rank {
+                let p = if d == self.axis {
+                    index(i, self.data[d])?
+                } else {
+                    pos[d]
+                };
+                off += p * ds[d];
+            }
+            combine(self.dtype, self.r, self.es, o, off, u, k, 1);
+            // Next index of `updates` (row-major).
+            for d in (0..rank).rev() {
+                pos[d] += 1;
+                if pos[d] < self.upd[d] {
+                    break;
+                }
+                pos[d] = 0;
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn scatter_elements(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let r = reduction(ctx)?;
+    let es = check_dtype(ctx, r)?;
+    let (x, i, u) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
+    if i.shape != u.shape || i.shape.len() != x.shape.len() {
+        return Err("indices and updates must have one shape, of the data's rank".into());
+    }
+    let r0 = x.shape.len() as i64;
+    let a = ctx.node.attr_int("axis").unwrap_or(0);
+    if a < -r0 || a >= r0 {
+        return Err(format!("axis {a} is out of range for rank {r0}"));
+    }
+    Ok(Box::new(ScatterElements {
+        dtype: x.dtype,
+        es,
+        r,
+        data: x.shape.clone(),
+        upd: u.shape.clone(),
+        axis: (if a < 0 { a + r0 } else { a }) as usize,
+    }))
+}
+
+struct ScatterNd {
+    dtype: DType,
+    es: usize,
+    r: Reduction,
+    data: Vec<usize>,
+    /// Index tuple length.
+    last: usize,
+    /// Index tuples.
+    tuples: usize,
+}
+
+impl Kernel for ScatterNd {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let idx = io.input(1)?.ints()?;
+        let u = io.input(2)?.bytes()?;
+        let o = &mut io.outputs[0].data;
+        o.copy_from_slice(x);
+        let st = strides(&self.data);
+        let slice: usize = self.data[self.last..].iter().product();
+        for t in 0..self.tuples {
+            let mut off = 0;
+            for (k, &i) in idx[t * self.last..(t + 1) * self.last].iter().enumerate() {
+                off += index(i, self.data[k])? * st[k];
+            }
+            combine(self.dtype, self.r, self.es, o, off, u, t * slice, slice);
+        }
+        Ok(())
+    }
+}
+
+pub fn scatter_nd(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let r = reduction(ctx)?;
+    let es = check_dtype(ctx, r)?;
+    let (x, i) = (ctx.input(0)?, ctx.input(1)?);
+    let last = *i.shape.last().ok_or("scalar indices")?;
+    if last > x.shape.len() || (last == 0 && !i.shape.is_empty()) {
+        return Err(format!(
+            "index tuples of length {last} for data of rank {}",
+            x.shape.len()
+        ));
+    }
+    Ok(Box::new(ScatterNd {
+        dtype: x.dtype,
+        es,
+        r,
+        data: x.shape.clone(),
+        last,
+        tuples: i.shape[..i.shape.len() - 1].iter().product(),
+    }))
+}
+
+struct GatherElements {
+    es: usize,
+    data: Vec<usize>,
+    out: Vec<usize>,
+    axis: usize,
+}
+
+impl Kernel for GatherElements {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let idx = io.input(1)?.ints()?;
+        let o = &mut io.outputs[0].data;
+        let ds = strides(&self.data);
+        let rank = self.out.len();
+        let es = self.es;
+        let mut pos = vec![0usize; rank];
+        for (k, &i) in idx.iter().enumerate() {
+            let mut off = 0;
+            for d in 0..rank {
+                let p = if d == self.axis {
+                    index(i, self.data[d])?
+                } else {
+                    pos[d]
+                };
+                off += p * ds[d];
+            }
+            o[k * es..(k + 1) * es].copy_from_slice(&x[off * es..(off + 1) * es]);
+            for d in (0..rank).rev() {
+                pos[d] += 1;
+                if pos[d] < self.out[d] {
+                    break;
+                }
+                pos[d] = 0;
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn gather_elements(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let r0 = x.shape.len() as i64;
+    let a = ctx.node.attr_int("axis").unwrap_or(0);
+    if a < -r0 || a >= r0 {
+        return Err(format!("axis {a} is out of range for rank {r0}"));
+    }
+    Ok(Box::new(GatherElements {
+        es: elem_size(x.dtype).ok_or_else(|| format!("element type {}", x.dtype.name()))?,
+        data: x.shape.clone(),
+        out: ctx.outputs[0].shape.clone(),
+        axis: (if a < 0 { a + r0 } else { a }) as usize,
+    }))
+}
+
+/// OneHot: `values[1]` where the index (negative ones count from the
+/// end) equals the position along `axis`, `values[0]` elsewhere; indices
+/// of an integer or float type, values of any type. The depth comes from
+/// the output shape (shape inference read the depth input).
+struct OneHot {
+    es: usize,
+    outer: usize,
+    depth: usize,
+    inner: usize,
+}
+
+impl Kernel for OneHot {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let i = io.input(0)?;
+        let idx: Vec<i64> = match i.dtype {
+            DType::F32 => cast::<f32>(i.bytes()?).iter().map(|&v| v as i64).collect(),
+            DType::F64 => cast::<f64>(i.bytes()?).iter().map(|&v| v as i64).collect(),
+            _ => i.ints()?,
+        };
+        let v = io.input(2)?.bytes()?;
+        let es = self.es;
+        if v.len() < 2 * es {
+            return Err("values must hold [off, on]".into());
+        }
+        let (off, on) = (&v[..es], &v[es..2 * es]);
+        let y = &mut io.outputs[0].data;
+        let d = self.depth as i64;
+        for a in 0..self.outer {
+            for b in 0..self.inner {
+                let mut k = idx[a * self.inner + b];
+                if k < 0 {
+                    k += d;
+                }
+                for p in 0..self.depth {
+                    let at = ((a * self.depth + p) * self.inner + b) * es;
+                    y[at..at + es].copy_from_slice(if k == p as i64 { on } else { off });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn one_hot(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (i, o) = (ctx.input(0)?, &ctx.outputs[0]);
+    if !matches!(i.dtype, DType::F32 | DType::F64 | DType::I64 | DType::I32) {
+        return Err(format!("OneHot indices of {}", i.dtype.name()));
+    }
+    let r = o.shape.len() as i64;
+    let a = ctx.node.attr_int("axis").unwrap_or(-1);
+    if a < -r || a >= r {
+        return Err(format!("axis {a} is out of range for rank {r}"));
+    }
+    let a = (if a < 0 { a + r } else { a }) as usize;
+    Ok(Box::new(OneHot {
+        es: elem_size(o.dtype).ok_or_else(|| format!("element type {}", o.dtype.name()))?,
+        outer: o.shape[..a].iter().product(),
+        depth: o.shape[a],
+        inner: o.shape[a + 1..].iter().product(),
+    }))
+}
