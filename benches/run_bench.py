@@ -161,6 +161,14 @@ def main():
                 row["graphopt"] = run_graphopt(graphopt, go_file, inputs, g_out, a.repeat, a.threads,
                                                a.timeout)
                 row["rel_l2"] = qb.rel_err(dict(np.load(o_out)), dict(np.load(g_out)))
+                ref = os.path.join(tmp, f"fp32.{name}.{batch}.npz")
+                if not fp16:
+                    os.replace(o_out, ref)
+                elif os.path.exists(ref):
+                    # Each tool's fp16 error against onnxruntime's fp32 outputs.
+                    fp32 = dict(np.load(ref))
+                    row["graphopt_vs_fp32"] = qb.rel_err(fp32, dict(np.load(g_out)))
+                    row["onnxruntime_vs_fp32"] = qb.rel_err(fp32, dict(np.load(o_out)))
             except Exception as e:  # noqa: BLE001
                 row["error"] = str(e)
             print(json.dumps(row), flush=True)
@@ -212,6 +220,8 @@ def table(rows, goals, graphopt, a) -> str:
            f"graphopt: `{' '.join(graphopt)}`.", "",
            "Activations: graphopt = planned arena + workspace (allocated once); onnxruntime = peak "
            "RSS during its runs minus RSS after session creation (CPU arena off).", "",
+           "rel L2: graphopt's outputs against onnxruntime's on the same file; for fp16 rows, in "
+           "brackets, each tool's against onnxruntime's fp32 outputs (graphopt / onnxruntime).", "",
            "| model | weights | graphopt latency | ort latency | ratio | graphopt act. | ort act. | "
            "act. ratio | graphopt peak RSS | ort peak RSS | rel L2 |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -225,7 +235,9 @@ def table(rows, goals, graphopt, a) -> str:
             f'{o["median_ms"]:.1f} ({o["best_ms"]:.1f}) ms | {g["median_ms"] / o["median_ms"]:.2f}x | '
             f'{mb(g["activation_bytes"])} | {mb(o["activation_bytes"])} | '
             f'{g["activation_bytes"] / max(o["activation_bytes"], 1):.2f}x | {mb(g["peak_rss"])} | '
-            f'{mb(o["peak_rss"])} | {r["rel_l2"]:.1e} |')
+            f'{mb(o["peak_rss"])} | {r["rel_l2"]:.1e}' +
+            (f' ({r["graphopt_vs_fp32"]:.1e} / {r["onnxruntime_vs_fp32"]:.1e})'
+             if "graphopt_vs_fp32" in r else "") + " |")
     out += ["", "| goal | met | detail |", "|---|---|---|"]
     out += [f'| {x["goal"]} | {"yes" if x["met"] else "NO"} | {x["detail"]} |' for x in goals]
     return "\n".join(out) + "\n"

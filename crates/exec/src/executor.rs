@@ -139,6 +139,32 @@ impl Drop for Aligned {
     }
 }
 
+/// Tells the kernel that the whole pages inside `b` (a weight just copied
+/// into aligned memory) will not be read again soon: `MADV_PAGEOUT`
+/// reclaims them, so a memory-mapped model file does not stay resident
+/// twice (file and copy). Only a hint: the bytes stay valid (file pages
+/// are read back on access; anonymous memory is left alone without swap).
+fn release_pages(b: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let page = if page > 0 { page as usize } else { 4096 };
+        let p = b.as_ptr() as usize;
+        let start = p.div_ceil(page) * page;
+        let end = (p + b.len()) / page * page;
+        if end > start {
+            // SAFETY: [start, end) lies inside `b`, which is borrowed (so
+            // mapped) for the call; MADV_PAGEOUT never changes contents.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = b;
+}
+
 /// A weight: in place in the model's bytes, or copied when misaligned.
 pub(crate) enum Weight {
     Shared(Bytes),
@@ -703,6 +729,7 @@ pub(crate) fn bind<M: KernelMaker>(
             weights_copied += b.len() as u64;
             let mut a = Aligned::new(b.len());
             a.bytes_mut().copy_from_slice(b);
+            release_pages(b);
             Weight::Copied(a)
         };
         weight_of[w.index()] = Some(weights.len());
