@@ -242,6 +242,18 @@ F["nn/dropout"] = (17, "float[2,8] x", "float[2,4] y", [init("w",[8,4]), "float 
   t = Tanh (d)
   e = Dropout (t)
   y = Mul (e, k)""")
+# ReLU6 (both bounds), a lower bound only, and no bound; h stays at least
+# 0.05 from the kinks 0 and 6.
+F["activations/clip"] = (17, "float[2,6] x", "float[2,6] y", [init("w",[2,6], -0.2, 0.2), "float[2,6] o = {-4.0, -2.75, -1.5, -0.5, 0.5, 1.5, 2.75, 4.0, 5.5, 6.5, 7.0, -1.0}", "float lo = {0.0}", "float hi = {6.0}"], """
+  m = Mul (x, w)
+  h = Add (m, o)
+  a = Clip (h, lo, hi)
+  b = Clip (h, lo)
+  c = Clip (h)
+  s = Add (a, b)
+  t = Add (s, c)
+  y = Mul (t, h)""")
+
 for name, (opset, ins, outs, inits, body) in F.items():
     fam, case = name.split("/")
     os.makedirs(fam, exist_ok=True)

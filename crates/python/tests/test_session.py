@@ -317,10 +317,10 @@ def test_remat_equals_cli(cli, tmp_path):
     name = "gpt2_tiny.ts14"
     train_path, out, rep = tmp_path / "t.onnx", tmp_path / "r.onnx", tmp_path / "r.json"
     cli.run("grad", model(name), "-o", train_path, "--loss", "sum")
-    want = cli.json("remat", train_path, "-o", out, "--budget", "60%", "--dim", "batch=8", "--dim", "seq=8",
+    want = cli.json("remat", train_path, "-o", out, "--budget", "90%", "--dim", "batch=8", "--dim", "seq=8",
                     "--json")
     t = graphopt.load(train_path)
-    r = t.remat("60%", dims={"batch": 8, "seq": 8})
+    r = t.remat("90%", dims={"batch": 8, "seq": 8})
     assert r.to_bytes() == out.read_bytes()
     got = r.report()["steps"][-1]["report"]
     assert strip_times(got) == strip_times(want)

@@ -39,6 +39,39 @@ pub fn relu(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     Ok(vec![Some(cx.op("Where", &[pos, d, zero], vec![])?)])
 }
 
+/// `Clip(x, min, max)` (ReLU6 and hardtanh in torch exports):
+/// `dx = dy` where `min < y < max`, else 0 — strictly, as torch's
+/// hardtanh backward, and read from the output `y` (the same test as on
+/// `x`, and `y` is what the next op saves anyway). Absent bounds are open.
+/// The bounds get no gradient.
+pub fn clip(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
+    if cx.need(1) || cx.need(2) {
+        return Err(cx.unsupported("no gradient for Clip's min/max inputs"));
+    }
+    let d = dy(cx, dys)?;
+    let y = cx.y(0)?;
+    let dt = cx.dtype(y)?;
+    let mut inside = None;
+    if let Some(lo) = cx.input(1) {
+        inside = Some(cx.op("Greater", &[y, lo], vec![])?);
+    }
+    if let Some(hi) = cx.input(2) {
+        let below = cx.op("Less", &[y, hi], vec![])?;
+        inside = Some(match inside {
+            Some(above) => cx.op("And", &[above, below], vec![])?,
+            None => below,
+        });
+    }
+    let dx = match inside {
+        Some(m) => {
+            let zero = cx.scalar(dt, 0.0)?;
+            cx.op("Where", &[m, d, zero], vec![])?
+        }
+        None => d,
+    };
+    Ok(vec![Some(dx)])
+}
+
 pub fn sigmoid(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
     let y = cx.y(0)?;

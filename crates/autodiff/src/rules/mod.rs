@@ -42,6 +42,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("Log", elementwise::log),
     ("Reciprocal", elementwise::reciprocal),
     ("Relu", activations::relu),
+    ("Clip", activations::clip),
     ("Sigmoid", activations::sigmoid),
     ("Tanh", activations::tanh),
     ("Erf", activations::erf),
