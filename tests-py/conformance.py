@@ -44,8 +44,9 @@ at the case's rtol/atol. Classes there:
   skip   an op without a kernel ("no kernel": from the OPS list, or the
          one-line refusal of `graphopt run` for a dtype or attribute the
          kernel lacks), a subgraph, inputs or outputs the runtime does not
-         take (non-tensors, omitted optionals, element types), or values of
-         data-dependent size (no dynamic allocation yet)
+         take (non-tensors, omitted optionals, element types), or values
+         whose size the runtime cannot plan even at run time (a float
+         Range whose length depends on computed values)
 It ends with the list of ops that have CPU kernels and their pass counts.
 """
 from __future__ import annotations
@@ -356,6 +357,9 @@ EXEC_KNOWN_FAILURES: dict[str, str] = {
 _EXEC_SKIPS = [
     (re.compile(r"no cpu kernel for"), "no kernel"),
     (re.compile(r"data-dependent size"), "dynamic size"),
+    # A size the runtime cannot plan even at the input shapes it sees (a
+    # float Range whose length depends on computed values).
+    (re.compile(r"is unknown even at the input shapes seen"), "dynamic size"),
     (re.compile(r"which the runtime does not handle|holds strings|string default"), "element type"),
     (re.compile(r"has no concrete shape"), "unknown shape"),
     (re.compile(r"inputs\.npz: array .*unsupported dtype"), "input element type"),
