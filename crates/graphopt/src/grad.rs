@@ -360,7 +360,8 @@ pub struct GradCheck {
     pub max_abs: f64,
 }
 
-fn to_f64(t: &TractTensor) -> Result<Vec<f64>> {
+/// A tensor's elements as `f64`, in row-major order.
+pub fn tensor_f64s(t: &TractTensor) -> Result<Vec<f64>> {
     let c = t.cast_to::<f64>().map_err(|e| Error::new(e.to_string()))?;
     let a = c
         .to_plain_array_view::<f64>()
@@ -391,7 +392,7 @@ pub fn grad_check(
 ) -> Result<(f64, Vec<GradCheck>)> {
     let g = &train.graph;
     let outs = run(train, inputs)?;
-    let loss = to_f64(&outs[0])?[0];
+    let loss = tensor_f64s(&outs[0])?[0];
     let runtime: Vec<_> = g.runtime_inputs().collect();
     let mut checks = Vec::new();
     for name in names {
@@ -400,7 +401,7 @@ pub fn grad_check(
             .iter()
             .position(|&o| g.name(o) == format!("{name}_grad"))
             .ok_or_else(|| Error::new(format!("no output {name}_grad")))?;
-        let analytic = to_f64(&outs[gi])?;
+        let analytic = tensor_f64s(&outs[gi])?;
         let v = g
             .value_by_name(name)
             .ok_or_else(|| Error::new(format!("no value {name}")))?;
@@ -438,7 +439,7 @@ pub fn grad_check(
                         .iter()
                         .position(|&r| r == v)
                         .ok_or_else(|| Error::new(format!("{name} is not an input")))?;
-                    let mut vals = to_f64(&ins[i])?;
+                    let mut vals = tensor_f64s(&ins[i])?;
                     vals[j] += sign * h;
                     let shape = ins[i].shape().to_vec();
                     ins[i] = if ins[i].datum_type() == tract_onnx::prelude::DatumType::F64 {
@@ -449,7 +450,7 @@ pub fn grad_check(
                     }
                     .map_err(|e| Error::new(e.to_string()))?;
                 }
-                f[k] = to_f64(&run(&m, &ins)?[0])?[0];
+                f[k] = tensor_f64s(&run(&m, &ins)?[0])?[0];
             }
             let fd = (f[0] - f[1]) / (2.0 * h);
             let d = analytic[j] as f64 - fd;

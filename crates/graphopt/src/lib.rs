@@ -56,8 +56,8 @@ pub use check::{
 };
 pub use error::{Error, Result};
 pub use grad::{
-    grad_check, initial_state_npz, AutodiffOptions, GradCheck, GradOptions, GradReport, Loss,
-    Optimizer, SavedValue,
+    grad_check, initial_state_npz, tensor_f64s, AutodiffOptions, GradCheck, GradOptions,
+    GradReport, Loss, Optimizer, SavedValue,
 };
 pub use graphopt_passes::remat::Strategy as RematStrategy;
 pub use inputs::Inputs;

@@ -20,13 +20,7 @@ fn fixture(rel: &str) -> graphopt::ir::Model {
 }
 
 fn vals(t: &TractTensor) -> Vec<f64> {
-    t.cast_to::<f64>()
-        .unwrap()
-        .to_plain_array_view::<f64>()
-        .unwrap()
-        .iter()
-        .copied()
-        .collect()
+    graphopt::tensor_f64s(t).unwrap()
 }
 
 fn to_tract(t: &Tensor) -> TractTensor {

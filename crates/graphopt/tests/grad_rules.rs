@@ -708,15 +708,7 @@ fn dropout_train_reads_the_forward_mask() {
         assert!(c.rel_l2 <= BOUND, "{}: rel_l2 {:.3e}", c.name, c.rel_l2);
     }
     // By hand: h = x·w, d = 2·h·m1, t = tanh d, e = 2·t·m2, y = e·k.
-    let f = |t: &TractTensor| -> Vec<f64> {
-        t.cast_to::<f64>()
-            .unwrap()
-            .to_plain_array_view::<f64>()
-            .unwrap()
-            .iter()
-            .copied()
-            .collect()
-    };
+    let f = |t: &TractTensor| graphopt::tensor_f64s(t).unwrap();
     let init = |n: &str| {
         let g = &model.graph;
         g.initializer(g.value_by_name(n).unwrap())

@@ -40,13 +40,7 @@ const GRAD_BOUND: f64 = 1.5e-6;
 const ADAMW_BOUND: f64 = 9e-7;
 
 fn tract_f64s(t: &TractTensor) -> Vec<f64> {
-    t.cast_to::<f64>()
-        .unwrap()
-        .to_plain_array_view::<f64>()
-        .unwrap()
-        .iter()
-        .copied()
-        .collect()
+    graphopt::tensor_f64s(t).unwrap()
 }
 
 fn to_tract(t: &Tensor) -> TractTensor {
