@@ -15,34 +15,41 @@ fn model(name: &str) -> std::path::PathBuf {
         .join(format!("{name}.onnx"))
 }
 
+/// Asserts that a run succeeded; its stdout.
+fn succeeded(o: std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn grad_writes_training_graph_and_report() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("train.onnx");
     let report = dir.path().join("r.json");
-    let o = bin()
-        .arg("grad")
-        .arg(model("bert_tiny.ts14"))
-        .arg("-o")
-        .arg(&out)
-        .args(["--loss", "cross_entropy", "--class-axis", "-1"])
-        .args([
-            "--frozen",
-            "*word_embeddings*",
-            "--optimizer",
-            "sgd",
-            "--lr",
-            "0.1",
-        ])
-        .args(["--dim", "batch=2", "--dim", "sequence=8", "--report"])
-        .arg(&report)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&o.stderr)
+    let stdout = succeeded(
+        bin()
+            .arg("grad")
+            .arg(model("bert_tiny.ts14"))
+            .arg("-o")
+            .arg(&out)
+            .args(["--loss", "cross_entropy", "--class-axis", "-1"])
+            .args([
+                "--frozen",
+                "*word_embeddings*",
+                "--optimizer",
+                "sgd",
+                "--lr",
+                "0.1",
+            ])
+            .args(["--dim", "batch=2", "--dim", "sequence=8", "--report"])
+            .arg(&report)
+            .output()
+            .unwrap(),
     );
     assert!(stdout.contains("saved for backward"), "{stdout}");
     let r: serde_json::Value =
@@ -55,6 +62,41 @@ fn grad_writes_training_graph_and_report() {
     assert!(r["saved_activation_bytes"].as_u64().unwrap() > 0);
     assert!(r["backward_nodes"].as_u64().unwrap() > r["forward_nodes"].as_u64().unwrap());
     assert!(r["arena_bytes"].as_u64().unwrap() >= r["lower_bound_bytes"].as_u64().unwrap());
+    // The decomposed GELUs' and LayerNorms' elementwise values are
+    // recomputed from what the backward pass keeps anyway, which saves
+    // less than holding every value the rules read.
+    assert!(r["recomputed_pointwise"].as_u64().unwrap() > 0, "{r}");
+    let held = dir.path().join("held.json");
+    succeeded(
+        bin()
+            .arg("grad")
+            .arg(model("bert_tiny.ts14"))
+            .arg("-o")
+            .arg(dir.path().join("held.onnx"))
+            .args(["--loss", "cross_entropy", "--class-axis", "-1"])
+            .args([
+                "--frozen",
+                "*word_embeddings*",
+                "--optimizer",
+                "sgd",
+                "--lr",
+                "0.1",
+            ])
+            .arg("--no-recompute-pointwise")
+            .args(["--dim", "batch=2", "--dim", "sequence=8", "--report"])
+            .arg(&held)
+            .output()
+            .unwrap(),
+    );
+    let h: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&held).unwrap()).unwrap();
+    assert_eq!(h["recomputed_pointwise"].as_u64(), Some(0));
+    assert!(
+        r["saved_activation_bytes"].as_u64() < h["saved_activation_bytes"].as_u64(),
+        "{} vs {}",
+        r["saved_activation_bytes"],
+        h["saved_activation_bytes"]
+    );
     // The training graph plans.
     let p = bin()
         .arg("plan")
@@ -91,28 +133,24 @@ fn grad_adamw_params_as_inputs_writes_initial_state() {
     let init = dir.path().join("init.npz");
     let src =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/autodiff/torch/mlp.ts.onnx");
-    let o = bin()
-        .arg("grad")
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .args([
-            "--loss",
-            "cross_entropy",
-            "--optimizer",
-            "adamw",
-            "--betas",
-            "0.8,0.9",
-        ])
-        .args(["--params-as-inputs", "--init-out"])
-        .arg(&init)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&o.stderr)
+    let stdout = succeeded(
+        bin()
+            .arg("grad")
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .args([
+                "--loss",
+                "cross_entropy",
+                "--optimizer",
+                "adamw",
+                "--betas",
+                "0.8,0.9",
+            ])
+            .args(["--params-as-inputs", "--init-out"])
+            .arg(&init)
+            .output()
+            .unwrap(),
     );
     assert!(stdout.contains("optimizer state inputs: 13"), "{stdout}");
     let npz = graphopt::tract::npz::read(&std::fs::read(&init).unwrap()).unwrap();
@@ -163,20 +201,16 @@ fn grad_dropout_train() {
     };
     let out = dir.path().join("t.onnx");
     let report = dir.path().join("r.json");
-    let o = bin()
-        .arg("grad")
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .args(["--dropout-train", "--report"])
-        .arg(&report)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&o.stderr)
+    let stdout = succeeded(
+        bin()
+            .arg("grad")
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .args(["--dropout-train", "--report"])
+            .arg(&report)
+            .output()
+            .unwrap(),
     );
     assert!(
         stdout.contains("dropout: 2 nodes in training mode (d, e)"),

@@ -28,9 +28,8 @@ pub struct GradOptions {
     pub recompute_pointwise: bool,
     /// The planner's options for the report's memory figures (they do not
     /// change the training graph). By default without the offset search:
-    /// the arena is the best greedy placement (on the testdata training
-    /// graphs within 0.1% of the bound, where the search spent seconds
-    /// finding nothing better); `graphopt plan TRAIN.onnx` searches.
+    /// the report's arena is the best greedy placement, and
+    /// `graphopt plan TRAIN.onnx` searches.
     pub plan: PlanOptions,
 }
 

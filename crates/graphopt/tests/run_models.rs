@@ -138,16 +138,8 @@ fn every_model_runs_like_tract_in_its_planned_arena() {
                 ));
             }
         }
-        if report.arena_allocated_bytes != report.arena_planned_bytes {
-            failures.push(format!(
-                "{name}: arena allocated {} != planned {}",
-                report.arena_allocated_bytes, report.arena_planned_bytes
-            ));
-        }
+        check_memory(name, &report, &mut failures);
         let p = report.poison.as_ref().unwrap();
-        if !p.ok {
-            failures.push(format!("{name}: poison reached {:?}", p.poisoned_outputs));
-        }
         println!(
             "{name}: arena {} B planned = allocated, workspace {} B, {} region(s) poisoned, none reached an output",
             report.arena_planned_bytes, report.workspace_bytes, p.regions
@@ -540,16 +532,8 @@ fn run_like_tract(
             reference.len()
         ));
     }
-    if report.arena_allocated_bytes != report.arena_planned_bytes {
-        failures.push(format!(
-            "{label}: arena allocated {} != planned {}",
-            report.arena_allocated_bytes, report.arena_planned_bytes
-        ));
-    }
+    check_memory(label, &report, &mut failures);
     let p = report.poison.as_ref().unwrap();
-    if !p.ok {
-        failures.push(format!("{label}: poison reached {:?}", p.poisoned_outputs));
-    }
     println!(
         "{label}: {} outputs, worst rel_l2 {:.2e} ({}), bound {bound:.0e}; arena {} B planned = allocated; {} region(s) poisoned, none reached an output",
         diffs.len(),
@@ -665,4 +649,20 @@ fn cross_entropy_sgd_and_adamw_training_graphs_run_like_tract() {
         .collect();
     failures.extend(run_like_tract("mlp (cross entropy, adamw)", &s, &inputs, 1e-5).unwrap());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The runtime's memory invariants for one run with poison on: the arena
+/// allocated is the one planned, and no poisoned region reached an output.
+fn check_memory(label: &str, report: &graphopt::RunReport, failures: &mut Vec<String>) {
+    if report.arena_allocated_bytes != report.arena_planned_bytes {
+        failures.push(format!(
+            "{label}: arena allocated {} != planned {}",
+            report.arena_allocated_bytes, report.arena_planned_bytes
+        ));
+    }
+    match &report.poison {
+        Some(p) if p.ok => {}
+        Some(p) => failures.push(format!("{label}: poison reached {:?}", p.poisoned_outputs)),
+        None => failures.push(format!("{label}: ran without poison")),
+    }
 }
