@@ -5,7 +5,8 @@
     pip install onnxconverter-common
     python3 benches/precision_bench.py --graphopt target/release/graphopt [-k REGEX] [--no-generate]
 
-Models: testdata/models (the fp32 ones onnxruntime runs) plus larger ones made on
+Models: testdata/models (the fp32 ones onnxruntime runs), pretrained OCR and speech models
+shipped in PyPI packages (benches/pypi_models.py), plus larger ones made on
 first use into benches/models/ (git-ignored): torchvision CNNs (resnet50,
 mobilenet_v2; shared with simplify_bench.py), BERT-base and GPT-2 from both
 exporters (shared), ViT-base, a T5-small encoder, a Whisper encoder, a DB-style
@@ -372,12 +373,23 @@ def main():
     ap.add_argument("--graphopt")
     ap.add_argument("-k", help="only models whose name matches this regex")
     ap.add_argument("--no-generate", action="store_true", help="use only models already in benches/models")
+    ap.add_argument("--sets", default="testdata,generated,pypi",
+                    help="comma-separated model sets: testdata, generated (torch exports), "
+                         "pypi (pretrained OCR/speech models from PyPI packages, benches/pypi_models.py)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json", default=os.path.join(RESULTS, "precision.json"))
     ap.add_argument("--md", default=os.path.join(RESULTS, "precision.md"))
     args = ap.parse_args()
     graphopt = resolve_graphopt(args.graphopt)
-    models = testdata_models() + generated_models(not args.no_generate, args.timeout)
+    sets = set(args.sets.split(","))
+    models = []
+    if "testdata" in sets:
+        models += testdata_models()
+    if "generated" in sets:
+        models += generated_models(not args.no_generate, args.timeout)
+    if "pypi" in sets:
+        from pypi_models import pypi_models
+        models += pypi_models(fetch=not args.no_generate)
     if args.k:
         models = [m for m in models if re.search(args.k, m[0])]
     results = []
