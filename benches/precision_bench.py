@@ -230,6 +230,12 @@ def weight_bytes(model, only=None) -> int:
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     for s in a.graphs:
                         walk(s)
+                elif a.type == onnx.AttributeProto.TENSOR and n.op_type == "Constant":
+                    # Some exporters (paddle2onnx) keep every weight in a Constant node.
+                    t = a.t
+                    if only is None or t.data_type == only:
+                        k = int(np.prod(t.dims)) if len(t.dims) else 1
+                        total += k * ELEM_BYTES.get(t.data_type, 4)
     walk(model.graph)
     return total
 
@@ -377,6 +383,8 @@ def main():
                     help="comma-separated model sets: testdata, generated (torch exports), "
                          "pypi (pretrained OCR/speech models from PyPI packages, benches/pypi_models.py)")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--skip-tools", default="",
+                    help="comma-separated tool labels to leave out, e.g. 'graphopt fp16 --validate'")
     ap.add_argument("--json", default=os.path.join(RESULTS, "precision.json"))
     ap.add_argument("--md", default=os.path.join(RESULTS, "precision.md"))
     args = ap.parse_args()
@@ -408,6 +416,8 @@ def main():
                 continue
             row["tools"] = {}
             for label, fn in TOOLS:
+                if label in args.skip_tools.split(","):
+                    continue
                 dst = os.path.join(tmp, re.sub(r"\W+", "_", f"{name}_{label}") + ".onnx")
                 try:
                     out, info = fn(graphopt, path, dst, args.timeout)

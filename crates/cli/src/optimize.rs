@@ -408,6 +408,20 @@ fn precision_text(r: &PrecisionReport) -> String {
             nodes.join(", ")
         );
     }
+    if !r.kept_constant_compute.is_empty() {
+        let n = r.kept_constant_compute.len();
+        let shown: Vec<&str> = r
+            .kept_constant_compute
+            .iter()
+            .take(8)
+            .map(String::as_str)
+            .collect();
+        out += &format!(
+            "  kept fp32 (arithmetic on constants, computed at run time): {n} node(s): {}{}\n",
+            shown.join(", "),
+            if n > shown.len() { ", ..." } else { "" }
+        );
+    }
     if !r.kept_fp32_weights.is_empty() {
         out += "  weights kept fp32:\n";
         for k in &r.kept_fp32_weights {

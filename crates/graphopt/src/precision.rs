@@ -184,8 +184,12 @@ pub struct PrecisionReport {
     /// kept fp32.
     pub kept_sensitive: Vec<KeptSensitive>,
     /// Weights kept fp32, and why (quantization parameter, custom-op input,
-    /// beyond fp16's range, rounding).
+    /// beyond fp16's range, rounding, arithmetic on constants).
     pub kept_fp32_weights: Vec<KeptWeight>,
+    /// Nodes (name or op type) kept fp32 because they compute a constant at
+    /// run time from constants alone (a kernel the folder found too large to
+    /// store), or feed such a computation.
+    pub kept_constant_compute: Vec<String>,
     pub warnings: Vec<String>,
     pub validation: Option<Validation>,
     /// Why validation did not run (only with `best_effort`).
@@ -297,6 +301,7 @@ impl Session {
                     why: why.clone(),
                 })
                 .collect(),
+            kept_constant_compute: r.kept_constant_compute.clone(),
             warnings: r.warnings.clone(),
             validation,
             validation_skipped: skipped,

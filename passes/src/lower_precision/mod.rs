@@ -15,8 +15,15 @@
 //!   STFT: [`ops::BASIS_GAIN`]); every other op follows its inputs
 //!   (autocast's "promote" rule: low when all its non-constant float inputs
 //!   are low, else fp32). Constants take the type their consumers want.
+//!   Arithmetic on constants alone that the folder left in the graph (it
+//!   refuses results much larger than their inputs: a resampler's sinc
+//!   kernel computed from index ranges, a window built from a few scalars)
+//!   stays fp32 with the constants it reads, and so does the data movement
+//!   feeding it: rounding `i / 441` to fp16 and then scaling it by 436 moves
+//!   a sinc argument by a fifth of a radian. Only its result is cast, where a
+//!   low node reads it ([`constant_compute`]).
 //! - `fp16-weights`: every fp32 weight is stored fp16 and cast to fp32 once;
-//!   compute stays fp32.
+//!   compute stays fp32; weights read by constant-only arithmetic stay fp32.
 //!
 //! Rules the output keeps:
 //! 1. Only fp32 tensors change; integer, bool, fp64 and already-low tensors
@@ -185,6 +192,10 @@ pub struct LowerReport {
     /// Op types kept fp32 because onnxruntime's CPU provider cannot run
     /// them low (or the schema does not admit the type).
     pub kept_no_kernel: BTreeSet<String>,
+    /// Nodes (name or op type) kept fp32 because they compute a constant
+    /// from constants alone with arithmetic, or feed such a computation
+    /// (see [`constant_compute`]).
+    pub kept_constant_compute: Vec<String>,
     pub weight_bytes_before: u64,
     pub weight_bytes_after: u64,
     pub warnings: Vec<String>,
@@ -204,6 +215,12 @@ impl LowerReport {
         }
         if !self.kept_sensitive.is_empty() {
             stats.add("basis_products_kept_fp32", self.kept_sensitive.len() as u64);
+        }
+        if !self.kept_constant_compute.is_empty() {
+            stats.add(
+                "constant_compute_kept_fp32",
+                self.kept_constant_compute.len() as u64,
+            );
         }
         stats.add(
             "bytes_saved",
@@ -481,6 +498,20 @@ fn lower_graph(
         }
     }
 
+    // 0. Constant-only arithmetic, and what feeds it, stays fp32.
+    let const_compute = if frozen {
+        HashSet::new()
+    } else {
+        constant_compute(g, &el)
+    };
+    for n in g.nodes() {
+        if const_compute.contains(&n) {
+            let d = g.node(n);
+            let label = if d.name.is_empty() { d.op_type.clone() } else { d.name.clone() };
+            cx.report.kept_constant_compute.push(label);
+        }
+    }
+
     // 1. Decide each node's compute type, forward in program order.
     let mut req: HashMap<(NodeId, usize), DType> = HashMap::new();
     let mut lowered: Vec<NodeId> = Vec::new();
@@ -491,7 +522,7 @@ fn lower_graph(
         if d.op_type == "Constant" && default_domain(g, n) {
             continue;
         }
-        let decision = if frozen {
+        let decision = if frozen || const_compute.contains(&n) {
             None
         } else {
             decide(g, n, &el, main, cx, &is_const)
@@ -539,7 +570,7 @@ fn lower_graph(
     }
 
     // 2. Constants take the type their readers want.
-    lower_constants(g, &mut el, &req, keep_io, main, cx)?;
+    lower_constants(g, &mut el, &req, &const_compute, keep_io, main, cx)?;
 
     // 3. Outputs computed low get a Cast back that keeps their name.
     if keep_io {
@@ -769,6 +800,78 @@ fn decide(
     Some(row)
 }
 
+/// Nodes of `g` that compute from constants alone (initializers, Constant
+/// nodes and their results) with arithmetic, or that feed such arithmetic
+/// through data movement only. The folder leaves these when the result is
+/// much larger than its inputs (a sinc kernel from two index ranges); their
+/// inputs are small and their intermediate values are not rounded. Pure data
+/// movement of a weight (a Transpose the folder kept) is not included, so its
+/// weight is still stored low.
+fn constant_compute(g: &Graph, el: &Elems) -> HashSet<NodeId> {
+    let mut konst: HashSet<ValueId> = g
+        .initializers()
+        .iter()
+        .copied()
+        .filter(|&v| !g.is_input(v))
+        .collect();
+    let mut derived: Vec<NodeId> = Vec::new();
+    for n in g.nodes() {
+        let d = g.node(n);
+        let pure = default_domain(g, n) && !d.has_subgraphs() && !ops::is_random(&d.op_type);
+        let all_const = d.inputs().iter().flatten().all(|v| konst.contains(v));
+        if pure && all_const {
+            konst.extend(d.outputs().iter().flatten().copied());
+            if d.op_type != "Constant" {
+                derived.push(n);
+            }
+        }
+    }
+    let mut keep: HashSet<NodeId> = HashSet::new();
+    for &n in derived.iter().rev() {
+        let d = g.node(n);
+        let float_out = d
+            .outputs()
+            .iter()
+            .flatten()
+            .any(|&o| el.orig(o).is_some_and(|t| t.is_float()));
+        // Quantization ops stay fp32 on their own rule (and say so there).
+        let arith = float_out && !ops::moves_data(&d.op_type) && !ops::is_quant_op(&d.op_type);
+        let feeds_kept = d.outputs().iter().flatten().any(|&o| {
+            g.uses(o).iter().any(|u| match u {
+                Use::Input { node, .. } => keep.contains(node),
+                Use::Capture { .. } => false,
+            })
+        });
+        if arith || feeds_kept {
+            keep.insert(n);
+        }
+    }
+    keep
+}
+
+/// Whether Mul node `n`'s product reaches an STFT/DFT through data movement
+/// only: a window applied by hand before the transform.
+fn mul_feeds_signal_op(g: &Graph, n: NodeId) -> bool {
+    let mut frontier: Vec<ValueId> = g.node(n).outputs().iter().flatten().copied().collect();
+    for _ in 0..6 {
+        let mut next = Vec::new();
+        for v in frontier {
+            for u in g.uses(v) {
+                let Use::Input { node, .. } = u else { continue };
+                let op = &g.node(*node).op_type;
+                if ops::is_signal_op(op) {
+                    return true;
+                }
+                if ops::moves_data(op) {
+                    next.extend(g.node(*node).outputs().iter().flatten().copied());
+                }
+            }
+        }
+        frontier = next;
+    }
+    false
+}
+
 /// The largest [`ops::basis_gain`] at or above [`ops::BASIS_GAIN`] among
 /// the constant operands of a MatMul, Gemm or Conv: a signal-processing
 /// basis (DFT, STFT, DCT) that stays fp32.
@@ -809,6 +912,7 @@ fn lower_constants(
     g: &mut Graph,
     el: &mut Elems,
     req: &HashMap<(NodeId, usize), DType>,
+    const_compute: &HashSet<NodeId>,
     keep_io: bool,
     main: bool,
     cx: &mut Cx<'_>,
@@ -845,6 +949,17 @@ fn lower_constants(
                         wants_f32 = true;
                     } else if basis_operand(g, *node).is_some() {
                         exact = Some("a signal-processing basis (kept fp32 with its product)");
+                        wants_f32 = true;
+                    } else if ops::is_signal_op(&g.node(*node).op_type)
+                        || (g.node(*node).op_type == "Mul" && mul_feeds_signal_op(g, *node))
+                    {
+                        // A window's sidelobes are tens of dB down: fp16
+                        // rounding raises the leakage floor that quiet bins
+                        // (and their logs) read.
+                        exact = Some("read by STFT/DFT (a window; kept fp32)");
+                        wants_f32 = true;
+                    } else if const_compute.contains(node) {
+                        exact = Some("read by arithmetic on constants (kept fp32 with it)");
                         wants_f32 = true;
                     }
                     match req.get(&(*node, *slot as usize)) {

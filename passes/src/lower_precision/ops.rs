@@ -166,6 +166,46 @@ pub const ATTR_TYPED: &[&str] = &[
     "BlackmanWindow",
 ];
 
+/// Ops that only move, select or copy values (no arithmetic on them): a
+/// constant they produce is as exact as the constant they read.
+pub(crate) fn moves_data(op: &str) -> bool {
+    matches!(
+        op,
+        "Identity"
+            | "Reshape"
+            | "Transpose"
+            | "Squeeze"
+            | "Unsqueeze"
+            | "Flatten"
+            | "Concat"
+            | "Split"
+            | "Slice"
+            | "Gather"
+            | "GatherElements"
+            | "GatherND"
+            | "Expand"
+            | "Tile"
+            | "Pad"
+            | "DepthToSpace"
+            | "SpaceToDepth"
+            | "Shape"
+            | "Size"
+            | "Cast"
+            | "CastLike"
+            | "Constant"
+    )
+}
+
+/// Spectral ops: the constants they read (windows) stay fp32.
+pub(crate) fn is_signal_op(op: &str) -> bool {
+    matches!(op, "STFT" | "DFT" | "MelWeightMatrix")
+}
+
+/// Ops whose outputs differ from run to run: never constants.
+pub(crate) fn is_random(op: &str) -> bool {
+    op.starts_with("Random") || matches!(op, "Multinomial" | "Bernoulli" | "Dropout")
+}
+
 /// Input slots that accept any element type without changing the node's
 /// compute type: a lowered value may flow in as it is.
 pub(crate) fn flexible_slot(op: &str, slot: usize) -> bool {
