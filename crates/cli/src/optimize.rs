@@ -115,6 +115,12 @@ pub struct PrecisionArgs {
     /// shapes of the memory plans.
     #[arg(long, value_name = "FILE.npz")]
     inputs: Option<PathBuf>,
+    /// fp16: skip the range check (one run of the fp32 model in tract on
+    /// the --inputs or seeded random inputs, which keeps fp32 the nodes
+    /// around activations beyond 65504/8 or with a root mean square below
+    /// 1e-5).
+    #[arg(long, requires = "precision")]
+    no_range_check: bool,
 }
 
 pub fn run(a: Args) -> graphopt::Result<()> {
@@ -177,6 +183,10 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                     bound: dims.clone(),
                     shapes: shapes.clone(),
                     default: None,
+                }),
+                range_check: (!a.lp.no_range_check).then(|| match &a.lp.inputs {
+                    Some(p) => Inputs::Npz(p.clone()),
+                    None => Inputs::random(&dims),
                 }),
                 pipeline: pipeline.clone(),
             })?;
@@ -426,6 +436,27 @@ fn precision_text(r: &PrecisionReport) -> String {
         out += "  weights kept fp32:\n";
         for k in &r.kept_fp32_weights {
             out += &format!("    {}: {}\n", k.name, k.why);
+        }
+    }
+    if let Some(rc) = &r.range_check {
+        match &rc.skipped {
+            Some(why) => out += &format!("  range check skipped: {why}\n"),
+            None if rc.out_of_range.is_empty() => {}
+            None => {
+                let shown: Vec<String> = rc
+                    .out_of_range
+                    .iter()
+                    .take(4)
+                    .map(|o| format!("{} (max {:.1e}, rms {:.1e})", o.value, o.max_abs, o.rms))
+                    .collect();
+                out += &format!(
+                    "  range check ({}): {} activation(s) outside fp16's range, e.g. {}; {} node(s) kept fp32\n",
+                    rc.inputs,
+                    rc.out_of_range.len(),
+                    shown.join(", "),
+                    rc.kept_nodes.len()
+                );
+            }
         }
     }
     if let Some(why) = &r.validation_skipped {

@@ -250,6 +250,8 @@ fn validate_keeps_overflowing_nodes_fp32() {
             "--precision",
             "fp16",
             "--validate",
+            // The range check would keep `big` before validation runs.
+            "--no-range-check",
             "--report",
             rep.to_str().unwrap(),
         ])
@@ -273,6 +275,76 @@ fn validate_keeps_overflowing_nodes_fp32() {
     );
     // `first` stays low: only the culprit is kept.
     assert!(p["nodes_lowered"].as_u64().unwrap() >= 1, "{p}");
+}
+
+/// A product whose values are far below fp16's normal range (weights of
+/// 1e-7: most results would be subnormal or zero in fp16).
+const UNDERFLOW: &str = r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,4] x) => (float[2,4] y) <float[4,4] w = {1e-7, 2e-7, 1e-7, 3e-7, 2e-7, 1e-7, 1e-7, 1e-7, 1e-7, 1e-7, 2e-7, 1e-7, 3e-7, 1e-7, 1e-7, 2e-7}, float[4,4] v = {4.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0, 0.0, 0.0, 4.0}> {
+  [first] a = MatMul (x, v)
+  [tiny] m = MatMul (a, w)
+  [scale] y = Mul (m, m)
+}
+"#;
+
+/// The fp16 range check: one fp32 run in tract finds the activations fp16
+/// cannot hold and keeps their producers and readers fp32, without
+/// --validate; `first` stays low. On bert_tiny it finds the attention
+/// mask (finfo.min, -3.4e38) and keeps its Where and Adds fp32.
+#[test]
+fn range_check_keeps_out_of_range_activations_fp32() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |src: &Path, extra: &[&str]| -> serde_json::Value {
+        let out = dir.path().join("out.onnx");
+        let rep = dir.path().join("r.json");
+        let o = bin()
+            .args([
+                "optimize",
+                src.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+            ])
+            .args(["--precision", "fp16", "--report", rep.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        report(&rep)
+    };
+    for (name, text, value, kept) in [
+        ("overflow.onnx", OVERFLOW, "m", vec!["big", "Neg#2"]),
+        ("underflow.onnx", UNDERFLOW, "m", vec!["tiny", "scale"]),
+    ] {
+        let src = write_model(dir.path(), name, text);
+        let p = run(&src, &[]);
+        let rc = &p["range_check"];
+        assert!(rc["skipped"].is_null(), "{p}");
+        let values: Vec<&str> = rc["out_of_range"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["value"].as_str().unwrap())
+            .collect();
+        assert_eq!(values, vec![value], "{name}: {p}");
+        assert_eq!(rc["kept_nodes"], serde_json::json!(kept), "{name}: {p}");
+        assert_eq!(
+            p["nodes_lowered"], 1,
+            "{name}: only `first` computes low: {p}"
+        );
+        // Off, both products run low.
+        let p = run(&src, &["--no-range-check"]);
+        assert!(p["range_check"].is_null(), "{p}");
+        assert!(p["nodes_lowered"].as_u64().unwrap() >= 2, "{name}: {p}");
+    }
+    let p = run(&models_dir().join("bert_tiny.ts14.onnx"), &[]);
+    let rc = &p["range_check"];
+    let found = rc["out_of_range"].as_array().unwrap();
+    assert!(
+        !found.is_empty() && found.iter().all(|o| o["max_abs"].as_f64().unwrap() > 1e38),
+        "{p}"
+    );
+    assert!(!rc["kept_nodes"].as_array().unwrap().is_empty(), "{p}");
 }
 
 #[test]
@@ -366,7 +438,9 @@ fn keep_fp32_flag_adds_and_removes() {
                 out.to_str().unwrap(),
                 "-q",
             ])
-            .args(["--precision", "fp16", "--report", rep.to_str().unwrap()])
+            // The range check would keep the overflowing `big` on its own.
+            .args(["--precision", "fp16", "--no-range-check"])
+            .args(["--report", rep.to_str().unwrap()])
             .args(extra)
             .output()
             .unwrap();

@@ -41,8 +41,24 @@ pub struct PrecisionOptions {
     /// Plan memory before and after at these dims and input shapes
     /// (`None`: no plans).
     pub memory: Option<DimValues>,
+    /// fp16: run the fp32 model once in tract on these inputs and keep
+    /// fp32 the nodes around activations fp16 cannot hold (see
+    /// [`RANGE_HIGH`], [`RANGE_LOW`]); `None` skips the check.
+    pub range_check: Option<Inputs>,
     pub pipeline: PipelineOptions,
 }
+
+/// fp16 range check: an activation whose largest magnitude reaches this
+/// (1/8 of fp16's largest finite value, for inputs larger than the sample)
+/// is kept fp32, with its producer and readers.
+pub const RANGE_HIGH: f64 = 65504.0 / 8.0;
+
+/// fp16 range check: a nonzero activation whose root mean square is below
+/// this is kept fp32 too: most of its values would be fp16 subnormals
+/// (below 6.1e-5, with at most 10 bits down to 6e-8) or flushed to zero. A
+/// network whose activations decay layer by layer (randomly initialised
+/// MobileNetV2 reaches 1e-9) would otherwise compute zeros.
+pub const RANGE_LOW: f64 = 1e-5;
 
 impl PrecisionOptions {
     /// `precision` with the defaults: default keep-list, io types kept,
@@ -55,6 +71,7 @@ impl PrecisionOptions {
             any_runtime: false,
             validate: None,
             memory: None,
+            range_check: Some(Inputs::default()),
             pipeline: PipelineOptions::default(),
         }
     }
@@ -164,6 +181,27 @@ pub struct KeptWeight {
     pub why: String,
 }
 
+/// An activation outside fp16's comfortable range in the fp32 model.
+#[derive(Clone, Debug, Serialize)]
+pub struct OutOfRange {
+    pub value: String,
+    pub max_abs: f64,
+    pub rms: f64,
+}
+
+/// What the fp16 range check found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RangeCheck {
+    pub inputs: String,
+    /// Activations beyond [`RANGE_HIGH`] or below [`RANGE_LOW`], in program
+    /// order.
+    pub out_of_range: Vec<OutOfRange>,
+    /// Nodes kept fp32 for them (name, or `Op#id` when unnamed).
+    pub kept_nodes: Vec<String>,
+    /// Why the check did not run (the model still lowers).
+    pub skipped: Option<String>,
+}
+
 /// What [`Session::lower_precision`] did.
 #[derive(Clone, Debug, Serialize)]
 pub struct PrecisionReport {
@@ -192,6 +230,9 @@ pub struct PrecisionReport {
     pub kept_constant_compute: Vec<String>,
     pub warnings: Vec<String>,
     pub validation: Option<Validation>,
+    /// fp16 only: activations measured in the fp32 model that fp16 cannot
+    /// hold, and the nodes kept fp32 for them.
+    pub range_check: Option<RangeCheck>,
     /// Why validation did not run (only with `best_effort`).
     pub validation_skipped: Option<String>,
     pub memory_before: Option<MemoryFigures>,
@@ -222,6 +263,14 @@ impl Session {
             }
         }
         let nodes_total = self.model.graph.node_count_deep();
+        let range_check = match (&opts.range_check, opts.precision) {
+            (Some(inputs), Precision::F16) => {
+                let r = range_check(&self.model, inputs);
+                base.keep_nodes.extend(r.1.iter().copied());
+                Some(r.0)
+            }
+            _ => None,
+        };
         let (mut config, mut validation, mut skipped) = (base.clone(), None, None);
         if let Some(v) = &opts.validate {
             match self.validate_lowering(&base, v) {
@@ -304,6 +353,7 @@ impl Session {
             kept_constant_compute: r.kept_constant_compute.clone(),
             warnings: r.warnings.clone(),
             validation,
+            range_check,
             validation_skipped: skipped,
             memory_before,
             memory_after: memory(&self.model),
@@ -334,6 +384,91 @@ impl Session {
         };
         validator.fallback(base, &lower, label)
     }
+}
+
+/// Weights beyond which the range check is skipped: tract would hold a
+/// second copy of them and every activation at once.
+const RANGE_CHECK_MAX_WEIGHTS: u64 = 2 << 30;
+
+/// Runs the fp32 `model` once in tract with every main-graph float
+/// intermediate as an output, and returns what it found with the nodes to
+/// keep fp32: the producer and the readers of each activation beyond
+/// [`RANGE_HIGH`] or below [`RANGE_LOW`]. A model tract cannot run is
+/// skipped, with the reason.
+fn range_check(model: &Model, inputs: &Inputs) -> (RangeCheck, Vec<NodeId>) {
+    let skipped = |why: String| {
+        (
+            RangeCheck {
+                skipped: Some(why),
+                ..Default::default()
+            },
+            Vec::new(),
+        )
+    };
+    if model.graph.initializer_bytes_deep() > RANGE_CHECK_MAX_WEIGHTS {
+        return skipped("weights over 2 GiB (use --validate to check a lowering)".into());
+    }
+    let mut typed = model.clone();
+    graphopt_ir::infer::infer_model(&mut typed, &Default::default());
+    let (tensors, label) = match inputs.materialize(&typed) {
+        Ok(x) => x,
+        Err(e) => return skipped(format!("no inputs: {e}")),
+    };
+    let names = intermediates(&typed, DType::F32);
+    let outs = match run_in_tract(&typed, &names, &tensors) {
+        Ok(o) => o,
+        Err(e) => return skipped(format!("tract cannot run the fp32 model: {e:#}")),
+    };
+    let g = &typed.graph;
+    let mut check = RangeCheck {
+        inputs: label,
+        ..Default::default()
+    };
+    let mut keep: Vec<NodeId> = Vec::new();
+    for (name, t) in names.iter().zip(outs.iter().skip(g.outputs.len())) {
+        let Some((max_abs, rms)) = magnitude(t) else {
+            continue;
+        };
+        if !(max_abs >= RANGE_HIGH || (max_abs > 0.0 && rms < RANGE_LOW)) {
+            continue;
+        }
+        let Some(v) = g.value_by_name(name) else {
+            continue;
+        };
+        check.out_of_range.push(OutOfRange {
+            value: name.clone(),
+            max_abs,
+            rms,
+        });
+        let producer = g.producer(v).map(|(n, _)| n);
+        let readers = g.uses(v).iter().map(|u| u.node());
+        for n in producer.into_iter().chain(readers) {
+            if !keep.contains(&n) {
+                keep.push(n);
+            }
+        }
+    }
+    keep.sort_by_key(|&n| g.position(n));
+    let labels = node_names(&typed);
+    check.kept_nodes = keep.iter().filter_map(|n| labels.get(n).cloned()).collect();
+    (check, keep)
+}
+
+/// Largest magnitude and root mean square of a float tensor's finite
+/// values (None for other types or no finite value).
+fn magnitude(t: &TractTensor) -> Option<(f64, f64)> {
+    if !t.datum_type().is_float() {
+        return None;
+    }
+    let f = t.cast_to::<f64>().ok()?;
+    let a = f.to_plain_array_view::<f64>().ok()?;
+    let (mut max, mut sq, mut n) = (0f64, 0f64, 0u64);
+    for &x in a.iter().filter(|x| x.is_finite()) {
+        max = max.max(x.abs());
+        sq += x * x;
+        n += 1;
+    }
+    (n > 0).then(|| (max, (sq / n as f64).sqrt()))
 }
 
 /// Plans `model` at `dims` (other input dims 1); values whose size stays

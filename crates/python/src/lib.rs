@@ -568,7 +568,7 @@ impl PySession {
     /// unless `force`. Returns a new Session.
     #[pyo3(signature = (precision, keep_fp32=None, keep_io_types=true, any_runtime=false,
                         validate=None, inputs=None, rtol=1e-2, atol=1e-3, force=false,
-                        dims=None, shapes=None, seed=7))]
+                        dims=None, shapes=None, seed=7, range_check=true))]
     #[allow(clippy::too_many_arguments)]
     fn lower_precision(
         &self,
@@ -585,6 +585,7 @@ impl PySession {
         dims: Option<&Bound<'_, PyDict>>,
         shapes: Option<&Bound<'_, PyDict>>,
         seed: u64,
+        range_check: bool,
     ) -> PyResult<PySession> {
         let precision = Precision::parse(precision).map_err(|e| gerr(e.into()))?;
         let best_effort = match validate {
@@ -603,6 +604,11 @@ impl PySession {
         let dims = dims_arg(dims)?;
         let mut shapes = shapes_arg(shapes)?;
         shapes.extend(input_shapes(inputs)?);
+        let range_check = if range_check {
+            Some(inputs_arg(&self.info(py), inputs, seed, &dims)?)
+        } else {
+            None
+        };
         let validate = match best_effort {
             None => None,
             Some(best_effort) => Some(ValidateOptions {
@@ -624,6 +630,7 @@ impl PySession {
                 shapes,
                 default: None,
             }),
+            range_check,
             pipeline: PipelineOptions::default(),
         };
         self.transform(py, "lower_precision", move |s| {

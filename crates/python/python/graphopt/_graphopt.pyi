@@ -61,6 +61,7 @@ class Session:
         dims: Dims | None = None,
         shapes: Mapping[str, Sequence[int]] | None = None,
         seed: int = 7,
+        range_check: bool = True,
     ) -> Session:
         """fp16/bf16 compute with an autocast-like fp32 keep-list, or fp16 weight storage.
 
