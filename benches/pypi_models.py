@@ -80,15 +80,35 @@ def _audio(n: int, rate: int, rng) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def _image(shape, rng) -> np.ndarray:
-    """A page: light noisy background with dark text-like bars, normalised to [-1, 1]."""
+def _page(shape, rng) -> np.ndarray:
+    """A page in [0, 1]: a light, slightly noisy background with lines of text-like
+    strokes (2-pixel vertical strokes every 4-6 pixels, crossed by one horizontal
+    stroke), which the PaddleOCR detectors do respond to (filled bars are not text)."""
     n, c, h, w = shape
-    img = 0.85 + 0.1 * rng.standard_normal((n, c, h, w))
-    for _ in range(max(2, h * w // 4000)):
-        bh, bw = int(rng.integers(4, max(5, h // 6))), int(rng.integers(8, max(9, w // 3)))
+    img = 0.92 + 0.03 * rng.standard_normal((h, w))
+    for _ in range(max(2, h * w // 8000)):
+        bh = int(rng.integers(10, min(24, h - 1)))
+        bw = int(rng.integers(min(40, w // 2), min(200, w - 1)))
         y, x = int(rng.integers(0, h - bh)), int(rng.integers(0, w - bw))
-        img[:, :, y:y + bh, x:x + bw] = -0.8 + 0.1 * rng.standard_normal((n, c, bh, bw))
-    return np.clip(img, -1.0, 1.0).astype(np.float32)
+        cols = (np.arange(bw) % int(rng.integers(4, 7))) < 2
+        rows = np.ones(bh, bool)
+        rows[:2] = rows[-2:] = False
+        mask = rows[:, None] & cols[None, :]
+        mask[bh // 2, :] = True
+        img[y:y + bh, x:x + bw][mask] = 0.1
+    return np.broadcast_to(np.clip(img, 0.0, 1.0), (n, c, h, w))
+
+
+def _image(shape, rng, imagenet: bool) -> np.ndarray:
+    """A page normalised as the pipelines do: ImageNet mean/std for the PaddleOCR
+    detectors, layout and orientation models; (x - 0.5) / 0.5 for the recognisers and
+    the direction classifier."""
+    x = _page(shape, rng)
+    if imagenet:
+        mean = np.array([0.485, 0.456, 0.406]).reshape(1, 3, 1, 1)
+        std = np.array([0.229, 0.224, 0.225]).reshape(1, 3, 1, 1)
+        return ((x - mean) / std).astype(np.float32)
+    return ((x - 0.5) / 0.5).astype(np.float32)
 
 
 def make_inputs(path: str) -> dict:
@@ -142,7 +162,7 @@ def make_inputs(path: str) -> dict:
         size = (48, 192)
     else:
         size = (dims[2] or 224, dims[3] or 224)
-    feeds[x.name] = _image((1, 3, *size), rng)
+    feeds[x.name] = _image((1, 3, *size), rng, imagenet="rec" not in name and "cls" not in name)
     return feeds
 
 

@@ -75,6 +75,49 @@ g (float[?,80,?] mel) => (float[?,80,?] y) {
     assert!(err.contains("dim 1 is 80 in the model, 64 given"), "{err}");
 }
 
+/// paddle2onnx writes `-1` for a free batch dim and the name `?` for the
+/// height and width at once (PaddleOCR's direction classifier, in the
+/// rapidocr wheel): a given shape fills both, as onnxruntime accepts it.
+#[test]
+fn minus_one_and_question_mark_dims_take_the_given_shape() {
+    use graphopt::ir::{Dim, Shape, Type};
+    let text = r#"
+<ir_version: 7, opset_import: ["" : 11]>
+g (float[N,3,H,W] x) => (float[N,3,H,W] y) {
+  y = Relu (x)
+}
+"#;
+    let mut m = graphopt::text::parse_model(text).unwrap();
+    let x = m.graph.inputs[0];
+    let dims = vec![
+        Dim::Known(-1),
+        Dim::Known(3),
+        Dim::Sym("?".into()),
+        Dim::Sym("?".into()),
+    ];
+    m.graph.value_mut(x).ty = Some(Type::tensor(
+        graphopt::ir::DType::F32,
+        Some(Shape::new(dims)),
+    ));
+    let req = PlanRequest {
+        dims: DimValues {
+            shapes: vec![("x".into(), vec![1, 3, 48, 192])],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let p = Session::from_model(m.clone()).plan(&req).unwrap();
+    let y = p.plan.tensors.iter().find(|t| t.name == "y").unwrap();
+    assert_eq!(y.size, 3 * 48 * 192 * 4);
+    // The fp16 range check samples inputs for the -1 dim too (it once
+    // overflowed computing the sample's size).
+    let mut s = Session::from_model(m);
+    let opts = graphopt::PrecisionOptions::new(graphopt::Precision::F16);
+    let r = s.lower_precision(&opts).unwrap();
+    let rc = r.range_check.expect("fp16 runs the range check");
+    assert!(rc.skipped.is_none(), "{:?}", rc.skipped);
+}
+
 #[test]
 fn data_dependent_sizes_are_dynamic_unless_strict() {
     let text = r#"

@@ -211,11 +211,16 @@ fn bind_input_shapes(
             }
             for (axis, (d, &want)) in s.dims.iter().zip(shape).enumerate() {
                 match d {
-                    Dim::Known(k) if *k != want => {
+                    // A negative dim (old exporters write -1 for "any") is
+                    // unknown: the given size replaces it.
+                    Dim::Known(k) if *k >= 0 && *k != want => {
                         return Err(ModelPlanError::BadShape(format!(
                             "--shape {name}: dim {axis} is {k} in the model, {want} given"
                         )))
                     }
+                    // "?" is how some exporters (paddle2onnx) write an
+                    // unnamed dim, on several axes at once: not one size.
+                    Dim::Sym(s) if s == "?" => {}
                     Dim::Sym(s) => match bindings.iter().find(|b| &b.name == s) {
                         Some(b) if !b.defaulted && b.value != want => {
                             return Err(ModelPlanError::BadShape(format!(

@@ -197,17 +197,25 @@ pub fn sample_inputs(
             .with_context(|| format!("input '{name}' has unknown rank"))?
             .dims
             .iter()
-            .map(|d| match d {
-                Dim::Known(k) => *k as usize,
-                Dim::Sym(s) => dims
-                    .iter()
-                    .find(|(n, _)| n == s)
-                    .map(|x| x.1)
-                    .unwrap_or(default_dim) as usize,
-                Dim::Unknown => default_dim as usize,
+            .map(|d| {
+                let k = match d {
+                    // Old exporters write -1 for a free dim.
+                    Dim::Known(k) if *k >= 0 => *k,
+                    Dim::Known(_) | Dim::Unknown => default_dim,
+                    Dim::Sym(s) => dims
+                        .iter()
+                        .find(|(n, _)| n == s)
+                        .map(|x| x.1)
+                        .unwrap_or(default_dim),
+                };
+                usize::try_from(k).unwrap_or(0)
             })
             .collect();
-        let n: usize = shape.iter().product();
+        let n = shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .filter(|&n| n <= 1 << 31)
+            .with_context(|| format!("input '{name}': sample shape {shape:?} is too large"))?;
         let f: Vec<f32> = (0..n)
             .map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
             .collect();
