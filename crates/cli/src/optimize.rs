@@ -22,6 +22,11 @@ pub struct Args {
     /// `none` for a pure import→export round trip.
     #[arg(long, value_name = "LIST|none")]
     passes: Option<String>,
+    /// Passes to leave out of the pipeline (comma-separated). Default: none,
+    /// or `fuse_conv_bn` with --precision (folded BatchNorm weights lose
+    /// more in fp16); `--skip ''` keeps every pass.
+    #[arg(long, value_name = "PASS,...", value_delimiter = ',')]
+    skip: Option<Vec<String>>,
     /// Raise the default-domain opset to N before the pipeline (e.g. 20, so
     /// that TorchScript exports at opset 14 get LayerNormalization and Gelu
     /// fusion).
@@ -154,10 +159,23 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     session.check_output_path(&a.output)?;
     let import_time = t0.elapsed();
     let t1 = Instant::now();
+    let skip: Vec<String> = match &a.skip {
+        Some(list) => list
+            .iter()
+            .filter(|s| !s.trim().is_empty())
+            .cloned()
+            .collect(),
+        None if precision.is_some() => graphopt::PRECISION_SKIP
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        None => Vec::new(),
+    };
     let opt = session.optimize(&OptimizeOptions {
         passes: a.passes.clone(),
         opset: a.opset,
         max_rounds: None,
+        skip,
         pipeline: pipeline.clone(),
     })?;
     // Lowering that fails validation without --force is an error inside
@@ -272,6 +290,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         let mut out = table(&opt.before, &after, in_size, out_size);
         out += &fusions(&opt);
         if let Some(r) = &lowered {
+            if a.skip.is_none() && a.passes.is_none() {
+                out += &format!(
+                    "  before lowering, the pipeline left out {} (folded BatchNorm loses more in fp16; --skip '' keeps it)\n",
+                    graphopt::PRECISION_SKIP.join(", ")
+                );
+            }
             out += &precision_text(r);
         }
         if let Some(r) = &quantized {

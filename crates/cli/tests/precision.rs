@@ -347,6 +347,45 @@ fn range_check_keeps_out_of_range_activations_fp32() {
     assert!(!rc["kept_nodes"].as_array().unwrap().is_empty(), "{p}");
 }
 
+/// With --precision the pipeline leaves out `fuse_conv_bn` (folded
+/// BatchNorm weights lost more in fp16 on PaddleOCR models); `--skip ''`
+/// keeps it, and without --precision it runs.
+#[test]
+fn precision_leaves_batchnorm_unfolded_unless_asked() {
+    let text = r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,2,4,4] x) => (float[1,2,4,4] y) <float[2,2,1,1] w = {1.0, 0.5, 0.25, 2.0}, float[2] s = {1.5, 0.5}, float[2] b = {0.1, -0.2}, float[2] m = {0.3, 0.1}, float[2] v = {2.0, 0.5}> {
+  c = Conv (x, w)
+  y = BatchNormalization (c, s, b, m, v)
+}
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let src = write_model(dir.path(), "bn.onnx", text);
+    let out = dir.path().join("out.onnx");
+    let bn_left = |extra: &[&str]| -> bool {
+        let o = bin()
+            .args([
+                "optimize",
+                src.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "-q",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let m = graphopt_onnx::load(&out).unwrap().model;
+        let g = &m.graph;
+        let found = g.nodes().any(|n| g.node(n).op_type == "BatchNormalization");
+        found
+    };
+    assert!(!bn_left(&[]));
+    assert!(bn_left(&["--precision", "fp16"]));
+    assert!(!bn_left(&["--precision", "fp16", "--skip", ""]));
+    assert!(bn_left(&["--skip", "fuse_conv_bn"]));
+}
+
 #[test]
 fn report_counts_weights_and_casts() {
     let dir = tempfile::tempdir().unwrap();

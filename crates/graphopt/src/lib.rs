@@ -64,6 +64,7 @@ pub use inputs::Inputs;
 pub use inspect::{Inspection, IoInfo};
 pub use optimize::{
     OptimizeOptions, OptimizeReport, PassRunReport, PipelineOptions, Summary, DEFAULT_MAX_ROUNDS,
+    PRECISION_SKIP,
 };
 pub use plan_json::{max_batch_json, plan_json};
 pub use precision::{

@@ -533,8 +533,12 @@ impl PySession {
 
     /// The default simplify/fuse pipeline to a fixed point, or the named
     /// passes (`"none"` for none), verified after every pass; `opset`
-    /// raises the default-domain opset first. Returns a new Session.
-    #[pyo3(signature = (passes=None, opset=None, max_rounds=None, verify=true, stop_after=None))]
+    /// raises the default-domain opset first; `skip` leaves passes out
+    /// (`skip="fuse_conv_bn"` before `lower_precision`, as the CLI does
+    /// with --precision). Returns a new Session.
+    #[pyo3(signature = (passes=None, opset=None, max_rounds=None, verify=true, stop_after=None,
+                        skip=None))]
+    #[allow(clippy::too_many_arguments)]
     fn optimize(
         &self,
         py: Python<'_>,
@@ -543,6 +547,7 @@ impl PySession {
         max_rounds: Option<usize>,
         verify: bool,
         stop_after: Option<usize>,
+        skip: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PySession> {
         let passes = match passes {
             None => None,
@@ -552,6 +557,7 @@ impl PySession {
             passes,
             opset,
             max_rounds,
+            skip: list_arg(skip)?,
             pipeline: PipelineOptions {
                 verify,
                 dump_ir: None,

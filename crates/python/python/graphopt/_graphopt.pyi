@@ -43,10 +43,13 @@ class Session:
         max_rounds: int | None = None,
         verify: bool = True,
         stop_after: int | None = None,
+        skip: str | Sequence[str] | None = None,
     ) -> Session:
         """The default simplify/fuse pipeline to a fixed point, or the named passes
         (``"none"`` for none), verified after every pass; ``opset`` raises the
-        default-domain opset first (e.g. 20 for LayerNormalization and Gelu fusion)."""
+        default-domain opset first (e.g. 20 for LayerNormalization and Gelu fusion);
+        ``skip`` leaves passes out (``"fuse_conv_bn"`` before ``lower_precision``, as
+        the CLI does with ``--precision``)."""
     def lower_precision(
         self,
         precision: Literal["fp16", "bf16", "fp16-weights"],
