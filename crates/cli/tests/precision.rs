@@ -386,6 +386,44 @@ g (float[1,2,4,4] x) => (float[1,2,4,4] y) <float[2,2,1,1] w = {1.0, 0.5, 0.25, 
     assert!(bn_left(&["--skip", "fuse_conv_bn"]));
 }
 
+/// Weights only fp32 nodes read are stored low with a Cast back, unless
+/// that raises weights + arena: bf16 on the wespeaker front end (whose one
+/// MatMul stays fp32 on the CPU) would hold the mel matrix twice, once as
+/// a bf16 weight and once as its fp32 copy in the arena. It stays fp32 and
+/// the report says why; fp16-weights, asked for by name, still stores it.
+#[test]
+fn fp32_read_weights_stay_fp32_when_storing_them_low_costs_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = models_dir().join("../pypi/wespeaker.onnx");
+    let rep = dir.path().join("r.json");
+    let run = |p: &str| {
+        let out = dir.path().join("out.onnx");
+        let o = bin()
+            .args([
+                "optimize",
+                src.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "-q",
+            ])
+            .args(["--precision", p, "--report", rep.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        report(&rep)
+    };
+    let p = run("bf16");
+    let warned = p["warnings"].as_array().unwrap().iter().any(|w| {
+        w.as_str()
+            .unwrap()
+            .starts_with("weights only fp32 nodes read stay fp32")
+    });
+    assert!(warned, "{p}");
+    assert_eq!(p["weights_ratio"], 1.0, "{p}");
+    let p = run("fp16-weights");
+    assert!(p["weights_ratio"].as_f64().unwrap() < 0.52, "{p}");
+}
+
 #[test]
 fn report_counts_weights_and_casts() {
     let dir = tempfile::tempdir().unwrap();
