@@ -224,6 +224,9 @@ pub struct PrecisionReport {
     /// Weights kept fp32, and why (quantization parameter, custom-op input,
     /// beyond fp16's range, rounding, arithmetic on constants).
     pub kept_fp32_weights: Vec<KeptWeight>,
+    /// Matrix products kept fp32 because their result reaches a Log through
+    /// clamps and shifts only (a log-mel spectrogram's mel MatMul).
+    pub kept_before_log: Vec<String>,
     /// Nodes (name or op type) kept fp32 because they compute a constant at
     /// run time from constants alone (a kernel the folder found too large to
     /// store), or feed such a computation.
@@ -378,6 +381,7 @@ impl Session {
                     why: why.clone(),
                 })
                 .collect(),
+            kept_before_log: r.kept_before_log.clone(),
             kept_constant_compute: r.kept_constant_compute.clone(),
             warnings: r.warnings.iter().cloned().chain(store_note).collect(),
             validation,

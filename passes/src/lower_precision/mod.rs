@@ -15,6 +15,8 @@
 //!   STFT: [`ops::BASIS_GAIN`]); every other op follows its inputs
 //!   (autocast's "promote" rule: low when all its non-constant float inputs
 //!   are low, else fp32). Constants take the type their consumers want.
+//!   A matrix product whose result reaches a Log through clamps and shifts
+//!   only (a log-mel spectrogram's mel MatMul) stays fp32 (`feeds_log`).
 //!   Arithmetic on constants alone that the folder left in the graph (it
 //!   refuses results much larger than their inputs: a resampler's sinc
 //!   kernel computed from index ranges, a window built from a few scalars)
@@ -192,6 +194,9 @@ pub struct LowerReport {
     /// Op types kept fp32 because onnxruntime's CPU provider cannot run
     /// them low (or the schema does not admit the type).
     pub kept_no_kernel: BTreeSet<String>,
+    /// Matrix products (name or op type) kept fp32 because their result
+    /// reaches a Log through clamps and shifts only (see `feeds_log`).
+    pub kept_before_log: Vec<String>,
     /// Nodes (name or op type) kept fp32 because they compute a constant
     /// from constants alone with arithmetic, or feed such a computation
     /// (see [`constant_compute`]).
@@ -215,6 +220,9 @@ impl LowerReport {
         }
         if !self.kept_sensitive.is_empty() {
             stats.add("basis_products_kept_fp32", self.kept_sensitive.len() as u64);
+        }
+        if !self.kept_before_log.is_empty() {
+            stats.add("products_before_log_kept_fp32", self.kept_before_log.len() as u64);
         }
         if !self.kept_constant_compute.is_empty() {
             stats.add(
@@ -763,6 +771,11 @@ fn decide(
         cx.report.kept_sensitive.push((label, gain));
         return None;
     }
+    if ops::ALWAYS_LOW.contains(&op) && feeds_log(g, n) {
+        let label = if d.name.is_empty() { op.to_string() } else { d.name.clone() };
+        cx.report.kept_before_log.push(label);
+        return None;
+    }
     let row = ops::row(op, cx.opset)?;
     let out0 = d.output(0)?;
     if el.orig(out0) != Some(DType::F32) {
@@ -847,6 +860,34 @@ fn constant_compute(g: &Graph, el: &Elems) -> HashSet<NodeId> {
         }
     }
     keep
+}
+
+/// Whether matrix product `n`'s result reaches a Log through clamps, shifts
+/// and data movement only (`Log(Clip(MatMul(power, mel), 1e-10))`, a log-mel
+/// spectrogram). A logarithm reads the relative precision of every value,
+/// and a power spectrum spans many decades: fp16 turns its quiet bins into
+/// subnormals or zeros, which the clamp then lifts to the floor.
+fn feeds_log(g: &Graph, n: NodeId) -> bool {
+    let mut frontier: Vec<ValueId> = g.node(n).outputs().iter().flatten().copied().collect();
+    for _ in 0..4 {
+        let mut next = Vec::new();
+        for v in frontier {
+            for u in g.uses(v) {
+                let Use::Input { node, .. } = u else { continue };
+                let op = g.node(*node).op_type.as_str();
+                if op == "Log" {
+                    return true;
+                }
+                if ops::moves_data(op)
+                    || matches!(op, "Clip" | "Max" | "Min" | "Add" | "Sub" | "Abs" | "Relu")
+                {
+                    next.extend(g.node(*node).outputs().iter().flatten().copied());
+                }
+            }
+        }
+        frontier = next;
+    }
+    false
 }
 
 /// Whether Mul node `n`'s product reaches an STFT/DFT through data movement
