@@ -362,7 +362,10 @@ pub struct Searcher<'a> {
     total: Vec<u64>,
     tree: MaxTree,
     cuts: Vec<u32>,
-    trail_min: Vec<(u32, u64)>,
+    /// Undo records of `min_off` (buffer, old value, old `zcur`).
+    trail_min: Vec<(u32, u64, u128)>,
+    /// `zob_of(b, min_off[b])`, kept with `min_off`.
+    zcur: Vec<u128>,
     tight: Vec<u32>,
     tight_behind: Vec<u32>,
     /// The unplaced buffers (any order), and where each is in it.
@@ -443,6 +446,7 @@ impl<'a> Searcher<'a> {
             tree: MaxTree::new(&[]),
             cuts: vec![0; ns.saturating_sub(1)],
             trail_min: Vec::new(),
+            zcur: vec![0; n],
             tight: Vec::new(),
             tight_behind: Vec::new(),
             free: Vec::with_capacity(n),
@@ -500,7 +504,8 @@ impl<'a> Searcher<'a> {
         self.failed.clear();
         self.hash = 0;
         for b in 0..p.len() {
-            self.hash ^= self.zob_of(b, 0);
+            self.zcur[b] = self.zob_of(b, 0);
+            self.hash ^= self.zcur[b];
         }
         self.trail_min.clear();
         self.cand.clear();
@@ -563,9 +568,7 @@ impl<'a> Searcher<'a> {
             if bufs.is_empty() {
                 continue;
             }
-            let inside = bufs.iter().fold(0u128, |h, &b| {
-                h ^ self.zob_of(b as usize, self.min_off[b as usize])
-            });
+            let inside = bufs.iter().fold(0u128, |h, &b| h ^ self.zcur[b as usize]);
             let sub = Part {
                 bufs,
                 lo,
@@ -852,7 +855,7 @@ impl<'a> Searcher<'a> {
         self.off[b] = o;
         self.solution[b] = o;
         self.take_free(b);
-        self.hash ^= self.zob_of(b, o);
+        self.hash ^= self.zcur[b];
         let size = p.size[b];
         let raised = align_up(o + size, p.align);
         let (blo, bhi) = (p.sec_lo[b] as usize, p.sec_hi[b] as usize);
@@ -871,9 +874,11 @@ impl<'a> Searcher<'a> {
             }
             let m = self.min_off[qu];
             if m < raised {
-                self.trail_min.push((q, m));
+                let z = self.zob_of(qu, raised);
+                self.trail_min.push((q, m, self.zcur[qu]));
+                self.hash ^= self.zcur[qu] ^ z;
+                self.zcur[qu] = z;
                 self.min_off[qu] = raised;
-                self.hash ^= self.zob_of(qu, m) ^ self.zob_of(qu, raised);
                 ulo = ulo.min(p.sec_lo[qu] as usize);
                 uhi = uhi.max(p.sec_hi[qu] as usize);
             } else {
@@ -937,7 +942,8 @@ impl<'a> Searcher<'a> {
     fn unplace(&mut self, b: usize, tm: usize) {
         let p = self.p;
         while self.trail_min.len() > tm {
-            let (q, m) = self.trail_min.pop().expect("len checked");
+            let (q, m, z) = self.trail_min.pop().expect("len checked");
+            self.zcur[q as usize] = z;
             self.min_off[q as usize] = m;
         }
         let size = p.size[b];
