@@ -337,17 +337,20 @@ impl MaxTree {
 ///
 /// State kept incrementally (each change trailed and undone on backtrack):
 /// 1. `min_off[b]`: the highest aligned top among placed buffers that
-///    overlap unplaced buffer `b` — where `b` would go next;
-/// 2. `lowest[s]`: the least `min_off` among section `s`'s unplaced
-///    buffers. Every placed buffer of `s` overlaps them all (a section is
-///    a clique), so this is also at least every placed top in `s`: it is
-///    MiniMalloc's section floor. It is recomputed only when the buffer at
-///    the minimum moves or leaves, which is what keeps nodes cheap;
-/// 3. `total[s]`: unplaced bytes of `s`, also in a [`MaxTree`].
+///    overlap unplaced buffer `b` — where `b` would go next (with its
+///    Zobrist key `zcur[b]`);
+/// 2. `total[s]`: unplaced bytes of section `s`, also in a `MaxTree`;
+/// 3. the unplaced buffers, in all and per section.
 ///
-/// A node is pruned when some section cannot hold its unplaced bytes above
-/// `max(lowest[s], offset)`; only sections whose floor or total changed
-/// are rescanned, the offset part is one tree query.
+/// A section's floor is the least `min_off` among its unplaced buffers:
+/// every placed buffer of the section overlaps them all (a section is a
+/// clique), so it is also at least every placed top there (MiniMalloc's
+/// section floor). A node is pruned when some section cannot hold its
+/// unplaced bytes above `max(floor, offset)`. The floor is computed only
+/// for the few sections the `MaxTree` reports as tight (total above
+/// what a placement left room for); the offset part is one query. Buffers
+/// behind the canonical position count with the height a lift gives them
+/// (`behind_floors_fit`).
 pub struct Searcher<'a> {
     p: &'a Prepared,
     cap: u64,
