@@ -44,7 +44,7 @@ pub struct Args {
     #[arg(long, value_name = "S")]
     time_limit: Option<f64>,
     /// Node budget of the offset search (default 200,000; with
-    /// --intervals, 2,000 per buffer and at least 200,000).
+    /// --intervals, 1,300 per buffer and at least 200,000).
     #[arg(long, value_name = "N")]
     nodes: Option<u64>,
     /// Keep the model's node order (no memory-aware scheduling).

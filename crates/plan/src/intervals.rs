@@ -79,9 +79,9 @@ pub const NODES_PER_BUFFER: u64 = 1_300;
 /// smaller ones. A count, not a clock: the plan is the same on every run.
 ///
 /// On MiniMalloc's hard set (lower bound as the only target) the slowest
-/// two reach their bound at 220,438 nodes (D, 213 buffers: budget 276,900)
-/// and 465,784 nodes (I, 374 buffers: budget 486,200); the flat 200,000
-/// budget this replaces ended D at 1.07x and I at 1.032x.
+/// to reach its bound is I, at 465,780 nodes (374 buffers: budget
+/// 486,200); D and J end above theirs (1.0706x and 1.0331x, see
+/// benches/README.md).
 pub fn default_node_budget(buffers: usize) -> u64 {
     (buffers as u64)
         .saturating_mul(NODES_PER_BUFFER)
