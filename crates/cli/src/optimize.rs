@@ -442,13 +442,6 @@ fn precision_text(r: &PrecisionReport) -> String {
             nodes.join(", ")
         );
     }
-    for w in r
-        .warnings
-        .iter()
-        .filter(|w| w.starts_with("weights only fp32 nodes read stay fp32"))
-    {
-        out += &format!("  {w}\n");
-    }
     if !r.kept_before_log.is_empty() {
         out += &format!(
             "  kept fp32 (its result reaches a Log): {}\n",

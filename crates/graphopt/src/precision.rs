@@ -302,34 +302,6 @@ impl Session {
         }
         let memory = |m: &Model| opts.memory.as_ref().map(|d| memory(m, d));
         let memory_before = memory(&self.model);
-        // fp16/bf16 store weights that only fp32 nodes read low, with a Cast
-        // back whose fp32 copy lives in the arena while its reader runs.
-        // Where that raises weights + arena (one big fp32 LSTM), those
-        // weights stay fp32 instead.
-        let mut store_note = None;
-        if let (Some(before), true) = (&memory_before, opts.precision != Precision::F16Weights) {
-            let total =
-                |m: &MemoryFigures| (m.error.is_none()).then_some(m.weights_bytes + m.arena_bytes);
-            let lowered_total = |c: &LowerPrecision| -> Option<u64> {
-                let mut m = self.model.clone();
-                c.lower(&mut m).ok()?;
-                total(&memory(&m)?)
-            };
-            if let (Some(b), Some(a)) = (total(before), lowered_total(&config)) {
-                let alt = LowerPrecision {
-                    min_weight_elems: u64::MAX,
-                    ..config.clone()
-                };
-                if a > b {
-                    if let Some(a2) = lowered_total(&alt).filter(|&a2| a2 < a) {
-                        store_note = Some(format!(
-                            "weights only fp32 nodes read stay fp32: storing them low with a Cast back would take weights + arena from {b} to {a} bytes ({a2} without)"
-                        ));
-                        config = alt;
-                    }
-                }
-            }
-        }
         let captured = Rc::new(RefCell::new(None));
         let pass: Vec<Box<dyn Pass>> = vec![Box::new(Capture {
             name: "lower_precision",
@@ -383,7 +355,7 @@ impl Session {
                 .collect(),
             kept_before_log: r.kept_before_log.clone(),
             kept_constant_compute: r.kept_constant_compute.clone(),
-            warnings: r.warnings.iter().cloned().chain(store_note).collect(),
+            warnings: r.warnings.clone(),
             validation,
             range_check,
             validation_skipped: skipped,

@@ -966,6 +966,7 @@ fn lower_constants(
         .filter(|&v| !g.is_input(v))
         .collect();
     consts.extend(g.values().filter(|&v| constant_node_tensor(g, v).is_some()));
+    let hold = fp32_read_weights_to_hold(g, req, &consts, cx);
     for v in consts {
         let is_init = g.initializer(v).is_some();
         let t = match (g.initializer(v), constant_node_tensor(g, v)) {
@@ -1055,7 +1056,10 @@ fn lower_constants(
             };
             cx.report.kept_fp32_weights.push((name.clone(), why.to_string()));
         }
-        let store_low = candidate && exact.is_none() && conv.faithful();
+        let store_low = candidate
+            && exact.is_none()
+            && conv.faithful()
+            && (wants_low || !hold.contains(&v));
         if store_low {
             // Stored once, low; one Cast back to fp32 under the old name.
             let mut lt = lt;
@@ -1113,6 +1117,76 @@ fn lower_constants(
         }
     }
     Ok(())
+}
+
+/// fp16/bf16: the fp32 weights that only fp32 nodes read, when storing them
+/// low would cost more than it saves. Each such weight stored low gets a
+/// Cast back whose fp32 copy lives in the arena while its reader runs, so
+/// storing saves 2 bytes per element (4 for bf16 -> fp32 alike) but one
+/// node may need 4 bytes per element of every weight it reads at once.
+/// When the largest such set of copies outweighs the total saving and those
+/// weights are at least half of the graph's fp32 weight bytes (one fp32 LSTM
+/// or mel MatMul holding most of the weights, so the peak holds the copy),
+/// they all stay fp32 and a warning says why. `fp16-weights`, which asks for fp16 storage by name,
+/// is never held.
+fn fp32_read_weights_to_hold(
+    g: &Graph,
+    req: &HashMap<(NodeId, usize), DType>,
+    consts: &[ValueId],
+    cx: &mut Cx<'_>,
+) -> HashSet<ValueId> {
+    if cx.opts.precision == Precision::F16Weights {
+        return HashSet::new();
+    }
+    let mut saved = 0u64;
+    let mut per_reader: BTreeMap<NodeId, u64> = BTreeMap::new();
+    let mut held = HashSet::new();
+    for &v in consts {
+        let Some(t) = g.initializer(v) else { continue };
+        let numel = t.numel().unwrap_or(0);
+        if t.dtype != DType::F32 || g.is_output(v) || numel < cx.opts.min_weight_elems {
+            continue;
+        }
+        let readers: Vec<(NodeId, usize)> = g
+            .uses(v)
+            .iter()
+            .filter_map(|u| match u {
+                Use::Input { node, slot } => Some((*node, *slot as usize)),
+                Use::Capture { .. } => None,
+            })
+            .collect();
+        if readers.is_empty() || readers.iter().any(|k| req.get(k) == Some(&cx.low)) {
+            continue;
+        }
+        saved += 2 * numel;
+        for (r, _) in readers {
+            *per_reader.entry(r).or_default() += 4 * numel;
+        }
+        held.insert(v);
+    }
+    let Some((&node, &copies)) = per_reader.iter().max_by_key(|(_, &b)| b) else {
+        return HashSet::new();
+    };
+    // Only when they are most of the graph's fp32 weights: then the peak,
+    // which holds every weight, also holds the copy. A small one (Whisper's
+    // position table) is stored low, as its copy likely fits the arena.
+    let all: u64 = g
+        .initializers()
+        .iter()
+        .filter_map(|&v| g.initializer(v))
+        .filter(|t| t.dtype == DType::F32)
+        .map(|t| 4 * t.numel().unwrap_or(0))
+        .sum();
+    if copies <= saved || 2 * (2 * saved) < all {
+        return HashSet::new();
+    }
+    let d = g.node(node);
+    let label = if d.name.is_empty() { d.op_type.clone() } else { d.name.clone() };
+    cx.report.warnings.push(format!(
+        "weights only fp32 nodes read stay fp32: storing {} of them low would save {saved} bytes but '{label}' would need {copies} bytes of fp32 copies at once",
+        held.len()
+    ));
+    held
 }
 
 fn new_initializer(g: &mut Graph, cx: &mut Cx<'_>, hint: &str, t: Tensor) -> ValueId {

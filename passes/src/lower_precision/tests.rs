@@ -205,3 +205,38 @@ fn keeping_an_if_node_keeps_its_bodies_fp32() {
     let t = text(&m);
     assert!(!t.contains("e_out_float16"), "{t}");
 }
+
+/// bf16 with one fp32 MatMul reading every weight: storing it low would
+/// need a full fp32 copy at once, so it stays fp32 with a warning; a second
+/// reader of a second weight halves that and both are stored low.
+#[test]
+fn fp32_read_weights_are_held_when_their_copies_cost_more() {
+    let p = LowerPrecision {
+        precision: Precision::BF16,
+        ..LowerPrecision
+    };
+    let one = r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4] x) => (float[1,4] y) <float[4,4] w = {1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125}> {
+  y = MatMul (x, w)
+}
+"#;
+    let (_, r) = run(&p, one);
+    assert!(r.weights_lowered.is_empty(), "{:?}", r.weights_lowered);
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.starts_with("weights only fp32 nodes read stay fp32: storing 1 of them")),
+        "{:?}",
+        r.warnings
+    );
+    let two = r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4] x) => (float[1,4] y) <float[4,4] w = {1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125}, float[4,4] v = {1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125}> {
+  h = MatMul (x, w)
+  y = MatMul (h, v)
+}
+"#;
+    let (_, r) = run(&p, two);
+    assert_eq!(r.weights_lowered.len(), 2, "{:?}", r.warnings);
+}
