@@ -90,7 +90,12 @@ impl Runner {
 /// input shapes), everything else is kept. Use the same preparation for the
 /// reference and the candidate.
 pub fn prepare(model: &Model) -> anyhow::Result<Vec<u8>> {
-    let mut m = model.clone();
+    prepare_owned(model.clone())
+}
+
+/// [`prepare`] on a model the caller no longer needs (no copy of the
+/// weights).
+pub fn prepare_owned(mut m: Model) -> anyhow::Result<Vec<u8>> {
     strip_value_info(&mut m.graph);
     Ok(graphopt_onnx::encode(&m)?)
 }
