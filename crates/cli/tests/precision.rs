@@ -203,6 +203,21 @@ fn write_model(dir: &Path, name: &str, text: &str) -> PathBuf {
     p
 }
 
+/// `graphopt optimize SRC -o OUT ARGS...`, which must succeed.
+fn optimize_ok(src: &Path, out: &Path, args: &[&str]) {
+    let o = bin()
+        .args([
+            "optimize",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 fn report(path: &Path) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     v["precision"].clone()
@@ -295,21 +310,15 @@ g (float[2,4] x) => (float[2,4] y) <float[4,4] w = {1e-7, 2e-7, 1e-7, 3e-7, 2e-7
 #[test]
 fn range_check_keeps_out_of_range_activations_fp32() {
     let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.onnx");
+    let rep = dir.path().join("r.json");
     let run = |src: &Path, extra: &[&str]| -> serde_json::Value {
-        let out = dir.path().join("out.onnx");
-        let rep = dir.path().join("r.json");
-        let o = bin()
-            .args([
-                "optimize",
-                src.to_str().unwrap(),
-                "-o",
-                out.to_str().unwrap(),
-            ])
-            .args(["--precision", "fp16", "--report", rep.to_str().unwrap()])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let args = [
+            &["--precision", "fp16", "--report", rep.to_str().unwrap()],
+            extra,
+        ]
+        .concat();
+        optimize_ok(src, &out, &args);
         report(&rep)
     };
     for (name, text, value, kept) in [
@@ -363,18 +372,7 @@ g (float[1,2,4,4] x) => (float[1,2,4,4] y) <float[2,2,1,1] w = {1.0, 0.5, 0.25, 
     let src = write_model(dir.path(), "bn.onnx", text);
     let out = dir.path().join("out.onnx");
     let bn_left = |extra: &[&str]| -> bool {
-        let o = bin()
-            .args([
-                "optimize",
-                src.to_str().unwrap(),
-                "-o",
-                out.to_str().unwrap(),
-                "-q",
-            ])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        optimize_ok(&src, &out, &[&["-q"], extra].concat());
         let m = graphopt_onnx::load(&out).unwrap().model;
         let g = &m.graph;
         let found = g.nodes().any(|n| g.node(n).op_type == "BatchNormalization");
@@ -396,20 +394,13 @@ fn fp32_read_weights_stay_fp32_when_storing_them_low_costs_memory() {
     let dir = tempfile::tempdir().unwrap();
     let src = models_dir().join("../pypi/wespeaker.onnx");
     let rep = dir.path().join("r.json");
+    let out = dir.path().join("out.onnx");
     let run = |p: &str| {
-        let out = dir.path().join("out.onnx");
-        let o = bin()
-            .args([
-                "optimize",
-                src.to_str().unwrap(),
-                "-o",
-                out.to_str().unwrap(),
-                "-q",
-            ])
-            .args(["--precision", p, "--report", rep.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        optimize_ok(
+            &src,
+            &out,
+            &["-q", "--precision", p, "--report", rep.to_str().unwrap()],
+        );
         report(&rep)
     };
     let p = run("bf16");

@@ -868,19 +868,31 @@ fn constant_compute(g: &Graph, el: &Elems) -> HashSet<NodeId> {
 /// and a power spectrum spans many decades: fp16 turns its quiet bins into
 /// subnormals or zeros, which the clamp then lifts to the floor.
 fn feeds_log(g: &Graph, n: NodeId) -> bool {
+    reaches(g, n, 4, |op| op == "Log", |op| {
+        ops::moves_data(op) || matches!(op, "Clip" | "Max" | "Min" | "Add" | "Sub" | "Abs" | "Relu")
+    })
+}
+
+/// Whether a reader of node `n`'s outputs, at most `depth` nodes on, is an
+/// op `target` accepts, walking only through ops `through` accepts.
+fn reaches(
+    g: &Graph,
+    n: NodeId,
+    depth: usize,
+    target: impl Fn(&str) -> bool,
+    through: impl Fn(&str) -> bool,
+) -> bool {
     let mut frontier: Vec<ValueId> = g.node(n).outputs().iter().flatten().copied().collect();
-    for _ in 0..4 {
+    for _ in 0..depth {
         let mut next = Vec::new();
         for v in frontier {
             for u in g.uses(v) {
                 let Use::Input { node, .. } = u else { continue };
                 let op = g.node(*node).op_type.as_str();
-                if op == "Log" {
+                if target(op) {
                     return true;
                 }
-                if ops::moves_data(op)
-                    || matches!(op, "Clip" | "Max" | "Min" | "Add" | "Sub" | "Abs" | "Relu")
-                {
+                if through(op) {
                     next.extend(g.node(*node).outputs().iter().flatten().copied());
                 }
             }
@@ -893,24 +905,7 @@ fn feeds_log(g: &Graph, n: NodeId) -> bool {
 /// Whether Mul node `n`'s product reaches an STFT/DFT through data movement
 /// only: a window applied by hand before the transform.
 fn mul_feeds_signal_op(g: &Graph, n: NodeId) -> bool {
-    let mut frontier: Vec<ValueId> = g.node(n).outputs().iter().flatten().copied().collect();
-    for _ in 0..6 {
-        let mut next = Vec::new();
-        for v in frontier {
-            for u in g.uses(v) {
-                let Use::Input { node, .. } = u else { continue };
-                let op = &g.node(*node).op_type;
-                if ops::is_signal_op(op) {
-                    return true;
-                }
-                if ops::moves_data(op) {
-                    next.extend(g.node(*node).outputs().iter().flatten().copied());
-                }
-            }
-        }
-        frontier = next;
-    }
-    false
+    reaches(g, n, 6, ops::is_signal_op, ops::moves_data)
 }
 
 /// The largest [`ops::basis_gain`] at or above [`ops::BASIS_GAIN`] among
