@@ -186,12 +186,14 @@ passes! {
     eliminate_noops::EliminateNoops => "removes no-op nodes (Dropout, same-type Cast, identity Transpose, ...) and folds exact round trips",
     fold_constants::FoldConstants => "evaluates nodes whose inputs are all constant, under a size cap; Constant nodes become initializers",
     fold_shapes::FoldShapes => "replaces Shape/Gather/Concat chains whose values are known from shape inference by constants",
-    fuse_conv_bn::FuseConvBn => "folds BatchNormalization and per-channel Mul/Add after Conv into the Conv weights",
+    fuse_conv_bn::FuseConvBn => "folds BatchNormalization and per-channel Mul/Add after Conv, a bias Add after ConvTranspose, and a scalar Mul before either into the weights",
     fuse_gelu::FuseGelu => "replaces decomposed GELU (erf and tanh forms) by Gelu (opset >= 20)",
     fuse_layer_norm::FuseLayerNorm => "replaces decomposed LayerNorm by LayerNormalization (opset >= 17)",
     fuse_matmul_add::FuseMatmulAdd => "MatMul followed by a bias Add becomes Gemm where Gemm's rules allow",
     fuse_parallel_matmul::FuseParallelMatmul => "three or more MatMuls on one input with constant weights become one MatMul on concatenated weights + Split",
+    inline_constant_if::InlineConstantIf => "an If whose condition is a constant is replaced by the nodes of the branch it takes",
     lower_precision::LowerPrecision => "fp16/bf16 lowering with an fp32 keep-list and clean Cast boundaries (configure with --precision)",
+    merge_slices::MergeSlices => "a Slice of a Slice with constant parameters becomes one Slice",
     quantize::Quantize => "int8/int4 quantization in standard DequantizeLinear/QuantizeLinear ops (configure with --quantize)",
     upgrade_opset::UpgradeOpset => "opt-in: raises the default-domain opset, rewriting ops whose signature changed",
 }
@@ -236,6 +238,10 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         // the next round's fold_constants carries further (ConstantOfShape,
         // Range, Expand of those).
         Box::new(fold_shapes::FoldShapes),
+        // After folding, which turns conditions computed from constants and
+        // shapes into constants; the inlined branch's nodes then go through
+        // the passes below with the rest of the graph.
+        Box::new(inline_constant_if::InlineConstantIf),
         // Conv+BN right after folding (BN parameters are constants now) and
         // before dedup_initializers: it refuses weights that other nodes
         // share, and dedup may share equal biases between convolutions.
@@ -250,6 +256,8 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         // Needs the types fold_shapes inferred and the constants folded
         // above to see that a Reshape/Expand/Cast changes nothing.
         Box::new(eliminate_noops::EliminateNoops),
+        // With the no-ops gone, so that Slice chains are adjacent.
+        Box::new(merge_slices::MergeSlices),
         // Not fuse_parallel_matmul: merging q/k/v into one MatMul + Split
         // keeps the concatenated product and its three slices live at
         // once, which raised the planned arena of the testdata
