@@ -184,6 +184,7 @@ passes! {
     dedup_initializers::DedupInitializers => "shares initializers with identical content (every dtype); keeps tied weights tied",
     eliminate_identity::EliminateIdentity => "removes Identity nodes, keeping graph output names",
     eliminate_noops::EliminateNoops => "removes no-op nodes (Dropout, same-type Cast, identity Transpose, ...) and folds exact round trips",
+    eliminate_zero_add::EliminateZeroAdd => "removes Add/Sub of a constant zero of either sign that broadcasts nothing (not exact: -0 may stay -0)",
     fold_constants::FoldConstants => "evaluates nodes whose inputs are all constant, under a size cap; Constant nodes become initializers",
     fold_shapes::FoldShapes => "replaces Shape/Gather/Concat chains whose values are known from shape inference by constants",
     fuse_conv_bn::FuseConvBn => "folds BatchNormalization and per-channel Mul/Add after Conv, a bias Add after ConvTranspose, and a scalar Mul before either into the weights",
@@ -256,6 +257,8 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         // Needs the types fold_shapes inferred and the constants folded
         // above to see that a Reshape/Expand/Cast changes nothing.
         Box::new(eliminate_noops::EliminateNoops),
+        // The zero biases eliminate_noops keeps for their sign of zero.
+        Box::new(eliminate_zero_add::EliminateZeroAdd),
         // With the no-ops gone, so that Slice chains are adjacent.
         Box::new(merge_slices::MergeSlices),
         // Not fuse_parallel_matmul: merging q/k/v into one MatMul + Split
