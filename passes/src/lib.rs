@@ -194,6 +194,7 @@ passes! {
     fuse_parallel_matmul::FuseParallelMatmul => "three or more MatMuls on one input with constant weights become one MatMul on concatenated weights + Split",
     inline_constant_if::InlineConstantIf => "an If whose condition is a constant is replaced by the nodes of the branch it takes",
     lower_precision::LowerPrecision => "fp16/bf16 lowering with an fp32 keep-list and clean Cast boundaries (configure with --precision)",
+    merge_reshape_axes::MergeReshapeAxes => "an Unsqueeze or Squeeze of a Reshape to a constant shape becomes one Reshape",
     merge_slices::MergeSlices => "a Slice of a Slice with constant parameters becomes one Slice",
     quantize::Quantize => "int8/int4 quantization in standard DequantizeLinear/QuantizeLinear ops (configure with --quantize)",
     upgrade_opset::UpgradeOpset => "opt-in: raises the default-domain opset, rewriting ops whose signature changed",
@@ -261,6 +262,7 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(eliminate_zero_add::EliminateZeroAdd),
         // With the no-ops gone, so that Slice chains are adjacent.
         Box::new(merge_slices::MergeSlices),
+        Box::new(merge_reshape_axes::MergeReshapeAxes),
         // Not fuse_parallel_matmul: merging q/k/v into one MatMul + Split
         // keeps the concatenated product and its three slices live at
         // once, which raised the planned arena of the testdata
