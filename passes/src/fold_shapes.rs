@@ -19,7 +19,10 @@
 //!    and nodes with subgraphs are left alone.
 //! 4. Subgraphs: each is folded from its own inference (after the main
 //!    graph's, which types their formal inputs); values captured from the
-//!    enclosing graph count as unknown there.
+//!    enclosing graphs have the types inference gave them there, so a
+//!    `Shape` of a captured value with static dims folds inside an `If`
+//!    branch too (silero VAD's decoder condition on `state`'s first dim,
+//!    inside the sample-rate `If`).
 //!
 //! 5. A `Reshape` target that is not fully known is still rewritten to a
 //!    constant when every element is known, or the same symbolic dim as the
@@ -56,11 +59,10 @@
 //! }
 //! ```
 
-use crate::util::for_each_subgraph;
 use crate::{Pass, PassContext, PassError, PassStats};
 use graphopt_ir::infer::{const_shape_values, infer_model, InferOptions, TypeTable};
-use graphopt_ir::{DType, Dim, Graph, Model, Tensor, Type, ValueId};
-use std::collections::BTreeMap;
+use graphopt_ir::{DType, Dim, Graph, Model, NodeId, Tensor, Type, ValueId};
+use std::collections::{BTreeMap, HashMap};
 
 pub struct FoldShapes;
 
@@ -78,11 +80,7 @@ impl Pass for FoldShapes {
         let opts = InferOptions::default();
         let opset = model.onnx_opset().unwrap_or(18);
         let report = infer_model(model, &opts);
-        for_each_subgraph(&mut model.graph, &mut |sub| {
-            let vals = const_shape_values(sub, opset, &opts);
-            fold(sub, &vals, &mut stats);
-            Ok::<(), PassError>(())
-        })?;
+        fold_subgraphs(&mut model.graph, &HashMap::new(), opset, &opts, &mut stats);
         fold(&mut model.graph, &report.shape_values, &mut stats);
         // Inference wrote its types into the model. When nothing was
         // folded they are the types the type-reading passes would infer
@@ -91,6 +89,53 @@ impl Pass for FoldShapes {
             cx.set_types(TypeTable::of(&model.graph));
         }
         Ok(stats)
+    }
+}
+
+/// Folds every subgraph of `g` (innermost first), each from an inference
+/// of its own in which captured values have the types `outer` (by name,
+/// the enclosing graphs' values) or `g` gives them.
+fn fold_subgraphs(
+    g: &mut Graph,
+    outer: &HashMap<String, Type>,
+    opset: i64,
+    opts: &InferOptions,
+    stats: &mut PassStats,
+) {
+    let holders: Vec<NodeId> = g.nodes().filter(|&n| g.node(n).has_subgraphs()).collect();
+    if holders.is_empty() {
+        return;
+    }
+    let mut known = outer.clone();
+    for v in g.values() {
+        if !g.is_live_value(v) || g.is_outer(v) {
+            continue;
+        }
+        match g.ty(v) {
+            Some(t) => known.insert(g.name(v).to_string(), t.clone()),
+            // A local value without a type shadows an outer one.
+            None => known.remove(g.name(v)),
+        };
+    }
+    for n in holders {
+        let mut attrs = std::mem::take(&mut g.node_mut(n).attributes);
+        for a in &mut attrs {
+            for sub in a.graphs_mut() {
+                fold_subgraphs(sub, &known, opset, opts, stats);
+                let mut typed = sub.clone();
+                for v in typed.values().collect::<Vec<_>>() {
+                    if typed.is_outer(v) {
+                        if let Some(t) = known.get(typed.name(v)) {
+                            typed.value_mut(v).ty = Some(t.clone());
+                        }
+                    }
+                }
+                let vals = const_shape_values(&typed, opset, opts);
+                fold(sub, &vals, stats);
+            }
+        }
+        g.node_mut(n).attributes = attrs;
+        g.refresh_captures(n);
     }
 }
 

@@ -6,7 +6,14 @@
 //!    `Conv(x, W * k, (B - mean) * k + bias)` with `k = scale / √(var + ε)`;
 //! 2. `Mul(Conv(x, W, B), c)` ==> `Conv(x, W * c, B * c)`, and `Div` by `c`
 //!    likewise with `1/c`;
-//! 3. `Add(Conv(x, W, B), c)` ==> `Conv(x, W, B + c)`, and `Sub` of `c`.
+//! 3. `Add(Conv(x, W, B), c)` ==> `Conv(x, W, B + c)`, and `Sub` of `c`;
+//!    after a `ConvTranspose` too (its bias has `W.dims[1] * group`
+//!    channels), which is the only rule for `ConvTranspose`s that follow;
+//! 4. `Conv(Mul(x, s), W, B)` ==> `Conv(x, W * s, B)` for a one-element
+//!    constant `s` (and `Div` by `s` with `1/s`), on `Conv` and
+//!    `ConvTranspose`: both are linear in `x`, and zero padding stays zero
+//!    (a GELU's trailing `* 0.5` before a 1x1 Conv in PP-OCR models). The
+//!    Mul's output must be read by the Conv only.
 //!
 //! Preconditions, each checked: the weights, bias and all BN/Mul/Add
 //! operands are constants (initializers or Constant nodes); the Conv output
@@ -70,8 +77,14 @@ struct Affine {
 
 fn fuse(g: &mut Graph, stats: &mut PassStats) -> Result<(), PassError> {
     for conv in g.nodes().collect::<Vec<_>>() {
-        if !g.is_live_node(conv) || !is_op(g.node(conv), "Conv") {
+        if !g.is_live_node(conv)
+            || !(is_op(g.node(conv), "Conv") || is_op(g.node(conv), "ConvTranspose"))
+        {
             continue;
+        }
+        while fold_input_scale(g, conv)? {
+            stats.add("input_scales_folded", 1);
+            stats.add("nodes_removed", 1);
         }
         while let Some((next, affine, label)) = follower(g, conv) {
             if !fold(g, conv, next, &affine)? {
@@ -98,7 +111,12 @@ fn follower(g: &Graph, conv: NodeId) -> Option<(NodeId, Affine, &'static str)> {
         return None;
     }
     let (_, w) = weight(g, conv)?;
-    let m = usize::try_from(w.dims[0]).ok()?;
+    let transposed = cd.op_type == "ConvTranspose";
+    let m = if transposed {
+        usize::try_from(w.dims[1].checked_mul(cd.attr_int("group").unwrap_or(1))?).ok()?
+    } else {
+        usize::try_from(w.dims[0]).ok()?
+    };
     let rank = w.dims.len();
     if let Some(b) = cd.input(2) {
         let bt = const_tensor(g, b)?;
@@ -113,6 +131,7 @@ fn follower(g: &Graph, conv: NodeId) -> Option<(NodeId, Affine, &'static str)> {
         return None;
     }
     match nd.op_type.as_str() {
+        "BatchNormalization" | "Mul" | "Div" if transposed => None,
         "BatchNormalization" => {
             if nd.input(0)? != y
                 || nd.inputs().len() != 5
@@ -233,7 +252,9 @@ fn fold(g: &mut Graph, conv: NodeId, next: NodeId, affine: &Affine) -> Result<bo
     };
     let bias_needed = old_b.is_some() || affine.b.iter().any(|&v| v != 0.0);
 
-    set_const(g, conv, 1, w, wt2);
+    if affine.a.iter().any(|&a| a != 1.0) {
+        set_const(g, conv, 1, w, wt2);
+    }
     if bias_needed {
         match old_b {
             Some(b) => set_const(g, conv, 2, b, bt2),
@@ -255,6 +276,57 @@ fn fold(g: &mut Graph, conv: NodeId, next: NodeId, affine: &Affine) -> Result<bo
     for o in extra {
         g.remove_value(o);
     }
+    sweep_constants(g, &read);
+    Ok(true)
+}
+
+/// Rule 4: `Conv(Mul(x, s), W, B)` ==> `Conv(x, W * s, B)` (`Div` by `s`:
+/// `W / s`) for a one-element constant `s` of the weights' dtype.
+fn fold_input_scale(g: &mut Graph, conv: NodeId) -> Result<bool, PassError> {
+    let Some(xs) = g.node(conv).input(0) else {
+        return Ok(false);
+    };
+    let Some((mul, 0)) = g.producer(xs) else {
+        return Ok(false);
+    };
+    let md = g.node(mul);
+    let div = is_op(md, "Div");
+    if !(is_op(md, "Mul") || div) || md.inputs().len() != 2 || only_use(g, xs) != Some(conv) {
+        return Ok(false);
+    }
+    let Some((w, wt)) = weight(g, conv) else {
+        return Ok(false);
+    };
+    let (Some(i0), Some(i1)) = (md.input(0), md.input(1)) else {
+        return Ok(false);
+    };
+    // The scale on the right (or on the left of a Mul).
+    let (x, c) = match (const_tensor(g, i1), const_tensor(g, i0)) {
+        (Some(t), _) => (i0, t),
+        (None, Some(t)) if !div => (i1, t),
+        _ => return Ok(false),
+    };
+    let Some(sv) = c.to_f64_vec().filter(|v| v.len() == 1 && c.dtype == wt.dtype) else {
+        return Ok(false);
+    };
+    // The Mul must not broadcast x to a larger shape: s has one element,
+    // so that only happens through a higher rank.
+    if c.dims.len() > wt.dims.len() {
+        return Ok(false);
+    }
+    let k = if div { 1.0 / sv[0] } else { sv[0] };
+    let Some(wv) = wt.to_f64_vec() else {
+        return Ok(false);
+    };
+    let scaled: Vec<f64> = wv.iter().map(|&v| v * k).collect();
+    let Some(wt2) = encode(wt.dtype, wt.dims.clone(), &scaled) else {
+        return Ok(false);
+    };
+    set_const(g, conv, 1, w, wt2);
+    let read: Vec<ValueId> = g.node(mul).inputs().iter().flatten().copied().collect();
+    g.set_input(conv, 0, Some(x));
+    g.remove_node(mul);
+    g.remove_value(xs);
     sweep_constants(g, &read);
     Ok(true)
 }

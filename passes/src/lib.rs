@@ -184,14 +184,18 @@ passes! {
     dedup_initializers::DedupInitializers => "shares initializers with identical content (every dtype); keeps tied weights tied",
     eliminate_identity::EliminateIdentity => "removes Identity nodes, keeping graph output names",
     eliminate_noops::EliminateNoops => "removes no-op nodes (Dropout, same-type Cast, identity Transpose, ...) and folds exact round trips",
+    eliminate_zero_add::EliminateZeroAdd => "removes Add/Sub of a constant zero of either sign that broadcasts nothing (not exact: -0 may stay -0)",
     fold_constants::FoldConstants => "evaluates nodes whose inputs are all constant, under a size cap; Constant nodes become initializers",
     fold_shapes::FoldShapes => "replaces Shape/Gather/Concat chains whose values are known from shape inference by constants",
-    fuse_conv_bn::FuseConvBn => "folds BatchNormalization and per-channel Mul/Add after Conv into the Conv weights",
+    fuse_conv_bn::FuseConvBn => "folds BatchNormalization and per-channel Mul/Add after Conv, a bias Add after ConvTranspose, and a scalar Mul before either into the weights",
     fuse_gelu::FuseGelu => "replaces decomposed GELU (erf and tanh forms) by Gelu (opset >= 20)",
     fuse_layer_norm::FuseLayerNorm => "replaces decomposed LayerNorm by LayerNormalization (opset >= 17)",
     fuse_matmul_add::FuseMatmulAdd => "MatMul followed by a bias Add becomes Gemm where Gemm's rules allow",
     fuse_parallel_matmul::FuseParallelMatmul => "three or more MatMuls on one input with constant weights become one MatMul on concatenated weights + Split",
+    inline_constant_if::InlineConstantIf => "an If whose condition is a constant is replaced by the nodes of the branch it takes",
     lower_precision::LowerPrecision => "fp16/bf16 lowering with an fp32 keep-list and clean Cast boundaries (configure with --precision)",
+    merge_reshape_axes::MergeReshapeAxes => "an Unsqueeze or Squeeze of a Reshape to a constant shape becomes one Reshape",
+    merge_slices::MergeSlices => "a Slice of a Slice with constant parameters becomes one Slice",
     quantize::Quantize => "int8/int4 quantization in standard DequantizeLinear/QuantizeLinear ops (configure with --quantize)",
     upgrade_opset::UpgradeOpset => "opt-in: raises the default-domain opset, rewriting ops whose signature changed",
 }
@@ -236,6 +240,10 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         // the next round's fold_constants carries further (ConstantOfShape,
         // Range, Expand of those).
         Box::new(fold_shapes::FoldShapes),
+        // After folding, which turns conditions computed from constants and
+        // shapes into constants; the inlined branch's nodes then go through
+        // the passes below with the rest of the graph.
+        Box::new(inline_constant_if::InlineConstantIf),
         // Conv+BN right after folding (BN parameters are constants now) and
         // before dedup_initializers: it refuses weights that other nodes
         // share, and dedup may share equal biases between convolutions.
@@ -250,6 +258,11 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         // Needs the types fold_shapes inferred and the constants folded
         // above to see that a Reshape/Expand/Cast changes nothing.
         Box::new(eliminate_noops::EliminateNoops),
+        // The zero biases eliminate_noops keeps for their sign of zero.
+        Box::new(eliminate_zero_add::EliminateZeroAdd),
+        // With the no-ops gone, so that Slice chains are adjacent.
+        Box::new(merge_slices::MergeSlices),
+        Box::new(merge_reshape_axes::MergeReshapeAxes),
         // Not fuse_parallel_matmul: merging q/k/v into one MatMul + Split
         // keeps the concatenated product and its three slices live at
         // once, which raised the planned arena of the testdata

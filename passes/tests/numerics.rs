@@ -86,13 +86,6 @@ const SKIPPED: &[(&str, &str)] = &[
 /// model that exercises one of these, or a fix, shows up here.
 const NOT_FIRING: &[(&str, &str, &str)] = &[
     (
-        "fuse_conv_bn",
-        "alone",
-        "no committed model has a BatchNormalization or a constant per-channel Mul/Add \
-         after a Conv: torch's exporters fold BN into the Conv in eval mode",
-    ),
-    ("fuse_conv_bn", "default", "as alone"),
-    (
         "fuse_matmul_add",
         "alone",
         "no MatMul+Add in the committed models meets Gemm's rules (the transformers' \

@@ -235,7 +235,7 @@ fn eliminate(g: &mut Graph, tg: &TypeTable, stats: &mut PassStats) -> Result<(),
                 bypass(g, n, x, stats)?;
             }
             "Add" | "Sub" | "Mul" | "Div" | "And" | "Or" => {
-                neutral::neutral_operand(g, &t, n, stats)?;
+                neutral::neutral_operand(g, &t, n, stats, false)?;
             }
             "Where" => neutral::where_const(g, &t, n, stats)?,
             "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" => {
@@ -391,7 +391,7 @@ fn exact_round_trip(a: DType, b: DType) -> bool {
 }
 
 mod chains;
-mod neutral;
+pub(crate) mod neutral;
 mod sandwich;
 
 #[cfg(test)]

@@ -46,12 +46,15 @@ fn all_elems(c: &Tensor, pred: impl Fn(f64) -> bool) -> bool {
 ///
 /// `Add(x, -0)`, `Sub(x, +0)`, `Mul(x, 1)`, `Div(x, 1)`, `And(x, true)`,
 /// `Or(x, false)` ==> `x` (integer zeros for `Add` and `Sub` too); not
-/// `Add(x, +0)` nor `Sub(x, -0)`, which turn `-0` into `+0`.
-pub(super) fn neutral_operand(
+/// `Add(x, +0)` nor `Sub(x, -0)`, which turn `-0` into `+0`, unless
+/// `any_zero` (the non-exact `eliminate_zero_add` pass) says a zero of
+/// either sign counts.
+pub(crate) fn neutral_operand(
     g: &mut Graph,
     t: &TypedGraph,
     n: NodeId,
     stats: &mut PassStats,
+    any_zero: bool,
 ) -> Result<(), PassError> {
     let d = g.node(n);
     // The neutral element, bit for bit when the constant is a float.
@@ -81,7 +84,7 @@ pub(super) fn neutral_operand(
         };
         let float = ct.dtype.is_float();
         let is_neutral =
-            |v: f64| v == neutral && (!float || v.is_sign_negative() == neutral.is_sign_negative());
+            |v: f64| v == neutral && (!float || any_zero || v.is_sign_negative() == neutral.is_sign_negative());
         if all_elems(&ct, is_neutral)
             && fits_inside(&ct.dims, xs)
             && same_shape(t, x, y, true)
