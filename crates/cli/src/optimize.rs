@@ -165,7 +165,8 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             .filter(|s| !s.trim().is_empty())
             .cloned()
             .collect(),
-        None if precision.is_some() => graphopt::PRECISION_SKIP
+        // An explicit --passes list runs as given.
+        None if precision.is_some() && a.passes.is_none() => graphopt::PRECISION_SKIP
             .iter()
             .map(|s| s.to_string())
             .collect(),

@@ -321,9 +321,20 @@ fn range_check_keeps_out_of_range_activations_fp32() {
         optimize_ok(src, &out, &args);
         report(&rep)
     };
-    for (name, text, value, kept) in [
-        ("overflow.onnx", OVERFLOW, "m", vec!["big", "Neg#2"]),
-        ("underflow.onnx", UNDERFLOW, "m", vec!["tiny", "scale"]),
+    // The graph output is checked too (first), then the intermediates.
+    for (name, text, values_out, kept) in [
+        (
+            "overflow.onnx",
+            OVERFLOW,
+            vec!["y", "m"],
+            vec!["big", "Neg#2"],
+        ),
+        (
+            "underflow.onnx",
+            UNDERFLOW,
+            vec!["y", "m"],
+            vec!["tiny", "scale"],
+        ),
     ] {
         let src = write_model(dir.path(), name, text);
         let p = run(&src, &[]);
@@ -335,7 +346,7 @@ fn range_check_keeps_out_of_range_activations_fp32() {
             .iter()
             .map(|o| o["value"].as_str().unwrap())
             .collect();
-        assert_eq!(values, vec![value], "{name}: {p}");
+        assert_eq!(values, values_out, "{name}: {p}");
         assert_eq!(rc["kept_nodes"], serde_json::json!(kept), "{name}: {p}");
         assert_eq!(
             p["nodes_lowered"], 1,

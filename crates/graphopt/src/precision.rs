@@ -421,7 +421,6 @@ fn range_check(model: &Model, inputs: &Inputs) -> (RangeCheck, Vec<NodeId>) {
         Err(e) => return skipped(format!("no inputs: {e}")),
     };
     let names = intermediates(&typed, DType::F32);
-    let n_outputs = typed.graph.outputs.len();
     // Low values present (a mixed model): tract needs the fp16 emulation;
     // else the typed copy runs as it is, every intermediate an output,
     // without another copy of the weights.
@@ -452,7 +451,10 @@ fn range_check(model: &Model, inputs: &Inputs) -> (RangeCheck, Vec<NodeId>) {
         ..Default::default()
     };
     let mut keep: Vec<NodeId> = Vec::new();
-    for (name, t) in names.iter().zip(outs.iter().skip(n_outputs)) {
+    // The graph outputs come first, then the intermediates.
+    let output_names: Vec<String> = g.outputs.iter().map(|&v| g.name(v).to_string()).collect();
+    let checked = output_names.iter().chain(names.iter());
+    for (name, t) in checked.zip(outs.iter()) {
         let Some((max_abs, rms)) = magnitude(t) else {
             continue;
         };

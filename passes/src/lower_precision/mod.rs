@@ -523,8 +523,14 @@ fn lower_graph(
     // 1. Decide each node's compute type, forward in program order.
     let mut req: HashMap<(NodeId, usize), DType> = HashMap::new();
     let mut lowered: Vec<NodeId> = Vec::new();
-    let is_const =
-        |g: &Graph, v: ValueId| g.constant(v).is_some() || constant_node_tensor(g, v).is_some();
+    // Constants, and values computed from constants alone (kept fp32 above,
+    // cast once where a low node reads them).
+    let is_const = |g: &Graph, v: ValueId| {
+        g.constant(v).is_some()
+            || constant_node_tensor(g, v).is_some()
+            || g.producer(v)
+                .is_some_and(|(p, _)| const_compute.contains(&p))
+    };
     for n in g.nodes().collect::<Vec<_>>() {
         let d = g.node(n);
         if d.op_type == "Constant" && default_domain(g, n) {
@@ -771,6 +777,11 @@ fn decide(
         cx.report.kept_sensitive.push((label, gain));
         return None;
     }
+    // A window multiplied in before an STFT/DFT: the product stays fp32 with
+    // the window (the transform itself is on the keep-list).
+    if op == "Mul" && mul_feeds_signal_op(g, n) {
+        return None;
+    }
     if ops::ALWAYS_LOW.contains(&op) && feeds_log(g, n) {
         let label = if d.name.is_empty() { op.to_string() } else { d.name.clone() };
         cx.report.kept_before_log.push(label);
@@ -961,7 +972,7 @@ fn lower_constants(
         .filter(|&v| !g.is_input(v))
         .collect();
     consts.extend(g.values().filter(|&v| constant_node_tensor(g, v).is_some()));
-    let hold = fp32_read_weights_to_hold(g, req, &consts, cx);
+    let hold = fp32_read_weights_to_hold(g, req, &consts, const_compute, main, cx);
     for v in consts {
         let is_init = g.initializer(v).is_some();
         let t = match (g.initializer(v), constant_node_tensor(g, v)) {
@@ -1117,8 +1128,8 @@ fn lower_constants(
 /// fp16/bf16: the fp32 weights that only fp32 nodes read, when storing them
 /// low would cost more than it saves. Each such weight stored low gets a
 /// Cast back whose fp32 copy lives in the arena while its reader runs, so
-/// storing saves 2 bytes per element (4 for bf16 -> fp32 alike) but one
-/// node may need 4 bytes per element of every weight it reads at once.
+/// storing saves 2 bytes per element (fp16 or bf16), but one node may need
+/// an fp32 copy, 4 bytes per element, of every weight it reads at once.
 /// When the largest such set of copies outweighs the total saving and those
 /// weights are at least half of the graph's fp32 weight bytes (one fp32 LSTM
 /// or mel MatMul holding most of the weights, so the peak holds the copy),
@@ -1128,6 +1139,8 @@ fn fp32_read_weights_to_hold(
     g: &Graph,
     req: &HashMap<(NodeId, usize), DType>,
     consts: &[ValueId],
+    const_compute: &HashSet<NodeId>,
+    main: bool,
     cx: &mut Cx<'_>,
 ) -> HashSet<ValueId> {
     if cx.opts.precision == Precision::F16Weights {
@@ -1151,6 +1164,21 @@ fn fp32_read_weights_to_hold(
             })
             .collect();
         if readers.is_empty() || readers.iter().any(|k| req.get(k) == Some(&cx.low)) {
+            continue;
+        }
+        // Weights that stay fp32 on another rule are never stored low: they
+        // neither save nor need a copy (see `lower_constants`).
+        let kept_anyway = (main && cx.opts.keep_weights.iter().any(|k| k == g.name(v)))
+            || readers.iter().any(|&(r, _)| {
+                let op = g.node(r).op_type.as_str();
+                !default_domain(g, r)
+                    || ops::is_quant_op(op)
+                    || ops::is_signal_op(op)
+                    || (op == "Mul" && mul_feeds_signal_op(g, r))
+                    || const_compute.contains(&r)
+                    || basis_operand(g, r).is_some()
+            });
+        if kept_anyway {
             continue;
         }
         saved += 2 * numel;
