@@ -524,12 +524,15 @@ fn lower_graph(
     let mut req: HashMap<(NodeId, usize), DType> = HashMap::new();
     let mut lowered: Vec<NodeId> = Vec::new();
     // Constants, and values computed from constants alone (kept fp32 above,
-    // cast once where a low node reads them).
-    let is_const = |g: &Graph, v: ValueId| {
+    // cast once where a low node reads them) for readers that compute: data
+    // movement of a computed value would only round it (in bf16 mode, where
+    // little but data movement runs low, for nothing).
+    let is_const = |g: &Graph, n: NodeId, v: ValueId| {
         g.constant(v).is_some()
             || constant_node_tensor(g, v).is_some()
-            || g.producer(v)
-                .is_some_and(|(p, _)| const_compute.contains(&p))
+            || (!ops::moves_data(&g.node(n).op_type)
+                && g.producer(v)
+                    .is_some_and(|(p, _)| const_compute.contains(&p)))
     };
     for n in g.nodes().collect::<Vec<_>>() {
         let d = g.node(n);
@@ -755,7 +758,7 @@ fn decide(
     el: &Elems,
     main: bool,
     cx: &mut Cx<'_>,
-    is_const: &dyn Fn(&Graph, ValueId) -> bool,
+    is_const: &dyn Fn(&Graph, NodeId, ValueId) -> bool,
 ) -> Option<&'static ops::OpRow> {
     let opts = cx.opts;
     if opts.precision == Precision::F16Weights || !default_domain(g, n) {
@@ -813,7 +816,7 @@ fn decide(
     let follows = ops::ALWAYS_LOW.contains(&op)
         || bound
             .iter()
-            .all(|&v| is_const(g, v) || el.cur(v) == Some(cx.low));
+            .all(|&v| is_const(g, n, v) || el.cur(v) == Some(cx.low));
     if !follows {
         return None;
     }

@@ -240,3 +240,25 @@ g (float[1,4] x) => (float[1,4] y) <float[4,4] w = {1.0, 0.5, 0.25, 0.125, 1.0, 
     let (_, r) = run(&p, two);
     assert_eq!(r.weights_lowered.len(), 2, "{:?}", r.warnings);
 }
+
+/// A mask computed from constants alone is a constant to the Add that
+/// reads it: the Add runs low behind one Cast of the mask, rather than
+/// falling back to fp32 and spreading fp32 downstream.
+#[test]
+fn computed_constants_do_not_pull_their_readers_to_fp32() {
+    let src = r#"
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4] x) => (float[1,4] y) <float[4,4] w = {1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125, 1.0, 0.5, 0.25, 0.125}, float[4] i = {0.0, 1.0, 2.0, 3.0}, float s = {0.5}> {
+  m = MatMul (x, w)
+  t = Mul (i, s)
+  k = Sin (t)
+  [masked] a = Add (m, k)
+  y = Relu (a)
+}
+"#;
+    let (m, r) = run(&LowerPrecision, src);
+    let t = text(&m);
+    assert_eq!(r.kept_constant_compute.len(), 2, "{t}");
+    assert!(t.contains("a = Add (m, k_float16)"), "{t}");
+    assert_eq!(r.lowered.len(), 3, "MatMul, Add and Relu run low: {t}");
+}
