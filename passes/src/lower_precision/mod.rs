@@ -1134,9 +1134,10 @@ fn lower_constants(
 /// storing saves 2 bytes per element (fp16 or bf16), but one node may need
 /// an fp32 copy, 4 bytes per element, of every weight it reads at once.
 /// When the largest such set of copies outweighs the total saving and those
-/// weights are at least half of the graph's fp32 weight bytes (one fp32 LSTM
-/// or mel MatMul holding most of the weights, so the peak holds the copy),
-/// they all stay fp32 and a warning says why. `fp16-weights`, which asks for fp16 storage by name,
+/// weights are at least half of the fp32 weights lowering may store low
+/// (weights kept fp32 on another rule are not counted; one fp32 LSTM or mel
+/// MatMul holding most of the rest, so the peak holds the copy), they all
+/// stay fp32 and a warning says why. `fp16-weights`, which asks for fp16 storage by name,
 /// is never held.
 fn fp32_read_weights_to_hold(
     g: &Graph,
@@ -1149,13 +1150,36 @@ fn fp32_read_weights_to_hold(
     if cx.opts.precision == Precision::F16Weights {
         return HashSet::new();
     }
+    // Weights that stay fp32 on another rule are never stored low: they
+    // neither save nor need a copy (see `lower_constants`).
+    let kept_anyway = |v: ValueId| {
+        (main && cx.opts.keep_weights.iter().any(|k| k == g.name(v)))
+            || g.uses(v).iter().any(|u| {
+                let Use::Input { node: r, .. } = u else {
+                    return false;
+                };
+                let op = g.node(*r).op_type.as_str();
+                !default_domain(g, *r)
+                    || ops::is_quant_op(op)
+                    || ops::is_signal_op(op)
+                    || (op == "Mul" && mul_feeds_signal_op(g, *r))
+                    || const_compute.contains(r)
+                    || basis_operand(g, *r).is_some()
+            })
+    };
     let mut saved = 0u64;
+    // fp32 weight bytes that lowering may store low (all but those kept).
+    let mut storable = 0u64;
     let mut per_reader: BTreeMap<NodeId, u64> = BTreeMap::new();
     let mut held = HashSet::new();
     for &v in consts {
         let Some(t) = g.initializer(v) else { continue };
         let numel = t.numel().unwrap_or(0);
-        if t.dtype != DType::F32 || g.is_output(v) || numel < cx.opts.min_weight_elems {
+        if t.dtype != DType::F32 || g.is_output(v) || kept_anyway(v) {
+            continue;
+        }
+        storable += 4 * numel;
+        if numel < cx.opts.min_weight_elems {
             continue;
         }
         let readers: Vec<(NodeId, usize)> = g
@@ -1169,21 +1193,6 @@ fn fp32_read_weights_to_hold(
         if readers.is_empty() || readers.iter().any(|k| req.get(k) == Some(&cx.low)) {
             continue;
         }
-        // Weights that stay fp32 on another rule are never stored low: they
-        // neither save nor need a copy (see `lower_constants`).
-        let kept_anyway = (main && cx.opts.keep_weights.iter().any(|k| k == g.name(v)))
-            || readers.iter().any(|&(r, _)| {
-                let op = g.node(r).op_type.as_str();
-                !default_domain(g, r)
-                    || ops::is_quant_op(op)
-                    || ops::is_signal_op(op)
-                    || (op == "Mul" && mul_feeds_signal_op(g, r))
-                    || const_compute.contains(&r)
-                    || basis_operand(g, r).is_some()
-            });
-        if kept_anyway {
-            continue;
-        }
         saved += 2 * numel;
         for (r, _) in readers {
             *per_reader.entry(r).or_default() += 4 * numel;
@@ -1193,17 +1202,11 @@ fn fp32_read_weights_to_hold(
     let Some((&node, &copies)) = per_reader.iter().max_by_key(|(_, &b)| b) else {
         return HashSet::new();
     };
-    // Only when they are most of the graph's fp32 weights: then the peak,
-    // which holds every weight, also holds the copy. A small one (Whisper's
-    // position table) is stored low, as its copy likely fits the arena.
-    let all: u64 = g
-        .initializers()
-        .iter()
-        .filter_map(|&v| g.initializer(v))
-        .filter(|t| t.dtype == DType::F32)
-        .map(|t| 4 * t.numel().unwrap_or(0))
-        .sum();
-    if copies <= saved || 2 * (2 * saved) < all {
+    // Only when they are most of the fp32 weights lowering may store low:
+    // then the peak, which holds every weight, also holds the copy. A small
+    // one (Whisper's position table) is stored low, as its copy likely fits
+    // the arena.
+    if copies <= saved || 2 * (2 * saved) < storable {
         return HashSet::new();
     }
     let d = g.node(node);
