@@ -159,6 +159,8 @@ def main():
     print("")
     print("use super::ops::OpRow;")
     print("")
+    # One row per (op, since-version): rustfmt would spread each over 12 lines.
+    print("#[rustfmt::skip]")
     print("pub(super) static OPS: &[OpRow] = &[")
     q = lambda xs: "&[" + ", ".join(f'"{x}"' for x in xs) + "]"
     b = lambda x: {True: "Some(true)", False: "Some(false)", None: "None"}[x]
