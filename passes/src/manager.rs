@@ -2,6 +2,9 @@
 //! dumps it before/after passes on request, times passes, iterates to a
 //! fixed point, and can stop after N pass runs to bisect a miscompile.
 //!
+//! A pipeline runs whole or not at all: when a pass fails, the model is
+//! restored to what it was before the first pass.
+//!
 //! One [`PassContext`] serves the whole pipeline: facts computed for one
 //! pass (inferred types) are reused by the next until a pass changes the
 //! model. Passes do not print: their warnings come back in each
@@ -19,6 +22,9 @@ pub type DumpFn<'a> = &'a dyn Fn(&Model) -> String;
 /// How to run a pipeline.
 pub struct ManagerOptions<'a> {
     /// Verify after every pass (always on in debug builds and tests).
+    /// Without it the model is verified once, after the last pass that
+    /// changed it: an invalid model never leaves the manager either way,
+    /// but only this names the pass that broke it.
     pub verify: bool,
     /// Dump the IR before and after passes whose name matches the filter
     /// (`all` or a comma list), to `dump_sink`.
@@ -64,6 +70,38 @@ pub fn run_pipeline(
     opts: &mut ManagerOptions<'_>,
 ) -> Result<Vec<PassRun>, PassError> {
     let verify = opts.verify || cfg!(debug_assertions);
+    // Whole or not at all: a failing pass (or a final verification that
+    // fails) leaves the model as it was before the first pass. Tensor data
+    // is shared between the copies, so this costs the graph's structure.
+    let snapshot = model.clone();
+    let result = run_passes(model, passes, opts, verify).and_then(|runs| {
+        if !verify && runs.iter().any(|r| r.stats.changed) {
+            let names: Vec<&str> = runs
+                .iter()
+                .filter(|r| r.stats.changed)
+                .map(|r| r.pass)
+                .collect();
+            verify_model(model).map_err(|e| {
+                PassError(format!(
+                    "after passes {} (verify after each to find which): IR is invalid: {e}",
+                    names.join(", ")
+                ))
+            })?;
+        }
+        Ok(runs)
+    });
+    if result.is_err() {
+        *model = snapshot;
+    }
+    result
+}
+
+fn run_passes(
+    model: &mut Model,
+    passes: &[Box<dyn Pass + '_>],
+    opts: &mut ManagerOptions<'_>,
+    verify: bool,
+) -> Result<Vec<PassRun>, PassError> {
     let mut runs = Vec::new();
     let mut cx = PassContext::new();
     for round in 0..opts.max_rounds.max(1) {
@@ -199,6 +237,46 @@ mod tests {
         let mut m = Model::default();
         let runs = run_pipeline(&mut m, passes, opts).unwrap();
         runs.iter().map(|r| (r.pass, r.round)).collect()
+    }
+
+    /// Edits the model (its doc string), or fails.
+    struct Edit(Option<&'static str>);
+
+    impl Pass for Edit {
+        fn name(&self) -> &'static str {
+            if self.0.is_some() {
+                "edit"
+            } else {
+                "fail"
+            }
+        }
+        fn run(&self, model: &mut Model) -> Result<PassStats, PassError> {
+            let Some(text) = self.0 else {
+                return Err(PassError("injected failure".into()));
+            };
+            model.doc_string.push_str(text);
+            Ok(PassStats {
+                changed: true,
+                ..PassStats::default()
+            })
+        }
+    }
+
+    #[test]
+    fn a_failing_pass_restores_the_model() {
+        let mut m = Model::default();
+        m.doc_string = "start".into();
+        let passes: Vec<Box<dyn Pass>> = vec![
+            Box::new(Edit(Some("+a"))),
+            Box::new(Edit(Some("+b"))),
+            Box::new(Edit(None)),
+        ];
+        let e = run_pipeline(&mut m, &passes, &mut ManagerOptions::default()).unwrap_err();
+        assert!(e.0.contains("pass fail: injected failure"), "{}", e.0);
+        assert_eq!(m.doc_string, "start");
+        // Without the failing pass the edits stay.
+        run_pipeline(&mut m, &passes[..2], &mut ManagerOptions::default()).unwrap();
+        assert_eq!(m.doc_string, "start+a+b");
     }
 
     #[test]
