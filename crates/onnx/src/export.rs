@@ -462,7 +462,7 @@ pub(crate) fn save(m: &Model, path: &Path, opts: &SaveOptions) -> Result<SaveRep
             }
         }
     };
-    let io = |what: &str, e: std::io::Error| OnnxError::new(format!("{place}: {what}: {e}"));
+    let io = |what: &str, e: std::io::Error| OnnxError::io(format!("{place}: {what}: {e}"), e);
     let mut report = SaveReport::default();
     let mut data_tmp = None;
     let location = opts

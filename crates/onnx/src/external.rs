@@ -45,15 +45,16 @@ impl ExternalReader {
         let data = match self.maps.get(&path) {
             Some(b) => b.clone(),
             None => {
-                let f = std::fs::File::open(&path)
-                    .map_err(|e| OnnxError::new(format!("external data file '{location}': {e}")))?;
+                let f = std::fs::File::open(&path).map_err(|e| {
+                    OnnxError::io(format!("external data file '{location}': {e}"), e)
+                })?;
                 let len = f.metadata().map(|m| m.len()).unwrap_or(0);
                 let b = if len == 0 {
                     Bytes::new()
                 } else {
                     // SAFETY: read-only map of a file graphopt never writes.
                     let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| {
-                        OnnxError::new(format!("external data file '{location}': {e}"))
+                        OnnxError::io(format!("external data file '{location}': {e}"), e)
                     })?;
                     Bytes::from_owner(m)
                 };
@@ -104,7 +105,7 @@ pub(crate) fn confined(base: &Path, location: &str) -> Result<PathBuf, OnnxError
         .map_err(|e| OnnxError::new(format!("model folder: {e}")))?;
     let canon = joined
         .canonicalize()
-        .map_err(|e| OnnxError::new(format!("external data file '{location}': {e}")))?;
+        .map_err(|e| OnnxError::io(format!("external data file '{location}': {e}"), e))?;
     if !canon.starts_with(&canon_base) {
         return Err(bad());
     }

@@ -26,24 +26,82 @@ use graphopt_proto::{Message, ModelProto};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// An import or export error: one line saying what was wrong and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OnnxError(pub String);
+/// What kind of import or export error it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnnxErrorKind {
+    /// Opening, mapping, reading or writing a file failed.
+    Io,
+    /// The bytes are not a valid ONNX model (protobuf, tensors, external
+    /// data entries, graph structure).
+    Parse,
+    /// Valid ONNX that graphopt does not handle.
+    Unsupported,
+}
+
+/// An import or export error: one line saying what was wrong and where,
+/// its kind, and the I/O error behind it when there is one.
+#[derive(Debug, Clone)]
+pub struct OnnxError {
+    kind: OnnxErrorKind,
+    message: String,
+    io: Option<std::sync::Arc<std::io::Error>>,
+}
 
 impl fmt::Display for OnnxError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
-impl std::error::Error for OnnxError {}
+impl std::error::Error for OnnxError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.io
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+impl PartialEq for OnnxError {
+    fn eq(&self, o: &OnnxError) -> bool {
+        self.kind == o.kind && self.message == o.message
+    }
+}
+impl Eq for OnnxError {}
 
 impl OnnxError {
+    /// A [`OnnxErrorKind::Parse`] error.
     pub fn new(msg: impl Into<String>) -> OnnxError {
-        OnnxError(msg.into())
+        OnnxError {
+            kind: OnnxErrorKind::Parse,
+            message: msg.into(),
+            io: None,
+        }
+    }
+    /// An [`OnnxErrorKind::Io`] error caused by `e`.
+    pub fn io(msg: impl Into<String>, e: std::io::Error) -> OnnxError {
+        OnnxError {
+            kind: OnnxErrorKind::Io,
+            message: msg.into(),
+            io: Some(std::sync::Arc::new(e)),
+        }
+    }
+    /// An [`OnnxErrorKind::Unsupported`] error.
+    pub fn unsupported(msg: impl Into<String>) -> OnnxError {
+        OnnxError {
+            kind: OnnxErrorKind::Unsupported,
+            ..OnnxError::new(msg)
+        }
+    }
+    pub fn kind(&self) -> OnnxErrorKind {
+        self.kind
+    }
+    pub fn message(&self) -> &str {
+        &self.message
     }
     /// Prefixes the message with where it happened.
     pub fn within(self, place: impl fmt::Display) -> OnnxError {
-        OnnxError(format!("{place}: {}", self.0))
+        OnnxError {
+            message: format!("{place}: {}", self.message),
+            ..self
+        }
     }
 }
 
@@ -59,10 +117,10 @@ pub struct Loaded {
 pub fn load(path: &Path) -> Result<Loaded, OnnxError> {
     let place = path.display();
     let file = std::fs::File::open(path)
-        .map_err(|e| OnnxError::new(format!("{place}: cannot open: {e}")))?;
+        .map_err(|e| OnnxError::io(format!("{place}: cannot open: {e}"), e))?;
     let len = file
         .metadata()
-        .map_err(|e| OnnxError::new(format!("{place}: {e}")))?
+        .map_err(|e| OnnxError::io(format!("{place}: {e}"), e))?
         .len();
     let bytes = if len == 0 {
         Bytes::new()
@@ -71,7 +129,7 @@ pub fn load(path: &Path) -> Result<Loaded, OnnxError> {
         // Another process truncating the file while we read it is outside
         // what any loader can defend against.
         let map = unsafe { memmap2::Mmap::map(&file) }
-            .map_err(|e| OnnxError::new(format!("{place}: cannot map: {e}")))?;
+            .map_err(|e| OnnxError::io(format!("{place}: cannot map: {e}"), e))?;
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
         Bytes::from_owner(map)
