@@ -20,6 +20,9 @@ Report = dict[str, Any]
 class GraphoptError(Exception):
     """A graphopt error: one line naming the file and the node or tensor, as the CLI prints it."""
 
+    kind: Literal["io", "parse", "invalid", "unsupported", "tolerance", "budget", "verify", "runtime"]
+    """What went wrong: ``graphopt::ErrorKind``."""
+
 class Session:
     """One ONNX model and what graphopt did to it.
 
@@ -41,15 +44,31 @@ class Session:
         passes: str | Sequence[str] | None = None,
         opset: int | None = None,
         max_rounds: int | None = None,
-        verify: bool = True,
+        verify: bool = False,
         stop_after: int | None = None,
         skip: str | Sequence[str] | None = None,
+        precision: Literal["fp16", "bf16", "fp16-weights"] | None = None,
+        keep_fp32: str | Sequence[str] | None = None,
+        keep_io_types: bool = True,
+        any_runtime: bool = False,
+        validate: bool | Literal["strict", "best-effort"] | None = None,
+        inputs: Inputs = None,
+        rtol: float = 1e-2,
+        atol: float = 1e-3,
+        force: bool = False,
+        dims: Dims | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        seed: int = 7,
+        range_check: bool = True,
     ) -> Session:
         """The default simplify/fuse pipeline to a fixed point, or the named passes
-        (``"none"`` for none), verified after every pass; ``opset`` raises the
-        default-domain opset first (e.g. 20 for LayerNormalization and Gelu fusion);
-        ``skip`` leaves passes out (``"fuse_conv_bn"`` before ``lower_precision``, as
-        the CLI does with ``--precision``)."""
+        (``"none"`` for none); ``opset`` raises the default-domain opset first (e.g. 20
+        for LayerNormalization and Gelu fusion). ``skip`` leaves passes out: None is the
+        library's policy (``fuse_conv_bn`` is left out when ``precision`` is given),
+        ``[]`` keeps every pass. ``verify=True`` runs the IR verifier after every pass
+        (else once, after the last). ``precision`` lowers after the pipeline with the
+        ``lower_precision`` arguments, as ``graphopt optimize --precision`` does.
+        Whole or not at all; returns a new Session."""
     def lower_precision(
         self,
         precision: Literal["fp16", "bf16", "fp16-weights"],
@@ -82,8 +101,8 @@ class Session:
         optimizer: Literal["none", "sgd", "adamw"] = "none",
         lr: float | None = None,
         weight_decay: float | None = None,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
         params_as_inputs: bool = False,
         dims: Dims | None = None,
         simplify: bool = True,
@@ -127,22 +146,23 @@ class Session:
         self,
         dims: Dims | None = None,
         strategies: str | Sequence[str] | None = None,
-        points: int = 8,
+        points: int = 10,
         time_limit: float = 10.0,
     ) -> dict[str, Any]:
-        """Peak against extra FLOPs, per strategy (``graphopt remat --sweep --json``)."""
+        """Peak against extra FLOPs, per strategy (``graphopt remat --sweep --json``);
+        ``strategies=None`` compares the library's set: auto, fast, sqrt, per-block."""
     def plan(
         self,
         dims: Dims | None = None,
         inputs: Inputs = None,
         shapes: Mapping[str, Sequence[int]] | None = None,
         default_dim: int = 1,
-        alignment: int = 256,
+        alignment: int | None = None,
         reorder: bool = True,
         strict: bool = False,
         verify: bool = False,
         threads: int | None = None,
-        node_budget: int = 200_000,
+        node_budget: int | None = None,
         time_limit: float | None = None,
     ) -> Report:
         """The memory plan, with the fields of ``graphopt plan --json``
@@ -156,11 +176,12 @@ class Session:
         inputs: Inputs = None,
         shapes: Mapping[str, Sequence[int]] | None = None,
         default_dim: int = 1,
-        alignment: int = 256,
+        alignment: int | None = None,
         reorder: bool = True,
         strict: bool = False,
+        verify: bool = False,
         threads: int | None = None,
-        node_budget: int = 200_000,
+        node_budget: int | None = None,
         time_limit: float | None = None,
     ) -> Report:
         """The largest batch whose weights + arena fit ``budget`` (bytes or "8GiB"):
