@@ -4,7 +4,7 @@
 
 use crate::util::{human_bytes, json_text, print_out};
 use graphopt::plan::DimValues;
-use graphopt::{AutodiffOptions, Error, GradOptions, Loss, Optimizer};
+use graphopt::{AutodiffOptions, GradOptions, OptimizerSpec};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -47,12 +47,12 @@ pub struct Args {
     /// adamw: decoupled, `p·(1 - lr·wd)`, default 0.01).
     #[arg(long)]
     weight_decay: Option<f64>,
-    /// AdamW's betas, `B1,B2`.
-    #[arg(long, default_value = "0.9,0.999", value_name = "B1,B2")]
-    betas: String,
-    /// AdamW's epsilon.
-    #[arg(long, default_value_t = 1e-8)]
-    eps: f64,
+    /// AdamW's betas, `B1,B2` (default 0.9,0.999).
+    #[arg(long, value_name = "B1,B2")]
+    betas: Option<String>,
+    /// AdamW's epsilon (default 1e-8).
+    #[arg(long)]
+    eps: Option<f64>,
     /// Trainable parameters become graph inputs instead of initializers.
     #[arg(long)]
     params_as_inputs: bool,
@@ -91,46 +91,15 @@ fn globs(s: &Option<String>) -> Vec<String> {
 }
 
 pub fn run(a: Args) -> graphopt::Result<()> {
-    let loss = Loss::parse(&a.loss).ok_or_else(|| {
-        Error::new(format!(
-            "unknown loss '{}' (sum, mean, mse, l1, cross_entropy)",
-            a.loss
-        ))
-    })?;
-    let optimizer = match a.optimizer.as_str() {
-        "none" => Optimizer::None,
-        "sgd" => Optimizer::Sgd {
-            lr: a.lr.unwrap_or(0.01) as f32,
-            weight_decay: a.weight_decay.unwrap_or(0.0) as f32,
-        },
-        "adamw" => {
-            let betas: Vec<f64> = a
-                .betas
-                .split(',')
-                .map(|b| b.trim().parse::<f64>())
-                .collect::<Result<_, _>>()
-                .ok()
-                .filter(|b: &Vec<f64>| b.len() == 2)
-                .ok_or_else(|| {
-                    Error::new(format!(
-                        "--betas wants two numbers B1,B2, got '{}'",
-                        a.betas
-                    ))
-                })?;
-            Optimizer::AdamW {
-                lr: a.lr.unwrap_or(1e-3),
-                beta1: betas[0],
-                beta2: betas[1],
-                eps: a.eps,
-                weight_decay: a.weight_decay.unwrap_or(1e-2),
-            }
-        }
-        other => {
-            return Err(Error::new(format!(
-                "unknown optimizer '{other}' (none, sgd, adamw)"
-            )))
-        }
-    };
+    let loss = graphopt::parse_loss(&a.loss)?;
+    let optimizer = OptimizerSpec {
+        name: a.optimizer.clone(),
+        lr: a.lr,
+        weight_decay: a.weight_decay,
+        betas: a.betas.as_deref().map(graphopt::parse_betas).transpose()?,
+        eps: a.eps,
+    }
+    .build()?;
     let opts = GradOptions {
         autodiff: AutodiffOptions {
             output: a.output_name.clone(),

@@ -4,12 +4,10 @@
 use crate::util::{human_bytes, json_text, print_out};
 use graphopt::onnx::ExternalData;
 use graphopt::{
-    Error, Inputs, OptimizeOptions, OptimizeReport, PipelineOptions, Precision, PrecisionOptions,
-    PrecisionReport, SaveOptions, Summary, ValidateOptions,
+    Inputs, OptimizeFileOptions, OptimizeFileReport, OptimizeOptions, PipelineOptions, Precision,
+    PrecisionOptions, PrecisionReport, SaveOptions, ValidateOptions,
 };
-use serde_json::json;
 use std::path::PathBuf;
-use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -41,7 +39,9 @@ pub struct Args {
     /// Print the time each pass took.
     #[arg(long)]
     time_passes: bool,
-    /// Run the IR verifier after every pass (always on; kept for compatibility).
+    /// Run the IR verifier after every pass (release builds otherwise
+    /// verify once, after the last pass; debug builds always after every
+    /// pass). Either way an invalid model is never written.
     #[arg(long)]
     verify: bool,
     /// Stop after this many pass runs (to bisect a bad rewrite).
@@ -135,260 +135,167 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     if let Some(p) = &a.lp.inputs {
         shapes.extend(graphopt::util::npz_shapes(p)?);
     }
-    let precision = match &a.lp.precision {
-        Some(p) => Some(Precision::parse(p)?),
-        None => None,
+    let memory = graphopt::plan::DimValues {
+        bound: dims.clone(),
+        shapes,
+        default: None,
     };
     let best_effort = match a.lp.validate.as_deref() {
-        None | Some("strict") => false,
-        Some("best-effort") | Some("best_effort") => true,
-        Some(v) => {
-            return Err(Error::new(format!(
-                "--validate={v}: expected --validate or --validate=best-effort"
-            )))
-        }
+        None => false,
+        Some(v) => graphopt::parse_validate_mode(v)?,
     };
     let pipeline = PipelineOptions {
-        verify: true,
+        verify: a.verify,
         dump_ir: a.dump_ir.clone(),
         stop_after: a.stop_after,
     };
-    let t0 = Instant::now();
-    let mut session = graphopt::load(&a.input)?;
-    // Refuse before any work when -o names the input.
-    session.check_output_path(&a.output)?;
-    let import_time = t0.elapsed();
-    let t1 = Instant::now();
-    let skip: Vec<String> = match &a.skip {
-        Some(list) => list
-            .iter()
-            .filter(|s| !s.trim().is_empty())
-            .cloned()
-            .collect(),
-        // An explicit --passes list runs as given.
-        None if precision.is_some() && a.passes.is_none() => graphopt::PRECISION_SKIP
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        None => Vec::new(),
+    let inputs = || match &a.lp.inputs {
+        Some(p) => Inputs::Npz(p.clone()),
+        None => Inputs::random(&dims),
     };
-    let opt = session.optimize(&OptimizeOptions {
-        passes: a.passes.clone(),
-        opset: a.opset,
-        max_rounds: None,
-        skip,
-        pipeline: pipeline.clone(),
-    })?;
-    // Lowering that fails validation without --force is an error inside
-    // lower_precision: nothing is written.
-    let lowered = match precision {
-        Some(p) => {
-            let r = session.lower_precision(&PrecisionOptions {
-                precision: p,
-                keep_fp32: a.lp.keep_fp32.clone(),
-                keep_io_types: !a.lp.no_keep_io_types,
-                any_runtime: a.lp.any_runtime,
-                validate: a.lp.validate.as_ref().map(|_| ValidateOptions {
-                    inputs: match &a.lp.inputs {
-                        Some(p) => Inputs::Npz(p.clone()),
-                        None => Inputs::random(&dims),
-                    },
-                    rtol: a.lp.rtol,
-                    atol: a.lp.atol,
-                    best_effort,
-                    force: a.lp.force,
-                }),
-                memory: Some(graphopt::plan::DimValues {
-                    bound: dims.clone(),
-                    shapes: shapes.clone(),
-                    default: None,
-                }),
-                range_check: (!a.lp.no_range_check).then(|| match &a.lp.inputs {
-                    Some(p) => Inputs::Npz(p.clone()),
-                    None => Inputs::random(&dims),
-                }),
-                pipeline: pipeline.clone(),
-            })?;
-            Some(r)
-        }
+    let precision = match &a.lp.precision {
+        Some(p) => Some(PrecisionOptions {
+            precision: Precision::parse(p)?,
+            keep_fp32: a.lp.keep_fp32.clone(),
+            keep_io_types: !a.lp.no_keep_io_types,
+            any_runtime: a.lp.any_runtime,
+            validate: a.lp.validate.as_ref().map(|_| ValidateOptions {
+                inputs: inputs(),
+                rtol: a.lp.rtol,
+                atol: a.lp.atol,
+                best_effort,
+                force: a.lp.force,
+            }),
+            memory: Some(memory.clone()),
+            range_check: (!a.lp.no_range_check).then(inputs),
+            pipeline: pipeline.clone(),
+        }),
         None => None,
     };
-    let quantize_opts = a.q.options(
-        &dims,
-        graphopt::plan::DimValues {
-            bound: dims.clone(),
-            shapes: shapes.clone(),
-            default: None,
+    let opts = OptimizeFileOptions {
+        optimize: OptimizeOptions {
+            passes: a.passes.clone(),
+            opset: a.opset,
+            max_rounds: None,
+            skip: a.skip.clone(),
+            precision,
+            quantize: a.q.options(&dims, memory, pipeline.clone())?,
+            pipeline,
         },
-        pipeline.clone(),
-    )?;
-    // Over --max-error is an error inside quantize: nothing is written.
-    let quantized = match &quantize_opts {
-        Some(o) => Some(session.quantize(o)?),
-        None => None,
-    };
-    let validation_failed = lowered
-        .as_ref()
-        .and_then(|r| r.validation.as_ref())
-        .is_some_and(|v| !v.ok);
-    let pass_time = t1.elapsed();
-    let save = SaveOptions {
-        external: if a.no_external_data {
-            Some(ExternalData::Never)
-        } else {
-            a.external_data
-                .map(|threshold| ExternalData::Always { threshold })
+        save: SaveOptions {
+            external: if a.no_external_data {
+                Some(ExternalData::Never)
+            } else {
+                a.external_data
+                    .map(|threshold| ExternalData::Always { threshold })
+            },
+            location: None,
         },
-        location: None,
     };
-    let t2 = Instant::now();
-    let saved = session.save_with(&a.output, &save)?;
-    let export_time = t2.elapsed();
-
-    let in_size = std::fs::metadata(&a.input).map(|m| m.len()).unwrap_or(0);
-    let out_size = saved.model_bytes + saved.external_bytes;
-    let runs = session.pass_runs();
-    let ms = graphopt::util::ms;
+    let (_, r) = graphopt::optimize_file(&a.input, &a.output, &opts)?;
     if a.time_passes {
         let mut t = format!(
             "{:<24} {:>10} {:>8} {:>8}\n",
             "pass", "time", "nodes", "changed"
         );
-        for r in &runs {
+        for p in &r.passes {
             t += &format!(
                 "{:<24} {:>8.2}ms {:>8} {:>8}\n",
-                format!("{} (round {})", r.name, r.round),
-                r.time_ms,
-                r.nodes_after,
-                r.changed
+                format!("{} (round {})", p.name, p.round),
+                p.time_ms,
+                p.nodes_after,
+                p.changed
             );
         }
         t += &format!(
             "import {:.2}ms, passes {:.2}ms, export {:.2}ms\n",
-            ms(import_time),
-            ms(pass_time),
-            ms(export_time)
+            r.time_import_ms, r.time_passes_ms, r.time_export_ms
         );
         eprint!("{t}");
     }
-    for r in &runs {
-        for w in &r.warnings {
-            eprintln!("warning: {}: {w}", r.name);
+    for p in &r.passes {
+        for w in &p.warnings {
+            eprintln!("warning: {}: {w}", p.name);
         }
     }
-    if let Some(r) = &quantized {
-        for w in &r.warnings {
+    if let Some(q) = &r.quantize {
+        for w in &q.warnings {
             eprintln!("warning: quantize: {w}");
         }
     }
-    if let Some(r) = &lowered {
-        if let Some(why) = &r.validation_skipped {
-            eprintln!("warning: --validate skipped (best effort): {why}");
-        }
+    if let Some(why) = r
+        .precision
+        .as_ref()
+        .and_then(|p| p.validation_skipped.as_ref())
+    {
+        eprintln!("warning: --validate skipped (best effort): {why}");
     }
-    let after = graphopt::Summary::of(session.model());
     if !a.quiet {
-        let mut out = table(&opt.before, &after, in_size, out_size);
-        out += &fusions(&opt);
-        if let Some(r) = &lowered {
-            if a.skip.is_none() && a.passes.is_none() {
+        let mut out = table(&r);
+        out += &fusions(&r);
+        if let Some(p) = &r.precision {
+            if r.skipped_by_policy && !r.skipped.is_empty() {
                 out += &format!(
                     "  before lowering, the pipeline left out {} (folded BatchNorm loses more in fp16; --skip '' keeps it)\n",
-                    graphopt::PRECISION_SKIP.join(", ")
+                    r.skipped.join(", ")
                 );
             }
-            out += &precision_text(r);
+            out += &precision_text(p);
         }
-        if let Some(r) = &quantized {
-            out += &crate::quantize::text(r);
+        if let Some(q) = &r.quantize {
+            out += &crate::quantize::text(q);
         }
-        if session.reordered() {
+        if r.reordered {
             out += "note: the input's nodes were not in topological order; the output's are\n";
         }
         print_out(&out);
     }
     if let Some(path) = &a.report {
-        let report = json!({
-            "input": a.input.display().to_string(),
-            "output": a.output.display().to_string(),
-            "passes": runs,
-            "nodes_before": opt.before.nodes,
-            "nodes_after": after.nodes,
-            "initializers_before": opt.before.initializers,
-            "initializers_after": after.initializers,
-            "initializer_bytes_before": opt.before.initializer_bytes,
-            "initializer_bytes_after": after.initializer_bytes,
-            "file_bytes_before": in_size,
-            "file_bytes_after": out_size,
-            "external_data_bytes": saved.external_bytes,
-            "ops_before": opt.before.ops,
-            "ops_after": after.ops,
-            "opset_before": opt.opset_before,
-            "opset_after": opt.opset_after,
-            "fusions": opt.fusions,
-            "stopped_early": opt.stopped_early || lowered.as_ref().is_some_and(|r| r.stopped_early),
-            "time_import_ms": ms(import_time),
-            "time_passes_ms": ms(pass_time),
-            "time_export_ms": ms(export_time),
-            "precision": lowered,
-            "quantize": quantized,
-            "memory": lowered.as_ref().map(|r| json!({"before": r.memory_before, "after": r.memory_after})),
-        });
-        graphopt::util::write_atomic(path, json_text(&report)?.as_bytes())?;
+        graphopt::util::write_atomic(path, json_text(&r)?.as_bytes())?;
     }
-    if validation_failed {
-        // --force wrote it; the run still failed its validation.
-        let v = lowered
-            .as_ref()
-            .and_then(|r| r.validation.as_ref())
-            .expect("set with validation_failed");
-        return Err(Error::new(format!(
-            "{}: --validate: NOT within tolerance (rtol {}, atol {}): {}; written anyway (--force)",
-            a.input.display(),
-            v.rtol,
-            v.atol,
-            v.last.describe()
-        )));
-    }
-    Ok(())
+    // --force wrote it; a validation over tolerance still fails the run.
+    r.outcome()
 }
 
 /// An onnxsim-style table of what changed.
-fn table(b: &Summary, a: &Summary, in_size: u64, out_size: u64) -> String {
-    let mut names: Vec<&String> = b.ops.keys().chain(a.ops.keys()).collect();
+fn table(r: &OptimizeFileReport) -> String {
+    let mut names: Vec<&String> = r.ops_before.keys().chain(r.ops_after.keys()).collect();
     names.sort();
     names.dedup();
     let mut out = format!("{:<28} {:>12} {:>12}\n", "", "input", "output");
     for n in names {
         let (x, y) = (
-            b.ops.get(n).copied().unwrap_or(0),
-            a.ops.get(n).copied().unwrap_or(0),
+            r.ops_before.get(n).copied().unwrap_or(0),
+            r.ops_after.get(n).copied().unwrap_or(0),
         );
         let mark = if x != y { " *" } else { "" };
         out += &format!("{:<28} {:>12} {:>12}{mark}\n", n, x, y);
     }
-    out += &format!("{:<28} {:>12} {:>12}\n", "nodes", b.nodes, a.nodes);
     out += &format!(
         "{:<28} {:>12} {:>12}\n",
-        "initializers", b.initializers, a.initializers
+        "nodes", r.nodes_before, r.nodes_after
+    );
+    out += &format!(
+        "{:<28} {:>12} {:>12}\n",
+        "initializers", r.initializers_before, r.initializers_after
     );
     out += &format!(
         "{:<28} {:>12} {:>12}\n",
         "initializer bytes",
-        human_bytes(b.initializer_bytes),
-        human_bytes(a.initializer_bytes)
+        human_bytes(r.initializer_bytes_before),
+        human_bytes(r.initializer_bytes_after)
     );
     out += &format!(
         "{:<28} {:>12} {:>12}\n",
         "file size",
-        human_bytes(in_size),
-        human_bytes(out_size)
+        human_bytes(r.file_bytes_before),
+        human_bytes(r.file_bytes_after)
     );
     out
 }
 
 /// Which fusions fired, and the opset change.
-fn fusions(r: &OptimizeReport) -> String {
+fn fusions(r: &OptimizeFileReport) -> String {
     let mut out = String::new();
     if r.opset_before != r.opset_after {
         out += &format!(

@@ -4,14 +4,10 @@
 //! turns arguments into those calls and prints what they return.
 
 use crate::util::{human_bytes, json_text, print_out};
-use graphopt::plan::{
-    check_graph_plan, check_plan, default_node_budget, plan_intervals, read_minimalloc_csv,
-    DimValues, IntervalOptions, PlanOptions,
-};
-use graphopt::{Error, PlanRequest};
+use graphopt::plan::DimValues;
+use graphopt::{Error, IntervalRequest, PlanRequest, PlanSettings};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -113,18 +109,8 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             shapes,
             default: Some(a.default_dim),
         },
-        options: PlanOptions {
-            alignment: a.alignment.unwrap_or(256).max(1),
-            reorder: !a.no_reorder,
-            search: true,
-            time_limit: a.time_limit.map(Duration::from_secs_f64),
-            node_budget: a.nodes.unwrap_or(200_000),
-            threads: a
-                .threads
-                .unwrap_or_else(graphopt::plan::default_threads)
-                .max(1),
-            strict: a.strict,
-        },
+        options: settings(&a).options()?,
+        verify: a.verify,
     };
     let budget = a
         .budget
@@ -143,7 +129,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             &req.dims,
             a.batch_dim.as_deref(),
             budget,
-            std::time::Duration::from_secs(10),
+            std::time::Duration::from_secs_f64(graphopt::REMAT_TIME_LIMIT_S),
         )?),
         _ => None,
     };
@@ -159,19 +145,8 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     let batch = max_batch
         .as_ref()
         .map(|mb| (mb.dim.clone(), mb.batch, mb.budget));
+    // `req.verify`: the library checked the plan independently.
     let (model, plan, dims) = (&planned.model, &planned.plan, &planned.dims);
-    if a.verify {
-        check_graph_plan(&model.graph, plan).map_err(|errs| {
-            Error::new(format!(
-                "{}: plan check failed: {}",
-                input.display(),
-                errs.iter()
-                    .map(|e| e.0.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ))
-        })?;
-    }
     if let Some(path) = &a.svg {
         let svg =
             graphopt::plan::svg::model_svg(model, plan).map_err(|e| session_err(&input, e))?;
@@ -316,90 +291,63 @@ pub fn run(a: Args) -> graphopt::Result<()> {
 }
 
 fn run_intervals(a: &Args, csv: &Path) -> graphopt::Result<()> {
-    let text = std::fs::read_to_string(csv)
-        .map_err(|e| Error::new(format!("{}: cannot read: {e}", csv.display())))?;
-    let bufs = read_minimalloc_csv(&text).map_err(|e| session_err(csv, e))?;
-    let align = a.alignment.unwrap_or(1).max(1);
-    let opts = IntervalOptions {
-        alignment: align,
-        search: true,
-        node_budget: a.nodes.unwrap_or(default_node_budget(bufs.len())),
-        time_limit: a.time_limit.map(Duration::from_secs_f64),
-        target: a.capacity,
-        threads: a
-            .threads
-            .unwrap_or_else(graphopt::plan::default_threads)
-            .max(1),
-    };
-    let plan = plan_intervals(&bufs, &opts);
-    if a.verify {
-        check_plan(&bufs, &plan.offsets, plan.arena, align, &[]).map_err(|errs| {
-            Error::new(format!(
-                "{}: plan check failed: {}",
-                csv.display(),
-                errs.iter()
-                    .map(|e| e.0.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ))
-        })?;
-    }
-    let naive: u64 = bufs
-        .iter()
-        .filter(|b| b.is_live())
-        .map(|b| graphopt::plan::align_up(b.size, align))
-        .sum();
+    let r = graphopt::plan_intervals_file(
+        csv,
+        &IntervalRequest {
+            settings: settings(a),
+            capacity: a.capacity,
+            verify: a.verify,
+        },
+    )?;
     if let Some(path) = &a.svg {
         let svg = graphopt::plan::svg::intervals_svg(
             &csv.display().to_string(),
-            &bufs,
-            &plan.offsets,
-            plan.arena,
-            plan.lower_bound,
+            &r.buffers,
+            &r.offsets,
+            r.arena_bytes,
+            r.lower_bound_bytes,
         );
         graphopt::util::write_atomic(path, svg.as_bytes())?;
     }
     if a.json {
-        let tensors: Vec<serde_json::Value> = bufs
-            .iter()
-            .zip(&plan.offsets)
-            .map(|(b, &o)| {
-                json!({"name": b.id.to_string(), "size": b.size, "offset": o, "first": b.lower, "last": b.upper - 1})
-            })
-            .collect();
-        let v = json!({
-            "naive_bytes": naive,
-            "lower_bound_bytes": plan.lower_bound,
-            "arena_bytes": plan.arena,
-            "alignment": align,
-            "greedy_bytes": plan.greedy_arena,
-            "strategy": plan.strategy,
-            "optimal": plan.optimal,
-            "nodes": plan.nodes,
-            "verified": a.verify,
-            "tensors": tensors,
-        });
-        print_out(&json_text(&v)?);
+        print_out(&json_text(&r)?);
         return Ok(());
     }
     let mut out = String::new();
-    out += &format!("intervals: {} ({} buffers)\n", csv.display(), bufs.len());
-    out += &format!("lower bound:      {} B\n", plan.lower_bound);
+    out += &format!(
+        "intervals: {} ({} buffers)\n",
+        csv.display(),
+        r.buffers.len()
+    );
+    out += &format!("lower bound:      {} B\n", r.lower_bound_bytes);
     out += &format!(
         "arena:            {} B  = {:.4}x the bound{} ({})\n",
-        plan.arena,
-        plan.arena as f64 / plan.lower_bound.max(1) as f64,
-        if plan.optimal { ", optimal" } else { "" },
-        plan.strategy
+        r.arena_bytes,
+        r.arena_bytes as f64 / r.lower_bound_bytes.max(1) as f64,
+        if r.optimal { ", optimal" } else { "" },
+        r.strategy
     );
-    out += &format!("best greedy:      {} B\n", plan.greedy_arena);
-    out += &format!("naive (no reuse): {naive} B\n");
-    out += &format!("alignment:        {align} B\n");
+    out += &format!("best greedy:      {} B\n", r.greedy_bytes);
+    out += &format!("naive (no reuse): {} B\n", r.naive_bytes);
+    out += &format!("alignment:        {} B\n", r.alignment);
     if a.verify {
         out += "verify: ok (independent checker)\n";
     }
     print_out(&out);
     Ok(())
+}
+
+/// The planner settings the arguments give (the library fills defaults
+/// and range-checks them).
+fn settings(a: &Args) -> PlanSettings {
+    PlanSettings {
+        alignment: a.alignment,
+        node_budget: a.nodes,
+        threads: a.threads,
+        time_limit: a.time_limit,
+        no_reorder: a.no_reorder,
+        strict: a.strict,
+    }
 }
 
 /// `path: error`.

@@ -74,9 +74,9 @@ impl QuantizeArgs {
         let Some(mode) = &self.quantize else {
             return Ok(None);
         };
-        let mode = QuantizeMode::parse(mode).map_err(|e| graphopt::Error::new(e.0))?;
+        let mode = QuantizeMode::parse(mode)?;
         Ok(Some(QuantizeOptions {
-            calibration: self.calibration.clone(),
+            calibration: self.calibration.clone().map(Into::into),
             dims: dims.to_vec(),
             calibrate: Calibrate::parse(&self.calibrate)?,
             per_channel: !self.per_tensor,

@@ -6,7 +6,6 @@ use crate::util::{human_bytes, json_text, print_out};
 use graphopt::plan::DimValues;
 use graphopt::{Budget, Error, RematOptions, RematStrategy};
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -23,11 +22,12 @@ pub struct Args {
     /// Bind a symbolic dim (NAME=VALUE), repeatable; others are 1.
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
-    /// auto | optimal | fast | sqrt | per-block.
-    #[arg(long, default_value = "auto")]
-    strategy: String,
+    /// auto | optimal | fast | sqrt | per-block (default auto; with
+    /// --sweep, default auto, fast, sqrt and per-block side by side).
+    #[arg(long)]
+    strategy: Option<String>,
     /// Seconds one solve may take (the exact solver returns its best).
-    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    #[arg(long, value_name = "S", default_value_t = graphopt::REMAT_TIME_LIMIT_S)]
     time_limit: f64,
     /// Print the report as JSON.
     #[arg(long)]
@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long)]
     sweep: bool,
     /// Budgets per frontier with --sweep.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = graphopt::SWEEP_POINTS)]
     points: usize,
     /// Write an SVG: the frontier, and the memory timeline before (and
     /// after, when rewriting).
@@ -49,31 +49,17 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> graphopt::Result<()> {
-    let strategy = RematStrategy::parse(&a.strategy).ok_or_else(|| {
-        Error::new(format!(
-            "unknown strategy '{}' (auto, optimal, fast, sqrt, per-block)",
-            a.strategy
-        ))
-    })?;
-    if !(a.time_limit > 0.0 && a.time_limit.is_finite()) {
-        return Err(Error::new(
-            "--time-limit must be a positive number of seconds",
-        ));
-    }
-    let time_limit = Duration::from_secs_f64(a.time_limit);
+    let strategy = a
+        .strategy
+        .as_deref()
+        .map(graphopt::parse_strategy)
+        .transpose()?;
+    let time_limit = graphopt::util::seconds("--time-limit", a.time_limit)?;
     let dims = DimValues::new(&graphopt::util::parse_dims(&a.dims)?);
     let mut session = graphopt::load(&a.input)?;
     if a.sweep {
-        let strategies: Vec<RematStrategy> = if a.strategy == "auto" {
-            vec![
-                RematStrategy::Auto,
-                RematStrategy::Fast,
-                RematStrategy::Sqrt,
-                RematStrategy::PerBlock,
-            ]
-        } else {
-            vec![strategy]
-        };
+        // No --strategy: the library's sweep set (graphopt::SWEEP_STRATEGIES).
+        let strategies: Vec<RematStrategy> = strategy.into_iter().collect();
         let s = session.remat_sweep(&dims, &strategies, a.points, time_limit)?;
         if a.json {
             print_out(&json_text(&s)?);
@@ -130,7 +116,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     let r = session.remat(&RematOptions {
         budget,
         dims: dims.clone(),
-        strategy,
+        strategy: strategy.unwrap_or(RematStrategy::Auto),
         time_limit,
     })?;
     session.save(output)?;

@@ -56,19 +56,17 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             DeviceArg::Cpu => Device::Cpu,
             DeviceArg::Cuda => Device::Cuda,
         },
-        repeat: a.repeat.max(1),
+        repeat: a.repeat,
         poison: a.poison,
         threads: a.threads,
         tamper: None,
     };
     let r = session.run(&opts)?;
     if let Some(out) = &a.output {
-        let arrays: Vec<_> = r
-            .output_names
-            .iter()
-            .cloned()
-            .zip(r.outputs.iter().cloned())
-            .collect();
+        let arrays = r
+            .named_outputs()
+            .map(|(n, t)| Ok((n.to_string(), graphopt::to_tract(t)?)))
+            .collect::<graphopt::Result<Vec<_>>>()?;
         let bytes = graphopt::tract::npz::write(&arrays)
             .map_err(|e| Error::new(format!("{}: {e:#}", out.display())))?;
         graphopt::util::write_atomic(out, &bytes)?;
@@ -154,16 +152,9 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             );
         }
         for (n, t) in r.output_names.iter().zip(&r.outputs) {
-            s += &format!("output      {n}: {:?} {:?}\n", t.datum_type(), t.shape());
+            s += &format!("output      {n}: {:?} {:?}\n", t.dtype, t.shape);
         }
         print_out(&s);
     }
-    match &r.poison {
-        Some(p) if !p.ok => Err(Error::new(format!(
-            "{}: poison reached output(s) {}: the plan frees or overlaps a tensor that is still read",
-            a.input.display(),
-            p.poisoned_outputs.join(", ")
-        ))),
-        _ => Ok(()),
-    }
+    r.outcome()
 }

@@ -70,7 +70,7 @@ fn max_error_falls_back_to_float_and_refuses_what_it_cannot_reach() {
     let path = model("bert_tiny.ts14.onnx");
     let calib = model("bert_tiny.ts14.inputs.npz");
     let opts = |e: f64| graphopt::QuantizeOptions {
-        calibration: Some(calib.clone()),
+        calibration: Some(calib.clone().into()),
         max_error: Some(e),
         ..graphopt::QuantizeOptions::new(graphopt::QuantizeMode::Int4Weights)
     };
@@ -78,7 +78,7 @@ fn max_error_falls_back_to_float_and_refuses_what_it_cannot_reach() {
     let mut s = graphopt::load(&path).unwrap();
     let free = s
         .quantize(&graphopt::QuantizeOptions {
-            calibration: Some(calib.clone()),
+            calibration: Some(calib.clone().into()),
             ..graphopt::QuantizeOptions::new(graphopt::QuantizeMode::Int4Weights)
         })
         .unwrap();
@@ -172,7 +172,7 @@ fn percentile_and_entropy_ranges_sit_inside_minmax() {
         let mut s = graphopt::load(&path).unwrap();
         let r = s
             .quantize(&graphopt::QuantizeOptions {
-                calibration: Some(calib.clone()),
+                calibration: Some(calib.clone().into()),
                 calibrate: graphopt::Calibrate::parse(c).unwrap(),
                 ..graphopt::QuantizeOptions::new(graphopt::QuantizeMode::Static)
             })

@@ -74,7 +74,7 @@ impl Session {
             .materialize(&self.model)
             .map_err(|e| self.err(e))?;
         let reference = run_in_tract(&self.model, &[], &inputs)
-            .map_err(|e| self.err(Error::new(format!("tract cannot run it: {e}"))))?;
+            .map_err(|e| self.err(Error::runtime(format!("tract cannot run it: {e}"))))?;
         // The candidate's inputs by name (it may order them differently).
         let names_a = runtime_input_names(&self.model);
         let names_b = runtime_input_names(&other.model);
@@ -89,7 +89,7 @@ impl Session {
             inputs_b.push(inputs[i].clone());
         }
         let got = run_in_tract(&other.model, &[], &inputs_b)
-            .map_err(|e| other.err(Error::new(format!("tract cannot run it: {e}"))))?;
+            .map_err(|e| other.err(Error::runtime(format!("tract cannot run it: {e}"))))?;
         // Outputs matched by name.
         let out_a = output_names(&self.model);
         let out_b = output_names(&other.model);

@@ -13,6 +13,118 @@ use graphopt_tract::TractTensor;
 use serde::Serialize;
 use std::collections::HashSet;
 
+/// An optimizer as the front ends name it: a name and the hyperparameters
+/// given, the rest taken from torch's defaults ([`OptimizerSpec::build`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OptimizerSpec {
+    /// `none`, `sgd` or `adamw`.
+    pub name: String,
+    /// Default: sgd 0.01, adamw 0.001.
+    pub lr: Option<f64>,
+    /// Default: sgd 0 (added to the gradient as `wd·p`), adamw 0.01
+    /// (decoupled, `p·(1 - lr·wd)`), as torch.optim's.
+    pub weight_decay: Option<f64>,
+    /// AdamW's (β1, β2); default (0.9, 0.999).
+    pub betas: Option<(f64, f64)>,
+    /// AdamW's ε; default 1e-8.
+    pub eps: Option<f64>,
+}
+
+impl OptimizerSpec {
+    pub fn named(name: &str) -> OptimizerSpec {
+        OptimizerSpec {
+            name: name.to_string(),
+            ..OptimizerSpec::default()
+        }
+    }
+
+    /// The optimizer, with every hyperparameter range-checked.
+    pub fn build(&self) -> Result<Optimizer> {
+        let check = |what: &str, v: f64, ok: bool, want: &str| {
+            if ok && v.is_finite() {
+                Ok(v)
+            } else {
+                Err(Error::new(format!("{what} {v}: expected {want}")))
+            }
+        };
+        let lr = |default: f64| {
+            let v = self.lr.unwrap_or(default);
+            check("learning rate", v, v > 0.0, "a number > 0")
+        };
+        let wd = |default: f64| {
+            let v = self.weight_decay.unwrap_or(default);
+            check("weight decay", v, v >= 0.0, "a number >= 0")
+        };
+        let name = self.name.trim().to_ascii_lowercase();
+        if name != "adamw" && (self.betas.is_some() || self.eps.is_some()) {
+            return Err(Error::new(format!(
+                "betas and eps are AdamW's; optimizer '{name}' takes lr and weight decay"
+            )));
+        }
+        Ok(match name.as_str() {
+            "none" | "" => {
+                if self.lr.is_some() || self.weight_decay.is_some() {
+                    return Err(Error::new(
+                        "lr and weight decay need an optimizer (sgd or adamw)",
+                    ));
+                }
+                Optimizer::None
+            }
+            "sgd" => Optimizer::Sgd {
+                lr: lr(0.01)? as f32,
+                weight_decay: wd(0.0)? as f32,
+            },
+            "adamw" => {
+                let (b1, b2) = self.betas.unwrap_or((0.9, 0.999));
+                for (i, b) in [b1, b2].into_iter().enumerate() {
+                    check(
+                        &format!("beta{}", i + 1),
+                        b,
+                        (0.0..1.0).contains(&b),
+                        "0 <= beta < 1",
+                    )?;
+                }
+                let eps = self.eps.unwrap_or(1e-8);
+                Optimizer::AdamW {
+                    lr: lr(1e-3)?,
+                    beta1: b1,
+                    beta2: b2,
+                    eps: check("eps", eps, eps > 0.0, "a number > 0")?,
+                    weight_decay: wd(1e-2)?,
+                }
+            }
+            other => {
+                return Err(Error::new(format!(
+                    "unknown optimizer '{other}' (none, sgd, adamw)"
+                )))
+            }
+        })
+    }
+}
+
+/// `B1,B2` (the CLI's `--betas`) as a pair.
+pub fn parse_betas(s: &str) -> Result<(f64, f64)> {
+    let bad = || Error::new(format!("--betas wants two numbers B1,B2, got '{s}'"));
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|b| b.trim().parse::<f64>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| bad())?;
+    match v[..] {
+        [a, b] => Ok((a, b)),
+        _ => Err(bad()),
+    }
+}
+
+/// A loss by name, or an error listing the names.
+pub fn parse_loss(s: &str) -> Result<Loss> {
+    Loss::parse(s).ok_or_else(|| {
+        Error::new(format!(
+            "unknown loss '{s}' (sum, mean, mse, l1, cross_entropy)"
+        ))
+    })
+}
+
 /// What [`Session::grad`] builds.
 #[derive(Clone, Debug)]
 pub struct GradOptions {
@@ -116,7 +228,12 @@ impl Session {
     /// Replaces the model by its training graph (see `graphopt-autodiff`),
     /// simplifies it with the default pipeline, and reports its forward and
     /// backward sizes, what the backward pass keeps alive, and its plan.
+    /// Whole or not at all: on an error the session is as it was.
     pub fn grad(&mut self, opts: &GradOptions) -> Result<GradReport> {
+        self.transact(|s| s.grad_step(opts))
+    }
+
+    fn grad_step(&mut self, opts: &GradOptions) -> Result<GradReport> {
         // The rules emit opset-13 ops (ReduceSum's axes as an input, ...):
         // older models are raised first with `upgrade_opset`.
         let mut opset_upgraded = None;

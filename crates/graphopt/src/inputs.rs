@@ -1,6 +1,8 @@
 //! Where the inputs of a numerical comparison come from.
 
 use crate::error::{Error, Result};
+use crate::run::{to_host, to_tract};
+use graphopt_exec::HostTensor;
 use graphopt_ir::Model;
 use graphopt_tract::TractTensor;
 use std::path::PathBuf;
@@ -18,8 +20,11 @@ pub enum Inputs {
     },
     /// Arrays named like the model's inputs in a numpy `.npz` (`np.savez`).
     Npz(PathBuf),
-    /// Tensors in the order of the model's runtime inputs.
-    Tensors(Vec<TractTensor>),
+    /// Tensors in the order of the model's runtime inputs (graph inputs
+    /// without an initializer).
+    Tensors(Vec<HostTensor>),
+    /// Tensors by input name: every runtime input, and no other name.
+    Named(Vec<(String, HostTensor)>),
 }
 
 impl Default for Inputs {
@@ -42,7 +47,21 @@ impl Inputs {
         }
     }
 
-    /// The tensors for `model`'s runtime inputs, and a label for reports.
+    /// The host tensors for `model`'s runtime inputs, and a label for
+    /// reports; given tensors are taken as they are (no copy through tract).
+    pub fn host(&self, model: &Model) -> Result<(Vec<HostTensor>, String)> {
+        match self {
+            Inputs::Tensors(t) => Ok((t.clone(), "given tensors".into())),
+            Inputs::Named(named) => Ok((by_name(model, named)?, "given tensors".into())),
+            _ => {
+                let (t, label) = self.materialize(model)?;
+                Ok((t.iter().map(to_host).collect::<Result<_>>()?, label))
+            }
+        }
+    }
+
+    /// The tensors for `model`'s runtime inputs as tract's, for the
+    /// reference executor, and a label for reports.
     pub fn materialize(&self, model: &Model) -> Result<(Vec<TractTensor>, String)> {
         match self {
             Inputs::Random {
@@ -57,7 +76,45 @@ impl Inputs {
                 graphopt_tract::npz::read_inputs(p, model).map_err(Error::from)?,
                 p.display().to_string(),
             )),
-            Inputs::Tensors(t) => Ok((t.clone(), "given tensors".into())),
+            Inputs::Tensors(t) => Ok((
+                t.iter().map(to_tract).collect::<Result<_>>()?,
+                "given tensors".into(),
+            )),
+            Inputs::Named(named) => Ok((
+                by_name(model, named)?
+                    .iter()
+                    .map(to_tract)
+                    .collect::<Result<_>>()?,
+                "given tensors".into(),
+            )),
         }
     }
+}
+
+/// `named` in the order of `model`'s runtime inputs: each exactly once, no
+/// name the model lacks.
+fn by_name(model: &Model, named: &[(String, HostTensor)]) -> Result<Vec<HostTensor>> {
+    let g = &model.graph;
+    let names: Vec<&str> = g.runtime_inputs().map(|v| g.name(v)).collect();
+    if let Some((k, _)) = named.iter().find(|(k, _)| !names.contains(&k.as_str())) {
+        return Err(Error::new(format!(
+            "'{k}' is not an input of the model (inputs: {})",
+            names.join(", ")
+        )));
+    }
+    names
+        .iter()
+        .map(|n| {
+            named
+                .iter()
+                .find(|(k, _)| k == n)
+                .map(|(_, t)| t.clone())
+                .ok_or_else(|| {
+                    Error::new(format!(
+                        "input '{n}' is missing (inputs: {})",
+                        names.join(", ")
+                    ))
+                })
+        })
+        .collect()
 }

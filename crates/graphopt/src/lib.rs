@@ -27,10 +27,17 @@
 //! # }
 //! ```
 //!
-//! Defaults equal the command's: the default pipeline runs to a fixed point
-//! (at most [`DEFAULT_MAX_ROUNDS`] rounds), the verifier runs after every
-//! pass, and [`Session::save`] writes external data when the input used it
-//! or the model would pass protobuf's 2 GiB limit.
+//! Every policy and default is here, and the command and the Python package
+//! take them as they are: the default pipeline runs to a fixed point (at
+//! most [`DEFAULT_MAX_ROUNDS`] rounds); the verifier runs after every pass
+//! in debug builds and with [`PipelineOptions::verify`], else once after
+//! the last pass; [`OptimizeOptions::skip`] `None` leaves
+//! [`PRECISION_SKIP`] out before precision lowering; [`Session::save`]
+//! writes external data when the input used it or the model would pass
+//! protobuf's 2 GiB limit.
+//!
+//! A step that fails leaves the session as it was. Errors carry an
+//! [`ErrorKind`] and their cause ([`Error`]).
 //!
 //! The crates below the facade stay usable on their own and are re-exported
 //! here: [`ir`] (the IR), [`onnx`] (import/export), [`text`] (ONNX text),
@@ -42,6 +49,7 @@ mod error;
 mod grad;
 mod inputs;
 mod inspect;
+mod intervals;
 mod optimize;
 mod plan_json;
 mod precision;
@@ -54,35 +62,38 @@ pub mod util;
 pub use check::{
     compare_outputs, same_bits, CheckOptions, CheckReport, OutputDiff, Scale, Tolerance,
 };
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use grad::{
-    grad_check, initial_state_npz, tensor_f64s, AutodiffOptions, GradCheck, GradOptions,
-    GradReport, Loss, Optimizer, SavedValue,
+    grad_check, initial_state_npz, parse_betas, parse_loss, tensor_f64s, AutodiffOptions,
+    GradCheck, GradOptions, GradReport, Loss, Optimizer, OptimizerSpec, SavedValue,
 };
+pub use graphopt_exec::HostTensor;
 pub use graphopt_passes::remat::Strategy as RematStrategy;
 pub use inputs::Inputs;
 pub use inspect::{Inspection, IoInfo};
+pub use intervals::{plan_intervals_file, IntervalRequest, IntervalsReport, PlacedBuffer};
 pub use optimize::{
-    OptimizeOptions, OptimizeReport, PassRunReport, PipelineOptions, Summary, DEFAULT_MAX_ROUNDS,
-    PRECISION_SKIP,
+    optimize_file, MemoryBeforeAfter, OptimizeFileOptions, OptimizeFileReport, OptimizeOptions,
+    OptimizeReport, PassRunReport, PipelineOptions, Summary, DEFAULT_MAX_ROUNDS, PRECISION_SKIP,
 };
 pub use plan_json::{max_batch_json, plan_json};
 pub use precision::{
-    Clamped, KeptSensitive, KeptWeight, MemoryFigures, PrecisionOptions, PrecisionReport,
-    ValidateOptions, Validation, ValidationCheck,
+    parse_validate_mode, Clamped, KeptSensitive, KeptWeight, MemoryFigures, PrecisionOptions,
+    PrecisionReport, ValidateOptions, Validation, ValidationCheck,
 };
 pub use quantize::{
-    dequantize_constants, entropy_threshold, Calibrate, KeptFloat, KeptOp, QuantError,
+    dequantize_constants, entropy_threshold, Calibrate, Calibration, KeptFloat, KeptOp, QuantError,
     QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight,
 };
 pub use remat::{
-    remat_svg, Budget, FrontierPoint, RematOptions, RematReport, RematSweep, StrategyFrontier,
+    parse_strategy, remat_svg, Budget, FrontierPoint, RematOptions, RematReport, RematSweep,
+    StrategyFrontier, REMAT_TIME_LIMIT_S, SWEEP_POINTS, SWEEP_STRATEGIES,
 };
 pub use run::{
     cuda_unavailable, peak_rss_bytes, to_host, to_tract, CudaReport, Device, PoisonReport,
     RunOptions, RunReport, Runner,
 };
-pub use session::{load, PlanRequest, SaveOptions, Session};
+pub use session::{load, PlanRequest, PlanSettings, SaveOptions, Session};
 
 pub use graphopt_autodiff as autodiff;
 pub use graphopt_exec as exec;

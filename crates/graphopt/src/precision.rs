@@ -77,6 +77,18 @@ impl PrecisionOptions {
     }
 }
 
+/// `strict` or `best-effort` (`--validate[=MODE]`): whether a validation
+/// that cannot run is a note rather than an error.
+pub fn parse_validate_mode(mode: &str) -> Result<bool> {
+    match mode {
+        "strict" => Ok(false),
+        "best-effort" | "best_effort" => Ok(true),
+        other => Err(Error::new(format!(
+            "validate={other}: expected strict or best-effort"
+        ))),
+    }
+}
+
 /// How to validate a lowering.
 #[derive(Clone, Debug)]
 pub struct ValidateOptions {
@@ -247,7 +259,15 @@ pub struct PrecisionReport {
 impl Session {
     /// Lowers the model to fp16/bf16 compute (or fp16 storage), through the
     /// pass manager, validating and falling back to fp32 where asked.
+    /// Whole or not at all: on an error the session is as it was.
     pub fn lower_precision(&mut self, opts: &PrecisionOptions) -> Result<PrecisionReport> {
+        self.transact(|s| s.lower_precision_step(opts))
+    }
+
+    pub(crate) fn lower_precision_step(
+        &mut self,
+        opts: &PrecisionOptions,
+    ) -> Result<PrecisionReport> {
         let mut base = LowerPrecision {
             precision: opts.precision,
             keep_io_types: opts.keep_io_types,
@@ -279,7 +299,7 @@ impl Session {
             match self.validate_lowering(&base, v) {
                 Ok((c, val)) => {
                     if !val.ok && !v.force {
-                        return Err(self.err(Error::new(format!(
+                        return Err(self.err(Error::tolerance(format!(
                             "--validate: the {} model is NOT within tolerance (rtol {}, atol {}) on {} inputs: {}{}; nothing was lowered (--force keeps it anyway)",
                             opts.precision.name(),
                             v.rtol,
@@ -383,7 +403,7 @@ impl Session {
             let mut m = self.model.clone();
             let r = lp.lower(&mut m)?;
             graphopt_ir::verify::verify_model(&m)
-                .map_err(|e| Error::new(format!("after lower_precision: IR is invalid: {e}")))?;
+                .map_err(|e| Error::verify(format!("after lower_precision: IR is invalid: {e}")))?;
             Ok((m, r))
         };
         validator.fallback(base, &lower, label)
@@ -554,7 +574,7 @@ type Lowering<'a> = dyn Fn(&LowerPrecision) -> Result<(Model, LowerReport)> + 'a
 impl Validator {
     fn new(model: &Model, inputs: Vec<TractTensor>, rtol: f64, atol: f64) -> Result<Validator> {
         let reference = run_in_tract(model, &[], &inputs)
-            .map_err(|e| Error::new(format!("tract cannot run the fp32 model: {e:#}")))?;
+            .map_err(|e| Error::runtime(format!("tract cannot run the fp32 model: {e:#}")))?;
         let names = intermediates(model, DType::F32);
         let finite = match run_in_tract(model, &names, &inputs) {
             Ok(outs) => names

@@ -17,6 +17,7 @@
 
 use crate::check::{compare_outputs, output_names, run_in_tract, Scale, Tolerance};
 use crate::error::{Error, Result};
+use crate::inputs::Inputs;
 use crate::optimize::PipelineOptions;
 use crate::precision::{memory, MemoryFigures};
 use crate::session::Session;
@@ -77,13 +78,30 @@ impl Calibrate {
     }
 }
 
+/// Where calibration batches come from.
+#[derive(Clone, Debug)]
+pub enum Calibration {
+    /// One npz per batch of graph inputs, or a directory of them (read in
+    /// name order).
+    Files(PathBuf),
+    /// Batches in memory, each the model's runtime inputs (by name or in
+    /// order), as a Python iterable of dicts gives them.
+    Batches(Vec<Inputs>),
+}
+
+impl From<PathBuf> for Calibration {
+    fn from(p: PathBuf) -> Calibration {
+        Calibration::Files(p)
+    }
+}
+
 /// What [`Session::quantize`] does.
 #[derive(Clone, Debug)]
 pub struct QuantizeOptions {
     pub mode: QuantMode,
-    /// One npz per batch of graph inputs, or a directory of them (read in
-    /// name order). `None`: seeded random inputs (4 batches), with a warning.
-    pub calibration: Option<PathBuf>,
+    /// The calibration batches. `None`: seeded random inputs (4
+    /// batches), with a warning.
+    pub calibration: Option<Calibration>,
     /// Symbolic dims of the random calibration inputs (others 4).
     pub dims: Vec<(String, i64)>,
     pub calibrate: Calibrate,
@@ -215,9 +233,13 @@ pub struct QuantizeReport {
 }
 
 impl Session {
-    /// Quantizes the model (see the module doc). An error leaves the
-    /// session unchanged.
+    /// Quantizes the model (see the module doc). Whole or not at all: an
+    /// error leaves the session unchanged.
     pub fn quantize(&mut self, opts: &QuantizeOptions) -> Result<QuantizeReport> {
+        self.transact(|s| s.quantize_step(opts))
+    }
+
+    pub(crate) fn quantize_step(&mut self, opts: &QuantizeOptions) -> Result<QuantizeReport> {
         opts.validate()?;
         let t0 = Instant::now();
         let mut warnings = Vec::new();
@@ -449,7 +471,23 @@ impl Session {
         opts: &QuantizeOptions,
     ) -> Result<(Vec<Vec<TractTensor>>, String)> {
         match &opts.calibration {
-            Some(p) if p.is_dir() => {
+            Some(Calibration::Batches(batches)) => {
+                if batches.is_empty() {
+                    return Err(Error::new("calibration: no batch given"));
+                }
+                let b = batches
+                    .iter()
+                    .enumerate()
+                    .map(|(i, inputs)| {
+                        inputs
+                            .materialize(&self.model)
+                            .map(|(t, _)| t)
+                            .map_err(|e| e.within(&format!("calibration batch {i}")))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((b, format!("{} batches in memory", batches.len())))
+            }
+            Some(Calibration::Files(p)) if p.is_dir() => {
                 let mut files: Vec<PathBuf> = std::fs::read_dir(p)
                     .map_err(|e| Error::new(format!("{}: {e}", p.display())))?
                     .filter_map(|e| e.ok().map(|e| e.path()))
@@ -468,7 +506,7 @@ impl Session {
                     .collect::<Result<Vec<_>>>()?;
                 Ok((b, format!("{} ({} batches)", p.display(), files.len())))
             }
-            Some(p) => Ok((
+            Some(Calibration::Files(p)) => Ok((
                 vec![graphopt_tract::npz::read_inputs(p, &self.model).map_err(Error::from)?],
                 p.display().to_string(),
             )),

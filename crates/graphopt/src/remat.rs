@@ -140,6 +140,34 @@ pub struct RematSweep {
     pub timeline_before: Vec<u64>,
 }
 
+/// Seconds one recomputation solve may take by default (the exact solver
+/// returns its best when it runs out), for every front end.
+pub const REMAT_TIME_LIMIT_S: f64 = 10.0;
+
+/// Budgets per strategy that [`Session::remat_sweep`] tries by default.
+pub const SWEEP_POINTS: usize = 10;
+
+/// A strategy by name, or an error listing the names.
+pub fn parse_strategy(s: &str) -> Result<Strategy> {
+    Strategy::parse(s).ok_or_else(|| {
+        Error::new(format!(
+            "unknown strategy '{s}' (auto, optimal, fast, sqrt, per-block)"
+        ))
+    })
+}
+
+/// The strategies [`Session::remat_sweep`] compares when none is named:
+/// `auto` (the exact solver within its time limit, else `fast`), `fast`
+/// (the greedy walk), and the two fixed schemes users know, `sqrt`
+/// (Chen et al.'s sqrt(n) segments) and `per-block`. `optimal` is left out:
+/// `auto` already runs it where it finishes.
+pub const SWEEP_STRATEGIES: &[Strategy] = &[
+    Strategy::Auto,
+    Strategy::Fast,
+    Strategy::Sqrt,
+    Strategy::PerBlock,
+];
+
 /// The training graph with shapes at the dims, its problem and baseline.
 struct Prepared {
     inferred: Model,
@@ -197,7 +225,7 @@ impl Session {
         let mut model = self.model.clone();
         let rw = remat::rewrite(&mut model.graph, p, &drop).map_err(|e| self.err(e))?;
         graphopt_ir::verify::verify_model(&model)
-            .map_err(|e| self.err(Error::new(format!("after recomputing pointwise ops: {e}"))))?;
+            .map_err(|e| self.err(Error::verify(format!("after recomputing pointwise ops: {e}"))))?;
         let after = plan_model(&model, dims, &popts).map_err(|e| self.err(e))?;
         if after.plan.lower_bound_bytes > pre.lower_bound {
             return Ok(0);
@@ -208,8 +236,14 @@ impl Session {
 
     /// Rewrites the (training) model so that its peak memory fits
     /// `opts.budget`, and schedules it: see the module docs. Refuses a
-    /// budget below what recomputation can reach, naming that minimum.
+    /// budget below what recomputation can reach, naming that minimum
+    /// ([`crate::ErrorKind::Budget`]). Whole or not at all: on an error the
+    /// session is as it was.
     pub fn remat(&mut self, opts: &RematOptions) -> Result<RematReport> {
+        self.transact(|s| s.remat_step(opts))
+    }
+
+    fn remat_step(&mut self, opts: &RematOptions) -> Result<RematReport> {
         let t0 = Instant::now();
         let pre = self.remat_prepare(&opts.dims)?;
         let budget = match opts.budget {
@@ -262,7 +296,7 @@ impl Session {
                     human_bytes(min)
                 )
             };
-            return Err(self.err(Error::new(msg)));
+            return Err(self.err(Error::budget(msg)));
         };
         let mut model = self.model.clone();
         let rw = remat::rewrite(&mut model.graph, p, &drop).map_err(|e| self.err(e))?;
@@ -273,7 +307,7 @@ impl Session {
             .set_order(after.plan.schedule.clone())
             .map_err(|e| self.err(e))?;
         graphopt_ir::verify::verify_model(&model)
-            .map_err(|e| self.err(Error::new(format!("after remat: {e}"))))?;
+            .map_err(|e| self.err(Error::verify(format!("after remat: {e}"))))?;
         let flops_after = cost::graph_flops(&after.model.graph);
         let timeline_after = timeline(&after.model.graph, &after.plan.schedule)?;
         self.model = model;
@@ -297,9 +331,9 @@ impl Session {
     }
 
     /// The Pareto frontier (planner's peak against extra FLOPs) of each
-    /// strategy in `strategies`, at `points` budgets between store-all and
-    /// the least reachable (`sqrt` and `per-block`: their strides). The
-    /// model is not changed.
+    /// strategy in `strategies` ([`SWEEP_STRATEGIES`] when empty), at
+    /// `points` budgets between store-all and the least reachable (`sqrt`
+    /// and `per-block`: their strides). The model is not changed.
     pub fn remat_sweep(
         &mut self,
         dims: &DimValues,
@@ -307,6 +341,16 @@ impl Session {
         points: usize,
         time_limit: Duration,
     ) -> Result<RematSweep> {
+        if points < 2 {
+            return Err(Error::new(format!(
+                "points {points}: a frontier needs at least 2 budgets"
+            )));
+        }
+        let strategies = if strategies.is_empty() {
+            SWEEP_STRATEGIES
+        } else {
+            strategies
+        };
         let pre = self.remat_prepare(dims)?;
         let p = &pre.problem;
         let mut frontiers = Vec::new();
@@ -393,7 +437,7 @@ impl Session {
         };
         let first = total(1)?;
         if first > budget {
-            return Err(self.err(Error::new(format!(
+            return Err(self.err(Error::budget(format!(
                 "the budget of {} is too small even for {name}=1 with recomputation (weights + arena = {})",
                 human_bytes(budget),
                 human_bytes(first)

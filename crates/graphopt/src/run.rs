@@ -37,6 +37,19 @@ pub enum Device {
     Cuda,
 }
 
+impl Device {
+    /// `cpu` or `cuda`.
+    pub fn parse(s: &str) -> Result<Device> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            other => Err(Error::new(format!(
+                "device '{other}': expected cpu or cuda"
+            ))),
+        }
+    }
+}
+
 /// Options of [`Session::run`].
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -93,7 +106,10 @@ pub struct RunReport {
     /// Output names, in graph order, and their values (of the last clean run).
     pub output_names: Vec<String>,
     #[serde(skip)]
-    pub outputs: Vec<TractTensor>,
+    pub outputs: Vec<HostTensor>,
+    /// The model's file, for messages.
+    #[serde(skip)]
+    pub model: String,
     pub repeat: usize,
     pub threads: usize,
     pub latency_best_ms: f64,
@@ -120,6 +136,30 @@ pub struct RunReport {
     /// Device figures of a `Device::Cuda` run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda: Option<CudaReport>,
+}
+
+impl RunReport {
+    /// The run's verdict: an [`crate::ErrorKind::Verify`] error when the
+    /// poison run changed an output (the plan freed or overlapped a tensor
+    /// still read). Front ends print the report first, then fail with it.
+    pub fn outcome(&self) -> Result<()> {
+        match &self.poison {
+            Some(p) if !p.ok => Err(Error::verify(format!(
+                "poison reached output(s) {}: the plan frees or overlaps a tensor that is still read",
+                p.poisoned_outputs.join(", ")
+            ))
+            .within(&self.model)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The outputs by name, in graph order.
+    pub fn named_outputs(&self) -> impl Iterator<Item = (&str, &HostTensor)> {
+        self.output_names
+            .iter()
+            .map(String::as_str)
+            .zip(&self.outputs)
+    }
 }
 
 /// What a CUDA run adds to [`RunReport`]: graphopt's whole device
@@ -242,12 +282,12 @@ impl Runner<'_> {
         let session = self.session;
         if opts.device == Device::Cuda {
             if opts.poison {
-                return Err(session.err(Error::new(
+                return Err(session.err(Error::unsupported(
                     "--poison runs on the CPU backend only (not yet with --device cuda)",
                 )));
             }
             if let Some(why) = cuda_unavailable() {
-                return Err(session.err(Error::new(format!("--device cuda: {why}"))));
+                return Err(session.err(Error::unsupported(format!("--device cuda: {why}"))));
             }
         }
         let inputs = match &opts.inputs {
@@ -260,9 +300,7 @@ impl Runner<'_> {
             },
             other => other.clone(),
         };
-        let (tensors, label) = inputs
-            .materialize(&session.model)
-            .map_err(|e| session.err(e))?;
+        let (host, label) = inputs.host(&session.model).map_err(|e| session.err(e))?;
         let g = &session.model.graph;
         let names: Vec<String> = g
             .inputs
@@ -274,13 +312,13 @@ impl Runner<'_> {
             bound: opts.dims.clone(),
             shapes: names
                 .iter()
-                .zip(&tensors)
-                .map(|(n, t)| (n.clone(), t.shape().iter().map(|&d| d as i64).collect()))
+                .zip(&host)
+                .map(|(n, t)| (n.clone(), t.shape.iter().map(|&d| d as i64).collect()))
                 .collect(),
             default: None,
         };
         if opts.device == Device::Cuda {
-            return run_cuda(session, opts, &tensors, label, &dims);
+            return run_cuda(session, opts, &host, label, &dims);
         }
         let key: PlanKey = (dims.bound.clone(), dims.shapes.clone());
         let hit = match opts.tamper {
@@ -300,7 +338,7 @@ impl Runner<'_> {
                     f(&mut mp.plan);
                 }
                 let exe = Executable::new(&mp.model, &mp.plan, &CpuBackend)
-                    .map_err(|e| session.err(Error::new(e.to_string())))?;
+                    .map_err(|e| session.err(Error::runtime(e.to_string())))?;
                 if opts.tamper.is_some() {
                     fresh = Some((exe, mp.dims));
                     usize::MAX
@@ -317,7 +355,6 @@ impl Runner<'_> {
                 (&mut c.1, c.2.clone())
             }
         };
-        let host: Vec<HostTensor> = tensors.iter().map(to_host).collect::<Result<_>>()?;
         let threads = opts
             .threads
             .unwrap_or_else(graphopt_plan::default_threads)
@@ -333,7 +370,7 @@ impl Runner<'_> {
             let t0 = Instant::now();
             let (o, st) = exe
                 .run(&host, &ropts)
-                .map_err(|e| session.err(Error::new(e.to_string())))?;
+                .map_err(|e| session.err(Error::runtime(e.to_string())))?;
             times.push(t0.elapsed());
             outputs = o;
             dynamic_bytes = st.dynamic_peak_bytes;
@@ -348,7 +385,7 @@ impl Runner<'_> {
                         poison: true,
                     },
                 )
-                .map_err(|e| session.err(Error::new(e.to_string())))?;
+                .map_err(|e| session.err(Error::runtime(e.to_string())))?;
             let poisoned_outputs: Vec<String> = output_names
                 .iter()
                 .zip(o.iter().zip(&outputs))
@@ -371,7 +408,8 @@ impl Runner<'_> {
             dims: bound_dims,
             planned_now,
             output_names,
-            outputs: outputs.iter().map(to_tract).collect::<Result<_>>()?,
+            outputs,
+            model: session.label(),
             repeat: times.len(),
             threads,
             latency_best_ms: ms(times[0]),
@@ -396,7 +434,7 @@ impl Runner<'_> {
 fn run_cuda(
     session: &Session,
     opts: &RunOptions,
-    tensors: &[TractTensor],
+    host: &[HostTensor],
     label: String,
     dims: &DimValues,
 ) -> Result<RunReport> {
@@ -407,13 +445,12 @@ fn run_cuda(
         f(&mut mp.plan);
     }
     let mut exe = graphopt_exec::cuda::CudaExecutable::new(&mp.model, &mp.plan)
-        .map_err(|e| session.err(Error::new(e.to_string())))?;
+        .map_err(|e| session.err(Error::runtime(e.to_string())))?;
     let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let host: Vec<HostTensor> = tensors.iter().map(to_host).collect::<Result<_>>()?;
     let repeat = opts.repeat.max(1);
     let run = |exe: &mut graphopt_exec::cuda::CudaExecutable| {
-        exe.run(&host, repeat > 1)
-            .map_err(|e| session.err(Error::new(e.to_string())))
+        exe.run(host, repeat > 1)
+            .map_err(|e| session.err(Error::runtime(e.to_string())))
     };
     let mut outputs = Vec::new();
     if repeat > 1 {
@@ -451,7 +488,8 @@ fn run_cuda(
         dims: mp.dims.clone(),
         planned_now: true,
         output_names: exe.output_names(),
-        outputs: outputs.iter().map(to_tract).collect::<Result<_>>()?,
+        outputs,
+        model: session.label(),
         repeat: times.len(),
         threads: 1,
         latency_best_ms: ms(times[0]),

@@ -55,6 +55,76 @@ pub struct SaveOptions {
 pub struct PlanRequest {
     pub dims: DimValues,
     pub options: PlanOptions,
+    /// Re-check the plan with the independent checker
+    /// (`graphopt_plan::check_graph_plan`); a rejected plan is an
+    /// [`crate::ErrorKind::Verify`] error.
+    pub verify: bool,
+}
+
+/// The planner's settings as the front ends take them, each optional;
+/// [`PlanSettings::options`] fills the defaults and range-checks them.
+#[derive(Clone, Debug, Default)]
+pub struct PlanSettings {
+    /// Offset alignment in bytes (default 256 for models, 1 for
+    /// intervals): a power of two.
+    pub alignment: Option<u64>,
+    /// Node budget of the offset search (default 200,000; for intervals
+    /// `graphopt_plan::default_node_budget`). At least 1.
+    pub node_budget: Option<u64>,
+    /// Search threads (default: the machine's); at least 1.
+    pub threads: Option<usize>,
+    /// Wall-clock limit of the offset search in seconds (opt-in); > 0.
+    pub time_limit: Option<f64>,
+    /// Keep the model's node order.
+    pub no_reorder: bool,
+    /// Unknown sizes are an error rather than dynamic allocations.
+    pub strict: bool,
+}
+
+impl PlanSettings {
+    /// The planner's options for a model.
+    pub fn options(&self) -> Result<PlanOptions> {
+        let d = PlanOptions::default();
+        Ok(PlanOptions {
+            alignment: self.alignment_or(d.alignment)?,
+            reorder: !self.no_reorder,
+            search: true,
+            time_limit: self.time_limit()?,
+            node_budget: self.node_budget_or(d.node_budget)?,
+            threads: self.threads()?,
+            strict: self.strict,
+        })
+    }
+
+    pub(crate) fn alignment_or(&self, default: u64) -> Result<u64> {
+        match self.alignment {
+            None => Ok(default),
+            Some(a) if a >= 1 && a.is_power_of_two() => Ok(a),
+            Some(a) => Err(Error::new(format!(
+                "alignment {a}: expected a power of two (1, 2, 4, ..., 256, ...)"
+            ))),
+        }
+    }
+
+    pub(crate) fn node_budget_or(&self, default: u64) -> Result<u64> {
+        match self.node_budget {
+            Some(0) => Err(Error::new("node budget 0: expected at least 1")),
+            n => Ok(n.unwrap_or(default)),
+        }
+    }
+
+    pub(crate) fn threads(&self) -> Result<usize> {
+        match self.threads {
+            Some(0) => Err(Error::new("threads 0: expected at least 1")),
+            n => Ok(n.unwrap_or_else(graphopt_plan::default_threads)),
+        }
+    }
+
+    pub(crate) fn time_limit(&self) -> Result<Option<std::time::Duration>> {
+        self.time_limit
+            .map(|t| crate::util::seconds("time limit", t))
+            .transpose()
+    }
 }
 
 impl PlanRequest {
@@ -157,9 +227,47 @@ impl Session {
         e.into().within(&self.label())
     }
 
-    /// Plans the model's memory at the request's dims.
+    /// Runs one step whole or not at all: when `f` fails, the model, its
+    /// pass history and the flags are restored as they were before it
+    /// (tensor data is shared between the copies, so the snapshot costs
+    /// the graph's structure, not its weights).
+    pub(crate) fn transact<R>(&mut self, f: impl FnOnce(&mut Session) -> Result<R>) -> Result<R> {
+        let model = self.model.clone();
+        let runs = self.runs.len();
+        let flags = (self.used_external_data, self.reordered);
+        match f(self) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.model = model;
+                self.runs.truncate(runs);
+                (self.used_external_data, self.reordered) = flags;
+                Err(e)
+            }
+        }
+    }
+
+    /// Plans the model's memory at the request's dims (and checks the plan
+    /// independently when `req.verify`).
     pub fn plan(&self, req: &PlanRequest) -> Result<ModelPlan> {
-        graphopt_plan::plan_model(&self.model, &req.dims, &req.options).map_err(|e| self.err(e))
+        let planned = graphopt_plan::plan_model(&self.model, &req.dims, &req.options)
+            .map_err(|e| self.err(e))?;
+        if req.verify {
+            self.verify_plan(&planned)?;
+        }
+        Ok(planned)
+    }
+
+    /// The independent checker on a plan of this session's model.
+    pub fn verify_plan(&self, planned: &ModelPlan) -> Result<()> {
+        graphopt_plan::check_graph_plan(&planned.model.graph, &planned.plan).map_err(|errs| {
+            self.err(Error::verify(format!(
+                "plan check failed: {}",
+                errs.iter()
+                    .map(|e| e.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )))
+        })
     }
 
     /// The largest batch (dim `batch_dim`, default the first symbolic input
@@ -170,8 +278,12 @@ impl Session {
         batch_dim: Option<&str>,
         budget: u64,
     ) -> Result<MaxBatch> {
-        graphopt_plan::max_batch(&self.model, &req.dims, batch_dim, budget, &req.options)
-            .map_err(|e| self.err(e))
+        let mb = graphopt_plan::max_batch(&self.model, &req.dims, batch_dim, budget, &req.options)
+            .map_err(|e| self.err(e))?;
+        if req.verify {
+            self.verify_plan(&mb.at)?;
+        }
+        Ok(mb)
     }
 
     /// Saves the model atomically (a temporary file beside the target, then

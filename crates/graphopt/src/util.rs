@@ -75,6 +75,15 @@ pub fn op_histogram(g: &graphopt_ir::Graph) -> std::collections::BTreeMap<String
     ops
 }
 
+/// A duration option in seconds: finite and > 0, or an error naming it.
+pub fn seconds(what: &str, s: f64) -> Result<std::time::Duration> {
+    if s.is_finite() && s > 0.0 {
+        Ok(std::time::Duration::from_secs_f64(s))
+    } else {
+        Err(Error::new(format!("{what} {s}: expected seconds > 0")))
+    }
+}
+
 /// Milliseconds with microsecond resolution.
 pub fn ms(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3

@@ -113,7 +113,7 @@ fn every_model_runs_like_tract_in_its_planned_arena() {
         let bound = if report
             .outputs
             .iter()
-            .any(|t| t.datum_type() == tract_onnx::prelude::DatumType::F16)
+            .any(|t| t.dtype == graphopt::ir::DType::F16)
         {
             1e-3
         } else {
@@ -122,7 +122,7 @@ fn every_model_runs_like_tract_in_its_planned_arena() {
         let diffs = graphopt::compare_outputs(
             &report.output_names,
             &reference,
-            &report.outputs,
+            &tract(&report.outputs),
             &Tolerance::default(),
         );
         for d in &diffs {
@@ -279,7 +279,7 @@ fn fp16_versions_run_within_the_precision_suites_bounds() {
         for d in graphopt::compare_outputs(
             &report.output_names,
             &reference,
-            &report.outputs,
+            &tract(&report.outputs),
             &Tolerance::default(),
         ) {
             println!(
@@ -343,7 +343,7 @@ fn control_flow_models_match_onnxruntime_on_both_branches() {
             for d in graphopt::compare_outputs(
                 &report.output_names,
                 &reference,
-                &report.outputs,
+                &tract(&report.outputs),
                 &Tolerance::default(),
             ) {
                 println!("{name} {}: rel_l2 {:.3e}", d.name, d.rel_l2);
@@ -388,7 +388,7 @@ fn a_runner_plans_once_per_input_shape() {
     let other = runner.run(&at(3)).unwrap();
     assert!(other.planned_now);
     assert_eq!(runner.cached_plans(), 2);
-    assert_eq!(other.outputs[0].shape(), &[3, 8, 64]);
+    assert_eq!(other.outputs[0].shape, [3, 8, 64]);
     // A tampered plan is neither cached nor reused.
     let tampered = runner
         .run(&RunOptions {
@@ -489,6 +489,14 @@ fn check_training_graph(model: &str) -> Result<Vec<String>, String> {
     }
 }
 
+/// The runtime's outputs as tract tensors, for comparing with tract's.
+fn tract(outputs: &[graphopt::HostTensor]) -> Vec<graphopt::tract::TractTensor> {
+    outputs
+        .iter()
+        .map(|t| graphopt::to_tract(t).unwrap())
+        .collect()
+}
+
 /// Runs `s` in graphopt-exec with poison on and compares every output with
 /// tract's on the same inputs: the failures, or `Err` when it does not run.
 fn run_like_tract(
@@ -499,7 +507,12 @@ fn run_like_tract(
 ) -> Result<Vec<String>, String> {
     let report = s
         .run(&RunOptions {
-            inputs: Inputs::Tensors(inputs.to_vec()),
+            inputs: Inputs::Tensors(
+                inputs
+                    .iter()
+                    .map(|t| graphopt::to_host(t).unwrap())
+                    .collect(),
+            ),
             poison: true,
             ..Default::default()
         })
@@ -510,7 +523,7 @@ fn run_like_tract(
     let diffs = graphopt::compare_outputs(
         &report.output_names,
         &reference,
-        &report.outputs,
+        &tract(&report.outputs),
         &Tolerance::default(),
     );
     let mut worst = (0f64, String::new());
