@@ -264,8 +264,10 @@ mod tests {
 
     #[test]
     fn a_failing_pass_restores_the_model() {
-        let mut m = Model::default();
-        m.doc_string = "start".into();
+        let mut m = Model {
+            doc_string: "start".into(),
+            ..Model::default()
+        };
         let passes: Vec<Box<dyn Pass>> = vec![
             Box::new(Edit(Some("+a"))),
             Box::new(Edit(Some("+b"))),

@@ -19,8 +19,9 @@ use std::time::Instant;
 pub const DEFAULT_MAX_ROUNDS: usize = 8;
 
 /// How passes run, for [`Session::optimize`] and
-/// [`Session::lower_precision`] alike.
-#[derive(Clone, Debug)]
+/// [`Session::lower_precision`] alike. The default: verify once at the end
+/// (after every pass in debug builds), no dumps, no stop.
+#[derive(Clone, Debug, Default)]
 pub struct PipelineOptions {
     /// Run the IR verifier after every pass, to name the pass that broke
     /// the model. Default off in release builds: the model is then
@@ -36,15 +37,6 @@ pub struct PipelineOptions {
     pub stop_after: Option<usize>,
 }
 
-impl Default for PipelineOptions {
-    fn default() -> Self {
-        PipelineOptions {
-            verify: false,
-            dump_ir: None,
-            stop_after: None,
-        }
-    }
-}
 
 /// What [`Session::optimize`] runs.
 #[derive(Clone, Debug, Default)]

@@ -13,7 +13,7 @@ use graphopt::{
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyTuple};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
@@ -80,7 +80,6 @@ impl PySession {
     #[allow(clippy::too_many_arguments)]
     fn precision_options(
         &self,
-        py: Python<'_>,
         precision: &str,
         keep_fp32: Option<&Bound<'_, PyAny>>,
         keep_io_types: bool,
@@ -259,7 +258,6 @@ impl PySession {
             Some(p) => Some(PrecisionOptions {
                 pipeline: pipeline.clone(),
                 ..self.precision_options(
-                    py,
                     p,
                     keep_fp32,
                     keep_io_types,
@@ -318,7 +316,6 @@ impl PySession {
         range_check: bool,
     ) -> PyResult<PySession> {
         let opts = self.precision_options(
-            py,
             precision,
             keep_fp32,
             keep_io_types,
