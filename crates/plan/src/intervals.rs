@@ -82,8 +82,9 @@ pub const NODES_PER_BUFFER: u64 = 1_300;
 /// smaller ones. A count, not a clock: the plan is the same on every run.
 ///
 /// On MiniMalloc's hard set (lower bound as the only target) the slowest
-/// to reach its bound is I, at 465,780 nodes (374 buffers: budget
-/// 486,200); D and J end above theirs (1.0706x and 1.0331x, see
+/// to reach its bound is I, at 466,174 nodes (374 buffers: budget
+/// 486,200); D and J end above theirs (1.0415x and 1.0487x) but reach
+/// their best known arena, 1,048,576, at 62,625 and 56,993 nodes (see
 /// benches/README.md).
 pub fn default_node_budget(buffers: usize) -> u64 {
     (buffers as u64)
