@@ -52,7 +52,7 @@ fn main() {
     };
     files.sort();
     println!(
-        "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>8} {:>9}  strategy",
+        "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7} {:>8} {:>8} {:>9} {:>8} {:>9}  strategy",
         "instance",
         "buffers",
         "lower",
@@ -62,7 +62,9 @@ fn main() {
         "ratio",
         "time_s",
         "total_s",
-        "nodes"
+        "nodes",
+        "known_s",
+        "known_n"
     );
     let mut failures = 0;
     for f in files {
@@ -112,13 +114,24 @@ fn main() {
         let plan = plan_intervals(&bufs, &opts);
         let total = t.elapsed().as_secs_f64();
         let dt = plan.found_after_s;
+        // When the arena first reached the best known one (the greedy
+        // arena counts as found at 0 s; never: -1).
+        let (to_known_s, to_known_nodes) = match known {
+            Some(k) if plan.greedy_arena <= k => (0.0, 0),
+            Some(k) => plan
+                .improvements
+                .iter()
+                .find(|i| i.arena <= k)
+                .map_or((-1.0, 0), |i| (i.seconds, i.nodes)),
+            None => (-1.0, 0),
+        };
         let lb = lower_bound(&bufs);
         let valid = check_plan(&bufs, &plan.offsets, plan.arena, 1, &[]).is_ok();
         if !valid {
             failures += 1;
         }
         println!(
-            "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7.4} {:>8.3} {:>8.3} {:>9}  {}{}",
+            "{:<10} {:>7} {:>11} {:>11} {:>11} {:>11} {:>7.4} {:>8.3} {:>8.3} {:>9} {:>8.3} {:>9}  {}{}",
             name.split('.').next().unwrap_or(""),
             bufs.len(),
             lb,
@@ -129,11 +142,13 @@ fn main() {
             dt,
             total,
             plan.nodes,
+            to_known_s,
+            to_known_nodes,
             plan.strategy,
             if valid { "" } else { "  INVALID" }
         );
         rows.push(format!(
-            "{{\"instance\":\"{}\",\"buffers\":{},\"lower_bound\":{},\"best_known\":{},\"greedy_best\":{},\"arena\":{},\"ratio\":{:.4},\"time_s\":{:.3},\"search_s\":{:.3},\"nodes\":{},\"strategy\":\"{}\",\"valid\":{}}}",
+            "{{\"instance\":\"{}\",\"buffers\":{},\"lower_bound\":{},\"best_known\":{},\"greedy_best\":{},\"arena\":{},\"ratio\":{:.4},\"time_s\":{:.3},\"search_s\":{:.3},\"nodes\":{},\"to_best_known_s\":{:.3},\"to_best_known_nodes\":{},\"strategy\":\"{}\",\"valid\":{}}}",
             name.split('.').next().unwrap_or(""),
             bufs.len(),
             lb,
@@ -144,6 +159,8 @@ fn main() {
             dt,
             total,
             plan.nodes,
+            to_known_s,
+            to_known_nodes,
             plan.strategy,
             valid
         ));

@@ -11,9 +11,12 @@
 //! 1. The capacity asked is the *goal*: the lower bound, or the caller's
 //!    `target` when one is given (MiniMalloc's solver takes its capacity
 //!    the same way). Restarts run at the goal until one fits.
-//! 2. Every fourth slot bisects between the proven floor and the best arena
-//!    so far instead, so an instance whose bound cannot be reached still
-//!    improves on greedy.
+//! 2. Every fourth slot bisects instead, so an instance whose bound cannot
+//!    be reached still improves on greedy: every other probe between the
+//!    proven floor and the best arena so far, the others between the
+//!    highest capacity a probe gave up on and the best arena (an instance
+//!    whose floor is far out of reach, as MiniMalloc's D and J, still
+//!    comes down step by step).
 //! 3. In three slots of four, the restart also restarts *inside* the
 //!    search: a part that the search split off as independent gets its
 //!    own node budget and, when that runs out, is searched again with its
@@ -79,8 +82,9 @@ pub const NODES_PER_BUFFER: u64 = 1_300;
 /// smaller ones. A count, not a clock: the plan is the same on every run.
 ///
 /// On MiniMalloc's hard set (lower bound as the only target) the slowest
-/// to reach its bound is I, at 465,780 nodes (374 buffers: budget
-/// 486,200); D and J end above theirs (1.0706x and 1.0331x, see
+/// to reach its bound is I, at 466,174 nodes (374 buffers: budget
+/// 486,200); D and J end above theirs (1.0415x and 1.0487x) but reach
+/// their best known arena, 1,048,576, at 62,625 and 56,993 nodes (see
 /// benches/README.md).
 pub fn default_node_budget(buffers: usize) -> u64 {
     (buffers as u64)
@@ -110,6 +114,19 @@ pub struct IntervalPlan {
     /// that differs run to run).
     #[serde(skip)]
     pub found_after_s: f64,
+    /// Every improvement on the best greedy arena, in order: the arena,
+    /// the seconds from the start and the search nodes visited by the end
+    /// of the batch that found it (time-to-target figures for benches).
+    #[serde(skip)]
+    pub improvements: Vec<Improvement>,
+}
+
+/// One improvement of [`IntervalPlan::improvements`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Improvement {
+    pub arena: u64,
+    pub seconds: f64,
+    pub nodes: u64,
 }
 
 /// `max(offset + size)` over live buffers.
@@ -144,11 +161,13 @@ pub fn plan_intervals(bufs: &[Buffer], opts: &IntervalOptions) -> IntervalPlan {
     let mut nodes = 0;
     let mut proven_lo = lb;
     let mut found_after_s = start.elapsed().as_secs_f64();
+    let mut improvements = Vec::new();
     if opts.search && arena > lb {
         let prep = Prepared::new(bufs, align);
         let r = drive(&prep, lb, arena, opts, start);
         nodes = r.nodes;
         proven_lo = r.proven_lo;
+        improvements = r.improvements;
         if let Some((a, live_offs, name, at)) = r.best {
             if a < arena {
                 arena = a;
@@ -170,6 +189,7 @@ pub fn plan_intervals(bufs: &[Buffer], opts: &IntervalOptions) -> IntervalPlan {
         optimal: arena <= proven_lo,
         nodes,
         found_after_s,
+        improvements,
     }
 }
 
@@ -178,6 +198,7 @@ struct DriveResult {
     best: Option<(u64, Vec<u64>, String, f64)>,
     proven_lo: u64,
     nodes: u64,
+    improvements: Vec<Improvement>,
 }
 
 /// The `i`-th term (1-based) of the Luby sequence 1 1 2 1 1 2 4 1 1 2 ...
@@ -203,6 +224,8 @@ struct Task {
     limit: u64,
     /// Per-part restarts inside the search (see [`Searcher`]); 0: off.
     part_base: u64,
+    /// A bisection probe below the best arena.
+    probe: bool,
 }
 
 struct TaskResult {
@@ -287,6 +310,7 @@ fn drive(
         best: None,
         proven_lo: lb,
         nodes: 0,
+        improvements: Vec::new(),
     };
     let mut hi = greedy; // best arena so far: look for less
     let mut goal = opts.target.unwrap_or(lb).max(lb);
@@ -303,6 +327,8 @@ fn drive(
     let base = (p.len() as u64 * 4).max(256);
     let orders = Preorder::ALL.len() as u64;
     let (mut restart, mut probe, mut part_restart) = (0u64, 0u64, 0u64);
+    // The highest capacity a bisection probe aborted at (not a proof).
+    let mut hard = lb;
     let mut slot = 0u64;
     let step = (lb / 1000).max(1);
     loop {
@@ -331,7 +357,16 @@ fn drive(
             let (cap, i) = if bisect {
                 probe += 1;
                 let lo = goal.max(res.proven_lo);
-                (lo + (hi - lo) / 2, probe + 3)
+                // Odd probes bisect between the highest capacity a probe
+                // gave up on (`hard`) and the best arena, so an instance
+                // whose floor is far out of reach still improves; even
+                // ones between the floor and the best arena (later probes
+                // get larger limits).
+                if hard < lo || hard.saturating_add(step) >= hi {
+                    hard = lo;
+                }
+                let from = if probe % 2 == 1 { hard } else { lo };
+                (from + (hi - from) / 2, probe + 3)
             } else if parts {
                 part_restart += 1;
                 (goal, part_restart - 1)
@@ -348,9 +383,11 @@ fn drive(
                 cap,
                 limit: limit.min(left.div_ceil(2)).max(1),
                 part_base: if parts { PART_BASE } else { 0 },
+                probe: bisect,
             });
         }
         let results = run_batch(p, &tasks, opts.threads, deadline);
+        let batch_end = res.nodes + results.iter().map(|r| r.nodes).sum::<u64>();
         for (t, r) in tasks.iter().zip(results) {
             res.nodes += r.nodes;
             match r.out {
@@ -363,13 +400,23 @@ fn drive(
                         } else {
                             format!("search-{}-{}", t.order.0, t.seed)
                         };
-                        res.best = Some((a, r.solution, name, start.elapsed().as_secs_f64()));
+                        let at = start.elapsed().as_secs_f64();
+                        res.improvements.push(Improvement {
+                            arena: a,
+                            seconds: at,
+                            nodes: batch_end,
+                        });
+                        res.best = Some((a, r.solution, name, at));
                     }
                 }
                 Outcome::Infeasible => {
                     res.proven_lo = res.proven_lo.max(t.cap + 1);
                 }
-                Outcome::Aborted => {}
+                Outcome::Aborted => {
+                    if t.probe && t.cap < hi {
+                        hard = hard.max(t.cap);
+                    }
+                }
             }
         }
     }

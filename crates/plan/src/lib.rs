@@ -29,7 +29,9 @@ pub use buffer::{
 };
 pub use check::{check_plan, Alias, CheckError};
 pub use inplace::{inplace_rule, InPlace};
-pub use intervals::{arena_of, default_node_budget, plan_intervals, IntervalOptions, IntervalPlan};
+pub use intervals::{
+    arena_of, default_node_budget, plan_intervals, Improvement, IntervalOptions, IntervalPlan,
+};
 pub use liveness::TensorKind;
 pub use model::{
     human_bytes, input_dim_names, max_batch, parse_size, plan_model, DimBinding, DimValues,
