@@ -47,6 +47,7 @@ mod plan_json;
 mod precision;
 mod quantize;
 mod remat;
+mod remat_svg;
 mod run;
 mod session;
 pub mod util;
@@ -76,8 +77,10 @@ pub use quantize::{
     QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight,
 };
 pub use remat::{
-    remat_svg, Budget, FrontierPoint, RematOptions, RematReport, RematSweep, StrategyFrontier,
+    Budget, ChoiceReason, FrontierPoint, RematOptions, RematReport, RematSweep, StrategyFrontier,
+    SweepChoice,
 };
+pub use remat_svg::{remat_svg, remat_sweep_svg};
 pub use run::{
     cuda_unavailable, peak_rss_bytes, to_host, to_tract, CudaReport, Device, PoisonReport,
     RunOptions, RunReport, Runner,

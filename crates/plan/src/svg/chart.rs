@@ -221,7 +221,7 @@ impl Series {
             marker: MARKERS[i % MARKERS.len()],
             width: if under { 5.0 } else { 1.6 },
             opacity: if under { 0.4 } else { 1.0 },
-            marker_size: if under { 6.0 } else { 3.6 },
+            marker_size: if under { 7.5 } else { 4.5 },
         }
     }
 
