@@ -23,11 +23,14 @@ fn testdata(rel: &str) -> std::path::PathBuf {
         .join(rel)
 }
 
+/// A plot's frame (x, y, w, h), its x tick values and its y tick values.
+type PlotTicks = ((f64, f64, f64, f64), Vec<String>, Vec<String>);
+
 /// What a picture holds, read from its XML.
 struct Picture {
     texts: Vec<String>,
     /// Per plot: (x, y, w, h), x tick values, y tick values.
-    plots: Vec<((f64, f64, f64, f64), Vec<String>, Vec<String>)>,
+    plots: Vec<PlotTicks>,
     axis_titles: Vec<String>,
     /// Legend labels, each with whether its entry holds a marker.
     legend: Vec<(String, bool)>,
