@@ -16,7 +16,8 @@ pub struct Args {
     #[arg(short = 'o', value_name = "OUT.onnx")]
     output: Option<PathBuf>,
     /// Peak memory budget: bytes (`2GiB`, `500MB`, `1000000`) or `PCT%` of
-    /// the store-everything activation lower bound.
+    /// the store-everything activation lower bound. With --sweep: the
+    /// frontier point it picks is reported as `chosen` and marked in --svg.
     #[arg(long, value_name = "BYTES|PCT%")]
     budget: Option<String>,
     /// Bind a symbolic dim (NAME=VALUE), repeatable; others are 1.
@@ -42,8 +43,10 @@ pub struct Args {
     /// Budgets per frontier with --sweep.
     #[arg(long, default_value_t = graphopt::SWEEP_POINTS)]
     points: usize,
-    /// Write an SVG: the frontier, and the memory timeline before (and
-    /// after, when rewriting).
+    /// Write an SVG: when rewriting, the memory timeline before and after;
+    /// with --sweep, the frontiers with the chosen point (--budget's pick,
+    /// else the knee) marked, above the timelines of store-all and of that
+    /// point.
     #[arg(long, value_name = "PLOT.svg")]
     svg: Option<PathBuf>,
 }
@@ -60,7 +63,9 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     if a.sweep {
         // No --strategy: the library's sweep set (graphopt::SWEEP_STRATEGIES).
         let strategies: Vec<RematStrategy> = strategy.into_iter().collect();
-        let s = session.remat_sweep(&dims, &strategies, a.points, time_limit)?;
+        let budget = a.budget.as_deref().map(Budget::parse).transpose()?;
+        let s =
+            session.remat_sweep_with_budget(&dims, &strategies, a.points, time_limit, budget)?;
         if a.json {
             print_out(&json_text(&s)?);
         } else {
@@ -93,12 +98,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             graphopt::util::write_atomic(path, json_text(&s)?.as_bytes())?;
         }
         if let Some(path) = &a.svg {
-            let svg = graphopt::remat_svg(
-                &a.input.display().to_string(),
-                &s.frontiers,
-                &s.timeline_before,
-                None,
-            );
+            let svg = graphopt::remat_sweep_svg(&a.input.display().to_string(), &s);
             graphopt::util::write_atomic(path, svg.as_bytes())?;
         }
         return Ok(());
@@ -157,12 +157,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         graphopt::util::write_atomic(path, json_text(&r)?.as_bytes())?;
     }
     if let Some(path) = &a.svg {
-        let svg = graphopt::remat_svg(
-            &a.input.display().to_string(),
-            &[],
-            &r.timeline_before,
-            Some(&r.timeline_after),
-        );
+        let svg = graphopt::remat_svg(&a.input.display().to_string(), &r);
         graphopt::util::write_atomic(path, svg.as_bytes())?;
     }
     Ok(())

@@ -55,6 +55,7 @@ mod plan_json;
 mod precision;
 mod quantize;
 mod remat;
+mod remat_svg;
 mod run;
 mod session;
 pub mod util;
@@ -86,9 +87,10 @@ pub use quantize::{
     QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight,
 };
 pub use remat::{
-    parse_strategy, remat_svg, Budget, FrontierPoint, RematOptions, RematReport, RematSweep,
-    StrategyFrontier, REMAT_TIME_LIMIT_S, SWEEP_POINTS, SWEEP_STRATEGIES,
+    parse_strategy, Budget, ChoiceReason, FrontierPoint, RematOptions, RematReport, RematSweep,
+    StrategyFrontier, SweepChoice, REMAT_TIME_LIMIT_S, SWEEP_POINTS, SWEEP_STRATEGIES,
 };
+pub use remat_svg::{remat_svg, remat_sweep_svg};
 pub use run::{
     cuda_unavailable, peak_rss_bytes, to_host, to_tract, CudaReport, Device, PoisonReport,
     RunOptions, RunReport, Runner,

@@ -33,6 +33,15 @@ pub enum Budget {
 }
 
 impl Budget {
+    /// The budget in bytes, a percentage taken of `store_all` (the
+    /// store-everything lower bound).
+    pub fn bytes(self, store_all: u64) -> u64 {
+        match self {
+            Budget::Bytes(b) => b,
+            Budget::Percent(p) => (store_all as f64 * p / 100.0) as u64,
+        }
+    }
+
     /// `40%`, `2GiB`, `500000000`.
     pub fn parse(s: &str) -> Result<Budget> {
         let t = s.trim();
@@ -136,6 +145,12 @@ pub struct RematSweep {
     pub nodes: usize,
     pub candidates: usize,
     pub frontiers: Vec<StrategyFrontier>,
+    /// The budget given to [`Session::remat_sweep_with_budget`], in bytes.
+    pub budget_bytes: Option<u64>,
+    /// The frontier point the budget would choose, or without a budget
+    /// the knee; `None` when no point fits the budget.
+    pub chosen: Option<SweepChoice>,
+    /// Live bytes per schedule step of the store-all graph (for plots).
     #[serde(skip)]
     pub timeline_before: Vec<u64>,
 }
@@ -167,6 +182,38 @@ pub const SWEEP_STRATEGIES: &[Strategy] = &[
     Strategy::Sqrt,
     Strategy::PerBlock,
 ];
+
+/// Why [`SweepChoice`] picked its point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChoiceReason {
+    /// The fewest extra FLOPs whose peak fits the budget (what
+    /// [`Session::remat`] aims at with that budget).
+    Budget,
+    /// No budget: the knee, the point furthest below the chord from the
+    /// store-all end to the least-peak end (both axes scaled to the
+    /// frontier's range), i.e. the most memory saved per extra FLOP.
+    Knee,
+    /// No budget and no knee (a frontier of one or two points, or a
+    /// straight one): the least peak.
+    LeastPeak,
+}
+
+/// One point of the first swept strategy's frontier, picked by a budget or
+/// as the knee, with the memory timeline of the graph rewritten with it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SweepChoice {
+    pub strategy: String,
+    /// Index in that frontier's `points`.
+    pub index: usize,
+    pub reason: ChoiceReason,
+    pub peak_bytes: u64,
+    pub extra_flops_pct: f64,
+    pub recomputed_nodes: usize,
+    /// Live bytes per schedule step after the rewrite (for plots).
+    #[serde(skip)]
+    pub timeline_after: Vec<u64>,
+}
 
 /// The training graph with shapes at the dims, its problem and baseline.
 struct Prepared {
@@ -246,10 +293,7 @@ impl Session {
     fn remat_step(&mut self, opts: &RematOptions) -> Result<RematReport> {
         let t0 = Instant::now();
         let pre = self.remat_prepare(&opts.dims)?;
-        let budget = match opts.budget {
-            Budget::Bytes(b) => b,
-            Budget::Percent(p) => (pre.lower_bound as f64 * p / 100.0) as u64,
-        };
+        let budget = opts.budget.bytes(pre.lower_bound);
         let p = &pre.problem;
         let sim_all = p.simulate(&vec![false; p.len()]).peak.max(1);
         let ratio = pre.lower_bound as f64 / sim_all as f64;
@@ -333,13 +377,29 @@ impl Session {
     /// The Pareto frontier (planner's peak against extra FLOPs) of each
     /// strategy in `strategies` ([`SWEEP_STRATEGIES`] when empty), at
     /// `points` budgets between store-all and the least reachable (`sqrt`
-    /// and `per-block`: their strides). The model is not changed.
+    /// and `per-block`: their strides). The model is not changed. The knee
+    /// of the first strategy's frontier is [`RematSweep::chosen`].
     pub fn remat_sweep(
         &mut self,
         dims: &DimValues,
         strategies: &[Strategy],
         points: usize,
         time_limit: Duration,
+    ) -> Result<RematSweep> {
+        self.remat_sweep_with_budget(dims, strategies, points, time_limit, None)
+    }
+
+    /// [`Session::remat_sweep`], with [`RematSweep::chosen`] the point of
+    /// the first strategy's frontier that `budget` picks (the fewest extra
+    /// FLOPs within it) when one is given, and the knee otherwise; the
+    /// chosen drop set is rewritten and scheduled for its memory timeline.
+    pub fn remat_sweep_with_budget(
+        &mut self,
+        dims: &DimValues,
+        strategies: &[Strategy],
+        points: usize,
+        time_limit: Duration,
+        budget: Option<Budget>,
     ) -> Result<RematSweep> {
         if points < 2 {
             return Err(Error::new(format!(
@@ -354,27 +414,36 @@ impl Session {
         let pre = self.remat_prepare(dims)?;
         let p = &pre.problem;
         let mut frontiers = Vec::new();
-        for &s in strategies {
+        // The drop sets of the first frontier's points, by index.
+        let mut first_drops: Vec<Vec<bool>> = Vec::new();
+        for (si, &s) in strategies.iter().enumerate() {
             let t0 = Instant::now();
             let (sols, longest) = solve::frontier(p, s, points, time_limit);
             let mut pts = Vec::new();
-            for sol in &sols {
+            for (k, sol) in sols.iter().enumerate() {
                 let real = real_peak(&pre.inferred, p, &sol.drop)?;
-                pts.push(FrontierPoint {
-                    peak_bytes: real,
-                    peak_fraction: real as f64 / pre.lower_bound.max(1) as f64,
-                    extra_flops: sol.sim.extra_flops,
-                    extra_flops_pct: 100.0 * sol.sim.extra_flops as f64 / pre.flops.max(1) as f64,
-                    recomputed_nodes: sol.sim.clones,
-                    proven_optimal: sol.proven_optimal,
-                });
+                pts.push((
+                    k,
+                    FrontierPoint {
+                        peak_bytes: real,
+                        peak_fraction: real as f64 / pre.lower_bound.max(1) as f64,
+                        extra_flops: sol.sim.extra_flops,
+                        extra_flops_pct: 100.0 * sol.sim.extra_flops as f64
+                            / pre.flops.max(1) as f64,
+                        recomputed_nodes: sol.sim.clones,
+                        proven_optimal: sol.proven_optimal,
+                    },
+                ));
             }
             // Pareto on the real peak.
-            pts.sort_by_key(|a| (a.peak_bytes, a.extra_flops));
+            pts.sort_by_key(|(_, a)| (a.peak_bytes, a.extra_flops));
             let mut front: Vec<FrontierPoint> = Vec::new();
-            for q in pts {
+            for (k, q) in pts {
                 if front.last().is_none_or(|l| q.extra_flops < l.extra_flops) {
                     front.push(q);
+                    if si == 0 {
+                        first_drops.push(sols[k].drop.clone());
+                    }
                 }
             }
             frontiers.push(StrategyFrontier {
@@ -390,6 +459,34 @@ impl Session {
             .iter()
             .filter_map(|&v| graphopt_plan::liveness::value_size(g, v))
             .sum();
+        let budget_bytes = budget.map(|b| b.bytes(pre.lower_bound));
+        let chosen = match frontiers.first() {
+            Some(f) => match choose(&f.points, budget_bytes) {
+                Some((index, reason)) => {
+                    let mut model = self.model.clone();
+                    remat::rewrite(&mut model.graph, p, &first_drops[index])
+                        .map_err(|e| self.err(e))?;
+                    // The schedule is all a timeline needs: no offset search.
+                    let popts = PlanOptions {
+                        search: false,
+                        ..PlanOptions::default()
+                    };
+                    let after = plan_model(&model, dims, &popts).map_err(|e| self.err(e))?;
+                    let q = &f.points[index];
+                    Some(SweepChoice {
+                        strategy: f.strategy.clone(),
+                        index,
+                        reason,
+                        peak_bytes: q.peak_bytes,
+                        extra_flops_pct: q.extra_flops_pct,
+                        recomputed_nodes: q.recomputed_nodes,
+                        timeline_after: timeline(&after.model.graph, &after.plan.schedule)?,
+                    })
+                }
+                None => None,
+            },
+            None => None,
+        };
         Ok(RematSweep {
             lower_bound_store_all_bytes: pre.lower_bound,
             outputs_bytes,
@@ -397,6 +494,8 @@ impl Session {
             nodes: p.len(),
             candidates: p.candidates.len(),
             frontiers,
+            budget_bytes,
+            chosen,
             timeline_before: pre.timeline,
         })
     }
@@ -473,6 +572,40 @@ impl Session {
     }
 }
 
+/// The point of a frontier (sorted by rising peak) that `budget` picks:
+/// the fewest extra FLOPs within it; without a budget the knee, else the
+/// least peak. `None` when no point fits the budget.
+fn choose(points: &[FrontierPoint], budget: Option<u64>) -> Option<(usize, ChoiceReason)> {
+    if let Some(b) = budget {
+        return points
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.peak_bytes <= b)
+            .min_by_key(|(_, q)| (q.extra_flops, q.peak_bytes))
+            .map(|(i, _)| (i, ChoiceReason::Budget));
+    }
+    let (least, most) = (points.first()?, points.last()?);
+    let dx = most.extra_flops_pct - least.extra_flops_pct;
+    let dy = most.peak_fraction - least.peak_fraction;
+    let mut best: Option<(usize, f64)> = None;
+    if dx.abs() > 0.0 && dy.abs() > 0.0 {
+        for (i, q) in points.iter().enumerate() {
+            // Memory saved past the store-all end, less FLOPs spent past it,
+            // both as fractions of the frontier's range.
+            let saved = (most.peak_fraction - q.peak_fraction) / dy;
+            let spent = (most.extra_flops_pct - q.extra_flops_pct) / dx;
+            let gain = saved - spent;
+            if gain > 1e-9 && best.is_none_or(|(_, g)| gain > g) {
+                best = Some((i, gain));
+            }
+        }
+    }
+    match best {
+        Some((i, _)) => Some((i, ChoiceReason::Knee)),
+        None => Some((0, ChoiceReason::LeastPeak)),
+    }
+}
+
 /// The planner's lower bound of the graph rewritten with `drop`.
 fn real_peak(inferred: &Model, p: &Problem, drop: &[bool]) -> Result<u64> {
     let mut g: Graph = inferred.graph.clone();
@@ -485,99 +618,41 @@ fn timeline(g: &Graph, schedule: &[graphopt_ir::NodeId]) -> Result<Vec<u64>> {
     Ok(live_bytes(&l.storages, schedule.len()))
 }
 
-/// An SVG with the frontiers (peak fraction against extra FLOPs %) and,
-/// when given, the memory timelines before and after.
-pub fn remat_svg(
-    title: &str,
-    frontiers: &[StrategyFrontier],
-    before: &[u64],
-    after: Option<&[u64]>,
-) -> String {
-    let (w, h, pad) = (900.0f64, 300.0f64, 70.0f64);
-    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"];
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n<text x=\"{pad}\" y=\"20\" font-size=\"14\">{}</text>\n",
-        w + 2.0 * pad,
-        2.0 * h + 4.0 * pad,
-        esc(title)
-    );
-    // Panel 1: frontier.
-    let xmax = frontiers
-        .iter()
-        .flat_map(|f| f.points.iter().map(|p| p.extra_flops_pct))
-        .fold(1.0f64, f64::max);
-    let y0 = pad;
-    s += &format!(
-        "<rect x=\"{pad}\" y=\"{y0}\" width=\"{w}\" height=\"{h}\" fill=\"none\" stroke=\"#888\"/>\n<text x=\"{pad}\" y=\"{}\">peak / store-all (0..1) against extra FLOPs % (0..{xmax:.1})</text>\n",
-        y0 - 6.0
-    );
-    for (k, f) in frontiers.iter().enumerate() {
-        let c = colors[k % colors.len()];
-        let pts: Vec<String> = f
-            .points
-            .iter()
-            .map(|p| {
-                format!(
-                    "{:.1},{:.1}",
-                    pad + w * p.extra_flops_pct / xmax,
-                    y0 + h * (1.0 - p.peak_fraction.min(1.0))
-                )
-            })
-            .collect();
-        s += &format!(
-            "<polyline points=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"/>\n<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>\n",
-            pts.join(" "),
-            pad + w - 120.0,
-            y0 + 16.0 * (k as f64 + 1.0),
-            esc(&f.strategy)
-        );
-        for p in &pts {
-            let (x, y) = p.split_once(',').unwrap_or(("0", "0"));
-            s += &format!("<circle cx=\"{x}\" cy=\"{y}\" r=\"3\" fill=\"{c}\"/>\n");
-        }
-    }
-    // Panel 2: timelines.
-    let y1 = y0 + h + 2.0 * pad;
-    let series: Vec<(&str, &[u64], &str)> = std::iter::once(("before", before, "#d62728"))
-        .chain(after.map(|a| ("after", a, "#1f77b4")))
-        .collect();
-    let ymax = series
-        .iter()
-        .flat_map(|x| x.1.iter().copied())
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let tmax = series.iter().map(|x| x.1.len()).max().unwrap_or(1).max(1) as f64;
-    s += &format!(
-        "<rect x=\"{pad}\" y=\"{y1}\" width=\"{w}\" height=\"{h}\" fill=\"none\" stroke=\"#888\"/>\n<text x=\"{pad}\" y=\"{}\">live bytes per schedule step (max {})</text>\n",
-        y1 - 6.0,
-        human_bytes(ymax as u64)
-    );
-    for (k, (name, v, c)) in series.iter().enumerate() {
-        let pts: Vec<String> = v
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| {
-                format!(
-                    "{:.1},{:.1}",
-                    pad + w * i as f64 / tmax,
-                    y1 + h * (1.0 - b as f64 / ymax)
-                )
-            })
-            .collect();
-        s += &format!(
-            "<polyline points=\"{}\" fill=\"none\" stroke=\"{c}\"/>\n<text x=\"{}\" y=\"{}\" fill=\"{c}\">{name}</text>\n",
-            pts.join(" "),
-            pad + w - 120.0,
-            y1 + 16.0 * (k as f64 + 1.0)
-        );
-    }
-    s += "</svg>\n";
-    s
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    /// Points by rising peak, as a frontier holds them.
+    fn front(pts: &[(f64, f64)]) -> Vec<FrontierPoint> {
+        pts.iter()
+            .map(|&(pf, pct)| FrontierPoint {
+                peak_bytes: (pf * 1000.0) as u64,
+                peak_fraction: pf,
+                extra_flops: (pct * 100.0) as u64,
+                extra_flops_pct: pct,
+                recomputed_nodes: 0,
+                proven_optimal: false,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_knee_saves_most_per_flop() {
+        // 60% of the memory saved for 5% FLOPs, then 10% more for 30%.
+        let f = front(&[(0.3, 35.0), (0.4, 5.0), (0.7, 2.0), (1.0, 0.0)]);
+        assert_eq!(choose(&f, None), Some((1, ChoiceReason::Knee)));
+        // A straight frontier has no knee: the least peak.
+        let f = front(&[(0.5, 10.0), (0.75, 5.0), (1.0, 0.0)]);
+        assert_eq!(choose(&f, None), Some((0, ChoiceReason::LeastPeak)));
+        assert_eq!(choose(&[], None), None);
+    }
+
+    #[test]
+    fn a_budget_picks_the_fewest_flops_within_it() {
+        let f = front(&[(0.3, 35.0), (0.4, 5.0), (0.7, 2.0), (1.0, 0.0)]);
+        assert_eq!(choose(&f, Some(700)), Some((2, ChoiceReason::Budget)));
+        assert_eq!(choose(&f, Some(699)), Some((1, ChoiceReason::Budget)));
+        assert_eq!(choose(&f, Some(5000)), Some((3, ChoiceReason::Budget)));
+        assert_eq!(choose(&f, Some(299)), None);
+    }
 }

@@ -1,6 +1,12 @@
 //! SVG drawings of plans: live bytes over time (one step line per order,
 //! dashed lines at the arena and the bound) above the arena layout (one
 //! rectangle per tensor, time × address; hover for name, size, offset).
+//! Both panels are drawn with [`chart`], the helper every graphopt picture
+//! shares (`remat --svg` too).
+
+pub mod chart;
+
+use chart::{Axis, Plot, Series, Svg, Unit};
 
 use crate::buffer::Buffer;
 use crate::liveness;
@@ -109,21 +115,16 @@ pub fn model_svg(m: &Model, plan: &Plan) -> Result<String, PlanError> {
     ))
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
 /// Two panels: live bytes over time (one step line per curve, dashed
 /// lines at the arena size and the bound), then the arena layout with one
 /// rectangle per tensor (time × address; hover for name, size, offset).
 pub fn render_svg(title: &str, curves: &[Curve], rects: &[Rect], arena: u64, bound: u64) -> String {
-    let (w, ph, pad_l, pad_r, top) = (960.0f64, 260.0f64, 90.0f64, 20.0f64, 40.0f64);
-    let lh = 360.0f64;
-    let y2 = top + ph + 60.0; // layout panel top
-    let height = y2 + lh + 50.0;
+    let (w, left, right) = (960.0f64, 90.0f64, 20.0f64);
+    let pw = w - left - right;
+    let (top, ph) = (70.0f64, 250.0f64);
+    let y2 = top + ph + 100.0; // layout panel top
+    let lh = 330.0f64;
+    let height = y2 + lh + 55.0;
     let t_max = curves
         .iter()
         .flat_map(|c| c.1.iter().map(|p| p.0 + 1))
@@ -145,131 +146,139 @@ pub fn render_svg(title: &str, curves: &[Curve], rects: &[Rect], arena: u64, bou
         .max()
         .unwrap_or(1)
         .max(1) as f64;
-    let pw = w - pad_l - pad_r;
-    let xs = |t: i64| pad_l + (t - t_min) as f64 / (t_max - t_min) as f64 * pw;
-    let ys = |b: f64| top + ph - b / y_max * ph;
-    let mut s = String::new();
-    s += &format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    let steps = Axis::new("schedule step", Unit::Count, t_min as f64, t_max as f64);
+    let mut svg = Svg::new(w, height);
+    svg.title(left, 22.0, &format!("Memory over time: {title}"));
+    let series: Vec<Series> = curves
+        .iter()
+        .enumerate()
+        .map(|(i, (label, _, color))| Series::with_color(label, color, i, curves.len()))
+        .collect();
+    svg.legend(left + 10.0, 46.0, &series.iter().collect::<Vec<_>>());
+    let p = Plot::new(
+        left,
+        top,
+        pw,
+        ph,
+        &steps,
+        &Axis::new("live memory", Unit::Bytes, 0.0, y_max),
     );
-    s += &format!(
-        "<text x=\"{pad_l}\" y=\"22\" font-size=\"15\" font-weight=\"bold\">Memory over time: {}</text>\n",
-        esc(title)
-    );
-    // Axes and grid of panel 1.
-    for k in 0..=4 {
-        let b = y_max * k as f64 / 4.0;
-        let y = ys(b);
-        s += &format!(
-            "<line x1=\"{pad_l}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\n",
-            pad_l + pw
-        );
-        s += &format!(
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
-            pad_l - 6.0,
-            y + 4.0,
-            human_bytes(b as u64)
-        );
-    }
+    p.axes(&mut svg);
     // Arena label above its line, bound label below its own.
-    for (label, val, color, dy) in [
-        ("arena", arena, "#2ca02c", -4.0),
-        ("lower bound", bound, "#555", 13.0),
-    ] {
-        let y = ys(val as f64);
-        s += &format!(
-            "<line x1=\"{pad_l}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"{color}\" stroke-dasharray=\"6 4\"/>\n",
-            pad_l + pw
-        );
-        s += &format!(
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"{color}\">{label} {}</text>\n",
-            pad_l + pw,
-            y + dy,
-            human_bytes(val)
-        );
-    }
-    for (i, (label, pts, color)) in curves.iter().enumerate() {
-        let mut d = String::new();
-        for (k, &(t, b)) in pts.iter().enumerate() {
-            let next = pts.get(k + 1).map(|p| p.0).unwrap_or(t + 1);
-            let (x0, x1, y) = (xs(t), xs(next), ys(b as f64));
-            if k == 0 {
-                d += &format!("M{x0:.1},{:.1} L{x0:.1},{y:.1} ", ys(0.0));
-            } else {
-                d += &format!("L{x0:.1},{y:.1} ");
-            }
-            d += &format!("L{x1:.1},{y:.1} ");
-        }
-        // The first curve (original order) wide and pale underneath, so a
-        // chosen order equal to it still shows both.
-        let (width, opacity) = if i == 0 && curves.len() > 1 {
-            (4.0, 0.45)
-        } else {
-            (1.4, 1.0)
-        };
-        s += &format!(
-            "<path d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"{width}\" stroke-opacity=\"{opacity}\"/>\n"
-        );
-        let ly = top + 14.0 + 16.0 * i as f64;
-        s += &format!(
-            "<line x1=\"{}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"3\"/><text x=\"{}\" y=\"{}\">{}</text>\n",
-            pad_l + 10.0,
-            pad_l + 30.0,
-            pad_l + 36.0,
-            ly + 4.0,
-            esc(label)
-        );
-    }
-    s += &format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">schedule step</text>\n",
-        pad_l + pw / 2.0,
-        top + ph + 30.0
+    p.hline(
+        &mut svg,
+        arena as f64,
+        "#2ca02c",
+        &format!("arena {}", human_bytes(arena)),
+        true,
     );
+    p.hline(
+        &mut svg,
+        bound as f64,
+        "#555",
+        &format!("lower bound {}", human_bytes(bound)),
+        false,
+    );
+    for (i, ((_, pts, _), s)) in curves.iter().zip(&series).enumerate() {
+        let pts: Vec<(f64, f64)> = pts.iter().map(|&(t, b)| (t as f64, b as f64)).collect();
+        p.steps(&mut svg, &pts, s, i, curves.len());
+    }
     // Panel 2: the arena layout.
-    s += &format!(
-        "<text x=\"{pad_l}\" y=\"{}\" font-size=\"15\" font-weight=\"bold\">Arena layout (time × address), {} tensors in {}</text>\n",
-        y2 - 12.0,
-        rects.len(),
-        human_bytes(arena)
+    svg.title(
+        left,
+        y2 - 14.0,
+        &format!(
+            "Arena layout (time × address), {} tensors in {}",
+            rects.len(),
+            human_bytes(arena)
+        ),
     );
-    let amax = arena.max(1) as f64;
-    let ya = |o: f64| y2 + lh - o / amax * lh;
-    s += &format!(
-        "<rect x=\"{pad_l}\" y=\"{y2}\" width=\"{pw}\" height=\"{lh}\" fill=\"#f7f7f7\" stroke=\"#999\"/>\n"
+    let layout = Plot::new(
+        left,
+        y2,
+        pw,
+        lh,
+        &Axis::new(
+            "schedule step (chosen order)",
+            Unit::Count,
+            t_min as f64,
+            t_max as f64,
+        ),
+        &Axis::new("arena offset", Unit::Bytes, 0.0, arena.max(1) as f64),
     );
-    for k in 0..=4 {
-        let o = amax * k as f64 / 4.0;
-        s += &format!(
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
-            pad_l - 6.0,
-            ya(o) + 4.0,
-            human_bytes(o as u64)
-        );
-    }
+    layout.axes(&mut svg);
     for r in rects {
         let mut h: u32 = 2166136261;
         for c in r.name.bytes() {
             h = (h ^ c as u32).wrapping_mul(16777619);
         }
         let hue = h % 360;
-        let (x0, x1) = (xs(r.t0), xs(r.t1));
-        let (yt, yb) = (ya((r.off + r.size) as f64), ya(r.off as f64));
-        s += &format!(
+        let (x0, x1) = (layout.px(r.t0 as f64), layout.px(r.t1 as f64));
+        let (yt, yb) = (layout.py((r.off + r.size) as f64), layout.py(r.off as f64));
+        svg.raw(&format!(
             "<rect x=\"{x0:.2}\" y=\"{yt:.2}\" width=\"{:.2}\" height=\"{:.2}\" fill=\"hsl({hue},60%,65%)\" stroke=\"#333\" stroke-width=\"0.3\"><title>{} size {} offset {} steps [{}, {})</title></rect>\n",
             (x1 - x0).max(0.5),
             (yb - yt).max(0.5),
-            esc(&r.name),
+            chart::esc(&r.name),
             r.size,
             r.off,
             r.t0,
             r.t1
-        );
+        ));
     }
-    s += &format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">schedule step (chosen order)</text>\n",
-        pad_l + pw / 2.0,
-        y2 + lh + 30.0
+    layout.hline(
+        &mut svg,
+        arena as f64,
+        "#2ca02c",
+        &format!("arena {}", human_bytes(arena)),
+        true,
     );
-    s += "</svg>\n";
-    s
+    svg.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two orders over four steps and three tensors: the whole picture as
+    /// text, so that any change to it shows in review.
+    #[test]
+    fn small_plan_picture() {
+        let orig = vec![(0, 3000), (1, 5000), (2, 4000), (3, 1000)];
+        let chosen = vec![(0, 3000), (1, 3000), (2, 4000), (3, 1000)];
+        let rects = [
+            Rect {
+                name: "a<b".into(),
+                t0: 0,
+                t1: 2,
+                off: 0,
+                size: 3000,
+            },
+            Rect {
+                name: "c".into(),
+                t0: 2,
+                t1: 3,
+                off: 0,
+                size: 4000,
+            },
+            Rect {
+                name: "d".into(),
+                t0: 3,
+                t1: 4,
+                off: 0,
+                size: 1000,
+            },
+        ];
+        let svg = render_svg(
+            "tiny & small",
+            &[
+                ("original order", &orig, "#d62728"),
+                ("chosen order", &chosen, "#1f77b4"),
+            ],
+            &rects,
+            4096,
+            4000,
+        );
+        insta::assert_snapshot!(svg);
+    }
 }
