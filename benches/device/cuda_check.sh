@@ -9,16 +9,72 @@
 #   cargo build --release --bin graphopt        # about 13 minutes on 2 cores
 #   ls -l target/release/graphopt               # with the ~12 MB tree it must fit 64 MiB;
 #   strip target/release/graphopt               # if not, strip it
+# and the Rust GPU tests (step 2b; the device machine has no Rust toolchain):
+#   bash benches/device/cuda_check.sh --prepare  # cargo test --release --no-run;
+#                                                # copies the test executables its
+#                                                # JSON lists to target/gpu-tests/
 # then, through the device tool, from the repository root:
-#   run(command="bash benches/device/cuda_check.sh", carry=["target/release/graphopt"], timeout_s=590)
+#   run(command="bash benches/device/cuda_check.sh",
+#       carry=["target/release/graphopt", "target/gpu-tests"], timeout_s=590)
 # The markdown table and the JSON land in benches/results/cuda_check.{md,json}
-# there and, since the device machine keeps nothing, in $OUT (they come back).
+# there and, since the device machine keeps nothing, in $OUT (they come back),
+# with the Rust tests' log (rust_tests.log).
 #
 # The GPU machine (see ../shared/notes/dependencies.md): CUDA 13, driver 580,
 # python3 with torch 2.11 (cu130), torchvision, transformers, onnx, numpy; no
 # Rust, no network. Models are built with random weights (no download).
 set -u
 cd "$(dirname "$0")/../.."
+
+# The Rust tests that drive the CUDA backend on the GPU, as
+# `test-binary filter`: run with GRAPHOPT_REQUIRE_GPU=1, where a missing or
+# unusable GPU fails them instead of skipping.
+GPU_TESTS=(
+  "cuda_gpu cuda_backend"
+  "run_models cuda_runs_like_cpu_or_is_refused_in_one_line"
+  "run_cmd cuda_and_missing_kernels_are_one_line_errors"
+)
+
+if [ "${1:-}" = "--prepare" ]; then
+  # Here, on the build machine: build the test executables (release, so
+  # that run_cmd's `graphopt` is the carried target/release/graphopt) and
+  # copy the ones cargo's JSON names to target/gpu-tests/, stripped, with
+  # the workspace root they were built in (their testdata paths are baked
+  # in from CARGO_MANIFEST_DIR). PROFILE=debug builds the debug ones.
+  set -eo pipefail
+  PROFILE=${PROFILE:-release}
+  flags=(--no-run --message-format=json -p graphopt-exec -p graphopt -p graphopt-cli)
+  [ "$PROFILE" = release ] && flags+=(--release)
+  names=()
+  for t in "${GPU_TESTS[@]}"; do
+    names+=("${t%% *}")
+    flags+=(--test "${t%% *}")
+  done
+  rm -rf target/gpu-tests
+  mkdir -p target/gpu-tests
+  cargo test "${flags[@]}" > target/gpu-tests/cargo.json
+  python3 - target/gpu-tests "${names[@]}" < target/gpu-tests/cargo.json <<'PY'
+import json, shutil, sys
+out, names = sys.argv[1], set(sys.argv[2:])
+found = {}
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") \
+            and m["target"]["kind"] == ["test"] and m["target"]["name"] in names:
+        found[m["target"]["name"]] = m["executable"]
+for n in sorted(names):
+    if n not in found:
+        sys.exit(f"--prepare: cargo built no test executable named {n}")
+    shutil.copy2(found[n], f"{out}/{n}")
+    print(f"{found[n]} -> {out}/{n}")
+PY
+  rm target/gpu-tests/cargo.json
+  strip "${names[@]/#/target/gpu-tests/}"
+  pwd -P > target/gpu-tests/ROOT
+  du -ch target/gpu-tests/* "target/$PROFILE/graphopt" | tail -1 | sed 's/total$/to carry (with the graphopt binary; the limit is 64 MiB with the tree)/'
+  exit 0
+fi
+
 export GRAPHOPT=${GRAPHOPT:-target/release/graphopt}
 export PYTHONUNBUFFERED=1
 WORK=${WORK:-/tmp/cuda_check}
@@ -51,6 +107,24 @@ import numpy as np
 a = np.load(\"/tmp/cuda_check/smoke.cuda.npz\"); b = np.load(\"/tmp/cuda_check/smoke.cpu.npz\")
 for k in b: print(k, \"max_rel\", float(np.abs(a[k]-b[k]).max() / max(np.abs(b[k]).max(), 1e-30)))"'
 
+# 2b. The Rust GPU tests (the CUDA backend against the CPU backend on the
+#     testdata models and launch-plan fixtures, through the library and the
+#     CLI), as built by --prepare. Their testdata paths are those of the
+#     build machine's workspace: that path is linked to this tree first.
+if [ -f target/gpu-tests/ROOT ]; then
+  ROOT=$(cat target/gpu-tests/ROOT)
+  if [ ! -e "$ROOT" ]; then
+    mkdir -p "$(dirname "$ROOT")" && ln -s "$(pwd -P)" "$ROOT" \
+      || echo "!! cannot link $ROOT to this tree: the Rust tests will not find testdata"
+  fi
+  for t in "${GPU_TESTS[@]}"; do
+    bin=target/gpu-tests/${t%% *}
+    step "rust ${t%% *}" 150 bash -c 'GRAPHOPT_REQUIRE_GPU=1 "$1" "$2" --test-threads 1 --nocapture 2>&1 | tee -a "$3"; exit "${PIPESTATUS[0]}"' _ "$bin" "${t#* }" "$WORK/rust_tests.log"
+  done
+else
+  echo "!! rust GPU tests not carried: run 'bash benches/device/cuda_check.sh --prepare' here and carry target/gpu-tests"
+fi
+
 # 3. Export with torch (random weights), seeded inputs.
 step export 150 python3 benches/device/cuda_check.py export "$WORK"
 
@@ -74,5 +148,6 @@ step report 30 python3 benches/device/cuda_check.py report "$WORK" "$RESULTS"
 if [ -n "${OUT:-}" ]; then
   cp "$RESULTS"/cuda_check.md "$RESULTS"/cuda_check.json "$OUT"/ 2>/dev/null
   cat "$WORK"/rows.jsonl > "$OUT"/rows.jsonl 2>/dev/null
+  cp "$WORK"/rust_tests.log "$OUT"/ 2>/dev/null
 fi
 echo "== done in $(( $(date +%s) - START ))s"

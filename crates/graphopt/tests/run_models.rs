@@ -194,26 +194,87 @@ fn a_lifetime_cut_short_is_caught_by_poison() {
     assert_eq!(p.poisoned_outputs, vec!["logits".to_string()]);
 }
 
-/// Without a GPU (CI, most machines) `Device::Cuda` is one line naming
-/// what is missing. The documented exception to "skips fail under
-/// CI=true": CI has no GPU; on a machine with one, the GPU path is checked
-/// by `benches/device/cuda_check.sh`.
+/// Models `Device::Cuda` runs on a GPU, compared with the CPU backend,
+/// with their bounds on the relative L2 error per output: fp32 as the
+/// tract comparison above; the fp16 MLP one fp16 rounding step. NOT yet
+/// measured on a GPU (the CUDA kernel emulation measured at most 1.7e-7
+/// max relative error on these models): tighten after a device run.
+const CUDA_MODELS: &[(&str, f64)] = &[
+    ("resnet_tiny.ts14", 1e-5),
+    ("bert_tiny.ts14", 1e-5),
+    ("gpt2_tiny.ts14", 1e-5),
+    ("mlp_fp16.ts14", 1e-3),
+];
+
+/// `Device::Cuda` through the library. With a GPU, each of
+/// [`CUDA_MODELS`] (optimized by the default pipeline) runs on it, outputs
+/// within its bound of the CPU backend's on the same inputs. Without one
+/// (CI, most machines) the run is one line naming what is missing, and the
+/// GPU part prints `SKIPPED` (a failure under `GRAPHOPT_REQUIRE_GPU=1`, as
+/// `benches/device/cuda_check.sh` sets it).
 #[test]
-fn cuda_without_a_gpu_is_refused_in_one_line() {
-    let Some(why) = graphopt::cuda_unavailable() else {
-        eprintln!("note: a CUDA GPU is present; the no-GPU refusal is not exercised here");
+fn cuda_runs_like_cpu_or_is_refused_in_one_line() {
+    let test = "cuda_runs_like_cpu_or_is_refused_in_one_line";
+    if let Some(why) = graphopt::cuda_unavailable() {
+        let session = optimized("resnet_tiny.ts14");
+        let e = session
+            .run(&RunOptions {
+                device: graphopt::Device::Cuda,
+                ..Default::default()
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("--device cuda: {why}")), "{e}");
+        assert!(!e.contains('\n'));
+        graphopt_testutil::skip_or_fail(
+            &format!("{test} (GPU part)"),
+            &format!("no usable CUDA GPU ({why})"),
+            graphopt_testutil::require_gpu(),
+            "GRAPHOPT_REQUIRE_GPU=1",
+        );
         return;
-    };
-    let session = optimized("resnet_tiny.ts14");
-    let e = session
-        .run(&RunOptions {
-            device: graphopt::Device::Cuda,
-            ..Default::default()
-        })
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains(&format!("--device cuda: {why}")), "{e}");
-    assert!(!e.contains('\n'));
+    }
+    let mut failures = Vec::new();
+    for &(model, bound) in CUDA_MODELS {
+        let session = optimized(model);
+        let run = |device| {
+            session.run(&RunOptions {
+                inputs: inputs_of(model),
+                device,
+                repeat: 3,
+                ..Default::default()
+            })
+        };
+        let cpu = run(graphopt::Device::Cpu).unwrap();
+        let gpu = match run(graphopt::Device::Cuda) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!("{model}: does not run on the GPU: {e}"));
+                continue;
+            }
+        };
+        assert!(gpu.cuda.is_some(), "{model}: no CUDA figures");
+        assert_eq!(gpu.output_names, cpu.output_names, "{model}");
+        let diffs = graphopt::compare_outputs(
+            &cpu.output_names,
+            &cpu.outputs,
+            &gpu.outputs,
+            &Tolerance::default(),
+        );
+        for d in &diffs {
+            println!(
+                "{model} {} on the GPU: rel_l2 {:.3e}, max_abs {:.3e} against the CPU backend",
+                d.name, d.rel_l2, d.max_abs
+            );
+            if d.error.is_some() || d.rel_l2.is_nan() || d.rel_l2 > bound {
+                failures.push(format!(
+                    "{model} {}: GPU rel_l2 {} > {bound} ({:?})",
+                    d.name, d.rel_l2, d.error
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

@@ -60,11 +60,39 @@ pub fn venv_dir() -> PathBuf {
     target_dir().join("py-venv")
 }
 
-/// True when a missing Python prerequisite must fail the test rather than
-/// skip it: `GRAPHOPT_REQUIRE_PYTHON=1` or `CI=true` (both as CI sets them).
+fn env_is(k: &str, v: &str) -> bool {
+    std::env::var(k).is_ok_and(|x| x.eq_ignore_ascii_case(v))
+}
+
+/// True when a missing test prerequisite that CI has (the Python
+/// environment; g++ for the CUDA kernel emulation) must fail the test
+/// rather than skip it: `GRAPHOPT_REQUIRE_PYTHON=1` or `CI=true` (both as
+/// `.ci/run` sets them).
 pub fn require_python() -> bool {
-    let set = |k: &str, v: &str| std::env::var(k).is_ok_and(|x| x.eq_ignore_ascii_case(v));
-    set("GRAPHOPT_REQUIRE_PYTHON", "1") || set("CI", "true")
+    env_is("GRAPHOPT_REQUIRE_PYTHON", "1") || env_is("CI", "true")
+}
+
+/// True when a missing CUDA GPU must fail the GPU tests rather than skip
+/// them: `GRAPHOPT_REQUIRE_GPU=1`, as `benches/device/cuda_check.sh` sets
+/// it on the GPU machine. CI has no GPU, so `CI=true` does not imply it.
+pub fn require_gpu() -> bool {
+    env_is("GRAPHOPT_REQUIRE_GPU", "1")
+}
+
+/// The one way a test gives up on a missing prerequisite other than the
+/// Python environment (which [`python_or_skip`] handles): returns true
+/// after printing `SKIPPED <test>: <why> (set <require_with> to make this
+/// a failure)`, so the skip shows in the log.
+///
+/// # Panics
+/// When `required` (from [`require_python`] or [`require_gpu`]), with
+/// `why` and the setting that made it a failure.
+pub fn skip_or_fail(test: &str, why: &str, required: bool, require_with: &str) -> bool {
+    if required {
+        panic!("{test}: required ({require_with}) but {why}");
+    }
+    eprintln!("SKIPPED {test}: {why} (set {require_with} to make this a failure)");
+    true
 }
 
 /// The interpreter of the pinned test environment, set up on first use
@@ -283,5 +311,14 @@ mod tests {
             // Panics when Python is required.
             python_or_skip("pins_are_checked");
         }
+    }
+
+    #[test]
+    fn a_required_prerequisite_fails_and_an_optional_one_skips() {
+        assert!(skip_or_fail("t", "no g++", false, "CI=true"));
+        let e =
+            std::panic::catch_unwind(|| skip_or_fail("t", "no g++", true, "CI=true")).unwrap_err();
+        let msg = e.downcast_ref::<String>().unwrap();
+        assert_eq!(msg, "t: required (CI=true) but no g++");
     }
 }

@@ -11,7 +11,7 @@
 //! Outputs are compared with the CPU backend's on the same plan.
 //!
 //! Needs g++ (C++20); without it the tests skip with a note, and fail
-//! when `CI=true`.
+//! when `CI=true` or `GRAPHOPT_REQUIRE_PYTHON=1` (as `.ci/run` sets both).
 
 use super::codegen::{self, Src};
 use super::ops::{Gemm, Launch};
@@ -27,21 +27,23 @@ use std::process::Command;
 pub fn gxx_missing() -> Option<String> {
     match Command::new("g++").arg("--version").output() {
         Ok(o) if o.status.success() => None,
-        _ => Some("g++ not found: CUDA kernel emulation skipped".into()),
+        _ => Some("g++ (C++20) not found".into()),
     }
 }
 
-/// Skips (returns true) with a note when g++ is missing; fails under CI=true.
+/// Skips (returns true) with a `SKIPPED` note when g++ is missing; fails
+/// where a missing prerequisite must ([`graphopt_testutil::require_python`]:
+/// `CI=true` or `GRAPHOPT_REQUIRE_PYTHON=1`, both set by `.ci/run`).
 pub fn skip_without_gxx() -> bool {
-    if let Some(why) = gxx_missing() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{why} (CI=true)"
-        );
-        eprintln!("note: {why}");
-        return true;
+    match gxx_missing() {
+        None => false,
+        Some(why) => graphopt_testutil::skip_or_fail(
+            "CUDA kernel emulation",
+            &why,
+            graphopt_testutil::require_python(),
+            "GRAPHOPT_REQUIRE_PYTHON=1 or CI=true",
+        ),
     }
-    false
 }
 
 fn shim() -> PathBuf {

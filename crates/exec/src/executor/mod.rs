@@ -1,0 +1,205 @@
+//! The runtime core: one arena at the planner's offsets, nodes in the
+//! plan's schedule.
+//!
+//! Invariants checked by [`Executable::new`] before anything runs (each
+//! one a refusal with one line, never a wrong run):
+//! 1. every node has a kernel from the backend;
+//! 2. every value has a concrete type, and every activation a planned
+//!    tensor inside the arena;
+//! 3. at every node, output bytes overlap neither each other nor the
+//!    inputs', except the in-place pairs the plan declares (this is also
+//!    what makes handing out `&[u8]` and `&mut [u8]` into one arena sound).
+//!
+//! Poison ([`RunOptions::poison`]): after the last step of each storage
+//! region (a tensor with the tensors aliased to it), its bytes are
+//! overwritten with NaN (f32 regions) or `0xA5` (others). A plan that ends
+//! a lifetime too early then feeds poison to a later reader, and outputs
+//! change.
+//!
+//! Layout:
+//! - `bind`: the plan checks and the binding of every node's inputs and
+//!   outputs to arena offsets, weights or dynamic slots ([`bind`], shared
+//!   with the CUDA backend through [`KernelMaker`]);
+//! - `run`: [`Executable::run`], the node loop: inputs in, kernels (or
+//!   nested programs) in schedule order, poison, outputs out;
+//! - `memory`: the aligned buffers (arena, workspace, copied weights),
+//!   where a value lives ([`Loc`]), when dynamic values are freed and
+//!   which regions are poisoned after each step;
+//! - this file: the errors, options and figures, and [`Executable`] itself.
+
+mod bind;
+mod memory;
+mod run;
+
+pub(crate) use bind::{bind, Bound, KernelMaker, Step};
+pub(crate) use memory::Loc;
+
+use crate::backend::{Backend, Kernel, TensorInfo};
+use crate::tensor::HostTensor;
+use bind::HostMaker;
+use bytes::Bytes;
+use graphopt_ir::Model;
+use graphopt_plan::Plan;
+use memory::{Aligned, Region, Weight};
+
+/// Why a model cannot run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    /// An op without a kernel (refused before anything runs).
+    #[error("no {backend} kernel for {op} (node '{node}'): {why}")]
+    NoKernel {
+        backend: String,
+        op: String,
+        node: String,
+        why: String,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+    /// The plan breaks an invariant the executor relies on.
+    #[error("bad plan: {0}")]
+    BadPlan(String),
+    #[error("bad input: {0}")]
+    Input(String),
+    #[error("node '{node}' ({op}): {msg}")]
+    Kernel {
+        op: String,
+        node: String,
+        msg: String,
+    },
+}
+
+/// Options of [`Executable::run`].
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Threads kernels may use.
+    pub threads: usize,
+    /// Overwrite each region with poison after its last reader.
+    pub poison: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            poison: false,
+        }
+    }
+}
+
+/// What one run did besides computing outputs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Regions overwritten with poison (nested arenas included).
+    pub poisoned_regions: usize,
+    /// Nodes whose kernel ran (aliased views do not run; kernels of
+    /// subgraph bodies count).
+    pub kernels_run: usize,
+    /// Runs of nested programs (If branches, Loop iterations, nodes run
+    /// alone because they touch a dynamic value).
+    pub subgraph_runs: usize,
+    /// Peak bytes of the values of data-dependent size live at once,
+    /// outside the arena (a nested run's peak is added to what was live
+    /// around it).
+    pub dynamic_peak_bytes: u64,
+}
+
+/// A model bound to a plan and a backend, ready to run.
+pub struct Executable {
+    steps: Vec<Step<Box<dyn Kernel>>>,
+    arena: Aligned,
+    planned_arena: u64,
+    workspace: Aligned,
+    staging_bytes: usize,
+    weights: Vec<Weight>,
+    weights_bytes: u64,
+    weights_copied: u64,
+    /// Runtime inputs: name, arena offset, type.
+    inputs: Vec<(String, usize, TensorInfo)>,
+    /// Overridable inputs fed from their initializer: arena offset, bytes.
+    defaults: Vec<(usize, Bytes)>,
+    outputs: Vec<(String, Loc, TensorInfo)>,
+    /// Regions to poison after each step.
+    poison_after: Vec<Vec<Region>>,
+    dyn_names: Vec<String>,
+    dyn_free_after: Vec<Vec<usize>>,
+    /// Values of data-dependent size during a run (emptied after it).
+    dyn_store: Vec<Option<HostTensor>>,
+}
+
+impl Executable {
+    /// Binds `model` (shapes inferred at the plan's dims: the
+    /// [`graphopt_plan::ModelPlan::model`]) to `plan` and asks `backend` for
+    /// every kernel. Refuses, with one line, an op without a kernel, a
+    /// value of unknown size the plan did not list as dynamic, a Scan, or
+    /// a plan with overlapping live bytes at a node. If/Loop and nodes
+    /// touching the plan's `dynamic_values` become nested programs
+    /// (`crate::control`).
+    pub fn new(model: &Model, plan: &Plan, backend: &dyn Backend) -> Result<Executable, ExecError> {
+        let b = bind(model, plan, &HostMaker(backend))?;
+        Ok(Executable {
+            steps: b.steps,
+            arena: Aligned::new(b.arena_bytes as usize),
+            planned_arena: b.arena_bytes,
+            workspace: Aligned::new(b.staging_bytes + b.max_workspace),
+            staging_bytes: b.staging_bytes,
+            weights: b.weights,
+            weights_bytes: b.weights_bytes,
+            weights_copied: b.weights_copied,
+            inputs: b.inputs,
+            defaults: b.defaults,
+            outputs: b.outputs,
+            poison_after: b.poison_after,
+            dyn_store: vec![None; b.dyn_names.len()],
+            dyn_names: b.dyn_names,
+            dyn_free_after: b.dyn_free_after,
+        })
+    }
+
+    /// Bytes of the nested programs' arenas and workspaces (If branches,
+    /// Loop bodies, nodes run alone), one per input shapes seen so far,
+    /// recursively: allocated beside the main arena.
+    pub fn subgraph_arena_bytes(&self) -> u64 {
+        self.steps
+            .iter()
+            .filter_map(|s| s.special.as_ref())
+            .map(|s| s.arena_bytes())
+            .sum()
+    }
+    /// Values of data-dependent size, allocated outside the arena during
+    /// a run (the plan's `dynamic_values`).
+    pub fn dynamic_values(&self) -> &[String] {
+        &self.dyn_names
+    }
+
+    /// Arena bytes as the plan sized it.
+    pub fn arena_planned_bytes(&self) -> u64 {
+        self.planned_arena
+    }
+    /// Arena bytes actually allocated (one buffer).
+    pub fn arena_allocated_bytes(&self) -> u64 {
+        self.arena.len as u64
+    }
+    /// Kernel scratch and in-place staging: one buffer.
+    pub fn workspace_bytes(&self) -> u64 {
+        self.workspace.len as u64
+    }
+    /// Bytes of weights (read in place).
+    pub fn weights_bytes(&self) -> u64 {
+        self.weights_bytes
+    }
+    /// Bytes of weights copied because the file left them misaligned.
+    pub fn weights_copied_bytes(&self) -> u64 {
+        self.weights_copied
+    }
+    /// Names and types of the runtime inputs, in graph order.
+    pub fn input_infos(&self) -> Vec<(String, TensorInfo)> {
+        self.inputs
+            .iter()
+            .map(|(n, _, t)| (n.clone(), t.clone()))
+            .collect()
+    }
+    /// Names of the outputs, in graph order.
+    pub fn output_names(&self) -> Vec<String> {
+        self.outputs.iter().map(|o| o.0.clone()).collect()
+    }
+}

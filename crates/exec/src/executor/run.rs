@@ -1,0 +1,236 @@
+//! Running a bound model: [`Executable::run`] copies the inputs into the
+//! arena, runs each step in the plan's schedule (a kernel on arena slices,
+//! or a nested program for If, Loop and nodes touching dynamic values),
+//! keeps the dynamic store, poisons dead regions when asked, and copies
+//! the outputs out.
+
+use super::memory::Loc;
+use super::{ExecError, Executable, RunOptions, RunStats};
+use crate::backend::{Data, In, KernelIo, Out};
+use crate::control::{nbytes, OutSlot};
+use crate::tensor::{elem_size, numel, HostTensor};
+
+impl Executable {
+    /// Runs once on `inputs` (the runtime inputs in graph order, with the
+    /// planned dtypes and shapes).
+    pub fn run(
+        &mut self,
+        inputs: &[HostTensor],
+        opts: &RunOptions,
+    ) -> Result<(Vec<HostTensor>, RunStats), ExecError> {
+        if inputs.len() != self.inputs.len() {
+            return Err(ExecError::Input(format!(
+                "the model has {} inputs, {} given",
+                self.inputs.len(),
+                inputs.len()
+            )));
+        }
+        let arena = self.arena.bytes_mut();
+        for ((name, off, ti), t) in self.inputs.iter().zip(inputs) {
+            if t.dtype != ti.dtype || t.shape != ti.shape || t.data.len() != nbytes(t) {
+                return Err(ExecError::Input(format!(
+                    "input '{name}' is {} {:?}, the plan is for {} {:?}",
+                    t.dtype.name(),
+                    t.shape,
+                    ti.dtype.name(),
+                    ti.shape
+                )));
+            }
+            arena[*off..*off + t.data.len()].copy_from_slice(&t.data);
+        }
+        for (off, b) in &self.defaults {
+            arena[*off..*off + b.len()].copy_from_slice(b);
+        }
+        let mut stats = RunStats::default();
+        let base = self.arena.ptr.as_ptr();
+        let ws_all = self.workspace.bytes_mut();
+        let (staging, ws) = ws_all.split_at_mut(self.staging_bytes);
+        let weights = &self.weights;
+        let dyn_store = &mut self.dyn_store;
+        dyn_store.iter_mut().for_each(|d| *d = None);
+        let mut dyn_live = 0u64;
+        for (si, step) in self.steps.iter_mut().enumerate() {
+            if let Some(sp) = step.special.as_mut() {
+                let kerr = |msg: String| ExecError::Kernel {
+                    op: step.op.clone(),
+                    node: step.name.clone(),
+                    msg,
+                };
+                let mut ins = Vec::with_capacity(step.inputs.len());
+                for i in &step.inputs {
+                    let Some((l, ti)) = i else {
+                        ins.push(None);
+                        continue;
+                    };
+                    let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+                    let data = match *l {
+                        // SAFETY: inside the arena (checked in `new`); no
+                        // other reference into the arena is alive here.
+                        Loc::Arena { offset, .. } => {
+                            unsafe { std::slice::from_raw_parts(base.add(offset), n) }.to_vec()
+                        }
+                        Loc::Weight(w) => weights[w].bytes()[..n].to_vec(),
+                        Loc::Dynamic(k) => {
+                            let t = dyn_store[k].clone().ok_or_else(|| {
+                                kerr(format!(
+                                    "dynamic value '{}' is read after it was freed",
+                                    self.dyn_names[k]
+                                ))
+                            })?;
+                            ins.push(Some(t));
+                            continue;
+                        }
+                    };
+                    ins.push(Some(HostTensor {
+                        dtype: ti.dtype,
+                        shape: ti.shape.clone(),
+                        data,
+                    }));
+                }
+                let mut sub = RunStats::default();
+                let outs = sp.run(ins, opts, &mut sub).map_err(kerr)?;
+                stats.poisoned_regions += sub.poisoned_regions;
+                stats.kernels_run += sub.kernels_run;
+                stats.subgraph_runs += sub.subgraph_runs;
+                stats.dynamic_peak_bytes = stats
+                    .dynamic_peak_bytes
+                    .max(dyn_live + sub.dynamic_peak_bytes);
+                for (t, slot) in outs.into_iter().zip(sp.outputs.iter().flatten()) {
+                    match slot {
+                        OutSlot::Arena {
+                            name,
+                            offset,
+                            len,
+                            shape,
+                        } => {
+                            if t.shape != *shape || t.data.len() != *len {
+                                return Err(kerr(format!(
+                                    "output '{name}' is {:?} at run time, the plan has {shape:?} ({len} B)",
+                                    t.shape
+                                )));
+                            }
+                            // SAFETY: inside the arena; no reference is alive.
+                            unsafe { std::slice::from_raw_parts_mut(base.add(*offset), *len) }
+                                .copy_from_slice(&t.data);
+                        }
+                        OutSlot::Dynamic { index } => {
+                            dyn_live += t.data.len() as u64;
+                            if let Some(old) = dyn_store[*index].replace(t) {
+                                dyn_live -= old.data.len() as u64;
+                            }
+                        }
+                    }
+                }
+                stats.dynamic_peak_bytes = stats.dynamic_peak_bytes.max(dyn_live);
+            } else if !step.skip {
+                let stage = !step.in_place.is_empty() && !step.kernel.in_place();
+                if stage {
+                    let (off, len, _) = step.outputs[0].as_ref().expect("in-place output");
+                    // SAFETY: inside the arena (checked in `new`); no other
+                    // reference into the arena is alive here.
+                    let src = unsafe { std::slice::from_raw_parts(base.add(*off), *len) };
+                    staging[..*len].copy_from_slice(src);
+                }
+                let mut ins = Vec::with_capacity(step.inputs.len());
+                for (k, i) in step.inputs.iter().enumerate() {
+                    ins.push(i.as_ref().map(|(l, ti)| {
+                        let data = if step.in_place.contains(&k) {
+                            if stage {
+                                Data::Bytes(
+                                    &staging[..numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1)],
+                                )
+                            } else {
+                                Data::Output0
+                            }
+                        } else {
+                            match *l {
+                                // SAFETY: inside the arena, and disjoint from
+                                // every output of this node (checked in `new`).
+                                Loc::Arena { offset, len } => Data::Bytes(unsafe {
+                                    std::slice::from_raw_parts(base.add(offset), len)
+                                }),
+                                Loc::Weight(w) => Data::Bytes(weights[w].bytes()),
+                                // Steps reading a dynamic value are special.
+                                Loc::Dynamic(_) => Data::Bytes(&[]),
+                            }
+                        };
+                        In {
+                            dtype: ti.dtype,
+                            shape: &ti.shape,
+                            data,
+                        }
+                    }));
+                }
+                let mut outs = Vec::with_capacity(step.outputs.len());
+                // Omitted outputs are trailing (checked in `new`).
+                for (off, len, ti) in step.outputs.iter().flatten() {
+                    // SAFETY: inside the arena; outputs are pairwise
+                    // disjoint and disjoint from the inputs handed out as
+                    // slices (checked in `new`).
+                    outs.push(Out {
+                        dtype: ti.dtype,
+                        shape: &ti.shape,
+                        data: unsafe { std::slice::from_raw_parts_mut(base.add(*off), *len) },
+                    });
+                }
+                let mut io = KernelIo {
+                    inputs: ins,
+                    outputs: outs,
+                    workspace: &mut ws[..],
+                    threads: opts.threads.max(1),
+                };
+                step.kernel.run(&mut io).map_err(|msg| ExecError::Kernel {
+                    op: step.op.clone(),
+                    node: step.name.clone(),
+                    msg,
+                })?;
+                stats.kernels_run += 1;
+            }
+            for &k in &self.dyn_free_after[si] {
+                if let Some(t) = dyn_store[k].take() {
+                    dyn_live -= t.data.len() as u64;
+                }
+            }
+            if opts.poison {
+                for r in &self.poison_after[si] {
+                    // SAFETY: inside the arena; no reference is alive.
+                    let b = unsafe { std::slice::from_raw_parts_mut(base.add(r.offset), r.len) };
+                    if r.float && r.len % 4 == 0 {
+                        for c in b.chunks_exact_mut(4) {
+                            c.copy_from_slice(&POISON_F32.to_le_bytes());
+                        }
+                    } else {
+                        b.fill(0xA5);
+                    }
+                    stats.poisoned_regions += 1;
+                }
+            }
+        }
+        let arena = self.arena.bytes();
+        let mut outputs = Vec::with_capacity(self.outputs.len());
+        for (name, l, ti) in &self.outputs {
+            let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+            let data = match *l {
+                Loc::Arena { offset, .. } => arena[offset..offset + n].to_vec(),
+                Loc::Weight(w) => self.weights[w].bytes()[..n].to_vec(),
+                Loc::Dynamic(k) => {
+                    let t = self.dyn_store[k].clone().ok_or_else(|| {
+                        ExecError::BadPlan(format!("output '{name}' was freed before the end"))
+                    })?;
+                    outputs.push(t);
+                    continue;
+                }
+            };
+            outputs.push(HostTensor {
+                dtype: ti.dtype,
+                shape: ti.shape.clone(),
+                data,
+            });
+        }
+        self.dyn_store.iter_mut().for_each(|d| *d = None);
+        Ok((outputs, stats))
+    }
+}
+
+/// The f32 poison: a NaN with a recognisable payload.
+pub const POISON_F32: u32 = 0x7FA5_A5A5;
