@@ -11,7 +11,6 @@ use graphopt::plan::{
 use graphopt::{Error, PlanRequest};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -99,9 +98,6 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             "plan: give a model file, or --intervals FILE.csv",
         ));
     };
-    if a.default_dim < 0 {
-        return Err(Error::new("--default-dim cannot be negative"));
-    }
     let session = graphopt::load(&input)?;
     let mut shapes = graphopt::util::parse_shapes(&a.shapes)?;
     if let Some(p) = &a.inputs {
@@ -114,15 +110,15 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             default: Some(a.default_dim),
         },
         options: PlanOptions {
-            alignment: a.alignment.unwrap_or(256).max(1),
+            alignment: a.alignment.unwrap_or(256),
             reorder: !a.no_reorder,
             search: true,
-            time_limit: a.time_limit.map(Duration::from_secs_f64),
+            time_limit: a
+                .time_limit
+                .map(|s| graphopt::util::seconds("--time-limit", s))
+                .transpose()?,
             node_budget: a.nodes.unwrap_or(200_000),
-            threads: a
-                .threads
-                .unwrap_or_else(graphopt::plan::default_threads)
-                .max(1),
+            threads: a.threads.unwrap_or_else(graphopt::plan::default_threads),
             strict: a.strict,
         },
     };
@@ -324,13 +320,14 @@ fn run_intervals(a: &Args, csv: &Path) -> graphopt::Result<()> {
         alignment: align,
         search: true,
         node_budget: a.nodes.unwrap_or(default_node_budget(bufs.len())),
-        time_limit: a.time_limit.map(Duration::from_secs_f64),
+        time_limit: a
+            .time_limit
+            .map(|s| graphopt::util::seconds("--time-limit", s))
+            .transpose()?,
         target: a.capacity,
-        threads: a
-            .threads
-            .unwrap_or_else(graphopt::plan::default_threads)
-            .max(1),
+        threads: a.threads.unwrap_or_else(graphopt::plan::default_threads),
     };
+    graphopt::util::validate_interval_options(&opts)?;
     let plan = plan_intervals(&bufs, &opts);
     if a.verify {
         check_plan(&bufs, &plan.offsets, plan.arena, align, &[]).map_err(|errs| {

@@ -6,7 +6,6 @@ use crate::util::{human_bytes, json_text, print_out};
 use graphopt::plan::DimValues;
 use graphopt::{Budget, Error, RematOptions, RematStrategy};
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -55,12 +54,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             a.strategy
         ))
     })?;
-    if !(a.time_limit > 0.0 && a.time_limit.is_finite()) {
-        return Err(Error::new(
-            "--time-limit must be a positive number of seconds",
-        ));
-    }
-    let time_limit = Duration::from_secs_f64(a.time_limit);
+    let time_limit = graphopt::util::seconds("--time-limit", a.time_limit)?;
     let dims = DimValues::new(&graphopt::util::parse_dims(&a.dims)?);
     let mut session = graphopt::load(&a.input)?;
     if a.sweep {

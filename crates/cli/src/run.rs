@@ -56,7 +56,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             DeviceArg::Cpu => Device::Cpu,
             DeviceArg::Cuda => Device::Cuda,
         },
-        repeat: a.repeat.max(1),
+        repeat: a.repeat,
         poison: a.poison,
         threads: a.threads,
         tamper: None,

@@ -117,6 +117,7 @@ impl Session {
     /// simplifies it with the default pipeline, and reports its forward and
     /// backward sizes, what the backward pass keeps alive, and its plan.
     pub fn grad(&mut self, opts: &GradOptions) -> Result<GradReport> {
+        opts.validate()?;
         // The rules emit opset-13 ops (ReduceSum's axes as an input, ...):
         // older models are raised first with `upgrade_opset`.
         let mut opset_upgraded = None;

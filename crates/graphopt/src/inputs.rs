@@ -43,7 +43,17 @@ impl Inputs {
     }
 
     /// The tensors for `model`'s runtime inputs, and a label for reports.
+    /// Given data (an npz, tensors) holding NaN or Inf is an error naming
+    /// the array ([`crate::util::ensure_finite`]).
     pub fn materialize(&self, model: &Model) -> Result<(Vec<TractTensor>, String)> {
+        let (t, label) = self.read(model)?;
+        if !matches!(self, Inputs::Random { .. }) {
+            crate::validate::ensure_finite(&label, named(model, &t))?;
+        }
+        Ok((t, label))
+    }
+
+    fn read(&self, model: &Model) -> Result<(Vec<TractTensor>, String)> {
         match self {
             Inputs::Random {
                 seed,
@@ -60,4 +70,13 @@ impl Inputs {
             Inputs::Tensors(t) => Ok((t.clone(), "given tensors".into())),
         }
     }
+}
+
+/// `tensors` (in the order of `model`'s runtime inputs) by input name.
+pub(crate) fn named<'a>(
+    model: &'a Model,
+    tensors: &'a [TractTensor],
+) -> impl Iterator<Item = (&'a str, &'a TractTensor)> {
+    let g = &model.graph;
+    g.runtime_inputs().map(|v| g.name(v)).zip(tensors)
 }

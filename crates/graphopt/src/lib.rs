@@ -50,6 +50,7 @@ mod remat;
 mod run;
 mod session;
 pub mod util;
+mod validate;
 
 pub use check::{
     compare_outputs, same_bits, CheckOptions, CheckReport, OutputDiff, Scale, Tolerance,

@@ -145,6 +145,7 @@ impl Session {
     /// Runs the default pipeline to a fixed point (or the passes
     /// `opts.passes` names), verifying after every pass.
     pub fn optimize(&mut self, opts: &OptimizeOptions) -> Result<OptimizeReport> {
+        opts.validate()?;
         let mut passes: Vec<Box<dyn Pass>> = Vec::new();
         let mut named = match &opts.passes {
             Some(list) => graphopt_passes::parse_pipeline(list).map_err(Error::from)?,

@@ -248,6 +248,7 @@ impl Session {
     /// Lowers the model to fp16/bf16 compute (or fp16 storage), through the
     /// pass manager, validating and falling back to fp32 where asked.
     pub fn lower_precision(&mut self, opts: &PrecisionOptions) -> Result<PrecisionReport> {
+        opts.validate(&self.model).map_err(|e| self.err(e))?;
         let mut base = LowerPrecision {
             precision: opts.precision,
             keep_io_types: opts.keep_io_types,

@@ -240,6 +240,7 @@ impl Runner<'_> {
     /// Runs the model; see [`RunOptions`].
     pub fn run(&mut self, opts: &RunOptions) -> Result<RunReport> {
         let session = self.session;
+        opts.validate().map_err(|e| session.err(e))?;
         if opts.device == Device::Cuda {
             if opts.poison {
                 return Err(session.err(Error::new(
@@ -318,10 +319,7 @@ impl Runner<'_> {
             }
         };
         let host: Vec<HostTensor> = tensors.iter().map(to_host).collect::<Result<_>>()?;
-        let threads = opts
-            .threads
-            .unwrap_or_else(graphopt_plan::default_threads)
-            .max(1);
+        let threads = opts.threads.unwrap_or_else(graphopt_plan::default_threads);
         let ropts = graphopt_exec::RunOptions {
             threads,
             poison: false,
@@ -329,7 +327,7 @@ impl Runner<'_> {
         let mut times: Vec<Duration> = Vec::new();
         let mut outputs = Vec::new();
         let mut dynamic_bytes = 0;
-        for _ in 0..opts.repeat.max(1) {
+        for _ in 0..opts.repeat {
             let t0 = Instant::now();
             let (o, st) = exe
                 .run(&host, &ropts)
@@ -410,7 +408,7 @@ fn run_cuda(
         .map_err(|e| session.err(Error::new(e.to_string())))?;
     let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
     let host: Vec<HostTensor> = tensors.iter().map(to_host).collect::<Result<_>>()?;
-    let repeat = opts.repeat.max(1);
+    let repeat = opts.repeat;
     let run = |exe: &mut graphopt_exec::cuda::CudaExecutable| {
         exe.run(&host, repeat > 1)
             .map_err(|e| session.err(Error::new(e.to_string())))

@@ -159,6 +159,7 @@ impl Session {
 
     /// Plans the model's memory at the request's dims.
     pub fn plan(&self, req: &PlanRequest) -> Result<ModelPlan> {
+        req.validate()?;
         graphopt_plan::plan_model(&self.model, &req.dims, &req.options).map_err(|e| self.err(e))
     }
 
@@ -170,6 +171,7 @@ impl Session {
         batch_dim: Option<&str>,
         budget: u64,
     ) -> Result<MaxBatch> {
+        req.validate()?;
         graphopt_plan::max_batch(&self.model, &req.dims, batch_dim, budget, &req.options)
             .map_err(|e| self.err(e))
     }

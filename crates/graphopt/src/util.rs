@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use std::path::Path;
 
+pub use crate::validate::{ensure_finite, seconds, validate_interval_options};
 pub use graphopt_plan::{human_bytes, parse_size};
 
 /// Writes `bytes` to `path` atomically: a temporary file beside it, then a

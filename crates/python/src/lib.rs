@@ -35,7 +35,6 @@ use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, Py
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 use tract_onnx::prelude::{DatumType, Tensor};
 
 create_exception!(
@@ -461,9 +460,6 @@ impl PySession {
         node_budget: u64,
         time_limit: Option<f64>,
     ) -> PyResult<PlanRequest> {
-        if default_dim < 0 {
-            return Err(gmsg("default_dim cannot be negative"));
-        }
         let mut all_shapes = shapes_arg(shapes)?;
         all_shapes.extend(input_shapes(inputs)?);
         Ok(PlanRequest {
@@ -473,14 +469,15 @@ impl PySession {
                 default: Some(default_dim),
             },
             options: PlanOptions {
-                alignment: alignment.max(1),
+                alignment,
                 reorder,
                 search: true,
-                time_limit: time_limit.map(Duration::from_secs_f64),
+                time_limit: time_limit
+                    .map(|s| graphopt::util::seconds("--time-limit", s))
+                    .transpose()
+                    .map_err(gerr)?,
                 node_budget,
-                threads: threads
-                    .unwrap_or_else(graphopt::plan::default_threads)
-                    .max(1),
+                threads: threads.unwrap_or_else(graphopt::plan::default_threads),
                 strict,
             },
         })
@@ -836,16 +833,11 @@ impl PySession {
                 "unknown strategy '{strategy}' (auto, optimal, fast, sqrt, per-block)"
             ))
         })?;
-        if !(time_limit.is_finite() && time_limit > 0.0) {
-            return Err(gmsg(format!(
-                "time_limit={time_limit}: expected seconds > 0"
-            )));
-        }
         let opts = graphopt::RematOptions {
             budget,
             dims: DimValues::new(&dims_arg(dims)?),
             strategy,
-            time_limit: Duration::from_secs_f64(time_limit),
+            time_limit: graphopt::util::seconds("--time-limit", time_limit).map_err(gerr)?,
         };
         self.transform(py, "remat", move |s| to_json(&s.remat(&opts)?))
     }
@@ -878,21 +870,12 @@ impl PySession {
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;
-        if !(time_limit.is_finite() && time_limit > 0.0) {
-            return Err(gmsg(format!(
-                "time_limit={time_limit}: expected seconds > 0"
-            )));
-        }
+        let time_limit = graphopt::util::seconds("--time-limit", time_limit).map_err(gerr)?;
         let dims = DimValues::new(&dims_arg(dims)?);
         let v = py
             .detach(|| {
                 let mut s = self.lock().clone();
-                to_json(&s.remat_sweep(
-                    &dims,
-                    &strategies,
-                    points.max(2),
-                    Duration::from_secs_f64(time_limit),
-                )?)
+                to_json(&s.remat_sweep(&dims, &strategies, points, time_limit)?)
             })
             .map_err(gerr)?;
         to_py(py, &v)
@@ -1025,7 +1008,7 @@ impl PySession {
             inputs: inputs_arg(&self.info(py), inputs, seed, &dims)?,
             dims,
             device,
-            repeat: repeat.max(1),
+            repeat,
             poison,
             threads,
             tamper: None,
