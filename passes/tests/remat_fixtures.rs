@@ -177,3 +177,38 @@ fn remat_fixtures() {
         insta::assert_snapshot!(case.as_str(), run_case(&f));
     }
 }
+
+/// Every fixture is a training graph; an inference model is not, whether
+/// everything computes its one output or a second head reads the first's
+/// cone (then the "loss" is not a scalar).
+#[test]
+fn training_graphs_are_told_from_inference_models() {
+    let problem = |src: &str| {
+        let mut model = parse_model(src).unwrap();
+        graphopt_ir::infer::infer_model(&mut model, &Default::default());
+        let p = Problem::new(&model.graph);
+        remat::not_a_training_graph(&model.graph, &p)
+    };
+    let mut fixtures = 0;
+    for entry in std::fs::read_dir(root()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "onnxtxt") {
+            let why = problem(&std::fs::read_to_string(&path).unwrap());
+            assert_eq!(why, None, "{}", path.display());
+            fixtures += 1;
+        }
+    }
+    assert!(fixtures >= 4);
+    let one = "<ir_version: 8, opset_import: [\"\" : 17]>\n\
+               one (float[4,8] x) => (float[4,8] y) {\n  a = Tanh (x)\n  y = Relu (a)\n}\n";
+    let why = problem(one).expect("an inference model");
+    assert!(
+        why.contains("every node computes the first output"),
+        "{why}"
+    );
+    let two = "<ir_version: 8, opset_import: [\"\" : 17]>\n\
+               two (float[4,8] x) => (float[4,8] y, float[4,8] z) {\n  a = Tanh (x)\n  \
+               y = Relu (a)\n  z = Sigmoid (a)\n}\n";
+    let why = problem(two).expect("an inference model with two heads");
+    assert!(why.contains("output 'y', has 32 elements"), "{why}");
+}

@@ -95,9 +95,6 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             "plan: give a model file, or --intervals FILE.csv",
         ));
     };
-    if a.default_dim < 0 {
-        return Err(Error::new("--default-dim cannot be negative"));
-    }
     let session = graphopt::load(&input)?;
     let mut shapes = graphopt::util::parse_shapes(&a.shapes)?;
     if let Some(p) = &a.inputs {

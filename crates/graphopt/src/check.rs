@@ -69,6 +69,7 @@ impl Session {
     /// Runs this model (the reference) and `other` on the same inputs in
     /// tract and compares every output by name.
     pub fn check(&self, other: &Session, opts: &CheckOptions) -> Result<CheckReport> {
+        opts.validate()?;
         let (inputs, label) = opts
             .inputs
             .materialize(&self.model)

@@ -230,6 +230,7 @@ impl Session {
     /// backward sizes, what the backward pass keeps alive, and its plan.
     /// Whole or not at all: on an error the session is as it was.
     pub fn grad(&mut self, opts: &GradOptions) -> Result<GradReport> {
+        opts.validate()?;
         self.transact(|s| s.grad_step(opts))
     }
 

@@ -51,8 +51,17 @@ impl Inputs {
     /// reports; given tensors are taken as they are (no copy through tract).
     pub fn host(&self, model: &Model) -> Result<(Vec<HostTensor>, String)> {
         match self {
-            Inputs::Tensors(t) => Ok((t.clone(), "given tensors".into())),
-            Inputs::Named(named) => Ok((by_name(model, named)?, "given tensors".into())),
+            Inputs::Tensors(t) => {
+                let names: Vec<&str> = runtime_input_names(model);
+                crate::validate::ensure_finite_host("given tensors", names.into_iter().zip(t))?;
+                Ok((t.clone(), "given tensors".into()))
+            }
+            Inputs::Named(named) => {
+                let t = by_name(model, named)?;
+                let names: Vec<&str> = runtime_input_names(model);
+                crate::validate::ensure_finite_host("given tensors", names.into_iter().zip(&t))?;
+                Ok((t, "given tensors".into()))
+            }
             _ => {
                 let (t, label) = self.materialize(model)?;
                 Ok((t.iter().map(to_host).collect::<Result<_>>()?, label))
@@ -61,8 +70,18 @@ impl Inputs {
     }
 
     /// The tensors for `model`'s runtime inputs as tract's, for the
-    /// reference executor, and a label for reports.
+    /// reference executor, and a label for reports. Given data (an npz,
+    /// tensors) holding NaN or Inf is an error naming the array
+    /// ([`crate::util::ensure_finite`]).
     pub fn materialize(&self, model: &Model) -> Result<(Vec<TractTensor>, String)> {
+        let (t, label) = self.read(model)?;
+        if !matches!(self, Inputs::Random { .. }) {
+            crate::validate::ensure_finite(&label, named(model, &t))?;
+        }
+        Ok((t, label))
+    }
+
+    fn read(&self, model: &Model) -> Result<(Vec<TractTensor>, String)> {
         match self {
             Inputs::Random {
                 seed,
@@ -117,4 +136,18 @@ fn by_name(model: &Model, named: &[(String, HostTensor)]) -> Result<Vec<HostTens
                 })
         })
         .collect()
+}
+
+fn runtime_input_names(model: &Model) -> Vec<&str> {
+    let g = &model.graph;
+    g.runtime_inputs().map(|v| g.name(v)).collect()
+}
+
+/// `tensors` (in the order of `model`'s runtime inputs) by input name.
+pub(crate) fn named<'a>(
+    model: &'a Model,
+    tensors: &'a [TractTensor],
+) -> impl Iterator<Item = (&'a str, &'a TractTensor)> {
+    let g = &model.graph;
+    g.runtime_inputs().map(|v| g.name(v)).zip(tensors)
 }

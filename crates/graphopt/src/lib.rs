@@ -59,6 +59,7 @@ mod remat_svg;
 mod run;
 mod session;
 pub mod util;
+mod validate;
 
 pub use check::{
     compare_outputs, same_bits, CheckOptions, CheckReport, OutputDiff, Scale, Tolerance,

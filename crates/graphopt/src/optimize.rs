@@ -177,6 +177,7 @@ impl Session {
     /// precision and quantizes when asked. Whole or not at all: on an
     /// error the session is as it was.
     pub fn optimize(&mut self, opts: &OptimizeOptions) -> Result<OptimizeReport> {
+        opts.validate()?;
         self.transact(|s| s.optimize_step(opts))
     }
 

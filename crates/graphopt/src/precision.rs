@@ -261,6 +261,7 @@ impl Session {
     /// pass manager, validating and falling back to fp32 where asked.
     /// Whole or not at all: on an error the session is as it was.
     pub fn lower_precision(&mut self, opts: &PrecisionOptions) -> Result<PrecisionReport> {
+        opts.validate(&self.model).map_err(|e| self.err(e))?;
         self.transact(|s| s.lower_precision_step(opts))
     }
 

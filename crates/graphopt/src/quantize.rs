@@ -100,7 +100,8 @@ impl From<PathBuf> for Calibration {
 pub struct QuantizeOptions {
     pub mode: QuantMode,
     /// The calibration batches. `None`: seeded random inputs (4
-    /// batches), with a warning.
+    /// batches), with a warning. An array holding NaN or Inf is an error
+    /// naming the file (or batch) and the array: no batch is skipped.
     pub calibration: Option<Calibration>,
     /// Symbolic dims of the random calibration inputs (others 4).
     pub dims: Vec<(String, i64)>,
@@ -127,7 +128,8 @@ pub struct QuantizeOptions {
 
 impl QuantizeOptions {
     /// Refuses options no quantization can follow: a block size other than
-    /// 32, 64 or 128, a `max_error` that is not a positive number.
+    /// 32, 64 or 128, a `max_error` that is not a positive number, a
+    /// percentile outside (0, 100], a negative dim.
     pub fn validate(&self) -> Result<()> {
         if ![32, 64, 128].contains(&self.block_size) {
             return Err(Error::new(format!(
@@ -142,7 +144,14 @@ impl QuantizeOptions {
                 )));
             }
         }
-        Ok(())
+        if let Calibrate::Percentile(p) = self.calibrate {
+            if !(p > 0.0 && p <= 100.0) {
+                return Err(Error::new(format!(
+                    "--calibrate percentile:{p}: the percentile must be a number in (0, 100]"
+                )));
+            }
+        }
+        crate::validate::dims(&self.dims)
     }
 
     pub fn new(mode: QuantMode) -> QuantizeOptions {
@@ -502,12 +511,12 @@ impl Session {
                 }
                 let b = files
                     .iter()
-                    .map(|f| graphopt_tract::npz::read_inputs(f, &self.model).map_err(Error::from))
+                    .map(|f| self.calibration_file(f, &files))
                     .collect::<Result<Vec<_>>>()?;
                 Ok((b, format!("{} ({} batches)", p.display(), files.len())))
             }
             Some(Calibration::Files(p)) => Ok((
-                vec![graphopt_tract::npz::read_inputs(p, &self.model).map_err(Error::from)?],
+                vec![self.calibration_file(p, std::slice::from_ref(p))?],
                 p.display().to_string(),
             )),
             None => {
@@ -517,6 +526,28 @@ impl Session {
                 Ok((b, "4 batches of seeded random inputs".into()))
             }
         }
+    }
+}
+
+impl Session {
+    /// One calibration npz, its arrays finite: a NaN or Inf would end up
+    /// in an activation range (minmax skips them, so a batch of NaNs
+    /// gives no range at all) and in the error bound, without a word.
+    /// Refusing is the documented behaviour (no batch is skipped). `files`
+    /// are all the batches, for the message.
+    fn calibration_file(&self, f: &PathBuf, files: &[PathBuf]) -> Result<Vec<TractTensor>> {
+        let t = graphopt_tract::npz::read_inputs(f, &self.model).map_err(Error::from)?;
+        let place = match files.iter().position(|x| x == f) {
+            Some(i) if files.len() > 1 => format!(
+                "{} (calibration batch {} of {})",
+                f.display(),
+                i + 1,
+                files.len()
+            ),
+            _ => f.display().to_string(),
+        };
+        crate::validate::ensure_finite(&place, crate::inputs::named(&self.model, &t))?;
+        Ok(t)
     }
 }
 

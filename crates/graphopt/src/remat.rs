@@ -231,6 +231,20 @@ impl Session {
         self.remat_prepare_with(dims, &PlanOptions::default())
     }
 
+    /// [`Session::remat_prepare`], refusing a model with no backward pass
+    /// (an inference model): there is nothing to recompute for, and the
+    /// budget error the solvers would give says nothing of the cause.
+    fn remat_prepare_training(&mut self, dims: &DimValues) -> Result<Prepared> {
+        let pre = self.remat_prepare(dims)?;
+        if let Some(why) = remat::not_a_training_graph(&pre.inferred.graph, &pre.problem) {
+            return Err(self.err(Error::new(format!(
+                "no backward pass: remat recomputes forward values for a training graph; \
+                 build one with `graphopt grad` ({why})"
+            ))));
+        }
+        Ok(pre)
+    }
+
     fn remat_prepare_with(&mut self, dims: &DimValues, opts: &PlanOptions) -> Result<Prepared> {
         let topo = graphopt_ir::stable_topo_order(&self.model.graph)?;
         if topo.as_slice() != self.model.graph.order() {
@@ -287,12 +301,13 @@ impl Session {
     /// ([`crate::ErrorKind::Budget`]). Whole or not at all: on an error the
     /// session is as it was.
     pub fn remat(&mut self, opts: &RematOptions) -> Result<RematReport> {
+        opts.validate()?;
         self.transact(|s| s.remat_step(opts))
     }
 
     fn remat_step(&mut self, opts: &RematOptions) -> Result<RematReport> {
         let t0 = Instant::now();
-        let pre = self.remat_prepare(&opts.dims)?;
+        let pre = self.remat_prepare_training(&opts.dims)?;
         let budget = opts.budget.bytes(pre.lower_bound);
         let p = &pre.problem;
         let sim_all = p.simulate(&vec![false; p.len()]).peak.max(1);
@@ -401,17 +416,13 @@ impl Session {
         time_limit: Duration,
         budget: Option<Budget>,
     ) -> Result<RematSweep> {
-        if points < 2 {
-            return Err(Error::new(format!(
-                "points {points}: a frontier needs at least 2 budgets"
-            )));
-        }
         let strategies = if strategies.is_empty() {
             SWEEP_STRATEGIES
         } else {
             strategies
         };
-        let pre = self.remat_prepare(dims)?;
+        crate::validate::remat_sweep(dims, strategies, points, time_limit)?;
+        let pre = self.remat_prepare_training(dims)?;
         let p = &pre.problem;
         let mut frontiers = Vec::new();
         // The drop sets of the first frontier's points, by index.
@@ -515,6 +526,7 @@ impl Session {
         budget: u64,
         time_limit: Duration,
     ) -> Result<(String, i64, u64)> {
+        crate::validate::max_batch_remat(dims, time_limit)?;
         let name = match batch_dim {
             Some(n) => n.to_string(),
             None => graphopt_plan::input_dim_names(&self.model)
@@ -527,7 +539,7 @@ impl Session {
             d.bound.retain(|(k, _)| *k != name);
             d.bound.push((name.clone(), b));
             let mut s = self.clone();
-            let pre = s.remat_prepare(&d)?;
+            let pre = s.remat_prepare_training(&d)?;
             let (least, _) = solve::least_peak(&pre.problem, time_limit);
             let mut model = s.model.clone();
             remat::rewrite(&mut model.graph, &pre.problem, &least)?;

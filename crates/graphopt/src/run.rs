@@ -280,6 +280,7 @@ impl Runner<'_> {
     /// Runs the model; see [`RunOptions`].
     pub fn run(&mut self, opts: &RunOptions) -> Result<RunReport> {
         let session = self.session;
+        opts.validate().map_err(|e| session.err(e))?;
         if opts.device == Device::Cuda {
             if opts.poison {
                 return Err(session.err(Error::unsupported(
@@ -355,10 +356,7 @@ impl Runner<'_> {
                 (&mut c.1, c.2.clone())
             }
         };
-        let threads = opts
-            .threads
-            .unwrap_or_else(graphopt_plan::default_threads)
-            .max(1);
+        let threads = opts.threads.unwrap_or_else(graphopt_plan::default_threads);
         let ropts = graphopt_exec::RunOptions {
             threads,
             poison: false,
@@ -366,7 +364,7 @@ impl Runner<'_> {
         let mut times: Vec<Duration> = Vec::new();
         let mut outputs = Vec::new();
         let mut dynamic_bytes = 0;
-        for _ in 0..opts.repeat.max(1) {
+        for _ in 0..opts.repeat {
             let t0 = Instant::now();
             let (o, st) = exe
                 .run(&host, &ropts)
@@ -447,7 +445,7 @@ fn run_cuda(
     let mut exe = graphopt_exec::cuda::CudaExecutable::new(&mp.model, &mp.plan)
         .map_err(|e| session.err(Error::runtime(e.to_string())))?;
     let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let repeat = opts.repeat.max(1);
+    let repeat = opts.repeat;
     let run = |exe: &mut graphopt_exec::cuda::CudaExecutable| {
         exe.run(host, repeat > 1)
             .map_err(|e| session.err(Error::runtime(e.to_string())))

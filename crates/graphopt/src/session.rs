@@ -249,6 +249,7 @@ impl Session {
     /// Plans the model's memory at the request's dims (and checks the plan
     /// independently when `req.verify`).
     pub fn plan(&self, req: &PlanRequest) -> Result<ModelPlan> {
+        req.validate()?;
         let planned = graphopt_plan::plan_model(&self.model, &req.dims, &req.options)
             .map_err(|e| self.err(e))?;
         if req.verify {
@@ -278,6 +279,7 @@ impl Session {
         batch_dim: Option<&str>,
         budget: u64,
     ) -> Result<MaxBatch> {
+        req.validate()?;
         let mb = graphopt_plan::max_batch(&self.model, &req.dims, batch_dim, budget, &req.options)
             .map_err(|e| self.err(e))?;
         if req.verify {

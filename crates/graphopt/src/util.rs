@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use std::path::Path;
 
+pub use crate::validate::{ensure_finite, seconds, validate_interval_options};
 pub use graphopt_plan::{human_bytes, parse_size};
 
 /// Writes `bytes` to `path` atomically: a temporary file beside it, then a
@@ -73,15 +74,6 @@ pub fn op_histogram(g: &graphopt_ir::Graph) -> std::collections::BTreeMap<String
     let mut ops = std::collections::BTreeMap::new();
     walk(g, &mut ops);
     ops
-}
-
-/// A duration option in seconds: finite and > 0, or an error naming it.
-pub fn seconds(what: &str, s: f64) -> Result<std::time::Duration> {
-    if s.is_finite() && s > 0.0 {
-        Ok(std::time::Duration::from_secs_f64(s))
-    } else {
-        Err(Error::new(format!("{what} {s}: expected seconds > 0")))
-    }
 }
 
 /// Milliseconds with microsecond resolution.

@@ -76,6 +76,38 @@ pub fn is_recompute(n: &NodeData) -> bool {
     n.metadata_props.iter().any(|(k, _)| k == RECOMPUTE_KEY)
 }
 
+/// Why `g` is not a training graph this pass can work on, or `None` when
+/// it is one: `p` (built from `g`, with its types inferred at concrete
+/// dims) must have a backward part ([`Problem::has_backward`]), and the
+/// loss (the output named `loss`, else the first output) must hold one
+/// element when its shape is known. `graphopt grad` graphs and the
+/// hand-written fixtures pass; an inference model fails on one or the
+/// other (a second output's head reads the first output's cone and would
+/// look like a backward pass, but its first output is not a scalar).
+pub fn not_a_training_graph(g: &Graph, p: &Problem) -> Option<String> {
+    if !p.has_backward() {
+        return Some("every node computes the first output (the loss)".into());
+    }
+    let loss = g
+        .outputs
+        .iter()
+        .copied()
+        .find(|&v| g.name(v) == "loss")
+        .or_else(|| g.outputs.first().copied())?;
+    let n = g
+        .ty(loss)
+        .and_then(|t| t.as_tensor())
+        .and_then(|t| t.shape.as_ref())
+        .and_then(|s| s.numel());
+    match n {
+        Some(n) if n > 1 => Some(format!(
+            "its loss, output '{}', has {n} elements where a loss has one",
+            g.name(loss)
+        )),
+        _ => None,
+    }
+}
+
 /// What [`rewrite`] inserted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Rewritten {

@@ -239,6 +239,14 @@ impl Problem {
         }
     }
 
+    /// Whether the graph has a backward part at all: a node outside the
+    /// loss's cone that is placed after it. A one-output inference model
+    /// has none (everything it computes is the "loss"'s cone), and then
+    /// there is nothing to recompute for.
+    pub fn has_backward(&self) -> bool {
+        self.nodes.iter().any(|n| !n.forward)
+    }
+
     /// The drop set every solver starts from: the followers.
     pub fn base_drop(&self) -> Vec<bool> {
         let mut d = vec![false; self.nodes.len()];
