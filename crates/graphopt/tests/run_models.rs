@@ -257,8 +257,8 @@ fn cuda_runs_like_cpu_or_is_refused_in_one_line() {
         assert_eq!(gpu.output_names, cpu.output_names, "{model}");
         let diffs = graphopt::compare_outputs(
             &cpu.output_names,
-            &cpu.outputs,
-            &gpu.outputs,
+            &tract(&cpu.outputs),
+            &tract(&gpu.outputs),
             &Tolerance::default(),
         );
         for d in &diffs {
