@@ -38,6 +38,9 @@ pub struct Args {
     /// Kernel threads (default: all cores).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Feed --inputs holding NaN or Inf as they are (by default refused).
+    #[arg(long)]
+    allow_non_finite: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -59,6 +62,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         repeat: a.repeat,
         poison: a.poison,
         threads: a.threads,
+        allow_non_finite: a.allow_non_finite,
         tamper: None,
     };
     let r = session.run(&opts)?;

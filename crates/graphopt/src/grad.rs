@@ -38,23 +38,10 @@ impl OptimizerSpec {
         }
     }
 
-    /// The optimizer, with every hyperparameter range-checked.
+    /// The optimizer, torch's defaults filled in (the values are
+    /// range-checked by [`GradOptions`]' validation when `Session::grad`
+    /// runs).
     pub fn build(&self) -> Result<Optimizer> {
-        let check = |what: &str, v: f64, ok: bool, want: &str| {
-            if ok && v.is_finite() {
-                Ok(v)
-            } else {
-                Err(Error::new(format!("{what} {v}: expected {want}")))
-            }
-        };
-        let lr = |default: f64| {
-            let v = self.lr.unwrap_or(default);
-            check("learning rate", v, v > 0.0, "a number > 0")
-        };
-        let wd = |default: f64| {
-            let v = self.weight_decay.unwrap_or(default);
-            check("weight decay", v, v >= 0.0, "a number >= 0")
-        };
         let name = self.name.trim().to_ascii_lowercase();
         if name != "adamw" && (self.betas.is_some() || self.eps.is_some()) {
             return Err(Error::new(format!(
@@ -71,26 +58,17 @@ impl OptimizerSpec {
                 Optimizer::None
             }
             "sgd" => Optimizer::Sgd {
-                lr: lr(0.01)? as f32,
-                weight_decay: wd(0.0)? as f32,
+                lr: self.lr.unwrap_or(0.01) as f32,
+                weight_decay: self.weight_decay.unwrap_or(0.0) as f32,
             },
             "adamw" => {
-                let (b1, b2) = self.betas.unwrap_or((0.9, 0.999));
-                for (i, b) in [b1, b2].into_iter().enumerate() {
-                    check(
-                        &format!("beta{}", i + 1),
-                        b,
-                        (0.0..1.0).contains(&b),
-                        "0 <= beta < 1",
-                    )?;
-                }
-                let eps = self.eps.unwrap_or(1e-8);
+                let (beta1, beta2) = self.betas.unwrap_or((0.9, 0.999));
                 Optimizer::AdamW {
-                    lr: lr(1e-3)?,
-                    beta1: b1,
-                    beta2: b2,
-                    eps: check("eps", eps, eps > 0.0, "a number > 0")?,
-                    weight_decay: wd(1e-2)?,
+                    lr: self.lr.unwrap_or(1e-3),
+                    beta1,
+                    beta2,
+                    eps: self.eps.unwrap_or(1e-8),
+                    weight_decay: self.weight_decay.unwrap_or(1e-2),
                 }
             }
             other => {

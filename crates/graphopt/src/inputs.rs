@@ -50,23 +50,29 @@ impl Inputs {
     /// The host tensors for `model`'s runtime inputs, and a label for
     /// reports; given tensors are taken as they are (no copy through tract).
     pub fn host(&self, model: &Model) -> Result<(Vec<HostTensor>, String)> {
-        match self {
-            Inputs::Tensors(t) => {
-                let names: Vec<&str> = runtime_input_names(model);
-                crate::validate::ensure_finite_host("given tensors", names.into_iter().zip(t))?;
-                Ok((t.clone(), "given tensors".into()))
-            }
-            Inputs::Named(named) => {
-                let t = by_name(model, named)?;
-                let names: Vec<&str> = runtime_input_names(model);
-                crate::validate::ensure_finite_host("given tensors", names.into_iter().zip(&t))?;
-                Ok((t, "given tensors".into()))
-            }
+        self.host_with(model, true)
+    }
+
+    /// [`Inputs::host`], refusing NaN and Inf in given data only when
+    /// `check_finite`.
+    pub fn host_with(
+        &self,
+        model: &Model,
+        check_finite: bool,
+    ) -> Result<(Vec<HostTensor>, String)> {
+        let (t, label) = match self {
+            Inputs::Tensors(t) => (t.clone(), "given tensors".to_string()),
+            Inputs::Named(named) => (by_name(model, named)?, "given tensors".to_string()),
             _ => {
-                let (t, label) = self.materialize(model)?;
-                Ok((t.iter().map(to_host).collect::<Result<_>>()?, label))
+                let (t, label) = self.read(model)?;
+                (t.iter().map(to_host).collect::<Result<_>>()?, label)
             }
+        };
+        if check_finite && !matches!(self, Inputs::Random { .. }) {
+            let names = runtime_input_names(model);
+            crate::validate::ensure_finite_host(&label, names.into_iter().zip(&t))?;
         }
+        Ok((t, label))
     }
 
     /// The tensors for `model`'s runtime inputs as tract's, for the

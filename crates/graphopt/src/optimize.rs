@@ -37,7 +37,6 @@ pub struct PipelineOptions {
     pub stop_after: Option<usize>,
 }
 
-
 /// What [`Session::optimize`] runs.
 #[derive(Clone, Debug, Default)]
 pub struct OptimizeOptions {
@@ -178,6 +177,10 @@ impl Session {
     /// error the session is as it was.
     pub fn optimize(&mut self, opts: &OptimizeOptions) -> Result<OptimizeReport> {
         opts.validate()?;
+        // Fail before any work: the lowering's options and data too.
+        if let Some(p) = &opts.precision {
+            p.validate(&self.model).map_err(|e| self.err(e))?;
+        }
         self.transact(|s| s.optimize_step(opts))
     }
 

@@ -285,8 +285,11 @@ impl Session {
         }
         let mut model = self.model.clone();
         let rw = remat::rewrite(&mut model.graph, p, &drop).map_err(|e| self.err(e))?;
-        graphopt_ir::verify::verify_model(&model)
-            .map_err(|e| self.err(Error::verify(format!("after recomputing pointwise ops: {e}"))))?;
+        graphopt_ir::verify::verify_model(&model).map_err(|e| {
+            self.err(Error::verify(format!(
+                "after recomputing pointwise ops: {e}"
+            )))
+        })?;
         let after = plan_model(&model, dims, &popts).map_err(|e| self.err(e))?;
         if after.plan.lower_bound_bytes > pre.lower_bound {
             return Ok(0);

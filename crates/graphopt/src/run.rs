@@ -65,6 +65,10 @@ pub struct RunOptions {
     pub poison: bool,
     /// Kernel threads (default: the machine's parallelism).
     pub threads: Option<usize>,
+    /// Feed given inputs holding NaN or Inf as they are (models that test
+    /// for them, the ONNX node tests). By default such data is refused,
+    /// naming the array.
+    pub allow_non_finite: bool,
     /// Test hook: edits the plan before it runs, to plant a planner bug
     /// and show that the poison check fails. Not for production use.
     #[doc(hidden)]
@@ -80,6 +84,7 @@ impl Default for RunOptions {
             repeat: 1,
             poison: false,
             threads: None,
+            allow_non_finite: false,
             tamper: None,
         }
     }
@@ -301,7 +306,9 @@ impl Runner<'_> {
             },
             other => other.clone(),
         };
-        let (host, label) = inputs.host(&session.model).map_err(|e| session.err(e))?;
+        let (host, label) = inputs
+            .host_with(&session.model, !opts.allow_non_finite)
+            .map_err(|e| session.err(e))?;
         let g = &session.model.graph;
         let names: Vec<String> = g
             .inputs

@@ -101,28 +101,28 @@ impl PlanSettings {
             None => Ok(default),
             Some(a) if a >= 1 && a.is_power_of_two() => Ok(a),
             Some(a) => Err(Error::new(format!(
-                "alignment {a}: expected a power of two (1, 2, 4, ..., 256, ...)"
+                "--alignment {a}: expected a power of two (1, 2, 4, ..., 256, ...)"
             ))),
         }
     }
 
     pub(crate) fn node_budget_or(&self, default: u64) -> Result<u64> {
         match self.node_budget {
-            Some(0) => Err(Error::new("node budget 0: expected at least 1")),
+            Some(0) => Err(Error::new("--nodes 0: expected at least 1")),
             n => Ok(n.unwrap_or(default)),
         }
     }
 
     pub(crate) fn threads(&self) -> Result<usize> {
         match self.threads {
-            Some(0) => Err(Error::new("threads 0: expected at least 1")),
+            Some(0) => Err(Error::new("--threads 0: expected at least 1 thread")),
             n => Ok(n.unwrap_or_else(graphopt_plan::default_threads)),
         }
     }
 
     pub(crate) fn time_limit(&self) -> Result<Option<std::time::Duration>> {
         self.time_limit
-            .map(|t| crate::util::seconds("time limit", t))
+            .map(|t| crate::util::seconds("--time-limit", t))
             .transpose()
     }
 }

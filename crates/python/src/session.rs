@@ -629,7 +629,7 @@ impl PySession {
     /// (built, not yet run on a GPU); without a GPU it raises GraphoptError
     /// with the CLI's message.
     #[pyo3(signature = (inputs=None, device="cpu", dims=None, repeat=1, poison=false,
-                        threads=None, seed=7, return_report=false))]
+                        threads=None, seed=7, return_report=false, allow_non_finite=false))]
     #[allow(clippy::too_many_arguments)]
     fn run<'py>(
         &self,
@@ -642,6 +642,7 @@ impl PySession {
         threads: Option<usize>,
         seed: u64,
         return_report: bool,
+        allow_non_finite: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let device = Device::parse(device).map_err(gerr)?;
         let dims = dims_arg(dims)?;
@@ -652,6 +653,7 @@ impl PySession {
             repeat,
             poison,
             threads,
+            allow_non_finite,
             tamper: None,
         };
         let mut r = self.with(py, move |s| {

@@ -74,7 +74,7 @@ def strip_times(v):
         return {
             k: strip_times(x)
             for k, x in v.items()
-            if not (k.startswith("time") or k.endswith("_ms") or k.endswith("_seconds") or k.startswith("latency") or k == "peak_rss_bytes")
+            if not (k.startswith("time") or k.endswith("_ms") or k.endswith("_seconds") or k == "seconds" or k.startswith("latency") or k == "peak_rss_bytes")
         }
     if isinstance(v, list):
         return [strip_times(x) for x in v]

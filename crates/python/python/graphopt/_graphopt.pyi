@@ -197,6 +197,7 @@ class Session:
         threads: int | None = None,
         seed: int = 7,
         return_report: Literal[False] = False,
+        allow_non_finite: bool = False,
     ) -> dict[str, np.ndarray]: ...
     @overload
     def run(
@@ -210,6 +211,7 @@ class Session:
         seed: int = 7,
         *,
         return_report: Literal[True],
+        allow_non_finite: bool = False,
     ) -> tuple[dict[str, np.ndarray], Report]: ...
     def check(
         self,
