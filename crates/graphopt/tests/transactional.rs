@@ -1,8 +1,8 @@
 //! A `Session` step that fails leaves the session exactly as it was: the
 //! model's bytes and its pass history. Failures are injected mid-pipeline
-//! (a failing pass after real rewrites), after the pipeline (a lowering
-//! over tolerance, a quantization over its error bound) and inside grad and
-//! remat.
+//! (a failing pass after real rewrites), after the pipeline (quantize
+//! refusing its options once the pipeline has run), before any work (a
+//! lowering whose inputs cannot be read), and inside grad and remat.
 
 use graphopt::ir::Model;
 use graphopt::passes::{Pass, PassError, PassStats};
@@ -63,13 +63,14 @@ fn failing_pass_mid_pipeline_restores_the_model() {
 }
 
 #[test]
-fn lowering_that_cannot_validate_restores_the_pipeline_too() {
+fn lowering_whose_inputs_cannot_be_read_leaves_the_session() {
     let mut s = graphopt::load(model("resnet_tiny.ts14")).unwrap();
     let before = state(&s);
     let e = s
         .optimize(&OptimizeOptions {
             precision: Some(PrecisionOptions {
-                // Fails inside lower_precision, after the pipeline ran.
+                // Refused before any work (optimize checks the lowering's
+                // options and data first).
                 validate: Some(ValidateOptions {
                     inputs: Inputs::Npz("no/such/inputs.npz".into()),
                     rtol: 1e-2,
@@ -82,7 +83,7 @@ fn lowering_that_cannot_validate_restores_the_pipeline_too() {
             ..OptimizeOptions::default()
         })
         .unwrap_err();
-    assert!(e.message().contains("--validate cannot run"), "{e}");
+    assert!(e.message().contains("no/such/inputs.npz"), "{e}");
     assert_eq!(state(&s), before);
     // The same request without validation changes the model.
     s.optimize(&OptimizeOptions {
