@@ -73,6 +73,7 @@ pub fn plan_intervals_file(csv: &Path, req: &IntervalRequest) -> Result<Interval
         target: req.capacity,
         threads: req.settings.threads()?,
     };
+    crate::validate::validate_interval_options(&opts)?;
     let plan = plan_intervals(&bufs, &opts);
     if req.verify {
         check_plan(&bufs, &plan.offsets, plan.arena, align, &[]).map_err(|errs| {

@@ -425,6 +425,19 @@ impl Session {
             strategies
         };
         crate::validate::remat_sweep(dims, strategies, points, time_limit)?;
+        // remat_prepare puts the graph in topological order; a failure
+        // after it leaves the session as it was.
+        self.transact(|s| s.sweep_step(dims, strategies, points, time_limit, budget))
+    }
+
+    fn sweep_step(
+        &mut self,
+        dims: &DimValues,
+        strategies: &[Strategy],
+        points: usize,
+        time_limit: Duration,
+        budget: Option<Budget>,
+    ) -> Result<RematSweep> {
         let pre = self.remat_prepare_training(dims)?;
         let p = &pre.problem;
         let mut frontiers = Vec::new();

@@ -136,4 +136,18 @@ fn grad_and_remat_failures_restore() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Budget, "{e}");
     assert_eq!(state(&t), before);
+
+    // A sweep refused on an inference model leaves it as it was.
+    let mut u = graphopt::load(model("bert_tiny.ts14")).unwrap();
+    let before = state(&u);
+    let e = u
+        .remat_sweep(
+            &graphopt::plan::DimValues::default(),
+            &[],
+            4,
+            std::time::Duration::from_secs(5),
+        )
+        .unwrap_err();
+    assert!(e.message().contains("no backward pass"), "{e}");
+    assert_eq!(state(&u), before);
 }
