@@ -182,6 +182,7 @@ passes! {
     cse::Cse => "common-subexpression elimination: identical nodes on identical inputs computed once",
     dce::Dce => "dead-code elimination: unused nodes, initializers, value_info and captures",
     dedup_initializers::DedupInitializers => "shares initializers with identical content (every dtype); keeps tied weights tied",
+    dequantize_constants::DequantizeConstants => "opt-in: constant DequantizeLinear folded to float weights, DynamicQuantizeLinear spelled in float ops (for executors without integer kernels)",
     eliminate_identity::EliminateIdentity => "removes Identity nodes, keeping graph output names",
     eliminate_noops::EliminateNoops => "removes no-op nodes (Dropout, same-type Cast, identity Transpose, ...) and folds exact round trips",
     eliminate_zero_add::EliminateZeroAdd => "removes Add/Sub of a constant zero of either sign that broadcasts nothing (not exact: -0 may stay -0)",

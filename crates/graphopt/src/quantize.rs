@@ -5,13 +5,13 @@
 //! error fits.
 //!
 //! Calibration runs the float model in tract on one npz per batch (or
-//! seeded random inputs, with a warning) and collects, per activation the
-//! pass wants a range for, min/max, a percentile of |x|, or the threshold
-//! that minimizes the KL divergence of the clipped histogram (TensorRT's
-//! entropy calibration). No Python is needed.
+//! seeded random inputs, with a warning) and hands the values of every
+//! activation the pass wants a range for to the pass's
+//! `quantize::calibrate` (min/max, a percentile of |x|, or TensorRT's
+//! entropy threshold). No Python is needed.
 //!
 //! The quantized model runs in tract with its constant `DequantizeLinear`s
-//! folded to float weights first ([`dequantize_constants`]): that folding
+//! folded to float weights first (the `dequantize_constants` pass): that folding
 //! computes `(q - zero_point) * scale` in f32, exactly as onnxruntime's
 //! kernel does, and spares tract the blocked int4 form it cannot load.
 
@@ -22,7 +22,7 @@ use crate::optimize::PipelineOptions;
 use crate::precision::{memory, MemoryFigures};
 use crate::session::Session;
 use crate::util::Capture;
-use graphopt_ir::{DType, Graph, Model, NodeId, Tensor};
+use graphopt_ir::{Model, NodeId};
 use graphopt_passes::quantize::{weight_bytes, QuantMode, QuantReport, Quantize};
 use graphopt_passes::Pass;
 use graphopt_plan::DimValues;
@@ -36,47 +36,9 @@ use std::time::Instant;
 
 pub use graphopt_passes::quantize::QuantMode as QuantizeMode;
 
-/// How activation ranges are taken from the calibration data.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Calibrate {
-    MinMax,
-    /// The P-th percentile of |x| (P in (0, 100]), within min/max.
-    Percentile(f64),
-    /// The |x| threshold minimizing the KL divergence of the clipped,
-    /// 128-level histogram from the full one (2048 bins).
-    Entropy,
-}
-
-impl Calibrate {
-    /// `minmax`, `percentile` (99.999), `percentile:P`, `entropy`.
-    pub fn parse(s: &str) -> Result<Calibrate> {
-        let s = s.trim().to_ascii_lowercase();
-        match s.as_str() {
-            "minmax" => Ok(Calibrate::MinMax),
-            "entropy" => Ok(Calibrate::Entropy),
-            "percentile" => Ok(Calibrate::Percentile(99.999)),
-            _ => match s.strip_prefix("percentile:") {
-                Some(p) => match p.parse::<f64>() {
-                    Ok(p) if p > 0.0 && p <= 100.0 => Ok(Calibrate::Percentile(p)),
-                    _ => Err(Error::new(format!(
-                        "--calibrate {s}: the percentile must be a number in (0, 100]"
-                    ))),
-                },
-                None => Err(Error::new(format!(
-                    "--calibrate {s}: expected minmax, percentile[:P] or entropy"
-                ))),
-            },
-        }
-    }
-
-    pub fn name(&self) -> String {
-        match self {
-            Calibrate::MinMax => "minmax".into(),
-            Calibrate::Percentile(p) => format!("percentile:{p}"),
-            Calibrate::Entropy => "entropy".into(),
-        }
-    }
-}
+pub use graphopt_passes::quantize::calibrate::entropy_threshold;
+pub use graphopt_passes::quantize::Calibrate;
+use graphopt_passes::quantize::RangeCollector;
 
 /// Where calibration batches come from.
 #[derive(Clone, Debug)]
@@ -575,7 +537,8 @@ fn f32_values(t: &TractTensor) -> Vec<f32> {
         .unwrap_or_default()
 }
 
-/// Ranges of `names` over the batches, run in tract on the float model.
+/// Ranges of `names` over the batches, run in tract on the float model
+/// (the statistics are the `quantize` pass's [`RangeCollector`]).
 fn calibrate(
     model: &Model,
     names: &[String],
@@ -586,130 +549,15 @@ fn calibrate(
         return Ok(BTreeMap::new());
     }
     let n_out = model.graph.outputs.len();
-    // Per name: min, max and (for percentile/entropy) a sample of values.
-    const SAMPLE: usize = 1 << 18;
-    let mut lo = vec![f32::INFINITY; names.len()];
-    let mut hi = vec![f32::NEG_INFINITY; names.len()];
-    let mut samples: Vec<Vec<f32>> = vec![Vec::new(); names.len()];
+    let mut ranges = RangeCollector::new(names.len(), batches.len(), how);
     for b in batches {
         let outs = run_in_tract(model, names, b)
             .map_err(|e| Error::new(format!("calibration: tract cannot run the model: {e:#}")))?;
         for (i, t) in outs.iter().skip(n_out).enumerate().take(names.len()) {
-            let v = f32_values(t);
-            for &x in &v {
-                if x.is_finite() {
-                    lo[i] = lo[i].min(x);
-                    hi[i] = hi[i].max(x);
-                }
-            }
-            if how != Calibrate::MinMax {
-                let step = (v.len() / (SAMPLE / batches.len().max(1)).max(1)).max(1);
-                samples[i].extend(v.iter().step_by(step).filter(|x| x.is_finite()));
-            }
+            ranges.add(i, &f32_values(t));
         }
     }
-    let mut out = BTreeMap::new();
-    for (i, n) in names.iter().enumerate() {
-        if !lo[i].is_finite() || !hi[i].is_finite() {
-            continue;
-        }
-        let t = match how {
-            Calibrate::MinMax => None,
-            Calibrate::Percentile(p) => Some(percentile_abs(&samples[i], p)),
-            Calibrate::Entropy => Some(entropy_threshold(&samples[i])),
-        };
-        let (l, h) = match t {
-            Some(t) if t > 0.0 => (lo[i].max(-t), hi[i].min(t)),
-            _ => (lo[i], hi[i]),
-        };
-        out.insert(n.clone(), (l, h));
-    }
-    Ok(out)
-}
-
-fn percentile_abs(v: &[f32], p: f64) -> f32 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut a: Vec<f32> = v.iter().map(|x| x.abs()).collect();
-    a.sort_by(|x, y| x.total_cmp(y));
-    let i = ((p / 100.0) * (a.len() - 1) as f64).round() as usize;
-    a[i.min(a.len() - 1)]
-}
-
-/// TensorRT's entropy calibration on |x|: 2048 bins; for each threshold
-/// bin i in 128..=2048, the distribution clipped at i (outliers added to
-/// the last bin) against its 128-level quantization; the i with least KL.
-pub fn entropy_threshold(v: &[f32]) -> f32 {
-    const BINS: usize = 2048;
-    const LEVELS: usize = 128;
-    let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-    if amax == 0.0 || v.is_empty() {
-        return amax;
-    }
-    let w = amax / BINS as f32;
-    let mut hist = vec![0f64; BINS];
-    for x in v {
-        let b = ((x.abs() / w) as usize).min(BINS - 1);
-        hist[b] += 1.0;
-    }
-    let mut best = (f64::INFINITY, BINS);
-    for i in (LEVELS..=BINS).step_by(16) {
-        let mut p: Vec<f64> = hist[..i].to_vec();
-        p[i - 1] += hist[i..].iter().sum::<f64>();
-        // Quantize the clipped p into LEVELS levels, spread back over the
-        // non-empty bins of each level.
-        let mut q = vec![0f64; i];
-        let per = i as f64 / LEVELS as f64;
-        for l in 0..LEVELS {
-            let (s, e) = (
-                (l as f64 * per) as usize,
-                (((l + 1) as f64 * per) as usize).min(i),
-            );
-            let total: f64 = hist[s..e].iter().sum();
-            let nz = hist[s..e].iter().filter(|&&x| x > 0.0).count();
-            if nz > 0 {
-                for (k, q) in q[s..e].iter_mut().enumerate() {
-                    if hist[s + k] > 0.0 {
-                        *q = total / nz as f64;
-                    }
-                }
-            }
-        }
-        let (sp, sq): (f64, f64) = (p.iter().sum(), q.iter().sum());
-        if sp == 0.0 || sq == 0.0 {
-            continue;
-        }
-        p.iter_mut().for_each(|x| *x /= sp);
-        q.iter_mut().for_each(|x| *x /= sq);
-        // onnxruntime's smoothing: empty bins get 1e-4, taken evenly from
-        // the others, so that mass outside q costs in proportion.
-        if !smooth(&mut p) || !smooth(&mut q) {
-            continue;
-        }
-        let kl: f64 = p.iter().zip(&q).map(|(a, b)| a * (a / b).ln()).sum();
-        if kl < best.0 {
-            best = (kl, i);
-        }
-    }
-    w * best.1 as f32
-}
-
-fn smooth(d: &mut [f64]) -> bool {
-    const EPS: f64 = 1e-4;
-    let zeros = d.iter().filter(|&&x| x == 0.0).count();
-    let nonzeros = d.len() - zeros;
-    if nonzeros == 0 {
-        return false;
-    }
-    let eps1 = EPS * zeros as f64 / nonzeros as f64;
-    if eps1 >= 1.0 {
-        return false;
-    }
-    for x in d.iter_mut() {
-        *x = if *x == 0.0 { EPS } else { *x - eps1 };
-    }
-    d.iter().all(|&x| x > 0.0)
+    Ok(ranges.finish(names))
 }
 
 /// Runs the float model once per batch and compares candidates with it.
@@ -842,259 +690,13 @@ impl Measurer {
     }
 }
 
-/// `y = DequantizeLinear(q, s[, z])` with constant inputs ==> `y` a float
-/// initializer, computed as onnxruntime computes it: `(q - z) * s` in f32,
-/// per tensor, per axis or blocked. In every graph.
+/// The model with constant `DequantizeLinear`s folded to float weights
+/// and dynamic quantization spelled in float ops, as tract runs it (the
+/// `dequantize_constants` pass, on a copy).
 pub fn dequantize_constants(m: &Model) -> Result<Model> {
-    let mut m = m.clone();
-    fold_dq(&mut m.graph)?;
-    Ok(m)
-}
-
-fn fold_dq(g: &mut Graph) -> Result<()> {
-    for n in g.nodes().collect::<Vec<_>>() {
-        if g.node(n).has_subgraphs() {
-            let mut attrs = std::mem::take(&mut g.node_mut(n).attributes);
-            let mut r = Ok(());
-            for a in &mut attrs {
-                for sub in a.graphs_mut() {
-                    if r.is_ok() {
-                        r = fold_dq(sub);
-                    }
-                }
-            }
-            g.node_mut(n).attributes = attrs;
-            g.refresh_captures(n);
-            r?;
-            continue;
-        }
-        let d = g.node(n);
-        if d.op_type != "DequantizeLinear" || !d.domain.is_empty() {
-            continue;
-        }
-        let ins: Vec<_> = d.inputs().iter().flatten().copied().collect();
-        if ins.is_empty() || ins.iter().any(|&v| g.constant(v).is_none()) {
-            continue;
-        }
-        let Some(y) = d.output(0) else { continue };
-        let axis = d.attr_int("axis").unwrap_or(1);
-        let block = d.attr_int("block_size").unwrap_or(0);
-        let q = g.constant(ins[0]).expect("checked");
-        let s = g.constant(ins[1]).expect("checked");
-        let z = ins.get(2).and_then(|&v| g.constant(v));
-        let Some(t) = dequantize(q, s, z, axis, block) else {
-            continue;
-        };
-        g.remove_node(n);
-        g.set_initializer(y, t);
-        // The integer tensors go too (tract loads every initializer, and
-        // has no 4-bit types).
-        for v in ins {
-            if g.uses(v).is_empty() && !g.is_input(v) && !g.is_output(v) {
-                g.take_initializer(v);
-                g.remove_value(v);
-            }
-        }
-    }
-    emulate_dynamic(g)?;
-    Ok(())
-}
-
-/// `q, s, z = DynamicQuantizeLinear(x); y = DequantizeLinear(q, s, z)` ==>
-/// the same arithmetic in float ops tract runs (it wants constant scales):
-/// `s = (max(x, 0) - min(x, 0)) / 255`, `z = clip(round(-min(x, 0) / s), 0,
-/// 255)`, `y = (clip(round(x / s) + z, 0, 255) - z) * s`.
-fn emulate_dynamic(g: &mut Graph) -> Result<()> {
-    use graphopt_ir::{NewNode, Type};
-    for n in g.nodes().collect::<Vec<_>>() {
-        let d = g.node(n);
-        if d.op_type != "DequantizeLinear" || !d.domain.is_empty() || d.inputs().len() != 3 {
-            continue;
-        }
-        let (Some(q), Some(y)) = (d.input(0), d.output(0)) else {
-            continue;
-        };
-        let Some((p, 0)) = g.producer(q) else {
-            continue;
-        };
-        let pd = g.node(p);
-        if pd.op_type != "DynamicQuantizeLinear"
-            || pd.outputs().iter().flatten().copied().collect::<Vec<_>>()
-                != d.inputs().iter().flatten().copied().collect::<Vec<_>>()
-        {
-            continue;
-        }
-        let Some(x) = pd.input(0) else { continue };
-        let f = |g: &mut Graph, h: &str| g.fresh_value(h, Some(Type::tensor(DType::F32, None)));
-        let c = |g: &mut Graph, h: &str, v: f32| g.add_initializer(h, Tensor::scalar_f32(v));
-        let zero = c(g, "dql_zero", 0.0);
-        let q255 = c(g, "dql_255", 255.0);
-        let mut nodes: Vec<NewNode> = Vec::new();
-        let mut op = |g: &mut Graph,
-                      o: &str,
-                      ins: &[graphopt_ir::ValueId],
-                      out: Option<graphopt_ir::ValueId>| {
-            let out = out.unwrap_or_else(|| f(g, "dql"));
-            let mut nn = NewNode::new(o).inputs(ins).outputs(&[out]);
-            if o.starts_with("Reduce") {
-                nn = nn.attr(graphopt_ir::Attribute::new(
-                    "keepdims",
-                    graphopt_ir::AttrValue::Int(0),
-                ));
-            }
-            nodes.push(nn);
-            out
-        };
-        let mx = op(g, "ReduceMax", &[x], None);
-        let mn = op(g, "ReduceMin", &[x], None);
-        let mx = op(g, "Max", &[mx, zero], None);
-        let mn = op(g, "Min", &[mn, zero], None);
-        let rg = op(g, "Sub", &[mx, mn], None);
-        let sc = op(g, "Div", &[rg, q255], None);
-        let nm = op(g, "Neg", &[mn], None);
-        let zf = op(g, "Div", &[nm, sc], None);
-        let zr = op(g, "Round", &[zf], None);
-        let zp = op(g, "Clip", &[zr, zero, q255], None);
-        let xs = op(g, "Div", &[x, sc], None);
-        let xr = op(g, "Round", &[xs], None);
-        let xz = op(g, "Add", &[xr, zp], None);
-        let qc = op(g, "Clip", &[xz, zero, q255], None);
-        let qz = op(g, "Sub", &[qc, zp], None);
-        g.remove_node(n);
-        op(g, "Mul", &[qz, sc], Some(y));
-        for nn in nodes {
-            g.insert_node_before(p, nn)?;
-        }
-        let outs: Vec<_> = g.node(p).outputs().iter().flatten().copied().collect();
-        if outs
-            .iter()
-            .all(|&v| g.uses(v).is_empty() && !g.is_output(v))
-        {
-            g.remove_node(p);
-            for v in outs {
-                g.remove_value(v);
-            }
-        }
-    }
-    Ok(())
-}
-
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = match (exp, man) {
-        (0, 0) => sign,
-        (0, m) => {
-            // Subnormal: value m * 2^-24.
-            let v = m as f32 * (1.0 / 16_777_216.0);
-            return if sign != 0 { -v } else { v };
-        }
-        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
-        (e, m) => sign | ((e + 112) << 23) | (m << 13),
-    };
-    f32::from_bits(bits)
-}
-
-fn ints(t: &Tensor) -> Option<Vec<i32>> {
-    let raw = t.raw()?;
-    Some(match t.dtype {
-        DType::I8 => raw.iter().map(|&b| b as i8 as i32).collect(),
-        DType::U8 => raw.iter().map(|&b| b as i32).collect(),
-        DType::U4 | DType::I4 => {
-            let n = t.numel().ok()? as usize;
-            (0..n)
-                .map(|i| {
-                    let nib = (raw[i / 2] >> (4 * (i % 2))) & 0xF;
-                    if t.dtype == DType::I4 {
-                        ((nib << 4) as i8 >> 4) as i32
-                    } else {
-                        nib as i32
-                    }
-                })
-                .collect()
-        }
-        DType::I32 => raw
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        _ => return None,
-    })
-}
-
-fn dequantize(q: &Tensor, s: &Tensor, z: Option<&Tensor>, axis: i64, block: i64) -> Option<Tensor> {
-    let sv: Vec<f32> = match s.dtype {
-        DType::F32 => s
-            .raw()?
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        DType::F16 => s
-            .raw()?
-            .chunks_exact(2)
-            .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        _ => return None,
-    };
-    let qv = ints(q)?;
-    let zv = match z {
-        Some(z) => ints(z)?,
-        None => vec![0; sv.len()],
-    };
-    let r = q.dims.len() as i64;
-    let dims = &q.dims;
-    let a = if axis < 0 { axis + r } else { axis };
-    // Index of the scale for each element.
-    let n = qv.len();
-    let mut out = vec![0f32; n];
-    if sv.len() == 1 {
-        for i in 0..n {
-            out[i] = (qv[i] - zv[0]) as f32 * sv[0];
-        }
-    } else if block > 0 {
-        if !(0..r).contains(&a) {
-            return None;
-        }
-        let a = a as usize;
-        let mut sdims = dims.clone();
-        sdims[a] = (dims[a] + block - 1) / block;
-        for (i, o) in out.iter_mut().enumerate() {
-            // Unravel i in dims, map axis a to its block, ravel in sdims.
-            let mut rem = i;
-            let mut si = 0usize;
-            let mut mul = 1usize;
-            for k in (0..dims.len()).rev() {
-                let d = dims[k] as usize;
-                let mut c = rem % d;
-                rem /= d;
-                if k == a {
-                    c /= block as usize;
-                }
-                si += c * mul;
-                mul *= sdims[k] as usize;
-            }
-            *o = (qv[i] - zv[si]) as f32 * sv[si];
-        }
-    } else {
-        if !(0..r).contains(&a) {
-            return None;
-        }
-        let a = a as usize;
-        let stride: usize = dims[a + 1..].iter().product::<i64>() as usize;
-        let nc = dims[a] as usize;
-        for i in 0..n {
-            let c = (i / stride) % nc;
-            out[i] = (qv[i] - zv[c]) as f32 * sv[c];
-        }
-    }
-    if s.dtype == DType::F16 {
-        let raw: Vec<u8> = out
-            .iter()
-            .flat_map(|x| graphopt_passes::lower_precision::f32_to_f16_bits(*x).to_le_bytes())
-            .collect();
-        return Tensor::from_raw(DType::F16, dims.clone(), raw.into()).ok();
-    }
-    Tensor::from_f32(dims.clone(), &out).ok()
+    Ok(graphopt_passes::dequantize_constants::dequantize_constants(
+        m,
+    )?)
 }
 
 impl Session {

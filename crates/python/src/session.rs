@@ -448,7 +448,7 @@ impl PySession {
         let opts = graphopt::QuantizeOptions {
             calibration,
             dims: dims.clone(),
-            calibrate: graphopt::Calibrate::parse(calibrate).map_err(gerr)?,
+            calibrate: graphopt::Calibrate::parse(calibrate).map_err(|e| gerr(e.into()))?,
             per_channel,
             symmetric,
             block_size,

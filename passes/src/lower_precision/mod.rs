@@ -73,7 +73,7 @@ mod tables;
 #[cfg(test)]
 mod tests;
 
-pub use convert::{f32_to_bf16_bits, f32_to_f16_bits, F16_MAX};
+pub use convert::{f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, F16_MAX};
 pub use ops::{ALWAYS_LOW, DEFAULT_KEEP_FP32};
 
 use crate::{Pass, PassError, PassStats};

@@ -66,6 +66,10 @@
 //!                                          }
 //! ```
 
+pub mod calibrate;
+
+pub use calibrate::{Calibrate, RangeCollector};
+
 use crate::upgrade_opset::UpgradeOpset;
 use crate::{Pass, PassContext, PassError, PassStats};
 use bytes::Bytes;
