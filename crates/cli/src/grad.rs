@@ -78,7 +78,7 @@ pub struct Args {
     report: Option<PathBuf>,
 }
 
-fn globs(s: &Option<String>) -> Vec<String> {
+pub(crate) fn globs(s: &Option<String>) -> Vec<String> {
     s.as_deref()
         .map(|s| {
             s.split(',')

@@ -3,7 +3,7 @@
 //! (`src/main.rs`) and the Python package's `graphopt` console script both
 //! call [`main_with_args`], so the two are the same command.
 //!
-//! `optimize`, `grad`, `remat`, `check`, `inspect`, `plan`, `run`, `print` and `passes`. Errors are
+//! `optimize`, `grad`, `remat`, `train`, `check`, `inspect`, `plan`, `run`, `print` and `passes`. Errors are
 //! one line on stderr (`error: <file>: <what and where>`) with exit status
 //! 1; usage errors exit with 2.
 
@@ -15,6 +15,7 @@ mod plan;
 mod quantize;
 mod remat;
 mod run;
+mod train;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -56,6 +57,8 @@ enum Cmd {
     Remat(remat::Args),
     /// Run a model in graphopt's runtime (one planned arena); latency and memory.
     Run(run::Args),
+    /// Train a model with graphopt's training step; writes the trained model.
+    Train(train::Args),
     /// Print a model in the ONNX textual syntax (large tensors elided).
     Print {
         input: PathBuf,
@@ -91,6 +94,7 @@ where
         Cmd::Grad(a) => grad::run(a),
         Cmd::Plan(a) => plan::run(a),
         Cmd::Run(a) => run::run(a),
+        Cmd::Train(a) => train::run(a),
         Cmd::Remat(a) => remat::run(a),
         Cmd::Print { input, full } => print(&input, full),
         Cmd::Passes => {

@@ -58,6 +58,7 @@ mod remat;
 mod remat_svg;
 mod run;
 mod session;
+mod train;
 pub mod util;
 mod validate;
 
@@ -97,6 +98,10 @@ pub use run::{
     RunOptions, RunReport, Runner,
 };
 pub use session::{load, PlanRequest, PlanSettings, SaveOptions, Session};
+pub use train::{
+    epoch_permutation, train_svg, ArrayData, DataSource, EvalRecord, Metric, StepRecord,
+    TrainLength, TrainOptions, TrainReport,
+};
 
 pub use graphopt_autodiff as autodiff;
 pub use graphopt_exec as exec;

@@ -81,6 +81,8 @@ pub enum Unit {
     Percent,
     /// Whole counts (schedule steps): integer ticks.
     Count,
+    /// Plain numbers (a loss): decimal ticks, the title as given.
+    Number,
 }
 
 /// One axis: its title, unit and the data range it must show.
@@ -128,7 +130,7 @@ impl Scale {
                 (div, format!("{} ({})", a.title, BYTE_UNITS[k]))
             }
             Unit::Percent => (1.0, format!("{} (%)", a.title)),
-            Unit::Count => (1.0, a.title.clone()),
+            Unit::Count | Unit::Number => (1.0, a.title.clone()),
         };
         let lo = if a.min.is_finite() { a.min / div } else { 0.0 };
         let mut hi = if a.max.is_finite() { a.max / div } else { 1.0 };

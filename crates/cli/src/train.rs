@@ -1,0 +1,247 @@
+//! `graphopt train`: trains a model with graphopt's training step
+//! ([`graphopt::Session::train`]); this file turns arguments into that call
+//! and prints what it returns (a progress bar on a terminal).
+
+use crate::grad::globs;
+use crate::util::{human_bytes, json_text, print_out};
+use graphopt::{ArrayData, DataSource, Metric, OptimizerSpec, TrainLength, TrainOptions};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The ONNX model (an inference model: the training step is built from it).
+    input: PathBuf,
+    /// Where to write the trained model: the input model with its trained
+    /// weights, no training nodes.
+    #[arg(short = 'o', value_name = "TRAINED.onnx")]
+    output: PathBuf,
+    /// Training data: an npz whose arrays are named like the model's inputs,
+    /// plus the target; or a folder of npz shards (concatenated in name order).
+    #[arg(long, value_name = "TRAIN.npz|DIR")]
+    data: PathBuf,
+    /// Data measured after every epoch and at the end.
+    #[arg(long, value_name = "EVAL.npz|DIR")]
+    eval: Option<PathBuf>,
+    /// What the eval pass measures.
+    #[arg(long, default_value = "accuracy", value_name = "accuracy|loss")]
+    metric: String,
+    /// sum | mean | mse | l1 | cross_entropy.
+    #[arg(long, default_value = "cross_entropy")]
+    loss: String,
+    /// The output the loss reads (default: the first).
+    #[arg(long = "output", value_name = "NAME")]
+    output_name: Option<String>,
+    /// The data array holding the target.
+    #[arg(long, default_value = "target", value_name = "NAME")]
+    target: String,
+    /// cross_entropy's class axis (1 as torch; -1 for language models).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    class_axis: i64,
+    /// `all`, or comma-separated globs of trainable initializers.
+    #[arg(long, value_name = "all|GLOB,...")]
+    trainable: Option<String>,
+    /// Comma-separated globs of initializers to keep frozen.
+    #[arg(long, value_name = "GLOB,...")]
+    frozen: Option<String>,
+    /// sgd | adamw.
+    #[arg(long, default_value = "sgd")]
+    optimizer: String,
+    /// Learning rate (default: sgd 0.01, adamw 0.001).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Weight decay (sgd default 0, adamw default 0.01, as torch.optim).
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// AdamW's betas, `B1,B2` (default 0.9,0.999).
+    #[arg(long, value_name = "B1,B2")]
+    betas: Option<String>,
+    /// AdamW's epsilon (default 1e-8).
+    #[arg(long)]
+    eps: Option<f64>,
+    /// Examples per step. The last partial batch of an epoch is dropped.
+    #[arg(long)]
+    batch: usize,
+    /// Epochs (default 1 when --steps is not given).
+    #[arg(long, conflicts_with = "steps")]
+    epochs: Option<usize>,
+    /// Steps, continuing across epochs.
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Seed of each epoch's permutation of the examples.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Visit the examples in file order.
+    #[arg(long)]
+    no_shuffle: bool,
+    /// Dropout as in inference (default: training mode, as torch's model.train()).
+    #[arg(long)]
+    no_dropout: bool,
+    /// Write checkpoints (weights, optimizer state, position) into DIR.
+    #[arg(long, value_name = "DIR")]
+    checkpoint: Option<PathBuf>,
+    /// Steps between checkpoints (one is also written at the end).
+    #[arg(long, default_value_t = 100, requires = "checkpoint")]
+    every: usize,
+    /// Continue from the latest checkpoint in DIR (or from this file).
+    #[arg(long, value_name = "DIR|FILE")]
+    resume: Option<PathBuf>,
+    /// Write the step log as CSV: step, epoch, loss, lr, time, data wait.
+    #[arg(long, value_name = "LOG.csv")]
+    log: Option<PathBuf>,
+    /// Draw the loss (and the eval metric) against the step as SVG.
+    #[arg(long, value_name = "LOSS.svg")]
+    plot: Option<PathBuf>,
+    /// Threads of the runtime.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the report as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> graphopt::Result<()> {
+    let mut opts = TrainOptions::new(a.batch);
+    opts.loss = graphopt::parse_loss(&a.loss)?;
+    opts.output = a.output_name.clone();
+    opts.target = a.target.clone();
+    opts.class_axis = a.class_axis;
+    opts.optimizer = OptimizerSpec {
+        name: a.optimizer.clone(),
+        lr: a.lr,
+        weight_decay: a.weight_decay,
+        betas: a.betas.as_deref().map(graphopt::parse_betas).transpose()?,
+        eps: a.eps,
+    };
+    opts.trainable = globs(&a.trainable);
+    opts.frozen = globs(&a.frozen);
+    opts.dropout_train = !a.no_dropout;
+    opts.length = match (a.epochs, a.steps) {
+        (_, Some(s)) => TrainLength::Steps(s),
+        (e, None) => TrainLength::Epochs(e.unwrap_or(1)),
+    };
+    opts.seed = a.seed;
+    opts.shuffle = !a.no_shuffle;
+    opts.threads = a.threads;
+    opts.metric = Metric::parse(&a.metric)?;
+    opts.checkpoint = a.checkpoint.clone();
+    opts.every = a.every;
+    opts.resume = a.resume.clone();
+    opts.validate()?;
+    let mut session = graphopt::load(&a.input)?;
+    session.check_output_path(&a.output)?;
+    let data = ArrayData::load(&a.data)?;
+    let eval = a.eval.as_deref().map(ArrayData::load).transpose()?;
+    let total = match opts.length {
+        TrainLength::Steps(s) => s,
+        TrainLength::Epochs(e) => e * (data.examples() / a.batch.max(1)),
+    };
+    let bar = std::io::stderr().is_terminal() && !a.json;
+    let started = Instant::now();
+    let mut progress = |r: &graphopt::StepRecord| {
+        if !bar {
+            return;
+        }
+        let frac = r.step as f64 / total.max(1) as f64;
+        let rate = r.step as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        let eta = total.saturating_sub(r.step) as f64 / rate.max(1e-9);
+        let filled = (frac * 30.0).round() as usize;
+        let mut err = std::io::stderr().lock();
+        let _ = write!(
+            err,
+            "\r{:>6}/{total} [{}{}] loss {:<10.5} {rate:>6.2} steps/s  ETA {eta:>5.0} s ",
+            r.step,
+            "=".repeat(filled.min(30)),
+            " ".repeat(30 - filled.min(30)),
+            r.loss
+        );
+        let _ = err.flush();
+    };
+    let result = session.train_with(
+        &data,
+        eval.as_ref().map(|e| e as &dyn DataSource),
+        &opts,
+        &mut progress,
+    );
+    if bar {
+        eprintln!();
+    }
+    let r = result?;
+    session.save(&a.output)?;
+    if let Some(p) = &a.log {
+        graphopt::util::write_atomic(p, r.log_csv().as_bytes())?;
+    }
+    if let Some(p) = &a.plot {
+        let title = a.input.display().to_string();
+        graphopt::util::write_atomic(p, graphopt::train_svg(&title, &r).as_bytes())?;
+    }
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+    if a.json {
+        print_out(&json_text(&r)?);
+        return Ok(());
+    }
+    let mut out = format!(
+        "{} -> {}\ndata: {} ({} examples, batch {}{})\n",
+        a.input.display(),
+        a.output.display(),
+        r.data,
+        r.examples,
+        r.batch,
+        if r.dropped_per_epoch > 0 {
+            format!(
+                "; the last {} of each epoch's order are left out",
+                r.dropped_per_epoch
+            )
+        } else {
+            String::new()
+        }
+    );
+    if let Some((from, step)) = &r.resumed_from {
+        out += &format!("resumed from {from} at step {step}\n");
+    }
+    out += &format!(
+        "trained: {} steps ({:.2} epochs), {} loss, {}, {} parameters in {} tensors\n",
+        r.steps,
+        r.epochs,
+        r.loss,
+        r.optimizer,
+        r.param_elements,
+        r.params.len()
+    );
+    if let (Some(f), Some(l)) = (r.first_loss, r.last_loss) {
+        out += &format!("loss: {f:.6} -> {l:.6}\n");
+    }
+    if let Some(e) = r.evals.last() {
+        out += &format!(
+            "eval {}: {:.4} on {} examples\n",
+            match e.metric {
+                Metric::Accuracy => "accuracy",
+                Metric::Loss => "loss",
+            },
+            e.value,
+            e.examples
+        );
+    }
+    out += &format!(
+        "memory: weights {}, optimizer state {}, arena {}, workspace {}{}\n",
+        human_bytes(r.weights_bytes),
+        human_bytes(r.state_bytes),
+        human_bytes(r.arena_bytes),
+        human_bytes(r.workspace_bytes),
+        r.peak_rss_bytes
+            .map(|b| format!("; peak RSS {}", human_bytes(b)))
+            .unwrap_or_default()
+    );
+    out += &format!(
+        "time: {:.2} s ({:.2} steps/s, {} threads), waiting for data {:.3} s\n",
+        r.time_s, r.steps_per_s, r.threads, r.data_wait_s
+    );
+    if let Some(c) = r.checkpoints.last() {
+        out += &format!("checkpoints: {} (last {c})\n", r.checkpoints.len());
+    }
+    print_out(&out);
+    Ok(())
+}
