@@ -1250,7 +1250,7 @@ pub fn train_svg(title: &str, r: &TrainReport) -> String {
             r.steps, r.batch, r.loss, r.optimizer, r.steps_per_s, r.data_wait_s
         ),
     );
-    let loss = Series::nth("training loss", 1, 2);
+    let loss = Series::nth("training loss", 0, 1);
     let first = r.log.first().map_or(0, |s| s.step.saturating_sub(1)) as f64;
     let last = r.log.last().map_or(1, |s| s.step) as f64;
     let hi = r.log.iter().map(|s| s.loss).fold(0.0, f64::max);
@@ -1267,13 +1267,15 @@ pub fn train_svg(title: &str, r: &TrainReport) -> String {
     let pts: Vec<(f64, f64)> = r.log.iter().map(|s| (s.step as f64, s.loss)).collect();
     p.line(&mut svg, &pts, &loss);
     if evals {
-        let metric = Series::nth(
+        // Its own panel: solid, in the third colour.
+        let metric = Series::with_color(
             match r.evals[0].metric {
                 Metric::Accuracy => "eval accuracy",
                 Metric::Loss => "eval loss",
             },
-            2,
-            3,
+            "#2ca02c",
+            0,
+            1,
         );
         let (unit, scale) = match r.evals[0].metric {
             Metric::Accuracy => (Unit::Percent, 100.0),

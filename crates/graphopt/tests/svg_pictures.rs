@@ -422,3 +422,29 @@ fn pictures_are_byte_identical_run_to_run() {
     );
     assert_eq!(sa, sb);
 }
+
+#[test]
+fn train_picture_draws_the_loss_and_the_eval_metric() {
+    let mut s = graphopt::load(testdata("train/digits_mlp.onnx")).unwrap();
+    let data = graphopt::ArrayData::load(&testdata("train/digits_mlp.train.npz")).unwrap();
+    let eval = graphopt::ArrayData::load(&testdata("quant/digits_mlp.test.npz")).unwrap();
+    let mut opts = graphopt::TrainOptions::new(128);
+    opts.target = "y".into();
+    opts.optimizer = graphopt::OptimizerSpec::named("adamw");
+    opts.length = graphopt::TrainLength::Epochs(2);
+    let r = s.train(&data, Some(&eval), &opts).unwrap();
+    assert_eq!((r.steps, r.evals.len()), (18, 2));
+    let svg = graphopt::train_svg("digits_mlp", &r);
+    let pic = read(&svg);
+    pic.assert_texts(&["Training: digits_mlp", "18 steps of 128 examples"]);
+    assert_eq!(
+        pic.axis_titles,
+        ["step", "loss", "step", "eval accuracy (%)"]
+    );
+    assert_eq!(pic.plots.len(), 2);
+    pic.assert_ticks(0);
+    pic.assert_ticks(1);
+    pic.assert_legend(&["training loss", "eval accuracy"]);
+    let (loss, acc) = (pic.pixels_near(0, BLUE), pic.pixels_near(1, GREEN));
+    assert!(loss > 300 && acc > 150, "loss {loss}, accuracy {acc}");
+}
