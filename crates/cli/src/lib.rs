@@ -58,7 +58,7 @@ enum Cmd {
     /// Run a model in graphopt's runtime (one planned arena); latency and memory.
     Run(run::Args),
     /// Train a model with graphopt's training step; writes the trained model.
-    Train(train::Args),
+    Train(Box<train::Args>),
     /// Print a model in the ONNX textual syntax (large tensors elided).
     Print {
         input: PathBuf,
@@ -94,7 +94,7 @@ where
         Cmd::Grad(a) => grad::run(a),
         Cmd::Plan(a) => plan::run(a),
         Cmd::Run(a) => run::run(a),
-        Cmd::Train(a) => train::run(a),
+        Cmd::Train(a) => train::run(*a),
         Cmd::Remat(a) => remat::run(a),
         Cmd::Print { input, full } => print(&input, full),
         Cmd::Passes => {

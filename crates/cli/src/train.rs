@@ -63,6 +63,15 @@ pub struct Args {
     /// Examples per step. The last partial batch of an epoch is dropped.
     #[arg(long)]
     batch: usize,
+    /// Split each batch into M equal micro-batches whose gradients are
+    /// accumulated: the update is the whole batch's, in less memory.
+    #[arg(long, value_name = "M")]
+    micro_batches: Option<usize>,
+    /// Bytes the step may plan for (parameters, optimizer state, gradient
+    /// accumulators, arenas, workspaces), e.g. 2GB or 1.5GiB; without
+    /// --micro-batches, the fewest micro-batches that fit are chosen.
+    #[arg(long, value_name = "BYTES")]
+    budget: Option<String>,
     /// Epochs (default 1 when --steps is not given).
     #[arg(long, conflicts_with = "steps")]
     epochs: Option<usize>,
@@ -128,6 +137,14 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     opts.checkpoint = a.checkpoint.clone();
     opts.every = a.every;
     opts.resume = a.resume.clone();
+    opts.micro_batches = a.micro_batches;
+    opts.budget = a
+        .budget
+        .as_deref()
+        .map(|b| {
+            graphopt::util::parse_size(b).map_err(|e| graphopt::Error::new(format!("--budget {e}")))
+        })
+        .transpose()?;
     opts.validate()?;
     let mut session = graphopt::load(&a.input)?;
     session.check_output_path(&a.output)?;
@@ -201,6 +218,20 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     );
     if let Some((from, step)) = &r.resumed_from {
         out += &format!("resumed from {from} at step {step}\n");
+    }
+    if r.micro_batches > 1 || r.budget_bytes.is_some() {
+        out += &format!(
+            "micro-batches: {} of {} examples{}\n",
+            r.micro_batches,
+            r.micro_batch,
+            r.budget_bytes
+                .map(|b| format!(
+                    " (planned {} within --budget {})",
+                    human_bytes(r.planned_bytes),
+                    human_bytes(b)
+                ))
+                .unwrap_or_default()
+        );
     }
     out += &format!(
         "trained: {} steps ({:.2} epochs), {} loss, {}, {} parameters in {} tensors\n",

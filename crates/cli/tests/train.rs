@@ -319,3 +319,84 @@ fn bad_training_input_is_one_line() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn micro_batches_give_the_whole_batch_update() {
+    // 4 micro-batches of 8: the gradients are averaged and AdamW steps once
+    // per batch of 32, so the losses still follow torch's whole batches.
+    let t = torch();
+    let dir = tmp("micro");
+    let mut extra = opt_args(&t, "adamw");
+    extra.extend(
+        ["--steps", "50", "--micro-batches", "4"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    let (report, got) = train("cnn", &dir, &extra, false);
+    assert_eq!(
+        (
+            report["micro_batches"].as_u64(),
+            report["micro_batch"].as_u64()
+        ),
+        (Some(4), Some(8))
+    );
+    let want = t["models"]["cnn"]["adamw"]["losses"].as_array().unwrap();
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b.as_f64().unwrap()).abs() / b.as_f64().unwrap())
+        .fold(0.0, f64::max);
+    eprintln!("cnn adamw, 4 micro-batches: worst relative loss difference {worst:.3e}");
+    assert!(worst <= LOSS_REL, "{worst:e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_budget_chooses_the_micro_batches() {
+    // Planned bytes of the CNN's SGD step at batch 512 (parameters,
+    // accumulators, arenas, workspaces): 16.8 MB whole, 9.1 MB in 2
+    // micro-batches, 5.0 MB in 4, 2.9 MB in 8.
+    let dir = tmp("budget");
+    let args = |budget: &str| -> Vec<String> {
+        vec![
+            "--batch".into(),
+            "512".into(),
+            "--steps".into(),
+            "1".into(),
+            "--budget".into(),
+            budget.into(),
+        ]
+    };
+    let model = td("train/digits_cnn.onnx").display().to_string();
+    let data = td("train/digits_cnn.train.npz").display().to_string();
+    let out = dir.join("b.onnx").display().to_string();
+    let run = |budget: &str| {
+        let mut a: Vec<String> = vec![
+            "train".into(),
+            model.clone(),
+            "--data".into(),
+            data.clone(),
+            "--target".into(),
+            "y".into(),
+            "-o".into(),
+            out.clone(),
+            "--json".into(),
+        ];
+        a.extend(args(budget));
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        graphopt(&a)
+    };
+    let (code, stdout, err) = run("5.1MB");
+    assert_eq!(code, 0, "{err}");
+    let r: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(r["micro_batches"], 4, "{r}");
+    assert!(r["planned_bytes"].as_u64().unwrap() <= 5_100_000);
+    let (code, _, err) = run("100KB");
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("no micro-batch fits") && err.contains("512 x 1: "),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

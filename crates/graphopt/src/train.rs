@@ -39,7 +39,8 @@ use crate::session::Session;
 use crate::util::write_atomic;
 use graphopt_autodiff::{GradOptions as AutodiffOptions, Optimizer};
 use graphopt_exec::{CpuBackend, Executable, HostTensor};
-use graphopt_ir::{DType, Tensor};
+use graphopt_ir::{DType, Model, Tensor};
+use graphopt_plan::human_bytes;
 use graphopt_plan::{DimValues, PlanOptions};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -294,6 +295,14 @@ pub struct TrainOptions {
     pub every: usize,
     /// Continue from the latest checkpoint in this folder (or this file).
     pub resume: Option<PathBuf>,
+    /// Split each batch into this many equal micro-batches: their
+    /// gradients are accumulated (averaged for a mean loss) and the
+    /// optimizer steps once per batch, as it would on the whole batch.
+    pub micro_batches: Option<usize>,
+    /// Bytes the step may plan for: parameters, optimizer state, gradient
+    /// accumulators, arenas and workspaces. Without `micro_batches`, the
+    /// fewest micro-batches that fit are chosen.
+    pub budget: Option<u64>,
 }
 
 impl TrainOptions {
@@ -317,6 +326,8 @@ impl TrainOptions {
             checkpoint: None,
             every: 100,
             resume: None,
+            micro_batches: None,
+            budget: None,
         }
     }
 
@@ -336,6 +347,17 @@ impl TrainOptions {
         }
         if self.threads == Some(0) {
             return Err(Error::new("--threads 0: expected at least 1"));
+        }
+        if let Some(m) = self.micro_batches {
+            if m == 0 || !self.batch.is_multiple_of(m) {
+                return Err(Error::new(format!(
+                    "--micro-batches {m}: the batch of {} does not split into {m} equal micro-batches",
+                    self.batch
+                )));
+            }
+        }
+        if self.budget == Some(0) {
+            return Err(Error::new("--budget 0: expected a number of bytes"));
         }
         if self.target.trim().is_empty() {
             return Err(Error::new("--target: expected an array name"));
@@ -380,6 +402,13 @@ pub struct TrainReport {
     pub data: String,
     pub examples: usize,
     pub batch: usize,
+    /// Micro-batches per step, and their examples.
+    pub micro_batches: usize,
+    pub micro_batch: usize,
+    pub budget_bytes: Option<u64>,
+    /// What the step plans for: parameters, optimizer state, gradient
+    /// accumulators, arenas and workspaces.
+    pub planned_bytes: u64,
     /// Examples each epoch leaves out (the last partial batch).
     pub dropped_per_epoch: usize,
     pub steps: usize,
@@ -611,134 +640,59 @@ impl Session {
             Optimizer::AdamW { lr, .. } => lr,
             Optimizer::None => 0.0,
         };
-        // 1. The training step.
-        let mut step_session = Session::from_model(self.model.clone());
+        // 1. The step's graphs, and the micro-batch count: given, chosen
+        //    under the budget (the fewest micro-batches that fit), or one.
         let first = data.gather(&(0..opts.batch).collect::<Vec<_>>())?;
-        let feed_name = |array: &str| -> String {
-            if array == opts.target {
-                "target".to_string()
-            } else {
-                array.to_string()
-            }
-        };
-        let dims = DimValues {
-            bound: Vec::new(),
-            // The arrays the step reads: the model's inputs and the target.
-            shapes: first
-                .iter()
-                .map(|(n, t)| (feed_name(n), t.shape.iter().map(|&d| d as i64).collect()))
-                .filter(|(n, _): &(String, Vec<i64>)| {
-                    n == "target" || {
-                        let g = &self.model.graph;
-                        g.value_by_name(n).is_some_and(|v| g.is_input(v))
-                    }
-                })
-                .collect(),
-            default: None,
-        };
         check_arrays(&self.model.graph, &first, data, opts)?;
-        let grad = step_session.grad(&GradOptions {
-            autodiff: AutodiffOptions {
-                output: opts.output.clone(),
-                loss: opts.loss,
-                class_axis: opts.class_axis,
-                trainable: opts.trainable.clone(),
-                frozen: opts.frozen.clone(),
-                optimizer,
-                params_as_inputs: true,
-                // Only where there is a Dropout to switch (else grad warns
-                // that the option changed nothing).
-                dropout_train: opts.dropout_train && has_dropout(&self.model.graph),
-                ..AutodiffOptions::default()
-            },
-            dims: dims.clone(),
-            ..GradOptions::default()
-        })?;
-        // The gradients feed the updates only: not outputs, so each dies
-        // once its update has read it.
-        let g = &mut step_session.model_mut().graph;
-        let grads: Vec<String> = grad.params.iter().map(|p| format!("{p}_grad")).collect();
-        let keep: Vec<_> = g
-            .outputs
-            .iter()
-            .copied()
-            .filter(|&v| !grads.iter().any(|n| n == g.name(v)))
-            .collect();
-        g.outputs = keep;
-        // 2. Planned once, bound to the CPU runtime.
-        let planned =
-            graphopt_plan::plan_model(step_session.model(), &dims, &PlanOptions::default())
-                .map_err(|e| self.err(e))?;
-        let mut exe = Executable::new(&planned.model, &planned.plan, &CpuBackend)
-            .map_err(|e| Error::runtime(e.to_string()))?;
-        let mut state: State = BTreeMap::new();
-        for (name, t) in &grad.initial_state {
-            state.insert(name.clone(), host_of(t, name)?);
-        }
-        let data_names = data.names();
-        let inputs = exe.input_infos();
-        for (name, info) in &inputs {
-            if state.contains_key(name) {
-                continue;
-            }
-            let array = if name == "target" { &opts.target } else { name };
-            let Some((_, t)) = first.iter().find(|(n, _)| n == array) else {
-                let what = if name == "target" {
-                    " (the loss's target; name another array with --target)".to_string()
-                } else {
-                    String::new()
-                };
-                return Err(Error::new(format!(
-                    "{}: no array '{array}'{what}; it has {}",
-                    data.label(),
-                    data_names.join(", ")
-                )));
-            };
-            if t.dtype != info.dtype || t.shape != info.shape {
-                return Err(Error::new(format!(
-                    "{}: array '{array}' is {}{:?} per batch, the model's input '{name}' wants {}{:?}",
-                    data.label(),
-                    t.dtype.name(),
-                    t.shape,
-                    info.dtype.name(),
-                    info.shape
-                )));
+        let first = to_feed(first, &self.model, opts);
+        check_feed(&first, data, opts)?;
+        let mut graphs = StepGraphs::new(self, opts, optimizer);
+        let counts: Vec<usize> = match (opts.micro_batches, opts.budget) {
+            (Some(m), _) => vec![m],
+            (None, None) => vec![1],
+            (None, Some(_)) => (1..=opts.batch)
+                .filter(|m| opts.batch.is_multiple_of(*m))
+                .collect(),
+        };
+        let mut chosen: Option<Stepper> = None;
+        let mut tried: Vec<String> = Vec::new();
+        for m in counts {
+            let s = graphs.stepper(self, &first, m, data)?;
+            let need = s.planned_bytes();
+            match opts.budget {
+                Some(b) if need > b => {
+                    tried.push(format!("{} x {}: {}", m, opts.batch / m, human_bytes(need)));
+                }
+                _ => {
+                    chosen = Some(s);
+                    break;
+                }
             }
         }
-        let outputs = exe.output_names();
-        let loss_at = outputs
-            .iter()
-            .position(|o| o == "loss")
-            .ok_or_else(|| Error::new("the training graph has no 'loss' output"))?;
-        // Output index -> the state entry it replaces.
-        let feedback: Vec<(usize, String)> = outputs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, o)| {
-                let s = o.strip_suffix("_new")?;
-                state.contains_key(s).then(|| (i, s.to_string()))
-            })
-            .collect();
-        let weights_bytes: u64 = grad
-            .params
-            .iter()
-            .filter_map(|p| state.get(p))
-            .map(|t| t.data.len() as u64)
-            .sum();
-        let state_bytes: u64 = grad
-            .state_inputs
-            .iter()
-            .filter_map(|p| state.get(p))
-            .map(|t| t.data.len() as u64)
-            .sum();
-        let param_elements: u64 = grad
-            .params
+        let Some(mut stepper) = chosen else {
+            return Err(Error::budget(format!(
+                "--budget {}: no micro-batch fits (micro-batches x examples: {})",
+                human_bytes(opts.budget.unwrap_or(0)),
+                tried.join(", ")
+            )));
+        };
+        let mut state = stepper.initial_state.clone();
+        let params = stepper.params.clone();
+        let bytes_of = |names: &mut dyn Iterator<Item = &String>, state: &State| -> u64 {
+            names
+                .filter_map(|p| state.get(p))
+                .map(|t| t.data.len() as u64)
+                .sum()
+        };
+        let weights_bytes = bytes_of(&mut params.iter(), &state);
+        let state_bytes = bytes_of(&mut state.keys().filter(|k| !params.contains(k)), &state);
+        let param_elements: u64 = params
             .iter()
             .filter_map(|p| state.get(p))
             .map(|t| t.shape.iter().product::<usize>() as u64)
             .sum();
 
-        // 3. Where to start, and the schedule.
+        // 2. Where to start, and the schedule.
         let per_epoch = n / opts.batch;
         let total = match opts.length {
             TrainLength::Epochs(e) => e * per_epoch,
@@ -748,47 +702,7 @@ impl Session {
         let mut resumed_from = None;
         if let Some(r) = &opts.resume {
             let file = checkpoint_file(r)?;
-            let arrays = read_npz(&file)?;
-            let get = |k: &str| arrays.iter().find(|(n, _)| n == k).map(|(_, t)| t);
-            let meta = |k: &str| get(k).and_then(read_i64);
-            let expect = [
-                (SEED_KEY, opts.seed as i64, "--seed"),
-                (BATCH_KEY, opts.batch as i64, "--batch"),
-                (EXAMPLES_KEY, n as i64, "the data's example count"),
-                (SHUFFLE_KEY, opts.shuffle as i64, "--no-shuffle"),
-            ];
-            for (k, want, what) in expect {
-                if meta(k) != Some(want) {
-                    return Err(Error::new(format!(
-                        "--resume {}: it was written with another {what} ({} there, {want} now)",
-                        file.display(),
-                        meta(k).map_or("none".to_string(), |v| v.to_string())
-                    )));
-                }
-            }
-            start = meta(STEP_KEY)
-                .filter(|&s| s >= 0)
-                .ok_or_else(|| Error::new(format!("--resume {}: no {STEP_KEY}", file.display())))?
-                as usize;
-            for (name, t) in state.iter_mut() {
-                let c = get(name).ok_or_else(|| {
-                    Error::new(format!(
-                        "--resume {}: no array '{name}' (a checkpoint of another model?)",
-                        file.display()
-                    ))
-                })?;
-                if c.dtype != t.dtype || c.shape != t.shape {
-                    return Err(Error::new(format!(
-                        "--resume {}: array '{name}' is {}{:?}, the model's is {}{:?}",
-                        file.display(),
-                        c.dtype.name(),
-                        c.shape,
-                        t.dtype.name(),
-                        t.shape
-                    )));
-                }
-                *t = c.clone();
-            }
+            start = resume(&file, &mut state, n, opts)?;
             resumed_from = Some((file.display().to_string(), start));
         }
         if let Some(dir) = &opts.checkpoint {
@@ -837,8 +751,9 @@ impl Session {
             Ok(Some(path.display().to_string()))
         };
         let mut eval_state = EvalRunner::default();
+        let model = &self.model;
 
-        // 4. The loop: batches gathered one ahead on a second thread.
+        // 3. The loop: batches gathered one ahead on a second thread.
         let result: Result<()> = std::thread::scope(|scope| {
             let (tx, rx) = sync_channel::<(usize, usize, Result<Vec<(String, HostTensor)>>)>(1);
             let producer = scope.spawn(move || {
@@ -849,7 +764,6 @@ impl Session {
                     }
                 }
             });
-            let mut feed: Vec<HostTensor> = Vec::with_capacity(inputs.len());
             for _ in start..total {
                 let w0 = Instant::now();
                 let Ok((step, epoch, batch)) = rx.recv() else {
@@ -857,37 +771,10 @@ impl Session {
                 };
                 let wait = w0.elapsed().as_secs_f64();
                 data_wait += wait;
-                let mut batch = batch?;
-                feed.clear();
-                for (name, _) in &inputs {
-                    let t = match state.get(name) {
-                        Some(t) => t.clone(),
-                        None => {
-                            let array = if name == "target" { &opts.target } else { name };
-                            let i = batch
-                                .iter()
-                                .position(|(n, _)| n == array)
-                                .expect("checked on the first batch");
-                            std::mem::replace(
-                                &mut batch[i].1,
-                                HostTensor {
-                                    dtype: DType::F32,
-                                    shape: Vec::new(),
-                                    data: Vec::new(),
-                                },
-                            )
-                        }
-                    };
-                    feed.push(t);
-                }
-                let (mut outs, _) = exe
-                    .run(&feed, &ropts)
+                let batch = to_feed(batch?, model, opts);
+                let loss = stepper
+                    .step(&batch, &mut state, &ropts)
                     .map_err(|e| Error::runtime(format!("step {}: {e}", step + 1)))?;
-                let loss = outs[loss_at]
-                    .to_f32()
-                    .and_then(|v| v.first().copied())
-                    .map(f64::from)
-                    .unwrap_or(f64::NAN);
                 if !loss.is_finite() {
                     let last = checkpoints.last().map_or(String::new(), |c: &String| {
                         format!("; last checkpoint: {c}")
@@ -899,17 +786,6 @@ impl Session {
                             step + 1
                         ),
                     ));
-                }
-                for (i, name) in &feedback {
-                    let t = std::mem::replace(
-                        &mut outs[*i],
-                        HostTensor {
-                            dtype: DType::F32,
-                            shape: Vec::new(),
-                            data: Vec::new(),
-                        },
-                    );
-                    state.insert(name.clone(), t);
                 }
                 let rec = StepRecord {
                     step: step + 1,
@@ -929,23 +805,14 @@ impl Session {
                 }
                 let epoch_end = done % per_epoch == 0;
                 if let (Some(ev), true) = (eval, epoch_end || done == total) {
-                    let value = eval_state.measure(
-                        self,
-                        &mut exe,
-                        ev,
-                        &state,
-                        &grad.params,
-                        opts,
-                        &inputs,
-                        loss_at,
-                        &ropts,
-                    )?;
+                    let (value, examples) =
+                        eval_state.measure(model, &mut stepper, ev, &state, opts, &ropts)?;
                     evals.push(EvalRecord {
                         step: done,
                         epoch,
                         metric: opts.metric,
-                        value: value.0,
-                        examples: value.1,
+                        value,
+                        examples,
                     });
                 }
             }
@@ -962,9 +829,9 @@ impl Session {
             }
         }
 
-        // 6. The trained weights into the session's model.
+        // 4. The trained weights into the session's model.
         let g = &mut self.model.graph;
-        for p in &grad.params {
+        for p in &params {
             let (Some(v), Some(t)) = (g.value_by_name(p), state.get(p)) else {
                 continue;
             };
@@ -982,17 +849,21 @@ impl Session {
             data: data.label(),
             examples: n,
             batch: opts.batch,
+            micro_batches: stepper.micro,
+            micro_batch: opts.batch / stepper.micro,
+            budget_bytes: opts.budget,
+            planned_bytes: stepper.planned_bytes(),
             dropped_per_epoch: n % opts.batch,
             steps,
             epochs: total as f64 / per_epoch as f64,
             loss: opts.loss.name().to_string(),
             optimizer: opts.optimizer.name.clone(),
-            params: grad.params.clone(),
+            params,
             param_elements,
             weights_bytes,
             state_bytes,
-            arena_bytes: exe.arena_planned_bytes(),
-            workspace_bytes: exe.workspace_bytes(),
+            arena_bytes: stepper.arena_bytes(),
+            workspace_bytes: stepper.workspace_bytes(),
             peak_rss_bytes: peak_rss_bytes(),
             time_s,
             data_wait_s: data_wait,
@@ -1008,58 +879,598 @@ impl Session {
             checkpoints,
             resumed_from,
             threads,
-            warnings: grad.warnings.clone(),
+            warnings: graphs.warnings,
         })
     }
 }
 
+/// Restores `state` from checkpoint `file`; returns the steps it had done.
+fn resume(file: &Path, state: &mut State, n: usize, opts: &TrainOptions) -> Result<usize> {
+    let arrays = read_npz(file)?;
+    let get = |k: &str| arrays.iter().find(|(n, _)| n == k).map(|(_, t)| t);
+    let meta = |k: &str| get(k).and_then(read_i64);
+    let expect = [
+        (SEED_KEY, opts.seed as i64, "--seed"),
+        (BATCH_KEY, opts.batch as i64, "--batch"),
+        (EXAMPLES_KEY, n as i64, "the data's example count"),
+        (SHUFFLE_KEY, opts.shuffle as i64, "--no-shuffle"),
+    ];
+    for (k, want, what) in expect {
+        if meta(k) != Some(want) {
+            return Err(Error::new(format!(
+                "--resume {}: it was written with another {what} ({} there, {want} now)",
+                file.display(),
+                meta(k).map_or("none".to_string(), |v| v.to_string())
+            )));
+        }
+    }
+    let start = meta(STEP_KEY)
+        .filter(|&s| s >= 0)
+        .ok_or_else(|| Error::new(format!("--resume {}: no {STEP_KEY}", file.display())))?
+        as usize;
+    for (name, t) in state.iter_mut() {
+        let c = get(name).ok_or_else(|| {
+            Error::new(format!(
+                "--resume {}: no array '{name}' (a checkpoint of another model?)",
+                file.display()
+            ))
+        })?;
+        if c.dtype != t.dtype || c.shape != t.shape {
+            return Err(Error::new(format!(
+                "--resume {}: array '{name}' is {}{:?}, the model's is {}{:?}",
+                file.display(),
+                c.dtype.name(),
+                c.shape,
+                t.dtype.name(),
+                t.shape
+            )));
+        }
+        *t = c.clone();
+    }
+    Ok(start)
+}
+
+/// A batch by the names the step's graphs read: the target array becomes
+/// `target`; arrays that are neither a model input nor the target go.
+fn to_feed(batch: Vec<(String, HostTensor)>, model: &Model, opts: &TrainOptions) -> State {
+    let g = &model.graph;
+    batch
+        .into_iter()
+        .filter_map(|(n, t)| {
+            if n == opts.target {
+                Some(("target".to_string(), t))
+            } else if g.value_by_name(&n).is_some_and(|v| g.is_input(v)) {
+                Some((n, t))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// The loss's target is there when the loss needs one.
+fn check_feed(batch: &State, data: &dyn DataSource, opts: &TrainOptions) -> Result<()> {
+    let needs_target = matches!(opts.loss, Loss::Mse | Loss::L1 | Loss::CrossEntropy);
+    if needs_target && !batch.contains_key("target") {
+        return Err(Error::new(format!(
+            "{}: no array '{}' (the loss's target; name another array with --target); it has {}",
+            data.label(),
+            opts.target,
+            data.names().join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// The dims of a batch of `rows` examples.
+fn batch_dims(batch: &State, rows: usize) -> DimValues {
+    DimValues {
+        bound: Vec::new(),
+        shapes: batch
+            .iter()
+            .map(|(n, t)| {
+                let mut s: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+                s[0] = rows as i64;
+                (n.clone(), s)
+            })
+            .collect(),
+        default: None,
+    }
+}
+
+/// Examples `k * rows .. (k + 1) * rows` of every array.
+fn slice_rows(batch: &State, k: usize, rows: usize) -> State {
+    batch
+        .iter()
+        .map(|(n, t)| {
+            let per = t.data.len() / t.shape[0].max(1);
+            let mut shape = t.shape.clone();
+            shape[0] = rows;
+            (
+                n.clone(),
+                HostTensor {
+                    dtype: t.dtype,
+                    shape,
+                    data: t.data[k * rows * per..(k + 1) * rows * per].to_vec(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The training graphs a run may need, each built once: the fused step
+/// (gradients and the update in one graph), the gradients alone, and the
+/// update alone (micro-batches).
+struct StepGraphs {
+    opts: AutodiffOptions,
+    fused: Option<(Model, Vec<String>, State)>,
+    grads: Option<(Model, Vec<String>, State)>,
+    update: Option<(Model, State)>,
+    warnings: Vec<String>,
+}
+
+impl StepGraphs {
+    fn new(session: &Session, opts: &TrainOptions, optimizer: Optimizer) -> StepGraphs {
+        StepGraphs {
+            opts: AutodiffOptions {
+                output: opts.output.clone(),
+                loss: opts.loss,
+                class_axis: opts.class_axis,
+                trainable: opts.trainable.clone(),
+                frozen: opts.frozen.clone(),
+                optimizer,
+                params_as_inputs: true,
+                // Only where there is a Dropout to switch (else grad warns
+                // that the option changed nothing).
+                dropout_train: opts.dropout_train && has_dropout(&session.model.graph),
+                ..AutodiffOptions::default()
+            },
+            fused: None,
+            grads: None,
+            update: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// `Session::grad` of `model` with these options; the gradients are
+    /// outputs only without an optimizer.
+    fn build(
+        &mut self,
+        model: &Model,
+        opts: AutodiffOptions,
+        dims: &DimValues,
+    ) -> Result<(Model, Vec<String>, State)> {
+        let mut s = Session::from_model(model.clone());
+        let optimizer = opts.optimizer;
+        let r = s.grad(&GradOptions {
+            autodiff: opts,
+            dims: dims.clone(),
+            ..GradOptions::default()
+        })?;
+        for w in &r.warnings {
+            if !self.warnings.contains(w) {
+                self.warnings.push(w.clone());
+            }
+        }
+        let mut state = State::new();
+        for (name, t) in &r.initial_state {
+            state.insert(name.clone(), host_of(t, name)?);
+        }
+        let mut m = s.into_model();
+        if optimizer != Optimizer::None {
+            // The gradients feed the updates only: not outputs, so each
+            // dies once its update has read it.
+            let g = &mut m.graph;
+            let grads: Vec<String> = r.params.iter().map(|p| format!("{p}_grad")).collect();
+            let keep: Vec<_> = g
+                .outputs
+                .iter()
+                .copied()
+                .filter(|&v| !grads.iter().any(|n| n == g.name(v)))
+                .collect();
+            g.outputs = keep;
+        }
+        Ok((m, r.params, state))
+    }
+
+    /// The step for `micro` micro-batches, planned for `first`'s shapes.
+    fn stepper(
+        &mut self,
+        session: &Session,
+        first: &State,
+        micro: usize,
+        data: &dyn DataSource,
+    ) -> Result<Stepper> {
+        let batch = first.values().next().map_or(0, |t| t.shape[0]);
+        if micro == 0 || !batch.is_multiple_of(micro) {
+            return Err(Error::new(format!(
+                "--micro-batches {micro}: the batch of {batch} does not split into {micro} equal micro-batches"
+            )));
+        }
+        let rows = batch / micro;
+        let dims = batch_dims(first, rows);
+        if micro == 1 {
+            if self.fused.is_none() {
+                let built = self.build(&session.model, self.opts.clone(), &dims)?;
+                self.fused = Some(built);
+            }
+            let (m, params, state) = self.fused.as_ref().expect("built");
+            let fused = Bound::new(session, m, &dims, first, data)?;
+            return Ok(Stepper {
+                micro,
+                fused: Some(fused),
+                grads: None,
+                update: None,
+                params: params.clone(),
+                initial_state: state.clone(),
+                mean: self.opts.loss != Loss::Sum,
+            });
+        }
+        if self.grads.is_none() {
+            let opts = AutodiffOptions {
+                optimizer: Optimizer::None,
+                ..self.opts.clone()
+            };
+            let built = self.build(&session.model, opts, &dims)?;
+            self.grads = Some(built);
+        }
+        let (gm, params, gstate) = self.grads.clone().expect("built");
+        if self.update.is_none() {
+            let um = update_model(&params, &gstate)?;
+            let opts = AutodiffOptions {
+                output: None,
+                loss: Loss::Sum,
+                trainable: params.clone(),
+                frozen: Vec::new(),
+                dropout_train: false,
+                ..self.opts.clone()
+            };
+            let (m, _, state) = self.build(&um, opts, &DimValues::default())?;
+            self.update = Some((m, state));
+        }
+        let (um, ustate) = self.update.as_ref().expect("built");
+        let grads = Bound::new(session, &gm, &dims, first, data)?;
+        let update = Bound::new(session, um, &DimValues::default(), &State::new(), data)?;
+        let mut initial_state = gstate;
+        initial_state.extend(ustate.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Ok(Stepper {
+            micro,
+            fused: None,
+            grads: Some(grads),
+            update: Some(update),
+            params,
+            initial_state,
+            mean: self.opts.loss != Loss::Sum,
+        })
+    }
+}
+
+/// The optimizer's update alone, as a model the gradient builder turns into
+/// a training step: for each parameter `p` a graph input `p__grad` (the
+/// accumulated gradient), and `y = Σ ReduceSum(p · p__grad)`, whose gradient
+/// with respect to `p` is exactly `p__grad`. The update the builder then
+/// emits is the one the fused step has, applied to the given gradient.
+fn update_model(params: &[String], state: &State) -> Result<Model> {
+    use graphopt_ir::{Graph, NewNode, Shape, Type};
+    let mut g = Graph::new("update");
+    let mut sum = None;
+    for p in params {
+        let t = state
+            .get(p)
+            .ok_or_else(|| Error::new(format!("parameter '{p}' has no value")))?;
+        let dims: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+        let ty = Type::tensor(t.dtype, Some(Shape::known(&dims)));
+        let pv = g.fresh_value(p, Some(ty.clone()));
+        let tensor = Tensor::from_raw(t.dtype, dims, t.data.clone().into())
+            .map_err(|e| Error::new(format!("parameter '{p}': {e}")))?;
+        g.set_initializer(pv, tensor);
+        let gv = g.fresh_value(&grad_input(p), Some(ty));
+        g.inputs.push(gv);
+        let prod = g.fresh_value(&format!("{p}__prod"), None);
+        g.add_node(NewNode::new("Mul").inputs(&[pv, gv]).outputs(&[prod]))?;
+        let r = g.fresh_value(&format!("{p}__sum"), None);
+        g.add_node(
+            NewNode::new("ReduceSum")
+                .inputs(&[prod])
+                .outputs(&[r])
+                .attr(graphopt_ir::Attribute::new(
+                    "keepdims",
+                    graphopt_ir::AttrValue::Int(0),
+                )),
+        )?;
+        sum = Some(match sum {
+            None => r,
+            Some(s) => {
+                let a = g.fresh_value("update__total", None);
+                g.add_node(NewNode::new("Add").inputs(&[s, r]).outputs(&[a]))?;
+                a
+            }
+        });
+    }
+    let y = sum.ok_or_else(|| Error::new("no trainable parameters"))?;
+    g.outputs.push(y);
+    Ok(Model::new(g, 17))
+}
+
+/// The update graph's input for parameter `p`'s accumulated gradient.
+fn grad_input(p: &str) -> String {
+    format!("{p}__grad")
+}
+
+/// A graph planned for one batch size and bound to the CPU runtime.
+struct Bound {
+    exe: Executable,
+    inputs: Vec<(String, graphopt_exec::TensorInfo)>,
+    outputs: Vec<String>,
+}
+
+impl Bound {
+    /// Plans `model` at `dims`; checks that `first` (a batch of the size
+    /// planned for, or nothing) has each data input's type and shape.
+    fn new(
+        session: &Session,
+        model: &Model,
+        dims: &DimValues,
+        first: &State,
+        data: &dyn DataSource,
+    ) -> Result<Bound> {
+        let planned = graphopt_plan::plan_model(model, dims, &PlanOptions::default())
+            .map_err(|e| session.err(e))?;
+        let exe = Executable::new(&planned.model, &planned.plan, &CpuBackend)
+            .map_err(|e| Error::runtime(e.to_string()))?;
+        let inputs = exe.input_infos();
+        let rows = dims.shapes.first().and_then(|s| s.1.first().copied());
+        for (name, info) in &inputs {
+            let Some(t) = first.get(name) else { continue };
+            let mut shape = t.shape.clone();
+            if let Some(r) = rows {
+                shape[0] = r as usize;
+            }
+            if t.dtype != info.dtype || shape != info.shape {
+                return Err(Error::new(format!(
+                    "{}: array '{name}' is {}{:?} per batch, the model's input '{name}' wants {}{:?}",
+                    data.label(),
+                    t.dtype.name(),
+                    shape,
+                    info.dtype.name(),
+                    info.shape
+                )));
+            }
+        }
+        let outputs = exe.output_names();
+        Ok(Bound {
+            exe,
+            inputs,
+            outputs,
+        })
+    }
+
+    fn at(&self, name: &str) -> Result<usize> {
+        self.outputs
+            .iter()
+            .position(|o| o == name)
+            .ok_or_else(|| Error::new(format!("the training graph has no '{name}' output")))
+    }
+
+    /// Runs on `state` and `batch` (looked up by input name).
+    fn run(
+        &mut self,
+        state: &State,
+        batch: &State,
+        ropts: &graphopt_exec::RunOptions,
+    ) -> Result<Vec<HostTensor>> {
+        let feed = self
+            .inputs
+            .iter()
+            .map(|(name, _)| {
+                state
+                    .get(name)
+                    .or_else(|| batch.get(name))
+                    .cloned()
+                    .ok_or_else(|| Error::new(format!("no value for the step's input '{name}'")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (outs, _) = self
+            .exe
+            .run(&feed, ropts)
+            .map_err(|e| Error::runtime(e.to_string()))?;
+        Ok(outs)
+    }
+
+    /// The `<name>_new` outputs into `state`.
+    fn feed_back(&self, outs: Vec<HostTensor>, state: &mut State) {
+        for (o, t) in self.outputs.iter().zip(outs) {
+            if let Some(s) = o.strip_suffix("_new") {
+                if state.contains_key(s) {
+                    state.insert(s.to_string(), t);
+                }
+            }
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.exe.arena_planned_bytes() + self.exe.workspace_bytes()
+    }
+}
+
+fn scalar_of(t: &HostTensor) -> f64 {
+    t.to_f32()
+        .and_then(|v| v.first().copied())
+        .map(f64::from)
+        .unwrap_or(f64::NAN)
+}
+
+/// One training step: the fused graph, or `micro` gradient runs summed and
+/// one update.
+struct Stepper {
+    micro: usize,
+    fused: Option<Bound>,
+    grads: Option<Bound>,
+    update: Option<Bound>,
+    params: Vec<String>,
+    /// Parameters and optimizer state before the first step.
+    initial_state: State,
+    /// The loss is a mean over the batch (the micro-batches' gradients are
+    /// averaged), not a sum.
+    mean: bool,
+}
+
+impl Stepper {
+    /// Parameters, optimizer state, gradient accumulators (micro-batches)
+    /// and every graph's arena and workspace.
+    fn planned_bytes(&self) -> u64 {
+        let held: u64 = self
+            .initial_state
+            .values()
+            .map(|t| t.data.len() as u64)
+            .sum();
+        let acc: u64 = if self.micro > 1 {
+            self.params
+                .iter()
+                .filter_map(|p| self.initial_state.get(p))
+                .map(|t| t.data.len() as u64)
+                .sum()
+        } else {
+            0
+        };
+        held + acc + self.arena_bytes() + self.workspace_bytes()
+    }
+
+    fn bounds(&self) -> impl Iterator<Item = &Bound> {
+        self.fused.iter().chain(&self.grads).chain(&self.update)
+    }
+
+    fn arena_bytes(&self) -> u64 {
+        self.bounds().map(|b| b.exe.arena_planned_bytes()).sum()
+    }
+
+    fn workspace_bytes(&self) -> u64 {
+        self.bounds()
+            .map(|b| b.bytes() - b.exe.arena_planned_bytes())
+            .sum()
+    }
+
+    /// One step on `batch`; returns its loss.
+    fn step(
+        &mut self,
+        batch: &State,
+        state: &mut State,
+        ropts: &graphopt_exec::RunOptions,
+    ) -> Result<f64> {
+        if let Some(f) = &mut self.fused {
+            let outs = f.run(state, batch, ropts)?;
+            let loss = scalar_of(&outs[f.at("loss")?]);
+            f.feed_back(outs, state);
+            return Ok(loss);
+        }
+        let (Some(g), Some(u)) = (&mut self.grads, &mut self.update) else {
+            return Err(Error::new("no step graph"));
+        };
+        let rows = batch.values().next().map_or(0, |t| t.shape[0]) / self.micro;
+        let mut acc: BTreeMap<&str, Vec<f32>> = BTreeMap::new();
+        let mut loss = 0.0;
+        for k in 0..self.micro {
+            let micro = slice_rows(batch, k, rows);
+            let outs = g.run(state, &micro, ropts)?;
+            loss += scalar_of(&outs[g.at("loss")?]);
+            for p in &self.params {
+                let t = &outs[g.at(&format!("{p}_grad"))?];
+                let v = t.to_f32().ok_or_else(|| {
+                    Error::unsupported(format!(
+                        "micro-batches need float32 gradients; '{p}' is {}",
+                        t.dtype.name()
+                    ))
+                })?;
+                match acc.get_mut(p.as_str()) {
+                    Some(a) => a.iter_mut().zip(&v).for_each(|(a, b)| *a += b),
+                    None => {
+                        acc.insert(p, v);
+                    }
+                }
+            }
+        }
+        // A mean loss over the batch is the mean of the micro-batches'.
+        let scale = if self.mean {
+            1.0 / self.micro as f32
+        } else {
+            1.0
+        };
+        let mut grads = State::new();
+        for p in &self.params {
+            let v = &acc[p.as_str()];
+            let shape = state.get(p).map(|t| t.shape.clone()).unwrap_or_default();
+            let scaled: Vec<f32> = v.iter().map(|x| x * scale).collect();
+            grads.insert(grad_input(p), HostTensor::from_f32(&shape, &scaled));
+        }
+        let outs = u.run(state, &grads, ropts)?;
+        u.feed_back(outs, state);
+        Ok(if self.mean {
+            loss / self.micro as f64
+        } else {
+            loss
+        })
+    }
+
+    /// The loss of `batch` (the size the loss graph was planned for), no
+    /// update.
+    fn loss_only(
+        &mut self,
+        batch: &State,
+        state: &State,
+        ropts: &graphopt_exec::RunOptions,
+    ) -> Result<f64> {
+        let b = self
+            .fused
+            .as_mut()
+            .or(self.grads.as_mut())
+            .ok_or_else(|| Error::new("no step graph"))?;
+        let outs = b.run(state, batch, ropts)?;
+        Ok(scalar_of(&outs[b.at("loss")?]))
+    }
+
+    /// Examples per run of the loss graph.
+    fn loss_rows(&self, batch: usize) -> usize {
+        batch / self.micro
+    }
+}
+
 /// Runs the eval data through the current weights: the inference model
-/// (parameters as inputs) for accuracy, the training step's loss output
-/// for the loss. Plans are made once per batch size.
+/// (parameters as inputs) for accuracy, the step's loss graph for the
+/// loss. Plans are made once per batch size.
 #[derive(Default)]
 struct EvalRunner {
     plans: Vec<(usize, Executable, Vec<String>)>,
 }
 
 impl EvalRunner {
-    #[allow(clippy::too_many_arguments)]
     fn measure(
         &mut self,
-        session: &Session,
-        step_exe: &mut Executable,
+        model: &Model,
+        stepper: &mut Stepper,
         eval: &dyn DataSource,
         state: &State,
-        params: &[String],
         opts: &TrainOptions,
-        step_inputs: &[(String, graphopt_exec::TensorInfo)],
-        loss_at: usize,
         ropts: &graphopt_exec::RunOptions,
     ) -> Result<(f64, usize)> {
         let n = eval.examples();
         match opts.metric {
             Metric::Loss => {
-                // Full batches through the step, its updates discarded.
-                let mut sum = 0.0;
-                let batches = n / opts.batch;
+                // Full batches through the loss graph, no update.
+                let rows = stepper.loss_rows(opts.batch);
+                let batches = n / rows;
                 if batches == 0 {
                     return Err(Error::new(format!(
                         "--metric loss: {} has fewer examples than a batch",
                         eval.label()
                     )));
                 }
+                let mut sum = 0.0;
                 for b in 0..batches {
-                    let idx: Vec<usize> = (b * opts.batch..(b + 1) * opts.batch).collect();
-                    let batch = eval.gather(&idx)?;
-                    let feed = feed_for(step_inputs, state, &batch, opts, &eval.label())?;
-                    let (outs, _) = step_exe
-                        .run(&feed, ropts)
-                        .map_err(|e| Error::runtime(format!("eval: {e}")))?;
-                    sum += outs[loss_at]
-                        .to_f32()
-                        .and_then(|v| v.first().copied())
-                        .unwrap_or(f32::NAN) as f64;
+                    let idx: Vec<usize> = (b * rows..(b + 1) * rows).collect();
+                    let batch = to_feed(eval.gather(&idx)?, model, opts);
+                    sum += stepper.loss_only(&batch, state, ropts)?;
                 }
-                Ok((sum / batches as f64, batches * opts.batch))
+                Ok((sum / batches as f64, batches * rows))
             }
             Metric::Accuracy => {
                 let (mut right, mut total) = (0usize, 0usize);
@@ -1068,18 +1479,37 @@ impl EvalRunner {
                     let len = opts.batch.min(n - at);
                     let idx: Vec<usize> = (at..at + len).collect();
                     at += len;
-                    let batch = eval.gather(&idx)?;
+                    let raw = eval.gather(&idx)?;
+                    let target = raw
+                        .iter()
+                        .find(|(n, _)| *n == opts.target)
+                        .map(|(_, t)| t.clone())
+                        .ok_or_else(|| {
+                            Error::new(format!("{}: no array '{}'", eval.label(), opts.target))
+                        })?;
+                    let batch = to_feed(raw, model, opts);
                     let k = match self.plans.iter().position(|p| p.0 == len) {
                         Some(k) => k,
                         None => {
                             self.plans
-                                .push(Self::plan(session, &batch, params, opts, len)?);
+                                .push(Self::plan(model, &batch, &stepper.params, len)?);
                             self.plans.len() - 1
                         }
                     };
                     let (_, exe, out_names) = &mut self.plans[k];
-                    let infos = exe.input_infos();
-                    let feed = feed_for(&infos, state, &batch, opts, &eval.label())?;
+                    let feed = exe
+                        .input_infos()
+                        .iter()
+                        .map(|(name, _)| {
+                            state
+                                .get(name)
+                                .or_else(|| batch.get(name))
+                                .cloned()
+                                .ok_or_else(|| {
+                                    Error::new(format!("{}: no array '{name}'", eval.label()))
+                                })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
                     let (outs, _) = exe
                         .run(&feed, ropts)
                         .map_err(|e| Error::runtime(format!("eval: {e}")))?;
@@ -1087,14 +1517,7 @@ impl EvalRunner {
                         Some(o) => out_names.iter().position(|x| x == o).unwrap_or(0),
                         None => 0,
                     };
-                    let target = batch
-                        .iter()
-                        .find(|(n, _)| *n == opts.target)
-                        .map(|(_, t)| t)
-                        .ok_or_else(|| {
-                            Error::new(format!("{}: no array '{}'", eval.label(), opts.target))
-                        })?;
-                    let (r, t) = argmax_hits(&outs[out_at], target, opts.class_axis)?;
+                    let (r, t) = argmax_hits(&outs[out_at], &target, opts.class_axis)?;
                     right += r;
                     total += t;
                 }
@@ -1106,13 +1529,12 @@ impl EvalRunner {
     /// The inference model with the trainable parameters as graph inputs,
     /// planned for a batch of `len`.
     fn plan(
-        session: &Session,
-        batch: &[(String, HostTensor)],
+        model: &Model,
+        batch: &State,
         params: &[String],
-        opts: &TrainOptions,
         len: usize,
     ) -> Result<(usize, Executable, Vec<String>)> {
-        let mut m = session.model().clone();
+        let mut m = model.clone();
         let g = &mut m.graph;
         for p in params {
             if let Some(v) = g.value_by_name(p) {
@@ -1122,55 +1544,14 @@ impl EvalRunner {
                 }
             }
         }
-        let dims = DimValues {
-            bound: Vec::new(),
-            shapes: batch
-                .iter()
-                .filter(|(n, _)| *n != opts.target)
-                .map(|(n, t)| (n.clone(), t.shape.iter().map(|&d| d as i64).collect()))
-                .collect(),
-            default: None,
-        };
-        let planned = graphopt_plan::plan_model(&m, &dims, &PlanOptions::default())
-            .map_err(|e| session.err(e))?;
+        let mut dims = batch_dims(batch, len);
+        dims.shapes.retain(|(n, _)| n != "target");
+        let planned = graphopt_plan::plan_model(&m, &dims, &PlanOptions::default())?;
         let exe = Executable::new(&planned.model, &planned.plan, &CpuBackend)
             .map_err(|e| Error::runtime(format!("eval: {e}")))?;
         let names = exe.output_names();
         Ok((len, exe, names))
     }
-}
-
-fn feed_for(
-    infos: &[(String, graphopt_exec::TensorInfo)],
-    state: &State,
-    batch: &[(String, HostTensor)],
-    opts: &TrainOptions,
-    label: &str,
-) -> Result<Vec<HostTensor>> {
-    infos
-        .iter()
-        .map(|(name, info)| {
-            if let Some(t) = state.get(name) {
-                return Ok(t.clone());
-            }
-            let array = if name == "target" { &opts.target } else { name };
-            let t = batch
-                .iter()
-                .find(|(n, _)| n == array)
-                .map(|(_, t)| t)
-                .ok_or_else(|| Error::new(format!("{label}: no array '{array}'")))?;
-            if t.dtype != info.dtype || t.shape != info.shape {
-                return Err(Error::new(format!(
-                    "{label}: array '{array}' is {}{:?}, the model's input '{name}' wants {}{:?}",
-                    t.dtype.name(),
-                    t.shape,
-                    info.dtype.name(),
-                    info.shape
-                )));
-            }
-            Ok(t.clone())
-        })
-        .collect()
 }
 
 /// Positions whose arg-max over `axis` of `logits` equals `target` (the
