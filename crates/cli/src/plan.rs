@@ -54,6 +54,10 @@ pub struct Args {
     /// The default before `--strict` existed; accepted and ignored.
     #[arg(long, hide = true, conflicts_with = "strict")]
     ignore_unknown: bool,
+    /// Plan the outputs of the model's donation table apart from the inputs
+    /// they would overwrite (`graphopt grad` declares `<p>_new` over `<p>`).
+    #[arg(long)]
+    no_donate: bool,
     /// Give a graph input's whole shape (NAME=D0,D1,...), repeatable: binds
     /// its symbolic dims and sets its unnamed ones.
     #[arg(long = "shape", value_name = "NAME=D0,D1,...")]
@@ -237,6 +241,29 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         "weights + arena:              {}\n",
         bytes(plan.weights_bytes + plan.arena_bytes)
     );
+    if !plan.donated.is_empty() {
+        out += &format!(
+            "donated:                      {} outputs over their inputs ({} held once: parameters and optimizer state)\n",
+            plan.donated.len(),
+            bytes(plan.donated_bytes)
+        );
+    }
+    if !plan.donations_refused.is_empty() {
+        out += &format!(
+            "not donated: {}{}\n",
+            plan.donations_refused
+                .iter()
+                .take(4)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; "),
+            if plan.donations_refused.len() > 4 {
+                "; ..."
+            } else {
+                ""
+            }
+        );
+    }
     out += &format!(
         "alignment: {} B; {} tensors, {} in place; schedule of {} nodes\n",
         plan.alignment,
@@ -344,6 +371,7 @@ fn settings(a: &Args) -> PlanSettings {
         time_limit: a.time_limit,
         no_reorder: a.no_reorder,
         strict: a.strict,
+        no_donate: a.no_donate,
     }
 }
 

@@ -257,10 +257,18 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         );
     }
     out += &format!(
-        "memory: weights {}, optimizer state {}, arena {}, workspace {}{}\n",
+        "memory: weights {}, optimizer state {}, arena {}{}, workspace {}{}\n",
         human_bytes(r.weights_bytes),
         human_bytes(r.state_bytes),
         human_bytes(r.arena_bytes),
+        if r.donated_bytes > 0 {
+            format!(
+                " (holding {} of them once, updated in place)",
+                human_bytes(r.donated_bytes)
+            )
+        } else {
+            String::new()
+        },
         human_bytes(r.workspace_bytes),
         r.peak_rss_bytes
             .map(|b| format!("; peak RSS {}", human_bytes(b)))

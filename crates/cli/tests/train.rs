@@ -400,3 +400,32 @@ fn the_budget_chooses_the_micro_batches() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn evals_leave_the_training_untouched() {
+    // The eval loss runs the step's graph, whose updates land on the
+    // parameters it keeps in its arena (donation): the next step must
+    // still start from the trained values, so the losses equal a run
+    // without evals, bit for bit.
+    let t = torch();
+    let test = td("quant/digits_mlp.test.npz").display().to_string();
+    let mut base = opt_args(&t, "adamw");
+    base.extend(["--epochs", "2"].iter().map(|s| s.to_string()));
+    let dir = tmp("eval-a");
+    let (_, plain) = train("mlp", &dir, &base, false);
+    for metric in ["loss", "accuracy"] {
+        let dir = tmp(&format!("eval-{metric}"));
+        let mut with = base.clone();
+        with.extend([
+            "--eval".to_string(),
+            test.clone(),
+            "--metric".into(),
+            metric.into(),
+        ]);
+        let (report, losses) = train("mlp", &dir, &with, false);
+        assert_eq!(report["evals"].as_array().unwrap().len(), 2, "{metric}");
+        assert_eq!(losses, plain, "{metric}: the evals changed the training");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -179,6 +179,13 @@ pub struct GradReport {
     /// Graph inputs that carry the optimizer's state (AdamW: `step`,
     /// `<param>_m`, `<param>_v`), fed back from the `_new` outputs.
     pub state_inputs: Vec<String>,
+    /// The donation table written into the model's metadata (input,
+    /// output): each `_new` output over the input it replaces, so that a
+    /// planner holds them once (`graphopt_plan::donation`).
+    pub donations: Vec<(String, String)>,
+    /// The state inputs' and parameters' bytes the plan holds once thanks
+    /// to donation.
+    pub donated_bytes: u64,
     /// The Dropout nodes `dropout_train` switched to training mode.
     pub dropout_train: Vec<String>,
     /// What the caller should know (an option that changed nothing).
@@ -279,6 +286,26 @@ impl Session {
         } else {
             0
         };
+        // The donation table: each updated parameter and state output over
+        // the input it replaces, where that input is a runtime input.
+        let donations: Vec<(String, String)> = {
+            let g = &self.model.graph;
+            train
+                .params
+                .iter()
+                .chain(&train.state_inputs)
+                .filter(|p| {
+                    g.value_by_name(p)
+                        .is_some_and(|v| g.is_input(v) && g.initializer(v).is_none())
+                })
+                .filter(|p| {
+                    g.value_by_name(&format!("{p}_new"))
+                        .is_some_and(|v| g.is_output(v))
+                })
+                .map(|p| (p.clone(), format!("{p}_new")))
+                .collect()
+        };
+        graphopt_plan::set_donations(&mut self.model, &donations);
         let planned = graphopt_plan::plan_model(&self.model, &opts.dims, &opts.plan)
             .map_err(|e| self.err(e))?;
         let g = &planned.model.graph;
@@ -370,6 +397,8 @@ impl Session {
             dropout_train: train.dropout_train,
             warnings,
             state_inputs: train.state_inputs,
+            donations,
+            donated_bytes: planned.plan.donated_bytes,
             initial_state,
             loss: "loss".into(),
             params: train.params,

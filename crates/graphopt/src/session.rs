@@ -79,6 +79,9 @@ pub struct PlanSettings {
     pub no_reorder: bool,
     /// Unknown sizes are an error rather than dynamic allocations.
     pub strict: bool,
+    /// Ignore the model's donation table (outputs planned apart from the
+    /// inputs they would overwrite).
+    pub no_donate: bool,
 }
 
 impl PlanSettings {
@@ -93,6 +96,7 @@ impl PlanSettings {
             node_budget: self.node_budget_or(d.node_budget)?,
             threads: self.threads()?,
             strict: self.strict,
+            donate: !self.no_donate,
         })
     }
 

@@ -409,6 +409,9 @@ pub struct TrainReport {
     /// What the step plans for: parameters, optimizer state, gradient
     /// accumulators, arenas and workspaces.
     pub planned_bytes: u64,
+    /// Parameters and optimizer state the step keeps in its arena, written
+    /// over by their updates (donation): held once, inside `arena_bytes`.
+    pub donated_bytes: u64,
     /// Examples each epoch leaves out (the last partial batch).
     pub dropped_per_epoch: usize,
     pub steps: usize,
@@ -799,14 +802,15 @@ impl Session {
                 log.push(rec);
                 let done = step + 1;
                 if done % opts.every == 0 && done < total {
-                    if let Some(c) = write_checkpoint(&state, done)? {
+                    if let Some(c) = write_checkpoint(&stepper.snapshot(&state), done)? {
                         checkpoints.push(c);
                     }
                 }
                 let epoch_end = done % per_epoch == 0;
                 if let (Some(ev), true) = (eval, epoch_end || done == total) {
+                    let now = stepper.snapshot(&state);
                     let (value, examples) =
-                        eval_state.measure(model, &mut stepper, ev, &state, opts, &ropts)?;
+                        eval_state.measure(model, &mut stepper, ev, &now, opts, &ropts)?;
                     evals.push(EvalRecord {
                         step: done,
                         epoch,
@@ -824,12 +828,13 @@ impl Session {
         });
         result?;
         if total > start {
-            if let Some(c) = write_checkpoint(&state, total)? {
+            if let Some(c) = write_checkpoint(&stepper.snapshot(&state), total)? {
                 checkpoints.push(c);
             }
         }
 
         // 4. The trained weights into the session's model.
+        let state = stepper.snapshot(&state);
         let g = &mut self.model.graph;
         for p in &params {
             let (Some(v), Some(t)) = (g.value_by_name(p), state.get(p)) else {
@@ -853,6 +858,7 @@ impl Session {
             micro_batch: opts.batch / stepper.micro,
             budget_bytes: opts.budget,
             planned_bytes: stepper.planned_bytes(),
+            donated_bytes: stepper.donated_bytes(),
             dropped_per_epoch: n % opts.batch,
             steps,
             epochs: total as f64 / per_epoch as f64,
@@ -1104,6 +1110,7 @@ impl StepGraphs {
                 params: params.clone(),
                 initial_state: state.clone(),
                 mean: self.opts.loss != Loss::Sum,
+                restore: None,
             });
         }
         if self.grads.is_none() {
@@ -1141,6 +1148,7 @@ impl StepGraphs {
             params,
             initial_state,
             mean: self.opts.loss != Loss::Sum,
+            restore: None,
         })
     }
 }
@@ -1202,6 +1210,11 @@ struct Bound {
     exe: Executable,
     inputs: Vec<(String, graphopt_exec::TensorInfo)>,
     outputs: Vec<String>,
+    /// Inputs that a donated output overwrites (the plan's donations).
+    donated: Vec<String>,
+    /// The donated inputs' values live in the arena (after a kept run);
+    /// the host's copies are gone.
+    kept: bool,
 }
 
 impl Bound {
@@ -1238,11 +1251,64 @@ impl Bound {
             }
         }
         let outputs = exe.output_names();
+        let donated = exe.donated_pairs().into_iter().map(|(i, _)| i).collect();
         Ok(Bound {
             exe,
             inputs,
             outputs,
+            donated,
+            kept: false,
         })
+    }
+
+    /// A training step that keeps the donated state in the arena: the
+    /// first run takes it from `state` (whose copies of it are then
+    /// dropped), later runs leave it where the previous run wrote it. The
+    /// other outputs come back (`None` for the donated ones).
+    fn run_kept(
+        &mut self,
+        state: &mut State,
+        batch: &State,
+        ropts: &graphopt_exec::RunOptions,
+    ) -> Result<Vec<Option<HostTensor>>> {
+        let feed = self
+            .inputs
+            .iter()
+            .map(|(name, _)| {
+                if self.kept && self.donated.contains(name) {
+                    return Ok(None);
+                }
+                state
+                    .get(name)
+                    .or_else(|| batch.get(name))
+                    .map(Some)
+                    .ok_or_else(|| Error::new(format!("no value for the step's input '{name}'")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (outs, _) = self
+            .exe
+            .run_donated(&feed, ropts)
+            .map_err(|e| Error::runtime(e.to_string()))?;
+        if !self.kept {
+            for name in &self.donated {
+                state.remove(name);
+            }
+            self.kept = true;
+        }
+        Ok(outs)
+    }
+
+    /// `state` with the values the arena holds for it.
+    fn snapshot(&self, state: &State) -> State {
+        let mut all = state.clone();
+        if self.kept {
+            for name in &self.donated {
+                if let Some(t) = self.exe.read_input(name) {
+                    all.insert(name.clone(), t);
+                }
+            }
+        }
+        all
     }
 
     fn at(&self, name: &str) -> Result<usize> {
@@ -1313,6 +1379,28 @@ struct Stepper {
     /// The loss is a mean over the batch (the micro-batches' gradients are
     /// averaged), not a sum.
     mean: bool,
+    /// Kept state an eval overwrote, to give back before the next step.
+    restore: Option<State>,
+}
+
+impl Stepper {
+    /// The parameters and optimizer state as they are now: `state` with
+    /// what the fused step keeps in its arena.
+    fn snapshot(&self, state: &State) -> State {
+        let mut all = match &self.fused {
+            Some(f) => f.snapshot(state),
+            None => state.clone(),
+        };
+        if let Some(r) = &self.restore {
+            all.extend(r.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        all
+    }
+
+    /// Donated bytes: parameters and state held once, in the arena.
+    fn donated_bytes(&self) -> u64 {
+        self.fused.as_ref().map_or(0, |f| f.exe.donated_bytes())
+    }
 }
 
 impl Stepper {
@@ -1333,7 +1421,11 @@ impl Stepper {
         } else {
             0
         };
-        held + acc + self.arena_bytes() + self.workspace_bytes()
+        // Donated state lives in the arena: counted there, not twice.
+        held.saturating_sub(self.donated_bytes())
+            + acc
+            + self.arena_bytes()
+            + self.workspace_bytes()
     }
 
     fn bounds(&self) -> impl Iterator<Item = &Bound> {
@@ -1358,9 +1450,32 @@ impl Stepper {
         ropts: &graphopt_exec::RunOptions,
     ) -> Result<f64> {
         if let Some(f) = &mut self.fused {
-            let outs = f.run(state, batch, ropts)?;
-            let loss = scalar_of(&outs[f.at("loss")?]);
-            f.feed_back(outs, state);
+            if let Some(back) = self.restore.take() {
+                // An eval ran the step's graph over the kept state: give
+                // it back before stepping on.
+                state.extend(back);
+                f.kept = false;
+            }
+            let outs = f.run_kept(state, batch, ropts)?;
+            let loss = outs[f.at("loss")?].as_ref().map_or(f64::NAN, scalar_of);
+            let outs: Vec<HostTensor> = outs
+                .into_iter()
+                .map(|o| {
+                    o.unwrap_or(HostTensor {
+                        dtype: DType::F32,
+                        shape: Vec::new(),
+                        data: Vec::new(),
+                    })
+                })
+                .collect();
+            let donated = f.donated.clone();
+            for (o, t) in f.outputs.iter().zip(outs) {
+                if let Some(name) = o.strip_suffix("_new") {
+                    if state.contains_key(name) && !donated.iter().any(|d| d == name) {
+                        state.insert(name.to_string(), t);
+                    }
+                }
+            }
             return Ok(loss);
         }
         let (Some(g), Some(u)) = (&mut self.grads, &mut self.update) else {
@@ -1419,10 +1534,25 @@ impl Stepper {
         state: &State,
         ropts: &graphopt_exec::RunOptions,
     ) -> Result<f64> {
+        if let Some(f) = &mut self.fused {
+            // The step's graph writes its updates over the kept state:
+            // run it on a copy, and give the state back before the next
+            // step.
+            let all = f.snapshot(state);
+            let outs = f.run(&all, batch, ropts)?;
+            if f.kept && self.restore.is_none() {
+                self.restore = Some(
+                    f.donated
+                        .iter()
+                        .filter_map(|n| all.get(n).map(|t| (n.clone(), t.clone())))
+                        .collect(),
+                );
+            }
+            return Ok(scalar_of(&outs[f.at("loss")?]));
+        }
         let b = self
-            .fused
+            .grads
             .as_mut()
-            .or(self.grads.as_mut())
             .ok_or_else(|| Error::new("no step graph"))?;
         let outs = b.run(state, batch, ropts)?;
         Ok(scalar_of(&outs[b.at("loss")?]))

@@ -14,6 +14,7 @@
 
 pub mod buffer;
 pub mod check;
+pub mod donation;
 pub mod greedy;
 pub mod inplace;
 pub mod intervals;
@@ -28,6 +29,7 @@ pub use buffer::{
     align_up, aligned_lower_bound, lower_bound, read_minimalloc_csv, Buffer, CsvError,
 };
 pub use check::{check_plan, Alias, CheckError};
+pub use donation::{declared_donations, set_donations, DONATE_KEY};
 pub use inplace::{inplace_rule, InPlace};
 pub use intervals::{
     arena_of, default_node_budget, plan_intervals, Improvement, IntervalOptions, IntervalPlan,
@@ -38,6 +40,6 @@ pub use model::{
     MaxBatch, ModelPlan, ModelPlanError,
 };
 pub use plan::{
-    check_graph_plan, default_threads, plan_graph, PeakTensor, Plan, PlanError, PlanOptions,
-    PlannedTensor,
+    check_graph_plan, default_threads, plan_graph, plan_graph_donating, PeakTensor, Plan,
+    PlanError, PlanOptions, PlannedTensor,
 };

@@ -49,6 +49,11 @@ pub struct Storage {
 /// Liveness of one schedule.
 #[derive(Clone, Debug)]
 pub struct Liveness {
+    /// Donations honoured (input, output): the output shares the input's
+    /// storage (see [`crate::donation`]).
+    pub donated: Vec<(ValueId, ValueId)>,
+    /// Donations refused, with why.
+    pub donations_refused: Vec<String>,
     pub tensors: Vec<LiveTensor>,
     pub storages: Vec<Storage>,
     /// In-place pairs as indices into `tensors`, at their node's step.
@@ -83,6 +88,17 @@ pub fn liveness_with(
     g: &Graph,
     schedule: &[NodeId],
     ignore_unknown: bool,
+) -> Result<Liveness, PlanError> {
+    liveness_donating(g, schedule, ignore_unknown, &[])
+}
+
+/// [`liveness_with`], with each output of `donations` placed in its
+/// input's storage where [`crate::donation`]'s rules allow.
+pub fn liveness_donating(
+    g: &Graph,
+    schedule: &[NodeId],
+    ignore_unknown: bool,
+    donations: &[(ValueId, ValueId)],
 ) -> Result<Liveness, PlanError> {
     let n = schedule.len();
     let end = n.saturating_sub(1);
@@ -163,6 +179,8 @@ pub fn liveness_with(
     for t in tensors.iter_mut().filter(|t| t.kind == TensorKind::Input) {
         new_storage(t, &mut storages);
     }
+    let mut donated = Vec::new();
+    let mut donations_refused = Vec::new();
     for (pos, &nid) in schedule.iter().enumerate() {
         let d = g.node(nid);
         let rule = if is_default_domain(&d.domain) {
@@ -178,6 +196,53 @@ pub fn liveness_with(
                 continue; // also a graph input: already placed
             }
             let mut host: Option<usize> = None;
+            // A donated output: into its input's storage once the input is
+            // dead, or in place at its last reader when that is this
+            // elementwise node.
+            let mut in_place_donation = false;
+            if let Some(&(iv, ov)) = donations.iter().find(|p| Some(p.1) == o) {
+                let it = slot.get(iv.index()).copied().flatten();
+                let why = match it {
+                    None => Some("the input has no arena storage"),
+                    Some(it) => {
+                        let t = &tensors[it];
+                        let s = &storages[t.storage];
+                        let reads_here = d.inputs().iter().flatten().any(|&x| x == iv);
+                        if t.size != tensors[ot].size {
+                            Some("sizes differ")
+                        } else if s.last > pos || t.last > pos {
+                            Some("the input is read after the output is written")
+                        } else if reads_here && !(k == 0 && rule == InPlace::Elementwise) {
+                            Some("the output's producer reads the input and cannot write in place")
+                        } else {
+                            in_place_donation = reads_here && t.last == pos;
+                            host = Some(it);
+                            None
+                        }
+                    }
+                };
+                match why {
+                    None => donated.push((iv, ov)),
+                    Some(w) => {
+                        donations_refused.push(format!("{}:{}: {w}", g.name(iv), g.name(ov)))
+                    }
+                }
+            }
+            if host.is_some() {
+                let it = host.expect("set");
+                let st = tensors[it].storage;
+                tensors[ot].storage = st;
+                storages[st].last = storages[st].last.max(tensors[ot].last);
+                if in_place_donation {
+                    aliases.push(Alias {
+                        input: it,
+                        output: ot,
+                        op_type: d.op_type.clone(),
+                        at: pos as i64,
+                    });
+                }
+                continue;
+            }
             if k == 0 && rule == InPlace::View {
                 host = d
                     .input(0)
@@ -213,6 +278,8 @@ pub fn liveness_with(
         }
     }
     Ok(Liveness {
+        donated,
+        donations_refused,
         tensors,
         storages,
         aliases,

@@ -12,7 +12,7 @@
 //! arena fit a budget: doubling, then bisection, re-inferring shapes at
 //! every probe (memory is assumed to grow with the batch).
 
-use crate::plan::{plan_graph, Plan, PlanError, PlanOptions};
+use crate::plan::{Plan, PlanError, PlanOptions};
 use graphopt_ir::infer::{infer_model, InferOptions};
 use graphopt_ir::{Dim, Model, Shape, Type, TypeKind};
 use serde::Serialize;
@@ -163,7 +163,12 @@ pub fn plan_model(
             input_defaults: true,
         },
     );
-    let plan = plan_graph(&model.graph, opts)?;
+    let donations = if opts.donate {
+        crate::donation::declared_donations(&model)
+    } else {
+        Vec::new()
+    };
+    let plan = crate::plan::plan_graph_donating(&model.graph, opts, &donations)?;
     Ok(ModelPlan {
         model,
         plan,

@@ -10,7 +10,7 @@
 use crate::buffer::{align_up, Buffer};
 use crate::check::{check_plan, Alias, CheckError};
 use crate::intervals::{plan_intervals, IntervalOptions};
-use crate::liveness::{liveness_with, peak, TensorKind};
+use crate::liveness::{liveness_donating, peak, TensorKind};
 use crate::schedule::memory_aware_schedule_with;
 use graphopt_ir::{Graph, NodeId, ValueId};
 use serde::Serialize;
@@ -51,6 +51,9 @@ pub struct PlanOptions {
     /// loop-carried state) are dynamic allocations outside the arena,
     /// listed in [`Plan::dynamic_values`].
     pub strict: bool,
+    /// Honour the model's donation table ([`crate::donation`]; read by
+    /// [`crate::plan_model`]). Default true.
+    pub donate: bool,
 }
 
 impl Default for PlanOptions {
@@ -63,6 +66,7 @@ impl Default for PlanOptions {
             node_budget: 200_000,
             threads: default_threads(),
             strict: false,
+            donate: true,
         }
     }
 }
@@ -143,6 +147,14 @@ pub struct Plan {
     /// Values of unknown size: allocated dynamically, outside the arena
     /// (empty with [`PlanOptions::strict`], which fails instead).
     pub dynamic_values: Vec<String>,
+    /// Donations honoured: (input, output) names, the output written where
+    /// the input was ([`crate::donation`]).
+    pub donated: Vec<(String, String)>,
+    /// Bytes of the donated inputs (a training step's parameters and
+    /// optimizer state, when it has them as inputs): held once.
+    pub donated_bytes: u64,
+    /// Declared donations not honoured, with why.
+    pub donations_refused: Vec<String>,
 }
 
 impl Plan {
@@ -169,6 +181,18 @@ fn node_label(g: &Graph, n: NodeId) -> String {
 /// Plans `g`: value types must already be concrete (tensor types with
 /// known dims), program order must be acyclic.
 pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
+    plan_graph_donating(g, opts, &[])
+}
+
+/// [`plan_graph`] with outputs donated to inputs (name pairs; see
+/// [`crate::donation`]). Declared pairs that do not name a runtime input
+/// and an output of one type and size are refused, as are pairs the
+/// schedule does not allow; [`Plan::donations_refused`] says why.
+pub fn plan_graph_donating(
+    g: &Graph,
+    opts: &PlanOptions,
+    donations: &[(String, String)],
+) -> Result<Plan, PlanError> {
     let topo = graphopt_ir::stable_topo_order(g).map_err(|e| PlanError::Graph(e.to_string()))?;
     let mut g2;
     let g = if topo.as_slice() != g.order() {
@@ -180,7 +204,9 @@ pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
         g
     };
     let sched = memory_aware_schedule_with(g, opts.reorder, !opts.strict)?;
-    let live = liveness_with(g, &sched.order, !opts.strict)?;
+    let (pairs, mut refused) = crate::donation::resolve(g, donations);
+    let live = liveness_donating(g, &sched.order, !opts.strict, &pairs)?;
+    refused.extend(live.donations_refused.iter().cloned());
     let align = opts.alignment.max(1);
     let bufs: Vec<Buffer> = live
         .storages
@@ -247,6 +273,17 @@ pub fn plan_graph(g: &Graph, opts: &PlanOptions) -> Result<Plan, PlanError> {
         heuristic: sched.heuristic.to_string(),
         strategy: ip.strategy,
         optimal: ip.optimal,
+        donated_bytes: live
+            .donated
+            .iter()
+            .filter_map(|&(i, _)| crate::liveness::value_size(g, i))
+            .sum(),
+        donated: live
+            .donated
+            .iter()
+            .map(|&(i, o)| (g.name(i).to_string(), g.name(o).to_string()))
+            .collect(),
+        donations_refused: refused,
         dynamic_values: live.unknown,
     })
 }

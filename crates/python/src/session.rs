@@ -161,6 +161,7 @@ impl PySession {
             time_limit,
             no_reorder: !reorder,
             strict,
+            ..PlanSettings::default()
         };
         Ok(PlanRequest {
             dims: DimValues {

@@ -124,6 +124,12 @@ pub struct Executable {
     dyn_free_after: Vec<Vec<usize>>,
     /// Values of data-dependent size during a run (emptied after it).
     dyn_store: Vec<Option<HostTensor>>,
+    /// Donations the plan honoured: (input index, output index), the output
+    /// at the input's offset.
+    donated: Vec<(usize, usize)>,
+    /// Per input: its bytes in the arena hold a value (it was given, or a
+    /// donated output was written there), so a run may keep it.
+    primed: Vec<bool>,
 }
 
 impl Executable {
@@ -136,7 +142,29 @@ impl Executable {
     /// (`crate::control`).
     pub fn new(model: &Model, plan: &Plan, backend: &dyn Backend) -> Result<Executable, ExecError> {
         let b = bind(model, plan, &HostMaker(backend))?;
+        let mut donated = Vec::new();
+        for (i, o) in &plan.donated {
+            let ii = b.inputs.iter().position(|x| &x.0 == i);
+            let oi = b.outputs.iter().position(|x| &x.0 == o);
+            let (Some(ii), Some(oi)) = (ii, oi) else {
+                return Err(ExecError::BadPlan(format!(
+                    "donation {i}:{o} names no runtime input or no output"
+                )));
+            };
+            match b.outputs[oi].1 {
+                Loc::Arena { offset, .. } if offset == b.inputs[ii].1 => {}
+                _ => {
+                    return Err(ExecError::BadPlan(format!(
+                        "donated output '{o}' is not at input '{i}''s offset"
+                    )))
+                }
+            }
+            donated.push((ii, oi));
+        }
+        let primed = vec![false; b.inputs.len()];
         Ok(Executable {
+            donated,
+            primed,
             steps: b.steps,
             arena: Aligned::new(b.arena_bytes as usize),
             planned_arena: b.arena_bytes,
@@ -201,5 +229,39 @@ impl Executable {
     /// Names of the outputs, in graph order.
     pub fn output_names(&self) -> Vec<String> {
         self.outputs.iter().map(|o| o.0.clone()).collect()
+    }
+    /// The donations the plan honoured, (input, output) names: after
+    /// [`Executable::run_donated`] the output is in the input's bytes.
+    pub fn donated_pairs(&self) -> Vec<(String, String)> {
+        self.donated
+            .iter()
+            .map(|&(i, o)| (self.inputs[i].0.clone(), self.outputs[o].0.clone()))
+            .collect()
+    }
+    /// Bytes of the inputs that donated outputs overwrite.
+    pub fn donated_bytes(&self) -> u64 {
+        self.donated
+            .iter()
+            .map(|&(i, _)| {
+                let t = &self.inputs[i].2;
+                (crate::tensor::numel(&t.shape) * crate::tensor::elem_size(t.dtype).unwrap_or(1))
+                    as u64
+            })
+            .sum()
+    }
+    /// The current bytes of runtime input `name` in the arena: what was
+    /// given, or, after a run, the donated output written there.
+    pub fn read_input(&self, name: &str) -> Option<HostTensor> {
+        let k = self.inputs.iter().position(|x| x.0 == name)?;
+        if !self.primed[k] {
+            return None;
+        }
+        let (_, off, ti) = &self.inputs[k];
+        let n = crate::tensor::numel(&ti.shape) * crate::tensor::elem_size(ti.dtype).unwrap_or(1);
+        Some(HostTensor {
+            dtype: ti.dtype,
+            shape: ti.shape.clone(),
+            data: self.arena.bytes()[*off..*off + n].to_vec(),
+        })
     }
 }

@@ -18,6 +18,32 @@ impl Executable {
         inputs: &[HostTensor],
         opts: &RunOptions,
     ) -> Result<(Vec<HostTensor>, RunStats), ExecError> {
+        let given: Vec<Option<&HostTensor>> = inputs.iter().map(Some).collect();
+        let (outs, stats) = self.run_inner(&given, false, opts)?;
+        // Without `keep_donated` every output is copied out.
+        Ok((outs.into_iter().flatten().collect(), stats))
+    }
+
+    /// Runs with the plan's donations kept in the arena: an input given as
+    /// `None` keeps what its bytes hold (the donated output of the previous
+    /// run, or what was last given), and donated outputs are not copied out
+    /// (`None`; [`Executable::read_input`] reads them where the next run
+    /// reads its input). A training loop gives the parameters and optimizer
+    /// state once and then only the data: they are held once, in the arena.
+    pub fn run_donated(
+        &mut self,
+        inputs: &[Option<&HostTensor>],
+        opts: &RunOptions,
+    ) -> Result<(Vec<Option<HostTensor>>, RunStats), ExecError> {
+        self.run_inner(inputs, true, opts)
+    }
+
+    fn run_inner(
+        &mut self,
+        inputs: &[Option<&HostTensor>],
+        keep_donated: bool,
+        opts: &RunOptions,
+    ) -> Result<(Vec<Option<HostTensor>>, RunStats), ExecError> {
         if inputs.len() != self.inputs.len() {
             return Err(ExecError::Input(format!(
                 "the model has {} inputs, {} given",
@@ -26,7 +52,16 @@ impl Executable {
             )));
         }
         let arena = self.arena.bytes_mut();
-        for ((name, off, ti), t) in self.inputs.iter().zip(inputs) {
+        for (k, ((name, off, ti), t)) in self.inputs.iter().zip(inputs).enumerate() {
+            let Some(t) = t else {
+                let kept = self.donated.iter().any(|d| d.0 == k) && self.primed[k];
+                if !kept {
+                    return Err(ExecError::Input(format!(
+                        "input '{name}' must be given: no donated output holds its value"
+                    )));
+                }
+                continue;
+            };
             if t.dtype != ti.dtype || t.shape != ti.shape || t.data.len() != nbytes(t) {
                 return Err(ExecError::Input(format!(
                     "input '{name}' is {} {:?}, the plan is for {} {:?}",
@@ -37,6 +72,7 @@ impl Executable {
                 )));
             }
             arena[*off..*off + t.data.len()].copy_from_slice(&t.data);
+            self.primed[k] = true;
         }
         for (off, b) in &self.defaults {
             arena[*off..*off + b.len()].copy_from_slice(b);
@@ -208,7 +244,14 @@ impl Executable {
         }
         let arena = self.arena.bytes();
         let mut outputs = Vec::with_capacity(self.outputs.len());
-        for (name, l, ti) in &self.outputs {
+        for &(i, _) in &self.donated {
+            self.primed[i] = true;
+        }
+        for (oi, (name, l, ti)) in self.outputs.iter().enumerate() {
+            if keep_donated && self.donated.iter().any(|d| d.1 == oi) {
+                outputs.push(None);
+                continue;
+            }
             let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
             let data = match *l {
                 Loc::Arena { offset, .. } => arena[offset..offset + n].to_vec(),
@@ -217,15 +260,15 @@ impl Executable {
                     let t = self.dyn_store[k].clone().ok_or_else(|| {
                         ExecError::BadPlan(format!("output '{name}' was freed before the end"))
                     })?;
-                    outputs.push(t);
+                    outputs.push(Some(t));
                     continue;
                 }
             };
-            outputs.push(HostTensor {
+            outputs.push(Some(HostTensor {
                 dtype: ti.dtype,
                 shape: ti.shape.clone(),
                 data,
-            });
+            }));
         }
         self.dyn_store.iter_mut().for_each(|d| *d = None);
         Ok((outputs, stats))

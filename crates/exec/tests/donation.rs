@@ -1,0 +1,144 @@
+//! Donation end to end: the planner places each donated output at its
+//! input's offset (in place at the input's last reader when that node is
+//! elementwise, after the input died otherwise) and refuses pairs the
+//! schedule does not allow; the runtime then keeps the donated values in
+//! the arena across runs (`run_donated`), giving the same results as
+//! feeding them back from the host.
+
+use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
+use graphopt_plan::{check_graph_plan, plan_model, set_donations, DimValues, PlanOptions};
+
+/// One SGD-with-momentum step: `m_new = 0.9 m + g`, `p_new = p - 0.5 m_new`;
+/// `y = p * g` reads `p` first.
+const STEP: &str = r#"<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] p, float[4] g, float[4] m) => (float[4] y, float[4] p_new, float[4] m_new)
+  <float lr = {0.5}, float beta = {0.9}> {
+  y = Mul (p, g)
+  m1 = Mul (m, beta)
+  m_new = Add (m1, g)
+  s = Mul (m_new, lr)
+  p_new = Sub (p, s)
+}"#;
+
+fn pairs() -> Vec<(String, String)> {
+    vec![
+        ("p".to_string(), "p_new".to_string()),
+        ("m".to_string(), "m_new".to_string()),
+    ]
+}
+
+fn plan(text: &str, donate: bool) -> graphopt_plan::ModelPlan {
+    let mut m = graphopt_text::parse_model(text).unwrap();
+    set_donations(&mut m, &pairs());
+    let opts = PlanOptions {
+        donate,
+        ..PlanOptions::default()
+    };
+    plan_model(&m, &DimValues::default(), &opts).unwrap()
+}
+
+fn offset(p: &graphopt_plan::Plan, name: &str) -> u64 {
+    p.tensors.iter().find(|t| t.name == name).unwrap().offset
+}
+
+#[test]
+fn donated_outputs_take_their_inputs_bytes() {
+    let mp = plan(STEP, true);
+    let p = &mp.plan;
+    check_graph_plan(&mp.model.graph, p).unwrap();
+    let mut donated = p.donated.clone();
+    donated.sort();
+    let mut want = pairs();
+    want.sort();
+    assert_eq!(donated, want);
+    assert!(p.donations_refused.is_empty(), "{:?}", p.donations_refused);
+    assert_eq!(p.donated_bytes, 32);
+    assert_eq!(offset(p, "p"), offset(p, "p_new"));
+    assert_eq!(offset(p, "m"), offset(p, "m_new"));
+    // p_new is written in place at Sub, p's last reader.
+    assert!(
+        p.aliases.iter().any(|a| a.op_type == "Sub"),
+        "{:?}",
+        p.aliases
+    );
+    // Without donation they are planned apart.
+    let apart = plan(STEP, false);
+    assert!(apart.plan.donated.is_empty());
+    assert_ne!(offset(&apart.plan, "p"), offset(&apart.plan, "p_new"));
+}
+
+#[test]
+fn a_pair_the_schedule_forbids_is_refused_with_why() {
+    // `z` reads p after p_new is written: p_new may not take p's bytes.
+    let text = STEP
+        .replace(
+            "=> (float[4] y, float[4] p_new, float[4] m_new)",
+            "=> (float[4] y, float[4] p_new, float[4] m_new, float[4] z)",
+        )
+        .replace(
+            "p_new = Sub (p, s)\n",
+            "p_new = Sub (p, s)\n  z = Add (p, p_new)\n",
+        );
+    let mp = plan(&text, true);
+    check_graph_plan(&mp.model.graph, &mp.plan).unwrap();
+    assert_eq!(
+        mp.plan.donated,
+        vec![("m".to_string(), "m_new".to_string())]
+    );
+    assert_eq!(
+        mp.plan.donations_refused,
+        vec!["p:p_new: the input is read after the output is written".to_string()]
+    );
+}
+
+fn t(v: &[f32]) -> HostTensor {
+    HostTensor::from_f32(&[4], v)
+}
+
+#[test]
+fn kept_state_steps_as_host_feedback_does() {
+    let mp = plan(STEP, true);
+    let mut kept = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let mut fed = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let ro = RunOptions {
+        threads: 2,
+        poison: false,
+    };
+    let grads = [
+        t(&[1.0, -2.0, 0.5, 0.0]),
+        t(&[0.25, 1.0, -1.0, 3.0]),
+        t(&[2.0, 0.0, 1.0, -0.5]),
+    ];
+    let (mut p, mut m) = (t(&[1.0, 2.0, 3.0, 4.0]), t(&[0.0; 4]));
+    // Before anything was given, nothing can be kept.
+    let err = kept
+        .run_donated(&[None, Some(&grads[0]), None], &ro)
+        .unwrap_err();
+    assert!(err.to_string().contains("input 'p' must be given"), "{err}");
+    for (k, g) in grads.iter().enumerate() {
+        // The host loop: feed p and m, take p_new and m_new back.
+        let (outs, _) = fed.run(&[p.clone(), g.clone(), m.clone()], &ro).unwrap();
+        let y_fed = outs[0].clone();
+        p = outs[1].clone();
+        m = outs[2].clone();
+        // The kept loop: p and m given once, then left in the arena.
+        let first = k == 0;
+        let p0 = t(&[1.0, 2.0, 3.0, 4.0]);
+        let m0 = t(&[0.0; 4]);
+        let feed = if first {
+            [Some(&p0), Some(g), Some(&m0)]
+        } else {
+            [None, Some(g), None]
+        };
+        let (outs, _) = kept.run_donated(&feed, &ro).unwrap();
+        assert_eq!(outs[0].as_ref(), Some(&y_fed), "step {k}: y");
+        assert!(
+            outs[1].is_none() && outs[2].is_none(),
+            "donated outputs are not copied"
+        );
+        assert_eq!(kept.read_input("p").as_ref(), Some(&p), "step {k}: p");
+        assert_eq!(kept.read_input("m").as_ref(), Some(&m), "step {k}: m");
+    }
+    // Three steps moved p (the comparison above is not of a constant).
+    assert_ne!(p, t(&[1.0, 2.0, 3.0, 4.0]));
+}
