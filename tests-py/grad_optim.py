@@ -6,7 +6,7 @@
 For each torch export in testdata/autodiff/torch (made by
 testdata/autodiff/make_torch_refs.py, which also saved torch's parameters
 after 3 AdamW steps):
-  `graphopt grad M -o T --loss L --optimizer adamw --lr .. --betas ..
+  `graphopt grad M -o T --loss L --optimizer adamw --keep-grads --lr .. --betas ..
    --eps .. --weight-decay .. --params-as-inputs --trainable <torch's
    parameters> --init-out INIT.npz`, then
   * the full onnx checker passes, every node is in the default domain, and
@@ -57,7 +57,7 @@ def check(graphopt, stem, meta, tmp):
                         "--lr", str(hp["lr"]), "--betas", f"{hp['betas'][0]},{hp['betas'][1]}",
                         "--eps", str(hp["eps"]), "--weight-decay", str(hp["weight_decay"]),
                         "--params-as-inputs", "--trainable", ",".join(params),
-                        "--init-out", init], capture_output=True, text=True)
+                        "--keep-grads", "--init-out", init], capture_output=True, text=True)
     if r.returncode != 0:
         return f"graphopt grad failed: {r.stderr.strip()}"
     m = onnx.load(out)

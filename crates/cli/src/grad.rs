@@ -53,6 +53,10 @@ pub struct Args {
     /// AdamW's epsilon (default 1e-8).
     #[arg(long)]
     eps: Option<f64>,
+    /// With an optimizer, also output `<param>_grad` (by default each
+    /// gradient only feeds its update, and dies there).
+    #[arg(long)]
+    keep_grads: bool,
     /// Trainable parameters become graph inputs instead of initializers.
     #[arg(long)]
     params_as_inputs: bool,
@@ -114,6 +118,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         },
         dims: DimValues::new(&graphopt::util::parse_dims(&a.dims)?),
         recompute_pointwise: !a.no_recompute_pointwise,
+        keep_grads: a.keep_grads,
         ..GradOptions::default()
     };
     let mut session = graphopt::load(&a.input)?;

@@ -142,3 +142,57 @@ fn kept_state_steps_as_host_feedback_does() {
     // Three steps moved p (the comparison above is not of a constant).
     assert_ne!(p, t(&[1.0, 2.0, 3.0, 4.0]));
 }
+
+#[test]
+fn the_schedule_puts_each_update_after_its_inputs_readers() {
+    // dx = g * p reads p; written in program order after p_new, so p would
+    // be read after p_new is written. The scheduler orders the update
+    // after that reader, and the pair is donated.
+    let text = r#"<ir_version: 8, opset_import: ["" : 17]>
+g (float[4] p, float[4] g) => (float[4] p_new, float[4] dx)
+  <float lr = {0.5}> {
+  s = Mul (g, lr)
+  p_new = Sub (p, s)
+  dx = Mul (g, p)
+}"#;
+    let mut m = graphopt_text::parse_model(text).unwrap();
+    set_donations(&mut m, &[("p".to_string(), "p_new".to_string())]);
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    check_graph_plan(&mp.model.graph, &mp.plan).unwrap();
+    assert_eq!(
+        mp.plan.donated,
+        vec![("p".to_string(), "p_new".to_string())]
+    );
+    let at = |op: &str| {
+        mp.plan
+            .schedule
+            .iter()
+            .position(|&n| {
+                mp.model.graph.node(n).op_type == op && {
+                    let o = mp.model.graph.node(n).output(0).unwrap();
+                    let name = mp.model.graph.name(o);
+                    name == if op == "Sub" { "p_new" } else { "dx" }
+                }
+            })
+            .unwrap()
+    };
+    assert!(at("Mul") < at("Sub"), "{:?}", mp.plan.schedule_names);
+    // Kept across runs, it gives what feeding p back does.
+    let mut e = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let ro = RunOptions {
+        threads: 1,
+        poison: false,
+    };
+    let (p0, g) = (t(&[1.0, 2.0, 3.0, 4.0]), t(&[2.0, 2.0, 2.0, 2.0]));
+    let (outs, _) = e.run_donated(&[Some(&p0), Some(&g)], &ro).unwrap();
+    assert_eq!(
+        outs[1].as_ref().unwrap().to_f32().unwrap(),
+        vec![2.0, 4.0, 6.0, 8.0]
+    );
+    let (outs, _) = e.run_donated(&[None, Some(&g)], &ro).unwrap();
+    // p is now p0 - 1: dx = 2 * (p0 - 1).
+    assert_eq!(
+        outs[1].as_ref().unwrap().to_f32().unwrap(),
+        vec![0.0, 2.0, 4.0, 6.0]
+    );
+}

@@ -121,6 +121,10 @@ pub struct GradOptions {
     /// the report's arena is the best greedy placement, and
     /// `graphopt plan TRAIN.onnx` searches.
     pub plan: PlanOptions,
+    /// With an optimizer, keep `<param>_grad` as graph outputs. By default
+    /// they are not: each gradient feeds its parameter's update only, and
+    /// dies there instead of living to the end of the step.
+    pub keep_grads: bool,
 }
 
 impl Default for GradOptions {
@@ -134,6 +138,7 @@ impl Default for GradOptions {
                 search: false,
                 ..PlanOptions::default()
             },
+            keep_grads: false,
         }
     }
 }
@@ -235,6 +240,19 @@ impl Session {
         let train = build_training_graph(&self.model, &autodiff)
             .map_err(|e| self.err(Error::new(e.to_string())))?;
         let before = std::mem::replace(&mut self.model, train.model);
+        if opts.autodiff.optimizer != graphopt_autodiff::Optimizer::None && !opts.keep_grads {
+            // The gradients feed the updates only: not outputs, so each
+            // dies once its update has read it.
+            let g = &mut self.model.graph;
+            let grads: HashSet<String> = train.params.iter().map(|p| format!("{p}_grad")).collect();
+            let keep: Vec<_> = g
+                .outputs
+                .iter()
+                .copied()
+                .filter(|&v| !grads.contains(g.name(v)))
+                .collect();
+            g.outputs = keep;
+        }
         // While simplifying, the parameters are graph inputs (with their
         // initializers as defaults), so that no pass treats them as
         // constants: folding `Transpose(W)` into a new initializer, merging

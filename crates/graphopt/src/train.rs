@@ -104,6 +104,47 @@ impl ArrayData {
         })
     }
 
+    /// Shards (each a label and its arrays) concatenated along the example
+    /// axis: every shard must have the same arrays, in the same order, of
+    /// the same element type and per-example shape.
+    pub fn concat(
+        shards: Vec<(String, Vec<(String, HostTensor)>)>,
+        label: &str,
+    ) -> Result<ArrayData> {
+        let mut all: Vec<(String, HostTensor)> = Vec::new();
+        for (where_, shard) in shards {
+            if all.is_empty() {
+                all = shard;
+                continue;
+            }
+            let names = |a: &[(String, HostTensor)]| -> Vec<String> {
+                a.iter().map(|(n, _)| n.clone()).collect()
+            };
+            if names(&shard) != names(&all) {
+                return Err(Error::new(format!(
+                    "{where_}: arrays {:?} differ from the first shard's {:?}",
+                    names(&shard),
+                    names(&all)
+                )));
+            }
+            for ((name, a), (_, b)) in all.iter_mut().zip(shard) {
+                if a.dtype != b.dtype || a.shape.is_empty() || a.shape.get(1..) != b.shape.get(1..)
+                {
+                    return Err(Error::new(format!(
+                        "{where_}: array '{name}' is {}{:?}, the first shard's is {}{:?}",
+                        b.dtype.name(),
+                        b.shape,
+                        a.dtype.name(),
+                        a.shape
+                    )));
+                }
+                a.shape[0] += b.shape[0];
+                a.data.extend_from_slice(&b.data);
+            }
+        }
+        ArrayData::new(all, label)
+    }
+
     /// One npz (`np.savez`), or a folder of npz shards concatenated in name
     /// order (each with the same arrays).
     pub fn load(path: &Path) -> Result<ArrayData> {
@@ -118,40 +159,11 @@ impl ArrayData {
             if files.is_empty() {
                 return Err(Error::new(format!("{label}: no .npz shards")));
             }
-            let mut all: Vec<(String, HostTensor)> = Vec::new();
-            for f in &files {
-                let shard = read_npz(f)?;
-                if all.is_empty() {
-                    all = shard;
-                    continue;
-                }
-                let names = |a: &[(String, HostTensor)]| -> Vec<String> {
-                    a.iter().map(|(n, _)| n.clone()).collect()
-                };
-                if names(&shard) != names(&all) {
-                    return Err(Error::new(format!(
-                        "{}: arrays {:?} differ from the first shard's {:?}",
-                        f.display(),
-                        names(&shard),
-                        names(&all)
-                    )));
-                }
-                for ((name, a), (_, b)) in all.iter_mut().zip(shard) {
-                    if a.dtype != b.dtype || a.shape.get(1..) != b.shape.get(1..) {
-                        return Err(Error::new(format!(
-                            "{}: array '{name}' is {}{:?}, the first shard's is {}{:?}",
-                            f.display(),
-                            b.dtype.name(),
-                            b.shape,
-                            a.dtype.name(),
-                            a.shape
-                        )));
-                    }
-                    a.shape[0] += b.shape[0];
-                    a.data.extend_from_slice(&b.data);
-                }
-            }
-            return ArrayData::new(all, &label);
+            let shards = files
+                .iter()
+                .map(|f| Ok((f.display().to_string(), read_npz(f)?)))
+                .collect::<Result<Vec<_>>>()?;
+            return ArrayData::concat(shards, &label);
         }
         ArrayData::new(read_npz(path)?, &label)
     }
@@ -1047,7 +1059,6 @@ impl StepGraphs {
         dims: &DimValues,
     ) -> Result<(Model, Vec<String>, State)> {
         let mut s = Session::from_model(model.clone());
-        let optimizer = opts.optimizer;
         let r = s.grad(&GradOptions {
             autodiff: opts,
             dims: dims.clone(),
@@ -1062,20 +1073,8 @@ impl StepGraphs {
         for (name, t) in &r.initial_state {
             state.insert(name.clone(), host_of(t, name)?);
         }
-        let mut m = s.into_model();
-        if optimizer != Optimizer::None {
-            // The gradients feed the updates only: not outputs, so each
-            // dies once its update has read it.
-            let g = &mut m.graph;
-            let grads: Vec<String> = r.params.iter().map(|p| format!("{p}_grad")).collect();
-            let keep: Vec<_> = g
-                .outputs
-                .iter()
-                .copied()
-                .filter(|&v| !grads.iter().any(|n| n == g.name(v)))
-                .collect();
-            g.outputs = keep;
-        }
+        // With an optimizer, `grad` leaves the gradients out of the outputs.
+        let m = s.into_model();
         Ok((m, r.params, state))
     }
 

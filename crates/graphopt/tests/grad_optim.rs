@@ -40,11 +40,57 @@ fn train(
                 params_as_inputs: as_inputs,
                 ..AutodiffOptions::default()
             },
+            // The checks below read the gradients.
+            keep_grads: true,
             ..GradOptions::default()
         })
         .unwrap();
     graphopt::ir::verify::verify_model(s.model()).unwrap();
     (s, r)
+}
+
+#[test]
+fn with_an_optimizer_gradients_are_not_outputs_unless_kept() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/train/digits_mlp.onnx");
+    let model = graphopt::load(&path).unwrap().into_model();
+    let step = |keep_grads: bool| {
+        let mut s = Session::from_model(model.clone());
+        let r = s
+            .grad(&GradOptions {
+                autodiff: AutodiffOptions {
+                    optimizer: Optimizer::Sgd {
+                        lr: 0.01,
+                        weight_decay: 0.0,
+                    },
+                    params_as_inputs: true,
+                    ..AutodiffOptions::default()
+                },
+                dims: graphopt::plan::DimValues::new(&[("batch".to_string(), 64)]),
+                keep_grads,
+                ..GradOptions::default()
+            })
+            .unwrap();
+        let g = &s.model().graph;
+        let grads = g
+            .outputs
+            .iter()
+            .filter(|&&v| g.name(v).ends_with("_grad"))
+            .count();
+        (grads, r)
+    };
+    let (dropped, lean) = step(false);
+    let (kept, full) = step(true);
+    assert_eq!((dropped, kept), (0, lean.params.len()));
+    // Every gradient lived to the end of the step; now each dies at its
+    // update, and the parameters' updates take their inputs' bytes.
+    assert_eq!(lean.donations.len(), lean.params.len());
+    assert!(
+        lean.lower_bound_bytes < full.lower_bound_bytes,
+        "{} vs {}",
+        lean.lower_bound_bytes,
+        full.lower_bound_bytes
+    );
 }
 
 /// Runs `model` in tract with inputs by name; returns outputs by name.

@@ -228,8 +228,7 @@ pub fn liveness_donating(
                     }
                 }
             }
-            if host.is_some() {
-                let it = host.expect("set");
+            if let Some(it) = host {
                 let st = tensors[it].storage;
                 tensors[ot].storage = st;
                 storages[st].last = storages[st].last.max(tensors[ot].last);

@@ -11,7 +11,7 @@ use crate::buffer::{align_up, Buffer};
 use crate::check::{check_plan, Alias, CheckError};
 use crate::intervals::{plan_intervals, IntervalOptions};
 use crate::liveness::{liveness_donating, peak, TensorKind};
-use crate::schedule::memory_aware_schedule_with;
+use crate::schedule::memory_aware_schedule_donating;
 use graphopt_ir::{Graph, NodeId, ValueId};
 use serde::Serialize;
 use std::time::Duration;
@@ -203,8 +203,8 @@ pub fn plan_graph_donating(
     } else {
         g
     };
-    let sched = memory_aware_schedule_with(g, opts.reorder, !opts.strict)?;
     let (pairs, mut refused) = crate::donation::resolve(g, donations);
+    let sched = memory_aware_schedule_donating(g, opts.reorder, !opts.strict, &pairs)?;
     let live = liveness_donating(g, &sched.order, !opts.strict, &pairs)?;
     refused.extend(live.donations_refused.iter().cloned());
     let align = opts.alignment.max(1);

@@ -16,9 +16,9 @@
 //! rules, so merging is taken into account.
 
 use crate::inplace::{inplace_rule, InPlace};
-use crate::liveness::{liveness_with, peak, value_size};
+use crate::liveness::{peak, value_size};
 use crate::PlanError;
-use graphopt_ir::{Graph, NodeId};
+use graphopt_ir::{Graph, NodeId, ValueId};
 
 /// Checks that `schedule` lists every node of `g` once, producers first.
 pub fn check_schedule(g: &Graph, schedule: &[NodeId]) -> Result<(), PlanError> {
@@ -69,6 +69,48 @@ struct Deps {
     nodes: Vec<NodeId>,
     preds: Vec<Vec<usize>>,
     succs: Vec<Vec<usize>>,
+}
+
+/// The dependency lists, plus an edge from every other reader of a
+/// donated input to the producer of its output (so that the output is
+/// written after the input's last read), where that adds no cycle.
+fn deps_donating(g: &Graph, donations: &[(ValueId, ValueId)]) -> Deps {
+    let mut d = deps(g);
+    let cap = d.nodes.iter().map(|n| n.index() + 1).max().unwrap_or(0);
+    let mut pos = vec![usize::MAX; cap];
+    for (i, n) in d.nodes.iter().enumerate() {
+        pos[n.index()] = i;
+    }
+    for &(input, output) in donations {
+        let Some((p, _)) = g.producer(output) else {
+            continue;
+        };
+        let Some(&pi) = pos.get(p.index()).filter(|&&x| x != usize::MAX) else {
+            continue;
+        };
+        // Nodes reachable from the producer: an edge into it from any of
+        // them would close a cycle.
+        let mut after = vec![false; d.nodes.len()];
+        let mut stack = vec![pi];
+        while let Some(x) = stack.pop() {
+            for &s in &d.succs[x] {
+                if !after[s] {
+                    after[s] = true;
+                    stack.push(s);
+                }
+            }
+        }
+        for u in g.uses(input) {
+            let Some(&ri) = pos.get(u.node().index()).filter(|&&x| x != usize::MAX) else {
+                continue;
+            };
+            if ri != pi && !after[ri] && !d.preds[pi].contains(&ri) {
+                d.preds[pi].push(ri);
+                d.succs[ri].push(pi);
+            }
+        }
+    }
+    d
 }
 
 fn deps(g: &Graph) -> Deps {
@@ -240,7 +282,8 @@ fn dfs_schedule(g: &Graph, d: &Deps) -> Vec<NodeId> {
     out
 }
 
-/// A schedule and its peak live bytes.
+/// A schedule and its peak live bytes (plus, with donations, the bytes of
+/// the donated inputs the order does not let their outputs overwrite).
 #[derive(Clone, Debug)]
 pub struct Scheduled {
     pub order: Vec<NodeId>,
@@ -263,11 +306,30 @@ pub fn memory_aware_schedule_with(
     reorder: bool,
     ignore_unknown: bool,
 ) -> Result<Scheduled, PlanError> {
+    memory_aware_schedule_donating(g, reorder, ignore_unknown, &[])
+}
+
+/// [`memory_aware_schedule_with`] for a plan with donations: the
+/// heuristics order each donated output's producer after its input's other
+/// readers, and every candidate is scored with the donations it allows.
+pub fn memory_aware_schedule_donating(
+    g: &Graph,
+    reorder: bool,
+    ignore_unknown: bool,
+    donations: &[(ValueId, ValueId)],
+) -> Result<Scheduled, PlanError> {
     let original: Vec<NodeId> = g.nodes().collect();
     check_schedule(g, &original)?;
+    // A donation the order refuses costs its input a second copy outside
+    // the arena (a runtime feeds it back): counted with the peak.
     let peak_of = |order: &[NodeId]| -> Result<u64, PlanError> {
-        let l = liveness_with(g, order, ignore_unknown)?;
-        Ok(peak(&l.storages, order.len()).0)
+        let l = crate::liveness::liveness_donating(g, order, ignore_unknown, donations)?;
+        let refused: u64 = donations
+            .iter()
+            .filter(|p| !l.donated.contains(p))
+            .filter_map(|&(i, _)| value_size(g, i))
+            .sum();
+        Ok(peak(&l.storages, order.len()).0 + refused)
     };
     let original_peak = peak_of(&original)?;
     let mut best = Scheduled {
@@ -279,7 +341,7 @@ pub fn memory_aware_schedule_with(
     if !reorder {
         return Ok(best);
     }
-    let d = deps(g);
+    let d = deps_donating(g, donations);
     let candidates: [(&'static str, Vec<NodeId>); 3] = [
         ("greedy-free", list_schedule(g, &d, false)),
         ("greedy-small", list_schedule(g, &d, true)),

@@ -132,3 +132,33 @@ pub(crate) fn input_shapes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(Stri
     }
     Ok(out)
 }
+
+/// Training data: an .npz path or a directory of shards, a dict of arrays,
+/// or an iterable of dicts (concatenated along the example axis).
+pub(crate) fn array_data(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<graphopt::ArrayData> {
+    if let Some(p) = path_arg(obj)? {
+        return graphopt::ArrayData::load(&p).map_err(crate::gerr);
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        return graphopt::ArrayData::new(named_arrays(d)?, what).map_err(crate::gerr);
+    }
+    let mut shards = Vec::new();
+    for (i, item) in obj
+        .try_iter()
+        .map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{what}: expected an .npz path, a directory, a dict of numpy arrays or an iterable of dicts"
+            ))
+        })?
+        .enumerate()
+    {
+        let item = item?;
+        let d = item.cast::<PyDict>().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "{what}: item {i} is not a dict of numpy arrays"
+            ))
+        })?;
+        shards.push((format!("{what}[{i}]"), named_arrays(d)?));
+    }
+    graphopt::ArrayData::concat(shards, what).map_err(crate::gerr)
+}

@@ -7,9 +7,10 @@ use crate::{gerr, gmsg};
 use graphopt::onnx::ExternalData;
 use graphopt::plan::DimValues;
 use graphopt::{
-    AutodiffOptions, Calibration, CheckOptions, Device, GradOptions, Inputs, OptimizeOptions,
-    OptimizerSpec, PipelineOptions, PlanRequest, PlanSettings, Precision, PrecisionOptions,
-    RunOptions, SaveOptions, Scale, Session, Tolerance, ValidateOptions,
+    AutodiffOptions, Calibration, CheckOptions, DataSource, Device, GradOptions, Inputs, Metric,
+    OptimizeOptions, OptimizerSpec, PipelineOptions, PlanRequest, PlanSettings, Precision,
+    PrecisionOptions, RunOptions, SaveOptions, Scale, Session, Tolerance, TrainLength,
+    TrainOptions, ValidateOptions,
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -345,7 +346,7 @@ impl PySession {
                         input_grads=false, optimizer="none", lr=None, weight_decay=None,
                         betas=None, eps=None, params_as_inputs=false,
                         dims=None, simplify=true, recompute_pointwise=true,
-                        dropout_train=false))]
+                        dropout_train=false, keep_grads=false))]
     #[allow(clippy::too_many_arguments)]
     fn grad(
         &self,
@@ -366,6 +367,7 @@ impl PySession {
         simplify: bool,
         recompute_pointwise: bool,
         dropout_train: bool,
+        keep_grads: bool,
     ) -> PyResult<PySession> {
         let loss_kind = graphopt::parse_loss(loss).map_err(gerr)?;
         let optimizer = OptimizerSpec {
@@ -392,9 +394,99 @@ impl PySession {
             dims: DimValues::new(&dims_arg(dims)?),
             simplify,
             recompute_pointwise,
+            keep_grads,
             ..GradOptions::default()
         };
         self.transform(py, "grad", move |s| to_json(&s.grad(&opts)?))
+    }
+
+    /// Trains the model with graphopt's training step, in graphopt's
+    /// runtime (as `graphopt train`); returns a new Session holding the
+    /// trained inference model (its `report()` has the step log, evals and
+    /// memory). `data` and `eval`: an .npz path or a directory of shards, a
+    /// dict of numpy arrays with a leading example axis (named like the
+    /// model's inputs, plus the target), or an iterable of such dicts
+    /// (concatenated). `target` names the target array.
+    #[pyo3(signature = (data, batch, epochs=None, steps=None, loss="cross_entropy", output=None,
+                        target="target", class_axis=1, optimizer="sgd", lr=None,
+                        weight_decay=None, betas=None, eps=None, trainable=None, frozen=None,
+                        seed=0, shuffle=true, dropout_train=true, eval=None, metric="accuracy",
+                        micro_batches=None, budget=None, checkpoint=None, every=100,
+                        resume=None, threads=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn train(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        batch: usize,
+        epochs: Option<usize>,
+        steps: Option<usize>,
+        loss: &str,
+        output: Option<String>,
+        target: &str,
+        class_axis: i64,
+        optimizer: &str,
+        lr: Option<f64>,
+        weight_decay: Option<f64>,
+        betas: Option<(f64, f64)>,
+        eps: Option<f64>,
+        trainable: Option<&Bound<'_, PyAny>>,
+        frozen: Option<&Bound<'_, PyAny>>,
+        seed: u64,
+        shuffle: bool,
+        dropout_train: bool,
+        eval: Option<&Bound<'_, PyAny>>,
+        metric: &str,
+        micro_batches: Option<usize>,
+        budget: Option<&Bound<'_, PyAny>>,
+        checkpoint: Option<PathBuf>,
+        every: usize,
+        resume: Option<PathBuf>,
+        threads: Option<usize>,
+    ) -> PyResult<PySession> {
+        if epochs.is_some() && steps.is_some() {
+            return Err(gmsg("give epochs or steps, not both"));
+        }
+        let mut opts = TrainOptions::new(batch);
+        opts.loss = graphopt::parse_loss(loss).map_err(gerr)?;
+        opts.output = output;
+        opts.target = target.to_string();
+        opts.class_axis = class_axis;
+        opts.optimizer = OptimizerSpec {
+            name: optimizer.to_string(),
+            lr,
+            weight_decay,
+            betas,
+            eps,
+        };
+        opts.trainable = list_arg(trainable)?;
+        opts.frozen = list_arg(frozen)?;
+        opts.seed = seed;
+        opts.shuffle = shuffle;
+        opts.dropout_train = dropout_train;
+        opts.length = match steps {
+            Some(s) => TrainLength::Steps(s),
+            None => TrainLength::Epochs(epochs.unwrap_or(1)),
+        };
+        opts.metric = Metric::parse(metric).map_err(gerr)?;
+        opts.micro_batches = micro_batches;
+        opts.budget = budget
+            .filter(|b| !b.is_none())
+            .map(parse_budget)
+            .transpose()?;
+        opts.checkpoint = checkpoint;
+        opts.every = every;
+        opts.resume = resume;
+        opts.threads = threads;
+        let data = array_data(data, "data")?;
+        let eval = eval
+            .filter(|e| !e.is_none())
+            .map(|e| array_data(e, "eval"))
+            .transpose()?;
+        self.transform(py, "train", move |s| {
+            let r = s.train(&data, eval.as_ref().map(|e| e as &dyn DataSource), &opts)?;
+            to_json(&r)
+        })
     }
 
     /// Quantizes after the pipeline, in standard ONNX ops only:

@@ -108,15 +108,50 @@ class Session:
         simplify: bool = True,
         recompute_pointwise: bool = True,
         dropout_train: bool = False,
+        keep_grads: bool = False,
     ) -> Session:
         """The training graph (forward, ``loss``, ``<param>_grad``; ``sgd``/``adamw`` add
-        ``<param>_new``, adamw also its moments and ``step``, with torch's defaults:
+        ``<param>_new`` and drop ``<param>_grad`` unless ``keep_grads``, adamw also its moments and ``step``, with torch's defaults:
         sgd lr 0.01, adamw lr 1e-3 and weight_decay 1e-2); its report has the
         saved-for-backward bytes and the step's plan at ``dims``. Elementwise values that
         come cheaply from values the backward pass keeps anyway are recomputed there
         (``recompute_pointwise=False`` holds them, as ``--no-recompute-pointwise``). ``dropout_train``
         runs every Dropout in training mode (the report's ``dropout_train`` lists
         them; a model without one gets a ``warnings`` entry)."""
+    def train(
+        self,
+        data: str | os.PathLike[str] | Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]],
+        batch: int,
+        epochs: int | None = None,
+        steps: int | None = None,
+        loss: Literal["sum", "mean", "mse", "l1", "cross_entropy"] = "cross_entropy",
+        output: str | None = None,
+        target: str = "target",
+        class_axis: int = 1,
+        optimizer: Literal["sgd", "adamw"] = "sgd",
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        betas: tuple[float, float] | None = None,
+        eps: float | None = None,
+        trainable: str | Sequence[str] | None = None,
+        frozen: str | Sequence[str] | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        dropout_train: bool = True,
+        eval: str | os.PathLike[str] | Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]] | None = None,
+        metric: Literal["accuracy", "loss"] = "accuracy",
+        micro_batches: int | None = None,
+        budget: int | str | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
+        every: int = 100,
+        resume: str | os.PathLike[str] | None = None,
+        threads: int | None = None,
+    ) -> Session:
+        """Trains with graphopt's training step in graphopt's runtime, as ``graphopt
+        train``; the new Session holds the trained inference model, its report the step
+        log, evals and memory. ``data``/``eval``: an .npz path or a directory of shards, a
+        dict of arrays with a leading example axis (the model's inputs and the target), or
+        an iterable of such dicts (concatenated)."""
     def quantize(
         self,
         mode: Literal["dynamic", "static", "int8-weights", "int4-weights"],

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""`graphopt train` against torch eager on CPU, in the same run, at the same
+thread count (issue 21): step time and peak RSS.
+
+    python3 benches/train_bench.py --graphopt target-release/release/graphopt \
+        [--models resnet18,gpt2] [--threads 2] [--steps 6]
+
+Needs torch, torchvision and transformers (random seeded weights from
+configs, nothing downloaded). Per model, each in its own process so that
+peak RSS is its own:
+
+  resnet18  torchvision resnet18, batch 16, 3x224x224, 1000 classes,
+            cross-entropy, SGD lr 0.01 (eval-mode export: BatchNorm in its
+            inference form on both sides, torch's in eval mode too)
+  gpt2      transformers GPT2LMHeadModel(GPT2Config()), batch 4 x 256,
+            next-token cross-entropy over the vocabulary, SGD lr 0.01
+
+* torch: `model(x)`, the loss, `backward()`, `optimizer.step()` for
+  `--steps` steps on random data; step time is the median of the steps
+  after the first; peak RSS is the process's (`ru_maxrss`).
+* graphopt: the model exported with the TorchScript exporter (opset 17,
+  cached in benches/models/), the same random data as an npz, then
+  `graphopt train --steps N --batch B --no-shuffle --threads T --json`;
+  step time is the median step-to-step time of its log after the first;
+  peak RSS is the report's (the process's `VmHWM`).
+
+Prints a markdown table with the ratios and writes
+benches/results/train.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "benches" / "models"
+
+
+def build(name: str):
+    import torch
+
+    torch.manual_seed(0)
+    if name == "resnet18":
+        import torchvision
+
+        m = torchvision.models.resnet18(weights=None).eval()
+        b = 16
+        x = torch.randn(b, 3, 224, 224)
+        y = torch.randint(0, 1000, (b,))
+        return m, {"x": x}, y, 1
+    if name == "gpt2":
+        import transformers
+
+        m = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+        b, s = 4, 256
+        x = torch.randint(0, 50257, (b, s))
+        y = torch.randint(0, 50257, (b, s))
+        return m, {"input_ids": x}, y, -1
+    raise SystemExit(f"unknown model {name}")
+
+
+def torch_child(name: str, steps: int, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    m, inputs, y, axis = build(name)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        out = m(**inputs)
+        logits = out if isinstance(out, torch.Tensor) else out.logits
+        if axis == -1:
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        else:
+            loss = torch.nn.functional.cross_entropy(logits, y)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"step_s": statistics.median(times[1:]), "peak_rss": rss, "loss0": None}))
+
+
+def export(name: str) -> tuple[Path, Path, int]:
+    import numpy as np
+    import torch
+
+    MODELS.mkdir(parents=True, exist_ok=True)
+    path = MODELS / f"train_{name}.onnx"
+    m, inputs, y, axis = build(name)
+    if not path.exists():
+        class Logits(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.m = m
+
+            def forward(self, *a):
+                out = self.m(*a)
+                return out if isinstance(out, torch.Tensor) else out.logits
+
+        torch.onnx.export(Logits(m), tuple(inputs.values()), str(path), input_names=list(inputs),
+                          output_names=["logits"], opset_version=17, dynamo=False)
+    data = Path(tempfile.mkdtemp()) / f"{name}.npz"
+    arrays = {k: v.numpy() for k, v in inputs.items()}
+    arrays["target"] = y.numpy()
+    np.savez(data, **arrays)
+    return path, data, axis
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--graphopt", default=str(ROOT / "target-release" / "release" / "graphopt"))
+    ap.add_argument("--models", default="resnet18,gpt2")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--torch-child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.torch_child:
+        torch_child(a.torch_child, a.steps, a.threads)
+        return
+    rows = []
+    for name in a.models.split(","):
+        onnx, data, axis = export(name)
+        t = json.loads(subprocess.run(
+            [sys.executable, __file__, "--torch-child", name, "--steps", str(a.steps),
+             "--threads", str(a.threads)], check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        batch = {"resnet18": 16, "gpt2": 4}[name]
+        # The data holds one batch: each step trains on it again.
+        out = Path(tempfile.mkdtemp()) / "trained.onnx"
+        cmd = [a.graphopt, "train", str(onnx), "--data", str(data), "--batch", str(batch),
+               "--steps", str(a.steps), "--no-shuffle", "--loss", "cross_entropy", "--class-axis",
+               str(axis), "--optimizer", "sgd", "--lr", "0.01", "--threads", str(a.threads),
+               "-o", str(out), "--json"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            rows.append({"model": name, "torch": t, "graphopt_error": p.stderr.strip()})
+            print(f"{name}: graphopt failed: {p.stderr.strip()}", file=sys.stderr)
+            continue
+        r = json.loads(p.stdout)
+        ts = [s["time_s"] for s in r["log"]]
+        step = statistics.median([b - a_ for a_, b in zip(ts[1:], ts[2:])] or [ts[-1]])
+        rows.append({
+            "model": name, "batch": batch, "threads": a.threads, "steps": a.steps,
+            "torch": t,
+            "graphopt": {"step_s": step, "peak_rss": r["peak_rss_bytes"],
+                         "planned": r["planned_bytes"], "arena": r["arena_bytes"],
+                         "weights": r["weights_bytes"], "donated": r["donated_bytes"]},
+        })
+    print("| model | torch step | graphopt step | time ratio | torch peak RSS | graphopt peak RSS | RSS ratio | graphopt planned |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        if "graphopt" not in row:
+            print(f"| {row['model']} | {row['torch']['step_s']:.2f} s | failed | | | | | |")
+            continue
+        t, g = row["torch"], row["graphopt"]
+        print(f"| {row['model']} b{row['batch']} | {t['step_s']:.2f} s | {g['step_s']:.2f} s | "
+              f"{g['step_s'] / t['step_s']:.2f}x | {t['peak_rss'] / 1e6:.0f} MB | {g['peak_rss'] / 1e6:.0f} MB | "
+              f"{g['peak_rss'] / t['peak_rss']:.2f}x | {g['planned'] / 1e6:.0f} MB |")
+    res = ROOT / "benches" / "results"
+    res.mkdir(exist_ok=True)
+    (res / "train.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
