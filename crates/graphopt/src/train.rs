@@ -608,6 +608,28 @@ fn checkpoint_file(p: &Path) -> Result<PathBuf> {
 }
 
 impl Session {
+    /// The main graph's initializers as host tensors, by name, in graph
+    /// order (`names` empty: all of them). A name that is not an
+    /// initializer is an error naming it.
+    pub fn weights(&self, names: &[String]) -> Result<Vec<(String, HostTensor)>> {
+        let g = &self.model.graph;
+        for n in names {
+            if g.value_by_name(n).and_then(|v| g.initializer(v)).is_none() {
+                return Err(Error::new(format!(
+                    "'{n}' is not an initializer of the model"
+                )));
+            }
+        }
+        g.initializers()
+            .iter()
+            .filter(|&&v| names.is_empty() || names.iter().any(|n| n == g.name(v)))
+            .filter_map(|&v| g.initializer(v).map(|t| (g.name(v).to_string(), t)))
+            .map(|(n, t)| Ok((n.clone(), host_of(t, &n)?)))
+            .collect()
+    }
+}
+
+impl Session {
     /// Trains the model on `data` (see the module doc); `eval`, when given,
     /// is measured after every epoch and at the end. Whole or not at all: on
     /// an error the session keeps its weights.

@@ -400,6 +400,23 @@ impl PySession {
         self.transform(py, "grad", move |s| to_json(&s.grad(&opts)?))
     }
 
+    /// The model's initializers (weights) as numpy arrays, by name; `names`
+    /// picks some (a name that is not an initializer raises).
+    #[pyo3(signature = (names=None))]
+    fn weights<'py>(
+        &self,
+        py: Python<'py>,
+        names: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let names = list_arg(names)?;
+        let tensors = self.peek(py, move |s| s.weights(&names)).map_err(gerr)?;
+        let d = PyDict::new(py);
+        for (n, t) in tensors {
+            d.set_item(n, tensor_to_array(py, t)?)?;
+        }
+        Ok(d)
+    }
+
     /// Trains the model with graphopt's training step, in graphopt's
     /// runtime (as `graphopt train`); returns a new Session holding the
     /// trained inference model (its `report()` has the step log, evals and

@@ -52,3 +52,30 @@ def test_max_batch_grows_with_budget():
     big = gt.max_batch(m, (x,), 16 << 20)
     assert 1 <= small < big
     assert gt.max_batch(m, (x,), 16 << 20, training=True) < big
+
+
+def test_train_loads_the_trained_weights_back():
+    # graphopt trains the module on a loader's batches and writes the
+    # weights back: the module's loss on the data then equals what torch
+    # reaches with the same optimizer on the same batches.
+    torch.manual_seed(0)
+    x = torch.randn(64, 64)
+    y = torch.randint(0, 10, (64,))
+    loader = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    ours = mlp()
+    theirs = mlp()
+    theirs.load_state_dict(ours.state_dict())
+    r = gt.train(ours, (x[:16],), loader, steps=8, optimizer="sgd", lr=0.1, shuffle=False)
+    opt = torch.optim.SGD(theirs.parameters(), lr=0.1)
+    losses = []
+    for step in range(8):
+        xb, yb = loader[step % 4]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(theirs(xb), yb)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    got = [s["loss"] for s in r["log"]]
+    assert max(abs(a - b) / b for a, b in zip(got, losses)) < 1e-5, (got, losses)
+    for (n, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), n

@@ -118,6 +118,8 @@ class Session:
         (``recompute_pointwise=False`` holds them, as ``--no-recompute-pointwise``). ``dropout_train``
         runs every Dropout in training mode (the report's ``dropout_train`` lists
         them; a model without one gets a ``warnings`` entry)."""
+    def weights(self, names: str | Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The model's initializers as numpy arrays, by name (``names`` picks some)."""
     def train(
         self,
         data: str | os.PathLike[str] | Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]],

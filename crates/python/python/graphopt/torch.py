@@ -27,7 +27,7 @@ import torch
 
 import graphopt
 
-__all__ = ["MemoryReport", "export", "max_batch", "memory_report"]
+__all__ = ["MemoryReport", "export", "max_batch", "memory_report", "train"]
 
 ExampleInputs = Union["torch.Tensor", Sequence["torch.Tensor"]]
 
@@ -240,3 +240,79 @@ def max_batch(
     if training:
         session = session.grad(loss=loss)
     return int(session.max_batch(budget)["max_batch"])
+
+
+def train(
+    module: "torch.nn.Module",
+    example_inputs: ExampleInputs,
+    loader: Any,
+    *,
+    batch: Optional[int] = None,
+    epochs: Optional[int] = None,
+    steps: Optional[int] = None,
+    loss: str = "cross_entropy",
+    class_axis: int = 1,
+    optimizer: str = "sgd",
+    lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    betas: Optional[tuple] = None,
+    eps: Optional[float] = None,
+    micro_batches: Optional[int] = None,
+    budget: Optional[Union[int, str]] = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    threads: Optional[int] = None,
+) -> dict:
+    """Trains ``module`` with graphopt's training step and loads the trained
+    weights back into it; returns the training report.
+
+    ``loader`` yields ``(inputs..., target)`` tuples of tensors (a
+    ``DataLoader`` does): the examples are gathered once into arrays, and
+    graphopt batches them itself (``batch``, default the loader's first
+    batch size; the last partial batch of each epoch is dropped; shuffled
+    from ``seed`` unless ``shuffle=False``). The module is exported with the
+    TorchScript exporter in eval mode (BatchNorm on its running statistics,
+    Dropout off) with a symbolic batch dim; its parameters are matched to
+    the exported initializers by name, and a parameter the export renamed
+    or folded (so that graphopt cannot train it under its name) is an
+    error naming it. The other options are ``Session.train``'s.
+    """
+    import numpy as np
+
+    args = _as_tuple(example_inputs)
+    names = [f"input_{i}" for i in range(len(args))]
+    xs: list[list] = [[] for _ in args]
+    ys: list = []
+    for item in loader:
+        item = tuple(item)
+        if len(item) != len(args) + 1:
+            raise ValueError(f"loader items hold {len(item)} tensors; expected {len(args)} inputs and a target")
+        for k, t in enumerate(item[:-1]):
+            xs[k].append(t.detach().cpu().numpy())
+        ys.append(item[-1].detach().cpu().numpy())
+        if batch is None:
+            batch = int(item[-1].shape[0])
+    if not ys:
+        raise ValueError("the loader yielded nothing")
+    data = {n: np.concatenate(x) for n, x in zip(names, xs)}
+    data["target"] = np.concatenate(ys)
+    session = _export_eval(module, args, _batch_shapes(args, False), False)
+    params = dict(module.named_parameters())
+    exported = set(session.weights())
+    missing = [n for n in params if n not in exported]
+    if missing:
+        raise ValueError(
+            "these parameters are not initializers of the exported model, so graphopt cannot "
+            f"train them by name: {', '.join(missing[:8])}"
+        )
+    trained = session.train(
+        data, batch, epochs=epochs, steps=steps, loss=loss, class_axis=class_axis,
+        optimizer=optimizer, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps,
+        trainable=list(params), micro_batches=micro_batches, budget=budget, seed=seed,
+        shuffle=shuffle, threads=threads,
+    )
+    weights = trained.weights(list(params))
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(torch.from_numpy(np.ascontiguousarray(weights[n])).to(p.dtype))
+    return trained.report()["steps"][-1]["report"]
