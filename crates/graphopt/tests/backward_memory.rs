@@ -1,5 +1,9 @@
 //! What the backward pass holds, planned on real training graphs:
-//! 1. MaxPool's gradient holds one input-sized tensor: its zeros, the
+//! 1. the sum and mean losses seed a scalar broadcast, not a tensor of
+//!    ones the size of the output: on a language model's logits no
+//!    backward value has the logits' shape (MatMul's rule reads the
+//!    scalar);
+//! 2. MaxPool's gradient holds one input-sized tensor: its zeros, the
 //!    ScatterElements that adds the output gradient into them (planned in
 //!    place) and the Reshape to the input's shape (a view) share one
 //!    buffer.
@@ -49,6 +53,49 @@ fn planned(s: &Session, values: &[i64]) -> graphopt::plan::ModelPlan {
 
 fn known_dims(g: &graphopt::ir::Graph, v: graphopt::ir::ValueId) -> Option<Vec<i64>> {
     g.ty(v)?.shape()?.dims.iter().map(|d| d.known()).collect()
+}
+
+#[test]
+fn sum_and_mean_seeds_are_not_materialized_at_the_logits_size() {
+    for name in ["gpt2_tiny.ts14", "gpt2_tiny.dynamo18"] {
+        for loss in [Loss::Sum, Loss::Mean] {
+            let s = grad(name, loss);
+            let mp = planned(&s, &[3, 5]);
+            let g = &mp.model.graph;
+            let logits = g.value_by_name("logits").unwrap();
+            let ld = known_dims(g, logits).unwrap();
+            assert_eq!(ld.iter().product::<i64>(), 3 * 5 * 256, "{name}: {ld:?}");
+            let cone = graphopt::autodiff::forward_cone(g);
+            let big: Vec<String> = g
+                .nodes()
+                .filter(|n| !cone.contains(n))
+                .flat_map(|n| {
+                    g.node(n)
+                        .outputs()
+                        .iter()
+                        .flatten()
+                        .copied()
+                        .collect::<Vec<_>>()
+                })
+                .filter(|&v| known_dims(g, v).is_some_and(|d| d == ld))
+                .map(|v| format!("{} <- {}", g.name(v), g.producer_node(v).unwrap().op_type))
+                .collect();
+            assert!(
+                big.is_empty(),
+                "{name} ({loss:?}): backward values of the logits' shape {ld:?}: {big:?}"
+            );
+            // What is left of the seed is a scalar, no Expand to the logits.
+            let expands = g
+                .nodes()
+                .filter(|&n| g.node(n).op_type == "Expand")
+                .filter(|&n| {
+                    let o = g.node(n).output(0).unwrap();
+                    known_dims(g, o).is_some_and(|d| d == ld)
+                })
+                .count();
+            assert_eq!(expands, 0, "{name} ({loss:?})");
+        }
+    }
 }
 
 #[test]
