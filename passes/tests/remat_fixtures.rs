@@ -212,3 +212,46 @@ fn training_graphs_are_told_from_inference_models() {
     let why = problem(two).expect("an inference model with two heads");
     assert!(why.contains("output 'y', has 32 elements"), "{why}");
 }
+
+/// The simulator counts in-place Scatters as the planner does: a
+/// ScatterElements writing over zeros that die there (MaxPool's and
+/// Gather's gradients) shares their storage, and one whose `data` is read
+/// again, or is also its `updates`, does not. Store-all, in the graph's
+/// order, the simulated peak is the planner's (the scatter's step is the
+/// peak, so sharing or not shows).
+#[test]
+fn simulated_scatter_in_place_matches_the_planner() {
+    let add = "reduction = \"add\"";
+    for (body, merged) in [
+        (
+            format!("s = ScatterElements <axis = 0, {add}> (z, i, u)\n  y = Exp (s)"),
+            true,
+        ),
+        (
+            format!("s = ScatterElements <axis = 0, {add}> (z, i, u)\n  y = Add (s, z)"),
+            false,
+        ),
+        (
+            format!("s = ScatterElements <axis = 0, {add}> (z, i, z)\n  y = Exp (s)"),
+            false,
+        ),
+    ] {
+        let src = format!(
+            "<ir_version: 8, opset_import: [\"\" : 16]>\n\
+             g (float[8] x, int64[8] i) => (float loss, float[256] y)\n  \
+             <int64[1] n = {{256}}> {{\n  \
+             a = Exp (x)\n  loss = ReduceSum <keepdims = 0> (a)\n  \
+             u = Neg (a)\n  z = ConstantOfShape (n)\n  {body}\n}}\n"
+        );
+        let mut model = parse_model(&src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+        graphopt_ir::infer::infer_model(&mut model, &Default::default());
+        let g = &model.graph;
+        let p = Problem::new(g);
+        let sim = p.simulate(&vec![false; p.len()]).peak;
+        let live = graphopt_plan::liveness::liveness(g, g.order()).unwrap();
+        let (planned, _) = graphopt_plan::liveness::peak(&live.storages, g.order().len());
+        assert_eq!(sim, planned, "{body}");
+        let aliased = live.aliases.iter().any(|a| a.op_type == "ScatterElements");
+        assert_eq!(aliased, merged, "{body}");
+    }
+}

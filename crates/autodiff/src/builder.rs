@@ -1,11 +1,9 @@
 //! The training-graph builder: the loss, the backward sweep, the outputs.
 
-use crate::cx::{float_scalar, int_attr, Cx};
+use crate::cx::{int_attr, Cx};
 use crate::{glob_match, rules, GradError, GradOptions, Loss, Optimizer, Result, TrainingGraph};
 use graphopt_ir::infer::{infer_model, InferOptions};
-use graphopt_ir::{
-    AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, Shape, Type, ValueId,
-};
+use graphopt_ir::{DType, Graph, Model, NewNode, NodeId, Shape, Type, ValueId};
 use std::collections::{HashMap, HashSet};
 
 fn is_float(g: &Graph, v: ValueId) -> bool {
@@ -48,6 +46,7 @@ fn trainable(g: &Graph, opts: &GradOptions) -> Vec<ValueId> {
 /// Builds the training graph of `model`: see the crate docs.
 pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<TrainingGraph> {
     let mut m = model.clone();
+    let original_inits: HashSet<ValueId> = m.graph.initializers().iter().copied().collect();
     let opset = m.onnx_opset().unwrap_or(1);
     if opset < 13 {
         return Err(GradError::Invalid(format!(
@@ -184,7 +183,15 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
                 continue;
             }
             let acc = match grads.get(&x) {
-                Some(&old) => cx.op("Add", &[old, dx], vec![])?,
+                // Two uniform gradients add as scalars (both are x-shaped).
+                Some(&old) => match (cx.uniform(old), cx.uniform(dx)) {
+                    (Some(a), Some(b)) => {
+                        let dt = cx.dtype(a)?;
+                        let s = cx.scalar_op("Add", &[a, b], dt)?;
+                        cx.expand_like(s, x)?
+                    }
+                    _ => cx.op("Add", &[old, dx], vec![])?,
+                },
                 None => dx,
             };
             grads.insert(x, acc);
@@ -289,6 +296,23 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
         }
     }
     infer_model(&mut m, &InferOptions::default());
+    let added: HashSet<NodeId> = added.into_iter().collect();
+    if fold_uniform_expands(&mut m.graph, &added) {
+        dce(&mut m.graph);
+    }
+    // Constants the rules made (shapes, scalars) that a removed node read.
+    let g = &mut m.graph;
+    let dead: Vec<ValueId> = g
+        .initializers()
+        .iter()
+        .copied()
+        .filter(|v| !original_inits.contains(v))
+        .filter(|&v| g.uses(v).is_empty() && !g.is_output(v) && !g.is_input(v))
+        .collect();
+    for v in dead {
+        g.take_initializer(v);
+        g.remove_value(v);
+    }
     let forward_nodes = forward_cone(&m.graph).len();
     let backward_nodes = m.graph.node_count() - forward_nodes;
     let names = |vs: &[ValueId]| vs.iter().map(|&v| m.graph.name(v).to_string()).collect();
@@ -517,6 +541,63 @@ pub fn forward_cone(g: &Graph) -> HashSet<NodeId> {
     cone
 }
 
+/// Lets a broadcasting reader (`Add`, `Sub`, `Mul`, `Div`, `Where`) of a
+/// uniform gradient `Expand(s, shape)` (`s` of rank 0, see
+/// [`Cx::uniform`]) that the backward pass added read `s` itself when
+/// another of its inputs already has the `Expand`'s whole shape (static
+/// or symbolic dims, as inferred): the broadcast gives the same result,
+/// and no gradient-sized tensor of one repeated number is made. Returns
+/// whether a reader changed (the `Expand` may then be dead).
+fn fold_uniform_expands(g: &mut Graph, added: &HashSet<NodeId>) -> bool {
+    let default = |d: &str| d.is_empty() || d == "ai.onnx";
+    let full_dims = |g: &Graph, v: ValueId| -> Option<Vec<graphopt_ir::Dim>> {
+        let d = g.ty(v)?.shape()?.dims.clone();
+        (!d.contains(&graphopt_ir::Dim::Unknown)).then_some(d)
+    };
+    let mut changed = false;
+    let expands: Vec<NodeId> = g
+        .nodes()
+        .filter(|n| added.contains(n))
+        .filter(|&n| g.node(n).op_type == "Expand" && default(&g.node(n).domain))
+        .collect();
+    for n in expands {
+        let (Some(s), Some(e)) = (g.node(n).input(0), g.node(n).output(0)) else {
+            continue;
+        };
+        let scalar = g
+            .ty(s)
+            .and_then(|t| t.shape())
+            .is_some_and(|sh| sh.dims.is_empty());
+        let Some(edims) = full_dims(g, e).filter(|_| scalar) else {
+            continue;
+        };
+        let readers: Vec<(NodeId, usize)> = g
+            .uses(e)
+            .iter()
+            .filter_map(|u| match *u {
+                graphopt_ir::Use::Input { node, slot } => Some((node, slot as usize)),
+                graphopt_ir::Use::Capture { .. } => None,
+            })
+            .collect();
+        for (r, slot) in readers {
+            let d = g.node(r);
+            if !matches!(d.op_type.as_str(), "Add" | "Sub" | "Mul" | "Div" | "Where")
+                || !default(&d.domain)
+            {
+                continue;
+            }
+            let covered = d.inputs().iter().enumerate().any(|(k, i)| {
+                k != slot && i.is_some_and(|i| i != e && full_dims(g, i).as_ref() == Some(&edims))
+            });
+            if covered {
+                g.set_input(r, slot, Some(s));
+                changed = true;
+            }
+        }
+    }
+    changed
+}
+
 /// Removes nodes none of whose outputs is used or a graph output.
 fn dce(g: &mut Graph) {
     loop {
@@ -556,25 +637,21 @@ fn build_loss(
     opts: &GradOptions,
 ) -> Result<(ValueId, ValueId)> {
     let kd0 = || int_attr("keepdims", 0);
-    let ones = |cx: &mut Cx| -> Result<ValueId> {
-        let s = cx.shape_of(y)?;
-        let one = float_scalar(dt, 1.0, vec![1])?;
-        cx.op(
-            "ConstantOfShape",
-            &[s],
-            vec![Attribute::new("value", AttrValue::Tensor(one))],
-        )
-    };
     Ok(match opts.loss {
+        // The seeds of sum and mean are uniform: a scalar broadcast to y's
+        // shape (`Expand`), which the rules that can read the scalar
+        // instead never materialize (see `Cx::uniform`).
         Loss::Sum => {
             let l = cx.op("ReduceSum", &[y], vec![kd0()])?;
-            (l, ones(cx)?)
+            let one = cx.scalar(dt, 1.0)?;
+            (l, cx.expand_like(one, y)?)
         }
         Loss::Mean => {
             let l = cx.op("ReduceMean", &[y], vec![kd0()])?;
-            let o = ones(cx)?;
+            let one = cx.scalar(dt, 1.0)?;
             let n = cx.numel_f(y, dt)?;
-            (l, cx.op("Div", &[o, n], vec![])?)
+            let s = cx.scalar_op("Div", &[one, n], dt)?;
+            (l, cx.expand_like(s, y)?)
         }
         Loss::Mse | Loss::L1 => {
             let t = add_target(cx, cx.g.ty(y).cloned())?;

@@ -6,7 +6,7 @@
 
 use crate::{GradError, Result};
 use graphopt_ir::{
-    AttrValue, Attribute, DType, Dim, Graph, NewNode, NodeId, Tensor, Type, ValueId,
+    AttrValue, Attribute, DType, Dim, Graph, NewNode, NodeId, Shape, Tensor, Type, ValueId,
 };
 use std::collections::HashMap;
 
@@ -407,5 +407,86 @@ impl<'a> Cx<'a> {
     /// Sets the type of `v` (used for graph outputs).
     pub fn set_type(&mut self, v: ValueId, ty: Option<Type>) {
         self.g.value_mut(v).ty = ty;
+    }
+
+    /// `op(inputs)` whose result is a scalar (rank 0) of type `dt`: typed
+    /// at once, so that [`Cx::uniform`] recognizes an `Expand` of it.
+    pub fn scalar_op(&mut self, op: &str, inputs: &[ValueId], dt: DType) -> Result<ValueId> {
+        let v = self.op(op, inputs, vec![])?;
+        self.set_type(v, Some(Type::tensor(dt, Some(Shape::known(&[])))));
+        Ok(v)
+    }
+
+    /// A uniform gradient: the scalar `s` (rank 0) broadcast to `like`'s
+    /// shape, `Expand(s, Shape(like))`. Rules that can use the scalar
+    /// instead read it back with [`Cx::uniform`]; the others read the
+    /// `Expand`, which then is materialized where it is read (and the
+    /// builder lets broadcasting readers take `s` itself when their other
+    /// operand already has the whole shape).
+    pub fn expand_like(&mut self, s: ValueId, like: ValueId) -> Result<ValueId> {
+        let shape = self.shape_of(like)?;
+        self.op("Expand", &[s, shape], vec![])
+    }
+
+    /// `s` when the gradient `d` is `Expand(s, shape)` of a scalar `s`
+    /// (rank 0, so the result's shape is `shape`): a gradient equal to `s`
+    /// everywhere, as the sum and mean losses seed.
+    pub fn uniform(&self, d: ValueId) -> Option<ValueId> {
+        let n = self.g.producer_node(d)?;
+        if n.op_type != "Expand" || !(n.domain.is_empty() || n.domain == "ai.onnx") {
+            return None;
+        }
+        let s = n.input(0)?;
+        self.dims(s).is_some_and(|d| d.is_empty()).then_some(s)
+    }
+
+    /// The gradient of `operand` when the op broadcast it to its result
+    /// `y` (Add, Sub, Expand) and `y`'s gradient is the scalar `s`
+    /// everywhere: each element of `operand` was copied
+    /// `numel(y) / numel(operand)` times, so its gradient is `s` times that,
+    /// again uniform, `Expand(s·k, Shape(operand))` (`k` a constant when
+    /// the sizes are static, `s` itself when the shapes are the same).
+    pub fn uniform_unbroadcast(
+        &mut self,
+        s: ValueId,
+        y: ValueId,
+        operand: ValueId,
+    ) -> Result<ValueId> {
+        let dt = self.dtype(operand)?;
+        let (yd, od) = (self.dims(y), self.dims(operand));
+        let same = matches!((&yd, &od), (Some(a), Some(b)) if a == b && !a.contains(&Dim::Unknown));
+        let numel = |d: &Option<Vec<Dim>>| -> Option<i64> {
+            d.as_ref()?
+                .iter()
+                .map(|d| d.known())
+                .product::<Option<i64>>()
+        };
+        let s = if same {
+            s
+        } else if let (Some(ny), Some(no)) = (numel(&yd), numel(&od)) {
+            if no == 0 || ny % no != 0 {
+                return Err(self.unsupported(format!(
+                    "'{}' ({no} elements) does not broadcast to {ny} elements",
+                    self.g.name(operand)
+                )));
+            }
+            if ny == no {
+                s
+            } else {
+                let k = self.scalar(dt, (ny / no) as f64)?;
+                self.scalar_op("Mul", &[s, k], dt)?
+            }
+        } else {
+            // The ratio in int64 (exact), then in `dt`.
+            let mut numel = |v: ValueId| -> Result<ValueId> {
+                let sh = self.shape_of(v)?;
+                self.op("ReduceProd", &[sh], vec![int_attr("keepdims", 0)])
+            };
+            let (ny, no) = (numel(y)?, numel(operand)?);
+            let q = self.op("Div", &[ny, no], vec![])?;
+            let k = self.op("Cast", &[q], vec![int_attr("to", dt.to_onnx() as i64)])?;
+            self.scalar_op("Mul", &[s, k], dt)?
+        };
+        self.expand_like(s, operand)
     }
 }

@@ -33,7 +33,15 @@
 //! 3. a rule that only needs an op's output (Relu, Sigmoid, Tanh, Exp,
 //!    Softmax, LogSoftmax, Sqrt) reads the output, not the input;
 //! 4. an op with no rule on a path from a trainable value to the loss is an
-//!    error naming the op and the node.
+//!    error naming the op and the node;
+//! 5. the sum and mean losses seed a uniform gradient, a scalar broadcast
+//!    to the output's shape (`Expand(s, Shape(y))`), not a tensor of ones:
+//!    rules that can read the scalar do (`Cx::uniform`: MatMul sums
+//!    rows and columns instead of multiplying by ones; Add, Sub, Neg, Cast,
+//!    the reshapes, Transpose and Expand pass it on), and an `Add`, `Sub`,
+//!    `Mul`, `Div` or `Where` whose other operand already has the whole
+//!    shape reads the scalar instead of the `Expand`. Elsewhere the
+//!    `Expand` is materialized where it is read, as the ones were.
 //!
 //! The emitted ops need default-domain opset 13 or later; a model at 13..15
 //! is raised to 16 when a rule needs `ScatterND` with `reduction="add"`

@@ -9,9 +9,9 @@
 //! scratch workspace; it writes only into its outputs and the workspace.
 //!
 //! In place: when the plan puts output 0 in the storage of an input (the
-//! elementwise rule of [`graphopt_plan::inplace_rule`]), that input is
-//! passed as [`Data::Output0`]: its elements are the output's current
-//! contents. A kernel that can read it there says so with
+//! elementwise and update rules of [`graphopt_plan::inplace_rule`]), that
+//! input is passed as [`Data::Output0`]: its elements are the output's
+//! current contents (for a Scatter, the output already holds `data`). A kernel that can read it there says so with
 //! [`Kernel::in_place`]; for the others the executor first copies the input
 //! into the workspace (staging, counted in the workspace bytes). View ops
 //! whose output the plan aliases to the input are not run at all.
@@ -70,7 +70,8 @@ pub trait Kernel: Send + Sync {
         0
     }
     /// True when the kernel reads a [`Data::Output0`] input correctly
-    /// (element `i` read before element `i` of output 0 is written).
+    /// (element `i` read before element `i` of output 0 is written; a
+    /// Scatter starts from output 0's contents instead of copying `data`).
     fn in_place(&self) -> bool {
         false
     }

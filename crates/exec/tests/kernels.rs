@@ -652,3 +652,78 @@ fn scatter_adds_duplicates_and_maxpool_returns_indices() {
         .collect();
     assert_eq!(idx, vec![1, 2, 8, 10]);
 }
+
+/// When `data` is computed and dies at the Scatter, the plan puts the
+/// output in its storage (the update rule) and the kernels start from it
+/// instead of copying: the same results, poison on. A plan that declares
+/// the pair on another input (the updates) is refused.
+#[test]
+fn scatter_writes_over_data_in_place() {
+    let data = t(&[4, 3], 61);
+    let upd = t(&[3, 3], 62);
+    let upd_e = t(&[2, 3], 63);
+    let text = r#"<ir_version: 8, opset_import: ["" : 18]>
+        g (float[4,3] d, float[3,3] u, float[2,3] ue) => (float[4,3] nd, float[4,3] el) {
+          a = Neg (d)
+          b = Exp (d)
+          idx = Constant <value = int64[3,1] {2, 0, 2}> ()
+          nd = ScatterND <reduction = "add"> (a, idx, u)
+          eidx = Constant <value = int64[2,3] {1, 0, 3, 1, 1, 3}> ()
+          el = ScatterElements <axis = 0> (b, eidx, ue)
+        }"#;
+    let m = graphopt_text::parse_model(text).unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let ops: Vec<&str> = mp.plan.aliases.iter().map(|a| a.op_type.as_str()).collect();
+    assert!(
+        ops.contains(&"ScatterND") && ops.contains(&"ScatterElements"),
+        "{ops:?}"
+    );
+    let got = run(text, &[data.clone(), upd.clone(), upd_e.clone()]);
+    let (d, u, ue) = (
+        data.to_f32().unwrap(),
+        upd.to_f32().unwrap(),
+        upd_e.to_f32().unwrap(),
+    );
+    let mut nd: Vec<f32> = d.iter().map(|x| -x).collect();
+    for (k, &row) in [2usize, 0, 2].iter().enumerate() {
+        for j in 0..3 {
+            nd[row * 3 + j] += u[k * 3 + j];
+        }
+    }
+    close(&got[0], &nd);
+    // No reduction: the last write wins (rows 1 and 3 of column 2 twice).
+    let mut el: Vec<f32> = d.iter().map(|x| x.exp()).collect();
+    for (k, &row) in [1usize, 0, 3, 1, 1, 3].iter().enumerate() {
+        el[row * 3 + k % 3] = ue[k];
+    }
+    close(&got[1], &el);
+
+    // The same pair declared over the updates instead of the data.
+    let text2 = r#"<ir_version: 8, opset_import: ["" : 18]>
+        g (float[4,3] d, float[4,3] v) => (float[4,3] y) {
+          a = Neg (d)
+          w = Exp (v)
+          idx = Constant <value = int64[4,1] {3, 2, 1, 0}> ()
+          y = ScatterND (a, idx, w)
+        }"#;
+    let m2 = graphopt_text::parse_model(text2).unwrap();
+    let mut mp2 = plan_model(&m2, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let find = |mp: &graphopt_plan::ModelPlan, n: &str| {
+        mp.plan.tensors.iter().position(|t| t.name == n).unwrap()
+    };
+    let (a, w, y) = (find(&mp2, "a"), find(&mp2, "w"), find(&mp2, "y"));
+    let pair = mp2
+        .plan
+        .aliases
+        .iter_mut()
+        .find(|x| x.op_type == "ScatterND")
+        .expect("planned in place over a");
+    assert_eq!((pair.input, pair.output), (a, y));
+    pair.input = w;
+    let off = mp2.plan.tensors[w].offset;
+    mp2.plan.tensors[y].offset = off;
+    let e = Executable::new(&mp2.model, &mp2.plan, &CpuBackend)
+        .err()
+        .unwrap();
+    assert!(matches!(e, ExecError::BadPlan(_)), "{e}");
+}

@@ -756,3 +756,138 @@ fn dropout_train_reads_the_forward_mask() {
         assert!(e <= 1e-6, "{name}: rel_l2 {e:.3e} against dy·mask/(1-p)");
     }
 }
+
+/// The shape numpy broadcasting gives `a` and `b`.
+fn broadcast(a: &[i64], b: &[i64]) -> Vec<i64> {
+    let r = a.len().max(b.len());
+    let at = |d: &[i64], i: usize| {
+        let lead = r - d.len();
+        if i < lead {
+            1
+        } else {
+            d[i - lead]
+        }
+    };
+    (0..r).map(|i| at(a, i).max(at(b, i))).collect()
+}
+
+/// The sum and mean losses seed a uniform gradient (a scalar broadcast,
+/// never materialized where the reader can use the scalar): MatMul's rule
+/// then sums rows and columns instead of multiplying by ones, and Add,
+/// Sub, Neg, Reshape, Transpose and Expand pass it on scaled by their
+/// broadcast. In double against central differences, on random batch
+/// broadcasts of both MatMul operands (either may lack or repeat batch
+/// axes, which takes the general products).
+#[test]
+fn uniform_seed_rules_gradcheck_f64_random_shapes() {
+    let mut rng = Rng(0x5eed_0fa5);
+    let mut failures = Vec::new();
+    let mut worst = (0f64, String::new());
+    for round in 0..16u64 {
+        let (m, k, n) = (rng.int(1, 4), rng.int(1, 4), rng.int(1, 4));
+        let nb = rng.int(0, 2) as usize;
+        let batch = rng.dims(nb);
+        let side = |rng: &mut Rng| {
+            if batch.is_empty() || rng.int(0, 2) == 0 {
+                batch.clone()
+            } else {
+                rng.broadcastable(&batch)
+            }
+        };
+        let (xb, wb) = (side(&mut rng), side(&mut rng));
+        let mut xd = xb.clone();
+        xd.extend([m, k]);
+        let mut wd = wb.clone();
+        wd.extend([k, n]);
+        let mut hd = broadcast(&xb, &wb);
+        hd.extend([m, n]);
+        let mut inits = vec![dinit(&mut rng, "w", &wd, -1.0, 1.0)];
+        let mut body = vec!["h = MatMul (x, w)".to_string()];
+        let tail = round % 5;
+        let yd = match tail {
+            0 => {
+                body.push("y = Identity (h)".into());
+                hd.clone()
+            }
+            1 => {
+                let bd = rng.broadcastable(&hd);
+                inits.push(dinit(&mut rng, "bias", &bd, -1.0, 1.0));
+                body.push("y = Add (h, bias)".into());
+                hd.clone()
+            }
+            2 => {
+                let bd = rng.broadcastable(&hd);
+                inits.push(dinit(&mut rng, "bias", &bd, -1.0, 1.0));
+                body.push("s = Sub (bias, h)".into());
+                body.push("y = Neg (s)".into());
+                hd.clone()
+            }
+            3 => {
+                let r = hd.len();
+                let mut perm: Vec<i64> = (0..r as i64).collect();
+                perm.swap(r - 2, r - 1);
+                let p = perm.iter().map(|v| v.to_string()).collect::<Vec<_>>();
+                body.push(format!("t = Transpose <perm = [{}]> (h)", p.join(", ")));
+                inits.push("int64[1] flat = {-1}".into());
+                body.push("y = Reshape (t, flat)".into());
+                vec![hd.iter().product()]
+            }
+            _ => {
+                let mut ed = vec![2];
+                ed.extend(&hd);
+                inits.push(format!(
+                    "int64[{}] big = {{{}}}",
+                    ed.len(),
+                    ed.iter()
+                        .map(|v| v.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                body.push("y = Expand (h, big)".into());
+                ed
+            }
+        };
+        let loss = if round % 2 == 0 {
+            Loss::Sum
+        } else {
+            Loss::Mean
+        };
+        let desc = format!("{loss:?} MatMul x{xd:?} w{wd:?} tail {tail}");
+        let text = model_text(&xd, &yd, &inits, &body);
+        let model = parse_model(&text).unwrap_or_else(|e| panic!("{desc}: {e}\n{text}"));
+        let train = build_training_graph(
+            &model,
+            &GradOptions {
+                loss,
+                input_grads: true,
+                trainable: vec!["w".into(), "bias".into()],
+                ..GradOptions::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{desc}: {e}"));
+        let inputs = graphopt::tract::sample_inputs(&model, &[], 1, round).unwrap();
+        let names: Vec<String> = train.params.iter().chain(&train.inputs).cloned().collect();
+        let (_, checks) = graphopt::grad_check(&train.model, &names, &inputs, 1e-6, 16)
+            .unwrap_or_else(|e| panic!("{desc}: {e}\n{text}"));
+        for c in checks {
+            if c.rel_l2 > worst.0 {
+                worst = (c.rel_l2, format!("{desc}: {}", c.name));
+            }
+            // Where the gradient nearly cancels (a row sum of w close to
+            // 0) the relative error is the difference quotient's roundoff,
+            // eps·|loss|/h ≈ 1e-10 absolute: off means both bounds broken.
+            if (c.rel_l2 > F64_BOUND && c.max_abs > 1e-9) || !c.rel_l2.is_finite() {
+                failures.push(format!(
+                    "{desc}: {} rel_l2 {:.3e} max_abs {:.3e}",
+                    c.name, c.rel_l2, c.max_abs
+                ));
+            }
+        }
+    }
+    eprintln!("worst f64 rel_l2 {:.3e} ({})", worst.0, worst.1);
+    assert!(
+        failures.is_empty(),
+        "gradients off:\n{}",
+        failures.join("\n")
+    );
+}

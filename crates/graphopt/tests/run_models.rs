@@ -725,6 +725,54 @@ fn cross_entropy_sgd_and_adamw_training_graphs_run_like_tract() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Sum and mean losses, whose seed is a scalar broadcast (`Expand`) that
+/// MatMul's rule reads as a scalar (gpt2's logits) or an op reads
+/// expanded, and MaxPool's gradient, whose ScatterElements writes over its
+/// zeros in place (resnet): run in graphopt-exec with poison on, like tract.
+#[test]
+fn sum_and_mean_loss_training_graphs_run_like_tract() {
+    use graphopt::{AutodiffOptions, GradOptions, Loss};
+    let mut failures = Vec::new();
+    for (model, loss) in [
+        ("gpt2_tiny.ts14", Loss::Sum),
+        ("gpt2_tiny.dynamo18", Loss::Mean),
+        ("resnet_tiny.ts14", Loss::Mean),
+        ("resnet_tiny.ts9", Loss::Sum),
+    ] {
+        let mut s = graphopt::load(models_dir().join(format!("{model}.onnx"))).unwrap();
+        let inputs = graphopt::tract::sample_inputs(s.model(), &[], 3, 11).unwrap();
+        s.grad(&GradOptions {
+            autodiff: AutodiffOptions {
+                loss,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .unwrap();
+        if model.starts_with("resnet") {
+            let planned = s.plan(&graphopt::PlanRequest::default()).unwrap();
+            assert!(
+                planned
+                    .plan
+                    .aliases
+                    .iter()
+                    .any(|a| a.op_type == "ScatterElements"),
+                "{model}: MaxPool's ScatterElements is not planned in place"
+            );
+        }
+        failures.extend(
+            run_like_tract(
+                &format!("{model} ({loss:?})"),
+                &s,
+                &inputs,
+                train_bound(model),
+            )
+            .unwrap(),
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// The runtime's memory invariants for one run with poison on: the arena
 /// allocated is the one planned, and no poisoned region reached an output.
 fn check_memory(label: &str, report: &graphopt::RunReport, failures: &mut Vec<String>) {

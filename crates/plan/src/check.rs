@@ -51,8 +51,11 @@ fn find(parent: &mut [usize], mut x: usize) -> usize {
 /// Declared aliases join buffers into groups; two buffers may share bytes
 /// while both are live only inside one group, at one offset. An alias is
 /// legal when the op's in-place rule allows it: a view's output is no
-/// larger than its input; an elementwise output has the input's size, the
-/// input dies at the node, and nothing else in those bytes outlives it.
+/// larger than its input; an elementwise or update (Scatter) output has the
+/// input's size, the input dies at the node, and nothing else in those
+/// bytes outlives it. (Which input slot an update overwrites, input 0, is
+/// not the checker's to see: it checks buffers, not nodes; the executor
+/// refuses a pair on another slot.)
 /// Returns every broken rule (at most 20 overlaps are named).
 pub fn check_plan(
     bufs: &[Buffer],
@@ -105,7 +108,7 @@ pub fn check_plan(
         let rule = crate::inplace::inplace_rule(&a.op_type);
         let legal = match rule {
             crate::InPlace::View => o.size <= i.size,
-            crate::InPlace::Elementwise => {
+            crate::InPlace::Elementwise | crate::InPlace::Update => {
                 o.size == i.size && i.upper == a.at + 1 && o.lower == a.at
             }
             crate::InPlace::None => false,
@@ -124,7 +127,7 @@ pub fn check_plan(
             )));
             continue;
         }
-        if rule == crate::InPlace::Elementwise {
+        if matches!(rule, crate::InPlace::Elementwise | crate::InPlace::Update) {
             // Overwriting: nothing else in these bytes may be read later.
             for (k, t) in bufs.iter().enumerate() {
                 if k != a.input
@@ -213,11 +216,13 @@ mod tests {
         };
         assert!(check_plan(&bufs, &[0, 0], 4, 1, &[alias("Relu")]).is_ok());
         assert!(check_plan(&bufs, &[0, 0], 4, 1, &[alias("Reshape")]).is_ok());
+        assert!(check_plan(&bufs, &[0, 0], 4, 1, &[alias("ScatterND")]).is_ok());
         assert!(check_plan(&bufs, &[0, 0], 4, 1, &[alias("MatMul")]).is_err());
         assert!(check_plan(&bufs, &[0, 0], 4, 1, &[]).is_err());
         // An input that lives past the node cannot be overwritten.
         bufs[0].upper = 3;
         assert!(check_plan(&bufs, &[0, 0], 4, 1, &[alias("Relu")]).is_err());
+        assert!(check_plan(&bufs, &[0, 0], 4, 1, &[alias("ScatterElements")]).is_err());
         assert!(check_plan(&bufs, &[0, 0], 4, 1, &[alias("Reshape")]).is_ok());
         // Nor can a view of it that lives on.
         let bufs = [

@@ -253,11 +253,15 @@ pub fn liveness_donating(
                     .iter()
                     .flatten()
                     .filter_map(|i| slot[i.index()])
-                    .find(|&it| {
-                        let t = &tensors[it];
-                        let s = &storages[t.storage];
-                        !s.pinned && t.size == tensors[ot].size && s.last == pos && t.last == pos
-                    });
+                    .find(|&it| dies_here(&tensors[it], &storages, tensors[ot].size, pos));
+            } else if k == 0 && rule == InPlace::Update {
+                // Input 0 only, and not when another slot reads it too
+                // (the kernel would read updates it is overwriting).
+                let data = d.input(0);
+                let shared = d.inputs()[1..].iter().any(|i| i.is_some() && *i == data);
+                host = data.and_then(|i| slot[i.index()]).filter(|&it| {
+                    !shared && dies_here(&tensors[it], &storages, tensors[ot].size, pos)
+                });
             }
             match host {
                 Some(it) => {
@@ -285,6 +289,14 @@ pub fn liveness_donating(
         weights_bytes,
         unknown,
     })
+}
+
+/// Whether tensor `t` may give its storage to a `size`-byte output of the
+/// node at step `pos`: an intermediate storage (neither graph input nor
+/// output) of that size whose tensor and storage both end there.
+fn dies_here(t: &LiveTensor, storages: &[Storage], size: u64, pos: usize) -> bool {
+    let s = &storages[t.storage];
+    !s.pinned && t.size == size && s.last == pos && t.last == pos
 }
 
 /// The peak of live storage bytes at one step, and that step.

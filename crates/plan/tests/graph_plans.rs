@@ -146,3 +146,40 @@ fn peak_tensors_name_producers() {
         .collect();
     assert_eq!(names, [("a", Some("mm1")), ("x", None)]);
 }
+
+/// A Scatter writes over its `data` input when that dies there (the
+/// update rule), and only over `data`: not over updates of the same size,
+/// nor over `data` that is read later or that also feeds another slot.
+#[test]
+fn scatter_writes_over_dying_data() {
+    let scatter = |data_lives_on: bool, same_value: bool| {
+        let mut b = B::new();
+        let x = b.input("x", 64);
+        let i = b.input("i", 64);
+        let z = b.node("Neg", "zeros", &[x], "z", 64);
+        let u = b.node("Relu", "upd", &[x], "u", 64);
+        let upd = if same_value { z } else { u };
+        let s = b.node("ScatterElements", "scatter", &[z, i, upd], "s", 64);
+        let y = if data_lives_on {
+            b.node("Add", "add", &[s, z], "y", 64)
+        } else {
+            b.node("Exp", "exp", &[s], "y", 64)
+        };
+        b.output(y);
+        let plan = plan_graph(&b.g, &opts(4)).unwrap();
+        check_graph_plan(&b.g, &plan).unwrap();
+        plan.aliases
+            .iter()
+            .filter(|a| a.op_type == "ScatterElements")
+            .map(|a| {
+                (
+                    plan.tensors[a.input].name.clone(),
+                    plan.tensors[a.output].name.clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(scatter(false, false), [("z".to_string(), "s".to_string())]);
+    assert!(scatter(true, false).is_empty());
+    assert!(scatter(false, true).is_empty());
+}

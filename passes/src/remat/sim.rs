@@ -25,8 +25,9 @@
 //! order and returns its peak of live bytes, counted as the planner's
 //! liveness counts it (graph inputs from step 0, graph outputs to the end,
 //! weights outside the arena, views sharing their input's storage,
-//! elementwise outputs taking over a same-sized input that dies there), as
-//! the planner counts the same order.
+//! elementwise outputs taking over a same-sized input that dies there,
+//! Scatter outputs taking over their `data` input likewise), as the
+//! planner counts the same order.
 //!
 //! [`Problem::lower_bound`] bounds the simulated peak of every completion
 //! of a partial drop set from below (what the exact solver prunes with).
@@ -57,6 +58,10 @@ pub(crate) struct SNode {
     pub view: bool,
     /// Output 0 may take over a same-sized input's storage that dies here.
     pub elementwise: bool,
+    /// Output 0 may take over input 0's storage (kept first in `ins`) if
+    /// same-sized and dying here: a Scatter whose `data` no other input
+    /// slot reads (the planner's update rule).
+    pub update: bool,
     pub forward: bool,
     pub flops: u64,
     /// A hash of the op type (block detection).
@@ -188,6 +193,10 @@ impl Problem {
             nodes.push(SNode {
                 view: default && inplace_rule(&d.op_type) == InPlace::View && d.input(0).is_some(),
                 elementwise: default && inplace_rule(&d.op_type) == InPlace::Elementwise,
+                update: default
+                    && inplace_rule(&d.op_type) == InPlace::Update
+                    && d.input(0).is_some()
+                    && d.inputs()[1..].iter().all(|&v| v != d.input(0)),
                 forward: cone.contains(&n) || last_fwd.is_some_and(|l| i < l),
                 ins,
                 outs,
@@ -197,9 +206,9 @@ impl Problem {
                 }),
             });
         }
-        // The view input must be input 0: keep it first.
+        // The view's and the update's host must be input 0: keep it first.
         for (i, &n) in order.iter().enumerate() {
-            if nodes[i].view {
+            if nodes[i].view || nodes[i].update {
                 let v0 = dense[g.node(n).input(0).expect("checked").index()];
                 let ins = &mut nodes[i].ins;
                 if let Some(k) = ins.iter().position(|&x| x == v0) {
@@ -420,20 +429,24 @@ impl Problem {
                 continue;
             };
             let size = self.vals[k0].size;
-            if size == 0 || !(nd.view || nd.elementwise) {
+            if size == 0 || !(nd.view || nd.elementwise || nd.update) {
                 continue;
             }
             let out = if is_clone { nv + k0 } else { k0 };
             let reads_clone = is_clone || !nd.forward;
             let inst_of = |k: usize| if reads_clone && cloned(k) { nv + k } else { k };
+            let dies = |h: usize| {
+                let r = root[h];
+                self.vals[h % nv].size == size && !spinned[r] && slast[r] == t && last[h] == t
+            };
             let host = if nd.view {
                 let h = inst_of(nd.ins[0]);
                 (self.vals[h % nv].size >= size).then_some(h)
+            } else if nd.update {
+                let h = inst_of(nd.ins[0]);
+                dies(h).then_some(h)
             } else {
-                nd.ins.iter().map(|&k| inst_of(k)).find(|&h| {
-                    let r = root[h];
-                    self.vals[h % nv].size == size && !spinned[r] && slast[r] == t && last[h] == t
-                })
+                nd.ins.iter().map(|&k| inst_of(k)).find(|&h| dies(h))
             };
             if let Some(h) = host {
                 let r = root[h];
@@ -512,17 +525,15 @@ impl LowerBound {
                 }
             }
             let size = v.size as i128;
-            // An elementwise output may share the storage of an input that
-            // dies at its step: counted from the step after, so that the
-            // bound never exceeds the simulator.
-            if v.producer.is_some_and(|pr| p.nodes[pr].elementwise)
-                && v.readers.is_empty()
-                && !v.output
-            {
+            // An elementwise or update output may share the storage of an
+            // input that dies at its step: counted from the step after, so
+            // that the bound never exceeds the simulator.
+            let merges = |pr: usize| p.nodes[pr].elementwise || p.nodes[pr].update;
+            if v.producer.is_some_and(merges) && v.readers.is_empty() && !v.output {
                 continue; // live at its own step only
             }
             let f = match v.producer {
-                Some(pr) if p.nodes[pr].elementwise => (pr + 1).min(end),
+                Some(pr) if merges(pr) => (pr + 1).min(end),
                 Some(pr) => pr,
                 None => 0,
             };

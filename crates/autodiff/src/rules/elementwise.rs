@@ -17,6 +17,12 @@
 //! - `Where(c, a, b)`: `da = Where(c, dy, 0)`, `db = Where(c, 0, dy)`;
 //! - `Sqrt`: `dx = dy / (2y)`; `Exp`: `dx = dy·y`; `Log`: `dx = dy / x`;
 //! - `Reciprocal`: `dx = -dy·y²`.
+//!
+//! A uniform `dy` (the scalar `s` everywhere, [`Cx::uniform`]: the sum and
+//! mean losses' seed) stays uniform through `Add`, `Sub`, `Neg`, `Cast`
+//! and `Identity`: `da = Expand(s·k, Shape(a))` with `k` the times `a` was
+//! repeated by broadcasting ([`Cx::uniform_unbroadcast`]), so that the
+//! rules further on can still use the scalar.
 
 use super::{dy, out_dims};
 use crate::cx::{int_attr, Cx};
@@ -25,8 +31,30 @@ use graphopt_ir::ValueId;
 
 type Grads = Result<Vec<Option<ValueId>>>;
 
+/// `Add` and `Sub` of a uniform `dy`: `s` (and `-s` for `Sub`'s `b`).
+fn add_sub_uniform(cx: &mut Cx, s: ValueId, sub: bool) -> Grads {
+    let y = cx.y(0)?;
+    let mut out = vec![None, None];
+    for (i, slot) in out.iter_mut().enumerate() {
+        if cx.need(i) {
+            let x = cx.x(i)?;
+            let si = if sub && i == 1 {
+                let dt = cx.dtype(x)?;
+                cx.scalar_op("Neg", &[s], dt)?
+            } else {
+                s
+            };
+            *slot = Some(cx.uniform_unbroadcast(si, y, x)?);
+        }
+    }
+    Ok(out)
+}
+
 pub fn add(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
+    if let Some(s) = cx.uniform(d) {
+        return add_sub_uniform(cx, s, false);
+    }
     let od = out_dims(cx)?;
     let mut out = vec![None, None];
     for (i, slot) in out.iter_mut().enumerate() {
@@ -40,6 +68,9 @@ pub fn add(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
 
 pub fn sub(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
+    if let Some(s) = cx.uniform(d) {
+        return add_sub_uniform(cx, s, true);
+    }
     let od = out_dims(cx)?;
     let mut out = vec![None, None];
     if cx.need(0) {
@@ -90,6 +121,12 @@ pub fn div(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
 
 pub fn neg(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
+    if let Some(s) = cx.uniform(d) {
+        let x = cx.x(0)?;
+        let dt = cx.dtype(x)?;
+        let n = cx.scalar_op("Neg", &[s], dt)?;
+        return Ok(vec![Some(cx.expand_like(n, x)?)]);
+    }
     Ok(vec![Some(cx.op("Neg", &[d], vec![])?)])
 }
 
@@ -166,6 +203,17 @@ pub fn cast(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let y = cx.y(0)?;
     if cx.dtype(y)? == dt {
         return Ok(vec![Some(d)]);
+    }
+    if let Some(s) = cx.uniform(d) {
+        let c = cx.op("Cast", &[s], vec![int_attr("to", dt.to_onnx() as i64)])?;
+        cx.set_type(
+            c,
+            Some(graphopt_ir::Type::tensor(
+                dt,
+                Some(graphopt_ir::Shape::known(&[])),
+            )),
+        );
+        return Ok(vec![Some(cx.expand_like(c, x)?)]);
     }
     Ok(vec![Some(cx.op(
         "Cast",

@@ -6,6 +6,16 @@
 //!   2-D weight of known width, `dB = reshape(A, [-1, K])ᵀ · reshape(dY, [-1, N])`
 //!   sums the batch inside one product instead of materializing a
 //!   per-batch `[.., K, N]` tensor.
+//!
+//!   When `dY` is uniform, the scalar `s` everywhere ([`Cx::uniform`]: the
+//!   sum and mean losses on a language model's logits), the products
+//!   collapse to sums and `dY` is never materialized: `dY·Bᵀ` is
+//!   `s·Σₙ B[.., k, n]` on every row, `dA = Expand(s·Unsqueeze(ReduceSum(B,
+//!   -1), -2), Shape(A))` when `A` was not broadcast over the batch; and
+//!   `Aᵀ·dY` is `s·Σₘ A[.., m, k]` in every column, `dB = Expand(s·
+//!   Unsqueeze(ReduceSum(A, axes), -1), Shape(B))` summing the batch axes
+//!   too when `B` is 2-D (else when `B` has the result's batch dims). Other
+//!   broadcasts take the general products.
 //! - `Gemm` (`Y = α·A'·B' + β·C`, `A' = transA ? Aᵀ : A`, same for B):
 //!   `dA' = α·dY·B'ᵀ`, `dB' = α·A'ᵀ·dY`, written as Gemms with the
 //!   transposes folded into `transA`/`transB`; `dC = β·dY` reduced to C's
@@ -39,14 +49,36 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         cx.dims(b).unwrap_or_default(),
     );
     let mut out = vec![None, None];
-    if cx.need(0) {
+    let uniform = cx.uniform(d);
+    // Dims equal and known (static or the same symbol).
+    let same = |x: &[Dim], y: &[Dim]| x == y && !x.contains(&Dim::Unknown);
+    if let Some(s) =
+        uniform.filter(|_| cx.need(0) && ra == ry && same(&ad[..ra - 2], &yd[..ry - 2]))
+    {
+        let r = cx.reduce_sum(b, &[rb as i64 - 1], false)?;
+        let u = cx.unsqueeze(r, &[-2])?;
+        let g = cx.op("Mul", &[u, s], vec![])?;
+        out[0] = Some(cx.expand_like(g, a)?);
+    } else if cx.need(0) {
         let bt = cx.transpose(b, &swap_last(rb))?;
         let g = cx.op("MatMul", &[d, bt], vec![])?;
         let mut gd = yd[..ry - 2].to_vec();
         gd.extend_from_slice(&ad[ra - 2..]);
         out[0] = Some(cx.unbroadcast(g, &gd, a)?);
     }
-    if cx.need(1) {
+    let b_axes: Option<Vec<i64>> = if rb == 2 {
+        Some((0..ra as i64 - 1).collect())
+    } else if rb == ry && same(&bd[..rb - 2], &yd[..ry - 2]) {
+        Some(vec![ra as i64 - 2])
+    } else {
+        None
+    };
+    if let (Some(s), Some(axes), true) = (uniform, &b_axes, cx.need(1)) {
+        let r = cx.reduce_sum(a, axes, false)?;
+        let u = cx.unsqueeze(r, &[-1])?;
+        let g = cx.op("Mul", &[u, s], vec![])?;
+        out[1] = Some(cx.expand_like(g, b)?);
+    } else if cx.need(1) {
         let k = ad[ra - 1].known();
         let n = yd[ry - 1].known();
         out[1] = Some(match (rb, k, n) {

@@ -30,7 +30,11 @@
 //!
 //! `MaxPool` (unit dilations, no ceil mode): the node's `Indices` output
 //! is switched on and kept; `dX = Reshape(ScatterElements(zeros(numel X),
-//! flat(Indices), flat(dY), reduction="add"), Shape(X))`.
+//! flat(Indices), flat(dY), reduction="add"), Shape(X))`. The zeros die at
+//! the ScatterElements, which the planner puts in place over them (its
+//! update rule), and the Reshape is a view: the gradient holds one
+//! input-sized buffer, as torch's `max_pool2d_with_indices_backward` does
+//! (saving the indices, int64, as torch does too).
 //!
 //! `AveragePool` (unit dilations, no ceil mode, static channel and spatial
 //! dims): a depthwise convolution with a kernel of ones, divided by the

@@ -21,6 +21,10 @@
 //!
 //! None of them keeps `x` alive: they read `Shape(x)`, taken right after
 //! `x` is computed, or static dims.
+//!
+//! A uniform `dy` (the scalar `s` everywhere, [`Cx::uniform`]) stays
+//! uniform through the reshapes, `Transpose` and `Expand` (times the
+//! repeats, [`Cx::uniform_unbroadcast`]): `dx = Expand(s, Shape(x))`.
 
 use super::{dy, out_dims};
 use crate::cx::{int_attr, Cx};
@@ -40,6 +44,9 @@ fn norm(a: i64, r: i64) -> i64 {
 pub fn reshape_like(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
     let x = cx.x(0)?;
+    if let Some(s) = cx.uniform(d) {
+        return Ok(vec![Some(cx.expand_like(s, x)?), None]);
+    }
     let s = cx.shape_of(x)?;
     Ok(vec![Some(cx.reshape(d, s)?), None])
 }
@@ -47,6 +54,9 @@ pub fn reshape_like(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
 pub fn transpose(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
     let x = cx.x(0)?;
+    if let Some(s) = cx.uniform(d) {
+        return Ok(vec![Some(cx.expand_like(s, x)?)]);
+    }
     let r = cx.rank(x)?;
     let perm = cx
         .attr_ints("perm")
@@ -60,8 +70,12 @@ pub fn transpose(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
 
 pub fn expand(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let d = dy(cx, dys)?;
-    let od = out_dims(cx)?;
     let x = cx.x(0)?;
+    if let Some(s) = cx.uniform(d) {
+        let y = cx.y(0)?;
+        return Ok(vec![Some(cx.uniform_unbroadcast(s, y, x)?), None]);
+    }
+    let od = out_dims(cx)?;
     Ok(vec![Some(cx.unbroadcast(d, &od, x)?), None])
 }
 

@@ -1,11 +1,15 @@
 //! ScatterElements, ScatterND (reduction none / add / mul / max / min),
 //! GatherElements and OneHot: the forms the gradients of Gather, GatherND
-//! and MaxPool, and the cross-entropy loss, take. The output starts as a copy of `data`; with no reduction
+//! and MaxPool, and the cross-entropy loss, take. The output starts as a
+//! copy of `data`, or is `data` already when the plan puts it in place
+//! (the update rule of `graphopt_plan::inplace_rule`: `data` dies here and
+//! indices and updates lie elsewhere, so the kernel only writes the
+//! updated positions); with no reduction
 //! the kernels move bytes (any element type), reductions are on f32, i64
 //! and i32. Indices are checked against their dim (negative ones count
 //! from the end); a bad one is an error naming it.
 
-use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::backend::{Data, Kernel, KernelIo, NodeCtx};
 use crate::tensor::{cast, cast_mut, elem_size, strides};
 use graphopt_ir::DType;
 
@@ -114,13 +118,34 @@ struct ScatterElements {
     axis: usize,
 }
 
+/// Output 0 starts as `data`: copied, unless it is `data` (in place).
+fn start_from_data(io: &mut KernelIo) -> Result<(), String> {
+    let x = io.input(0)?;
+    let o = &mut io.outputs[0].data;
+    match x.data {
+        Data::Output0 => Ok(()),
+        Data::Bytes(b) if b.len() == o.len() => {
+            o.copy_from_slice(b);
+            Ok(())
+        }
+        Data::Bytes(b) => Err(format!(
+            "data holds {} bytes, the output {}",
+            b.len(),
+            o.len()
+        )),
+    }
+}
+
 impl Kernel for ScatterElements {
+    fn in_place(&self) -> bool {
+        true
+    }
+
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?.bytes()?;
+        start_from_data(io)?;
         let idx = io.input(1)?.ints()?;
         let u = io.input(2)?.bytes()?;
         let o = &mut io.outputs[0].data;
-        o.copy_from_slice(x);
         let ds = strides(&self.data);
         let rank = self.upd.len();
         let mut pos = vec![0usize; rank];
@@ -182,12 +207,15 @@ struct ScatterNd {
 }
 
 impl Kernel for ScatterNd {
+    fn in_place(&self) -> bool {
+        true
+    }
+
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?.bytes()?;
+        start_from_data(io)?;
         let idx = io.input(1)?.ints()?;
         let u = io.input(2)?.bytes()?;
         let o = &mut io.outputs[0].data;
-        o.copy_from_slice(x);
         let st = strides(&self.data);
         let slice: usize = self.data[self.last..].iter().product();
         for t in 0..self.tuples {

@@ -437,6 +437,13 @@ pub(crate) fn bind<M: KernelMaker>(
                         .filter(|&k| d.input(k) == Some(h))
                         .collect();
                 }
+                // Output 0 over input 0 only, read by no other slot.
+                InPlace::Update
+                    if d.input(0) == Some(h)
+                        && (1..d.inputs().len()).all(|k| d.input(k) != Some(h)) =>
+                {
+                    in_place = vec![0];
+                }
                 _ => {
                     return Err(ExecError::BadPlan(format!(
                         "node '{name}' ({}) has an in-place pair its rule does not allow",

@@ -1,0 +1,168 @@
+//! What the backward pass holds, planned on real training graphs:
+//! 1. the sum and mean losses seed a scalar broadcast, not a tensor of
+//!    ones the size of the output: on a language model's logits no
+//!    backward value has the logits' shape (MatMul's rule reads the
+//!    scalar);
+//! 2. MaxPool's gradient holds one input-sized tensor: its zeros, the
+//!    ScatterElements that adds the output gradient into them (planned in
+//!    place) and the Reshape to the input's shape (a view) share one
+//!    buffer.
+
+use graphopt::plan::{DimValues, PlanOptions};
+use graphopt::{AutodiffOptions, GradOptions, Loss, Session};
+use std::path::PathBuf;
+
+fn model(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/models")
+        .join(format!("{name}.onnx"))
+}
+
+fn grad(name: &str, loss: Loss) -> Session {
+    let mut s = graphopt::load(model(name)).unwrap();
+    s.grad(&GradOptions {
+        autodiff: AutodiffOptions {
+            loss,
+            ..AutodiffOptions::default()
+        },
+        ..GradOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    s
+}
+
+/// Plans `s` with its inputs' symbolic dims bound in order, cycling
+/// through `values` (so `[batch, seq]` and an exporter's `[s72, s70, s43,
+/// s53]` get the same numbers).
+fn planned(s: &Session, values: &[i64]) -> graphopt::plan::ModelPlan {
+    let d: Vec<(String, i64)> = graphopt::plan::input_dim_names(s.model())
+        .into_iter()
+        .zip(values.iter().cycle())
+        .map(|(k, &v)| (k, v))
+        .collect();
+    graphopt::plan::plan_model(
+        s.model(),
+        &DimValues::new(&d),
+        &PlanOptions {
+            search: false,
+            ..PlanOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn known_dims(g: &graphopt::ir::Graph, v: graphopt::ir::ValueId) -> Option<Vec<i64>> {
+    g.ty(v)?.shape()?.dims.iter().map(|d| d.known()).collect()
+}
+
+#[test]
+fn sum_and_mean_seeds_are_not_materialized_at_the_logits_size() {
+    for name in ["gpt2_tiny.ts14", "gpt2_tiny.dynamo18"] {
+        for loss in [Loss::Sum, Loss::Mean] {
+            let s = grad(name, loss);
+            let mp = planned(&s, &[3, 5]);
+            let g = &mp.model.graph;
+            let logits = g.value_by_name("logits").unwrap();
+            let ld = known_dims(g, logits).unwrap();
+            assert_eq!(ld.iter().product::<i64>(), 3 * 5 * 256, "{name}: {ld:?}");
+            let cone = graphopt::autodiff::forward_cone(g);
+            let big: Vec<String> = g
+                .nodes()
+                .filter(|n| !cone.contains(n))
+                .flat_map(|n| {
+                    g.node(n)
+                        .outputs()
+                        .iter()
+                        .flatten()
+                        .copied()
+                        .collect::<Vec<_>>()
+                })
+                .filter(|&v| known_dims(g, v).is_some_and(|d| d == ld))
+                .map(|v| format!("{} <- {}", g.name(v), g.producer_node(v).unwrap().op_type))
+                .collect();
+            assert!(
+                big.is_empty(),
+                "{name} ({loss:?}): backward values of the logits' shape {ld:?}: {big:?}"
+            );
+            // What is left of the seed is a scalar, no Expand to the logits.
+            let expands = g
+                .nodes()
+                .filter(|&n| g.node(n).op_type == "Expand")
+                .filter(|&n| {
+                    let o = g.node(n).output(0).unwrap();
+                    known_dims(g, o).is_some_and(|d| d == ld)
+                })
+                .count();
+            assert_eq!(expands, 0, "{name} ({loss:?})");
+        }
+    }
+}
+
+#[test]
+fn max_pool_backward_holds_one_input_sized_tensor() {
+    for name in ["resnet_tiny.ts14", "resnet_tiny.dynamo18"] {
+        let s = grad(name, Loss::Sum);
+        let mp = planned(&s, &[16]);
+        let (g, plan) = (&mp.model.graph, &mp.plan);
+        let pool = g
+            .nodes()
+            .find(|&n| g.node(n).op_type == "MaxPool")
+            .unwrap_or_else(|| panic!("{name}: no MaxPool"));
+        let x = g.node(pool).input(0).unwrap();
+        let x_numel: i64 = known_dims(g, x).unwrap().iter().product();
+        let scatter = g
+            .nodes()
+            .find(|&n| g.node(n).op_type == "ScatterElements")
+            .unwrap_or_else(|| panic!("{name}: no ScatterElements"));
+        let sd = g.node(scatter);
+        let (zeros, out) = (sd.input(0).unwrap(), sd.output(0).unwrap());
+        assert_eq!(
+            g.producer_node(zeros).unwrap().op_type,
+            "ConstantOfShape",
+            "{name}"
+        );
+        // Every backward tensor of the input's size in the MaxPool's
+        // gradient: the zeros, the scatter and the reshape to X's shape.
+        let mut trio = vec![zeros, out];
+        trio.extend(
+            g.uses(out)
+                .iter()
+                .map(|u| u.node())
+                .filter(|&n| g.node(n).op_type == "Reshape")
+                .filter_map(|n| g.node(n).output(0)),
+        );
+        assert_eq!(trio.len(), 3, "{name}: {trio:?}");
+        let tensor = |v| {
+            plan.tensors
+                .iter()
+                .find(|t| t.value == v)
+                .unwrap_or_else(|| panic!("{name}: '{}' is not planned", g.name(v)))
+        };
+        for &v in &trio {
+            assert_eq!(tensor(v).size, 4 * x_numel as u64, "{name}: {}", g.name(v));
+        }
+        let offsets: Vec<u64> = trio.iter().map(|&v| tensor(v).offset).collect();
+        assert!(
+            offsets.iter().all(|&o| o == offsets[0]),
+            "{name}: MaxPool's gradient holds {} input-sized buffers: {offsets:?}",
+            offsets.len()
+        );
+        assert!(
+            plan.aliases.iter().any(|a| a.op_type == "ScatterElements"
+                && plan.tensors[a.input].value == zeros
+                && plan.tensors[a.output].value == out),
+            "{name}: ScatterElements is not in place over its zeros"
+        );
+        // At the scatter's step the live bytes hold one input-sized float
+        // tensor of the pool's gradient, not three.
+        let step = plan.schedule.iter().position(|&n| n == scatter).unwrap();
+        let live_input_sized: std::collections::BTreeSet<u64> = plan
+            .tensors
+            .iter()
+            .filter(|t| t.first <= step && step <= t.last && t.size == 4 * x_numel as u64)
+            .filter(|t| trio.contains(&t.value))
+            .map(|t| t.offset)
+            .collect();
+        assert_eq!(live_input_sized.len(), 1, "{name}");
+    }
+}
