@@ -40,7 +40,13 @@ def test_memory_report_inference_and_training():
     tr = gt.memory_report(m, (x,), training=True)
     assert tr.mode == "training" and tr.saved_for_backward_bytes > 0
     assert tr.arena_bytes > inf.arena_bytes
-    assert tr.remat_frontier is None and any("remat" in n for n in tr.notes)
+    # Nothing in two Linear layers is cheaper to recompute than to keep:
+    # the frontier, when the solver gives one, is the store-all point;
+    # otherwise the notes say why there is none.
+    if tr.remat_frontier is None:
+        assert any("remat" in n for n in tr.notes)
+    else:
+        assert min(p["peak_fraction"] for p in tr.remat_frontier) == 1.0
     assert "saved for backward" in str(tr)
     assert m.training  # the module's mode is restored
 

@@ -296,7 +296,12 @@ def train(
         raise ValueError("the loader yielded nothing")
     data = {n: np.concatenate(x) for n, x in zip(names, xs)}
     data["target"] = np.concatenate(ys)
-    session = _export_eval(module, args, _batch_shapes(args, False), False)
+    was_training = module.training
+    module.eval()
+    try:
+        session = export(module, args, _batch_shapes(args, False), dynamo=False, input_names=names)
+    finally:
+        module.train(was_training)
     params = dict(module.named_parameters())
     exported = set(session.weights())
     missing = [n for n in params if n not in exported]
