@@ -713,7 +713,7 @@ impl Session {
                 tried.join(", ")
             )));
         };
-        let mut state = stepper.initial_state.clone();
+        let mut state = graphs.take_state(stepper.micro);
         let params = stepper.params.clone();
         let bytes_of = |names: &mut dyn Iterator<Item = &String>, state: &State| -> u64 {
             names
@@ -867,32 +867,43 @@ impl Session {
             }
         }
 
-        // 4. The trained weights into the session's model.
-        let state = stepper.snapshot(&state);
+        // 4. The trained weights into the session's model: read out of the
+        //    step's arena, which goes before they are moved in (no third
+        //    copy).
+        let mut state = stepper.snapshot(&state);
+        let (micro, planned_bytes, donated_bytes, arena_bytes, workspace_bytes) = (
+            stepper.micro,
+            stepper.planned_bytes(),
+            stepper.donated_bytes(),
+            stepper.arena_bytes(),
+            stepper.workspace_bytes(),
+        );
+        drop(stepper);
+        drop(graphs.fused.take());
+        drop(graphs.grads.take());
+        drop(graphs.update.take());
         let g = &mut self.model.graph;
         for p in &params {
-            let (Some(v), Some(t)) = (g.value_by_name(p), state.get(p)) else {
+            let (Some(v), Some(t)) = (g.value_by_name(p), state.remove(p)) else {
                 continue;
             };
-            let tensor = Tensor::from_raw(
-                t.dtype,
-                t.shape.iter().map(|&d| d as i64).collect(),
-                t.data.clone().into(),
-            )
-            .map_err(|e| Error::new(format!("parameter '{p}': {e}")))?;
+            let dims = t.shape.iter().map(|&d| d as i64).collect();
+            let tensor = Tensor::from_raw(t.dtype, dims, t.data.into())
+                .map_err(|e| Error::new(format!("parameter '{p}': {e}")))?;
             g.set_initializer(v, tensor);
         }
+        drop(state);
         let time_s = t0.elapsed().as_secs_f64();
         let steps = total.saturating_sub(start);
         Ok(TrainReport {
             data: data.label(),
             examples: n,
             batch: opts.batch,
-            micro_batches: stepper.micro,
-            micro_batch: opts.batch / stepper.micro,
+            micro_batches: micro,
+            micro_batch: opts.batch / micro,
             budget_bytes: opts.budget,
-            planned_bytes: stepper.planned_bytes(),
-            donated_bytes: stepper.donated_bytes(),
+            planned_bytes,
+            donated_bytes,
             dropped_per_epoch: n % opts.batch,
             steps,
             epochs: total as f64 / per_epoch as f64,
@@ -902,8 +913,8 @@ impl Session {
             param_elements,
             weights_bytes,
             state_bytes,
-            arena_bytes: stepper.arena_bytes(),
-            workspace_bytes: stepper.workspace_bytes(),
+            arena_bytes,
+            workspace_bytes,
             peak_rss_bytes: peak_rss_bytes(),
             time_s,
             data_wait_s: data_wait,
@@ -919,7 +930,7 @@ impl Session {
             checkpoints,
             resumed_from,
             threads,
-            warnings: graphs.warnings,
+            warnings: std::mem::take(&mut graphs.warnings),
         })
     }
 }
@@ -1129,7 +1140,8 @@ impl StepGraphs {
                 grads: None,
                 update: None,
                 params: params.clone(),
-                initial_state: state.clone(),
+                held_bytes: state_bytes(state, None),
+                param_bytes: state_bytes(state, Some(params)),
                 mean: self.opts.loss != Loss::Sum,
                 restore: None,
             });
@@ -1142,9 +1154,10 @@ impl StepGraphs {
             let built = self.build(&session.model, opts, &dims)?;
             self.grads = Some(built);
         }
-        let (gm, params, gstate) = self.grads.clone().expect("built");
+        let (_, params, gstate) = self.grads.as_ref().expect("built");
+        let params = params.clone();
         if self.update.is_none() {
-            let um = update_model(&params, &gstate)?;
+            let um = update_model(&params, gstate)?;
             let opts = AutodiffOptions {
                 output: None,
                 loss: Loss::Sum,
@@ -1153,25 +1166,58 @@ impl StepGraphs {
                 dropout_train: false,
                 ..self.opts.clone()
             };
-            let (m, _, state) = self.build(&um, opts, &DimValues::default())?;
+            let (m, _, mut state) = self.build(&um, opts, &DimValues::default())?;
+            // The parameters' values are the gradient graph's: keep the
+            // optimizer state only.
+            state.retain(|k, _| !params.contains(k));
             self.update = Some((m, state));
         }
+        let (gm, _, gstate) = self.grads.as_ref().expect("built");
         let (um, ustate) = self.update.as_ref().expect("built");
-        let grads = Bound::new(session, &gm, &dims, first, data)?;
+        let grads = Bound::new(session, gm, &dims, first, data)?;
         let update = Bound::new(session, um, &DimValues::default(), &State::new(), data)?;
-        let mut initial_state = gstate;
-        initial_state.extend(ustate.iter().map(|(k, v)| (k.clone(), v.clone())));
         Ok(Stepper {
             micro,
             fused: None,
             grads: Some(grads),
             update: Some(update),
+            held_bytes: state_bytes(gstate, None) + state_bytes(ustate, None),
+            param_bytes: state_bytes(gstate, Some(&params)),
             params,
-            initial_state,
             mean: self.opts.loss != Loss::Sum,
             restore: None,
         })
     }
+
+    /// The parameters and optimizer state before the first step, for the
+    /// step of `micro` micro-batches, moved out (held once).
+    fn take_state(&mut self, micro: usize) -> State {
+        if micro == 1 {
+            return self
+                .fused
+                .as_mut()
+                .map(|f| std::mem::take(&mut f.2))
+                .unwrap_or_default();
+        }
+        let mut state = self
+            .grads
+            .as_mut()
+            .map(|g| std::mem::take(&mut g.2))
+            .unwrap_or_default();
+        if let Some(u) = self.update.as_mut() {
+            state.append(&mut u.1);
+        }
+        state
+    }
+}
+
+/// Bytes of `state` (of the entries `only` names, when given).
+fn state_bytes(state: &State, only: Option<&Vec<String>>) -> u64 {
+    state
+        .iter()
+        .filter(|(k, _)| only.is_none_or(|o| o.contains(k)))
+        .map(|(_, t)| t.data.len() as u64)
+        .sum()
 }
 
 /// The optimizer's update alone, as a model the gradient builder turns into
@@ -1395,8 +1441,9 @@ struct Stepper {
     grads: Option<Bound>,
     update: Option<Bound>,
     params: Vec<String>,
-    /// Parameters and optimizer state before the first step.
-    initial_state: State,
+    /// Bytes of the parameters and optimizer state, and of the parameters.
+    held_bytes: u64,
+    param_bytes: u64,
     /// The loss is a mean over the batch (the micro-batches' gradients are
     /// averaged), not a sum.
     mean: bool,
@@ -1428,20 +1475,8 @@ impl Stepper {
     /// Parameters, optimizer state, gradient accumulators (micro-batches)
     /// and every graph's arena and workspace.
     fn planned_bytes(&self) -> u64 {
-        let held: u64 = self
-            .initial_state
-            .values()
-            .map(|t| t.data.len() as u64)
-            .sum();
-        let acc: u64 = if self.micro > 1 {
-            self.params
-                .iter()
-                .filter_map(|p| self.initial_state.get(p))
-                .map(|t| t.data.len() as u64)
-                .sum()
-        } else {
-            0
-        };
+        let held = self.held_bytes;
+        let acc: u64 = if self.micro > 1 { self.param_bytes } else { 0 };
         // Donated state lives in the arena: counted there, not twice.
         held.saturating_sub(self.donated_bytes())
             + acc
