@@ -40,19 +40,8 @@ pub struct Args {
     /// `step`).
     #[arg(long, default_value = "none")]
     optimizer: String,
-    /// Learning rate (default: sgd 0.01, adamw 0.001).
-    #[arg(long)]
-    lr: Option<f64>,
-    /// Weight decay (sgd: added to the gradient as `wd·p`, default 0;
-    /// adamw: decoupled, `p·(1 - lr·wd)`, default 0.01).
-    #[arg(long)]
-    weight_decay: Option<f64>,
-    /// AdamW's betas, `B1,B2` (default 0.9,0.999).
-    #[arg(long, value_name = "B1,B2")]
-    betas: Option<String>,
-    /// AdamW's epsilon (default 1e-8).
-    #[arg(long)]
-    eps: Option<f64>,
+    #[command(flatten)]
+    hyper: Hyperparameters,
     /// With an optimizer, also output `<param>_grad` (by default each
     /// gradient only feeds its update, and dies there).
     #[arg(long)]
@@ -82,6 +71,42 @@ pub struct Args {
     report: Option<PathBuf>,
 }
 
+/// The optimizer's hyperparameters, as `grad` and `train` take them (the
+/// library fills torch's defaults).
+#[derive(clap::Args)]
+pub(crate) struct Hyperparameters {
+    /// Learning rate (default: sgd 0.01, adamw 0.001).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Weight decay (sgd: added to the gradient as `wd·p`, default 0;
+    /// adamw: decoupled, `p·(1 - lr·wd)`, default 0.01).
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// AdamW's betas, `B1,B2` (default 0.9,0.999).
+    #[arg(long, value_name = "B1,B2")]
+    betas: Option<String>,
+    /// AdamW's epsilon (default 1e-8).
+    #[arg(long)]
+    eps: Option<f64>,
+}
+
+impl Hyperparameters {
+    /// The optimizer `name` with these values.
+    pub(crate) fn spec(&self, name: &str) -> graphopt::Result<OptimizerSpec> {
+        Ok(OptimizerSpec {
+            name: name.to_string(),
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            betas: self
+                .betas
+                .as_deref()
+                .map(graphopt::parse_betas)
+                .transpose()?,
+            eps: self.eps,
+        })
+    }
+}
+
 pub(crate) fn globs(s: &Option<String>) -> Vec<String> {
     s.as_deref()
         .map(|s| {
@@ -96,14 +121,7 @@ pub(crate) fn globs(s: &Option<String>) -> Vec<String> {
 
 pub fn run(a: Args) -> graphopt::Result<()> {
     let loss = graphopt::parse_loss(&a.loss)?;
-    let optimizer = OptimizerSpec {
-        name: a.optimizer.clone(),
-        lr: a.lr,
-        weight_decay: a.weight_decay,
-        betas: a.betas.as_deref().map(graphopt::parse_betas).transpose()?,
-        eps: a.eps,
-    }
-    .build()?;
+    let optimizer = a.hyper.spec(&a.optimizer)?.build()?;
     let opts = GradOptions {
         autodiff: AutodiffOptions {
             output: a.output_name.clone(),

@@ -2,9 +2,9 @@
 //! ([`graphopt::Session::train`]); this file turns arguments into that call
 //! and prints what it returns (a progress bar on a terminal).
 
-use crate::grad::globs;
+use crate::grad::{globs, Hyperparameters};
 use crate::util::{human_bytes, json_text, print_out};
-use graphopt::{ArrayData, DataSource, Metric, OptimizerSpec, TrainLength, TrainOptions};
+use graphopt::{ArrayData, DataSource, Metric, TrainLength, TrainOptions};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -48,18 +48,8 @@ pub struct Args {
     /// sgd | adamw.
     #[arg(long, default_value = "sgd")]
     optimizer: String,
-    /// Learning rate (default: sgd 0.01, adamw 0.001).
-    #[arg(long)]
-    lr: Option<f64>,
-    /// Weight decay (sgd default 0, adamw default 0.01, as torch.optim).
-    #[arg(long)]
-    weight_decay: Option<f64>,
-    /// AdamW's betas, `B1,B2` (default 0.9,0.999).
-    #[arg(long, value_name = "B1,B2")]
-    betas: Option<String>,
-    /// AdamW's epsilon (default 1e-8).
-    #[arg(long)]
-    eps: Option<f64>,
+    #[command(flatten)]
+    hyper: Hyperparameters,
     /// Examples per step. The last partial batch of an epoch is dropped.
     #[arg(long)]
     batch: usize,
@@ -116,13 +106,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     opts.output = a.output_name.clone();
     opts.target = a.target.clone();
     opts.class_axis = a.class_axis;
-    opts.optimizer = OptimizerSpec {
-        name: a.optimizer.clone(),
-        lr: a.lr,
-        weight_decay: a.weight_decay,
-        betas: a.betas.as_deref().map(graphopt::parse_betas).transpose()?,
-        eps: a.eps,
-    };
+    opts.optimizer = a.hyper.spec(&a.optimizer)?;
     opts.trainable = globs(&a.trainable);
     opts.frozen = globs(&a.frozen);
     opts.dropout_train = !a.no_dropout;
