@@ -181,6 +181,13 @@ pub fn liveness_donating(
     }
     let mut donated = Vec::new();
     let mut donations_refused = Vec::new();
+    // Output value index -> the input it is donated to.
+    let mut donor: Vec<Option<ValueId>> = vec![None; nvals];
+    for &(i, o) in donations {
+        if let Some(d) = donor.get_mut(o.index()) {
+            *d = Some(i);
+        }
+    }
     for (pos, &nid) in schedule.iter().enumerate() {
         let d = g.node(nid);
         let rule = if is_default_domain(&d.domain) {
@@ -200,14 +207,22 @@ pub fn liveness_donating(
             // dead, or in place at its last reader when that is this
             // elementwise node.
             let mut in_place_donation = false;
-            if let Some(&(iv, ov)) = donations.iter().find(|p| Some(p.1) == o) {
+            let donated_to = o.and_then(|o| donor.get(o.index()).copied().flatten());
+            if let (Some(iv), Some(ov)) = (donated_to, o) {
                 let it = slot.get(iv.index()).copied().flatten();
                 let why = match it {
                     None => Some("the input has no arena storage"),
                     Some(it) => {
                         let t = &tensors[it];
                         let s = &storages[t.storage];
-                        let reads_here = d.inputs().iter().flatten().any(|&x| x == iv);
+                        // A read through a subgraph capture counts: the
+                        // node reads it while it writes the output.
+                        let reads_here = d
+                            .inputs()
+                            .iter()
+                            .flatten()
+                            .chain(d.captures())
+                            .any(|&x| x == iv);
                         if t.size != tensors[ot].size {
                             Some("sizes differ")
                         } else if s.last > pos || t.last > pos {
