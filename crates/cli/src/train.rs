@@ -134,16 +134,13 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     session.check_output_path(&a.output)?;
     let data = ArrayData::load(&a.data)?;
     let eval = a.eval.as_deref().map(ArrayData::load).transpose()?;
-    let total = match opts.length {
-        TrainLength::Steps(s) => s,
-        TrainLength::Epochs(e) => e * (data.examples() / a.batch.max(1)),
-    };
     let bar = std::io::stderr().is_terminal() && !a.json;
     let started = Instant::now();
     let mut progress = |r: &graphopt::StepRecord| {
         if !bar {
             return;
         }
+        let total = r.total_steps;
         let frac = r.step as f64 / total.max(1) as f64;
         let rate = r.step as f64 / started.elapsed().as_secs_f64().max(1e-9);
         let eta = total.saturating_sub(r.step) as f64 / rate.max(1e-9);

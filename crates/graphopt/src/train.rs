@@ -396,6 +396,8 @@ pub struct StepRecord {
     pub time_s: f64,
     /// Seconds this step waited for its batch.
     pub data_wait_s: f64,
+    /// Steps the run will take in all (for progress and ETA).
+    pub total_steps: usize,
 }
 
 /// One eval pass.
@@ -831,6 +833,7 @@ impl Session {
                     lr,
                     time_s: t0.elapsed().as_secs_f64(),
                     data_wait_s: wait,
+                    total_steps: total,
                 };
                 progress(&rec);
                 log.push(rec);
@@ -1392,20 +1395,18 @@ impl Bound {
         batch: &State,
         ropts: &graphopt_exec::RunOptions,
     ) -> Result<Vec<HostTensor>> {
-        let feed = self
-            .inputs
-            .iter()
-            .map(|(name, _)| {
-                state
-                    .get(name)
-                    .or_else(|| batch.get(name))
-                    .cloned()
-                    .ok_or_else(|| Error::new(format!("no value for the step's input '{name}'")))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let feed =
+            self.inputs
+                .iter()
+                .map(|(name, _)| {
+                    state.get(name).or_else(|| batch.get(name)).ok_or_else(|| {
+                        Error::new(format!("no value for the step's input '{name}'"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
         let (outs, _) = self
             .exe
-            .run(&feed, ropts)
+            .run_borrowed(&feed, ropts)
             .map_err(|e| Error::runtime(e.to_string()))?;
         Ok(outs)
     }
@@ -1687,17 +1688,13 @@ impl EvalRunner {
                         .input_infos()
                         .iter()
                         .map(|(name, _)| {
-                            state
-                                .get(name)
-                                .or_else(|| batch.get(name))
-                                .cloned()
-                                .ok_or_else(|| {
-                                    Error::new(format!("{}: no array '{name}'", eval.label()))
-                                })
+                            state.get(name).or_else(|| batch.get(name)).ok_or_else(|| {
+                                Error::new(format!("{}: no array '{name}'", eval.label()))
+                            })
                         })
                         .collect::<Result<Vec<_>>>()?;
                     let (outs, _) = exe
-                        .run(&feed, ropts)
+                        .run_borrowed(&feed, ropts)
                         .map_err(|e| Error::runtime(format!("eval: {e}")))?;
                     let out_at = match &opts.output {
                         Some(o) => out_names.iter().position(|x| x == o).unwrap_or(0),

@@ -18,9 +18,19 @@ impl Executable {
         inputs: &[HostTensor],
         opts: &RunOptions,
     ) -> Result<(Vec<HostTensor>, RunStats), ExecError> {
-        let given: Vec<Option<&HostTensor>> = inputs.iter().map(Some).collect();
+        let given: Vec<&HostTensor> = inputs.iter().collect();
+        self.run_borrowed(&given, opts)
+    }
+
+    /// [`Executable::run`] on borrowed inputs (a caller that holds them
+    /// elsewhere, such as a training loop's parameters, copies nothing).
+    pub fn run_borrowed(
+        &mut self,
+        inputs: &[&HostTensor],
+        opts: &RunOptions,
+    ) -> Result<(Vec<HostTensor>, RunStats), ExecError> {
+        let given: Vec<Option<&HostTensor>> = inputs.iter().map(|&t| Some(t)).collect();
         let (outs, stats) = self.run_inner(&given, false, opts)?;
-        // Without `keep_donated` every output is copied out.
         Ok((outs.into_iter().flatten().collect(), stats))
     }
 
