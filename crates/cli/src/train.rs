@@ -24,30 +24,30 @@ pub struct Args {
     /// Data measured after every epoch and at the end.
     #[arg(long, value_name = "EVAL.npz|DIR")]
     eval: Option<PathBuf>,
-    /// What the eval pass measures.
-    #[arg(long, default_value = "accuracy", value_name = "accuracy|loss")]
-    metric: String,
-    /// sum | mean | mse | l1 | cross_entropy.
-    #[arg(long, default_value = "cross_entropy")]
-    loss: String,
+    /// What the eval pass measures (default accuracy).
+    #[arg(long, value_name = "accuracy|loss")]
+    metric: Option<String>,
+    /// sum | mean | mse | l1 | cross_entropy (default cross_entropy).
+    #[arg(long)]
+    loss: Option<String>,
     /// The output the loss reads (default: the first).
     #[arg(long = "output", value_name = "NAME")]
     output_name: Option<String>,
-    /// The data array holding the target.
-    #[arg(long, default_value = "target", value_name = "NAME")]
-    target: String,
-    /// cross_entropy's class axis (1 as torch; -1 for language models).
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
-    class_axis: i64,
+    /// The data array holding the target (default `target`).
+    #[arg(long, value_name = "NAME")]
+    target: Option<String>,
+    /// cross_entropy's class axis (default 1, as torch; -1 for language models).
+    #[arg(long, allow_negative_numbers = true)]
+    class_axis: Option<i64>,
     /// `all`, or comma-separated globs of trainable initializers.
     #[arg(long, value_name = "all|GLOB,...")]
     trainable: Option<String>,
     /// Comma-separated globs of initializers to keep frozen.
     #[arg(long, value_name = "GLOB,...")]
     frozen: Option<String>,
-    /// sgd | adamw.
-    #[arg(long, default_value = "sgd")]
-    optimizer: String,
+    /// sgd | adamw (default sgd).
+    #[arg(long)]
+    optimizer: Option<String>,
     #[command(flatten)]
     hyper: Hyperparameters,
     /// Examples per step. The last partial batch of an epoch is dropped.
@@ -62,15 +62,15 @@ pub struct Args {
     /// --micro-batches, the fewest micro-batches that fit are chosen.
     #[arg(long, value_name = "BYTES")]
     budget: Option<String>,
-    /// Epochs (default 1 when --steps is not given).
+    /// Epochs (default: one, when --steps is not given either).
     #[arg(long, conflicts_with = "steps")]
     epochs: Option<usize>,
     /// Steps, continuing across epochs.
     #[arg(long)]
     steps: Option<usize>,
-    /// Seed of each epoch's permutation of the examples.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed of each epoch's permutation of the examples (default 0).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Visit the examples in file order.
     #[arg(long)]
     no_shuffle: bool,
@@ -80,9 +80,9 @@ pub struct Args {
     /// Write checkpoints (weights, optimizer state, position) into DIR.
     #[arg(long, value_name = "DIR")]
     checkpoint: Option<PathBuf>,
-    /// Steps between checkpoints (one is also written at the end).
-    #[arg(long, default_value_t = 100, requires = "checkpoint")]
-    every: usize,
+    /// Steps between checkpoints, one also written at the end (default 100).
+    #[arg(long, requires = "checkpoint")]
+    every: Option<usize>,
     /// Continue from the latest checkpoint in DIR (or from this file).
     #[arg(long, value_name = "DIR|FILE")]
     resume: Option<PathBuf>,
@@ -101,25 +101,38 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> graphopt::Result<()> {
+    // The library's defaults, overridden by what is given.
     let mut opts = TrainOptions::new(a.batch);
-    opts.loss = graphopt::parse_loss(&a.loss)?;
+    if let Some(l) = &a.loss {
+        opts.loss = graphopt::parse_loss(l)?;
+    }
     opts.output = a.output_name.clone();
-    opts.target = a.target.clone();
-    opts.class_axis = a.class_axis;
-    opts.optimizer = a.hyper.spec(&a.optimizer)?;
+    if let Some(t) = &a.target {
+        opts.target = t.clone();
+    }
+    opts.class_axis = a.class_axis.unwrap_or(opts.class_axis);
+    let name = a
+        .optimizer
+        .as_deref()
+        .unwrap_or(&opts.optimizer.name)
+        .to_string();
+    opts.optimizer = a.hyper.spec(&name)?;
     opts.trainable = globs(&a.trainable);
     opts.frozen = globs(&a.frozen);
     opts.dropout_train = !a.no_dropout;
-    opts.length = match (a.epochs, a.steps) {
-        (_, Some(s)) => TrainLength::Steps(s),
-        (e, None) => TrainLength::Epochs(e.unwrap_or(1)),
-    };
-    opts.seed = a.seed;
+    match (a.epochs, a.steps) {
+        (_, Some(s)) => opts.length = TrainLength::Steps(s),
+        (Some(e), None) => opts.length = TrainLength::Epochs(e),
+        (None, None) => {}
+    }
+    opts.seed = a.seed.unwrap_or(opts.seed);
     opts.shuffle = !a.no_shuffle;
     opts.threads = a.threads;
-    opts.metric = Metric::parse(&a.metric)?;
+    if let Some(m) = &a.metric {
+        opts.metric = Metric::parse(m)?;
+    }
     opts.checkpoint = a.checkpoint.clone();
-    opts.every = a.every;
+    opts.every = a.every.unwrap_or(opts.every);
     opts.resume = a.resume.clone();
     opts.micro_batches = a.micro_batches;
     opts.budget = a

@@ -424,11 +424,12 @@ impl PySession {
     /// dict of numpy arrays with a leading example axis (named like the
     /// model's inputs, plus the target), or an iterable of such dicts
     /// (concatenated). `target` names the target array.
-    #[pyo3(signature = (data, batch, epochs=None, steps=None, loss="cross_entropy", output=None,
-                        target="target", class_axis=1, optimizer="sgd", lr=None,
+    /// Options left None take the library's defaults (`TrainOptions::new`).
+    #[pyo3(signature = (data, batch, epochs=None, steps=None, loss=None, output=None,
+                        target=None, class_axis=None, optimizer=None, lr=None,
                         weight_decay=None, betas=None, eps=None, trainable=None, frozen=None,
-                        seed=0, shuffle=true, dropout_train=true, eval=None, metric="accuracy",
-                        micro_batches=None, budget=None, checkpoint=None, every=100,
+                        seed=None, shuffle=true, dropout_train=true, eval=None, metric=None,
+                        micro_batches=None, budget=None, checkpoint=None, every=None,
                         resume=None, threads=None))]
     #[allow(clippy::too_many_arguments)]
     fn train(
@@ -438,26 +439,26 @@ impl PySession {
         batch: usize,
         epochs: Option<usize>,
         steps: Option<usize>,
-        loss: &str,
+        loss: Option<&str>,
         output: Option<String>,
-        target: &str,
-        class_axis: i64,
-        optimizer: &str,
+        target: Option<String>,
+        class_axis: Option<i64>,
+        optimizer: Option<String>,
         lr: Option<f64>,
         weight_decay: Option<f64>,
         betas: Option<(f64, f64)>,
         eps: Option<f64>,
         trainable: Option<&Bound<'_, PyAny>>,
         frozen: Option<&Bound<'_, PyAny>>,
-        seed: u64,
+        seed: Option<u64>,
         shuffle: bool,
         dropout_train: bool,
         eval: Option<&Bound<'_, PyAny>>,
-        metric: &str,
+        metric: Option<&str>,
         micro_batches: Option<usize>,
         budget: Option<&Bound<'_, PyAny>>,
         checkpoint: Option<PathBuf>,
-        every: usize,
+        every: Option<usize>,
         resume: Option<PathBuf>,
         threads: Option<usize>,
     ) -> PyResult<PySession> {
@@ -465,12 +466,14 @@ impl PySession {
             return Err(gmsg("give epochs or steps, not both"));
         }
         let mut opts = TrainOptions::new(batch);
-        opts.loss = graphopt::parse_loss(loss).map_err(gerr)?;
+        if let Some(l) = loss {
+            opts.loss = graphopt::parse_loss(l).map_err(gerr)?;
+        }
         opts.output = output;
-        opts.target = target.to_string();
-        opts.class_axis = class_axis;
+        opts.target = target.unwrap_or(opts.target);
+        opts.class_axis = class_axis.unwrap_or(opts.class_axis);
         opts.optimizer = OptimizerSpec {
-            name: optimizer.to_string(),
+            name: optimizer.unwrap_or(opts.optimizer.name),
             lr,
             weight_decay,
             betas,
@@ -478,21 +481,24 @@ impl PySession {
         };
         opts.trainable = list_arg(trainable)?;
         opts.frozen = list_arg(frozen)?;
-        opts.seed = seed;
+        opts.seed = seed.unwrap_or(opts.seed);
         opts.shuffle = shuffle;
         opts.dropout_train = dropout_train;
-        opts.length = match steps {
-            Some(s) => TrainLength::Steps(s),
-            None => TrainLength::Epochs(epochs.unwrap_or(1)),
-        };
-        opts.metric = Metric::parse(metric).map_err(gerr)?;
+        match (epochs, steps) {
+            (_, Some(s)) => opts.length = TrainLength::Steps(s),
+            (Some(e), None) => opts.length = TrainLength::Epochs(e),
+            (None, None) => {}
+        }
+        if let Some(m) = metric {
+            opts.metric = Metric::parse(m).map_err(gerr)?;
+        }
         opts.micro_batches = micro_batches;
         opts.budget = budget
             .filter(|b| !b.is_none())
             .map(parse_budget)
             .transpose()?;
         opts.checkpoint = checkpoint;
-        opts.every = every;
+        opts.every = every.unwrap_or(opts.every);
         opts.resume = resume;
         opts.threads = threads;
         let data = array_data(data, "data")?;

@@ -126,26 +126,26 @@ class Session:
         batch: int,
         epochs: int | None = None,
         steps: int | None = None,
-        loss: Literal["sum", "mean", "mse", "l1", "cross_entropy"] = "cross_entropy",
+        loss: Literal["sum", "mean", "mse", "l1", "cross_entropy"] | None = None,
         output: str | None = None,
-        target: str = "target",
-        class_axis: int = 1,
-        optimizer: Literal["sgd", "adamw"] = "sgd",
+        target: str | None = None,
+        class_axis: int | None = None,
+        optimizer: Literal["sgd", "adamw"] | None = None,
         lr: float | None = None,
         weight_decay: float | None = None,
         betas: tuple[float, float] | None = None,
         eps: float | None = None,
         trainable: str | Sequence[str] | None = None,
         frozen: str | Sequence[str] | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         shuffle: bool = True,
         dropout_train: bool = True,
         eval: str | os.PathLike[str] | Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]] | None = None,
-        metric: Literal["accuracy", "loss"] = "accuracy",
+        metric: Literal["accuracy", "loss"] | None = None,
         micro_batches: int | None = None,
         budget: int | str | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
-        every: int = 100,
+        every: int | None = None,
         resume: str | os.PathLike[str] | None = None,
         threads: int | None = None,
     ) -> Session:
@@ -153,7 +153,9 @@ class Session:
         train``; the new Session holds the trained inference model, its report the step
         log, evals and memory. ``data``/``eval``: an .npz path or a directory of shards, a
         dict of arrays with a leading example axis (the model's inputs and the target), or
-        an iterable of such dicts (concatenated)."""
+        an iterable of such dicts (concatenated). Options left None take the library's
+        defaults: cross_entropy, target ``target``, class axis 1, sgd, seed 0, one epoch,
+        accuracy, a checkpoint every 100 steps."""
     def quantize(
         self,
         mode: Literal["dynamic", "static", "int8-weights", "int4-weights"],
