@@ -530,6 +530,48 @@ fn dynamic_quantize_and_matmul_integer_follow_the_onnx_examples() {
     assert_eq!(out[4].to_f32().unwrap(), vec![-2.0, 4.0, -2.0, 8.5]);
 }
 
+#[test]
+fn quantize_linear_follows_the_onnx_examples() {
+    // QuantizeLinear's examples in the ONNX operator docs: uint8 per
+    // tensor (saturating, half to even), int8 per tensor, and uint8 per
+    // axis 1 with per-channel zero points; then DequantizeLinear per axis.
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 13]>
+        g (float[6] x, float[1,3,3,2] xa) => (uint8[6] u, int8[6] i, uint8[1,3,3,2] a, float[1,3,3,2] d) {
+          s = Constant <value = float {2.0}> ()
+          zu = Constant <value = uint8 {128}> ()
+          u = QuantizeLinear (x, s, zu)
+          zi = Constant <value = int8 {-1}> ()
+          i = QuantizeLinear (x, s, zi)
+          sa = Constant <value = float[3] {2.0, 4.0, 3.0}> ()
+          za = Constant <value = uint8[3] {84, 24, 196}> ()
+          a = QuantizeLinear <axis: int = 1> (xa, sa, za)
+          d = DequantizeLinear <axis: int = 1> (a, sa, za)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let x = HostTensor::from_f32(&[6], &[0.0, 2.0, 3.0, 1000.0, -254.0, -1000.0]);
+    let xa = HostTensor::from_f32(
+        &[1, 3, 3, 2],
+        &[
+            -162.0, 10.0, -100.0, 232.0, -20.0, -50.0, -76.0, 0.0, 0.0, 252.0, 32.0, -44.0, 245.0,
+            485.0, -960.0, -270.0, -375.0, -470.0,
+        ],
+    );
+    let (out, _) = exe.run(&[x, xa], &RunOptions::default()).unwrap();
+    assert_eq!(out[0].data, vec![128, 129, 130, 255, 1, 0]);
+    let i: Vec<i8> = out[1].data.iter().map(|&v| v as i8).collect();
+    assert_eq!(i, vec![-1, 0, 1, 127, -128, -128]);
+    assert_eq!(
+        out[2].data,
+        vec![3, 89, 34, 200, 74, 59, 5, 24, 24, 87, 32, 13, 255, 255, 0, 106, 71, 39]
+    );
+    let d = out[3].to_f32().unwrap();
+    assert_eq!(&d[..6], &[-162.0, 10.0, -100.0, 232.0, -20.0, -50.0]);
+}
+
 /// ConvTranspose as the adjoint of a convolution: every input element
 /// times every kernel tap, added where the tap lands.
 #[test]

@@ -1,5 +1,5 @@
-//! Integer quantization (what onnxruntime's dynamic quantizer emits):
-//! DequantizeLinear, DynamicQuantizeLinear and MatMulInteger.
+//! Integer quantization (what onnxruntime's quantizers emit):
+//! QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger.
 //!
 //! Rounding is half to even, as ONNX specifies and onnxruntime does.
 
@@ -54,24 +54,89 @@ impl Kernel for Dequantize {
 }
 
 pub fn dequantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (inner, len) = scale_layout(ctx, "DequantizeLinear")?;
+    Ok(Box::new(Dequantize { inner, len }))
+}
+
+/// Per-tensor or per-axis scale: elements per index of the axis and its
+/// length (1 for per-tensor), as DequantizeLinear and QuantizeLinear read
+/// `axis` (default 1; blocked scales are refused).
+fn scale_layout(ctx: &NodeCtx, op: &str) -> Result<(usize, usize), String> {
     let x = ctx.input(0)?;
     let s = ctx.input(1)?;
     let len: usize = s.shape.iter().product();
-    let (mut inner, mut l) = (1, 1);
-    if len > 1 {
-        if s.shape.len() != 1 || ctx.node.attr_int("block_size").unwrap_or(0) != 0 {
-            return Err("only per-tensor and per-axis scales are implemented".into());
-        }
-        let r = x.shape.len() as i64;
-        let mut axis = ctx.node.attr_int("axis").unwrap_or(1);
-        if axis < 0 {
-            axis += r;
-        }
-        let axis = axis as usize;
-        inner = strides(&x.shape)[axis];
-        l = x.shape[axis];
+    if len <= 1 {
+        return Ok((1, 1));
     }
-    Ok(Box::new(Dequantize { inner, len: l }))
+    if s.shape.len() != 1 || ctx.node.attr_int("block_size").unwrap_or(0) != 0 {
+        return Err(format!(
+            "{op}: only per-tensor and per-axis scales are implemented"
+        ));
+    }
+    let r = x.shape.len() as i64;
+    let mut axis = ctx.node.attr_int("axis").unwrap_or(1);
+    if axis < 0 {
+        axis += r;
+    }
+    if !(0..r).contains(&axis) || x.shape[axis as usize] != len {
+        return Err(format!(
+            "{op}: {len} scales do not match axis {axis} of shape {:?}",
+            x.shape
+        ));
+    }
+    let axis = axis as usize;
+    Ok((strides(&x.shape)[axis], len))
+}
+
+struct Quantize {
+    inner: usize,
+    len: usize,
+    /// The output's range: uint8 [0, 255] or int8 [-128, 127].
+    lo: f32,
+    hi: f32,
+}
+
+impl Kernel for Quantize {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let scale = io.input(1)?.f32()?;
+        let zp = match io.inputs.get(2).copied().flatten() {
+            Some(z) => ints(&z)?,
+            None => vec![0; scale.len()],
+        };
+        let signed = self.lo < 0.0;
+        let y = &mut io.outputs[0].data;
+        for (i, (o, &v)) in y.iter_mut().zip(x).enumerate() {
+            let c = if self.len == 1 {
+                0
+            } else {
+                (i / self.inner) % self.len
+            };
+            let q = ((v / scale[c]).round_ties_even() + zp[c] as f32).clamp(self.lo, self.hi);
+            *o = if signed { q as i8 as u8 } else { q as u8 };
+        }
+        Ok(())
+    }
+}
+
+/// QuantizeLinear to uint8 or int8 (the type of the zero point; uint8
+/// without one): `saturate(round_half_even(x / scale) + zero_point)`.
+pub fn quantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    if ctx.input(0)?.dtype != DType::F32 {
+        return Err("QuantizeLinear: only float input is implemented".into());
+    }
+    let (lo, hi) = match ctx.outputs[0].dtype {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        d => {
+            return Err(format!(
+                "QuantizeLinear to {} is not implemented (uint8 and int8 are)",
+                d.name()
+            ))
+        }
+    };
+    let (inner, len) = scale_layout(ctx, "QuantizeLinear")?;
+    Ok(Box::new(Quantize { inner, len, lo, hi }))
 }
 
 struct DynamicQuantize;
