@@ -53,12 +53,14 @@ pub struct QuantizeArgs {
     )]
     pub exclude: Vec<String>,
     /// Bound on every output's relative L2 error against the float model on
-    /// the calibration inputs: layers go back to float, the most sensitive
-    /// first, until it holds; still over it is an error (nothing written).
-    #[arg(long, requires = "quantize", value_name = "E")]
-    pub max_error: Option<f64>,
-    /// Skip measuring the error against the float model (tract runs both on
-    /// the calibration inputs; slow on large models in a debug build).
+    /// the calibration inputs (default 0.05): layers go back to float, the
+    /// most sensitive first, until it holds; a model that meets it only all
+    /// float, or cannot be measured, is an error (nothing written). `none`
+    /// quantizes without a bound (the error is still reported).
+    #[arg(long, requires = "quantize", value_name = "E|none")]
+    pub max_error: Option<String>,
+    /// Skip measuring the error against the float model (graphopt's runtime
+    /// runs both on the calibration inputs); this turns the bound off too.
     #[arg(long, requires = "quantize", conflicts_with = "max_error")]
     pub no_measure: bool,
 }
@@ -75,6 +77,11 @@ impl QuantizeArgs {
             return Ok(None);
         };
         let mode = QuantizeMode::parse(mode)?;
+        let defaults = QuantizeOptions::new(mode);
+        let max_error = match &self.max_error {
+            Some(e) => QuantizeOptions::parse_max_error(e)?,
+            None => defaults.max_error,
+        };
         Ok(Some(QuantizeOptions {
             calibration: self.calibration.clone().map(Into::into),
             dims: dims.to_vec(),
@@ -83,11 +90,11 @@ impl QuantizeArgs {
             symmetric: self.symmetric,
             block_size: self.block_size,
             exclude: self.exclude.clone(),
-            max_error: self.max_error,
+            max_error,
             measure: !self.no_measure,
             memory: Some(memory),
             pipeline,
-            ..QuantizeOptions::new(mode)
+            ..defaults
         }))
     }
 }
@@ -140,6 +147,24 @@ pub fn text(r: &QuantizeReport) -> String {
         }
         (None, Some(why)) => out += &format!("  error NOT measured: {why}\n"),
         _ => {}
+    }
+    if let Some(off) = &r.bound_off {
+        out += &format!("  error bound: off ({off})\n");
+    }
+    if let Some(e) = &r.measured_in {
+        out += &format!("  measured in {e}\n");
+    }
+    for w in &r.weight_only {
+        out += &format!(
+            "  weights only: {} (its activations quantized alone: error {:.3e}; weights only: {:.3e})\n",
+            w.node, w.error, w.weights_only_error
+        );
+    }
+    for w in &r.solo_float {
+        out += &format!(
+            "  float: {} (quantized alone: error {:.3e}; weights only: {:.3e})\n",
+            w.node, w.error, w.weights_only_error
+        );
     }
     if !r.fallback.is_empty() {
         out += &format!(

@@ -79,12 +79,30 @@ fn max_error_falls_back_to_float_and_refuses_what_it_cannot_reach() {
     let free = s
         .quantize(&graphopt::QuantizeOptions {
             calibration: Some(calib.clone().into()),
+            max_error: None,
             ..graphopt::QuantizeOptions::new(graphopt::QuantizeMode::Int4Weights)
         })
         .unwrap();
     let e0 = free.error.as_ref().expect("measured").rel_l2;
     assert!(e0 > 0.05, "int4 error {e0}");
     assert!(free.fallback.is_empty());
+    assert!(free.max_error.is_none());
+    assert_eq!(free.bound_off.as_deref(), Some("--max-error none"));
+    // The default bound (5%): layers go back until it holds.
+    let mut s = graphopt::load(&path).unwrap();
+    let d = s
+        .quantize(&graphopt::QuantizeOptions {
+            calibration: Some(calib.clone().into()),
+            ..graphopt::QuantizeOptions::new(graphopt::QuantizeMode::Int4Weights)
+        })
+        .unwrap();
+    assert_eq!(d.max_error, Some(graphopt::DEFAULT_MAX_ERROR));
+    let ed = d.error.as_ref().unwrap().rel_l2;
+    assert!(
+        ed <= 0.05 && !d.fallback.is_empty(),
+        "{ed} {:?}",
+        d.fallback
+    );
     // A bound between: some layers go back, the error fits, and the
     // weights stay smaller than fp32.
     let mut s = graphopt::load(&path).unwrap();
@@ -99,7 +117,7 @@ fn max_error_falls_back_to_float_and_refuses_what_it_cannot_reach() {
     let before = s.to_bytes().unwrap();
     let err = s.quantize(&opts(1e-9)).unwrap_err().to_string();
     assert!(
-        err.contains("--max-error") && err.contains("nothing was quantized"),
+        err.contains("--max-error") && err.contains("nothing was written"),
         "{err}"
     );
     assert_eq!(s.to_bytes().unwrap(), before);

@@ -54,6 +54,7 @@ mod optimize;
 mod plan_json;
 mod precision;
 mod quantize;
+mod reference;
 mod remat;
 mod remat_svg;
 mod run;
@@ -86,7 +87,7 @@ pub use precision::{
 };
 pub use quantize::{
     dequantize_constants, entropy_threshold, Calibrate, Calibration, KeptFloat, KeptOp, QuantError,
-    QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight,
+    QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight, SoloError, DEFAULT_MAX_ERROR,
 };
 pub use remat::{
     parse_strategy, Budget, ChoiceReason, FrontierPoint, RematOptions, RematReport, RematSweep,

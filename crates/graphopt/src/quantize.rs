@@ -15,7 +15,14 @@
 //! computes `(q - zero_point) * scale` in f32, exactly as onnxruntime's
 //! kernel does, and spares tract the blocked int4 form it cannot load.
 
-use crate::check::{compare_outputs, output_names, run_in_tract, Scale, Tolerance};
+use crate::check::{compare_outputs, output_names, Scale, Tolerance};
+use crate::reference::{run_once, Engine, Reference};
+
+/// The engine that measures errors first: tract, faster than graphopt's
+/// runtime on convolutions today (issue 20); the runtime runs what tract
+/// cannot (If, Loop, Scan, STFT front ends). Calibration runs in the
+/// runtime first.
+const MEASURE_FIRST: Engine = Engine::Tract;
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
 use crate::optimize::PipelineOptions;
@@ -39,6 +46,10 @@ pub use graphopt_passes::quantize::QuantMode as QuantizeMode;
 pub use graphopt_passes::quantize::calibrate::entropy_threshold;
 pub use graphopt_passes::quantize::Calibrate;
 use graphopt_passes::quantize::RangeCollector;
+
+/// The default bound on every output's relative L2 error against the
+/// float model: 5%.
+pub const DEFAULT_MAX_ERROR: f64 = 0.05;
 
 /// Where calibration batches come from.
 #[derive(Clone, Debug)]
@@ -74,14 +85,19 @@ pub struct QuantizeOptions {
     /// Op types or node names left float.
     pub exclude: Vec<String>,
     /// Bound on the relative L2 error of every output against the float
-    /// model on the calibration inputs; layers go back to float, the most
-    /// sensitive first, until it holds, and a result still over it is an
-    /// error (the session is left unchanged).
+    /// model on the calibration inputs (default [`DEFAULT_MAX_ERROR`]).
+    /// Past it, in dynamic mode, convolutions whose activation
+    /// quantization alone breaks it keep float activations (or stay float);
+    /// then layers go back to float, the most sensitive first, until it
+    /// holds. A model that meets it only all float, or whose error cannot
+    /// be measured, is an error (the session is left unchanged). `None`:
+    /// no bound (the error is still measured and reported).
     pub max_error: Option<f64>,
     /// Weights with fewer elements stay float.
     pub min_weight_elems: u64,
-    /// Measure the error even without `max_error` (tract runs the models);
-    /// when tract cannot run them, the report says why.
+    /// Measure the error against the float model (graphopt's runtime runs
+    /// both, tract where the runtime lacks a kernel). `false` turns the
+    /// bound off too: an unmeasured error bounds nothing.
     pub measure: bool,
     /// Plan memory before and after at these dims (`None`: no plans).
     pub memory: Option<DimValues>,
@@ -116,6 +132,20 @@ impl QuantizeOptions {
         crate::validate::dims(&self.dims)
     }
 
+    /// A bound as users spell it: a positive number, or `none` (no bound).
+    pub fn parse_max_error(s: &str) -> Result<Option<f64>> {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("none") {
+            return Ok(None);
+        }
+        match t.parse::<f64>() {
+            Ok(e) if e.is_finite() && e > 0.0 => Ok(Some(e)),
+            _ => Err(Error::new(format!(
+                "--max-error {s}: expected a positive number or 'none'"
+            ))),
+        }
+    }
+
     pub fn new(mode: QuantMode) -> QuantizeOptions {
         QuantizeOptions {
             mode,
@@ -126,7 +156,7 @@ impl QuantizeOptions {
             symmetric: false,
             block_size: 32,
             exclude: Vec::new(),
-            max_error: None,
+            max_error: Some(DEFAULT_MAX_ERROR),
             min_weight_elems: Quantize.min_weight_elems,
             measure: true,
             memory: None,
@@ -168,6 +198,15 @@ pub struct QuantError {
     pub batches: usize,
 }
 
+/// One layer quantized alone: the output error it causes with its
+/// activations quantized, and with its weights only.
+#[derive(Clone, Debug, Serialize)]
+pub struct SoloError {
+    pub node: String,
+    pub error: f64,
+    pub weights_only_error: f64,
+}
+
 /// What [`Session::quantize`] did.
 #[derive(Clone, Debug, Serialize)]
 pub struct QuantizeReport {
@@ -190,8 +229,22 @@ pub struct QuantizeReport {
     pub error: Option<QuantError>,
     /// Why the error was not measured.
     pub error_skipped: Option<String>,
+    /// The bound that held (`None`: off, and `bound_off` says why).
     pub max_error: Option<f64>,
-    /// Main-graph nodes put back to float to meet `max_error`.
+    pub bound_off: Option<String>,
+    /// Where the float model ran for the error: graphopt's runtime, or
+    /// tract and why the runtime could not.
+    pub measured_in: Option<String>,
+    /// Where static calibration ran (as `measured_in`).
+    pub calibrated_in: Option<String>,
+    /// Convolutions whose dynamic activation quantization alone broke the
+    /// bound, kept with int8 weights and float activations.
+    pub weight_only: Vec<SoloError>,
+    /// Convolutions whose quantization alone broke the bound even with
+    /// float activations: kept float.
+    pub solo_float: Vec<SoloError>,
+    /// Main-graph nodes put back to float to meet `max_error`, most
+    /// sensitive first (after `weight_only` and `solo_float`).
     pub fallback: Vec<String>,
     /// Quantizations tried.
     pub runs: usize,
@@ -228,7 +281,9 @@ impl Session {
             min_weight_elems: opts.min_weight_elems,
             ..Quantize
         };
-        let needs_data = opts.mode == QuantMode::Static || opts.max_error.is_some() || opts.measure;
+        // The bound holds only where the error is measured.
+        let bound = if opts.measure { opts.max_error } else { None };
+        let needs_data = opts.mode == QuantMode::Static || opts.measure;
         let (batches, label) = if needs_data {
             let (b, l) = self.calibration_batches(opts)?;
             if opts.calibration.is_none() {
@@ -248,6 +303,7 @@ impl Session {
             Ok((m, r))
         };
         let mut calibrated = 0;
+        let mut calibrated_in = None;
         if opts.mode == QuantMode::Static {
             let (_, dry) = trial(&base)?;
             let wanted: Vec<String> = dry
@@ -256,18 +312,26 @@ impl Session {
                 .filter(|n| self.model.graph.value_by_name(n).is_some())
                 .cloned()
                 .collect();
-            base.ranges = calibrate(&self.model, &wanted, &batches, opts.calibrate)?;
+            let (ranges, engine) = calibrate(&self.model, &wanted, &batches, opts.calibrate)?;
+            base.ranges = ranges;
             calibrated = base.ranges.len();
+            calibrated_in = engine;
         }
         // Error measurement, and the fallback to float.
-        let measurer = if opts.max_error.is_some() || opts.measure {
+        let measurer = if opts.measure {
             match Measurer::new(&self.model, &batches) {
                 Ok(m) => Some(m),
-                Err(e) if opts.max_error.is_none() => {
-                    warnings.push(format!("error not measured: {e}"));
-                    None
-                }
-                Err(e) => return Err(self.err(Error::new(format!("--max-error cannot run: {e}")))),
+                Err(e) => match bound {
+                    None => {
+                        warnings.push(format!("error not measured: {e}"));
+                        None
+                    }
+                    Some(b) => {
+                        return Err(self.err(Error::new(format!(
+                            "--max-error {b}: the float model cannot be run to measure the error ({e}); nothing was written (--max-error none quantizes without the bound)"
+                        ))))
+                    }
+                },
             }
         } else {
             None
@@ -275,6 +339,8 @@ impl Session {
         let mut config = base.clone();
         let mut runs = 1;
         let mut fallback = Vec::new();
+        let mut weight_only = Vec::new();
+        let mut solo_float = Vec::new();
         let mut error = None;
         let mut error_skipped = None;
         if let Some(meas) = &measurer {
@@ -283,81 +349,164 @@ impl Session {
                 Ok(e) => error = Some(e),
                 Err(e) => error_skipped = Some(e.message().to_string()),
             }
-            if let (Some(bound), Some(e)) = (opts.max_error, &error) {
-                if e.rel_l2 > bound {
-                    let ranked = meas.sensitivity(&self.model, &m, &r.quantized)?;
-                    // Doubling, then bisection: the fewest of the most
-                    // sensitive nodes whose return to float fits the bound.
-                    let mut try_k = |k: usize| -> Result<(Quantize, QuantError)> {
+            if let (Some(bound), Some(e)) = (bound, error.clone()) {
+                if e.rel_l2 > bound && opts.mode == QuantMode::Dynamic {
+                    // Convolutions whose dynamic (per-tensor) activation
+                    // quantization alone breaks the bound keep float
+                    // activations, or stay float if even their weights do.
+                    let convs: Vec<NodeId> = r
+                        .quantized
+                        .iter()
+                        .copied()
+                        .filter(|&n| {
+                            self.model.graph.is_live_node(n)
+                                && self.model.graph.node(n).op_type == "Conv"
+                        })
+                        .collect();
+                    // Group testing: a group quantized alone (the rest
+                    // float) within the bound clears its members; one over
+                    // it is split, down to single convolutions.
+                    let alone = |group: &[NodeId], weights_only: bool| {
                         let q = Quantize {
-                            keep_nodes: ranked.iter().take(k).copied().collect(),
+                            keep_nodes: r
+                                .quantized
+                                .iter()
+                                .copied()
+                                .filter(|o| !group.contains(o))
+                                .collect(),
+                            weight_only_nodes: if weights_only {
+                                group.to_vec()
+                            } else {
+                                Vec::new()
+                            },
                             ..base.clone()
                         };
-                        let (m2, _) = trial(&q)?;
-                        runs += 1;
-                        Ok((q, meas.error(&m2)?))
+                        meas.error_on(&trial(&q)?.0, 1)
                     };
-                    let (mut lo, mut hi) = (0, None);
-                    let mut k = 1.min(ranked.len());
-                    let mut best = None;
-                    while k > 0 {
-                        let (q, e2) = try_k(k)?;
+                    let mut groups = vec![convs.clone()];
+                    while let Some(group) = groups.pop() {
+                        if group.is_empty() {
+                            continue;
+                        }
+                        runs += 1;
+                        let e1 = alone(&group, false)?;
+                        if e1.rel_l2 <= bound {
+                            continue;
+                        }
+                        if group.len() > 1 {
+                            let (x, y) = group.split_at(group.len() / 2);
+                            groups.push(y.to_vec());
+                            groups.push(x.to_vec());
+                            continue;
+                        }
+                        let n = group[0];
+                        runs += 1;
+                        let e2 = alone(&group, true)?;
+                        let solo = SoloError {
+                            node: node_label(&self.model, n),
+                            error: e1.rel_l2,
+                            weights_only_error: e2.rel_l2,
+                        };
                         if e2.rel_l2 <= bound {
-                            hi = Some(k);
-                            best = Some((q, e2));
-                            break;
+                            weight_only.push(solo);
+                            config.weight_only_nodes.push(n);
+                        } else {
+                            solo_float.push(solo);
+                            config.keep_nodes.push(n);
                         }
-                        lo = k;
-                        if k == ranked.len() {
-                            break;
-                        }
-                        k = (k * 2).min(ranked.len());
                     }
-                    if let Some(mut h) = hi {
-                        while h - lo > 1 {
-                            let mid = (lo + h) / 2;
-                            let (q, e2) = try_k(mid)?;
-                            if e2.rel_l2 <= bound {
-                                h = mid;
-                                best = Some((q, e2));
+                    if !config.weight_only_nodes.is_empty() || !config.keep_nodes.is_empty() {
+                        runs += 1;
+                        error = Some(meas.error(&trial(&config)?.0)?);
+                    }
+                }
+            }
+            if let (Some(bound), Some(e)) = (bound, error.clone()) {
+                if e.rel_l2 > bound {
+                    // First the activations of the most sensitive nodes go
+                    // back to float (their weights stay int8: no memory is
+                    // lost), then, if that is not enough, whole nodes (the
+                    // errors do not always fall as layers go back: they can
+                    // cancel, so each stage searches on its own).
+                    let stages: &[bool] = if opts.mode.activations() {
+                        &[true, false]
+                    } else {
+                        &[false]
+                    };
+                    let mut met = None;
+                    let mut pre = config.clone();
+                    for &acts_only in stages {
+                        let (m, r) = trial(&pre)?;
+                        let ranked: Vec<NodeId> = meas
+                            .sensitivity(&self.model, &m, &r.quantized)?
+                            .into_iter()
+                            .filter(|n| !acts_only || !pre.weight_only_nodes.contains(n))
+                            .collect();
+                        let step = |k: usize| {
+                            let mut q = pre.clone();
+                            let top = ranked.iter().take(k).copied();
+                            if acts_only {
+                                q.weight_only_nodes.extend(top);
                             } else {
-                                lo = mid;
+                                q.keep_nodes.extend(top);
                             }
+                            q
+                        };
+                        let found = fewest(ranked.len(), bound, |k| {
+                            runs += 1;
+                            let q = step(k);
+                            let e2 = meas.error(&trial(&q)?.0)?;
+                            Ok((q, e2))
+                        })?;
+                        match found {
+                            Some((k, q, e2)) if acts_only || k < ranked.len() => {
+                                let what = if acts_only {
+                                    "activations float"
+                                } else {
+                                    "float"
+                                };
+                                fallback.extend(
+                                    ranked.iter().take(k).map(|&n| {
+                                        format!("{} ({what})", node_label(&self.model, n))
+                                    }),
+                                );
+                                met = Some((q, e2));
+                                break;
+                            }
+                            Some(_) => break,
+                            None if acts_only => {
+                                // Every activation float is not enough:
+                                // whole nodes next, from there.
+                                pre = step(ranked.len());
+                            }
+                            None => break,
                         }
-                        let (q, e2) = best.expect("set with hi");
-                        if h >= ranked.len() {
+                    }
+                    match met {
+                        Some((q, e2)) => {
+                            config = q;
+                            error = Some(e2);
+                        }
+                        None => {
                             return Err(self.err(Error::new(format!(
-                                "--max-error {bound}: the {} model fits only with every quantized layer back to float (error {:.3e} with them all quantized); nothing was quantized",
+                                "--max-error {bound}: the {} model meets the bound only with every quantized layer back to float (relative L2 error {:.3e} with them quantized, on {label}); nothing was written",
                                 opts.mode.name(),
                                 e.rel_l2
                             ))));
                         }
-                        fallback = ranked
-                            .iter()
-                            .take(h)
-                            .map(|&n| node_label(&self.model, n))
-                            .collect();
-                        config = q;
-                        error = Some(e2);
-                    } else {
-                        return Err(self.err(Error::new(format!(
-                            "--max-error {bound}: the {} model is at relative L2 error {:.3e} on {label} and no layer put back to float brings it under; nothing was quantized",
-                            opts.mode.name(),
-                            e.rel_l2
-                        ))));
                     }
                 }
             }
-            if let (Some(bound), None) = (opts.max_error, &error) {
+            if let (Some(bound), None) = (bound, &error) {
                 return Err(self.err(Error::new(format!(
-                    "--max-error {bound}: the quantized model cannot be measured: {}",
+                    "--max-error {bound}: the quantized model cannot be run to measure its error ({}); nothing was written (--max-error none quantizes without the bound)",
                     error_skipped.as_deref().unwrap_or("unknown")
                 ))));
             }
-            if let (Some(bound), Some(e)) = (opts.max_error, &error) {
+            if let (Some(bound), Some(e)) = (bound, &error) {
                 if e.rel_l2 > bound {
                     return Err(self.err(Error::new(format!(
-                        "--max-error {bound}: the {} model is still at relative L2 error {:.3e} on {label} with {} nodes put back to float; nothing was quantized",
+                        "--max-error {bound}: the {} model is still at relative L2 error {:.3e} on {label} with {} nodes put back to float; nothing was written",
                         opts.mode.name(),
                         e.rel_l2,
                         fallback.len()
@@ -365,6 +514,7 @@ impl Session {
                 }
             }
         }
+        let measured_in = measurer.as_ref().map(|m| m.engine.clone());
         let mem = |m: &Model| opts.memory.as_ref().map(|d| memory(m, d));
         let memory_before = mem(&self.model);
         let captured = Rc::new(RefCell::new(None));
@@ -425,7 +575,16 @@ impl Session {
                 .collect(),
             error,
             error_skipped,
-            max_error: opts.max_error,
+            max_error: bound,
+            bound_off: match (opts.measure, opts.max_error) {
+                (false, _) => Some("the error is not measured (--no-measure)".into()),
+                (true, None) => Some("--max-error none".into()),
+                _ => None,
+            },
+            measured_in,
+            calibrated_in,
+            weight_only,
+            solo_float,
             fallback,
             runs,
             opset_before: r.opset_before,
@@ -513,6 +672,43 @@ impl Session {
     }
 }
 
+/// The least `k` in `1..=len` whose candidate `make(k)` meets `bound`,
+/// by doubling, then bisection (the error is assumed to fall as `k`
+/// grows); `None` when even `len` does not.
+fn fewest(
+    len: usize,
+    bound: f64,
+    mut make: impl FnMut(usize) -> Result<(Quantize, QuantError)>,
+) -> Result<Option<(usize, Quantize, QuantError)>> {
+    let (mut lo, mut k) = (0, 1.min(len));
+    let mut best = None;
+    while k > 0 {
+        let (q, e) = make(k)?;
+        if e.rel_l2 <= bound {
+            best = Some((k, q, e));
+            break;
+        }
+        lo = k;
+        if k == len {
+            return Ok(None);
+        }
+        k = (k * 2).min(len);
+    }
+    let Some((mut hi, mut q, mut e)) = best else {
+        return Ok(None);
+    };
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        let (q2, e2) = make(mid)?;
+        if e2.rel_l2 <= bound {
+            (hi, q, e) = (mid, q2, e2);
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some((hi, q, e)))
+}
+
 fn node_label(m: &Model, n: NodeId) -> String {
     let g = &m.graph;
     if !g.is_live_node(n) {
@@ -537,27 +733,40 @@ fn f32_values(t: &TractTensor) -> Vec<f32> {
         .unwrap_or_default()
 }
 
-/// Ranges of `names` over the batches, run in tract on the float model
-/// (the statistics are the `quantize` pass's [`RangeCollector`]).
+/// Calibrated `(min, max)` by value name.
+type Ranges = BTreeMap<String, (f32, f32)>;
+
+/// Ranges of `names` over the batches, the float model run in graphopt's
+/// runtime (tract where the runtime refuses), and where it ran (the
+/// statistics are the `quantize` pass's [`RangeCollector`]).
 fn calibrate(
     model: &Model,
     names: &[String],
     batches: &[Vec<TractTensor>],
     how: Calibrate,
-) -> Result<BTreeMap<String, (f32, f32)>> {
+) -> Result<(Ranges, Option<String>)> {
     if names.is_empty() {
-        return Ok(BTreeMap::new());
+        return Ok((BTreeMap::new(), None));
     }
     let n_out = model.graph.outputs.len();
+    let mut runner = Reference::new(model, names, Engine::Runtime);
     let mut ranges = RangeCollector::new(names.len(), batches.len(), how);
     for b in batches {
-        let outs = run_in_tract(model, names, b)
-            .map_err(|e| Error::new(format!("calibration: tract cannot run the model: {e:#}")))?;
+        let outs = runner
+            .run(b)
+            .map_err(|e| Error::new(format!("calibration: {e}")))?;
         for (i, t) in outs.iter().skip(n_out).enumerate().take(names.len()) {
             ranges.add(i, &f32_values(t));
         }
     }
-    Ok(ranges.finish(names))
+    Ok((ranges.finish(names), Some(engine_label(&runner))))
+}
+
+fn engine_label(r: &Reference) -> String {
+    match r.engine() {
+        (e, None) => e.name().to_string(),
+        (e, Some(why)) => format!("{} ({}: {why})", e.name(), e.other().name()),
+    }
 }
 
 /// Runs the float model once per batch and compares candidates with it.
@@ -565,24 +774,33 @@ struct Measurer {
     batches: Vec<Vec<TractTensor>>,
     reference: Vec<Vec<TractTensor>>,
     names: Vec<String>,
+    /// Where the float model ran.
+    engine: String,
 }
 
 impl Measurer {
     fn new(model: &Model, batches: &[Vec<TractTensor>]) -> Result<Measurer> {
         let batches: Vec<_> = batches.iter().take(8).cloned().collect();
+        let mut runner = Reference::new(model, &[], MEASURE_FIRST);
         let reference = batches
             .iter()
-            .map(|b| run_in_tract(model, &[], b))
-            .collect::<anyhow::Result<Vec<_>>>()
-            .map_err(|e| Error::new(format!("tract cannot run the float model: {e:#}")))?;
+            .map(|b| runner.run(b))
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map_err(Error::new)?;
         Ok(Measurer {
             batches,
             reference,
             names: output_names(model),
+            engine: engine_label(&runner),
         })
     }
 
     fn error(&self, m: &Model) -> Result<QuantError> {
+        self.error_on(m, self.batches.len())
+    }
+
+    /// The error on the first `n` batches.
+    fn error_on(&self, m: &Model, n: usize) -> Result<QuantError> {
         let m = dequantize_constants(m)?;
         let tol = Tolerance {
             rtol: 0.0,
@@ -593,25 +811,31 @@ impl Measurer {
             rel_l2: 0.0,
             max_abs: 0.0,
             outputs: BTreeMap::new(),
-            batches: self.batches.len(),
+            batches: n.min(self.batches.len()),
         };
-        for (b, r) in self.batches.iter().zip(&self.reference) {
-            let got = run_in_tract(&m, &[], b)
-                .map_err(|e| Error::new(format!("tract cannot run the quantized model: {e:#}")))?;
+        let mut runner = Reference::new(&m, &[], MEASURE_FIRST);
+        for (b, r) in self.batches.iter().zip(&self.reference).take(n) {
+            let got = runner
+                .run(b)
+                .map_err(|e| Error::new(format!("the quantized model: {e}")))?;
             for d in compare_outputs(&self.names, r, &got, &tol) {
-                if !d.rel_l2.is_finite() && d.error.is_none() {
-                    continue;
-                }
                 if let Some(err) = d.error {
                     return Err(Error::new(format!("output '{}': {err}", d.name)));
                 }
                 if d.shape.is_empty() && d.elements == 0 {
                     continue;
                 }
-                e.rel_l2 = e.rel_l2.max(d.rel_l2);
+                // A NaN or Inf where the float model has a finite value is
+                // an infinite error: over any bound.
+                let rel = if d.rel_l2.is_nan() {
+                    f64::INFINITY
+                } else {
+                    d.rel_l2
+                };
+                e.rel_l2 = e.rel_l2.max(rel);
                 e.max_abs = e.max_abs.max(d.max_abs);
                 let o = e.outputs.entry(d.name).or_insert(0.0);
-                *o = o.max(d.rel_l2);
+                *o = o.max(rel);
             }
         }
         Ok(e)
@@ -648,8 +872,8 @@ impl Measurer {
         let qd = dequantize_constants(q)?;
         let b = &self.batches[0];
         let n_out = float.graph.outputs.len();
-        let fr = run_in_tract(float, &names, b).map_err(Error::from)?;
-        let qr = run_in_tract(&qd, &names, b).map_err(Error::from)?;
+        let (fr, _) = run_once(float, &names, b, MEASURE_FIRST).map_err(Error::new)?;
+        let (qr, _) = run_once(&qd, &names, b, MEASURE_FIRST).map_err(Error::new)?;
         let mut err: BTreeMap<&str, f64> = BTreeMap::new();
         let tol = Tolerance::default();
         for (i, n) in names.iter().enumerate() {
@@ -665,12 +889,7 @@ impl Measurer {
             err.insert(n, d[0].rel_l2);
         }
         // Graph outputs: their error from the main comparison.
-        let outs = compare_outputs(
-            &self.names,
-            &self.reference[0],
-            &run_in_tract(&qd, &[], b).map_err(Error::from)?,
-            &tol,
-        );
+        let outs = compare_outputs(&self.names, &self.reference[0], &qr[..n_out], &tol);
         for o in &outs {
             err.insert(&o.name, o.rel_l2);
         }

@@ -518,8 +518,10 @@ impl PySession {
     /// dicts of numpy arrays (one batch of graph inputs each), an .npz
     /// path or a directory of them, or None (seeded random inputs, with a
     /// warning in the report). `max_error` bounds the relative L2 error of
-    /// every output; layers go back to float until it holds, or
-    /// GraphoptError. Returns a new Session.
+    /// every output (None: the library's default, 0.05; a number; or
+    /// "none" for no bound); layers go back to float until it holds, or
+    /// GraphoptError. `measure=False` skips measuring, and so the bound.
+    /// Returns a new Session.
     #[pyo3(signature = (mode, calibration=None, calibrate="minmax", per_channel=true,
                         symmetric=false, block_size=32, exclude=None, max_error=None,
                         measure=true, dims=None))]
@@ -534,11 +536,24 @@ impl PySession {
         symmetric: bool,
         block_size: i64,
         exclude: Option<&Bound<'_, PyAny>>,
-        max_error: Option<f64>,
+        max_error: Option<&Bound<'_, PyAny>>,
         measure: bool,
         dims: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PySession> {
         let mode = graphopt::QuantizeMode::parse(mode).map_err(|e| gerr(e.into()))?;
+        let defaults = graphopt::QuantizeOptions::new(mode);
+        let max_error = match max_error.filter(|e| !e.is_none()) {
+            None => defaults.max_error,
+            Some(e) => {
+                let spelled = match e.extract::<f64>() {
+                    Ok(v) => v.to_string(),
+                    Err(_) => e.extract::<String>().map_err(|_| {
+                        PyTypeError::new_err("max_error: expected a number, \"none\" or None")
+                    })?,
+                };
+                graphopt::QuantizeOptions::parse_max_error(&spelled).map_err(gerr)?
+            }
+        };
         let dims = dims_arg(dims)?;
         // Batches given as dicts stay in memory (one copy each, as run's
         // inputs); the library checks their names against the model's.
@@ -573,7 +588,7 @@ impl PySession {
             measure,
             memory: Some(DimValues::new(&dims)),
             pipeline: PipelineOptions::default(),
-            ..graphopt::QuantizeOptions::new(mode)
+            ..defaults
         };
         self.transform(py, "quantize", move |s| to_json(&s.quantize(&opts)?))
     }

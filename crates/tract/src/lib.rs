@@ -126,7 +126,7 @@ pub fn run_bytes(bytes: &[u8], inputs: &[Tensor]) -> anyhow::Result<Vec<Tensor>>
 }
 
 /// tract panics on some inputs it does not support; make that an error.
-fn guard<T>(f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+pub fn guard<T>(f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));

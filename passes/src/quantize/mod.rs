@@ -46,7 +46,8 @@
 //! 3. Normalizations, softmax and every op other than the four stay float
 //!    (listed in [`QuantReport::kept_ops`] with why); so do weights smaller
 //!    than `min_weight_elems`, nodes named or typed in `exclude`, and
-//!    main-graph nodes in `keep_nodes` (the `--max-error` fallback).
+//!    main-graph nodes in `keep_nodes` (the `--max-error` fallback); nodes
+//!    in `weight_only_nodes` keep float activations.
 //! 4. The default-domain opset is raised (by `upgrade_opset`) to 13, 19
 //!    when float16 weights are quantized (float16 scales), or 21 for int4,
 //!    and the IR version to one that has int4. float16 weights keep float16
@@ -118,7 +119,7 @@ impl QuantMode {
         }
     }
 
-    fn activations(self) -> bool {
+    pub fn activations(self) -> bool {
         matches!(self, QuantMode::Dynamic | QuantMode::Static)
     }
 }
@@ -139,6 +140,10 @@ pub struct Quantize {
     pub exclude: Vec<String>,
     /// Main-graph nodes left float (ids are stable across clones).
     pub keep_nodes: Vec<NodeId>,
+    /// Main-graph nodes whose weights are quantized but whose activations
+    /// stay float (dynamic and static modes), as when their activation
+    /// quantization alone breaks an error bound.
+    pub weight_only_nodes: Vec<NodeId>,
     /// Calibrated `(min, max)` of activations, by value name (static mode).
     pub ranges: BTreeMap<String, (f32, f32)>,
     /// Weights with fewer elements stay float.
@@ -153,6 +158,7 @@ pub const Quantize: Quantize = Quantize {
     block_size: 32,
     exclude: Vec::new(),
     keep_nodes: Vec::new(),
+    weight_only_nodes: Vec::new(),
     ranges: BTreeMap::new(),
     min_weight_elems: 256,
 };
@@ -673,7 +679,15 @@ fn quantize_graph(
             continue;
         }
         let mut acted = false;
-        if cx.q.mode.activations() && (any_weight || acts.len() >= 2) {
+        let weight_only = main && cx.q.weight_only_nodes.contains(&n);
+        if weight_only && cx.q.mode.activations() && !acts.is_empty() {
+            cx.report.kept_float.push((
+                label(g, n),
+                "activations float: their quantization alone breaks the error bound; weights only"
+                    .into(),
+            ));
+        }
+        if cx.q.mode.activations() && (any_weight || acts.len() >= 2) && !weight_only {
             let mut ok = true;
             for &(_, x) in &acts {
                 let elem = types

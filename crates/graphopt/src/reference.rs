@@ -1,0 +1,233 @@
+//! Running a model on host inputs to calibrate it or to measure another
+//! model against it, in one of two engines with the other as the fallback:
+//! graphopt's own runtime (it runs If, Loop, Scan, CumSum, DFT/STFT front
+//! ends ...) and tract (faster on convolutions today, and it has kernels
+//! the runtime lacks, such as Resize).
+//!
+//! A [`Reference`] holds one model and the extra values to return after
+//! its outputs, and keeps one compiled plan per input shapes, so a model
+//! run on several batches of one shape is planned once.
+
+use crate::run::{to_host, to_tract};
+use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
+use graphopt_ir::{DType, Model};
+use graphopt_plan::{DimValues, PlanOptions};
+use graphopt_tract::TractTensor;
+use tract_onnx::prelude::DatumType;
+
+/// Which executor ran a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Engine {
+    Runtime,
+    Tract,
+}
+
+impl Engine {
+    pub(crate) fn other(self) -> Engine {
+        match self {
+            Engine::Runtime => Engine::Tract,
+            Engine::Tract => Engine::Runtime,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Engine::Runtime => "graphopt's runtime",
+            Engine::Tract => "tract",
+        }
+    }
+}
+
+type Shapes = Vec<Vec<usize>>;
+
+/// One model, run on batches by one engine, the other as the fallback.
+pub(crate) struct Reference {
+    model: Model,
+    first: Engine,
+    /// Why the first engine could not run the model (then the other runs it).
+    refused: Option<String>,
+    compiled: Vec<(Shapes, Executable)>,
+    /// tract's form of the model (fp16 proxied, encoded) and its compiled
+    /// plans per input shapes.
+    tract_bytes: Option<Vec<u8>>,
+    tract: Vec<(Shapes, graphopt_tract::Runner)>,
+    threads: usize,
+}
+
+impl Reference {
+    /// `extra`: main-graph values returned after the model's outputs
+    /// (names that are not main-graph values are skipped, as in tract).
+    /// `first`: the engine tried first.
+    pub(crate) fn new(model: &Model, extra: &[String], first: Engine) -> Reference {
+        let mut m = model.clone();
+        for n in extra {
+            if let Some(v) = m.graph.value_by_name(n) {
+                if !m.graph.outputs.contains(&v) {
+                    m.graph.outputs.push(v);
+                }
+            }
+        }
+        Reference {
+            model: m,
+            first,
+            refused: None,
+            compiled: Vec::new(),
+            tract_bytes: None,
+            tract: Vec::new(),
+            threads: graphopt_plan::default_threads(),
+        }
+    }
+
+    /// The engine that ran the last batch, and why the first one did not
+    /// (if it did not).
+    pub(crate) fn engine(&self) -> (Engine, Option<&str>) {
+        match &self.refused {
+            None => (self.first, None),
+            Some(why) => (self.first.other(), Some(why)),
+        }
+    }
+
+    /// The outputs, then the extra values, for one batch of runtime inputs.
+    pub(crate) fn run(&mut self, inputs: &[TractTensor]) -> Result<Vec<TractTensor>, String> {
+        if self.refused.is_none() {
+            match self.run_on(self.first, inputs) {
+                Ok(o) => return Ok(o),
+                Err(e) => self.refused = Some(e),
+            }
+        }
+        let second = self.first.other();
+        self.run_on(second, inputs).map_err(|e| {
+            format!(
+                "{} cannot run it ({}) and neither can {}: {e}",
+                self.first.name(),
+                self.refused.as_deref().unwrap_or("?"),
+                second.name()
+            )
+        })
+    }
+
+    fn run_on(&mut self, e: Engine, inputs: &[TractTensor]) -> Result<Vec<TractTensor>, String> {
+        match e {
+            Engine::Runtime => self.run_runtime(inputs),
+            Engine::Tract => self.run_tract(inputs).map_err(|e| format!("{e:#}")),
+        }
+    }
+
+    /// As `check::run_in_tract`, with the compiled plan kept per input shapes.
+    fn run_tract(&mut self, inputs: &[TractTensor]) -> anyhow::Result<Vec<TractTensor>> {
+        if self.tract_bytes.is_none() {
+            let m = graphopt_tract::fp16_proxy(&self.model)?;
+            self.tract_bytes = Some(graphopt_tract::prepare_owned(m)?);
+        }
+        let g = &self.model.graph;
+        let mut inputs = inputs.to_vec();
+        for (t, v) in inputs.iter_mut().zip(g.runtime_inputs()) {
+            let want = match g.ty(v).and_then(|ty| ty.elem()) {
+                Some(DType::F16) => DatumType::F16,
+                Some(DType::F32) => DatumType::F32,
+                Some(DType::F64) => DatumType::F64,
+                _ => continue,
+            };
+            if t.datum_type().is_float() && t.datum_type() != want {
+                *t = t.cast_to_dt(want)?.into_owned();
+            }
+        }
+        let shapes: Shapes = inputs.iter().map(|t| t.shape().to_vec()).collect();
+        let slot = match self.tract.iter().position(|(s, _)| *s == shapes) {
+            Some(i) => i,
+            None => {
+                let bytes = self.tract_bytes.as_deref().expect("set above");
+                let r =
+                    graphopt_tract::guard(|| graphopt_tract::Runner::from_bytes(bytes, &inputs))?;
+                self.tract.push((shapes, r));
+                self.tract.len() - 1
+            }
+        };
+        let r = &self.tract[slot].1;
+        graphopt_tract::guard(|| r.run(&inputs))
+    }
+
+    fn run_runtime(&mut self, inputs: &[TractTensor]) -> Result<Vec<TractTensor>, String> {
+        let g = &self.model.graph;
+        let runtime: Vec<_> = g.runtime_inputs().collect();
+        if runtime.len() != inputs.len() {
+            return Err(format!(
+                "{} inputs given, the model takes {}",
+                inputs.len(),
+                runtime.len()
+            ));
+        }
+        let mut host: Vec<HostTensor> = Vec::with_capacity(inputs.len());
+        for (t, &v) in inputs.iter().zip(&runtime) {
+            // Float inputs in the dtype the model declares (fp16 models).
+            let want = match g.ty(v).and_then(|ty| ty.elem()) {
+                Some(DType::F16) => Some(DatumType::F16),
+                Some(DType::F32) => Some(DatumType::F32),
+                Some(DType::F64) => Some(DatumType::F64),
+                _ => None,
+            };
+            let h = match want {
+                Some(w) if t.datum_type().is_float() && t.datum_type() != w => {
+                    let c = t.cast_to_dt(w).map_err(|e| e.to_string())?;
+                    to_host(&c)
+                }
+                _ => to_host(t),
+            }
+            .map_err(|e| e.message().to_string())?;
+            host.push(h);
+        }
+        let shapes: Shapes = host.iter().map(|h| h.shape.clone()).collect();
+        let slot = match self.compiled.iter().position(|(s, _)| *s == shapes) {
+            Some(i) => i,
+            None => {
+                let dims = DimValues {
+                    bound: Vec::new(),
+                    shapes: runtime
+                        .iter()
+                        .zip(&shapes)
+                        .map(|(&v, s)| {
+                            (g.name(v).to_string(), s.iter().map(|&d| d as i64).collect())
+                        })
+                        .collect(),
+                    default: None,
+                };
+                // Greedy placements in program order: the plan only has to
+                // be valid, not small.
+                let opts = PlanOptions {
+                    reorder: false,
+                    search: false,
+                    ..PlanOptions::default()
+                };
+                let mp = graphopt_plan::plan_model(&self.model, &dims, &opts)
+                    .map_err(|e| e.to_string())?;
+                let exe =
+                    Executable::new(&mp.model, &mp.plan, &CpuBackend).map_err(|e| e.to_string())?;
+                self.compiled.push((shapes, exe));
+                self.compiled.len() - 1
+            }
+        };
+        let ropts = RunOptions {
+            threads: self.threads,
+            poison: false,
+        };
+        let (out, _) = self.compiled[slot]
+            .1
+            .run(&host, &ropts)
+            .map_err(|e| e.to_string())?;
+        out.iter()
+            .map(|h| to_tract(h).map_err(|e| e.message().to_string()))
+            .collect()
+    }
+}
+
+/// Runs `model` once on `inputs` (see [`Reference`]).
+pub(crate) fn run_once(
+    model: &Model,
+    extra: &[String],
+    inputs: &[TractTensor],
+    first: Engine,
+) -> Result<(Vec<TractTensor>, Engine), String> {
+    let mut r = Reference::new(model, extra, first);
+    let out = r.run(inputs)?;
+    Ok((out, r.engine().0))
+}
