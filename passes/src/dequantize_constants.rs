@@ -18,6 +18,9 @@
 //!    `z = clip(round(-min(x, 0) / s), 0, 255)`,
 //!    `y = (clip(round(x / s) + z, 0, 255) - z) * s`.
 //!
+//! A folded float16 weight read only by `Cast(to: float)` (the int4 form
+//! with float16 scales of a float32 model) becomes the float32 weight.
+//!
 //! A `DequantizeLinear` of a computed value (static activation QDQ) stays.
 //! Rewrite 1 gives onnxruntime's bits. Rewrite 2 gave them on the
 //! transformers tried (`passes/tests/dequantize_constants_ort.rs`), but a
@@ -128,8 +131,41 @@ fn fold_dq(g: &mut Graph, outer: Outer, stats: &mut PassStats) -> Result<(), Pas
         for v in ins {
             drop_if_unused(g, v);
         }
+        fold_cast(g, y, stats);
     }
     emulate_dynamic(g, stats)
+}
+
+/// `y` a folded float16 weight read only by `Cast(to: float)` (the int4
+/// form with float16 scales of a float32 model) ==> the Cast's output a
+/// float32 initializer (exact: every float16 is a float32).
+fn fold_cast(g: &mut Graph, y: ValueId, stats: &mut PassStats) {
+    let [graphopt_ir::Use::Input { node: c, slot: 0 }] = *g.uses(y) else {
+        return;
+    };
+    let d = g.node(c);
+    let to_f32 = d.attr_int("to") == Some(DType::F32.to_onnx() as i64);
+    let (Some(out), Some(t)) = (d.output(0), g.initializer(y)) else {
+        return;
+    };
+    if d.op_type != "Cast" || !d.domain.is_empty() || !to_f32 || g.is_output(y) {
+        return;
+    }
+    if t.dtype != DType::F16 {
+        return;
+    }
+    let Some(raw) = t.raw() else { return };
+    let vals: Vec<f32> = raw
+        .chunks_exact(2)
+        .map(|b| f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])))
+        .collect();
+    let Ok(t32) = Tensor::from_f32(t.dims.clone(), &vals) else {
+        return;
+    };
+    g.remove_node(c);
+    g.set_initializer(out, t32);
+    drop_if_unused(g, y);
+    stats.add("casts_folded", 1);
 }
 
 /// Removes `v` when nothing reads it any more and it is a plain
