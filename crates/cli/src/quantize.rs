@@ -120,6 +120,24 @@ pub fn text(r: &QuantizeReport) -> String {
     for k in &r.kept_float {
         out += &format!("  float: {}: {}\n", k.name, k.why);
     }
+    if let Some(first) = r.already_quantized.first() {
+        let mut by = std::collections::BTreeMap::<&str, usize>::new();
+        for a in &r.already_quantized {
+            *by.entry(a.what.as_str()).or_default() += 1;
+        }
+        let by: Vec<String> = by.iter().map(|(w, n)| format!("{w} x{n}")).collect();
+        out += &format!(
+            "  already quantized, left as is: {} ({}), e.g. {}{}\n",
+            r.already_quantized.len(),
+            by.join(", "),
+            first.name,
+            if r.already_quantized.len() > 1 {
+                ", ..."
+            } else {
+                ""
+            }
+        );
+    }
     if r.activations_calibrated > 0 {
         out += &format!(
             "  calibrated {} activation ranges ({}) on {}\n",

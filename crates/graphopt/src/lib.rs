@@ -85,8 +85,8 @@ pub use precision::{
     PrecisionReport, ValidateOptions, Validation, ValidationCheck,
 };
 pub use quantize::{
-    dequantize_constants, entropy_threshold, Calibrate, Calibration, KeptFloat, KeptOp, QuantError,
-    QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight,
+    dequantize_constants, entropy_threshold, AlreadyQuantized, Calibrate, Calibration, KeptFloat,
+    KeptOp, QuantError, QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight,
 };
 pub use remat::{
     parse_strategy, Budget, ChoiceReason, FrontierPoint, RematOptions, RematReport, RematSweep,

@@ -14,8 +14,20 @@
 //!   packed 4-bit with one scale (and, unless symmetric, a uint4 zero
 //!   point) per `block_size` elements along the reduction axis (or the
 //!   largest smaller power of two, down to 16, that divides it): the
-//!   blocked `DequantizeLinear` of opset 21. Conv weights, and weights whose
-//!   reduction axis no such block divides, fall back to int8.
+//!   blocked `DequantizeLinear` of opset 21. Conv weights `[O, I, k...]`
+//!   block along their input channels (axis 1). Weights whose reduction
+//!   axis no such block divides (a Conv with 3 or 24 input channels, a
+//!   depthwise Conv) fall back to int8. The scales are float16: a float32
+//!   weight's `DequantizeLinear` writes float16 and a `Cast` brings it to
+//!   float32 (an embedding read only by Gathers gathers the float16 rows and
+//!   casts those). At block 32 that is 0.5 + 2/32 + 0.5/32 bytes per
+//!   element, 0.145x of fp32 (0.141x symmetric). Each scale is rounded to
+//!   float16 before its block is quantized with it; a weight with a block
+//!   scale float16 cannot hold (under 6.1e-5 or over 65504) keeps float32
+//!   scales, with a warning. [`Quantize::int4_f16_scales`] off gives
+//!   float32 scales throughout (the form onnxruntime fuses into its
+//!   `MatMulNBits` kernel; the Cast keeps it from fusing the float16 form,
+//!   so it dequantizes those weights on each run).
 //! - `dynamic`: weights on the same symmetric int8 grid, stored as uint8
 //!   around zero point 128 (onnxruntime's x86 u8s8 kernels saturate; see
 //!   `quantize_weight`), and each float activation read by a
@@ -47,7 +59,18 @@
 //!    (listed in [`QuantReport::kept_ops`] with why); so do weights smaller
 //!    than `min_weight_elems`, nodes named or typed in `exclude`, and
 //!    main-graph nodes in `keep_nodes` (the `--max-error` fallback).
-//! 4. The default-domain opset is raised (by `upgrade_opset`) to 13, 19
+//! 4. What the model had quantized already stays exactly as it was:
+//!    integer ops (`MatMulInteger`, `ConvInteger`, `QLinear*`,
+//!    `DynamicQuantizeLinear`, onnxruntime's `QGemm`, `QAttention`,
+//!    `MatMulNBits`, ...), Q/DQ pairs, `DequantizeLinear` weights, their
+//!    scales and zero points, and this pass's own output (quantizing twice
+//!    changes nothing). A MatMul/Gemm/Conv/Gather with an input that is a
+//!    `DequantizeLinear` output (through Transpose/Reshape/Identity/Cast,
+//!    or captured by a body) is quantized already: no second
+//!    `DynamicQuantizeLinear` or Q/DQ pair goes on its inputs and its
+//!    float weights stay float. Listed in
+//!    [`QuantReport::already_quantized`].
+//! 5. The default-domain opset is raised (by `upgrade_opset`) to 13, 19
 //!    when float16 weights are quantized (float16 scales), or 21 for int4,
 //!    and the IR version to one that has int4. float16 weights keep float16
 //!    compute: only their storage is quantized (DynamicQuantizeLinear takes
@@ -64,6 +87,18 @@
 //! }                                          w = DequantizeLinear <axis: int = 1> (w_quantized, w_scale)
 //!                                            y = MatMul (x, w)
 //!                                          }
+//! ```
+//!
+//! int4-weights (block 32, asymmetric) on a float32 weight `[64, 8]`:
+//!
+//! ```text
+//! <uint4[64,8] w_quantized = {...},
+//!  float16[2,8] w_scale = {...},         one per 32 rows (K) and column
+//!  uint4[2,8] w_zero_point = {...}> {
+//!   w_f16 = DequantizeLinear <axis: int = 0, block_size: int = 32> (w_quantized, w_scale, w_zero_point)
+//!   w = Cast <to: int = 1> (w_f16)
+//!   y = MatMul (x, w)
+//! }
 //! ```
 
 pub mod calibrate;
@@ -143,6 +178,10 @@ pub struct Quantize {
     pub ranges: BTreeMap<String, (f32, f32)>,
     /// Weights with fewer elements stay float.
     pub min_weight_elems: u64,
+    /// int4 block scales of float32 weights in float16 (the
+    /// DequantizeLinear writes float16, a Cast follows); else float32
+    /// (the form onnxruntime fuses into MatMulNBits, 0.016x of fp32 more).
+    pub int4_f16_scales: bool,
 }
 
 #[allow(non_upper_case_globals)]
@@ -155,6 +194,7 @@ pub const Quantize: Quantize = Quantize {
     keep_nodes: Vec::new(),
     ranges: BTreeMap::new(),
     min_weight_elems: 256,
+    int4_f16_scales: true,
 };
 
 impl Default for Quantize {
@@ -1189,9 +1229,17 @@ fn quantize_weight(
             let x = int4_blocks(&w, dims, a, bu, sym, &|s| Some(f16_scale(s)))
                 .expect("f16_scale refuses nothing");
             (x, DType::F16, "")
-        } else if let Some(x) = int4_blocks(&w, dims, a, bu, sym, &f16_scale_fitting) {
+        } else if let Some(x) = cx
+            .q
+            .int4_f16_scales
+            .then(|| int4_blocks(&w, dims, a, bu, sym, &f16_scale_fitting))
+            .flatten()
+        {
             f16_out = true;
             (x, DType::F16, "")
+        } else if !cx.q.int4_f16_scales {
+            let x = int4_blocks(&w, dims, a, bu, sym, &Some).expect("Some refuses nothing");
+            (x, DType::F32, "")
         } else {
             cx.report.warnings.push(format!(
                 "'{name}': int4 block scales kept float32: a block's scale is outside float16's normal range [6.1e-5, 65504]"
