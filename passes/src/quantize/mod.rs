@@ -17,17 +17,18 @@
 //!   blocked `DequantizeLinear` of opset 21. Conv weights `[O, I, k...]`
 //!   block along their input channels (axis 1). Weights whose reduction
 //!   axis no such block divides (a Conv with 3 or 24 input channels, a
-//!   depthwise Conv) fall back to int8. The scales are float16: a float32
-//!   weight's `DequantizeLinear` writes float16 and a `Cast` brings it to
-//!   float32 (an embedding read only by Gathers gathers the float16 rows and
-//!   casts those). At block 32 that is 0.5 + 2/32 + 0.5/32 bytes per
-//!   element, 0.145x of fp32 (0.141x symmetric). Each scale is rounded to
-//!   float16 before its block is quantized with it; a weight with a block
-//!   scale float16 cannot hold (under 6.1e-5 or over 65504) keeps float32
-//!   scales, with a warning. [`Quantize::int4_f16_scales`] off gives
-//!   float32 scales throughout (the form onnxruntime fuses into its
-//!   `MatMulNBits` kernel; the Cast keeps it from fusing the float16 form,
-//!   so it dequantizes those weights on each run).
+//!   depthwise Conv) fall back to int8. The scales are stored float16: for
+//!   a float32 weight a `Cast` of the scales to float32 (1/32 of the
+//!   elements) feeds the `DequantizeLinear`, which writes the float32
+//!   weight exactly. At block 32 that is 0.5 + 2/32 + 0.5/32 bytes per
+//!   element, 0.145x of fp32 (0.141x symmetric). onnxruntime folds the
+//!   Cast and still fuses `DequantizeLinear` -> `MatMul` into its
+//!   `MatMulNBits` kernel (a float16 `DequantizeLinear` output cast to
+//!   float32 would not fuse: BERT-base ran 8.7x slower in it). Each scale is
+//!   rounded to float16 before its block is quantized with it; a weight
+//!   with a block scale float16 cannot hold (under 6.1e-5 or over 65504)
+//!   keeps float32 scales, with a warning. [`Quantize::int4_f16_scales`]
+//!   off gives float32 scales throughout.
 //! - `dynamic`: weights on the same symmetric int8 grid, stored as uint8
 //!   around zero point 128 (onnxruntime's x86 u8s8 kernels saturate; see
 //!   `quantize_weight`), and each float activation read by a
@@ -92,13 +93,14 @@
 //! int4-weights (block 32, asymmetric) on a float32 weight `[64, 8]`:
 //!
 //! ```text
-//! <uint4[64,8] w_quantized = {...},
-//!  float16[2,8] w_scale = {...},         one per 32 rows (K) and column
-//!  uint4[2,8] w_zero_point = {...}> {
-//!   w_f16 = DequantizeLinear <axis: int = 0, block_size: int = 32> (w_quantized, w_scale, w_zero_point)
-//!   w = Cast <to: int = 1> (w_f16)
-//!   y = MatMul (x, w)
-//! }
+//! before:                          after:
+//! <float[64,8] w = {...}> {        <uint4[64,8] w_quantized = {...},
+//!   y = MatMul (x, w)               float16[2,8] w_scale = {...},    one per 32 rows (K) and column
+//! }                                 uint4[2,8] w_zero_point = {...}> {
+//!                                    w_scale_f32 = Cast <to: int = 1> (w_scale)
+//!                                    w = DequantizeLinear <axis: int = 0, block_size: int = 32> (w_quantized, w_scale_f32, w_zero_point)
+//!                                    y = MatMul (x, w)
+//!                                  }
 //! ```
 
 pub mod calibrate;
@@ -178,9 +180,8 @@ pub struct Quantize {
     pub ranges: BTreeMap<String, (f32, f32)>,
     /// Weights with fewer elements stay float.
     pub min_weight_elems: u64,
-    /// int4 block scales of float32 weights in float16 (the
-    /// DequantizeLinear writes float16, a Cast follows); else float32
-    /// (the form onnxruntime fuses into MatMulNBits, 0.016x of fp32 more).
+    /// int4 block scales of float32 weights stored float16 (cast to
+    /// float32 in the graph); else float32 (0.016x of fp32 more).
     pub int4_f16_scales: bool,
 }
 
@@ -1162,10 +1163,9 @@ fn int4_blocks(
 }
 
 /// `W` ==> `W = DequantizeLinear(W_quantized, W_scale[, W_zero_point])`,
-/// and for int4 with float16 scales of a float32 weight `W_f16 =
-/// DequantizeLinear(...); W = Cast(W_f16)` (an embedding read only by
-/// Gathers gathers the float16 rows and casts those). Returns the format,
-/// for the report.
+/// and for int4 with float16 scales of a float32 weight
+/// `W = DequantizeLinear(W_quantized, Cast(W_scale), W_zero_point)`.
+/// Returns the format, for the report.
 fn quantize_weight(
     g: &mut Graph,
     v: ValueId,
@@ -1182,10 +1182,9 @@ fn quantize_weight(
     }
     let name = g.name(v).to_string();
     let r = dims.len();
-    let gathers = gather_only(g, v, r);
-    if let Some(gathers) = &gathers {
+    if let Some(gathers) = gather_only(g, v, r) {
         if cx.q.mode != QuantMode::Int4Weights && cx.q.per_channel {
-            return gathered(g, v, &t, &w, dims, gathers, cx);
+            return gathered(g, v, &t, &w, dims, &gathers, cx);
         }
     }
     let agree = |f: &dyn Fn(&Read) -> Option<usize>| -> Option<usize> {
@@ -1218,9 +1217,9 @@ fn quantize_weight(
         };
     let mut attrs = Vec::new();
     let (qt, st, zt, fmt);
-    // A float32 weight whose int4 scales are float16: the DequantizeLinear
-    // writes float16, and a Cast (or the Gathers, then a Cast) follows.
-    let mut f16_out = false;
+    // A float32 weight whose int4 scales are float16 (a Cast of the
+    // scales goes before the DequantizeLinear).
+    let mut cast_scales = false;
     if int4 {
         let a = reduce.expect("int4 needs it");
         let sym = cx.q.symmetric;
@@ -1235,7 +1234,7 @@ fn quantize_weight(
             .then(|| int4_blocks(&w, dims, a, bu, sym, &f16_scale_fitting))
             .flatten()
         {
-            f16_out = true;
+            cast_scales = true;
             (x, DType::F16, "")
         } else if !cx.q.int4_f16_scales {
             let x = int4_blocks(&w, dims, a, bu, sym, &Some).expect("Some refuses nothing");
@@ -1331,32 +1330,35 @@ fn quantize_weight(
         };
     }
     let qv = add_init(g, cx, &format!("{name}_quantized"), qt)?;
-    let sv = add_init(g, cx, &format!("{name}_scale"), st)?;
+    let mut sv = add_init(g, cx, &format!("{name}_scale"), st)?;
+    // float16 scales of a float32 weight: a Cast of the scales (1/32 of
+    // the elements) to float32, so that the DequantizeLinear writes the
+    // float32 weight exactly and onnxruntime, which folds the Cast, still
+    // fuses it with the MatMul into MatMulNBits.
+    let scale_cast = if cast_scales {
+        let s32 = g.add_value(
+            fresh(cx, &format!("{name}_scale_f32")),
+            Some(Type::tensor(DType::F32, g.ty(sv).and_then(|t| t.shape()).cloned())),
+        )?;
+        let cast = NewNode::new("Cast")
+            .name(fresh(cx, &format!("{name}_scale_cast")))
+            .inputs(&[sv])
+            .outputs(&[s32])
+            .attr(Attribute::new("to", AttrValue::Int(DType::F32.to_onnx() as i64)));
+        sv = s32;
+        Some(cast)
+    } else {
+        None
+    };
     let mut inputs = vec![qv, sv];
     if let Some(z) = zt {
         inputs.push(add_init(g, cx, &format!("{name}_zero_point"), z)?);
     }
-    // What the DequantizeLinear writes: the weight itself, or its float16
-    // copy (a weight this run quantized, for `source`).
-    let out = if f16_out {
-        let h = fresh(cx, &format!("{name}_f16"));
-        cx.quantized_weights.insert(h.clone());
-        g.add_value(h, Some(Type::known(DType::F16, dims)))?
-    } else {
-        v
-    };
     let mut node = NewNode::new("DequantizeLinear")
         .name(fresh(cx, &format!("{name}_dequantize")))
         .inputs(&inputs)
-        .outputs(&[out]);
+        .outputs(&[v]);
     node.attributes = attrs;
-    let to_f32 = |cx: &mut Ctx, nm: &str, x: ValueId, y: ValueId| {
-        NewNode::new("Cast")
-            .name(fresh(cx, &format!("{nm}_cast")))
-            .inputs(&[x])
-            .outputs(&[y])
-            .attr(Attribute::new("to", AttrValue::Int(DType::F32.to_onnx() as i64)))
-    };
     let dq = match g.producer(v) {
         Some((c, _)) => {
             // A Constant: the DequantizeLinear takes its place.
@@ -1375,37 +1377,8 @@ fn quantize_weight(
             }
         }
     };
-    if f16_out {
-        match gathers {
-            Some(gathers) => {
-                // The Gathers read the float16 table and write float16
-                // rows; a Cast per Gather brings those to float32, so
-                // the float32 table is never built.
-                for n in gathers {
-                    let Some(y) = g.node(n).output(0) else {
-                        continue;
-                    };
-                    let shape = g.ty(y).and_then(|ty| ty.shape()).cloned();
-                    let yh = g.add_value(
-                        fresh(cx, &format!("{}_f16", g.name(y))),
-                        Some(Type::tensor(DType::F16, shape)),
-                    )?;
-                    g.set_input(n, 0, Some(out));
-                    g.set_output(n, 0, Some(yh));
-                    let nm = g.name(y).to_string();
-                    let cast = to_f32(cx, &nm, yh, y);
-                    g.insert_node_after(n, cast)?;
-                }
-                if g.uses(v).is_empty() && !g.is_output(v) {
-                    g.remove_value(v);
-                }
-                return Ok(format!("{fmt}, gathered in float16 then cast"));
-            }
-            None => {
-                let cast = to_f32(cx, &name, out, v);
-                g.insert_node_after(dq, cast)?;
-            }
-        }
+    if let Some(cast) = scale_cast {
+        g.insert_node_before(dq, cast)?;
     }
     Ok(fmt)
 }
