@@ -26,7 +26,8 @@ mode of `--quantize` (dynamic, static, int8-weights, int4-weights):
     judges by that figure
   * models whose fp32 weights exceed 64 KB shrink to <= 0.30x (int8 modes; 0.32x
     with Conv) or <= 0.20x (int4, models without Conv: int4 applies to
-    MatMul/Gemm/Gather, Conv weights are int8)
+    MatMul/Gemm/Gather and Conv weights whose input channels a block of 16 or
+    more divides; the first and depthwise Convs stay int8)
 Prints one line per (model, mode) and finally `N passed, M failed`; with
 --measure, also the measured errors as JSON (to update the bounds).
 """
@@ -130,7 +131,8 @@ def check(entry, models_dir, graphopt, mode, tmp, args):
         return False, "graph input/output names or types changed", None
     has_conv = any(n.op_type == "Conv" for n in orig.graph.node)
     if fp32_weight_bytes(orig) > 65536:
-        # int4 applies to MatMul/Gemm/Gather; Conv weights are int8.
+        # int4 applies to MatMul/Gemm/Gather and to Conv weights whose input
+        # channels a block divides; the first and depthwise Convs are int8.
         # Depthwise convolutions have many small weights left float and
         # per-channel scales of their own.
         cap = 0.20 if mode == "int4-weights" and not has_conv else 0.32 if has_conv else 0.30

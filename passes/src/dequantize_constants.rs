@@ -18,6 +18,11 @@
 //!    `z = clip(round(-min(x, 0) / s), 0, 255)`,
 //!    `y = (clip(round(x / s) + z, 0, 255) - z) * s`.
 //!
+//! A scale that is `Cast(to: float)` of a constant (the quantize pass's
+//! int4 form for a float32 weight: float16 scales cast to float32) counts
+//! as constant, and the Cast goes with the fold. A folded float16 weight
+//! read only by `Cast(to: float)` becomes the float32 weight.
+//!
 //! A `DequantizeLinear` of a computed value (static activation QDQ) stays.
 //! Rewrite 1 gives onnxruntime's bits. Rewrite 2 gave them on the
 //! transformers tried (`passes/tests/dequantize_constants_ort.rs`), but a
@@ -107,7 +112,7 @@ fn fold_dq(g: &mut Graph, outer: Outer, stats: &mut PassStats) -> Result<(), Pas
                 if g.is_outer(v) {
                     outer(g.name(v))
                 } else {
-                    g.constant(v).cloned()
+                    g.constant(v).cloned().or_else(|| cast_constant(g, v))
                 }
             })
             .collect();
@@ -124,12 +129,79 @@ fn fold_dq(g: &mut Graph, outer: Outer, stats: &mut PassStats) -> Result<(), Pas
         g.set_initializer(y, t);
         stats.add("folded", 1);
         // The integer tensors go too (tract loads every initializer, and
-        // has no 4-bit types).
+        // has no 4-bit types), and Casts of float16 scales no longer read.
         for v in ins {
+            if let Some((c, _)) = g.producer(v).filter(|_| g.uses(v).is_empty()) {
+                let src = g.node(c).input(0);
+                g.remove_node(c);
+                g.remove_value(v);
+                if let Some(src) = src {
+                    drop_if_unused(g, src);
+                }
+                continue;
+            }
             drop_if_unused(g, v);
         }
+        fold_cast(g, y, stats);
     }
     emulate_dynamic(g, stats)
+}
+
+/// `v = Cast(c, to: float)` of a float16 or float32 constant `c` (the
+/// quantize pass's float16 int4 scales for a float32 weight): `c` in
+/// float32.
+fn cast_constant(g: &Graph, v: ValueId) -> Option<Tensor> {
+    let (c, _) = g.producer(v)?;
+    let d = g.node(c);
+    if d.op_type != "Cast"
+        || !d.domain.is_empty()
+        || d.attr_int("to") != Some(DType::F32.to_onnx() as i64)
+    {
+        return None;
+    }
+    let t = g.constant(d.input(0)?)?;
+    let raw = t.raw()?;
+    let vals: Vec<f32> = match t.dtype {
+        DType::F16 => raw
+            .chunks_exact(2)
+            .map(|b| f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        DType::F32 => return Some(t.clone()),
+        _ => return None,
+    };
+    Tensor::from_f32(t.dims.clone(), &vals).ok()
+}
+
+/// `y` a folded float16 weight read only by `Cast(to: float)` (the int4
+/// form with float16 scales of a float32 model) ==> the Cast's output a
+/// float32 initializer (exact: every float16 is a float32).
+fn fold_cast(g: &mut Graph, y: ValueId, stats: &mut PassStats) {
+    let [graphopt_ir::Use::Input { node: c, slot: 0 }] = *g.uses(y) else {
+        return;
+    };
+    let d = g.node(c);
+    let to_f32 = d.attr_int("to") == Some(DType::F32.to_onnx() as i64);
+    let (Some(out), Some(t)) = (d.output(0), g.initializer(y)) else {
+        return;
+    };
+    if d.op_type != "Cast" || !d.domain.is_empty() || !to_f32 || g.is_output(y) {
+        return;
+    }
+    if t.dtype != DType::F16 {
+        return;
+    }
+    let Some(raw) = t.raw() else { return };
+    let vals: Vec<f32> = raw
+        .chunks_exact(2)
+        .map(|b| f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])))
+        .collect();
+    let Ok(t32) = Tensor::from_f32(t.dims.clone(), &vals) else {
+        return;
+    };
+    g.remove_node(c);
+    g.set_initializer(out, t32);
+    drop_if_unused(g, y);
+    stats.add("casts_folded", 1);
 }
 
 /// Removes `v` when nothing reads it any more and it is a plain

@@ -127,6 +127,30 @@ pub fn text(r: &QuantizeReport) -> String {
     for k in &r.kept_float {
         out += &format!("  float: {}: {}\n", k.name, k.why);
     }
+    if !r.already_quantized.is_empty() {
+        let mut by = std::collections::BTreeMap::<&str, usize>::new();
+        for a in &r.already_quantized {
+            *by.entry(a.what.as_str()).or_default() += 1;
+        }
+        let by: Vec<String> = by.iter().map(|(w, n)| format!("{w} x{n}")).collect();
+        let names: Vec<&str> = r
+            .already_quantized
+            .iter()
+            .take(3)
+            .map(|a| a.name.as_str())
+            .collect();
+        let more = if r.already_quantized.len() > 3 {
+            ", ..."
+        } else {
+            ""
+        };
+        out += &format!(
+            "  already quantized, left as is: {} ({}): {}{more}\n",
+            r.already_quantized.len(),
+            by.join(", "),
+            names.join(", ")
+        );
+    }
     if r.activations_calibrated > 0 {
         out += &format!(
             "  calibrated {} activation ranges ({}) on {}\n",

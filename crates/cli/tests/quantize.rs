@@ -5,6 +5,8 @@
 //! - `--max-error` puts layers back to float until the error fits, and a
 //!   bound it cannot reach is an error that writes nothing and leaves the
 //!   session unchanged;
+//! - models onnxruntime quantized keep their quantization, and no error
+//!   on top (`tests-py/quantize_prequantized.py`);
 //! - the digits MLP and CNN keep their test accuracy within issue 12's
 //!   drops (`tests-py/quantize_digits.py`);
 //! - the output is byte-identical run to run and the input is not touched;
@@ -55,6 +57,15 @@ fn run_script(script: &str) {
 #[test]
 fn real_models_quantized_run_in_onnxruntime() {
     run_script("quantize_models.py");
+}
+
+/// Models onnxruntime quantized already (dynamic, QDQ) keep every
+/// integer op and Q/DQ node as it was under `--quantize dynamic`, nothing
+/// they dequantized is quantized again, and the error stays within 1.05x
+/// of theirs (`tests-py/quantize_prequantized.py`).
+#[test]
+fn prequantized_models_keep_their_quantization() {
+    run_script("quantize_prequantized.py");
 }
 
 /// The digits MLP and CNN (testdata/quant/make_digits.py) lose at most

@@ -86,8 +86,9 @@ pub use precision::{
     PrecisionReport, ValidateOptions, Validation, ValidationCheck,
 };
 pub use quantize::{
-    dequantize_constants, entropy_threshold, Calibrate, Calibration, KeptFloat, KeptOp, QuantError,
-    QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight, SoloError, DEFAULT_MAX_ERROR,
+    dequantize_constants, entropy_threshold, AlreadyQuantized, Calibrate, Calibration, KeptFloat,
+    KeptOp, QuantError, QuantizeMode, QuantizeOptions, QuantizeReport, QuantizedWeight, SoloError,
+    DEFAULT_MAX_ERROR,
 };
 pub use remat::{
     parse_strategy, Budget, ChoiceReason, FrontierPoint, RematOptions, RematReport, RematSweep,

@@ -179,6 +179,13 @@ pub struct KeptFloat {
     pub why: String,
 }
 
+/// Something the model had quantized already, left as it was.
+#[derive(Clone, Debug, Serialize)]
+pub struct AlreadyQuantized {
+    pub name: String,
+    pub what: String,
+}
+
 /// An op type left float.
 #[derive(Clone, Debug, Serialize)]
 pub struct KeptOp {
@@ -226,6 +233,9 @@ pub struct QuantizeReport {
     pub activations_calibrated: usize,
     pub kept_float: Vec<KeptFloat>,
     pub kept_ops: Vec<KeptOp>,
+    /// What the model had quantized already (integer ops, Q/DQ pairs,
+    /// dequantized weights and the nodes reading them), left as it was.
+    pub already_quantized: Vec<AlreadyQuantized>,
     pub error: Option<QuantError>,
     /// Why the error was not measured.
     pub error_skipped: Option<String>,
@@ -571,6 +581,14 @@ impl Session {
                     op: op.clone(),
                     count: *c,
                     why: w.clone(),
+                })
+                .collect(),
+            already_quantized: r
+                .already_quantized
+                .iter()
+                .map(|(n, w)| AlreadyQuantized {
+                    name: n.clone(),
+                    what: w.clone(),
                 })
                 .collect(),
             error,

@@ -14,8 +14,21 @@
 //!   packed 4-bit with one scale (and, unless symmetric, a uint4 zero
 //!   point) per `block_size` elements along the reduction axis (or the
 //!   largest smaller power of two, down to 16, that divides it): the
-//!   blocked `DequantizeLinear` of opset 21. Conv weights, and weights whose
-//!   reduction axis no such block divides, fall back to int8.
+//!   blocked `DequantizeLinear` of opset 21. Conv weights `[O, I, k...]`
+//!   block along their input channels (axis 1). Weights whose reduction
+//!   axis no such block divides (a Conv with 3 or 24 input channels, a
+//!   depthwise Conv) fall back to int8. The scales are stored float16: for
+//!   a float32 weight a `Cast` of the scales to float32 (1/32 of the
+//!   elements) feeds the `DequantizeLinear`, which writes the float32
+//!   weight exactly. At block 32 that is 0.5 + 2/32 + 0.5/32 bytes per
+//!   element, 0.145x of fp32 (0.141x symmetric). onnxruntime folds the
+//!   Cast and still fuses `DequantizeLinear` -> `MatMul` into its
+//!   `MatMulNBits` kernel (a float16 `DequantizeLinear` output cast to
+//!   float32 would not fuse: BERT-base ran 8.7x slower in it). Each scale is
+//!   rounded to float16 before its block is quantized with it; a weight
+//!   with a block scale float16 cannot hold (under 6.1e-5 or over 65504)
+//!   keeps float32 scales, with a warning. [`Quantize::int4_f16_scales`]
+//!   off gives float32 scales throughout.
 //! - `dynamic`: weights on the same symmetric int8 grid, stored as uint8
 //!   around zero point 128 (onnxruntime's x86 u8s8 kernels saturate; see
 //!   `quantize_weight`), and each float activation read by a
@@ -48,7 +61,18 @@
 //!    than `min_weight_elems`, nodes named or typed in `exclude`, and
 //!    main-graph nodes in `keep_nodes` (the `--max-error` fallback); nodes
 //!    in `weight_only_nodes` keep float activations.
-//! 4. The default-domain opset is raised (by `upgrade_opset`) to 13, 19
+//! 4. What the model had quantized already stays exactly as it was:
+//!    integer ops (`MatMulInteger`, `ConvInteger`, `QLinear*`,
+//!    `DynamicQuantizeLinear`, onnxruntime's `QGemm`, `QAttention`,
+//!    `MatMulNBits`, ...), Q/DQ pairs, `DequantizeLinear` weights, their
+//!    scales and zero points, and this pass's own output (quantizing twice
+//!    changes nothing). A MatMul/Gemm/Conv/Gather with an input that is a
+//!    `DequantizeLinear` output (through Transpose/Reshape/Identity/Cast,
+//!    or captured by a body) is quantized already: no second
+//!    `DynamicQuantizeLinear` or Q/DQ pair goes on its inputs and its
+//!    float weights stay float. Listed in
+//!    [`QuantReport::already_quantized`].
+//! 5. The default-domain opset is raised (by `upgrade_opset`) to 13, 19
 //!    when float16 weights are quantized (float16 scales), or 21 for int4,
 //!    and the IR version to one that has int4. float16 weights keep float16
 //!    compute: only their storage is quantized (DynamicQuantizeLinear takes
@@ -65,6 +89,19 @@
 //! }                                          w = DequantizeLinear <axis: int = 1> (w_quantized, w_scale)
 //!                                            y = MatMul (x, w)
 //!                                          }
+//! ```
+//!
+//! int4-weights (block 32, asymmetric) on a float32 weight `[64, 8]`:
+//!
+//! ```text
+//! before:                          after:
+//! <float[64,8] w = {...}> {        <uint4[64,8] w_quantized = {...},
+//!   y = MatMul (x, w)               float16[2,8] w_scale = {...},    one per 32 rows (K) and column
+//! }                                 uint4[2,8] w_zero_point = {...}> {
+//!                                    w_scale_f32 = Cast <to: int = 1> (w_scale)
+//!                                    w = DequantizeLinear <axis: int = 0, block_size: int = 32> (w_quantized, w_scale_f32, w_zero_point)
+//!                                    y = MatMul (x, w)
+//!                                  }
 //! ```
 
 pub mod calibrate;
@@ -148,6 +185,9 @@ pub struct Quantize {
     pub ranges: BTreeMap<String, (f32, f32)>,
     /// Weights with fewer elements stay float.
     pub min_weight_elems: u64,
+    /// int4 block scales of float32 weights stored float16 (cast to
+    /// float32 in the graph); else float32 (0.016x of fp32 more).
+    pub int4_f16_scales: bool,
 }
 
 #[allow(non_upper_case_globals)]
@@ -161,6 +201,7 @@ pub const Quantize: Quantize = Quantize {
     weight_only_nodes: Vec::new(),
     ranges: BTreeMap::new(),
     min_weight_elems: 256,
+    int4_f16_scales: true,
 };
 
 impl Default for Quantize {
@@ -186,6 +227,11 @@ pub struct QuantReport {
     pub kept_ops: BTreeMap<String, (u64, String)>,
     /// Activations static mode wanted a range for (main graph and bodies).
     pub wanted_ranges: Vec<String>,
+    /// What the model had quantized already, left exactly as it was: node
+    /// and what (`MatMulInteger`, `QDQ weight`, `QDQ activation`,
+    /// `MatMul on dequantized inputs`, ...), program order, bodies after
+    /// their graph.
+    pub already_quantized: Vec<(String, String)>,
     pub weight_bytes_before: u64,
     pub weight_bytes_after: u64,
     pub opset_before: Option<i64>,
@@ -273,6 +319,10 @@ struct Ctx<'a> {
     /// Element types by value name, every graph (names are unique
     /// model-wide, and a body's captures need the enclosing graph's types).
     elems: HashMap<String, DType>,
+    /// Values the model had dequantized (`DequantizeLinear` outputs, and
+    /// layout ops and Casts of them), by name: a body sees them as
+    /// captures.
+    dequantized: HashSet<String>,
 }
 
 impl Quantize {
@@ -309,6 +359,7 @@ impl Quantize {
             uses_f16: false,
             gathered: Vec::new(),
             elems,
+            dequantized: HashSet::new(),
         };
         quantize_graph(&mut m.graph, &types, &mut cx, true)?;
         let mut r = cx.report;
@@ -361,6 +412,154 @@ impl Quantize {
 
 fn is_target(op: &str) -> bool {
     matches!(op, "MatMul" | "Gemm" | "Conv" | "Gather")
+}
+
+/// Contrib ops (onnxruntime's `com.microsoft`) that compute on quantized
+/// tensors, besides every `QLinear*` and `QOrdered*`.
+const QUANTIZED_CONTRIB: &[&str] = &[
+    "QGemm",
+    "QAttention",
+    "QEmbedLayerNormalization",
+    "DynamicQuantizeMatMul",
+    "DynamicQuantizeLSTM",
+    "MatMulIntegerToFloat",
+    "MatMulNBits",
+    "MatMulBnb4",
+    "GatherBlockQuantized",
+    "QMoE",
+    "QuantizeLinear",
+    "DequantizeLinear",
+];
+
+/// What node `n` is when it belongs to a quantization the model already
+/// had (it stays as it is): an integer op, a Q/DQ node, or a
+/// MatMul/Gemm/Conv/Gather reading a `DequantizeLinear` output.
+fn prequantized(g: &Graph, n: NodeId, cx: &Ctx) -> Option<String> {
+    let d = g.node(n);
+    let op = d.op_type.as_str();
+    if !d.domain.is_empty() {
+        let q = op.starts_with("QLinear")
+            || op.starts_with("QOrdered")
+            || QUANTIZED_CONTRIB.contains(&op);
+        return q.then(|| d.qualified_op());
+    }
+    match op {
+        "MatMulInteger" | "ConvInteger" | "DynamicQuantizeLinear" => Some(op.into()),
+        _ if op.starts_with("QLinear") => Some(op.into()),
+        "QuantizeLinear" => {
+            // Counted at its DequantizeLinear when that is all it feeds.
+            let uses = d.output(0).map_or(&[][..], |y| g.uses(y));
+            let paired = !uses.is_empty()
+                && uses.iter().all(|u| {
+                    matches!(*u, Use::Input { node, slot: 0 }
+                        if g.node(node).op_type == "DequantizeLinear")
+                });
+            (!paired).then(|| op.into())
+        }
+        "DequantizeLinear" => {
+            // What it dequantizes: a constant (through layout ops and the
+            // Gather of a quantized embedding) or a quantized activation.
+            let mut x = d.input(0)?;
+            for _ in 0..16 {
+                if g.constant(x).is_some() {
+                    return Some("QDQ weight".into());
+                }
+                let Some((p, _)) = g.producer(x) else { break };
+                let pd = g.node(p);
+                match pd.op_type.as_str() {
+                    "Constant" => return Some("QDQ weight".into()),
+                    "QuantizeLinear" => return Some("QDQ activation".into()),
+                    "DynamicQuantizeLinear" => return Some("QDQ activation (dynamic)".into()),
+                    "Transpose" | "Reshape" | "Identity" | "Gather" | "Squeeze"
+                    | "Unsqueeze" => match pd.input(0) {
+                        Some(i) => x = i,
+                        None => break,
+                    },
+                    _ => break,
+                }
+            }
+            Some("DequantizeLinear".into())
+        }
+        "Gather" if gathered_rows(g, n) == Some(true) => {
+            Some("int8 embedding, gathered rows".into())
+        }
+        _ if is_target(op) && quantized_already(g, n, cx) => {
+            Some(format!("{op} on dequantized inputs"))
+        }
+        _ => None,
+    }
+}
+
+/// Whether `n` is quantized already: an input is (through layout ops and
+/// Casts) the output of a `DequantizeLinear` the model had, or it is a
+/// Gather of an int8 embedding's rows or row scales (this pass's
+/// `gathered` form). Quantizing its inputs again would round twice.
+fn quantized_already(g: &Graph, n: NodeId, cx: &Ctx) -> bool {
+    g.node(n)
+        .inputs()
+        .iter()
+        .flatten()
+        .any(|&x| matches!(source(g, x, cx), Source::Dequantized))
+        || gathered_rows(g, n).is_some()
+}
+
+/// For a Gather of the gathered int8 form `Mul(Cast(Gather(Q, ids)),
+/// Gather(S, ids))` with `Q` an integer constant: `Some(true)` for the
+/// Gather of `Q`'s rows, `Some(false)` for the Gather of their scales.
+fn gathered_rows(g: &Graph, n: NodeId) -> Option<bool> {
+    let d = g.node(n);
+    if d.op_type != "Gather" || !d.domain.is_empty() {
+        return None;
+    }
+    let is = |m: NodeId, op: &str| g.node(m).op_type == op && g.node(m).domain.is_empty();
+    let producer = |v: ValueId, op: &str| g.producer(v).map(|(p, _)| p).filter(|&p| is(p, op));
+    // The other operand of each Mul reading `v`.
+    let mul_others = |v: ValueId| -> Vec<ValueId> {
+        g.uses(v)
+            .iter()
+            .filter_map(|u| match *u {
+                Use::Input { node: m, .. } if is(m, "Mul") => {
+                    g.node(m).inputs().iter().flatten().find(|&&o| o != v).copied()
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let int_rows = |gather: NodeId| {
+        g.node(gather)
+            .input(0)
+            .and_then(|q| g.constant(q))
+            .is_some_and(|t| matches!(t.dtype, DType::I8 | DType::U8 | DType::I4 | DType::U4))
+    };
+    let y = d.output(0)?;
+    // The scales' Gather: multiplied by the Cast of the rows' Gather.
+    let rows_cast = |x: ValueId| {
+        producer(x, "Cast")
+            .and_then(|c| g.node(c).input(0))
+            .and_then(|r| producer(r, "Gather"))
+            .is_some_and(int_rows)
+    };
+    if mul_others(y).into_iter().any(rows_cast) {
+        return Some(false);
+    }
+    // The rows' Gather: an integer table, cast, then multiplied by a Gather.
+    if int_rows(n) {
+        for u in g.uses(y) {
+            let Use::Input { node: c, .. } = *u else {
+                continue;
+            };
+            let Some(cy) = g.node(c).output(0).filter(|_| is(c, "Cast")) else {
+                continue;
+            };
+            if mul_others(cy)
+                .into_iter()
+                .any(|o| producer(o, "Gather").is_some())
+            {
+                return Some(true);
+            }
+        }
+    }
+    None
 }
 
 fn label(g: &Graph, n: NodeId) -> String {
@@ -515,6 +714,12 @@ fn follow(
                         if let Some(why) = cx.q.excluded(g, node, main) {
                             return Err(format!("read by {} '{}' ({why})", op, label(g, node)));
                         }
+                        if quantized_already(g, node, cx) {
+                            return Err(format!(
+                                "read by {op} '{}', quantized already (it reads a DequantizeLinear output)",
+                                label(g, node)
+                            ));
+                        }
                         let at = |a: usize| map.get(a).copied().flatten();
                         let (channel, reduce) = match (op, slot) {
                             ("MatMul", 1) if r >= 2 => (at(r - 1), at(r - 2)),
@@ -567,6 +772,25 @@ fn quantize_graph(
     cx: &mut Ctx,
     main: bool,
 ) -> Result<(), PassError> {
+    // 0. What the model had quantized already stays as it is.
+    for n in g.nodes() {
+        let d = g.node(n);
+        let passes = matches!(
+            d.op_type.as_str(),
+            "Transpose" | "Reshape" | "Identity" | "Cast"
+        ) && d.input(0).is_some_and(|x| cx.dequantized.contains(g.name(x)));
+        if (d.op_type == "DequantizeLinear" || passes) && d.domain.is_empty() {
+            if let Some(y) = d.output(0) {
+                cx.dequantized.insert(g.name(y).to_string());
+            }
+        }
+    }
+    for n in g.nodes() {
+        if let Some(what) = prequantized(g, n, cx) {
+            cx.report.already_quantized.push((label(g, n), what));
+        }
+    }
+
     // 1. Weights: decide, then rewrite each one's producer.
     let mut cands: Vec<ValueId> = g
         .initializers()
@@ -637,7 +861,7 @@ fn quantize_graph(
             e.0 += 1;
             continue;
         }
-        if !is_target(&op) {
+        if !is_target(&op) || quantized_already(g, n, cx) {
             continue;
         }
         if let Some(why) = cx.q.excluded(g, n, main) {
@@ -660,6 +884,8 @@ fn quantize_graph(
                 Source::Quantized => any_weight = true,
                 Source::FloatWeight => weights_ok = false,
                 Source::Activation => acts.push((s, x)),
+                // Not reached: such nodes are skipped above.
+                Source::Dequantized => weights_ok = false,
             }
         }
         if op == "Gather" {
@@ -763,37 +989,57 @@ fn quantize_graph(
 }
 
 enum Source {
+    /// A weight this run quantized.
     Quantized,
     FloatWeight,
     Activation,
+    /// The output of a `DequantizeLinear` the model had.
+    Dequantized,
 }
 
 /// What input `x` is: a quantized weight (through Transpose/Reshape/
-/// Identity), a float constant, or an activation.
+/// Identity), a float constant, a dequantized value (through those and
+/// Casts), or an activation.
 fn source(g: &Graph, x: ValueId, cx: &Ctx) -> Source {
     let mut v = x;
+    // Past a Cast only a DequantizeLinear counts (a constant behind a
+    // Cast is read as an activation, as before).
+    let mut cast = false;
     for _ in 0..16 {
-        if cx.quantized_weights.contains(g.name(v)) {
+        if cx.quantized_weights.contains(g.name(v)) && !cast {
             return Source::Quantized;
         }
         if g.is_outer(v) {
-            return Source::Activation;
+            return if cx.dequantized.contains(g.name(v)) {
+                Source::Dequantized
+            } else {
+                Source::Activation
+            };
         }
         // Overridable initializers (graph inputs with a default, as IR < 4
         // writes every weight) are weights too, left float.
         if g.initializer(v).is_some() {
-            return Source::FloatWeight;
+            return if cast {
+                Source::Activation
+            } else {
+                Source::FloatWeight
+            };
         }
         let Some((n, _)) = g.producer(v) else {
             return Source::Activation;
         };
         let d = g.node(n);
         match d.op_type.as_str() {
+            "DequantizeLinear" => return Source::Dequantized,
+            "Constant" if cast => return Source::Activation,
             "Constant" => return Source::FloatWeight,
-            "Transpose" | "Reshape" | "Identity" => match d.input(0) {
-                Some(i) => v = i,
-                None => return Source::Activation,
-            },
+            "Transpose" | "Reshape" | "Identity" | "Cast" => {
+                cast |= d.op_type == "Cast";
+                match d.input(0) {
+                    Some(i) => v = i,
+                    None => return Source::Activation,
+                }
+            }
             _ => return Source::Activation,
         }
     }
@@ -857,7 +1103,82 @@ fn pack4(v: &[i8]) -> Vec<u8> {
         .collect()
 }
 
-/// `W` ==> `W = DequantizeLinear(W_quantized, W_scale[, W_zero_point])`.
+/// float16's largest finite value and smallest positive normal value.
+const F16_MAX: f32 = 65504.0;
+const F16_MIN_NORMAL: f32 = 6.103_515_6e-5;
+
+/// A scale as a float16 scale tensor stores it, for a float16 weight: the
+/// nearest float16, at least the smallest subnormal (the weight's own
+/// values are no finer than that).
+fn f16_scale(s: f32) -> f32 {
+    half::f16::from_f32(s)
+        .to_f32()
+        .max(half::f16::from_bits(1).to_f32())
+}
+
+/// A block scale in float16 for a float32 weight, or `None` where float16
+/// would lose it: above 65504, or below the smallest normal (6.1e-5),
+/// where subnormals keep too few bits.
+fn f16_scale_fitting(s: f32) -> Option<f32> {
+    let h = half::f16::from_f32(s).to_f32();
+    (h.is_finite() && (F16_MIN_NORMAL..=F16_MAX).contains(&h)).then_some(h)
+}
+
+/// 4-bit blocks of `b` elements along axis `a` of a weight `w` of shape
+/// `dims`: the values (uint4 around a zero point, or symmetric int4), and
+/// one scale and zero point per block, in the scales' layout (`dims` with
+/// `dims[a] / b` on axis `a`). Each scale is rounded by `store` (to how
+/// its tensor holds it) before the block is quantized with it, so the
+/// rounding of a float16 scale costs no more than that; `None` when
+/// `store` refuses a scale.
+fn int4_blocks(
+    w: &[f32],
+    dims: &[i64],
+    a: usize,
+    b: usize,
+    sym: bool,
+    store: &dyn Fn(f32) -> Option<f32>,
+) -> Option<(Vec<i8>, Vec<f32>, Vec<i8>)> {
+    let outer = dims[..a].iter().product::<i64>() as usize;
+    let na = dims[a] as usize;
+    let inner = dims[a + 1..].iter().product::<i64>() as usize;
+    let nb = na / b;
+    let ns = outer * nb * inner;
+    let mut scales = vec![0f32; ns];
+    let mut zps = vec![0i8; ns];
+    let mut q = vec![0i8; w.len()];
+    for o in 0..outer {
+        for blk in 0..nb {
+            for i in 0..inner {
+                let si = (o * nb + blk) * inner + i;
+                let pos = |k: usize| (o * na + blk * b + k) * inner + i;
+                if sym {
+                    let amax = (0..b).fold(0f32, |m, k| m.max(w[pos(k)].abs()));
+                    let s = store(if amax > 0.0 { amax / 7.0 } else { 1.0 })?;
+                    scales[si] = s;
+                    for k in 0..b {
+                        q[pos(k)] = (w[pos(k)] / s).round_ties_even().clamp(-8.0, 7.0) as i8;
+                    }
+                } else {
+                    let lo = (0..b).fold(0f32, |m, k| m.min(w[pos(k)]));
+                    let hi = (0..b).fold(0f32, |m, k| m.max(w[pos(k)]));
+                    let s = store(if hi > lo { (hi - lo) / 15.0 } else { 1.0 })?;
+                    let z = (-lo / s).round_ties_even().clamp(0.0, 15.0);
+                    scales[si] = s;
+                    zps[si] = z as i8;
+                    for k in 0..b {
+                        q[pos(k)] = ((w[pos(k)] / s).round_ties_even() + z).clamp(0.0, 15.0) as i8;
+                    }
+                }
+            }
+        }
+    }
+    Some((q, scales, zps))
+}
+
+/// `W` ==> `W = DequantizeLinear(W_quantized, W_scale[, W_zero_point])`,
+/// and for int4 with float16 scales of a float32 weight
+/// `W = DequantizeLinear(W_quantized, Cast(W_scale), W_zero_point)`.
 /// Returns the format, for the report.
 fn quantize_weight(
     g: &mut Graph,
@@ -898,72 +1219,71 @@ fn quantize_weight(
             b /= 2;
         }
     }
+    // MatMul/Gemm/Gather weights are 2-D; Conv weights block along their
+    // input channels (axis 1 of [O, I/group, k...]).
+    let conv = reads.iter().any(|x| x.conv);
     let int4 = cx.q.mode == QuantMode::Int4Weights
-        && r == 2
-        && !reads.iter().any(|x| x.conv)
-        && reduce.is_some_and(|a| dims[a] % b == 0);
+        && reduce.is_some_and(|a| dims[a] % b == 0)
+        && if conv {
+            r >= 3 && reads.iter().all(|x| x.conv)
+        } else {
+            r == 2
+        };
     let mut attrs = Vec::new();
     let (qt, st, zt, fmt);
+    // A float32 weight whose int4 scales are float16 (a Cast of the
+    // scales goes before the DequantizeLinear).
+    let mut cast_scales = false;
     if int4 {
         let a = reduce.expect("int4 needs it");
-        let other = 1 - a;
-        let nb = (dims[a] / b) as usize;
-        let (d0, d1) = (dims[0] as usize, dims[1] as usize);
-        let mut sdims = dims.to_vec();
-        sdims[a] = nb as i64;
-        let ns = sdims.iter().product::<i64>() as usize;
         let sym = cx.q.symmetric;
-        let mut scales = vec![0f32; ns];
-        let mut zps = vec![0i8; ns];
-        let mut q = vec![0i8; w.len()];
-        let idx = |i: usize, j: usize| i * d1 + j;
-        let (na, no) = (dims[a] as usize, dims[other] as usize);
-        for o in 0..no {
-            for blk in 0..nb {
-                let pos = |k: usize| {
-                    let ka = blk * b as usize + k;
-                    if a == 0 {
-                        idx(ka, o)
-                    } else {
-                        idx(o, ka)
-                    }
-                };
-                let vals: Vec<f32> = (0..b as usize).map(|k| w[pos(k)]).collect();
-                let si = if a == 0 { blk * no + o } else { o * nb + blk };
-                if sym {
-                    let amax = vals.iter().fold(0f32, |m, x| m.max(x.abs()));
-                    let s = if amax > 0.0 { amax / 7.0 } else { 1.0 };
-                    scales[si] = s;
-                    for k in 0..b as usize {
-                        q[pos(k)] = (w[pos(k)] / s).round_ties_even().clamp(-8.0, 7.0) as i8;
-                    }
-                } else {
-                    let lo = vals.iter().fold(0f32, |m, &x| m.min(x));
-                    let hi = vals.iter().fold(0f32, |m, &x| m.max(x));
-                    let s = if hi > lo { (hi - lo) / 15.0 } else { 1.0 };
-                    let z = (-lo / s).round_ties_even().clamp(0.0, 15.0);
-                    scales[si] = s;
-                    zps[si] = z as i8;
-                    for k in 0..b as usize {
-                        q[pos(k)] = ((w[pos(k)] / s).round_ties_even() + z).clamp(0.0, 15.0) as i8;
-                    }
-                }
-            }
-        }
-        let _ = (na, d0);
+        let bu = b as usize;
+        let (blocks, scale_dt, note) = if t.dtype == DType::F16 {
+            let x = int4_blocks(&w, dims, a, bu, sym, &|s| Some(f16_scale(s)))
+                .expect("f16_scale refuses nothing");
+            (x, DType::F16, "")
+        } else if let Some(x) = cx
+            .q
+            .int4_f16_scales
+            .then(|| int4_blocks(&w, dims, a, bu, sym, &f16_scale_fitting))
+            .flatten()
+        {
+            cast_scales = true;
+            (x, DType::F16, "")
+        } else if !cx.q.int4_f16_scales {
+            let x = int4_blocks(&w, dims, a, bu, sym, &Some).expect("Some refuses nothing");
+            (x, DType::F32, "")
+        } else {
+            cx.report.warnings.push(format!(
+                "'{name}': int4 block scales kept float32: a block's scale is outside float16's normal range [6.1e-5, 65504]"
+            ));
+            let x = int4_blocks(&w, dims, a, bu, sym, &Some).expect("Some refuses nothing");
+            (
+                x,
+                DType::F32,
+                " (a block scale is outside float16's range)",
+            )
+        };
+        let (q, scales, zps) = blocks;
+        let mut sdims = dims.to_vec();
+        sdims[a] = dims[a] / b;
         let qd = if sym { DType::I4 } else { DType::U4 };
         qt = Tensor::from_raw(qd, dims.to_vec(), Bytes::from(pack4(&q)))?;
-        st = scales_tensor(t.dtype, sdims.clone(), &scales)?;
+        st = scales_tensor(scale_dt, sdims.clone(), &scales)?;
         zt = (!sym)
             .then(|| Tensor::from_raw(DType::U4, sdims, Bytes::from(pack4(&zps))))
             .transpose()?;
         attrs.push(Attribute::new("axis", AttrValue::Int(a as i64)));
         attrs.push(Attribute::new("block_size", AttrValue::Int(b)));
         fmt = format!(
-            "{} blocked axis {a} block {b}",
-            if sym { "int4" } else { "uint4+zp" }
+            "{} blocked axis {a} block {b}, {} scales{note}",
+            if sym { "int4" } else { "uint4+zp" },
+            if scale_dt == DType::F16 { "float16" } else { "float32" }
         );
         cx.uses_int4 = true;
+        if scale_dt == DType::F16 {
+            cx.uses_f16 = true;
+        }
     } else {
         let (nc, stride, axis) = match channel {
             Some(c) => {
@@ -977,9 +1297,12 @@ fn quantize_weight(
             let c = if axis.is_some() { (i / stride) % nc } else { 0 };
             amax[c] = amax[c].max(x.abs());
         }
+        // A float16 weight's scales are float16: rounded first, so that
+        // the values are quantized with the scale the node reads.
         let scales: Vec<f32> = amax
             .iter()
             .map(|&m| if m > 0.0 { m / 127.0 } else { 1.0 })
+            .map(|s| if t.dtype == DType::F16 { f16_scale(s) } else { s })
             .collect();
         // With quantized activations, weights are uint8 around zero point
         // 128: onnxruntime's x86 u8s8 integer kernels (AVX2, what its QDQ
@@ -1021,7 +1344,26 @@ fn quantize_weight(
         };
     }
     let qv = add_init(g, cx, &format!("{name}_quantized"), qt)?;
-    let sv = add_init(g, cx, &format!("{name}_scale"), st)?;
+    let mut sv = add_init(g, cx, &format!("{name}_scale"), st)?;
+    // float16 scales of a float32 weight: a Cast of the scales (1/32 of
+    // the elements) to float32, so that the DequantizeLinear writes the
+    // float32 weight exactly and onnxruntime, which folds the Cast, still
+    // fuses it with the MatMul into MatMulNBits.
+    let scale_cast = if cast_scales {
+        let s32 = g.add_value(
+            fresh(cx, &format!("{name}_scale_f32")),
+            Some(Type::tensor(DType::F32, g.ty(sv).and_then(|t| t.shape()).cloned())),
+        )?;
+        let cast = NewNode::new("Cast")
+            .name(fresh(cx, &format!("{name}_scale_cast")))
+            .inputs(&[sv])
+            .outputs(&[s32])
+            .attr(Attribute::new("to", AttrValue::Int(DType::F32.to_onnx() as i64)));
+        sv = s32;
+        Some(cast)
+    } else {
+        None
+    };
     let mut inputs = vec![qv, sv];
     if let Some(z) = zt {
         inputs.push(add_init(g, cx, &format!("{name}_zero_point"), z)?);
@@ -1031,12 +1373,12 @@ fn quantize_weight(
         .inputs(&inputs)
         .outputs(&[v]);
     node.attributes = attrs;
-    match g.producer(v) {
+    let dq = match g.producer(v) {
         Some((c, _)) => {
             // A Constant: the DequantizeLinear takes its place.
             let pos = g.position(c).unwrap_or(0);
             g.remove_node(c);
-            g.insert_node(pos, node)?;
+            g.insert_node(pos, node)?
         }
         None => {
             // Just before the first reader, so that the float copy lives
@@ -1046,8 +1388,11 @@ fn quantize_weight(
             match first {
                 Some(f) => g.insert_node_before(f, node)?,
                 None => g.insert_node(0, node)?,
-            };
+            }
         }
+    };
+    if let Some(cast) = scale_cast {
+        g.insert_node_before(dq, cast)?;
     }
     Ok(fmt)
 }
@@ -1308,8 +1653,16 @@ mod tests {
                 .context_radius(1000)
                 .header("before", "after")
                 .to_string();
+            // Lines only some cases have, so the others' snapshots stay.
+            let mut extra = String::new();
+            if !r.already_quantized.is_empty() {
+                extra += &format!("already quantized: {:?}\n", r.already_quantized);
+            }
+            if !r.warnings.is_empty() {
+                extra += &format!("warnings: {:?}\n", r.warnings);
+            }
             let snap = format!(
-                "mode: {}\nby op: {:?}\nweights: {:?}\nactivations: {}\nkept float: {:?}\nkept ops: {:?}\nweight bytes: {} -> {}\n\n{diff}",
+                "mode: {}\nby op: {:?}\nweights: {:?}\nactivations: {}\nkept float: {:?}\nkept ops: {:?}\n{extra}weight bytes: {} -> {}\n\n{diff}",
                 q.mode.name(),
                 r.by_op,
                 r.weights,
@@ -1321,6 +1674,50 @@ mod tests {
             );
             let case = f.file_stem().unwrap().to_string_lossy().to_string();
             insta::assert_snapshot!(case.as_str(), snap);
+        }
+    }
+
+    /// Quantizing a fixture's output again, in the same mode, changes
+    /// nothing (every weight as small as 1 element included): what the
+    /// first run wrote is quantized already, and says so.
+    #[test]
+    fn quantizing_twice_changes_nothing() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testdata/passes/quantize/modes");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "onnxtxt"))
+            .collect();
+        files.sort();
+        let opts = PrintOptions::default();
+        for f in files {
+            let src = std::fs::read_to_string(&f).unwrap();
+            let q = options_from(&src);
+            let mut m = parse_model(&src).unwrap();
+            let first = q.quantize(&mut m).unwrap();
+            let once = print_model(&m, &opts);
+            let again = Quantize {
+                min_weight_elems: 1,
+                ..q.clone()
+            };
+            let r = again.quantize(&mut m).unwrap();
+            let case = f.file_stem().unwrap().to_string_lossy().to_string();
+            assert_eq!(once, print_model(&m, &opts), "{case}: the second run changed the model");
+            assert!(
+                r.weights.is_empty() && r.activations == 0 && r.by_op.is_empty(),
+                "{case}: {:?} {} {:?}",
+                r.weights,
+                r.activations,
+                r.by_op
+            );
+            let changed = !first.weights.is_empty() || first.activations > 0;
+            assert_eq!(
+                !r.already_quantized.is_empty(),
+                changed,
+                "{case}: {:?}",
+                r.already_quantized
+            );
         }
     }
 
