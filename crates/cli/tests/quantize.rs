@@ -68,6 +68,14 @@ fn prequantized_models_keep_their_quantization() {
     run_script("quantize_prequantized.py");
 }
 
+/// The default 5% bound (issue 27): every mode on every testdata model
+/// (testdata/models and testdata/pypi) meets it, in graphopt's measure and
+/// in onnxruntime's, or refuses with one line and writes nothing.
+#[test]
+fn default_bound_is_met_or_refused_on_every_testdata_model() {
+    run_script("quantize_bound.py");
+}
+
 /// The digits MLP and CNN (testdata/quant/make_digits.py) lose at most
 /// issue 12's points of test accuracy in onnxruntime: static 1, dynamic and
 /// int8-weights 0.5, int4-weights 2.
