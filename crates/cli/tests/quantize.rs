@@ -226,3 +226,62 @@ fn percentile_and_entropy_ranges_sit_inside_minmax() {
     assert!(graphopt::Calibrate::parse("kl").is_err());
     // entropy_threshold itself: passes/src/quantize/calibrate.rs.
 }
+
+/// Static calibration and the error run in graphopt's runtime where tract
+/// cannot run the model (a Loop, issue 27 item 4):
+/// the activation ranges are calibrated, the quantized model is measured,
+/// and the report says which engine ran.
+#[test]
+fn static_calibration_runs_in_the_runtime_where_tract_cannot() {
+    let w: Vec<String> = (0..32 * 32)
+        .map(|i| format!("{:.4}", ((i * 37 % 101) as f32 - 50.0) / 200.0))
+        .collect();
+    let text = format!(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[8,32] x) => (float[8,32] y) {{
+          w = Constant <value = float[32,32] {{{}}}> ()
+          h = MatMul (x, w)
+          n = Constant <value = int64 {{2}}> ()
+          t = Constant <value = bool {{1}}> ()
+          y = Loop (n, t, h) <body = body (int64 i, bool c, float[8,32] acc) => (bool co, float[8,32] out) {{
+            co = Identity (c)
+            out = Relu (acc)
+          }}>
+        }}"#,
+        w.join(", ")
+    );
+    let model = graphopt_text::parse_model(&text).unwrap();
+    let batch = |seed: u32| {
+        let v: Vec<f32> = (0..8 * 32)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed * 97) >> 8) % 1000) as f32
+                    / 500.0
+                    - 1.0
+            })
+            .collect();
+        graphopt::Inputs::Named(vec![(
+            "x".into(),
+            graphopt::HostTensor::from_f32(&[8, 32], &v),
+        )])
+    };
+    let mut s = graphopt::Session::from_model(model);
+    let r = s
+        .quantize(&graphopt::QuantizeOptions {
+            calibration: Some(graphopt::Calibration::Batches(vec![batch(1), batch(2)])),
+            ..graphopt::QuantizeOptions::new(graphopt::QuantizeMode::Static)
+        })
+        .unwrap();
+    assert!(
+        r.activations_calibrated >= 1 && r.activations_quantized >= 1,
+        "{r:?}"
+    );
+    let cal = r.calibrated_in.as_deref().unwrap();
+    assert_eq!(cal, "graphopt's runtime", "{cal}");
+    let measured = r.measured_in.as_deref().unwrap();
+    assert!(
+        measured.starts_with("graphopt's runtime (tract:"),
+        "{measured}"
+    );
+    let e = r.error.as_ref().unwrap().rel_l2;
+    assert!(e > 0.0 && e <= 0.05, "{e}");
+}
