@@ -355,6 +355,7 @@ impl Session {
         let mut error_skipped = None;
         if let Some(meas) = &measurer {
             let (m, r) = trial(&config)?;
+            let quantized = r.quantized.clone();
             match meas.error(&m) {
                 Ok(e) => error = Some(e),
                 Err(e) => error_skipped = Some(e.message().to_string()),
@@ -485,8 +486,27 @@ impl Session {
                             }
                             Some(_) => break,
                             None if acts_only => {
-                                // Every activation float is not enough:
-                                // whole nodes next, from there.
+                                // Every activation float is not enough with
+                                // the convolutions kept float above. Every
+                                // weight int8 with float activations (the
+                                // least weight memory) may still fit:
+                                // errors can cancel.
+                                let all = Quantize {
+                                    weight_only_nodes: quantized.clone(),
+                                    ..base.clone()
+                                };
+                                runs += 1;
+                                let e2 = meas.error(&trial(&all)?.0)?;
+                                if e2.rel_l2 <= bound && !config.keep_nodes.is_empty() {
+                                    weight_only.clear();
+                                    solo_float.clear();
+                                    fallback.push(
+                                        "every quantized node (activations float)".to_string(),
+                                    );
+                                    met = Some((all, e2));
+                                    break;
+                                }
+                                // Whole nodes next, from there.
                                 pre = step(ranked.len());
                             }
                             None => break,
