@@ -18,14 +18,13 @@ pub struct QuantizeArgs {
     /// of them. Default: seeded random inputs, with a warning.
     #[arg(long, requires = "quantize", value_name = "FILE.npz|DIR")]
     pub calibration: Option<PathBuf>,
-    /// How activation ranges are taken (static mode).
+    /// How activation ranges are taken (static mode; default minmax).
     #[arg(
         long,
         requires = "quantize",
-        value_name = "minmax|percentile[:P]|entropy",
-        default_value = "minmax"
+        value_name = "minmax|percentile[:P]|entropy"
     )]
-    pub calibrate: String,
+    pub calibrate: Option<String>,
     /// One scale per output channel (the default).
     #[arg(long, requires = "quantize", conflicts_with = "per_tensor")]
     pub per_channel: bool,
@@ -36,14 +35,9 @@ pub struct QuantizeArgs {
     /// zero points.
     #[arg(long, requires = "quantize")]
     pub symmetric: bool,
-    /// int4 block size (along the reduction axis).
-    #[arg(
-        long,
-        requires = "quantize",
-        value_name = "32|64|128",
-        default_value_t = 32
-    )]
-    pub block_size: i64,
+    /// int4 block size (along the reduction axis; default 32).
+    #[arg(long, requires = "quantize", value_name = "32|64|128")]
+    pub block_size: Option<i64>,
     /// Op types or node names to leave float.
     #[arg(
         long,
@@ -59,8 +53,9 @@ pub struct QuantizeArgs {
     /// quantizes without a bound (the error is still reported).
     #[arg(long, requires = "quantize", value_name = "E|none")]
     pub max_error: Option<String>,
-    /// Skip measuring the error against the float model (graphopt's runtime
-    /// runs both on the calibration inputs); this turns the bound off too.
+    /// Skip measuring the error against the float model (tract, or
+    /// graphopt's runtime, runs both on the calibration inputs); this turns
+    /// the bound off too.
     #[arg(long, requires = "quantize", conflicts_with = "max_error")]
     pub no_measure: bool,
 }
@@ -85,13 +80,20 @@ impl QuantizeArgs {
         Ok(Some(QuantizeOptions {
             calibration: self.calibration.clone().map(Into::into),
             dims: dims.to_vec(),
-            calibrate: Calibrate::parse(&self.calibrate)?,
-            per_channel: !self.per_tensor,
-            symmetric: self.symmetric,
-            block_size: self.block_size,
+            calibrate: match &self.calibrate {
+                Some(c) => Calibrate::parse(c)?,
+                None => defaults.calibrate,
+            },
+            per_channel: match (self.per_channel, self.per_tensor) {
+                (true, _) => true,
+                (_, true) => false,
+                _ => defaults.per_channel,
+            },
+            symmetric: self.symmetric || defaults.symmetric,
+            block_size: self.block_size.unwrap_or(defaults.block_size),
             exclude: self.exclude.clone(),
             max_error,
-            measure: !self.no_measure,
+            measure: !self.no_measure && defaults.measure,
             memory: Some(memory),
             pipeline,
             ..defaults

@@ -146,10 +146,17 @@ pub(crate) fn run_in_tract(
             m.graph.outputs.push(v);
         }
     }
+    let inputs = as_declared(&m, inputs)?;
+    let bytes = graphopt_tract::prepare(&m)?;
+    graphopt_tract::run_bytes(&bytes, &inputs)
+}
+
+/// The runtime inputs with float ones cast to the float type the model
+/// declares for them (fp16 inputs after `--no-keep-io-types`).
+pub(crate) fn as_declared(m: &Model, inputs: &[TractTensor]) -> anyhow::Result<Vec<TractTensor>> {
     let g = &m.graph;
-    let runtime: Vec<_> = g.runtime_inputs().collect();
     let mut inputs = inputs.to_vec();
-    for (t, &v) in inputs.iter_mut().zip(&runtime) {
+    for (t, v) in inputs.iter_mut().zip(g.runtime_inputs()) {
         let want = match g.ty(v).and_then(|ty| ty.elem()) {
             Some(DType::F16) => DatumType::F16,
             Some(DType::F32) => DatumType::F32,
@@ -160,6 +167,5 @@ pub(crate) fn run_in_tract(
             *t = t.cast_to_dt(want)?.into_owned();
         }
     }
-    let bytes = graphopt_tract::prepare(&m)?;
-    graphopt_tract::run_bytes(&bytes, &inputs)
+    Ok(inputs)
 }

@@ -1,19 +1,23 @@
 //! [`Session::quantize`]: int8 / int4 quantization through the `quantize`
-//! pass, with activation ranges calibrated in tract, the error against the
-//! float model measured on the calibration inputs, and, with a bound
-//! (`max_error`), the most sensitive layers put back to float until the
-//! error fits.
+//! pass, with activation ranges calibrated on the calibration inputs, the
+//! error against the float model measured on them, and a bound on that
+//! error (`max_error`, 5% by default) that the most sensitive layers going
+//! back to float (their activations first) make hold, or the quantization
+//! is refused.
 //!
-//! Calibration runs the float model in tract on one npz per batch (or
+//! Calibration runs the float model in graphopt's runtime (tract where the
+//! runtime lacks a kernel; [`crate::reference`]) on one npz per batch (or
 //! seeded random inputs, with a warning) and hands the values of every
 //! activation the pass wants a range for to the pass's
 //! `quantize::calibrate` (min/max, a percentile of |x|, or TensorRT's
 //! entropy threshold). No Python is needed.
 //!
-//! The quantized model runs in tract with its constant `DequantizeLinear`s
-//! folded to float weights first (the `dequantize_constants` pass): that folding
-//! computes `(q - zero_point) * scale` in f32, exactly as onnxruntime's
-//! kernel does, and spares tract the blocked int4 form it cannot load.
+//! The error is measured in tract (graphopt's runtime where tract cannot
+//! run the model), on the quantized model with its constant
+//! `DequantizeLinear`s folded to float weights first (the
+//! `dequantize_constants` pass): that folding computes
+//! `(q - zero_point) * scale` in f32, exactly as onnxruntime's kernel does,
+//! and spares tract the blocked int4 form it cannot load.
 
 use crate::check::{compare_outputs, output_names, Scale, Tolerance};
 use crate::reference::{run_once, Engine, Reference};
@@ -95,9 +99,9 @@ pub struct QuantizeOptions {
     pub max_error: Option<f64>,
     /// Weights with fewer elements stay float.
     pub min_weight_elems: u64,
-    /// Measure the error against the float model (graphopt's runtime runs
-    /// both, tract where the runtime lacks a kernel). `false` turns the
-    /// bound off too: an unmeasured error bounds nothing.
+    /// Measure the error against the float model (tract runs both, graphopt's
+    /// runtime where tract cannot: If, Loop, Scan). `false` turns the bound
+    /// off too: an unmeasured error bounds nothing.
     pub measure: bool,
     /// Plan memory before and after at these dims (`None`: no plans).
     pub memory: Option<DimValues>,
@@ -242,10 +246,11 @@ pub struct QuantizeReport {
     /// The bound that held (`None`: off, and `bound_off` says why).
     pub max_error: Option<f64>,
     pub bound_off: Option<String>,
-    /// Where the float model ran for the error: graphopt's runtime, or
-    /// tract and why the runtime could not.
+    /// Where the float model ran for the error: tract, or graphopt's
+    /// runtime and why tract could not.
     pub measured_in: Option<String>,
-    /// Where static calibration ran (as `measured_in`).
+    /// Where static calibration ran: graphopt's runtime, or tract and why
+    /// the runtime could not.
     pub calibrated_in: Option<String>,
     /// Convolutions whose dynamic activation quantization alone broke the
     /// bound, kept with int8 weights and float activations.
@@ -490,21 +495,25 @@ impl Session {
                                 // the convolutions kept float above. Every
                                 // weight int8 with float activations (the
                                 // least weight memory) may still fit:
-                                // errors can cancel.
-                                let all = Quantize {
-                                    weight_only_nodes: quantized.clone(),
-                                    ..base.clone()
-                                };
-                                runs += 1;
-                                let e2 = meas.error(&trial(&all)?.0)?;
-                                if e2.rel_l2 <= bound && !config.keep_nodes.is_empty() {
-                                    weight_only.clear();
-                                    solo_float.clear();
-                                    fallback.push(
-                                        "every quantized node (activations float)".to_string(),
-                                    );
-                                    met = Some((all, e2));
-                                    break;
+                                // errors can cancel. (Without such
+                                // convolutions it is the candidate just
+                                // tried.)
+                                if !config.keep_nodes.is_empty() {
+                                    let all = Quantize {
+                                        weight_only_nodes: quantized.clone(),
+                                        ..base.clone()
+                                    };
+                                    runs += 1;
+                                    let e2 = meas.error(&trial(&all)?.0)?;
+                                    if e2.rel_l2 <= bound {
+                                        weight_only.clear();
+                                        solo_float.clear();
+                                        fallback.push(
+                                            "every quantized node (activations float)".to_string(),
+                                        );
+                                        met = Some((all, e2));
+                                        break;
+                                    }
                                 }
                                 // Whole nodes next, from there.
                                 pre = step(ranked.len());

@@ -8,12 +8,12 @@
 //! its outputs, and keeps one compiled plan per input shapes, so a model
 //! run on several batches of one shape is planned once.
 
+use crate::check::as_declared;
 use crate::run::{to_host, to_tract};
 use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
-use graphopt_ir::{DType, Model};
+use graphopt_ir::Model;
 use graphopt_plan::{DimValues, PlanOptions};
 use graphopt_tract::TractTensor;
-use tract_onnx::prelude::DatumType;
 
 /// Which executor ran a model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,19 +119,7 @@ impl Reference {
             let m = graphopt_tract::fp16_proxy(&self.model)?;
             self.tract_bytes = Some(graphopt_tract::prepare_owned(m)?);
         }
-        let g = &self.model.graph;
-        let mut inputs = inputs.to_vec();
-        for (t, v) in inputs.iter_mut().zip(g.runtime_inputs()) {
-            let want = match g.ty(v).and_then(|ty| ty.elem()) {
-                Some(DType::F16) => DatumType::F16,
-                Some(DType::F32) => DatumType::F32,
-                Some(DType::F64) => DatumType::F64,
-                _ => continue,
-            };
-            if t.datum_type().is_float() && t.datum_type() != want {
-                *t = t.cast_to_dt(want)?.into_owned();
-            }
-        }
+        let inputs = as_declared(&self.model, inputs)?;
         let shapes: Shapes = inputs.iter().map(|t| t.shape().to_vec()).collect();
         let slot = match self.tract.iter().position(|(s, _)| *s == shapes) {
             Some(i) => i,
@@ -157,25 +145,12 @@ impl Reference {
                 runtime.len()
             ));
         }
-        let mut host: Vec<HostTensor> = Vec::with_capacity(inputs.len());
-        for (t, &v) in inputs.iter().zip(&runtime) {
-            // Float inputs in the dtype the model declares (fp16 models).
-            let want = match g.ty(v).and_then(|ty| ty.elem()) {
-                Some(DType::F16) => Some(DatumType::F16),
-                Some(DType::F32) => Some(DatumType::F32),
-                Some(DType::F64) => Some(DatumType::F64),
-                _ => None,
-            };
-            let h = match want {
-                Some(w) if t.datum_type().is_float() && t.datum_type() != w => {
-                    let c = t.cast_to_dt(w).map_err(|e| e.to_string())?;
-                    to_host(&c)
-                }
-                _ => to_host(t),
-            }
+        let host: Vec<HostTensor> = as_declared(&self.model, inputs)
+            .map_err(|e| format!("{e:#}"))?
+            .iter()
+            .map(to_host)
+            .collect::<crate::Result<_>>()
             .map_err(|e| e.message().to_string())?;
-            host.push(h);
-        }
         let shapes: Shapes = host.iter().map(|h| h.shape.clone()).collect();
         let slot = match self.compiled.iter().position(|(s, _)| *s == shapes) {
             Some(i) => i,

@@ -521,23 +521,25 @@ impl PySession {
     /// every output (None: the library's default, 0.05; a number; or
     /// "none" for no bound); layers go back to float until it holds, or
     /// GraphoptError. `measure=False` skips measuring, and so the bound.
+    /// Options left None take the library's defaults (minmax, per channel,
+    /// asymmetric, block 32, measured).
     /// Returns a new Session.
-    #[pyo3(signature = (mode, calibration=None, calibrate="minmax", per_channel=true,
-                        symmetric=false, block_size=32, exclude=None, max_error=None,
-                        measure=true, dims=None))]
+    #[pyo3(signature = (mode, calibration=None, calibrate=None, per_channel=None,
+                        symmetric=None, block_size=None, exclude=None, max_error=None,
+                        measure=None, dims=None))]
     #[allow(clippy::too_many_arguments)]
     fn quantize(
         &self,
         py: Python<'_>,
         mode: &str,
         calibration: Option<&Bound<'_, PyAny>>,
-        calibrate: &str,
-        per_channel: bool,
-        symmetric: bool,
-        block_size: i64,
+        calibrate: Option<&str>,
+        per_channel: Option<bool>,
+        symmetric: Option<bool>,
+        block_size: Option<i64>,
         exclude: Option<&Bound<'_, PyAny>>,
         max_error: Option<&Bound<'_, PyAny>>,
-        measure: bool,
+        measure: Option<bool>,
         dims: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PySession> {
         let mode = graphopt::QuantizeMode::parse(mode).map_err(|e| gerr(e.into()))?;
@@ -579,13 +581,16 @@ impl PySession {
         let opts = graphopt::QuantizeOptions {
             calibration,
             dims: dims.clone(),
-            calibrate: graphopt::Calibrate::parse(calibrate).map_err(|e| gerr(e.into()))?,
-            per_channel,
-            symmetric,
-            block_size,
+            calibrate: match calibrate {
+                Some(c) => graphopt::Calibrate::parse(c).map_err(|e| gerr(e.into()))?,
+                None => defaults.calibrate,
+            },
+            per_channel: per_channel.unwrap_or(defaults.per_channel),
+            symmetric: symmetric.unwrap_or(defaults.symmetric),
+            block_size: block_size.unwrap_or(defaults.block_size),
             exclude: list_arg(exclude)?,
             max_error,
-            measure,
+            measure: measure.unwrap_or(defaults.measure),
             memory: Some(DimValues::new(&dims)),
             pipeline: PipelineOptions::default(),
             ..defaults
