@@ -60,7 +60,8 @@
 //!    (listed in [`QuantReport::kept_ops`] with why); so do weights smaller
 //!    than `min_weight_elems`, nodes named or typed in `exclude`, and
 //!    main-graph nodes in `keep_nodes` (the `--max-error` fallback); nodes
-//!    in `weight_only_nodes` keep float activations.
+//!    in `weight_only_nodes` keep float activations, and in int4 mode the
+//!    weights read by `int8_nodes` are int8 per channel instead.
 //! 4. What the model had quantized already stays exactly as it was:
 //!    integer ops (`MatMulInteger`, `ConvInteger`, `QLinear*`,
 //!    `DynamicQuantizeLinear`, onnxruntime's `QGemm`, `QAttention`,
@@ -181,6 +182,9 @@ pub struct Quantize {
     /// stay float (dynamic and static modes), as when their activation
     /// quantization alone breaks an error bound.
     pub weight_only_nodes: Vec<NodeId>,
+    /// Main-graph nodes whose weights are int8 per channel in int4 mode
+    /// (a weight any of them reads), as when int4 breaks an error bound.
+    pub int8_nodes: Vec<NodeId>,
     /// Calibrated `(min, max)` of activations, by value name (static mode).
     pub ranges: BTreeMap<String, (f32, f32)>,
     /// Weights with fewer elements stay float.
@@ -199,6 +203,7 @@ pub const Quantize: Quantize = Quantize {
     exclude: Vec::new(),
     keep_nodes: Vec::new(),
     weight_only_nodes: Vec::new(),
+    int8_nodes: Vec::new(),
     ranges: BTreeMap::new(),
     min_weight_elems: 256,
     int4_f16_scales: true,
@@ -297,6 +302,8 @@ struct Read {
     /// Reduction axis in the weight's coordinates (int4 blocking).
     reduce: Option<usize>,
     conv: bool,
+    /// The reader is in `int8_nodes`.
+    int8: bool,
 }
 
 /// How the weights of one graph were decided.
@@ -751,6 +758,7 @@ fn follow(
                             channel,
                             reduce,
                             conv: op == "Conv",
+                            int8: main && cx.q.int8_nodes.contains(&node),
                         });
                     }
                     _ => {
@@ -1196,8 +1204,10 @@ fn quantize_weight(
     }
     let name = g.name(v).to_string();
     let r = dims.len();
+    // int4 mode, unless a reader wants int8 weights.
+    let int4_mode = cx.q.mode == QuantMode::Int4Weights && !reads.iter().any(|x| x.int8);
     if let Some(gathers) = gather_only(g, v, r) {
-        if cx.q.mode != QuantMode::Int4Weights && cx.q.per_channel {
+        if !int4_mode && cx.q.per_channel {
             return gathered(g, v, &t, &w, dims, &gathers, cx);
         }
     }
@@ -1222,7 +1232,7 @@ fn quantize_weight(
     // MatMul/Gemm/Gather weights are 2-D; Conv weights block along their
     // input channels (axis 1 of [O, I/group, k...]).
     let conv = reads.iter().any(|x| x.conv);
-    let int4 = cx.q.mode == QuantMode::Int4Weights
+    let int4 = int4_mode
         && reduce.is_some_and(|a| dims[a] % b == 0)
         && if conv {
             r >= 3 && reads.iter().all(|x| x.conv)
@@ -1585,8 +1595,9 @@ mod tests {
     use super::*;
     use graphopt_text::{parse_model, print_model, PrintOptions};
 
-    /// `# quantize: MODE [key=value ...]` on the fixture's first line.
-    fn options_from(src: &str) -> Quantize {
+    /// `# quantize: MODE [key=value ...]` on the fixture's first line
+    /// (`int8=V`: the node writing value `V` is in `int8_nodes`).
+    fn options_from(src: &str, m: &graphopt_ir::Model) -> Quantize {
         let mut q = Quantize {
             min_weight_elems: 16,
             ..Quantize
@@ -1607,6 +1618,11 @@ mod tests {
                 "block" => q.block_size = v.parse().unwrap(),
                 "exclude" => q.exclude.push(v.to_string()),
                 "min" => q.min_weight_elems = v.parse().unwrap(),
+                "int8" => {
+                    let g = &m.graph;
+                    let (n, _) = g.producer(g.value_by_name(v).unwrap()).unwrap();
+                    q.int8_nodes.push(n);
+                }
                 "range" => {
                     let (n, r) = v.split_once(':').unwrap();
                     let (lo, hi) = r.split_once(',').unwrap();
@@ -1640,8 +1656,8 @@ mod tests {
         let opts = PrintOptions::default();
         for f in files {
             let src = std::fs::read_to_string(&f).unwrap();
-            let q = options_from(&src);
             let mut m = parse_model(&src).unwrap();
+            let q = options_from(&src, &m);
             graphopt_ir::verify::verify_model(&m).unwrap();
             let before = print_model(&m, &opts);
             let r = q.quantize(&mut m).unwrap();
@@ -1693,8 +1709,8 @@ mod tests {
         let opts = PrintOptions::default();
         for f in files {
             let src = std::fs::read_to_string(&f).unwrap();
-            let q = options_from(&src);
             let mut m = parse_model(&src).unwrap();
+            let q = options_from(&src, &m);
             let first = q.quantize(&mut m).unwrap();
             let once = print_model(&m, &opts);
             let again = Quantize {
