@@ -162,8 +162,16 @@ pub fn text(r: &QuantizeReport) -> String {
     match (&r.error, &r.error_skipped) {
         (Some(e), _) => {
             out += &format!(
-                "  error vs float on {}: rel L2 {:.3e}, max abs {:.3e}{}\n",
+                "  error vs float on {}{}: rel L2 {:.3e}, max abs {:.3e}{}\n",
                 r.calibration,
+                if e.jittered > 0 {
+                    format!(
+                        " and {} copies of its first batch moved by 1e-6",
+                        e.jittered
+                    )
+                } else {
+                    String::new()
+                },
                 e.rel_l2,
                 e.max_abs,
                 r.max_error
@@ -194,7 +202,7 @@ pub fn text(r: &QuantizeReport) -> String {
     }
     if !r.fallback.is_empty() {
         out += &format!(
-            "  put back to float for --max-error ({} runs): {}\n",
+            "  given back for --max-error ({} runs): {}\n",
             r.runs,
             r.fallback.join(", ")
         );

@@ -207,6 +207,11 @@ pub struct QuantError {
     /// Per output: worst relative L2 over batches.
     pub outputs: BTreeMap<String, f64>,
     pub batches: usize,
+    /// Copies of the first batch with noise of one part in a million
+    /// measured too (their error is in `rel_l2`): an output that moves
+    /// past the bound on such noise, as another engine's rounding moves
+    /// it, was never within it.
+    pub jittered: usize,
 }
 
 /// One layer quantized alone: the output error it causes with its
@@ -258,7 +263,8 @@ pub struct QuantizeReport {
     /// Convolutions whose quantization alone broke the bound even with
     /// float activations: kept float.
     pub solo_float: Vec<SoloError>,
-    /// Main-graph nodes put back to float to meet `max_error`, most
+    /// Main-graph nodes given back to meet `max_error` (float activations,
+    /// int8 weights for int4 ones, or float, as each label says), most
     /// sensitive first (after `weight_only` and `solo_float`).
     pub fallback: Vec<String>,
     /// Quantizations tried.
@@ -441,30 +447,37 @@ impl Session {
                 if e.rel_l2 > bound {
                     // First the activations of the most sensitive nodes go
                     // back to float (their weights stay int8: no memory is
-                    // lost), then, if that is not enough, whole nodes (the
+                    // lost), or in int4 their weights to int8, then, if that
+                    // is not enough, whole nodes (the
                     // errors do not always fall as layers go back: they can
                     // cancel, so each stage searches on its own).
-                    let stages: &[bool] = if opts.mode.activations() {
-                        &[true, false]
+                    let stages: &[Back] = if opts.mode.activations() {
+                        &[Back::Activations, Back::Whole]
+                    } else if opts.mode == QuantMode::Int4Weights {
+                        &[Back::Int8, Back::Whole]
                     } else {
-                        &[false]
+                        &[Back::Whole]
                     };
                     let mut met = None;
                     let mut pre = config.clone();
-                    for &acts_only in stages {
+                    for &stage in stages {
                         let (m, r) = trial(&pre)?;
                         let ranked: Vec<NodeId> = meas
                             .sensitivity(&self.model, &m, &r.quantized)?
                             .into_iter()
-                            .filter(|n| !acts_only || !pre.weight_only_nodes.contains(n))
+                            .filter(|n| match stage {
+                                Back::Activations => !pre.weight_only_nodes.contains(n),
+                                Back::Int8 => !pre.int8_nodes.contains(n),
+                                Back::Whole => true,
+                            })
                             .collect();
                         let step = |k: usize| {
                             let mut q = pre.clone();
                             let top = ranked.iter().take(k).copied();
-                            if acts_only {
-                                q.weight_only_nodes.extend(top);
-                            } else {
-                                q.keep_nodes.extend(top);
+                            match stage {
+                                Back::Activations => q.weight_only_nodes.extend(top),
+                                Back::Int8 => q.int8_nodes.extend(top),
+                                Back::Whole => q.keep_nodes.extend(top),
                             }
                             q
                         };
@@ -475,11 +488,11 @@ impl Session {
                             Ok((q, e2))
                         })?;
                         match found {
-                            Some((k, q, e2)) if acts_only || k < ranked.len() => {
-                                let what = if acts_only {
-                                    "activations float"
-                                } else {
-                                    "float"
+                            Some((k, q, e2)) if stage != Back::Whole || k < ranked.len() => {
+                                let what = match stage {
+                                    Back::Activations => "activations float",
+                                    Back::Int8 => "int8 weights",
+                                    Back::Whole => "float",
                                 };
                                 fallback.extend(
                                     ranked.iter().take(k).map(|&n| {
@@ -490,7 +503,7 @@ impl Session {
                                 break;
                             }
                             Some(_) => break,
-                            None if acts_only => {
+                            None if stage != Back::Whole => {
                                 // Every activation float is not enough with
                                 // the convolutions kept float above. Every
                                 // weight int8 with float activations (the
@@ -498,7 +511,7 @@ impl Session {
                                 // errors can cancel. (Without such
                                 // convolutions it is the candidate just
                                 // tried.)
-                                if !config.keep_nodes.is_empty() {
+                                if stage == Back::Activations && !config.keep_nodes.is_empty() {
                                     let all = Quantize {
                                         weight_only_nodes: quantized.clone(),
                                         ..base.clone()
@@ -545,7 +558,7 @@ impl Session {
             if let (Some(bound), Some(e)) = (bound, &error) {
                 if e.rel_l2 > bound {
                     return Err(self.err(Error::new(format!(
-                        "--max-error {bound}: the {} model is still at relative L2 error {:.3e} on {label} with {} nodes put back to float; nothing was written",
+                        "--max-error {bound}: the {} model is still at relative L2 error {:.3e} on {label} with {} nodes given back; nothing was written",
                         opts.mode.name(),
                         e.rel_l2,
                         fallback.len()
@@ -719,6 +732,16 @@ impl Session {
     }
 }
 
+/// What the fallback gives back, one stage after another: float
+/// activations (weights stay int8), int8 weights for int4 ones, whole
+/// nodes float.
+#[derive(Clone, Copy, PartialEq)]
+enum Back {
+    Activations,
+    Int8,
+    Whole,
+}
+
 /// The least `k` in `1..=len` whose candidate `make(k)` meets `bound`,
 /// by doubling, then bisection (the error is assumed to fall as `k`
 /// grows); `None` when even `len` does not.
@@ -816,9 +839,46 @@ fn engine_label(r: &Reference) -> String {
     }
 }
 
+/// Noisy copies of the first batch the error is measured on as well:
+/// quantization error can be chaotic (a near-tie in a softmax, a dynamic
+/// scale one bit off), so one input's error can sit under the bound while
+/// the same model is over it in another engine (PP-OCRv4's recognizer:
+/// 0.043 in tract, 0.043 to 0.077 in onnxruntime as the input moves by
+/// 1e-6). The worst of the three bounds it better.
+const JITTERED: usize = 2;
+
+/// `t` with every float element moved by about one part in a million up
+/// or down (a fixed pattern per copy; other types as they are).
+fn jitter(t: &TractTensor, copy: usize) -> TractTensor {
+    let dt = t.datum_type();
+    if !dt.is_float() {
+        return t.clone();
+    }
+    let Ok(f) = t.cast_to::<f32>() else {
+        return t.clone();
+    };
+    let mut f = f.into_owned();
+    let rel = if dt.size_of() <= 2 {
+        1.0 / 1024.0
+    } else {
+        1.0 / 1048576.0
+    };
+    if let Ok(mut v) = f.to_plain_array_view_mut::<f32>() {
+        for (i, x) in v.iter_mut().enumerate() {
+            let h = (i as u64 ^ (copy as u64) << 40).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let s = if h >> 63 == 0 { 1.0 } else { -1.0 };
+            *x *= 1.0 + s * rel;
+        }
+    }
+    f.cast_to_dt(dt).map(|c| c.into_owned()).unwrap_or(f)
+}
+
 /// Runs the float model once per batch and compares candidates with it.
 struct Measurer {
+    /// The calibration batches, then the jittered copies.
     batches: Vec<Vec<TractTensor>>,
+    /// How many of `batches` are calibration batches.
+    calibration: usize,
     reference: Vec<Vec<TractTensor>>,
     names: Vec<String>,
     /// Where the float model ran.
@@ -827,7 +887,13 @@ struct Measurer {
 
 impl Measurer {
     fn new(model: &Model, batches: &[Vec<TractTensor>]) -> Result<Measurer> {
-        let batches: Vec<_> = batches.iter().take(8).cloned().collect();
+        let mut batches: Vec<_> = batches.iter().take(8).cloned().collect();
+        let calibration = batches.len();
+        if let Some(first) = batches.first().cloned() {
+            for c in 0..JITTERED {
+                batches.push(first.iter().map(|t| jitter(t, c)).collect());
+            }
+        }
         let mut runner = Reference::new(model, &[], MEASURE_FIRST);
         let reference = batches
             .iter()
@@ -836,6 +902,7 @@ impl Measurer {
             .map_err(Error::new)?;
         Ok(Measurer {
             batches,
+            calibration,
             reference,
             names: output_names(model),
             engine: engine_label(&runner),
@@ -846,7 +913,7 @@ impl Measurer {
         self.error_on(m, self.batches.len())
     }
 
-    /// The error on the first `n` batches.
+    /// The error on the first `n` batches (the jittered copies last).
     fn error_on(&self, m: &Model, n: usize) -> Result<QuantError> {
         let m = dequantize_constants(m)?;
         let tol = Tolerance {
@@ -858,7 +925,8 @@ impl Measurer {
             rel_l2: 0.0,
             max_abs: 0.0,
             outputs: BTreeMap::new(),
-            batches: n.min(self.batches.len()),
+            batches: n.min(self.calibration),
+            jittered: n.min(self.batches.len()).saturating_sub(self.calibration),
         };
         let mut runner = Reference::new(&m, &[], MEASURE_FIRST);
         for (b, r) in self.batches.iter().zip(&self.reference).take(n) {
@@ -970,5 +1038,37 @@ impl Session {
     /// included), as the quantization report counts them.
     pub fn weights_bytes(&self) -> u64 {
         weight_bytes(&self.model.graph)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_moves_floats_by_a_millionth_and_nothing_else() {
+        let x: Vec<f32> = (0..64).map(|i| i as f32 * 0.37 - 5.0).collect();
+        let t = TractTensor::from_shape(&[8, 8], &x).unwrap();
+        let (a, b) = (jitter(&t, 0), jitter(&t, 1));
+        let (va, vb) = (f32_values(&a), f32_values(&b));
+        let mut moved = 0;
+        for ((x, ya), yb) in x.iter().zip(&va).zip(&vb) {
+            for y in [ya, yb] {
+                // One part in 2^20, and half an f32 ulp of rounding.
+                assert!(
+                    (y - x).abs() <= x.abs() * (1.0 / 1048576.0 + 1.0 / 8388608.0),
+                    "{x} {y}"
+                );
+                moved += (y != x) as usize;
+            }
+        }
+        // Nearly every nonzero element moves, and the two copies differ.
+        assert!(moved >= 2 * 60, "{moved}");
+        assert!(va.iter().zip(&vb).filter(|(p, q)| p != q).count() > 20);
+        // The same pattern every time (the output is deterministic).
+        assert_eq!(f32_values(&jitter(&t, 0)), va);
+        // Integers (token ids) are left alone.
+        let ids = TractTensor::from_shape(&[4], &[1i64, 2, 3, 4]).unwrap();
+        assert_eq!(jitter(&ids, 0), ids);
     }
 }
