@@ -4,11 +4,14 @@
 //! repeated within an operand (its diagonal; within the output too), and
 //! sums over the labels the output lacks.
 //!
-//! One loop nest over every label (output labels outermost), each product
-//! accumulated into its output element, offsets updated incrementally: no
-//! GEMM yet, so a large contraction is slow (correct first).
+//! Two f32 operands whose every label is a batch, left, right or summed
+//! one (no label summed over one operand alone) run as a batched GEMM
+//! ([`sgemm`]) on packed copies; anything else (one or three operands,
+//! f64, integers) runs as one loop nest over every label (output labels
+//! outermost), each product accumulated into its output element.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::cpu::matmul::sgemm;
 use crate::tensor::{cast, cast_mut, numel, strides, Elem};
 use graphopt_ir::DType;
 use std::ops::{Add, Mul};
@@ -199,6 +202,69 @@ struct Einsum {
     dtype: DType,
     plan: Plan,
     out_shape: Vec<usize>,
+    /// Two f32 operands whose labels all group as below: a batched GEMM.
+    gemm: Option<Groups>,
+}
+
+/// The labels (of size above 1) of a two-operand contraction by role:
+/// batch (both operands, output), left (first operand and output), right
+/// (second operand and output), summed (both operands, not the output).
+/// A label's role follows its strides: an operand broadcasting it (size
+/// 1) does not vary along it.
+#[derive(Debug)]
+struct Groups {
+    batch: Vec<usize>,
+    left: Vec<usize>,
+    right: Vec<usize>,
+    sum: Vec<usize>,
+}
+
+fn groups(p: &Plan) -> Option<Groups> {
+    if p.op_strides.len() != 2 {
+        return None;
+    }
+    let (sa, sb) = (&p.op_strides[0], &p.op_strides[1]);
+    let mut g = Groups {
+        batch: vec![],
+        left: vec![],
+        right: vec![],
+        sum: vec![],
+    };
+    for l in 0..p.sizes.len() {
+        if p.sizes[l] == 1 {
+            continue;
+        }
+        match (sa[l] != 0, sb[l] != 0, p.out.contains(&l)) {
+            (true, true, true) => g.batch.push(l),
+            (true, false, true) => g.left.push(l),
+            (false, true, true) => g.right.push(l),
+            (true, true, false) => g.sum.push(l),
+            // Summed over one operand only, or in the output alone.
+            _ => return None,
+        }
+    }
+    Some(g)
+}
+
+/// Calls `f(i, offset)` for every index `i` (row-major, last label
+/// fastest) over `labels`, with `offset = Σ index_l · strides[l]`.
+fn walk(labels: &[usize], sizes: &[usize], strides: &[usize], mut f: impl FnMut(usize, usize)) {
+    let n: usize = labels.iter().map(|&l| sizes[l]).product();
+    let mut idx = vec![0usize; labels.len()];
+    let mut off = 0usize;
+    for i in 0..n {
+        f(i, off);
+        for k in (0..labels.len()).rev() {
+            let l = labels[k];
+            idx[k] += 1;
+            if idx[k] < sizes[l] {
+                off += strides[l];
+                break;
+            }
+            off -= strides[l] * (idx[k] - 1);
+            idx[k] = 0;
+        }
+    }
 }
 
 impl Einsum {
@@ -256,6 +322,53 @@ impl Einsum {
         }
     }
 
+    /// The batched GEMM: both operands packed as [batch, m, k] and
+    /// [batch, k, n] (diagonals and broadcasts fall out of the strides),
+    /// multiplied, and the [batch, m, n] product placed in the output.
+    fn gemm(&self, g: &Groups, a: &[f32], b: &[f32], y: &mut [f32], threads: usize) {
+        let p = &self.plan;
+        let size = |ls: &[usize]| -> usize { ls.iter().map(|&l| p.sizes[l]).product() };
+        let (nb, m, n, k) = (size(&g.batch), size(&g.left), size(&g.right), size(&g.sum));
+        let cat = |x: &[usize], y: &[usize], z: &[usize]| -> Vec<usize> {
+            x.iter().chain(y).chain(z).copied().collect()
+        };
+        let mut pa = vec![0.0f32; nb * m * k];
+        walk(
+            &cat(&g.batch, &g.left, &g.sum),
+            &p.sizes,
+            &p.op_strides[0],
+            |i, o| pa[i] = a[o],
+        );
+        let mut pb = vec![0.0f32; nb * k * n];
+        walk(
+            &cat(&g.batch, &g.sum, &g.right),
+            &p.sizes,
+            &p.op_strides[1],
+            |i, o| pb[i] = b[o],
+        );
+        let mut pc = vec![0.0f32; nb * m * n];
+        if nb * m * n * k > 0 {
+            for ((c, a), b) in pc
+                .chunks_mut(m * n)
+                .zip(pa.chunks(m * k))
+                .zip(pb.chunks(k * n))
+            {
+                sgemm(m, k, n, 1.0, a, (k, 1), b, (n, 1), 0.0, c, n, threads);
+            }
+        }
+        // Output strides per label (a label repeated in the output: its
+        // diagonal; the rest of the output stays zero).
+        let ost = strides(&self.out_shape);
+        let mut ys = vec![0usize; p.sizes.len()];
+        for (j, &l) in p.out.iter().enumerate() {
+            ys[l] += ost[j];
+        }
+        y.fill(0.0);
+        walk(&cat(&g.batch, &g.left, &g.right), &p.sizes, &ys, |i, o| {
+            y[o] = pc[i]
+        });
+    }
+
     fn run_t<T: Num>(&self, io: &mut KernelIo) -> Result<(), String> {
         let mut xs: Vec<&[T]> = Vec::new();
         for i in 0..self.plan.op_strides.len() {
@@ -273,7 +386,19 @@ impl Einsum {
 impl Kernel for Einsum {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         match self.dtype {
-            DType::F32 => self.run_t::<f32>(io),
+            DType::F32 => match &self.gemm {
+                Some(g) => {
+                    let (a, b) = (io.input(0)?.f32()?, io.input(1)?.f32()?);
+                    let threads = io.threads;
+                    let y = io.outputs[0].f32()?;
+                    if y.len() != numel(&self.out_shape) {
+                        return Err(format!("output holds {} elements", y.len()));
+                    }
+                    self.gemm(g, a, b, y, threads);
+                    Ok(())
+                }
+                None => self.run_t::<f32>(io),
+            },
             DType::F64 => self.run_t::<f64>(io),
             DType::I64 => self.run_t::<i64>(io),
             DType::I32 => self.run_t::<i32>(io),
@@ -309,9 +434,15 @@ pub fn einsum(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
             ctx.outputs[0].shape
         ));
     }
+    let gemm = if dtype == DType::F32 {
+        groups(&plan)
+    } else {
+        None
+    };
     Ok(Box::new(Einsum {
         dtype,
         plan,
         out_shape,
+        gemm,
     }))
 }

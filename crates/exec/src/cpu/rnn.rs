@@ -1,7 +1,8 @@
 //! Recurrent layers on f32: LSTM, GRU and RNN (ONNX opsets 7 and 14):
 //! forward, reverse and bidirectional; optional bias, `sequence_lens`
 //! (each batch entry runs its own length; reverse runs reversed within it;
-//! Y is zero past it and Y_h / Y_c hold its last step), initial states,
+//! Y is zero past it and Y_h / Y_c hold its last step, zeros for length 0
+//! as in onnxruntime), initial states,
 //! LSTM peepholes and `input_forget`, GRU `linear_before_reset`, `layout`
 //! 0 and 1, `clip`, and the ONNX activation functions (with
 //! `activation_alpha` / `activation_beta` taken in order by those that
@@ -473,11 +474,18 @@ impl Kernel for Rnn {
             }
             for b in 0..bat {
                 let at = self.state_at(d, b);
+                // A batch entry of length 0 ends in zeros (as onnxruntime
+                // has it), not in its initial state.
+                let (hs, cs) = if lens[b] == 0 {
+                    (&zeros[..hid], &zeros[..hid])
+                } else {
+                    (&h[b * hid..(b + 1) * hid], &c[b * hid..(b + 1) * hid])
+                };
                 if let Some(yh) = yh.as_deref_mut() {
-                    yh[at..at + hid].copy_from_slice(&h[b * hid..(b + 1) * hid]);
+                    yh[at..at + hid].copy_from_slice(hs);
                 }
                 if let Some(yc) = yc.as_deref_mut() {
-                    yc[at..at + hid].copy_from_slice(&c[b * hid..(b + 1) * hid]);
+                    yc[at..at + hid].copy_from_slice(cs);
                 }
             }
         }
