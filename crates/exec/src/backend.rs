@@ -150,8 +150,10 @@ impl Out<'_> {
 pub struct KernelIo<'a> {
     /// `None` for an omitted optional input.
     pub inputs: Vec<Option<In<'a>>>,
-    /// The present outputs in order (only trailing optional outputs may
-    /// be omitted; the executor refuses others).
+    /// The outputs in order up to the last present one: trailing omitted
+    /// outputs are left out, an omitted one before a present one is an
+    /// empty placeholder (f32, shape `[0]`) on the CPU backend (the CUDA
+    /// backend refuses those).
     pub outputs: Vec<Out<'a>>,
     /// At least [`Kernel::workspace_bytes`], 64-aligned.
     pub workspace: &'a mut [u8],

@@ -2,9 +2,11 @@
 //! computations use, and dynamic int8 quantization, [`quant`]), one file per
 //! op family; fp16/bf16 nodes run them on widened copies ([`lowp`]).
 //! Threads: GEMMs split by batch or rows ([`matmul::sgemm`]), which also
-//! carries Conv; other kernels run on one thread.
+//! carries Conv and the gate products of LSTM / GRU / RNN ([`rnn`]); other
+//! kernels run on one thread.
 
 pub mod conv;
+pub mod einsum;
 pub mod elementwise;
 pub mod loss;
 pub mod lowp;
@@ -13,6 +15,7 @@ pub mod norm;
 pub mod pool;
 pub mod quant;
 pub mod reduce;
+pub mod rnn;
 pub mod scatter;
 pub mod shape;
 
@@ -56,6 +59,7 @@ pub const OPS: &[&str] = &[
     "Div",
     "Dropout",
     "DynamicQuantizeLinear",
+    "Einsum",
     "Elu",
     "Equal",
     "Erf",
@@ -63,6 +67,7 @@ pub const OPS: &[&str] = &[
     "Expand",
     "Flatten",
     "Floor",
+    "GRU",
     "Gather",
     "GatherElements",
     "GatherND",
@@ -79,6 +84,7 @@ pub const OPS: &[&str] = &[
     "InstanceNormalization",
     "IsInf",
     "IsNaN",
+    "LSTM",
     "LayerNormalization",
     "LeakyRelu",
     "Less",
@@ -105,6 +111,7 @@ pub const OPS: &[&str] = &[
     "Pow",
     "QuantizeLinear",
     "RMSNormalization",
+    "RNN",
     "Range",
     "Reciprocal",
     "ReduceL1",
@@ -119,6 +126,7 @@ pub const OPS: &[&str] = &[
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "ReverseSequence",
     "Round",
     "Scatter",
     "ScatterElements",
@@ -222,6 +230,8 @@ impl CpuBackend {
             "OneHot" => scatter::one_hot(ctx),
             "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => loss::nll(ctx),
             "ConvTranspose" => conv::conv_transpose(ctx),
+            "LSTM" | "GRU" | "RNN" => rnn::rnn(ctx),
+            "Einsum" => einsum::einsum(ctx),
             _ => Err("no kernel for this op yet".into()),
         }
     }

@@ -454,9 +454,11 @@ fn around(shape: &[usize], axis: i64) -> Result<(usize, usize, usize), String> {
     ))
 }
 
-/// TopK on f32 along `axis`: the k largest (or smallest) values, sorted,
-/// ties to the lower index; k from the output shape.
+/// TopK on f32, f64, i64 and i32 along `axis`: the k largest (or
+/// smallest) values, sorted, ties to the lower index; k from the output
+/// shape.
 struct TopK {
+    dtype: DType,
     outer: usize,
     len: usize,
     inner: usize,
@@ -464,12 +466,8 @@ struct TopK {
     largest: bool,
 }
 
-impl Kernel for TopK {
-    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?.f32()?;
-        let (vals, rest) = io.outputs.split_at_mut(1);
-        let v = vals[0].f32()?;
-        let idx: &mut [i64] = cast_mut(rest.first_mut().ok_or("no indices output")?.data);
+impl TopK {
+    fn go<T: Elem + PartialOrd>(&self, x: &[T], v: &mut [T], idx: &mut [i64]) {
         let (len, inner, k) = (self.len, self.inner, self.k);
         let mut order: Vec<usize> = Vec::with_capacity(len);
         for a in 0..self.outer {
@@ -493,13 +491,31 @@ impl Kernel for TopK {
                 }
             }
         }
+    }
+}
+
+impl Kernel for TopK {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let (vals, rest) = io.outputs.split_at_mut(1);
+        let v = &mut vals[0].data;
+        let idx: &mut [i64] = cast_mut(rest.first_mut().ok_or("no indices output")?.data);
+        match self.dtype {
+            DType::F32 => self.go::<f32>(cast(x), cast_mut(v), idx),
+            DType::F64 => self.go::<f64>(cast(x), cast_mut(v), idx),
+            DType::I64 => self.go::<i64>(cast(x), cast_mut(v), idx),
+            DType::I32 => self.go::<i32>(cast(x), cast_mut(v), idx),
+            d => return Err(format!("TopK on {}", d.name())),
+        }
         Ok(())
     }
 }
 
 pub fn top_k(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let x = ctx.input(0)?;
-    if x.dtype != DType::F32 || ctx.outputs.len() < 2 {
+    if !matches!(x.dtype, DType::F32 | DType::F64 | DType::I64 | DType::I32)
+        || ctx.outputs.len() < 2
+    {
         return Err(format!("TopK on {} is not implemented", x.dtype.name()));
     }
     let axis = ctx.node.attr_int("axis").unwrap_or(-1);
@@ -509,6 +525,7 @@ pub fn top_k(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         return Err(format!("k {k} exceeds the axis length {len}"));
     }
     Ok(Box::new(TopK {
+        dtype: x.dtype,
         outer,
         len,
         inner,

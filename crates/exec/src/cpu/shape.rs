@@ -1,7 +1,8 @@
 //! Data movement, byte-generic (any element size): views (Reshape,
 //! Flatten, Squeeze, Unsqueeze, Identity: a copy, run only when the plan
 //! did not alias the output to the input), Transpose, Expand, Slice,
-//! Concat, Split, Gather, GatherND, Tile, Pad, Trilu, Dropout (inference),
+//! Concat, Split, Gather, GatherND, Tile, Pad, Trilu, ReverseSequence,
+//! Dropout (inference),
 //! and the shape-makers Shape,
 //! ConstantOfShape, Range and Constant. Output shapes come from shape
 //! inference, so kernels only place bytes.
@@ -492,6 +493,7 @@ pub fn kernel(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
             }) as Box<dyn Kernel>)
         })(),
         "Dropout" => Ok(Box::new(Dropout)),
+        "ReverseSequence" => reverse_sequence(ctx),
         "Range" => match ctx.outputs[0].dtype {
             d @ (DType::F32 | DType::I64 | DType::I32) => Ok(Box::new(Range(d))),
             d => Err(format!("Range on {} is not implemented", d.name())),
@@ -749,4 +751,77 @@ impl Kernel for Dropout {
         }
         Ok(())
     }
+}
+
+/// ReverseSequence: along `time_axis`, the first `sequence_lens[b]`
+/// elements of each batch entry `b` (along `batch_axis`) reversed, the rest
+/// copied.
+struct ReverseSequence {
+    es: usize,
+    shape: Vec<usize>,
+    batch_axis: usize,
+    time_axis: usize,
+}
+
+impl Kernel for ReverseSequence {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let lens = io.input(1)?.ints()?;
+        let (ba, ta) = (self.batch_axis, self.time_axis);
+        let (nb, nt) = (self.shape[ba], self.shape[ta]);
+        if lens.len() != nb {
+            return Err(format!("{} sequence lengths for batch {nb}", lens.len()));
+        }
+        if let Some(l) = lens.iter().find(|&&l| l < 0 || l as usize > nt) {
+            return Err(format!("sequence length {l} outside 0..={nt}"));
+        }
+        let y = &mut io.outputs[0].data;
+        // Whole blocks below both axes move together.
+        let last = ba.max(ta);
+        let block = self.es * numel(&self.shape[last + 1..]);
+        let outer = &self.shape[..=last];
+        let st = strides(outer);
+        let mut idx = vec![0usize; outer.len()];
+        for o in 0..numel(outer) {
+            let (b, t) = (idx[ba], idx[ta]);
+            let l = lens[b] as usize;
+            let src = if t < l {
+                o - t * st[ta] + (l - 1 - t) * st[ta]
+            } else {
+                o
+            };
+            y[o * block..(o + 1) * block].copy_from_slice(&x[src * block..(src + 1) * block]);
+            for d in (0..outer.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < outer[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn reverse_sequence(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let r = x.shape.len();
+    let axis = |name: &str, def: i64| -> Result<usize, String> {
+        let a = ctx.node.attr_int(name).unwrap_or(def);
+        let n = if a < 0 { a + r as i64 } else { a };
+        if n < 0 || n >= r as i64 {
+            return Err(format!("{name} {a} is out of range for rank {r}"));
+        }
+        Ok(n as usize)
+    };
+    let (batch_axis, time_axis) = (axis("batch_axis", 1)?, axis("time_axis", 0)?);
+    if batch_axis == time_axis {
+        return Err("batch_axis and time_axis are the same".into());
+    }
+    Ok(Box::new(ReverseSequence {
+        es: es_of(x.dtype)?,
+        shape: x.shape.clone(),
+        batch_axis,
+        time_axis,
+    }))
 }

@@ -47,6 +47,12 @@ pub(crate) trait KernelMaker {
     fn nop(&self) -> Option<Self::K> {
         None
     }
+    /// Whether kernels take an omitted output followed by a present one
+    /// (LSTM's `("", Y_h)`): the host runtime hands such a gap to the
+    /// kernel as an empty placeholder; `false` (the default) refuses it.
+    fn output_gaps(&self) -> bool {
+        false
+    }
 }
 
 /// The placeholder kernel of a special step (never run).
@@ -79,6 +85,9 @@ impl KernelMaker for HostMaker<'_> {
     }
     fn nop(&self) -> Option<Self::K> {
         Some(Box::new(Nop))
+    }
+    fn output_gaps(&self) -> bool {
+        true
     }
 }
 
@@ -406,7 +415,7 @@ pub(crate) fn bind<M: KernelMaker>(
             }
         }
         if let Some(k) = d.outputs().iter().position(|o| o.is_none()) {
-            if d.outputs()[k..].iter().any(|o| o.is_some()) {
+            if !backend.output_gaps() && d.outputs()[k..].iter().any(|o| o.is_some()) {
                 return Err(refuse(format!(
                     "output {k} is omitted but a later one is not (not supported yet)"
                 )));

@@ -9,6 +9,7 @@ use super::{ExecError, Executable, RunOptions, RunStats};
 use crate::backend::{Data, In, KernelIo, Out};
 use crate::control::{nbytes, OutSlot};
 use crate::tensor::{elem_size, numel, HostTensor};
+use graphopt_ir::DType;
 
 impl Executable {
     /// Runs once on `inputs` (the runtime inputs in graph order, with the
@@ -208,8 +209,23 @@ impl Executable {
                     }));
                 }
                 let mut outs = Vec::with_capacity(step.outputs.len());
-                // Omitted outputs are trailing (checked in `new`).
-                for (off, len, ti) in step.outputs.iter().flatten() {
+                // Trailing omitted outputs are left out; one followed by a
+                // present output is an empty placeholder (f32, shape [0]),
+                // so `outputs[k]` stays output k.
+                let present = step
+                    .outputs
+                    .iter()
+                    .rposition(|o| o.is_some())
+                    .map_or(0, |k| k + 1);
+                for o in &step.outputs[..present] {
+                    let Some((off, len, ti)) = o else {
+                        outs.push(Out {
+                            dtype: DType::F32,
+                            shape: &[0],
+                            data: &mut [],
+                        });
+                        continue;
+                    };
                     // SAFETY: inside the arena; outputs are pairwise
                     // disjoint and disjoint from the inputs handed out as
                     // slices (checked in `new`).
