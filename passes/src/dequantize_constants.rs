@@ -14,7 +14,8 @@
 //!    when nothing else reads them.
 //! 2. `q, s, z = DynamicQuantizeLinear(x); y = DequantizeLinear(q, s, z)`
 //!    ==> the same arithmetic in float ops:
-//!    `s = (max(x, 0) - min(x, 0)) / 255`,
+//!    `s = max((max(x, 0) - min(x, 0)) / 255, 2^-126)` (an all-zero `x`
+//!    would give 0 / 0; the floor makes it 0, as the kernels do),
 //!    `z = clip(round(-min(x, 0) / s), 0, 255)`,
 //!    `y = (clip(round(x / s) + z, 0, 255) - z) * s`.
 //!
@@ -259,7 +260,9 @@ fn emulate_dynamic(g: &mut Graph, stats: &mut PassStats) -> Result<(), PassError
         let mx = op(g, "Max", &[mx, zero], None);
         let mn = op(g, "Min", &[mn, zero], None);
         let rg = op(g, "Sub", &[mx, mn], None);
+        let tiny = c(g, "dql_tiny", f32::MIN_POSITIVE);
         let sc = op(g, "Div", &[rg, q255], None);
+        let sc = op(g, "Max", &[sc, tiny], None);
         let nm = op(g, "Neg", &[mn], None);
         let zf = op(g, "Div", &[nm, sc], None);
         let zr = op(g, "Round", &[zf], None);

@@ -1045,6 +1045,42 @@ impl Session {
 mod tests {
     use super::*;
 
+    /// Dynamic quantization spelled in float ops (how its error is
+    /// measured) gives an all-zero input zeros in both engines, as the
+    /// kernels do: not 0 / 0, a NaN that made a bounded quantization of a
+    /// TTS model measure an infinite error in graphopt's runtime.
+    #[test]
+    fn emulated_dynamic_quantization_of_zeros_is_zeros() {
+        let m = graphopt_text::parse_model(
+            r#"<ir_version: 8, opset_import: ["" : 13]>
+            g (float[2,3] x) => (float[2,3] y) {
+              xq, xs, xz = DynamicQuantizeLinear (x)
+              y = DequantizeLinear (xq, xs, xz)
+            }"#,
+        )
+        .unwrap();
+        let m = dequantize_constants(&m).unwrap();
+        assert!(m
+            .graph
+            .nodes()
+            .all(|n| m.graph.node(n).op_type != "DynamicQuantizeLinear"));
+        for engine in [Engine::Runtime, Engine::Tract] {
+            for x in [[0f32; 6], [0.5, -1.0, 2.0, 0.0, 0.25, -0.75]] {
+                let t = TractTensor::from_shape(&[2, 3], &x).unwrap();
+                let (y, ran) = run_once(&m, &[], &[t], engine).unwrap();
+                assert_eq!(ran, engine);
+                let y = f32_values(&y[0]);
+                for (a, b) in x.iter().zip(&y) {
+                    // Within half a step of 3 / 255.
+                    assert!(
+                        (a - b).abs() <= 1.5 / 255.0 + 1e-6,
+                        "{engine:?} {x:?} -> {y:?}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn jitter_moves_floats_by_a_millionth_and_nothing_else() {
         let x: Vec<f32> = (0..64).map(|i| i as f32 * 0.37 - 5.0).collect();
