@@ -651,6 +651,20 @@ fn follow(
     if g.is_output(v) {
         return Err(format!("'{}' is a graph output", g.name(v)));
     }
+    follow_uses(g, types, v, (dims, map), cx, main, out)
+}
+
+/// [`follow`] on `v`'s readers only (a Loop body's pass-through state is
+/// also a body output).
+fn follow_uses(
+    g: &Graph,
+    types: &TypeTable,
+    v: ValueId,
+    (dims, map): (&[i64], &[Option<usize>]),
+    cx: &Ctx,
+    main: bool,
+    out: &mut Vec<Read>,
+) -> Result<(), String> {
     for u in g.uses(v).to_vec() {
         match u {
             Use::Capture { node } => {
@@ -679,6 +693,31 @@ fn follow(
                     "Identity" => {
                         let o = d.output(0).ok_or("Identity without output")?;
                         follow(g, types, o, (dims, map), cx, main, out)?;
+                    }
+                    // A loop-carried value the body hands back unchanged (a
+                    // TensorFlow export's LSTM weights): its readers in the
+                    // body, and the Loop's final value of it.
+                    "Loop" if slot >= 2 => {
+                        let pass_through = d.attributes.iter().enumerate().find_map(|(ai, a)| {
+                            let body = (a.name == "body").then(|| a.graphs().next()).flatten()?;
+                            // Loop inputs (M, cond, v...) and body inputs
+                            // (i, cond, v...) line up; body outputs are
+                            // (cond, v...), the Loop's (v...).
+                            let bi = *body.inputs.get(slot)?;
+                            (body.outputs.get(slot - 1) == Some(&bi)).then_some((ai, body, bi))
+                        });
+                        let Some((ai, body, bi)) = pass_through else {
+                            return Err(format!(
+                                "read by Loop '{}' as a state its body changes",
+                                label(g, node)
+                            ));
+                        };
+                        let empty = TypeTable::of(body);
+                        let st = types.sub(node, ai, 0).unwrap_or(&empty);
+                        follow_uses(body, st, bi, (dims, map), cx, false, out)?;
+                        if let Some(o) = d.output(slot - 2) {
+                            follow(g, types, o, (dims, map), cx, main, out)?;
+                        }
                     }
                     "Transpose" => {
                         let perm: Vec<usize> = match d.attr_ints("perm") {
