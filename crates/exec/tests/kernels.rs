@@ -3,7 +3,7 @@
 //! with groups, strides, pads and dilations (im2col and the direct 1×1
 //! path, 1-D and 2-D), ConvTranspose (groups, strides, pads, dilations,
 //! output_padding), Scatter with add on duplicate indices, MaxPool's
-//! Indices, pooling pads, Slice with negative steps. Each model
+//! Indices, pooling pads, Slice with negative steps, STFT and DFT. Each model
 //! runs through the whole runtime (planned arena, poison on), so the
 //! executor is exercised too; and a plan that overlaps a node's input and
 //! output is refused.
@@ -768,4 +768,122 @@ fn scatter_writes_over_data_in_place() {
         .err()
         .unwrap();
     assert!(matches!(e, ExecError::BadPlan(_)), "{e}");
+}
+
+/// The DFT of `x` (`n` complex values) by its definition, in f64.
+fn dft_ref(x: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let n = x.len();
+    (0..n)
+        .map(|k| {
+            x.iter().enumerate().fold((0.0, 0.0), |s, (j, v)| {
+                let a = -2.0 * std::f64::consts::PI * ((j * k) % n) as f64 / n as f64;
+                (
+                    s.0 + v.0 * a.cos() - v.1 * a.sin(),
+                    s.1 + v.0 * a.sin() + v.1 * a.cos(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// STFT against the DFT by definition: a real signal with a Hann window,
+/// one-sided (radix-2 frames), and a complex one with `frame_length` as
+/// an input, full spectra (a length of 6: the direct DFT).
+#[test]
+fn stft_with_a_window_one_sided_and_a_complex_signal_full() {
+    let (b, n, fl, step) = (2, 20, 8, 4);
+    let x = t(&[b, n, 1], 21);
+    let w: Vec<f32> = (0..fl)
+        .map(|i| (0.5 - 0.5 * (2.0 * std::f64::consts::PI * i as f64 / fl as f64).cos()) as f32)
+        .collect();
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,20,1] x, float[8] w) => (float[2,4,5,2] y) <int64 step = {4}> {
+          y = STFT (x, step, w)
+        }"#,
+        &[x.clone(), HostTensor::from_f32(&[fl], &w)],
+    );
+    let xs = x.to_f32().unwrap();
+    let mut want = Vec::new();
+    for bi in 0..b {
+        for f in 0..4 {
+            let frame: Vec<(f64, f64)> = (0..fl)
+                .map(|j| ((xs[bi * n + f * step + j] * w[j]) as f64, 0.0))
+                .collect();
+            for v in dft_ref(&frame).into_iter().take(fl / 2 + 1) {
+                want.extend([v.0 as f32, v.1 as f32]);
+            }
+        }
+    }
+    close(&got[0], &want);
+
+    let x = t(&[1, 10, 2], 22);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,10,2] x) => (float[1,2,6,2] y) <int64 step = {3}, int64 len = {6}> {
+          y = STFT <onesided = 0> (x, step, , len)
+        }"#,
+        std::slice::from_ref(&x),
+    );
+    let xs = x.to_f32().unwrap();
+    let mut want = Vec::new();
+    for f in 0..2 {
+        let frame: Vec<(f64, f64)> = (0..6)
+            .map(|j| {
+                let p = 2 * (f * 3 + j);
+                (xs[p] as f64, xs[p + 1] as f64)
+            })
+            .collect();
+        for v in dft_ref(&frame) {
+            want.extend([v.0 as f32, v.1 as f32]);
+        }
+    }
+    close(&got[0], &want);
+}
+
+/// DFT inverse (opset 20, the axis an input) along axis 1 of a complex
+/// [2,6,2] (the direct DFT), and the inverse one-sided (a real result of
+/// the default length 8, radix-2): expected values from numpy's
+/// `ifft(axis=1)` and `irfft(n=8, axis=1)`.
+#[test]
+fn dft_inverse_and_inverse_one_sided_match_numpy() {
+    let x = HostTensor::from_f32(
+        &[2, 6, 2],
+        &[
+            -0.6, -0.23, 0.14, 0.51, -0.42, -0.05, 0.32, 0.69, -0.24, 0.13, 0.5, -0.43, -0.5, 0.11,
+            -0.38, 0.23, -0.26, 0.35, -0.14, 0.47, -0.02, 0.59, 0.1, -0.39,
+        ],
+    );
+    let got = run(
+        r#"<ir_version: 10, opset_import: ["" : 20]>
+        g (float[2,6,2] x) => (float[2,6,2] y) <int64 axis = {1}> {
+          y = DFT <inverse = 1> (x, , axis)
+        }"#,
+        &[x],
+    );
+    close(
+        &got[0],
+        &[
+            -0.05, 0.1033333, -0.1546966, -0.2312756, -0.2066581, 0.0373526, -0.37, -0.1533333,
+            0.1166581, 0.0893141, 0.0646965, -0.0753911, -0.2, 0.2266667, -0.1148483, -0.2555897,
+            -0.1841303, -0.0029744, -0.06, 0.1233333, 0.0641303, 0.0663077, -0.0051517, -0.0477436,
+        ],
+    );
+    let z = HostTensor::from_f32(
+        &[1, 5, 2],
+        &[1.0, 0.5, -0.25, 2.0, -1.5, 0.75, 0.3, -0.2, 1.1, 0.0],
+    );
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,5,2] z) => (float[1,8,1] y) {
+          y = DFT <inverse = 1, onesided = 1, axis = -2> (z)
+        }"#,
+        &[z],
+    );
+    close(
+        &got[0],
+        &[
+            -0.1, -0.6154252, 0.0875, -0.0459708, -0.125, 0.2154252, 1.1875, 0.3959708,
+        ],
+    );
 }

@@ -15,6 +15,7 @@ pub mod quant;
 pub mod reduce;
 pub mod scatter;
 pub mod shape;
+pub mod signal;
 
 use crate::backend::{Backend, Kernel, NodeCtx};
 
@@ -52,6 +53,7 @@ pub const OPS: &[&str] = &[
     "Cos",
     "Cosh",
     "CumSum",
+    "DFT",
     "DequantizeLinear",
     "Div",
     "Dropout",
@@ -120,6 +122,7 @@ pub const OPS: &[&str] = &[
     "Relu",
     "Reshape",
     "Round",
+    "STFT",
     "Scatter",
     "ScatterElements",
     "ScatterND",
@@ -222,6 +225,8 @@ impl CpuBackend {
             "OneHot" => scatter::one_hot(ctx),
             "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => loss::nll(ctx),
             "ConvTranspose" => conv::conv_transpose(ctx),
+            "DFT" => signal::dft(ctx),
+            "STFT" => signal::stft(ctx),
             _ => Err("no kernel for this op yet".into()),
         }
     }
