@@ -887,3 +887,37 @@ fn dft_inverse_and_inverse_one_sided_match_numpy() {
         ],
     );
 }
+
+/// DFT lengths that are not powers of two above 32 (Bluestein's chirp-z):
+/// 97 (a prime) and 100 with `dft_length` zero-padding 90 samples, forward
+/// full and one-sided, against the DFT by definition.
+#[test]
+fn dft_of_other_lengths_matches_the_definition() {
+    for (n, len, onesided) in [(97, 97, 0), (90, 100, 1), (90, 100, 0)] {
+        let x = t(&[2, n, 2], n as u64);
+        let bins = if onesided == 1 { len / 2 + 1 } else { len };
+        let got = run(
+            &format!(
+                r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,{n},2] x) => (float[2,{bins},2] y) <int64 len = {{{len}}}> {{
+          y = DFT <onesided = {onesided}> (x, len)
+        }}"#
+            ),
+            std::slice::from_ref(&x),
+        );
+        let xs = x.to_f32().unwrap();
+        let mut want = Vec::new();
+        for b in 0..2 {
+            let sig: Vec<(f64, f64)> = (0..len)
+                .map(|j| match j < n {
+                    true => (xs[2 * (b * n + j)] as f64, xs[2 * (b * n + j) + 1] as f64),
+                    false => (0.0, 0.0),
+                })
+                .collect();
+            for v in dft_ref(&sig).into_iter().take(bins) {
+                want.extend([v.0 as f32, v.1 as f32]);
+            }
+        }
+        close(&got[0], &want);
+    }
+}

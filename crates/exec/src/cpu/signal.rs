@@ -4,8 +4,9 @@
 //! (the signal cut or zero-padded), and STFT (opset 17: frames of a real
 //! or complex signal, an optional window, one-sided or full spectra; a
 //! `[batch, length]` signal is real, as onnxruntime takes it).
-//! Sums are in f64: a radix-2 FFT for power-of-two lengths, a direct DFT
-//! (O(n²), twiddles tabled) otherwise. Scalars that are inputs (axis,
+//! Sums are in f64: a radix-2 FFT for power-of-two lengths, Bluestein's
+//! chirp-z (a circular convolution by radix-2 FFTs) for other lengths above
+//! [`DIRECT_MAX`], a direct DFT (twiddles tabled) below. Scalars that are inputs (axis,
 //! lengths, the frame step) are read when the kernel runs; the output
 //! shape, known when it is made, is checked against them.
 
@@ -15,24 +16,74 @@ use graphopt_ir::DType;
 
 type C64 = (f64, f64);
 
+/// Lengths that are not powers of two up to this run as a direct DFT.
+const DIRECT_MAX: usize = 32;
+
+fn mul(a: C64, b: C64) -> C64 {
+    (a.0 * b.0 - a.1 * b.1, a.0 * b.1 + a.1 * b.0)
+}
+
 /// A complex transform of one length, forward (`e^{-2πi jk/n}`) or
 /// inverse (`e^{+2πi jk/n}`, unscaled).
 struct Fft {
     n: usize,
-    /// `e^{∓2πi k/n}` for `k < n`.
+    /// `e^{∓2πi k/n}` for `k < n` (radix-2 and direct).
     tw: Vec<C64>,
+    blue: Option<Box<Bluestein>>,
+}
+
+/// `X_k = c_k Σ_j (x_j c_j) conj(c_{k-j})` with the chirp `c_k =
+/// e^{∓πi k²/n}`: the sum a circular convolution of power-of-two length
+/// `m >= 2n - 1`.
+struct Bluestein {
+    chirp: Vec<C64>,
+    /// The forward transform of `conj(c)` laid out circularly, over `m`.
+    fb: Vec<C64>,
+    fwd: Fft,
+    inv: Fft,
 }
 
 impl Fft {
     fn new(n: usize, inverse: bool) -> Fft {
         let sign = if inverse { 1.0 } else { -1.0 };
-        let tw = (0..n)
+        let pi = std::f64::consts::PI;
+        if n.is_power_of_two() || n <= DIRECT_MAX {
+            let tw = (0..n)
+                .map(|k| {
+                    let a = 2.0 * pi * k as f64 / n as f64;
+                    (a.cos(), sign * a.sin())
+                })
+                .collect();
+            return Fft { n, tw, blue: None };
+        }
+        let m = (2 * n - 1).next_power_of_two();
+        let chirp: Vec<C64> = (0..n)
             .map(|k| {
-                let a = 2.0 * std::f64::consts::PI * k as f64 / n as f64;
+                // k² mod 2n keeps the angle exact for large k.
+                let a = pi * ((k * k) % (2 * n)) as f64 / n as f64;
                 (a.cos(), sign * a.sin())
             })
             .collect();
-        Fft { n, tw }
+        let (fwd, inv) = (Fft::new(m, false), Fft::new(m, true));
+        let mut fb = vec![(0.0, 0.0); m];
+        for (k, c) in chirp.iter().enumerate() {
+            fb[k] = (c.0, -c.1);
+            if k > 0 {
+                fb[m - k] = (c.0, -c.1);
+            }
+        }
+        fwd.run(&mut fb, &mut Vec::new());
+        let blue = Bluestein {
+            chirp,
+            fb,
+            fwd,
+            inv,
+        };
+        Fft {
+            n,
+            tw: Vec::new(),
+            blue: Some(Box::new(blue)),
+        }
     }
 
     /// Transforms `x` (length `n`) in place; `scratch` is used by the
@@ -40,6 +91,26 @@ impl Fft {
     fn run(&self, x: &mut [C64], scratch: &mut Vec<C64>) {
         let n = self.n;
         if n <= 1 {
+            return;
+        }
+        if let Some(b) = &self.blue {
+            let m = b.fwd.n;
+            scratch.clear();
+            scratch.resize(m, (0.0, 0.0));
+            for (s, (v, c)) in scratch.iter_mut().zip(x.iter().zip(&b.chirp)) {
+                *s = mul(*v, *c);
+            }
+            let mut none = Vec::new();
+            b.fwd.run(scratch, &mut none);
+            for (s, f) in scratch.iter_mut().zip(&b.fb) {
+                *s = mul(*s, *f);
+            }
+            b.inv.run(scratch, &mut none);
+            let scale = 1.0 / m as f64;
+            for (v, (s, c)) in x.iter_mut().zip(scratch.iter().zip(&b.chirp)) {
+                let y = mul(*s, *c);
+                *v = (y.0 * scale, y.1 * scale);
+            }
             return;
         }
         if n.is_power_of_two() {
@@ -57,7 +128,7 @@ impl Fft {
                     for k in 0..half {
                         let w = self.tw[k * step];
                         let (a, b) = (x[start + k], x[start + k + half]);
-                        let t = (b.0 * w.0 - b.1 * w.1, b.0 * w.1 + b.1 * w.0);
+                        let t = mul(b, w);
                         x[start + k] = (a.0 + t.0, a.1 + t.1);
                         x[start + k + half] = (a.0 - t.0, a.1 - t.1);
                     }
@@ -71,9 +142,9 @@ impl Fft {
                 let mut s = (0.0, 0.0);
                 let mut at = 0;
                 for v in scratch.iter() {
-                    let w = self.tw[at];
-                    s.0 += v.0 * w.0 - v.1 * w.1;
-                    s.1 += v.0 * w.1 + v.1 * w.0;
+                    let t = mul(*v, self.tw[at]);
+                    s.0 += t.0;
+                    s.1 += t.1;
                     at += k;
                     if at >= n {
                         at -= n;
