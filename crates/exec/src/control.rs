@@ -14,9 +14,10 @@
 //! - Loop: runs the body while `i < M` (when M is given) and the condition
 //!   holds (when given); loop-carried values feed the next iteration, scan
 //!   outputs are stacked along a new axis 0.
-//! - Scan (opset 9+, along axis 0, either direction): the body runs once
-//!   per row of the scan inputs with the state carried; scan outputs are
-//!   stacked (reversed for a reverse direction).
+//! - Scan (opset 9+, along any axis, either direction): the body runs once
+//!   per slice of the scan inputs along their scan axes with the state
+//!   carried; scan outputs are stacked along their scan axes (reversed for
+//!   a reverse direction).
 //! - A node touching a dynamic value: the node alone, as a one-node graph.
 //!
 //! Inputs are copied out of the arena (or the dynamic store) and outputs
@@ -38,11 +39,14 @@ pub(crate) enum Kind {
     Loop {
         body: Body,
     },
-    /// Scan (opset 9+) along axis 0: `m` scan inputs after the states;
-    /// `reverse` flags per scan input, then per scan output.
+    /// Scan (opset 9+): `m` scan inputs after the states; the axis (as
+    /// given: negative counts from the back) and reverse flag per scan
+    /// input, then per scan output.
     Scan {
         body: Body,
         m: usize,
+        in_axes: Vec<i64>,
+        out_axes: Vec<i64>,
         in_rev: Vec<bool>,
         out_rev: Vec<bool>,
     },
@@ -489,6 +493,8 @@ impl Special {
             Kind::Scan {
                 body,
                 m,
+                in_axes,
+                out_axes,
                 in_rev,
                 out_rev,
             } => {
@@ -499,12 +505,17 @@ impl Special {
                     .collect::<Result<_, _>>()?;
                 let (states, scan_in) = ins.split_at(n);
                 let mut states = states.to_vec();
+                let axes: Vec<usize> = scan_in
+                    .iter()
+                    .zip(in_axes.iter())
+                    .map(|(t, &a)| scan_axis(a, t.shape.len(), "scan_input_axes"))
+                    .collect::<Result<_, _>>()?;
                 let len = match scan_in.first() {
-                    Some(t) => *t.shape.first().ok_or("a scan input is a scalar")?,
+                    Some(t) => t.shape[axes[0]],
                     None => 0,
                 };
-                if scan_in.iter().any(|t| t.shape.first() != Some(&len)) {
-                    return Err("scan inputs differ in length along axis 0".into());
+                if scan_in.iter().zip(&axes).any(|(t, &a)| t.shape[a] != len) {
+                    return Err("scan inputs differ in length along their scan axes".into());
                 }
                 let k = body.graph.outputs.len() - n;
                 let mut scans: Vec<Vec<HostTensor>> = vec![Vec::new(); k];
@@ -512,12 +523,7 @@ impl Special {
                     let mut formal = std::mem::take(&mut states);
                     for (j, t) in scan_in.iter().enumerate() {
                         let row = if in_rev[j] { len - 1 - step } else { step };
-                        let bytes = t.data.len() / len;
-                        formal.push(HostTensor {
-                            dtype: t.dtype,
-                            shape: t.shape[1..].to_vec(),
-                            data: t.data[row * bytes..(row + 1) * bytes].to_vec(),
-                        });
+                        formal.push(slice_at(t, axes[j], row));
                     }
                     let out = body.run(formal, &captures, opts, stats)?;
                     if out.len() != n + k {
@@ -538,10 +544,15 @@ impl Special {
                     if out_rev[j] {
                         parts.reverse();
                     }
-                    result.push(stack(
-                        parts,
-                        self.outputs.get(n + j).and_then(|o| o.as_ref()),
-                    )?);
+                    let slot = self.outputs.get(n + j).and_then(|o| o.as_ref());
+                    let stacked = stack(parts, slot)?;
+                    let rank = stacked.shape.len();
+                    let a = scan_axis(out_axes[j], rank, "scan_output_axes")?;
+                    result.push(if len == 0 {
+                        stacked
+                    } else {
+                        move_axis0(stacked, a)
+                    });
                 }
                 Ok(result.into_iter().take(nout).collect())
             }
@@ -652,6 +663,62 @@ fn stack(parts: Vec<HostTensor>, slot: Option<&OutSlot>) -> Result<HostTensor, S
     Ok(HostTensor { dtype, shape, data })
 }
 
+/// A scan axis `a` (negative counts from the back) of a tensor of rank
+/// `rank`, checked.
+fn scan_axis(a: i64, rank: usize, what: &str) -> Result<usize, String> {
+    let r = rank as i64;
+    let x = if a < 0 { a + r } else { a };
+    if !(0..r).contains(&x) {
+        return Err(format!("{what} {a} is out of range for rank {r}"));
+    }
+    Ok(x as usize)
+}
+
+/// The slice `row` of `t` along `axis`, that axis dropped.
+fn slice_at(t: &HostTensor, axis: usize, row: usize) -> HostTensor {
+    let len = t.shape[axis];
+    let outer: usize = t.shape[..axis].iter().product();
+    let inner = t.data.len() / (outer * len).max(1);
+    let mut data = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        let at = (o * len + row) * inner;
+        data.extend_from_slice(&t.data[at..at + inner]);
+    }
+    let mut shape = t.shape.clone();
+    shape.remove(axis);
+    HostTensor {
+        dtype: t.dtype,
+        shape,
+        data,
+    }
+}
+
+/// `t` with its axis 0 moved to `axis` (the scan outputs stacked along
+/// axis 0 put where `scan_output_axes` says).
+fn move_axis0(t: HostTensor, axis: usize) -> HostTensor {
+    if axis == 0 {
+        return t;
+    }
+    let len = t.shape[0];
+    let outer: usize = t.shape[1..=axis].iter().product();
+    let inner = t.data.len() / (len * outer).max(1);
+    let mut data = vec![0u8; t.data.len()];
+    for j in 0..len {
+        for o in 0..outer {
+            let from = (j * outer + o) * inner;
+            let to = (o * len + j) * inner;
+            data[to..to + inner].copy_from_slice(&t.data[from..from + inner]);
+        }
+    }
+    let mut shape = t.shape[1..].to_vec();
+    shape.insert(axis, len);
+    HostTensor {
+        dtype: t.dtype,
+        shape,
+        data,
+    }
+}
+
 /// Bytes of a host tensor's elements as its type says.
 pub(crate) fn nbytes(t: &HostTensor) -> usize {
     numel(&t.shape) * elem_size(t.dtype).unwrap_or(1)
@@ -662,16 +729,7 @@ pub(crate) fn supported_control(d: &NodeData) -> Result<(), String> {
     let default = d.domain.is_empty() || d.domain == "ai.onnx";
     match d.op_type.as_str() {
         "If" | "Loop" if default => Ok(()),
-        "Scan" if default => {
-            for a in ["scan_input_axes", "scan_output_axes"] {
-                if d.attr_ints(a).is_some_and(|v| v.iter().any(|&x| x != 0)) {
-                    return Err(format!(
-                        "Scan with {a} other than 0 is not supported yet (If, Loop and Scan along axis 0 run)"
-                    ));
-                }
-            }
-            Ok(())
-        }
+        "Scan" if default => Ok(()),
         _ => Err("subgraphs of this op are not supported yet (If, Loop and Scan run)".into()),
     }
 }
@@ -723,9 +781,15 @@ pub(crate) fn control_kind(d: &NodeData, outer: &Graph, model: &Model) -> Result
                     .map(|i| v.get(i).is_some_and(|&x| x == 1))
                     .collect()
             };
+            let axes = |a: &str, len: usize| -> Vec<i64> {
+                let v = d.attr_ints(a).unwrap_or(&[]);
+                (0..len).map(|i| v.get(i).copied().unwrap_or(0)).collect()
+            };
             Kind::Scan {
                 body: Body::new(body.clone(), outer, model),
                 m,
+                in_axes: axes("scan_input_axes", m),
+                out_axes: axes("scan_output_axes", k),
                 in_rev: dirs("scan_input_directions", m),
                 out_rev: dirs("scan_output_directions", k),
             }

@@ -326,25 +326,56 @@ fn scan_carries_state_over_rows_both_directions() {
     assert_eq!(f32s(&o[1]), [19.0, 32.0, 18.0, 30.0, 15.0, 26.0]);
 }
 
+/// Scan along axis 1 of a [2,3,2] input, rows last to first, the trace
+/// stacked along axis 1 (forward and reversed) and along axis -1.
 #[test]
-fn scan_along_another_axis_is_refused_in_one_line_naming_the_node() {
-    let m = graphopt_text::parse_model(
-        r#"<ir_version: 8, opset_import: ["" : 17]>
-        g (float[2,3] xs, float[2] s0) => (float[2] s) {
-          [scan0] s = Scan <num_scan_inputs = 1, scan_input_axes = [1], body = body (float[2] si, float[2] x) => (float[2] so) {
+fn scan_along_another_axis_and_backward() {
+    let text = |attrs: &str, trace: &str| {
+        format!(
+            r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3,2] xs, float[2,2] s0) => (float[2,2] s, float[{trace}] trace) {{
+          s, trace = Scan <num_scan_inputs = 1, scan_input_axes = [1], scan_input_directions = [1], {attrs} body = body (float[2,2] si, float[2,2] x) => (float[2,2] so, float[2,2] t) {{
                 so = Add (si, x)
-              }> (s0, xs)
-        }"#,
-    )
-    .unwrap();
-    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
-    let e = Executable::new(&mp.model, &mp.plan, &CpuBackend)
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(e.contains("Scan (node 'scan0')"), "{e}");
-    assert!(e.contains("scan_input_axes other than 0"), "{e}");
-    assert!(!e.contains('\n'));
+                t = Identity (so)
+              }}> (s0, xs)
+        }}"#
+        )
+    };
+    let xs = HostTensor::from_f32(&[2, 3, 2], &(1..=12).map(|v| v as f32).collect::<Vec<_>>());
+    let s0 = HostTensor::from_f32(&[2, 2], &[10.0, 20.0, 30.0, 40.0]);
+    // Expected values from numpy: the state plus xs[:, 2 - step, :].
+    let cases: [(&str, &str, [f32; 12]); 3] = [
+        (
+            "scan_output_axes = [1],",
+            "2,3,2",
+            [
+                15.0, 26.0, 18.0, 30.0, 19.0, 32.0, 41.0, 52.0, 50.0, 62.0, 57.0, 70.0,
+            ],
+        ),
+        (
+            "scan_output_axes = [1], scan_output_directions = [1],",
+            "2,3,2",
+            [
+                19.0, 32.0, 18.0, 30.0, 15.0, 26.0, 57.0, 70.0, 50.0, 62.0, 41.0, 52.0,
+            ],
+        ),
+        (
+            "scan_output_axes = [-1],",
+            "2,2,3",
+            [
+                15.0, 18.0, 19.0, 26.0, 30.0, 32.0, 41.0, 50.0, 57.0, 52.0, 62.0, 70.0,
+            ],
+        ),
+    ];
+    for (attrs, trace, want) in cases {
+        let mut e = exe(&text(attrs, trace));
+        let (o, s) = run(&mut e, &[xs.clone(), s0.clone()]);
+        assert_eq!(f32s(&o[0]), [19.0, 32.0, 57.0, 70.0], "{attrs}");
+        let dims: Vec<usize> = trace.split(',').map(|d| d.parse().unwrap()).collect();
+        assert_eq!(o[1].shape, dims, "{attrs}");
+        assert_eq!(f32s(&o[1]), want, "{attrs}");
+        assert_eq!(s.subgraph_runs, 3);
+    }
 }
 
 /// The CUDA backend (bound without a GPU) refuses subgraphs and dynamic

@@ -27,12 +27,13 @@
 //!   must be unused); 9/14: `BatchNormalization` loses `spatial` (1 only)
 //!   and its training-only outputs (which must be unused);
 //! - 16: `RoiAlign` keeps its old `output_half_pixel` mode; 20: `GridSample`
-//!   mode names (`bilinear` → `linear`, `bicubic` → `cubic`).
+//!   mode names (`bilinear` → `linear`, `bicubic` → `cubic`), `DFT` axis
+//!   attr (default 1) → input.
 //!
 //! Every other op must be on the list of ops whose later versions only add
 //! types or attributes whose defaults keep the old meaning. Anything else
-//! (an unknown or experimental op, `GroupNormalization` across 21, `DFT`
-//! across 20, Scan-8, an attribute that refers to a function attribute) is
+//! (an unknown or experimental op, `GroupNormalization` across 21,
+//! Scan-8, an attribute that refers to a function attribute) is
 //! refused with a `PassError` naming the node and op, and the model is left
 //! unchanged: the pass never writes a model it is not sure of. Subgraphs are
 //! upgraded with their graph; model-local functions that import the default

@@ -142,7 +142,7 @@ fn upgrade_node(g: &mut Graph, cx: &mut Cx, n: NodeId) -> R<()> {
         "GroupNormalization" if cx.crosses(21) => {
             return Err("GroupNormalization-21 changed the meaning of scale and bias".into())
         }
-        "DFT" if cx.crosses(20) => return Err("DFT-20 moved dft_length and axis".into()),
+        "DFT" if cx.crosses(20) => dft_axis(g, cx, n)?,
         "Scan" if cx.from < 9 => return Err("Scan-8 has a batch axis that Scan-9 dropped".into()),
         _ if COMPATIBLE.contains(&op) || HANDLED.contains(&op) => false,
         _ => return Err("no known upgrade for this op".into()),
@@ -391,6 +391,22 @@ fn axes_to_input(g: &mut Graph, cx: &Cx, n: NodeId) -> R<bool> {
     edit(g, n, |new| {
         drop_attr(new, "axes");
         set_slot(new, 1, c);
+    })?;
+    Ok(true)
+}
+
+/// DFT-17 `axis` attribute (default 1) ==> input 2 at 20 (whose default
+/// is -2): always written out.
+fn dft_axis(g: &mut Graph, cx: &Cx, n: NodeId) -> R<bool> {
+    let axis = match attr_value(g, n, "axis")? {
+        None => 1,
+        Some(AttrValue::Int(v)) => v,
+        Some(_) => return Err("attribute 'axis' is not an int".into()),
+    };
+    let c = konst(g, cx, n, "axis", Tensor::scalar_i64(axis))?;
+    edit(g, n, |new| {
+        drop_attr(new, "axis");
+        set_slot(new, 2, Some(c));
     })?;
     Ok(true)
 }

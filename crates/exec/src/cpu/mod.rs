@@ -18,6 +18,7 @@ pub mod reduce;
 pub mod rnn;
 pub mod scatter;
 pub mod shape;
+pub mod signal;
 
 use crate::backend::{Backend, Kernel, NodeCtx};
 
@@ -55,6 +56,7 @@ pub const OPS: &[&str] = &[
     "Cos",
     "Cosh",
     "CumSum",
+    "DFT",
     "DequantizeLinear",
     "Div",
     "Dropout",
@@ -128,6 +130,7 @@ pub const OPS: &[&str] = &[
     "Reshape",
     "ReverseSequence",
     "Round",
+    "STFT",
     "Scatter",
     "ScatterElements",
     "ScatterND",
@@ -232,6 +235,8 @@ impl CpuBackend {
             "ConvTranspose" => conv::conv_transpose(ctx),
             "LSTM" | "GRU" | "RNN" => rnn::rnn(ctx),
             "Einsum" => einsum::einsum(ctx),
+            "DFT" => signal::dft(ctx),
+            "STFT" => signal::stft(ctx),
             _ => Err("no kernel for this op yet".into()),
         }
     }

@@ -1,5 +1,6 @@
 //! Neural-network ops: convolutions, pooling, normalizations, Gemm/MatMul,
-//! Einsum, quantization, TopK and ArgMax/ArgMin.
+//! Einsum, quantization, TopK and ArgMax/ArgMin, and the spectral DFT and
+//! STFT.
 
 use super::ctx::{tensor, Cx};
 use super::dims::{self, norm_axis};
@@ -134,6 +135,8 @@ pub(crate) fn infer(cx: &Cx) -> Out {
         "MatMulInteger" => vec![tensor(Some(DType::I32), matmul_dims(d0, cx.dims(1)))],
         "QLinearMatMul" => vec![tensor(cx.elem(7).or(e0), matmul_dims(d0, cx.dims(3)))],
         "Einsum" => vec![tensor(e0, einsum(cx))],
+        "DFT" => vec![tensor(e0, dft(cx))],
+        "STFT" => vec![tensor(e0, stft(cx))],
         "QuantizeLinear" => {
             let elem = cx.elem(2).or(cx.adtype("output_dtype")).or(Some(DType::U8));
             vec![with_elem(cx, 0, elem)]
@@ -407,6 +410,95 @@ pub(crate) fn matmul_dims(a: Option<&[Dim]>, b: Option<&[Dim]>) -> Option<Vec<Di
         out.push(b2[b2.len() - 1].clone());
     }
     Some(out)
+}
+
+/// Input `i` as one known integer.
+fn scalar_int(cx: &Cx, i: usize) -> Option<i64> {
+    cx.ints(i).filter(|v| v.len() == 1).map(|v| v[0])
+}
+
+/// DFT of `[..., n, 1 or 2]` along its axis (an attribute before opset 20,
+/// then input 2): `dft_length` (default n; 2(n-1) for the inverse
+/// one-sided) there, `len/2 + 1` of it one-sided forward; the last dim 2,
+/// or 1 for the real result of the inverse one-sided.
+fn dft(cx: &Cx) -> Option<Vec<Dim>> {
+    let d = cx.dims(0)?;
+    let r = d.len();
+    if r < 2 {
+        return None;
+    }
+    let inverse = cx.ai_or("inverse", 0) != 0;
+    let onesided = cx.ai_or("onesided", 0) != 0;
+    let axis = if cx.opset < 20 {
+        Some(cx.ai_or("axis", 1))
+    } else if cx.has(2) {
+        scalar_int(cx, 2)
+    } else {
+        Some(-2)
+    };
+    let mut o = d.to_vec();
+    o[r - 1] = Dim::Known(if inverse && onesided { 1 } else { 2 });
+    let Some(a) = axis.and_then(|a| norm_axis(a, r)).filter(|&a| a + 1 < r) else {
+        // The axis is not known: the full transform at the signal's own
+        // length keeps every dim, the others change one of them.
+        if cx.has(1) || onesided {
+            o[..r - 1].fill(Dim::Unknown);
+        }
+        return Some(o);
+    };
+    let len = if cx.has(1) {
+        scalar_int(cx, 1)
+            .filter(|&l| l > 0)
+            .map_or(Dim::Unknown, Dim::Known)
+    } else if inverse && onesided {
+        match &d[a] {
+            Dim::Known(n) => n
+                .saturating_sub(1)
+                .max(0)
+                .checked_mul(2)
+                .map_or(Dim::Unknown, Dim::Known),
+            _ => Dim::Unknown,
+        }
+    } else {
+        d[a].clone()
+    };
+    o[a] = match len {
+        Dim::Known(l) if onesided && !inverse => Dim::Known(l / 2 + 1),
+        _ if onesided && !inverse => Dim::Unknown,
+        l => l,
+    };
+    Some(o)
+}
+
+/// STFT of `[batch, length, 1 or 2]` (or `[batch, length]`, real, as
+/// onnxruntime takes it): `[batch, frames, bins, 2]` with
+/// `frames = 1 + (length - frame_length) / frame_step` and `bins` the
+/// frame length (`/2 + 1` one-sided); the frame length is input 3, else
+/// the window's length, else the signal's.
+fn stft(cx: &Cx) -> Option<Vec<Dim>> {
+    let d = cx.dims(0).filter(|d| d.len() == 3 || d.len() == 2)?;
+    let fl = if cx.has(3) {
+        scalar_int(cx, 3)
+            .filter(|&f| f > 0)
+            .map_or(Dim::Unknown, Dim::Known)
+    } else if cx.has(2) {
+        cx.dims(2)
+            .filter(|w| w.len() == 1)
+            .map_or(Dim::Unknown, |w| w[0].clone())
+    } else {
+        d[1].clone()
+    };
+    let step = scalar_int(cx, 1).filter(|&s| s > 0);
+    let frames = match (&d[1], &fl, step) {
+        (Dim::Known(n), Dim::Known(f), Some(s)) if n >= f && *f > 0 => Dim::Known(1 + (n - f) / s),
+        _ => Dim::Unknown,
+    };
+    let bins = match fl {
+        Dim::Known(f) if cx.ai_or("onesided", 1) != 0 => Dim::Known(f / 2 + 1),
+        Dim::Known(f) => Dim::Known(f),
+        _ => Dim::Unknown,
+    };
+    Some(vec![d[0].clone(), frames, bins, Dim::Known(2)])
 }
 
 fn einsum(cx: &Cx) -> Option<Vec<Dim>> {

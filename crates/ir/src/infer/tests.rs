@@ -1337,6 +1337,8 @@ mod robustness {
         "BatchNormalization",
         "Size",
         "NonZero",
+        "DFT",
+        "STFT",
     ];
     const NAMES: &[&str] = &[
         "axis",
