@@ -481,12 +481,34 @@ impl Session {
                             }
                             q
                         };
-                        let found = fewest(ranked.len(), bound, |k| {
-                            runs += 1;
-                            let q = step(k);
-                            let e2 = meas.error(&trial(&q)?.0)?;
-                            Ok((q, e2))
-                        })?;
+                        // The search measures the calibration batches
+                        // only; what it finds is checked on the jittered
+                        // copies too, and searched again on all of them
+                        // if they push it over.
+                        let mut search = |full: bool| {
+                            fewest(ranked.len(), bound, |k| {
+                                runs += 1;
+                                let q = step(k);
+                                let m = trial(&q)?.0;
+                                let e2 = if full {
+                                    meas.error(&m)?
+                                } else {
+                                    meas.error_on(&m, meas.calibration)?
+                                };
+                                Ok((q, e2))
+                            })
+                        };
+                        let mut found = search(false)?;
+                        let checked = found.is_some();
+                        if let Some((k, q, _)) = found.take() {
+                            let full = meas.error(&trial(&q)?.0)?;
+                            found = if full.rel_l2 <= bound {
+                                Some((k, q, full))
+                            } else {
+                                search(true)?
+                            };
+                        }
+                        runs += checked as usize;
                         match found {
                             Some((k, q, e2)) if stage != Back::Whole || k < ranked.len() => {
                                 let what = match stage {
