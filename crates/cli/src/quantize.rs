@@ -165,10 +165,7 @@ pub fn text(r: &QuantizeReport) -> String {
                 "  error vs float on {}{}: rel L2 {:.3e}, max abs {:.3e}{}\n",
                 r.calibration,
                 if e.jittered > 0 {
-                    format!(
-                        " and {} copies of its first batch moved by 1e-6",
-                        e.jittered
-                    )
+                    format!(" and {} jittered copies of its first batch", e.jittered)
                 } else {
                     String::new()
                 },

@@ -207,10 +207,10 @@ pub struct QuantError {
     /// Per output: worst relative L2 over batches.
     pub outputs: BTreeMap<String, f64>,
     pub batches: usize,
-    /// Copies of the first batch with noise of one part in a million
-    /// measured too (their error is in `rel_l2`): an output that moves
-    /// past the bound on such noise, as another engine's rounding moves
-    /// it, was never within it.
+    /// Jittered copies of the first batch measured too (their error is in
+    /// `rel_l2`; see [`jitter`]): an output that moves past the bound on
+    /// such noise, as another engine's rounding moves it, was never within
+    /// it. 0 when the float model could not take them (a warning says why).
     pub jittered: usize,
 }
 
@@ -341,7 +341,14 @@ impl Session {
         // Error measurement, and the fallback to float.
         let measurer = if opts.measure {
             match Measurer::new(&self.model, &batches) {
-                Ok(m) => Some(m),
+                Ok(m) => {
+                    if let Some(why) = &m.jitter_dropped {
+                        warnings.push(format!(
+                            "the error is measured on the calibration batches only, not on jittered copies: {why}"
+                        ));
+                    }
+                    Some(m)
+                }
                 Err(e) => match bound {
                     None => {
                         warnings.push(format!("error not measured: {e}"));
@@ -869,30 +876,46 @@ fn engine_label(r: &Reference) -> String {
 /// 1e-6). The worst of the three bounds it better.
 const JITTERED: usize = 2;
 
-/// `t` with every float element moved by about one part in a million up
-/// or down (a fixed pattern per copy; other types as they are).
+/// `t` with every float element that is not a whole number moved by one
+/// part in 2^20 (float16 and bfloat16: 2^-10) up or down, a fixed pattern
+/// per copy. Whole numbers (lengths, counts a model may cast to integers)
+/// and other types are left as they are.
 fn jitter(t: &TractTensor, copy: usize) -> TractTensor {
     let dt = t.datum_type();
     if !dt.is_float() {
         return t.clone();
     }
-    let Ok(f) = t.cast_to::<f32>() else {
-        return t.clone();
-    };
-    let mut f = f.into_owned();
     let rel = if dt.size_of() <= 2 {
         1.0 / 1024.0
     } else {
         1.0 / 1048576.0
     };
-    if let Ok(mut v) = f.to_plain_array_view_mut::<f32>() {
+    // In float64, which holds every float type's values exactly.
+    let moved = || -> Option<TractTensor> {
+        let mut f = t.cast_to::<f64>().ok()?.into_owned();
+        let mut v = f.to_plain_array_view_mut::<f64>().ok()?;
         for (i, x) in v.iter_mut().enumerate() {
+            if x.fract() == 0.0 || !x.is_finite() {
+                continue;
+            }
             let h = (i as u64 ^ (copy as u64) << 40).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let s = if h >> 63 == 0 { 1.0 } else { -1.0 };
             *x *= 1.0 + s * rel;
         }
-    }
-    f.cast_to_dt(dt).map(|c| c.into_owned()).unwrap_or(f)
+        f.cast_to_dt(dt).ok().map(|c| c.into_owned())
+    };
+    moved().unwrap_or_else(|| t.clone())
+}
+
+/// Whether `b` is finite wherever `a` is (float outputs).
+fn finite_where(a: &[TractTensor], b: &[TractTensor]) -> bool {
+    a.iter().zip(b).all(|(x, y)| {
+        !x.datum_type().is_float()
+            || f32_values(x)
+                .iter()
+                .zip(f32_values(y))
+                .all(|(p, q)| !p.is_finite() || q.is_finite())
+    })
 }
 
 /// Runs the float model once per batch and compares candidates with it.
@@ -901,6 +924,8 @@ struct Measurer {
     batches: Vec<Vec<TractTensor>>,
     /// How many of `batches` are calibration batches.
     calibration: usize,
+    /// Why the jittered copies are not measured.
+    jitter_dropped: Option<String>,
     reference: Vec<Vec<TractTensor>>,
     names: Vec<String>,
     /// Where the float model ran.
@@ -911,23 +936,46 @@ impl Measurer {
     fn new(model: &Model, batches: &[Vec<TractTensor>]) -> Result<Measurer> {
         let mut batches: Vec<_> = batches.iter().take(8).cloned().collect();
         let calibration = batches.len();
-        if let Some(first) = batches.first().cloned() {
-            for c in 0..JITTERED {
-                batches.push(first.iter().map(|t| jitter(t, c)).collect());
-            }
-        }
         let mut runner = Reference::new(model, &[], MEASURE_FIRST);
-        let reference = batches
+        let mut reference = batches
             .iter()
             .map(|b| runner.run(b))
             .collect::<std::result::Result<Vec<_>, String>>()
             .map_err(Error::new)?;
+        // The jittered copies, unless the float model fails on them or
+        // gives a NaN or Inf where it gave a finite value: then the error
+        // is measured on the calibration batches alone, with a warning.
+        let mut jitter_dropped = None;
+        if let Some(first) = batches.first().cloned() {
+            let mut more = Vec::new();
+            for c in 0..JITTERED {
+                let b: Vec<TractTensor> = first.iter().map(|t| jitter(t, c)).collect();
+                match runner.run(&b) {
+                    Ok(r) if finite_where(&reference[0], &r) => more.push((b, r)),
+                    Ok(_) => {
+                        jitter_dropped = Some("the float model gives NaN or Inf on them".into());
+                        break;
+                    }
+                    Err(e) => {
+                        jitter_dropped = Some(format!("the float model fails on them ({e})"));
+                        break;
+                    }
+                }
+            }
+            if jitter_dropped.is_none() {
+                for (b, r) in more {
+                    batches.push(b);
+                    reference.push(r);
+                }
+            }
+        }
         Ok(Measurer {
             batches,
             calibration,
             reference,
             names: output_names(model),
             engine: engine_label(&runner),
+            jitter_dropped,
         })
     }
 
@@ -1092,6 +1140,7 @@ mod tests {
                 let (y, ran) = run_once(&m, &[], &[t], engine).unwrap();
                 assert_eq!(ran, engine);
                 let y = f32_values(&y[0]);
+                assert_eq!(y.len(), 6);
                 for (a, b) in x.iter().zip(&y) {
                     // Within half a step of 3 / 255.
                     assert!(
@@ -1125,8 +1174,17 @@ mod tests {
         assert!(va.iter().zip(&vb).filter(|(p, q)| p != q).count() > 20);
         // The same pattern every time (the output is deterministic).
         assert_eq!(f32_values(&jitter(&t, 0)), va);
-        // Integers (token ids) are left alone.
+        // Integers (token ids), and whole numbers in floats (lengths a
+        // model may cast), are left alone.
         let ids = TractTensor::from_shape(&[4], &[1i64, 2, 3, 4]).unwrap();
         assert_eq!(jitter(&ids, 0), ids);
+        let whole = TractTensor::from_shape(&[3], &[3f32, 0.0, -16000.0]).unwrap();
+        assert_eq!(jitter(&whole, 1), whole);
+        // float64 moves in float64.
+        let x64 = TractTensor::from_shape(&[2], &[0.1f64, 1e300]).unwrap();
+        let j = jitter(&x64, 0);
+        let v = j.to_plain_array_view::<f64>().unwrap();
+        assert!(v.iter().all(|y| y.is_finite()));
+        assert!((v[0] - 0.1).abs() > 0.0 && (v[0] - 0.1).abs() <= 0.1 / 1048576.0 * 1.01);
     }
 }

@@ -61,7 +61,8 @@
 //!    than `min_weight_elems`, nodes named or typed in `exclude`, and
 //!    main-graph nodes in `keep_nodes` (the `--max-error` fallback); nodes
 //!    in `weight_only_nodes` keep float activations, and in int4 mode the
-//!    weights read by `int8_nodes` are int8 per channel instead.
+//!    weights read by `int8_nodes` are int8 instead (a Loop in it covers
+//!    its body's readers of the weight it carries).
 //! 4. What the model had quantized already stays exactly as it was:
 //!    integer ops (`MatMulInteger`, `ConvInteger`, `QLinear*`,
 //!    `DynamicQuantizeLinear`, onnxruntime's `QGemm`, `QAttention`,
@@ -182,8 +183,9 @@ pub struct Quantize {
     /// stay float (dynamic and static modes), as when their activation
     /// quantization alone breaks an error bound.
     pub weight_only_nodes: Vec<NodeId>,
-    /// Main-graph nodes whose weights are int8 per channel in int4 mode
-    /// (a weight any of them reads), as when int4 breaks an error bound.
+    /// Main-graph nodes whose weights are int8 (per channel unless
+    /// `per_channel` is off) in int4 mode (a weight any of them reads), as
+    /// when int4 breaks an error bound.
     pub int8_nodes: Vec<NodeId>,
     /// Calibrated `(min, max)` of activations, by value name (static mode).
     pub ranges: BTreeMap<String, (f32, f32)>,
@@ -302,8 +304,15 @@ struct Read {
     /// Reduction axis in the weight's coordinates (int4 blocking).
     reduce: Option<usize>,
     conv: bool,
-    /// The reader is in `int8_nodes`.
+    /// The reader is in `int8_nodes` (or inside a Loop that is).
     int8: bool,
+    /// The main-graph Loop whose body holds the reader, reading the weight
+    /// as a loop-carried state: it stands for the reader in the report's
+    /// `quantized` (the fallback gives it back whole).
+    owner: Option<NodeId>,
+    /// The body input the reader reads the weight as (a quantized weight
+    /// under that name too).
+    alias: Option<String>,
 }
 
 /// How the weights of one graph were decided.
@@ -319,7 +328,9 @@ struct Ctx<'a> {
     names: HashSet<String>,
     quantized_weights: HashSet<String>,
     uses_int4: bool,
-    /// Gather nodes replaced by the gathered int8 form (counted already).
+    /// Gather nodes replaced by the gathered int8 form (counted already),
+    /// and Loops whose bodies read a quantized weight as their state: the
+    /// main-graph nodes quantized besides those of step 2.
     gathered: Vec<NodeId>,
     /// A float16 weight was quantized (its float16 scales need opset 19).
     uses_f16: bool,
@@ -698,13 +709,20 @@ fn follow_uses(
                     // TensorFlow export's LSTM weights): its readers in the
                     // body, and the Loop's final value of it.
                     "Loop" if slot >= 2 => {
+                        if let Some(why) = cx.q.excluded(g, node, main) {
+                            return Err(format!("read by Loop '{}' ({why})", label(g, node)));
+                        }
                         let pass_through = d.attributes.iter().enumerate().find_map(|(ai, a)| {
                             let body = (a.name == "body").then(|| a.graphs().next()).flatten()?;
                             // Loop inputs (M, cond, v...) and body inputs
                             // (i, cond, v...) line up; body outputs are
-                            // (cond, v...), the Loop's (v...).
+                            // (cond, v..., scan outputs), the Loop's (v...,
+                            // scan outputs). The state must come back
+                            // unchanged and go nowhere else.
                             let bi = *body.inputs.get(slot)?;
-                            (body.outputs.get(slot - 1) == Some(&bi)).then_some((ai, body, bi))
+                            let once = body.outputs.iter().filter(|&&o| o == bi).count() == 1;
+                            (once && body.outputs.get(slot - 1) == Some(&bi))
+                                .then_some((ai, body, bi))
                         });
                         let Some((ai, body, bi)) = pass_through else {
                             return Err(format!(
@@ -714,7 +732,16 @@ fn follow_uses(
                         };
                         let empty = TypeTable::of(body);
                         let st = types.sub(node, ai, 0).unwrap_or(&empty);
+                        let start = out.len();
                         follow_uses(body, st, bi, (dims, map), cx, false, out)?;
+                        let int8 = main && cx.q.int8_nodes.contains(&node);
+                        for r in &mut out[start..] {
+                            r.int8 |= int8;
+                            if main {
+                                r.owner.get_or_insert(node);
+                            }
+                            r.alias.get_or_insert_with(|| body.name(bi).to_string());
+                        }
                         if let Some(o) = d.output(slot - 2) {
                             follow(g, types, o, (dims, map), cx, main, out)?;
                         }
@@ -798,6 +825,8 @@ fn follow_uses(
                             reduce,
                             conv: op == "Conv",
                             int8: main && cx.q.int8_nodes.contains(&node),
+                            owner: None,
+                            alias: None,
                         });
                     }
                     _ => {
@@ -872,8 +901,11 @@ fn quantize_graph(
         match decision {
             Decision::Keep(why) => {
                 // Only weights some quantizable node wanted are news.
-                if !reads.is_empty() || why.starts_with("small") || why.contains("excluded")
+                if !reads.is_empty()
+                    || why.starts_with("small")
+                    || why.contains("excluded")
                     || why.contains("error bound")
+                    || why.contains("read by Loop")
                 {
                     cx.report.kept_float.push((name, why));
                 }
@@ -881,6 +913,14 @@ fn quantize_graph(
             Decision::Quantize(reads) => {
                 let fmt = quantize_weight(g, v, &dims, &reads, cx)?;
                 cx.quantized_weights.insert(name.clone());
+                for r in &reads {
+                    if let Some(a) = &r.alias {
+                        cx.quantized_weights.insert(a.clone());
+                    }
+                    if let Some(o) = r.owner.filter(|o| !cx.gathered.contains(o)) {
+                        cx.gathered.push(o);
+                    }
+                }
                 cx.report.weights.push((name, fmt));
             }
         }
