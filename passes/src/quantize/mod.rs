@@ -327,6 +327,10 @@ struct Ctx<'a> {
     /// Every value name in the model (new names must be unique model-wide).
     names: HashSet<String>,
     quantized_weights: HashSet<String>,
+    /// Body inputs that carry a quantized weight through a Loop: their
+    /// readers keep float activations (a recurrence would requantize its
+    /// state every step, and the error compounds).
+    loop_weights: HashSet<String>,
     uses_int4: bool,
     /// Gather nodes replaced by the gathered int8 form (counted already),
     /// and Loops whose bodies read a quantized weight as their state: the
@@ -373,6 +377,7 @@ impl Quantize {
             report: QuantReport::default(),
             names,
             quantized_weights: HashSet::new(),
+            loop_weights: HashSet::new(),
             uses_int4: false,
             uses_f16: false,
             gathered: Vec::new(),
@@ -916,6 +921,7 @@ fn quantize_graph(
                 for r in &reads {
                     if let Some(a) = &r.alias {
                         cx.quantized_weights.insert(a.clone());
+                        cx.loop_weights.insert(a.clone());
                     }
                     if let Some(o) = r.owner.filter(|o| !cx.gathered.contains(o)) {
                         cx.gathered.push(o);
@@ -992,8 +998,19 @@ fn quantize_graph(
             continue;
         }
         let mut acted = false;
-        let weight_only = main && cx.q.weight_only_nodes.contains(&n);
-        if weight_only && cx.q.mode.activations() && !acts.is_empty() {
+        let recurrent = d
+            .inputs()
+            .iter()
+            .flatten()
+            .any(|&x| cx.loop_weights.contains(g.name(x)));
+        let weight_only = main && cx.q.weight_only_nodes.contains(&n) || recurrent;
+        if recurrent && cx.q.mode.activations() && !acts.is_empty() {
+            cx.report.kept_float.push((
+                label(g, n),
+                "activations float: it reads a weight a Loop carries (a recurrence); weights only"
+                    .into(),
+            ));
+        } else if weight_only && cx.q.mode.activations() && !acts.is_empty() {
             cx.report.kept_float.push((
                 label(g, n),
                 "activations float: their quantization alone breaks the error bound; weights only"
