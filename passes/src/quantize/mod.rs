@@ -865,6 +865,21 @@ fn quantize_graph(
                 cx.dequantized.insert(g.name(y).to_string());
             }
         }
+        // A dequantized value a Loop carries is dequantized in its body.
+        if d.op_type == "Loop" && d.domain.is_empty() {
+            for (slot, x) in d.inputs().iter().enumerate().skip(2) {
+                if !x.is_some_and(|x| cx.dequantized.contains(g.name(x))) {
+                    continue;
+                }
+                for a in d.attributes.iter().filter(|a| a.name == "body") {
+                    for body in a.graphs() {
+                        if let Some(&bi) = body.inputs.get(slot) {
+                            cx.dequantized.insert(body.name(bi).to_string());
+                        }
+                    }
+                }
+            }
+        }
     }
     for n in g.nodes() {
         if let Some(what) = prequantized(g, n, cx) {
@@ -1130,7 +1145,12 @@ fn source(g: &Graph, x: ValueId, cx: &Ctx) -> Source {
             };
         }
         let Some((n, _)) = g.producer(v) else {
-            return Source::Activation;
+            // A body input a Loop feeds a dequantized value.
+            return if cx.dequantized.contains(g.name(v)) {
+                Source::Dequantized
+            } else {
+                Source::Activation
+            };
         };
         let d = g.node(n);
         match d.op_type.as_str() {
