@@ -96,6 +96,9 @@ fn floats(t: &In) -> Result<Vec<f64>, String> {
 /// extrapolation value.
 type Taps = Option<Vec<(usize, f64)>>;
 
+/// Per axis: scales, output lengths, roi (start, end).
+type Geometry = (Vec<f64>, Vec<usize>, Vec<(f64, f64)>);
+
 impl Resize {
     /// The input coordinate of output position `j` along an axis. As the
     /// ONNX reference, the resized length in the formulas is `scale * li`
@@ -201,8 +204,8 @@ impl Resize {
         t
     }
 
-    /// Per axis: the scale and the output length.
-    fn plan(&self, io: &KernelIo) -> Result<(Vec<f64>, Vec<usize>, Vec<(f64, f64)>), String> {
+    /// Per axis: the scale, the output length and the roi (start, end).
+    fn plan(&self, io: &KernelIo) -> Result<Geometry, String> {
         let r = self.shape.len();
         let axes: Vec<usize> = self.axes.clone().unwrap_or_else(|| (0..r).collect());
         let mut scale = vec![1.0f64; r];
@@ -259,7 +262,7 @@ impl Resize {
                 ));
             }
             for (&a, &v) in axes.iter().zip(&s) {
-                if !(v > 0.0) || !v.is_finite() {
+                if !v.is_finite() || v <= 0.0 {
                     return Err(format!("scale {v} is not positive"));
                 }
                 scale[a] = v;
