@@ -13,6 +13,15 @@
 //! Resize before opset 11 and Upsample take asymmetric coordinates, and
 //! their nearest rounds as onnxruntime's: down when upsampling an axis, up
 //! when downsampling it.
+//!
+//! The resized length in the coordinate formulas is `scale * input` as in
+//! the ONNX reference (and its backend tests), fractional when scales are
+//! given and do not divide evenly; onnxruntime uses the integer output
+//! length there, so align_corners, pytorch_half_pixel and
+//! tf_crop_and_resize with such scales differ from it (align_corners on
+//! 9 -> 4 with scale 0.5: by up to 4 on random data). With sizes (what
+//! PyTorch exports) both agree. keep_aspect_ratio_policy's one scale is
+//! the coordinates' scale on every resized axis, as both.
 
 use crate::backend::{In, Kernel, KernelIo, NodeCtx};
 use crate::tensor::{cast, cast_mut, numel};
@@ -226,6 +235,7 @@ impl Resize {
                 Policy::Stretch => {
                     for (&a, &v) in axes.iter().zip(&s) {
                         out[a] = v as usize;
+                        scale[a] = v as f64 / self.shape[a] as f64;
                     }
                 }
                 p => {
@@ -238,13 +248,12 @@ impl Resize {
                     } else {
                         ratios.fold(f64::NEG_INFINITY, f64::max)
                     };
+                    // The one scale is the coordinates' scale on every axis.
                     for &a in &axes {
                         out[a] = (k * self.shape[a] as f64 + 0.5).floor() as usize;
+                        scale[a] = k;
                     }
                 }
-            }
-            for &a in &axes {
-                scale[a] = out[a] as f64 / self.shape[a] as f64;
             }
         } else {
             let s = match present(io, self.scales_in) {
