@@ -3,7 +3,8 @@
 //! n-linear and cubic (cubic_coeff_a, exclude_outside) on any resized axes,
 //! every coordinate_transformation_mode (tf_crop_and_resize with roi and
 //! extrapolation_value), opset 18's `axes` and `keep_aspect_ratio_policy`.
-//! `antialias` is refused.
+//! `antialias` (opset 18: linear and cubic filters widened by 1 / scale
+//! when downsampling, as the ONNX reference).
 //!
 //! Scales, sizes and roi are read at run time; the output shape comes from
 //! shape inference and must agree with them. The interpolation is separable:
@@ -70,6 +71,7 @@ struct Resize {
     round: Round,
     ctm: Ctm,
     cubic_a: f64,
+    antialias: bool,
     exclude_outside: bool,
     extrapolation: f64,
     policy: Policy,
@@ -160,6 +162,9 @@ impl Resize {
         let x0 = xo.floor();
         let r = xo - x0;
         let x0 = x0 as i64;
+        if self.antialias && self.mode != Mode::Nearest {
+            return Some(self.antialiased(x0, r, scale, li));
+        }
         Some(match self.mode {
             Mode::Nearest => {
                 let i = match self.round {
@@ -187,6 +192,44 @@ impl Resize {
                 self.weigh(x0 - 1, &c, li)
             }
         })
+    }
+
+    /// The ONNX reference's antialiased linear / cubic taps: the kernel
+    /// stretched by 1 / scale (scale capped at 1), at offsets around
+    /// `x0 + r` (an integer coordinate counts as `x0 - 1` with `r` = 1),
+    /// normalized to sum 1.
+    fn antialiased(&self, x0: i64, r: f64, scale: f64, li: usize) -> Vec<(usize, f64)> {
+        let (x0, r) = if r == 0.0 { (x0 - 1, 1.0) } else { (x0, r) };
+        let s = scale.min(1.0);
+        let a = self.cubic_a;
+        let (start, end) = if self.mode == Mode::Linear {
+            let st = (-1.0 / s).floor() as i64 + 1;
+            (st, 2 - st)
+        } else {
+            let st = (-2.0 / s).floor() as i64 + 1;
+            (st, 2 - st)
+        };
+        let mut c: Vec<f64> = (start..end)
+            .map(|i| {
+                let x = ((i as f64 - r) * s).abs();
+                if self.mode == Mode::Linear {
+                    (1.0 - x).clamp(0.0, 1.0)
+                } else if x <= 1.0 {
+                    ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+                } else if x < 2.0 {
+                    ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let sum: f64 = c.iter().sum();
+        if sum != 0.0 {
+            for w in &mut c {
+                *w /= sum;
+            }
+        }
+        self.weigh(x0 + start, &c, li)
     }
 
     /// Taps at `first`, `first + 1`, ... with weights `c`: indices clamped
@@ -376,10 +419,6 @@ pub fn resize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let n = ctx.node;
     let upsample = n.op_type == "Upsample";
     let old = upsample || ctx.opset < 11;
-    if n.attr_int("antialias").unwrap_or(0) != 0 {
-        // The executor's refusal names the node.
-        return Err("antialias=1 is not implemented".into());
-    }
     let mode = match n.attr_str("mode").unwrap_or("nearest") {
         "nearest" => Mode::Nearest,
         "linear" | "bilinear" => Mode::Linear,
@@ -456,6 +495,7 @@ pub fn resize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         ctm,
         cubic_a: n.attr_float("cubic_coeff_a").unwrap_or(-0.75) as f64,
         exclude_outside: n.attr_int("exclude_outside").unwrap_or(0) != 0,
+        antialias: n.attr_int("antialias").unwrap_or(0) != 0,
         extrapolation: n.attr_float("extrapolation_value").unwrap_or(0.0) as f64,
         policy,
         axes,
