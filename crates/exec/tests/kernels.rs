@@ -5,7 +5,8 @@
 //! output_padding), Scatter with add on duplicate indices, MaxPool's
 //! Indices, pooling pads, Slice with negative steps; LSTM, GRU and Einsum
 //! against onnxruntime / numpy numbers pasted below, ReverseSequence, STFT
-//! and DFT.
+//! and DFT; Resize (linear half_pixel, nearest asymmetric with sizes)
+//! against onnxruntime.
 //! Each model
 //! runs through the whole runtime (planned arena, poison on), so the
 //! executor is exercised too; and a plan that overlaps a node's input and
@@ -1050,4 +1051,50 @@ fn dft_of_other_lengths_matches_the_definition() {
         }
         close(&got[0], &want);
     }
+}
+
+/// Resize against onnxruntime 1.32 (opset 19) on x = [[1, 2, 3], [4, 5, 6]]:
+/// linear half_pixel scales [1, 1, 2, 2]; nearest asymmetric (round_prefer_floor)
+/// sizes [1, 1, 3, 7], the sizes computed at run time from x's shape;
+/// linear with axes [3, 2], sizes [4, 4] and keep_aspect_ratio_policy
+/// not_larger (one scale 4/3: output [1, 1, 3, 4]).
+#[test]
+fn resize_linear_half_pixel_and_nearest_asymmetric_sizes() {
+    let x = HostTensor::from_f32(&[1, 1, 2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 19]>
+        g (float[1,1,2,3] x) => (float[1,1,4,6] a, float[1,1,3,7] b, float[1,1,3,4] c) {
+          sc = Constant <value = float[4] {1, 1, 2, 2}> ()
+          a = Resize <mode = "linear"> (x, "", sc)
+          sh = Shape (x)
+          add = Constant <value = int64[4] {0, 0, 1, 4}> ()
+          sz = Add (sh, add)
+          b = Resize <mode = "nearest", coordinate_transformation_mode = "asymmetric"> (x, "", "", sz)
+          sz2 = Constant <value = int64[2] {4, 4}> ()
+          c = Resize <mode = "linear", axes = [3, 2], keep_aspect_ratio_policy = "not_larger"> (x, "", "", sz2)
+        }"#,
+        std::slice::from_ref(&x),
+    );
+    #[rustfmt::skip]
+    let a = [
+        1.0, 1.25, 1.75, 2.25, 2.75, 3.0,
+        1.75, 2.0, 2.5, 3.0, 3.5, 3.75,
+        3.25, 3.5, 4.0, 4.5, 5.0, 5.25,
+        4.0, 4.25, 4.75, 5.25, 5.75, 6.0,
+    ];
+    close(&got[0], &a);
+    #[rustfmt::skip]
+    let b = [
+        1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 3.0,
+        4.0, 4.0, 5.0, 5.0, 6.0, 6.0, 6.0,
+        4.0, 4.0, 5.0, 5.0, 6.0, 6.0, 6.0,
+    ];
+    close(&got[1], &b);
+    #[rustfmt::skip]
+    let c = [
+        1.0, 1.625, 2.375, 3.0,
+        2.875, 3.5, 4.25, 4.875,
+        4.0, 4.625, 5.375, 6.0,
+    ];
+    close(&got[2], &c);
 }

@@ -15,6 +15,7 @@ pub mod norm;
 pub mod pool;
 pub mod quant;
 pub mod reduce;
+pub mod resize;
 pub mod rnn;
 pub mod scatter;
 pub mod shape;
@@ -128,6 +129,7 @@ pub const OPS: &[&str] = &[
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "Resize",
     "ReverseSequence",
     "Round",
     "STFT",
@@ -160,6 +162,7 @@ pub const OPS: &[&str] = &[
     "Transpose",
     "Trilu",
     "Unsqueeze",
+    "Upsample",
     "Where",
     "Xor",
 ];
@@ -237,6 +240,7 @@ impl CpuBackend {
             "Einsum" => einsum::einsum(ctx),
             "DFT" => signal::dft(ctx),
             "STFT" => signal::stft(ctx),
+            "Resize" | "Upsample" => resize::resize(ctx),
             _ => Err("no kernel for this op yet".into()),
         }
     }

@@ -693,15 +693,39 @@ fn resize(cx: &Cx) -> Option<Vec<Dim>> {
     } else {
         (Some(2), Some(3))
     };
-    let stretch = cx
-        .astr("keep_aspect_ratio_policy")
-        .is_none_or(|p| p == "stretch");
+    let policy = cx.astr("keep_aspect_ratio_policy").unwrap_or("stretch");
     let mut o = d.to_vec();
     if let Some(si) = sizes_in.filter(|&i| cx.has(i)) {
         match cx.dim_vals(si) {
-            Some(s) if s.len() == axes.len() && stretch => {
+            Some(s) if s.len() == axes.len() && policy == "stretch" => {
                 for (a, v) in axes.iter().zip(s) {
                     o[*a] = v;
+                }
+            }
+            Some(s) if s.len() == axes.len() => {
+                // not_larger / not_smaller: one scale, the min / max of
+                // sizes / input over the axes, and each resized length
+                // round_half_up(scale * input) (as the CPU kernel).
+                let known: Option<Vec<(i64, i64)>> = axes
+                    .iter()
+                    .zip(&s)
+                    .map(|(&a, v)| match (&d[a], v) {
+                        (Dim::Known(n), Dim::Known(v)) if *n > 0 && *v >= 0 => Some((*n, *v)),
+                        _ => None,
+                    })
+                    .collect();
+                let ratios = known.iter().flatten().map(|&(n, v)| v as f64 / n as f64);
+                let k = match policy {
+                    "not_larger" => ratios.fold(f64::INFINITY, f64::min),
+                    _ => ratios.fold(f64::NEG_INFINITY, f64::max),
+                };
+                for (i, &a) in axes.iter().enumerate() {
+                    o[a] = match &known {
+                        Some(kn) if k.is_finite() => {
+                            Dim::Known((k * kn[i].0 as f64 + 0.5).floor() as i64)
+                        }
+                        _ => Dim::Unknown,
+                    };
                 }
             }
             _ => {

@@ -587,6 +587,26 @@ mod shapes {
         );
         b.run(7);
         assert_eq!(b.ty("u"), "float[n,3,48,48]");
+
+        // keep_aspect_ratio_policy: one scale (min / max of sizes / input
+        // over the axes), each length round_half_up(scale * input).
+        let mut b = B::new();
+        b.input("x", DType::F32, Some("n,3,20,30"));
+        b.init_i64("sz", &[2], &[24, 10]);
+        for (out, policy) in [("l", "not_larger"), ("s", "not_smaller")] {
+            b.node(
+                "Resize",
+                &["x", "", "", "sz"],
+                &[out],
+                vec![
+                    ais("axes", &[3, 2]),
+                    astr("keep_aspect_ratio_policy", policy),
+                ],
+            );
+        }
+        b.run(18);
+        assert_eq!(b.ty("l"), "float[n,3,10,15]");
+        assert_eq!(b.ty("s"), "float[n,3,16,24]");
     }
 
     #[test]
