@@ -469,12 +469,29 @@ impl Session {
                     let mut pre = config.clone();
                     for &stage in stages {
                         let (m, r) = trial(&pre)?;
+                        // Weights stored int4 (others are int8 already: a
+                        // reduction axis no block divides, or int8 kept).
+                        let int4: std::collections::BTreeSet<&str> = r
+                            .weights
+                            .iter()
+                            .filter(|(_, f)| f.contains("int4"))
+                            .map(|(w, _)| w.as_str())
+                            .collect();
+                        let g = &self.model.graph;
+                        let reads_int4 = |n: NodeId| {
+                            g.is_live_node(n)
+                                && g.node(n)
+                                    .inputs()
+                                    .iter()
+                                    .flatten()
+                                    .any(|&x| int4.contains(g.name(x)))
+                        };
                         let ranked: Vec<NodeId> = meas
                             .sensitivity(&self.model, &m, &r.quantized)?
                             .into_iter()
                             .filter(|n| match stage {
                                 Back::Activations => !pre.weight_only_nodes.contains(n),
-                                Back::Int8 => !pre.int8_nodes.contains(n),
+                                Back::Int8 => !pre.int8_nodes.contains(n) && reads_int4(*n),
                                 Back::Whole => true,
                             })
                             .collect();
