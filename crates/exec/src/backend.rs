@@ -127,6 +127,18 @@ impl<'a> In<'a> {
             d => return Err(format!("expected int64 or int32, got {}", d.name())),
         })
     }
+    /// A float or double input's elements widened to f64.
+    pub fn floats(&self) -> Result<Vec<f64>, String> {
+        let b = self.bytes()?;
+        Ok(match self.dtype {
+            DType::F32 => crate::tensor::cast::<f32>(b)
+                .iter()
+                .map(|&v| v as f64)
+                .collect(),
+            DType::F64 => crate::tensor::cast::<f64>(b).to_vec(),
+            d => return Err(format!("expected float or double, got {}", d.name())),
+        })
+    }
 }
 
 /// One output of a running kernel.

@@ -25,7 +25,7 @@
 //! the coordinates' scale on every resized axis, as both.
 
 use crate::backend::{In, Kernel, KernelIo, NodeCtx};
-use crate::tensor::{cast, cast_mut, numel};
+use crate::tensor::{cast_mut, numel};
 use graphopt_ir::{AttrValue, DType};
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -92,15 +92,6 @@ fn present<'a>(io: &KernelIo<'a>, k: Option<usize>) -> Option<In<'a>> {
         .copied()
         .flatten()
         .filter(|t| numel(t.shape) > 0)
-}
-
-fn floats(t: &In) -> Result<Vec<f64>, String> {
-    let b = t.bytes()?;
-    Ok(match t.dtype {
-        DType::F32 => cast::<f32>(b).iter().map(|&v| v as f64).collect(),
-        DType::F64 => cast::<f64>(b).to_vec(),
-        d => return Err(format!("expected float or double, got {}", d.name())),
-    })
 }
 
 /// The (index, weight) taps of one output position, or `None` for the
@@ -300,7 +291,7 @@ impl Resize {
             }
         } else {
             let s = match present(io, self.scales_in) {
-                Some(t) => floats(&t)?,
+                Some(t) => t.floats()?,
                 None => self
                     .attr_scales
                     .clone()
@@ -323,7 +314,9 @@ impl Resize {
         }
         let mut roi = vec![(0.0, 1.0); r];
         if self.ctm == Ctm::TfCropAndResize {
-            let v = floats(&present(io, self.roi_in).ok_or("tf_crop_and_resize needs roi")?)?;
+            let v = present(io, self.roi_in)
+                .ok_or("tf_crop_and_resize needs roi")?
+                .floats()?;
             if v.len() == 2 * r {
                 for (a, p) in roi.iter_mut().enumerate() {
                     *p = (v[a], v[r + a]);
@@ -378,7 +371,7 @@ impl Kernel for Resize {
         }
         let x = io.input(0)?;
         let mut cur = self.shape.clone();
-        let mut v: Vec<f64> = floats(&x)?;
+        let mut v: Vec<f64> = x.floats()?;
         if numel(&out) > 0 && numel(&cur) == 0 {
             return Err("cannot resize an empty tensor to a non-empty one".into());
         }

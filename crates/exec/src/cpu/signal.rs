@@ -10,8 +10,8 @@
 //! lengths, the frame step) are read when the kernel runs; the output
 //! shape, known when it is made, is checked against them.
 
-use crate::backend::{In, Kernel, KernelIo, NodeCtx, Out};
-use crate::tensor::{cast, cast_mut};
+use crate::backend::{Kernel, KernelIo, NodeCtx, Out};
+use crate::tensor::cast_mut;
 use graphopt_ir::DType;
 
 type C64 = (f64, f64);
@@ -156,16 +156,6 @@ impl Fft {
     }
 }
 
-/// A float input's elements widened to f64.
-fn load(x: &In) -> Result<Vec<f64>, String> {
-    let b = x.bytes()?;
-    Ok(match x.dtype {
-        DType::F32 => cast::<f32>(b).iter().map(|&v| v as f64).collect(),
-        DType::F64 => cast::<f64>(b).to_vec(),
-        d => return Err(format!("expected float or double, got {}", d.name())),
-    })
-}
-
 /// Writes `v` into a float output, rounding to its type.
 fn store(o: &mut Out, v: &[f64]) -> Result<(), String> {
     match o.dtype {
@@ -261,7 +251,7 @@ impl Kernel for Dft {
         }
         let outer: usize = shape[..ax].iter().product();
         let inner: usize = shape[ax + 1..r - 1].iter().product();
-        let xs = load(&x)?;
+        let xs = x.floats()?;
         let fft = Fft::new(len, self.inverse);
         let scale = if self.inverse { 1.0 / len as f64 } else { 1.0 };
         let mut res = vec![0.0; outer * n_out * inner * c_out];
@@ -336,7 +326,7 @@ impl Kernel for Stft {
                 if w.shape.len() != 1 {
                     return Err(format!("the window must be 1-D, got {:?}", w.shape));
                 }
-                Some(load(&w)?)
+                Some(w.floats()?)
             }
             None => None,
         };
@@ -366,7 +356,7 @@ impl Kernel for Stft {
                 out.shape, want
             ));
         }
-        let xs = load(&x)?;
+        let xs = x.floats()?;
         let fft = Fft::new(fl, false);
         let mut res = vec![0.0; batch * frames * bins * 2];
         let (mut buf, mut scratch) = (vec![(0.0, 0.0); fl], Vec::new());
