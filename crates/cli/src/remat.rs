@@ -49,6 +49,12 @@ pub struct Args {
     /// point.
     #[arg(long, value_name = "PLOT.svg")]
     svg: Option<PathBuf>,
+    /// Write the decision per torch.fx node (save or recompute) as JSON,
+    /// for a PyTorch selective-checkpoint policy: the model must come from
+    /// `torch.onnx.export(..., dynamo=True)`, whose nodes name their fx
+    /// nodes (`graphopt.torch.checkpoint` applies it for you).
+    #[arg(long, value_name = "POLICY.json")]
+    torch_policy: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> graphopt::Result<()> {
@@ -60,6 +66,11 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     let time_limit = graphopt::util::seconds("--time-limit", a.time_limit)?;
     let dims = DimValues::new(&graphopt::util::parse_dims(&a.dims)?);
     let mut session = graphopt::load(&a.input)?;
+    if a.sweep && a.torch_policy.is_some() {
+        return Err(Error::new(
+            "remat: --torch-policy writes the decision of one budget; use it without --sweep",
+        ));
+    }
     if a.sweep {
         // No --strategy: the library's sweep set (graphopt::SWEEP_STRATEGIES).
         let strategies: Vec<RematStrategy> = strategy.into_iter().collect();
@@ -113,12 +124,29 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             .ok_or_else(|| Error::new("remat: --budget BYTES|PCT% is required (or --sweep)"))?,
     )?;
     session.check_output_path(output)?;
+    if a.torch_policy.is_some() && !graphopt::has_fx_nodes(&session.model().graph) {
+        return Err(Error::new(format!(
+            "remat: --torch-policy: {} names no torch.fx node ({} metadata); export it with \
+             torch.onnx.export(..., dynamo=True)",
+            a.input.display(),
+            graphopt::FX_NODE_KEY
+        )));
+    }
     let r = session.remat(&RematOptions {
         budget,
         dims: dims.clone(),
         strategy: strategy.unwrap_or(RematStrategy::Auto),
         time_limit,
     })?;
+    if let Some(path) = &a.torch_policy {
+        // remat keeps the fx names of the nodes it saw: the policy exists
+        // whenever the input names fx nodes, which was checked up front.
+        let policy = r
+            .torch_policy
+            .as_ref()
+            .ok_or_else(|| Error::new("remat: --torch-policy: no fx node survived the rewrite"))?;
+        graphopt::util::write_atomic(path, json_text(policy)?.as_bytes())?;
+    }
     session.save(output)?;
     if a.json {
         print_out(&json_text(&r)?);

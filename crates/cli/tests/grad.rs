@@ -251,3 +251,107 @@ fn grad_dropout_train() {
         "{err}"
     );
 }
+
+/// `remat --torch-policy` on a dynamo export (whose ONNX nodes name their
+/// fx nodes): the file says, per fx node, save or recompute; the dropped
+/// nodes are real fx nodes of the model, and the counts add up. A
+/// TorchScript export has no fx names: one-line error, no output written.
+#[test]
+fn remat_writes_the_torch_policy_of_a_dynamo_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train.onnx");
+    let dims = [
+        "--dim", "s72=8", "--dim", "s70=128", "--dim", "s43=8", "--dim", "s53=128",
+    ];
+    succeeded(
+        bin()
+            .arg("grad")
+            .arg(model("gpt2_tiny.dynamo18"))
+            .arg("-o")
+            .arg(&train)
+            .args(["--loss", "sum"])
+            .args(dims)
+            .output()
+            .unwrap(),
+    );
+    let out = dir.path().join("remat.onnx");
+    let policy = dir.path().join("policy.json");
+    succeeded(
+        bin()
+            .arg("remat")
+            .arg(&train)
+            .arg("-o")
+            .arg(&out)
+            .args(["--budget", "60%", "--time-limit", "2", "--torch-policy"])
+            .arg(&policy)
+            .args(dims)
+            .output()
+            .unwrap(),
+    );
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&policy).unwrap()).unwrap();
+    assert_eq!(p["format"], "graphopt.torch-policy/1");
+    let nodes = p["nodes"].as_array().unwrap();
+    let count = |policy: &str, reason: &str| {
+        nodes
+            .iter()
+            .filter(|d| d["policy"] == policy && (reason.is_empty() || d["reason"] == reason))
+            .count()
+    };
+    assert_eq!(count("save", ""), p["saved"].as_u64().unwrap() as usize);
+    assert_eq!(
+        count("recompute", ""),
+        p["recomputed"].as_u64().unwrap() as usize
+    );
+    assert!(count("save", "read-by-backward") > 0, "{p}");
+    // The 60% budget is met by dropping real ops (matmuls, softmax...), not
+    // only shape arithmetic.
+    let dropped_aten: Vec<&str> = nodes
+        .iter()
+        .filter(|d| d["reason"] == "dropped" && d["bytes"].as_u64().unwrap() > 4096)
+        .map(|d| d["target"].as_str().unwrap())
+        .collect();
+    assert!(dropped_aten.len() >= 5, "{dropped_aten:?}");
+    assert!(
+        dropped_aten
+            .iter()
+            .all(|t| t.starts_with("torch.ops.aten.")),
+        "{dropped_aten:?}"
+    );
+    // Every fx name is one the exporter wrote on a node of the input model.
+    let src = std::fs::read(model("gpt2_tiny.dynamo18")).unwrap();
+    let text = String::from_utf8_lossy(&src);
+    for d in nodes {
+        let needle = format!("%{} :", d["node"].as_str().unwrap());
+        assert!(text.contains(&needle), "{needle} is not in the model");
+    }
+
+    // A TorchScript export: no fx names.
+    let ts_train = dir.path().join("ts_train.onnx");
+    succeeded(
+        bin()
+            .arg("grad")
+            .arg(model("gpt2_tiny.ts14"))
+            .arg("-o")
+            .arg(&ts_train)
+            .args(["--loss", "sum", "--dim", "batch=8", "--dim", "seq=128"])
+            .output()
+            .unwrap(),
+    );
+    let o = bin()
+        .arg("remat")
+        .arg(&ts_train)
+        .arg("-o")
+        .arg(dir.path().join("ts_remat.onnx"))
+        .args(["--budget", "60%", "--time-limit", "2", "--torch-policy"])
+        .arg(dir.path().join("ts_policy.json"))
+        .args(["--dim", "batch=8", "--dim", "seq=128"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("names no torch.fx node"), "{err}");
+    assert!(!dir.path().join("ts_policy.json").exists());
+    assert!(!dir.path().join("ts_remat.onnx").exists());
+}

@@ -59,6 +59,7 @@ mod remat;
 mod remat_svg;
 mod run;
 mod session;
+mod torch_policy;
 mod train;
 pub mod util;
 mod validate;
@@ -100,6 +101,10 @@ pub use run::{
     RunOptions, RunReport, Runner,
 };
 pub use session::{load, PlanRequest, PlanSettings, SaveOptions, Session};
+pub use torch_policy::{
+    has_fx_nodes, parse_fx_node, torch_policy, FxDecision, FxPolicy, FxReason, TorchPolicy,
+    FX_NODE_KEY, TORCH_POLICY_FORMAT,
+};
 pub use train::{
     epoch_permutation, train_svg, ArrayData, DataSource, EvalRecord, Metric, StepRecord,
     TrainLength, TrainOptions, TrainReport,

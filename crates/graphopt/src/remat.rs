@@ -13,6 +13,7 @@
 
 use crate::error::{Error, Result};
 use crate::session::Session;
+use crate::torch_policy::{torch_policy, TorchPolicy};
 use graphopt_ir::{Graph, Model};
 use graphopt_passes::remat::{self, cost, solve, Problem, Strategy};
 use graphopt_plan::liveness::{live_bytes, liveness_with};
@@ -100,6 +101,11 @@ pub struct RematReport {
     pub recomputed_nodes: Vec<String>,
     pub dropped_values: Vec<String>,
     pub solve_seconds: f64,
+    /// The decision per torch.fx node, when the model came from torch's
+    /// dynamo exporter (its nodes name their fx nodes; see
+    /// [`crate::torch_policy`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_policy: Option<TorchPolicy>,
     /// Live bytes per schedule step, before and after (for plots).
     #[serde(skip)]
     pub timeline_before: Vec<u64>,
@@ -387,6 +393,7 @@ impl Session {
             recomputed_nodes: rw.recomputed_nodes,
             dropped_values: rw.dropped_values,
             solve_seconds,
+            torch_policy: torch_policy(&after.model.graph),
             timeline_before: pre.timeline,
             timeline_after,
         })
