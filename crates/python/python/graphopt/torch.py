@@ -26,8 +26,18 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 
 import graphopt
+from graphopt._torch_checkpoint import CheckpointedModule, CheckpointReport, checkpoint
 
-__all__ = ["MemoryReport", "export", "max_batch", "memory_report", "train"]
+__all__ = [
+    "CheckpointReport",
+    "CheckpointedModule",
+    "MemoryReport",
+    "checkpoint",
+    "export",
+    "max_batch",
+    "memory_report",
+    "train",
+]
 
 ExampleInputs = Union["torch.Tensor", Sequence["torch.Tensor"]]
 
