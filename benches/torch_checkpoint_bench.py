@@ -32,7 +32,8 @@ for ``loss="sum"``). Settings, per model:
 
 Measured per setting:
   peak        bytes allocated during one step above what was allocated
-              before it (parameters; gradients are set to None first), from
+              before it (parameters; gradients are set to None before the
+              profiler starts), from
               the profiler's memory events (torch.profiler with
               profile_memory=True: every CPU allocation and free, summed in
               time order). Not RSS.
@@ -94,17 +95,22 @@ def first(out):
     return out[0]
 
 
-def step(model, args):
-    model.zero_grad(set_to_none=True)
+def step(model, args, zero: bool = True):
+    if zero:
+        model.zero_grad(set_to_none=True)
     torch.manual_seed(1)
     loss = first(model(*args)).sum()
     loss.backward()
     return loss.detach()
 
 
-def peak_bytes(fn) -> int:
+def peak_bytes(model, args) -> int:
+    """One step's peak above what is allocated before it. Gradients are set
+    to None before the profiler starts: a free of a block allocated before
+    profiling would be counted against the step."""
+    model.zero_grad(set_to_none=True)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
+        step(model, args, zero=False)
     mem = sorted(
         (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
         key=lambda e: e.start_ns(),
@@ -183,7 +189,7 @@ def measure(label, model, args, steps, predicted=None, extra=None, flops=None):
         t = time.perf_counter()
         step(model, args)
         times.append(time.perf_counter() - t)
-    peak = peak_bytes(lambda: step(model, args))
+    peak = peak_bytes(model, args)
     if flops is None:
         flops = flops_of(lambda: step(model, args))
     row = {

@@ -162,3 +162,16 @@ pub(crate) fn array_data(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<graphop
     }
     graphopt::ArrayData::concat(shards, what).map_err(crate::gerr)
 }
+
+/// A memory budget: bytes (int), a size ("2GiB") or a percent ("40%").
+pub(crate) fn parse_remat_budget(budget: &Bound<'_, PyAny>) -> PyResult<graphopt::Budget> {
+    match budget.extract::<u64>() {
+        Ok(b) => Ok(graphopt::Budget::Bytes(b)),
+        Err(_) => {
+            let s: String = budget.extract().map_err(|_| {
+                PyTypeError::new_err("budget: expected bytes (int), a size like '2GiB' or 'PCT%'")
+            })?;
+            graphopt::Budget::parse(&s).map_err(gerr)
+        }
+    }
+}

@@ -614,17 +614,7 @@ impl PySession {
         strategy: &str,
         time_limit: f64,
     ) -> PyResult<PySession> {
-        let budget = match budget.extract::<u64>() {
-            Ok(b) => graphopt::Budget::Bytes(b),
-            Err(_) => {
-                let s: String = budget.extract().map_err(|_| {
-                    PyTypeError::new_err(
-                        "budget: expected bytes (int), a size like '2GiB' or 'PCT%'",
-                    )
-                })?;
-                graphopt::Budget::parse(&s).map_err(gerr)?
-            }
-        };
+        let budget = parse_remat_budget(budget)?;
         let strategy = graphopt::parse_strategy(strategy).map_err(gerr)?;
         let time_limit = graphopt::util::seconds("time_limit", time_limit).map_err(gerr)?;
         let opts = graphopt::RematOptions {
@@ -640,8 +630,11 @@ impl PySession {
     /// training graph, per strategy (as `graphopt remat --sweep --json`):
     /// a dict with `lower_bound_store_all_bytes`, `outputs_bytes`, `flops`
     /// and `frontiers` (each `{strategy, points: [{peak_bytes,
-    /// peak_fraction, extra_flops_pct, ...}]}`). The session is unchanged.
-    #[pyo3(signature = (dims=None, strategies=None, points=graphopt::SWEEP_POINTS, time_limit=graphopt::REMAT_TIME_LIMIT_S))]
+    /// peak_fraction, extra_flops_pct, ...}]}`). With `budget` (as
+    /// `remat`'s), `chosen` is the point of the first frontier it picks
+    /// (the fewest extra FLOPs within it), else the knee. The session is
+    /// unchanged.
+    #[pyo3(signature = (dims=None, strategies=None, points=graphopt::SWEEP_POINTS, time_limit=graphopt::REMAT_TIME_LIMIT_S, budget=None))]
     fn remat_sweep<'py>(
         &self,
         py: Python<'py>,
@@ -649,7 +642,9 @@ impl PySession {
         strategies: Option<&Bound<'py, PyAny>>,
         points: usize,
         time_limit: f64,
+        budget: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let budget = budget.map(parse_remat_budget).transpose()?;
         // None: the library's sweep set (graphopt.SWEEP_STRATEGIES), as the CLI's.
         let strategies = list_arg(strategies)?
             .iter()
@@ -661,7 +656,7 @@ impl PySession {
         let v = py
             .detach(|| {
                 let mut s = self.lock().clone();
-                to_json(&s.remat_sweep(&dims, &strategies, points, time_limit)?)
+                to_json(&s.remat_sweep_with_budget(&dims, &strategies, points, time_limit, budget)?)
             })
             .map_err(gerr)?;
         to_py(py, &v)

@@ -48,19 +48,23 @@ def blocks(p: float = 0.1):
     return torch.nn.Sequential(*[Block(128, p) for _ in range(4)]).train()
 
 
-def step(m, x):
-    m.zero_grad(set_to_none=True)
+def step(m, x, zero: bool = True):
+    if zero:
+        m.zero_grad(set_to_none=True)
     torch.manual_seed(1)
     loss = m(x).sum()
     loss.backward()
     return loss.detach()
 
 
-def peak_bytes(fn) -> int:
-    """Bytes allocated during fn() above those before, from the profiler's
-    memory events."""
+def peak_bytes(m, x) -> int:
+    """Bytes allocated during one step above those before, from the
+    profiler's memory events. Gradients are set to None before the profiler
+    starts (freeing a block allocated before it would count against the
+    step)."""
+    m.zero_grad(set_to_none=True)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
+        step(m, x, zero=False)
     events = sorted(
         (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
         key=lambda e: e.start_ns(),
@@ -82,9 +86,10 @@ def test_same_losses_and_gradients_with_less_memory():
     w = gt.checkpoint(copy.deepcopy(ref), x, budget="50%")
     r = w.report
     # The plan recomputes, and its decisions reached torch: regions run
-    # under selective checkpointing, and every dropout is saved.
+    # under selective checkpointing, dropouts among them (recomputed from
+    # their region's RNG state).
     assert r.recomputed_ops > 0 and r.saved_ops > 0 and r.checkpointed_regions > 0, r
-    assert r.random_ops_saved == 4, r
+    assert r.random_ops_recomputed > 0, r
     assert not r.unmapped, r.unmapped
     assert r.planned_peak_bytes <= r.budget_bytes < r.store_all_peak_bytes
     assert "recompute" in str(r)
@@ -99,14 +104,12 @@ def test_same_losses_and_gradients_with_less_memory():
             assert rel(q.grad, p.grad) <= 1e-6, n
         opt_ref.step()
         opt_w.step()
-    # Measured: well below the unwrapped step's peak (0.42x here), and near
-    # graphopt's planned peak: 1.18x it on this model (torch's backward
-    # kernels allocate temporaries that graphopt's plan of its own
-    # backward graph does not have; 1.01x on a 6-block, width-256 stack).
-    eager = peak_bytes(lambda: step(ref, x))
-    ours = peak_bytes(lambda: step(w, x))
-    assert ours < 0.6 * eager, (ours, eager)
-    assert 0.97 < ours / r.planned_peak_bytes < 1.3, (ours, r.planned_peak_bytes)
+    # Measured: well below the unwrapped step's peak (0.47x here), and at
+    # graphopt's planned peak (1.012x it here).
+    eager = peak_bytes(ref, x)
+    ours = peak_bytes(w, x)
+    assert ours < 0.55 * eager, (ours, eager)
+    assert 0.97 < ours / r.planned_peak_bytes < 1.05, (ours, r.planned_peak_bytes)
 
 
 def test_batchnorm_statistics_and_gradients_match():

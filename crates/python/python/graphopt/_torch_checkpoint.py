@@ -15,8 +15,7 @@ How it works, step by step:
    pass reads its output) or ``recompute``.
 3. Each decision is checked against the exported program: the fx node must
    exist there with the same target. Op calls without a checked decision are
-   saved and listed in the report (``unmapped``); random ops (dropout) are
-   always saved, so they are never recomputed without their RNG state.
+   saved and listed in the report (``unmapped``).
 4. The wrapped module runs the exported program's nodes one by one on the
    original module's parameters and buffers. The nodes are cut into regions
    so that no recomputed value crosses a region's border; a region holding a
@@ -24,6 +23,9 @@ How it works, step by step:
    selective-checkpoint policy (``MUST_SAVE`` for ``save`` nodes,
    ``PREFER_RECOMPUTE`` for the others), so torch recomputes it when the
    backward pass reaches it; the other regions run as plain autograd.
+   Random ops in a region that recomputes are all recomputed, from the RNG
+   state the region started with (``preserve_rng_state``): none is skipped
+   by the cache, so each draws exactly what it drew in the forward.
 
 The plan holds for the example inputs' shapes: other shapes raise
 ``GraphoptError``. In eval mode, or with gradients off, the wrapper calls the
@@ -67,8 +69,9 @@ class CheckpointReport:
     #: Op calls (fx nodes that run an operator) by what torch does with them.
     saved_ops: int
     recomputed_ops: int
-    #: Random ops (dropout...) saved whatever the plan said.
-    random_ops_saved: int
+    #: Random ops (dropout...) in regions that recompute: recomputed from
+    #: the RNG state their region started with, so they draw the same.
+    random_ops_recomputed: int
     #: Op calls without a checked decision (saved): ``(fx node, why)``.
     unmapped: list
     #: Values graphopt's backward reads that no fx node produces (saved).
@@ -86,7 +89,7 @@ class CheckpointReport:
             f"of {mib(self.store_all_peak_bytes)} store-all (budget {mib(self.budget_bytes)}), "
             f"+{self.extra_flops_pct:.2f}% FLOPs",
             f"  op calls: {self.saved_ops} saved, {self.recomputed_ops} recomputed "
-            f"({self.random_ops_saved} random ops always saved); {self.checkpointed_regions} of "
+            f"({self.random_ops_recomputed} random, with their RNG state); {self.checkpointed_regions} of "
             f"{self.regions} regions recompute",
         ]
         if self.unmapped:
@@ -124,8 +127,19 @@ def _target_name(node: torch.fx.Node) -> str:
 
 
 def _is_random(node: torch.fx.Node) -> bool:
+    """Does the node draw random numbers: an op tagged nondeterministic_seeded
+    (dropout, bernoulli, rand...), or one with a nonzero ``dropout_p``
+    argument (scaled_dot_product_attention in training)?"""
     t = node.target
-    return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in t.tags:
+        return True
+    for k, a in enumerate(t._schema.arguments):
+        if a.name == "dropout_p":
+            v = node.kwargs.get(a.name, node.args[k] if k < len(node.args) else a.default_value)
+            return bool(v)
+    return False
 
 
 class _Step:
@@ -164,8 +178,8 @@ class _Region:
 
 
 def _cut(steps: list, users: dict, recompute: set) -> list:
-    """Regions: a border goes after step i when no value that torch is to
-    recompute (``recompute``: fx names) made at or before i is read after i,
+    """Regions: a border goes after step i when no value in ``recompute``
+    (fx names) made at or before i is read after i,
     and step i+1 is not a ``getitem`` of a tuple made before it."""
     pos = {s.name: i for i, s in enumerate(steps)}
     # The last reader of each recomputed value, by step index.
@@ -291,8 +305,6 @@ _current = [_SAVE]
 
 
 def _policy(ctx, op, *args, **kwargs):
-    if torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()):
-        return _SAVE
     return _current[0]
 
 
@@ -380,7 +392,7 @@ def checkpoint(
             needed.add(n.name)
             stack.extend(n.all_input_nodes)
 
-    steps, recompute, random_saved = [], set(), 0
+    steps, recompute = [], set()
     for n in program.graph.nodes:
         if n.op != "call_function":
             continue
@@ -394,9 +406,6 @@ def checkpoint(
         if d is None:
             if n.name in needed and not any(u == n.name for u, _ in unmapped):
                 unmapped.append((n.name, "no ONNX node names it"))
-            policy_n = _SAVE
-        elif _is_random(n):
-            random_saved += 1
             policy_n = _SAVE
         else:
             policy_n = _SAVE if d == "save" else _RECOMPUTE
@@ -418,9 +427,14 @@ def checkpoint(
     for name, i in last.items():
         if i < len(steps):
             steps[i].frees.append(name)
+    # Regions are cut around the values graphopt dropped (the backward pass
+    # reads them, recomputed); a value it recomputes only because its
+    # backward never reads it may cross a border (torch keeps it there only
+    # if its own backward formulas need it, as eager would).
     dropped = {d["node"] for d in policy["nodes"] if d["reason"] == "dropped" and d["node"] in recompute}
-    regions = []
-    for part in _cut(steps, users, recompute):
+    dropped |= {s.name for s in steps if s.fn is operator.getitem and s.node.args[0].name in dropped}
+    regions, random_recomputed = [], 0
+    for part in _cut(steps, users, dropped):
         names = {s.name for s in part}
         region = _Region(part, checkpointed=any(s.name in dropped for s in part))
         seen = set()
@@ -429,11 +443,27 @@ def checkpoint(
                 if a.name not in names and a.name not in seen:
                     seen.add(a.name)
                     region.inputs.append(a.name)
+        if region.checkpointed:
+            # Random ops (dropout, attention with dropout) in a region that
+            # recomputes are recomputed too, all of them: the region replays
+            # from the RNG state it started with (preserve_rng_state), so
+            # every draw repeats only if none is skipped by a cache.
+            for s in part:
+                if _is_random(s.node):
+                    s.policy = _RECOMPUTE
+                    random_recomputed += 1
         region.outputs = [s.name for s in part if any(u not in names for u in users[s.name])]
         region.keep = frozenset(region.outputs)
         end = index[part[-1].name]
         region.frees = [n for n in region.inputs if last.get(n, len(steps)) <= end]
-        region.context_fn = functools.partial(create_selective_checkpoint_contexts, _policy)
+        # Every sub-op of a node shares the node's policy, so an op that
+        # mutates a tensor an earlier sub-op of the same node returned (the
+        # math path of attention does) is itself served from the cache when
+        # that tensor is: nothing is applied twice, and torch's check for
+        # cached tensors mutated later can be relaxed.
+        region.context_fn = functools.partial(
+            create_selective_checkpoint_contexts, _policy, allow_cache_entry_mutation=True
+        )
         regions.append(region)
 
     ops = [s for s in steps if s.fn is not operator.getitem]
@@ -446,7 +476,7 @@ def checkpoint(
         strategy=r["strategy"],
         saved_ops=sum(1 for s in ops if s.policy is _SAVE),
         recomputed_ops=sum(1 for s in ops if s.policy is _RECOMPUTE),
-        random_ops_saved=random_saved,
+        random_ops_recomputed=random_recomputed,
         unmapped=unmapped,
         unmapped_values=list(policy["unmapped"]),
         regions=len(regions),

@@ -139,6 +139,13 @@ class MemoryReport:
     #: rematerialization (``Session.remat_sweep``): dicts with ``peak_bytes``,
     #: ``peak_fraction`` (of store-all) and ``extra_flops_pct``.
     remat_frontier: Optional[list] = None
+    #: With a budget: the budget in bytes (the step's activations and
+    #: gradients, as ``checkpoint``'s), the frontier point it picks (fewest
+    #: extra FLOPs within it; None when none fits) and the largest batch
+    #: whose step fits it with recomputation (None when not even batch 1).
+    budget_bytes: Optional[int] = None
+    chosen: Optional[dict] = None
+    max_batch: Optional[int] = None
     notes: list = dataclasses.field(default_factory=list)
 
     @property
@@ -165,18 +172,36 @@ class MemoryReport:
             lines += [f"    {name:<26} {mib(b)}" for name, b in self.largest_saved[:3]]
         if self.remat_frontier:
             lines.append("  recomputation (graphopt remat): peak -> extra FLOPs")
+            chosen = (self.chosen or {}).get("peak_bytes")
             lines += [
                 f"    {mib(p['peak_bytes'])} ({p['peak_fraction']:.2f} of store-all)  +{p['extra_flops_pct']:.1f}%"
+                + ("  <- chosen" if p["peak_bytes"] == chosen else "")
                 for p in self.remat_frontier
             ]
+        if self.budget_bytes is not None:
+            if self.chosen is None:
+                lines.append(f"  budget {mib(self.budget_bytes).strip()}: no point of the frontier fits")
+            else:
+                lines.append(
+                    f"  budget {mib(self.budget_bytes).strip()}: peak {mib(self.chosen['peak_bytes']).strip()} "
+                    f"at +{self.chosen['extra_flops_pct']:.1f}% FLOPs (graphopt.torch.checkpoint applies it)"
+                )
+            if self.max_batch is not None:
+                lines.append(f"  largest batch within the budget, with recomputation: {self.max_batch}")
         for n in self.notes:
             lines.append(f"  note: {n}")
         return "\n".join(lines)
 
 
 def _report(
-    session: graphopt.Session, params: int, training: bool, loss: str, dims: Optional[Mapping[str, int]]
-) -> MemoryReport:
+    session: graphopt.Session,
+    params: int,
+    training: bool,
+    loss: str,
+    dims: Optional[Mapping[str, int]],
+    budget: Optional[Union[int, str]] = None,
+) -> tuple:
+    """The report, and the training session (None for inference)."""
     session = session.optimize()
     if not training:
         p = session.plan(dims=dims)
@@ -186,7 +211,7 @@ def _report(
             weights_bytes=p["weights_bytes"],
             activation_lower_bound_bytes=p["lower_bound_bytes"],
             arena_bytes=p["arena_bytes"],
-        )
+        ), None
     train = session.grad(loss=loss, dims=dims)
     g = train.report()["steps"][-1]["report"]
     r = MemoryReport(
@@ -202,15 +227,58 @@ def _report(
     # The recomputation trade-off: peak (fraction of store-all) against
     # extra FLOPs, from graphopt's remat solver (the model is not changed).
     try:
-        sweep = train.remat_sweep(dims=dims, strategies=["auto"], points=6)
+        sweep = train.remat_sweep(dims=dims, strategies=["auto"], points=6, budget=budget)
         r.remat_frontier = [
             {"peak_bytes": p["peak_bytes"], "peak_fraction": p["peak_fraction"],
              "extra_flops_pct": p["extra_flops_pct"]}
             for f in sweep["frontiers"] for p in f["points"]
         ]
+        if budget is not None:
+            r.budget_bytes = sweep["budget_bytes"]
+            c = sweep.get("chosen")
+            r.chosen = None if c is None else {
+                "peak_bytes": c["peak_bytes"], "extra_flops_pct": c["extra_flops_pct"],
+                "recomputed_nodes": c["recomputed_nodes"],
+            }
     except graphopt.GraphoptError as e:
         r.notes.append(f"remat frontier: {e}")
-    return r
+    return r, train
+
+
+def _fits(train: graphopt.Session, budget: Union[int, str], batch: int) -> bool:
+    """Does one training step at ``batch`` fit ``budget`` with recomputation?"""
+    try:
+        train.remat(budget=budget, dims={"batch": batch}, strategy="fast", time_limit=2.0)
+        return True
+    except graphopt.GraphoptError as e:
+        if "below the least peak" in str(e) or "finds no drop set" in str(e):
+            return False
+        raise
+
+
+def _max_batch_with_remat(train: graphopt.Session, budget: Union[int, str], start: int) -> Optional[int]:
+    """The largest batch whose step fits ``budget`` with recomputation:
+    doubling from ``start``, then bisection (one remat solve per try)."""
+    lo, hi = 0, start
+    while _fits(train, budget, hi):
+        lo, hi = hi, hi * 2
+        if hi > 1 << 20:
+            return lo
+    if lo == 0:
+        lo, top = 0, hi
+        hi = 1
+        while hi < top and _fits(train, budget, hi):
+            lo, hi = hi, hi * 2
+        if lo == 0:
+            return None
+        hi = min(hi, top)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits(train, budget, mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def memory_report(
@@ -220,16 +288,39 @@ def memory_report(
     *,
     loss: str = "sum",
     dynamo: bool = True,
+    budget: Optional[Union[int, str]] = None,
 ) -> MemoryReport:
     """Weights, activation lower bound and arena of ``module`` at the shapes of
     ``example_inputs``; with ``training=True``, of one training step (forward,
-    ``loss`` over the first output, backward), with the bytes saved for backward.
+    ``loss`` over the first output, backward), with the bytes saved for backward
+    and the recomputation frontier (peak against extra FLOPs).
+
+    ``budget`` (training only; bytes, a size such as ``"2GiB"``, or a percent
+    of the store-all peak) is the step's activations and gradients, as
+    ``checkpoint``'s: the report then marks the frontier point it picks (the
+    fewest extra FLOPs within it) and gives the largest batch (dim 0 of every
+    input) whose step fits it with recomputation. Use example inputs with a
+    batch of at least 2 then, so that the exporter keeps that dim symbolic.
 
     The module is exported in eval mode (``export``), simplified with graphopt's default
     pipeline, and for training differentiated by graphopt (``Session.grad``).
     """
     params = sum(p.numel() for p in module.parameters())
-    return _report(_export_eval(module, _as_tuple(example_inputs), None, dynamo), params, training, loss, None)
+    args = _as_tuple(example_inputs)
+    if budget is None:
+        return _report(_export_eval(module, args, None, dynamo), params, training, loss, None)[0]
+    if not training:
+        raise graphopt.GraphoptError("memory_report: budget is for training=True (see max_batch for inference)")
+    batch = int(args[0].shape[0]) if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0 else 0
+    if batch < 2:
+        raise graphopt.GraphoptError("memory_report: with a budget, give example inputs with a batch of at least 2")
+    session = _export_eval(module, args, _batch_shapes(args, dynamo), dynamo)
+    dims = {"batch": batch}
+    r, train = _report(session, params, training, loss, dims, budget)
+    if r.budget_bytes is not None:
+        # In bytes: a percent would scale with the batch.
+        r.max_batch = _max_batch_with_remat(train, r.budget_bytes, batch)
+    return r
 
 
 def max_batch(
