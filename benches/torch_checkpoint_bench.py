@@ -27,8 +27,9 @@ for ``loss="sum"``). Settings, per model:
               generation), so its memory and FLOPs are measured like the
               others'
   graphopt@X  graphopt.torch.checkpoint with the budget set to setting X's
-              measured peak (a second try scaled by measured/target when
-              the first lands above it)
+              measured peak; when the measured peak lands outside 0.93-1.02x
+              of it, again with the budget scaled by target/measured (at
+              most 3 tries, all reported)
 
 Measured per setting:
   peak        bytes allocated during one step above what was allocated
@@ -77,11 +78,12 @@ def build(name: str, small: bool):
     import transformers
 
     if name == "bert_base":
-        m = transformers.BertModel(transformers.BertConfig())
+        m = transformers.BertModel(transformers.BertConfig(use_cache=False))
         ids = torch.randint(0, 30522, (8 // div, 128))
         return m, (ids,), "hf"
     if name == "gpt2":
-        m = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+        # No KV cache in training (its DynamicCache output does not export).
+        m = transformers.GPT2LMHeadModel(transformers.GPT2Config(use_cache=False))
         ids = torch.randint(0, 50257, (8 // div, 256))
         return m, (ids,), "hf"
     raise SystemExit(f"unknown model {name}")
@@ -213,7 +215,7 @@ def graphopt_at(name, small, target, steps, label):
 
     rows = []
     budget = int(target)
-    for attempt in range(2):
+    for attempt in range(3):
         model, args, _ = build(name, small)
         model.train()
         t = time.perf_counter()
@@ -241,7 +243,7 @@ def graphopt_at(name, small, target, steps, label):
             },
         )
         rows.append(row)
-        if row["peak_bytes"] <= target * 1.02:
+        if 0.93 * target <= row["peak_bytes"] <= 1.02 * target:
             break
         budget = int(budget * target / row["peak_bytes"])
     return rows

@@ -82,3 +82,26 @@ def test_train_loads_the_trained_weights_back():
     assert max(abs(a - b) / b for a, b in zip(got, losses)) < 1e-5, (got, losses)
     for (n, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), n
+
+
+def test_memory_report_with_a_budget_picks_a_point_and_a_batch():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        *[torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(), torch.nn.Linear(512, 128)) for _ in range(3)]
+    )
+    x = torch.randn(1024, 128)
+    r = gt.memory_report(m, (x,), training=True, budget="80%")
+    # 80% of the store-all peak is below it: the point picked recomputes.
+    assert r.budget_bytes is not None and r.chosen is not None, r
+    assert r.chosen["peak_bytes"] <= r.budget_bytes
+    assert r.chosen["extra_flops_pct"] > 0
+    store_all = max(p["peak_bytes"] for p in r.remat_frontier)
+    assert r.budget_bytes < store_all
+    # The example batch fits with recomputation; twice the budget fits more.
+    assert r.max_batch is not None and r.max_batch >= 1024, r.max_batch
+    bigger = gt.memory_report(m, (x,), training=True, budget=2 * r.budget_bytes)
+    assert bigger.max_batch > r.max_batch
+    text = str(r)
+    assert "<- chosen" in text and f"with recomputation: {r.max_batch}" in text
+    with pytest.raises(graphopt.GraphoptError, match="training=True"):
+        gt.memory_report(m, (x,), budget="60%")

@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import io
 import operator
+import re
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -106,8 +107,13 @@ def _fail(msg: str) -> "graphopt.GraphoptError":
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
+    """The first line of the innermost cause (torch's exporter wraps the
+    error that says what went wrong in one that says which step failed),
+    without terminal colour codes."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _export(module: torch.nn.Module, args: tuple):
@@ -372,15 +378,24 @@ def checkpoint(
 
     nodes = {n.name: n for n in program.graph.nodes}
     decided: dict = {}
+    by_output: dict = {}
     unmapped: list = []
     for d in policy["nodes"]:
         n = nodes.get(d["node"])
         if n is None or n.op != "call_function":
             unmapped.append((d["node"], "not in the exported program"))
+        elif n.target is operator.getitem and d["target"] == "operator.getitem":
+            # One output of a multi-output op (split, chunk): the op is to
+            # be saved when any of its outputs is.
+            parent = n.args[0].name
+            by_output.setdefault(parent, []).append(d["policy"])
         elif _target_name(n) != d["target"]:
             unmapped.append((d["node"], f"target {_target_name(n)} where the ONNX node says {d['target']}"))
         else:
             decided[d["node"]] = d["policy"]
+    for parent, policies in by_output.items():
+        if parent not in decided:
+            decided[parent] = "save" if "save" in policies else "recompute"
 
     # Nodes the user outputs depend on; the rest only update buffers
     # (BatchNorm's num_batches_tracked) and have no ONNX counterpart.
