@@ -50,6 +50,9 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 import graphopt
 
 _SAVE = CheckpointPolicy.MUST_SAVE
+#: Steps between a dropped value's producer and a reader beyond which the
+#: reader gets its own copy of the value (``_rederive``).
+_FAR = 8
 _RECOMPUTE = CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -80,6 +83,9 @@ class CheckpointReport:
     #: Regions the forward is cut into, and how many of them recompute.
     regions: int
     checkpointed_regions: int
+    #: Dropped values computed a second time in the forward, next to a
+    #: reader far from their producer (see ``_rederive``).
+    rederived: int = 0
     #: The per-fx-node decision graphopt returned (``graphopt remat --torch-policy``'s file).
     policy: dict = dataclasses.field(repr=False, default_factory=dict)
 
@@ -91,7 +97,8 @@ class CheckpointReport:
             f"+{self.extra_flops_pct:.2f}% FLOPs",
             f"  op calls: {self.saved_ops} saved, {self.recomputed_ops} recomputed "
             f"({self.random_ops_recomputed} random, with their RNG state); {self.checkpointed_regions} of "
-            f"{self.regions} regions recompute",
+            f"{self.regions} regions recompute"
+            + (f"; {self.rederived} dropped values computed again next to a far reader" if self.rederived else ""),
         ]
         if self.unmapped:
             shown = ", ".join(f"{n} ({why})" for n, why in self.unmapped[:5])
@@ -148,24 +155,118 @@ def _is_random(node: torch.fx.Node) -> bool:
     return False
 
 
+class _Ref:
+    """A value of the environment, by name, in a step's arguments."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
 class _Step:
-    """One fx node of the exported program, ready to run."""
+    """One op call of the exported program (or a second copy of one), ready
+    to run: its arguments name the values they read (``_Ref``)."""
 
-    __slots__ = ("node", "name", "fn", "args", "kwargs", "policy", "frees")
+    __slots__ = ("name", "fn", "args", "kwargs", "policy", "random", "reads", "frees")
 
-    def __init__(self, node: torch.fx.Node, policy: CheckpointPolicy):
-        self.node = node
-        self.name = node.name
-        self.fn = node.target
-        self.args = node.args
-        self.kwargs = node.kwargs
+    def __init__(self, name: str, fn: Any, args: Any, kwargs: Any, policy: CheckpointPolicy, random: bool):
+        self.name = name
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
         self.policy = policy
+        self.random = random
+        #: Names of the values it reads, in order, each once.
+        self.reads: list = []
+        torch.fx.node.map_aggregate(
+            (args, kwargs), lambda x: self.reads.append(x.name) if isinstance(x, _Ref) and x.name not in self.reads else None
+        )
         #: Values whose last reader this step is (set by ``checkpoint``).
         self.frees: list = []
 
+    @staticmethod
+    def of(node: torch.fx.Node, policy: CheckpointPolicy) -> "_Step":
+        ref = functools.partial(torch.fx.node.map_arg, fn=lambda n: _Ref(n.name))
+        return _Step(node.name, node.target, ref(node.args), ref(node.kwargs), policy, _is_random(node))
+
+    def reading(self, old: str, new: str) -> None:
+        """Read value ``new`` where it read ``old``."""
+        swap = lambda x: _Ref(new) if isinstance(x, _Ref) and x.name == old else x  # noqa: E731
+        self.args = torch.fx.node.map_aggregate(self.args, swap)
+        self.kwargs = torch.fx.node.map_aggregate(self.kwargs, swap)
+        self.reads = [new if r == old else r for r in self.reads]
+
 
 def _load(env: dict, a: Any) -> Any:
-    return torch.fx.node.map_arg(a, lambda n: env[n.name])
+    return torch.fx.node.map_aggregate(a, lambda x: env[x.name] if isinstance(x, _Ref) else x)
+
+
+def _rederive(steps: list, dropped: set, far: int, most: int = 16) -> int:
+    """A dropped value read by a step more than ``far`` steps after its
+    producer is computed again right before that reader: its producer and
+    the dropped values it reads in turn (its cone, at most ``most`` steps,
+    none random), from the values graphopt keeps. The far reader reads the
+    copy. This is what graphopt's plan does in the backward pass (recompute
+    a dropped value from kept ones), done once more in the forward, so that
+    the dropped value need not live across the steps between (which would
+    put all of them in one checkpoint region, recomputed at once). The
+    copies are added to ``dropped`` and spliced into ``steps``; returns how
+    many far readers got one."""
+    pos = {s.name: i for i, s in enumerate(steps)}
+    # Cones and copies are built from the steps as they were, before any
+    # far reader was rewired to read a copy.
+    by_name = {s.name: _Step(s.name, s.fn, s.args, s.kwargs, s.policy, s.random) for s in steps}
+    readers: dict = {}
+    for i, s in enumerate(steps):
+        for r in s.reads:
+            readers.setdefault(r, []).append(i)
+
+    def cone(name: str) -> Optional[list]:
+        out, stack = set(), [name]
+        while stack:
+            v = stack.pop()
+            st = by_name.get(v)
+            if st is None or v not in dropped or v in out:
+                continue
+            if st.random or len(out) >= most:
+                return None
+            out.add(v)
+            stack.extend(st.reads)
+        return sorted(out, key=pos.__getitem__)
+
+    before: dict = {}
+    made = 0
+    for p in [by_name[s.name] for s in steps]:
+        if p.name not in dropped:
+            continue
+        i = pos[p.name]
+        far_readers = [j for j in readers.get(p.name, []) if j - i > far]
+        if not far_readers:
+            continue
+        members = cone(p.name)
+        if members is None:
+            continue
+        for j in far_readers:
+            made += 1
+            renamed: dict = {}
+            for m in members:
+                st = by_name[m]
+                c = _Step(f"{m}__again{made}", st.fn, st.args, st.kwargs, _RECOMPUTE, False)
+                for old, new in renamed.items():
+                    if old in c.reads:
+                        c.reading(old, new)
+                renamed[m] = c.name
+                dropped.add(c.name)
+                before.setdefault(j, []).append(c)
+            steps[j].reading(p.name, renamed[p.name])
+    if made:
+        spliced = []
+        for j, s in enumerate(steps):
+            spliced.extend(before.get(j, ()))
+            spliced.append(s)
+        steps[:] = spliced
+    return made
 
 
 class _Region:
@@ -413,7 +514,7 @@ def checkpoint(
             continue
         if n.target is operator.getitem:
             parent = n.args[0].name
-            steps.append(_Step(n, _RECOMPUTE if parent in recompute else _SAVE))
+            steps.append(_Step.of(n, _RECOMPUTE if parent in recompute else _SAVE))
             if parent in recompute:
                 recompute.add(n.name)
             continue
@@ -426,48 +527,52 @@ def checkpoint(
             policy_n = _SAVE if d == "save" else _RECOMPUTE
         if policy_n is _RECOMPUTE:
             recompute.add(n.name)
-        steps.append(_Step(n, policy_n))
+        steps.append(_Step.of(n, policy_n))
 
-    users = {n.name: [u.name for u in n.users] for n in program.graph.nodes}
-    # Free every value after its last reader (the program's outputs stay).
-    index = {s.name: i for i, s in enumerate(steps)}
-    last: dict = {}
-    for i, s in enumerate(steps):
-        for a in s.node.all_input_nodes:
-            last[a.name] = i
-    for n in program.graph.nodes:
-        if n.op == "output":
-            for a in n.all_input_nodes:
-                last[a.name] = len(steps)
-    for name, i in last.items():
-        if i < len(steps):
-            steps[i].frees.append(name)
     # Regions are cut around the values graphopt dropped (the backward pass
     # reads them, recomputed); a value it recomputes only because its
     # backward never reads it may cross a border (torch keeps it there only
     # if its own backward formulas need it, as eager would).
     dropped = {d["node"] for d in policy["nodes"] if d["reason"] == "dropped" and d["node"] in recompute}
-    dropped |= {s.name for s in steps if s.fn is operator.getitem and s.node.args[0].name in dropped}
+    dropped |= {s.name for s in steps if s.fn is operator.getitem and s.reads[0] in dropped}
+    rederived = _rederive(steps, dropped, _FAR)
+
+    outputs = {a.name for n in program.graph.nodes if n.op == "output" for a in n.all_input_nodes}
+    users: dict = {}
+    for st in steps:
+        for v in st.reads:
+            users.setdefault(v, []).append(st.name)
+    for o in outputs:
+        users.setdefault(o, []).append("<output>")
+    # Free every value after its last reader (the program's outputs stay).
+    index = {st.name: i for i, st in enumerate(steps)}
+    last: dict = {}
+    for i, st in enumerate(steps):
+        for v in st.reads:
+            last[v] = i
+    for o in outputs:
+        last[o] = len(steps)
+    for name, i in last.items():
+        if i < len(steps):
+            steps[i].frees.append(name)
     regions, random_recomputed = [], 0
     for part in _cut(steps, users, dropped):
-        names = {s.name for s in part}
-        region = _Region(part, checkpointed=any(s.name in dropped for s in part))
-        seen = set()
-        for s in part:
-            for a in s.node.all_input_nodes:
-                if a.name not in names and a.name not in seen:
-                    seen.add(a.name)
-                    region.inputs.append(a.name)
+        names = {st.name for st in part}
+        region = _Region(part, checkpointed=any(st.name in dropped for st in part))
+        for st in part:
+            for v in st.reads:
+                if v not in names and v not in region.inputs:
+                    region.inputs.append(v)
         if region.checkpointed:
             # Random ops (dropout, attention with dropout) in a region that
             # recomputes are recomputed too, all of them: the region replays
             # from the RNG state it started with (preserve_rng_state), so
             # every draw repeats only if none is skipped by a cache.
-            for s in part:
-                if _is_random(s.node):
-                    s.policy = _RECOMPUTE
+            for st in part:
+                if st.random:
+                    st.policy = _RECOMPUTE
                     random_recomputed += 1
-        region.outputs = [s.name for s in part if any(u not in names for u in users[s.name])]
+        region.outputs = [st.name for st in part if any(u not in names for u in users.get(st.name, ()))]
         region.keep = frozenset(region.outputs)
         end = index[part[-1].name]
         region.frees = [n for n in region.inputs if last.get(n, len(steps)) <= end]
@@ -496,6 +601,7 @@ def checkpoint(
         unmapped_values=list(policy["unmapped"]),
         regions=len(regions),
         checkpointed_regions=sum(1 for g in regions if g.checkpointed),
+        rederived=rederived,
         policy=policy,
     )
     example = [(tuple(x.shape), x.dtype) for x in flat]
