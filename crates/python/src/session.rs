@@ -656,7 +656,13 @@ impl PySession {
         let v = py
             .detach(|| {
                 let mut s = self.lock().clone();
-                to_json(&s.remat_sweep_with_budget(&dims, &strategies, points, time_limit, budget)?)
+                to_json(&s.remat_sweep_with_budget(
+                    &dims,
+                    &strategies,
+                    points,
+                    time_limit,
+                    budget,
+                )?)
             })
             .map_err(gerr)?;
         to_py(py, &v)
