@@ -33,7 +33,7 @@
 //! ```
 
 use graphopt_ir::{Graph, NodeId, ValueId};
-use graphopt_passes::remat::RECOMPUTE_KEY;
+use graphopt_passes::remat::{loss_cone, RECOMPUTE_KEY};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 
@@ -138,38 +138,11 @@ fn value_bytes(g: &Graph, v: ValueId) -> u64 {
         .unwrap_or(0)
 }
 
-/// The loss's cone: every node the loss (the output named `loss`, else the
-/// first output) depends on.
-fn forward_nodes(g: &Graph) -> HashSet<NodeId> {
-    let loss = g
-        .outputs
-        .iter()
-        .copied()
-        .find(|&v| g.name(v) == "loss")
-        .or_else(|| g.outputs.first().copied());
-    let mut seen = HashSet::new();
-    let mut stack: Vec<ValueId> = loss.into_iter().collect();
-    let mut visited_values = HashSet::new();
-    while let Some(v) = stack.pop() {
-        if !visited_values.insert(v) {
-            continue;
-        }
-        if let Some((n, _)) = g.producer(v) {
-            if seen.insert(n) {
-                let d = g.node(n);
-                stack.extend(d.inputs().iter().flatten().copied());
-                stack.extend(d.captures().iter().copied());
-            }
-        }
-    }
-    seen
-}
-
 /// The per-fx-node decision of training graph `g` (after `remat`, or
 /// store-all without it); `None` when no forward node carries
 /// [`FX_NODE_KEY`] (the model did not come from torch's dynamo exporter).
 pub fn torch_policy(g: &Graph) -> Option<TorchPolicy> {
-    let forward = forward_nodes(g);
+    let forward = loss_cone(g);
     // Dropped originals: the names in the copies' RECOMPUTE_KEY.
     let dropped_nodes: HashSet<&str> = g
         .nodes()

@@ -76,6 +76,36 @@ pub fn is_recompute(n: &NodeData) -> bool {
     n.metadata_props.iter().any(|(k, _)| k == RECOMPUTE_KEY)
 }
 
+/// The loss of a training graph: the output named `loss`, else the first
+/// output.
+pub fn loss_value(g: &Graph) -> Option<ValueId> {
+    g.outputs
+        .iter()
+        .copied()
+        .find(|&v| g.name(v) == "loss")
+        .or_else(|| g.outputs.first().copied())
+}
+
+/// The loss's cone: every node [`loss_value`] depends on (through inputs
+/// and subgraph captures). This is the forward pass; the rest is backward.
+pub fn loss_cone(g: &Graph) -> std::collections::HashSet<NodeId> {
+    let mut cone = std::collections::HashSet::new();
+    let mut stack: Vec<ValueId> = loss_value(g).into_iter().collect();
+    let mut seen = std::collections::HashSet::new();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v) {
+            continue;
+        }
+        if let Some((n, _)) = g.producer(v) {
+            if cone.insert(n) {
+                stack.extend(g.node(n).inputs().iter().flatten().copied());
+                stack.extend(g.node(n).captures().iter().copied());
+            }
+        }
+    }
+    cone
+}
+
 /// Why `g` is not a training graph this pass can work on, or `None` when
 /// it is one: `p` (built from `g`, with its types inferred at concrete
 /// dims) must have a backward part ([`Problem::has_backward`]), and the
@@ -88,12 +118,7 @@ pub fn not_a_training_graph(g: &Graph, p: &Problem) -> Option<String> {
     if !p.has_backward() {
         return Some("every node computes the first output (the loss)".into());
     }
-    let loss = g
-        .outputs
-        .iter()
-        .copied()
-        .find(|&v| g.name(v) == "loss")
-        .or_else(|| g.outputs.first().copied())?;
+    let loss = loss_value(g)?;
     let n = g
         .ty(loss)
         .and_then(|t| t.as_tensor())

@@ -36,7 +36,6 @@ use crate::remat::cost::node_flops;
 use graphopt_ir::{Graph, NodeId, ValueId};
 use graphopt_plan::inplace::{inplace_rule, InPlace};
 use graphopt_plan::liveness::value_size;
-use std::collections::HashSet;
 
 const INF: usize = usize::MAX;
 
@@ -118,26 +117,7 @@ impl Problem {
         }
         // Forward: the cone of the loss, then everything placed before its
         // last node.
-        let loss = g
-            .outputs
-            .iter()
-            .copied()
-            .find(|&v| g.name(v) == "loss")
-            .or_else(|| g.outputs.first().copied());
-        let mut cone: HashSet<NodeId> = HashSet::new();
-        let mut stack: Vec<ValueId> = loss.into_iter().collect();
-        let mut seen: HashSet<ValueId> = HashSet::new();
-        while let Some(v) = stack.pop() {
-            if !seen.insert(v) {
-                continue;
-            }
-            if let Some((n, _)) = g.producer(v) {
-                if cone.insert(n) {
-                    stack.extend(g.node(n).inputs().iter().flatten().copied());
-                    stack.extend(g.node(n).captures().iter().copied());
-                }
-            }
-        }
+        let cone = super::loss_cone(g);
         let last_fwd = order
             .iter()
             .enumerate()
