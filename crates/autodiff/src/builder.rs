@@ -521,24 +521,7 @@ fn adamw(
 /// The nodes `loss` depends on: the forward pass and the loss. Every other
 /// node belongs to the backward pass.
 pub fn forward_cone(g: &Graph) -> HashSet<NodeId> {
-    let mut cone = HashSet::new();
-    let Some(loss) = g.outputs.first().copied() else {
-        return cone;
-    };
-    let mut stack = vec![loss];
-    let mut seen = HashSet::new();
-    while let Some(v) = stack.pop() {
-        if !seen.insert(v) {
-            continue;
-        }
-        if let Some((n, _)) = g.producer(v) {
-            if cone.insert(n) {
-                stack.extend(g.node(n).inputs().iter().flatten().copied());
-                stack.extend(g.node(n).captures().iter().copied());
-            }
-        }
-    }
-    cone
+    g.cone(g.outputs.first().copied())
 }
 
 /// Lets a broadcasting reader (`Add`, `Sub`, `Mul`, `Div`, `Where`) of a

@@ -33,7 +33,8 @@
 //! ```
 
 use graphopt_ir::{Graph, NodeId, ValueId};
-use graphopt_passes::remat::{loss_cone, RECOMPUTE_KEY};
+use graphopt_passes::remat::{is_recompute, loss_cone, RECOMPUTE_KEY};
+use graphopt_plan::liveness::value_size;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 
@@ -121,23 +122,6 @@ pub fn has_fx_nodes(g: &Graph) -> bool {
     g.nodes().any(|n| fx_of(g, n).is_some())
 }
 
-fn is_copy(g: &Graph, n: NodeId) -> bool {
-    g.node(n)
-        .metadata_props
-        .iter()
-        .any(|(k, _)| k == RECOMPUTE_KEY)
-}
-
-fn value_bytes(g: &Graph, v: ValueId) -> u64 {
-    g.ty(v)
-        .and_then(|t| t.as_tensor())
-        .and_then(|t| {
-            let n = t.shape.as_ref()?.numel()?;
-            t.elem.storage_bytes(n)
-        })
-        .unwrap_or(0)
-}
-
 /// The per-fx-node decision of training graph `g` (after `remat`, or
 /// store-all without it); `None` when no forward node carries
 /// [`FX_NODE_KEY`] (the model did not come from torch's dynamo exporter).
@@ -158,7 +142,7 @@ pub fn torch_policy(g: &Graph) -> Option<TorchPolicy> {
     let mut unmapped = Vec::new();
     let mut any_fx = false;
     for (pos, n) in g.nodes().enumerate() {
-        if !forward.contains(&n) || is_copy(g, n) {
+        if !forward.contains(&n) || is_recompute(g.node(n)) {
             continue;
         }
         let fx = fx_of(g, n);
@@ -173,10 +157,10 @@ pub fn torch_policy(g: &Graph) -> Option<TorchPolicy> {
             .filter(|&v| {
                 g.uses(v)
                     .iter()
-                    .any(|u| !forward.contains(&u.node()) || is_copy(g, u.node()))
+                    .any(|u| !forward.contains(&u.node()) || is_recompute(g.node(u.node())))
             })
             .collect();
-        let read_bytes: u64 = read.iter().map(|&v| value_bytes(g, v)).sum();
+        let read_bytes: u64 = read.iter().map(|&v| value_size(g, v).unwrap_or(0)).sum();
         let dropped = dropped_nodes.contains(d.name.as_str())
             || (d.name.is_empty()
                 && d.output(0)
@@ -211,7 +195,7 @@ pub fn torch_policy(g: &Graph) -> Option<TorchPolicy> {
                 .outputs()
                 .iter()
                 .flatten()
-                .map(|&v| value_bytes(g, v))
+                .map(|&v| value_size(g, v).unwrap_or(0))
                 .sum::<u64>();
         }
     }

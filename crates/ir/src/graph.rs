@@ -10,7 +10,7 @@
 
 use crate::{Attribute, IrError, SparseTensor, Tensor, Type};
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 mod layout;
@@ -361,6 +361,27 @@ impl Graph {
 
     pub fn producer_node(&self, v: ValueId) -> Option<&NodeData> {
         self.producer(v).map(|(n, _)| self.node(n))
+    }
+
+    /// The cone of `roots`: every node they depend on, through inputs and
+    /// subgraph captures (for a training graph and its loss, the forward
+    /// pass).
+    pub fn cone(&self, roots: impl IntoIterator<Item = ValueId>) -> HashSet<NodeId> {
+        let mut cone = HashSet::new();
+        let mut stack: Vec<ValueId> = roots.into_iter().collect();
+        let mut seen = HashSet::new();
+        while let Some(v) = stack.pop() {
+            if !seen.insert(v) {
+                continue;
+            }
+            if let Some((n, _)) = self.producer(v) {
+                if cone.insert(n) {
+                    stack.extend(self.node(n).inputs().iter().flatten().copied());
+                    stack.extend(self.node(n).captures().iter().copied());
+                }
+            }
+        }
+        cone
     }
 
     /// True for a capture of an enclosing graph's value.

@@ -86,24 +86,10 @@ pub fn loss_value(g: &Graph) -> Option<ValueId> {
         .or_else(|| g.outputs.first().copied())
 }
 
-/// The loss's cone: every node [`loss_value`] depends on (through inputs
-/// and subgraph captures). This is the forward pass; the rest is backward.
+/// The loss's cone: every node [`loss_value`] depends on. This is the
+/// forward pass; the rest is backward.
 pub fn loss_cone(g: &Graph) -> std::collections::HashSet<NodeId> {
-    let mut cone = std::collections::HashSet::new();
-    let mut stack: Vec<ValueId> = loss_value(g).into_iter().collect();
-    let mut seen = std::collections::HashSet::new();
-    while let Some(v) = stack.pop() {
-        if !seen.insert(v) {
-            continue;
-        }
-        if let Some((n, _)) = g.producer(v) {
-            if cone.insert(n) {
-                stack.extend(g.node(n).inputs().iter().flatten().copied());
-                stack.extend(g.node(n).captures().iter().copied());
-            }
-        }
-    }
-    cone
+    g.cone(loss_value(g))
 }
 
 /// Why `g` is not a training graph this pass can work on, or `None` when
