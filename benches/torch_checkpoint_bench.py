@@ -60,7 +60,6 @@ from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
-from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
@@ -108,21 +107,12 @@ def step(model, args, zero: bool = True):
 
 
 def peak_bytes(model, args) -> int:
-    """One step's peak above what is allocated before it. Gradients are set
-    to None before the profiler starts: a free of a block allocated before
-    profiling would be counted against the step."""
+    """One step's peak above what is allocated before it (gradients freed
+    before the profiler starts), by ``graphopt.torch.measure_peak``."""
+    import graphopt.torch as gt
+
     model.zero_grad(set_to_none=True)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(model, args, zero=False)
-    mem = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-        key=lambda e: e.start_ns(),
-    )
-    cur = peak = 0
-    for e in mem:
-        cur += e.nbytes()
-        peak = max(peak, cur)
-    return peak
+    return gt.measure_peak(lambda: step(model, args, zero=False))
 
 
 class _Count(TorchDispatchMode):
@@ -289,7 +279,6 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="a quarter of the batch")
     ap.add_argument("--out", default=str(ROOT / "benches" / "results" / "torch_checkpoint"))
     a = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     results = {"torch": torch.__version__, "threads": torch.get_num_threads(), "small": a.small, "models": {}}
     for name in a.models.split(","):
         print(f"{name}:", flush=True)

@@ -757,6 +757,32 @@ impl PySession {
         to_py(py, &v)
     }
 
+    /// The largest batch (dim `batch_dim`, default the first symbolic
+    /// input dim) whose weights + arena fit `budget` (bytes, or a size such
+    /// as "8GiB") once the training graph is rematerialized to the least
+    /// peak the solvers reach, as `plan --max-batch --remat`: a dict with
+    /// `batch_dim`, `max_batch` and `bytes` (weights + arena there). A
+    /// budget too small for batch 1 raises GraphoptError of kind "budget".
+    #[pyo3(signature = (budget, dims=None, batch_dim=None, time_limit=graphopt::REMAT_TIME_LIMIT_S))]
+    fn max_batch_remat<'py>(
+        &self,
+        py: Python<'py>,
+        budget: &Bound<'py, PyAny>,
+        dims: Option<&Bound<'py, PyDict>>,
+        batch_dim: Option<String>,
+        time_limit: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let budget = parse_budget(budget)?;
+        let dims = DimValues::new(&dims_arg(dims)?);
+        let time_limit = graphopt::util::seconds("time_limit", time_limit).map_err(gerr)?;
+        let v = self.with(py, move |s| {
+            let (name, batch, bytes) =
+                s.max_batch_remat(&dims, batch_dim.as_deref(), budget, time_limit)?;
+            Ok(json!({"batch_dim": name, "max_batch": batch, "bytes": bytes}))
+        })?;
+        to_py(py, &v)
+    }
+
     /// Runs the model in graphopt's runtime (one arena of exactly the
     /// planned size) on `inputs` (dict of arrays by input name, an .npz
     /// path, or None for seeded random inputs) and returns the outputs by

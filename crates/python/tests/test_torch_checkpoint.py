@@ -13,7 +13,6 @@ pytest.importorskip("onnxscript", reason="torch's dynamo ONNX exporter needs onn
 
 import graphopt  # noqa: E402
 import graphopt.torch as gt  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 
 class Block(torch.nn.Module):
@@ -58,22 +57,9 @@ def step(m, x, zero: bool = True):
 
 
 def peak_bytes(m, x) -> int:
-    """Bytes allocated during one step above those before, from the
-    profiler's memory events. Gradients are set to None before the profiler
-    starts (freeing a block allocated before it would count against the
-    step)."""
+    """One step's peak (gradients freed before it)."""
     m.zero_grad(set_to_none=True)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(m, x, zero=False)
-    events = sorted(
-        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-        key=lambda e: e.start_ns(),
-    )
-    cur = peak = 0
-    for e in events:
-        cur += e.nbytes()
-        peak = max(peak, cur)
-    return peak
+    return gt.measure_peak(lambda: step(m, x, zero=False))
 
 
 def rel(a, b) -> float:
@@ -183,7 +169,7 @@ def test_far_readers_get_their_own_copy_and_gradients_hold():
     w = gt.checkpoint(copy.deepcopy(ref), x, budget="55%")
     r = w.report
     assert r.rederived > 0 and r.checkpointed_regions > 0, r
-    assert max(len(g.steps) for g in w._regions if g.checkpointed) <= 20
+    assert max(len(g.steps) for g in w._regions if g.checkpointed) <= 16  # 15 measured
     la, lb = step(ref, x), step(w, x)
     assert rel(lb, la) <= 1e-6
     # The copy's gradient joins the original's in another order: equal up
@@ -202,4 +188,4 @@ def test_far_readers_get_their_own_copy_and_gradients_hold():
         ours = float((q.grad.double() - e.grad).norm() / e.grad.norm())
         assert ours <= 1.5 * theirs + 1e-7, (n, ours, theirs)
     eager, ours = peak_bytes(ref, x), peak_bytes(w, x)
-    assert ours < eager, (ours, eager)
+    assert ours < 0.7 * eager, (ours, eager)  # 0.61x measured

@@ -187,9 +187,11 @@ class Session:
         strategies: str | Sequence[str] | None = None,
         points: int = 10,
         time_limit: float = 10.0,
+        budget: int | str | None = None,
     ) -> dict[str, Any]:
         """Peak against extra FLOPs, per strategy (``graphopt remat --sweep --json``);
-        ``strategies=None`` compares the library's set: auto, fast, sqrt, per-block."""
+        ``strategies=None`` compares the library's set: auto, fast, sqrt, per-block.
+        With ``budget`` (as ``remat``'s), ``chosen`` is the point it picks."""
     def plan(
         self,
         dims: Dims | None = None,
@@ -225,6 +227,16 @@ class Session:
     ) -> Report:
         """The largest batch whose weights + arena fit ``budget`` (bytes or "8GiB"):
         ``plan()``'s dict at that batch plus ``batch_dim``, ``max_batch``, ``budget_bytes``."""
+    def max_batch_remat(
+        self,
+        budget: int | str,
+        dims: Dims | None = None,
+        batch_dim: str | None = None,
+        time_limit: float = 10.0,
+    ) -> dict[str, Any]:
+        """The largest batch whose weights + arena fit ``budget`` on a training graph
+        rematerialized to its least peak (``plan --max-batch --remat``): ``batch_dim``,
+        ``max_batch`` and ``bytes``."""
     @overload
     def run(
         self,

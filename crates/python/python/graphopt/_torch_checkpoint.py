@@ -50,10 +50,10 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 import graphopt
 
 _SAVE = CheckpointPolicy.MUST_SAVE
+_RECOMPUTE = CheckpointPolicy.PREFER_RECOMPUTE
 #: Steps between a dropped value's producer and a reader beyond which the
 #: reader gets its own copy of the value (``_rederive``).
 _FAR = 8
-_RECOMPUTE = CheckpointPolicy.PREFER_RECOMPUTE
 
 
 @dataclasses.dataclass
@@ -363,7 +363,7 @@ class CheckpointedModule(torch.nn.Module):
                     f"input {k}: {got} does not match the example {shape} {dtype} that the plan is "
                     "for (call graphopt.torch.checkpoint again for other shapes)"
                 )
-        env, users = {}, iter(flat)
+        env, given = {}, iter(flat)
         constants = self._constants
         for name, kind, target in self._inputs:
             if kind == "param":
@@ -374,7 +374,7 @@ class CheckpointedModule(torch.nn.Module):
             elif kind == "constant":
                 env[name] = constants[target]
             else:
-                env[name] = next(users)
+                env[name] = next(given)
         return env
 
     def forward(self, *args, **kwargs):
@@ -388,7 +388,7 @@ class CheckpointedModule(torch.nn.Module):
                     region,
                     *[env[n] for n in region.inputs],
                     use_reentrant=False,
-                    context_fn=region.context_fn,
+                    context_fn=_CONTEXT,
                     preserve_rng_state=True,
                 )
                 env.update(zip(region.outputs, vals))
@@ -413,6 +413,14 @@ _current = [_SAVE]
 
 def _policy(ctx, op, *args, **kwargs):
     return _current[0]
+
+
+# Every sub-op of a node shares the node's policy, so an op that mutates a
+# tensor an earlier sub-op of the same node returned (the math path of
+# attention does) is itself served from the cache when that tensor is:
+# nothing is applied twice, and torch's check for cached tensors mutated
+# later can be relaxed.
+_CONTEXT = functools.partial(create_selective_checkpoint_contexts, _policy, allow_cache_entry_mutation=True)
 
 
 def _run_steps(steps: list, env: dict, keep: frozenset = frozenset()) -> None:
@@ -576,14 +584,6 @@ def checkpoint(
         region.keep = frozenset(region.outputs)
         end = index[part[-1].name]
         region.frees = [n for n in region.inputs if last.get(n, len(steps)) <= end]
-        # Every sub-op of a node shares the node's policy, so an op that
-        # mutates a tensor an earlier sub-op of the same node returned (the
-        # math path of attention does) is itself served from the cache when
-        # that tensor is: nothing is applied twice, and torch's check for
-        # cached tensors mutated later can be relaxed.
-        region.context_fn = functools.partial(
-            create_selective_checkpoint_contexts, _policy, allow_cache_entry_mutation=True
-        )
         regions.append(region)
 
     ops = [s for s in steps if s.fn is not operator.getitem]

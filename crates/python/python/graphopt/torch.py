@@ -35,6 +35,7 @@ __all__ = [
     "checkpoint",
     "export",
     "max_batch",
+    "measure_peak",
     "memory_report",
     "train",
 ]
@@ -142,7 +143,9 @@ class MemoryReport:
     #: With a budget: the budget in bytes (the step's activations and
     #: gradients, as ``checkpoint``'s), the frontier point it picks (fewest
     #: extra FLOPs within it; None when none fits) and the largest batch
-    #: whose step fits it with recomputation (None when not even batch 1).
+    #: whose arena fits it beside the weights once recomputation reaches
+    #: its least peak (``Session.max_batch_remat``; None when not even
+    #: batch 1).
     budget_bytes: Optional[int] = None
     chosen: Optional[dict] = None
     max_batch: Optional[int] = None
@@ -245,40 +248,26 @@ def _report(
     return r, train
 
 
-def _fits(train: graphopt.Session, budget: Union[int, str], batch: int) -> bool:
-    """Does one training step at ``batch`` fit ``budget`` with recomputation?"""
-    try:
-        train.remat(budget=budget, dims={"batch": batch}, strategy="fast", time_limit=2.0)
-        return True
-    except graphopt.GraphoptError as e:
-        if "below the least peak" in str(e) or "finds no drop set" in str(e):
-            return False
-        raise
+def measure_peak(fn: Any) -> int:
+    """The peak of CPU bytes allocated while ``fn()`` runs, above what was
+    allocated before it, from the profiler's memory events
+    (``torch.profiler`` with ``profile_memory=True``: every allocation and
+    free, summed in time order). Free what should not count (gradients:
+    ``zero_grad(set_to_none=True)``) before the call: a free inside ``fn`` of
+    a block allocated before it counts against the peak."""
+    from torch.profiler import ProfilerActivity, profile
 
-
-def _max_batch_with_remat(train: graphopt.Session, budget: Union[int, str], start: int) -> Optional[int]:
-    """The largest batch whose step fits ``budget`` with recomputation:
-    doubling from ``start``, then bisection (one remat solve per try)."""
-    lo, hi = 0, start
-    while _fits(train, budget, hi):
-        lo, hi = hi, hi * 2
-        if hi > 1 << 20:
-            return lo
-    if lo == 0:
-        lo, top = 0, hi
-        hi = 1
-        while hi < top and _fits(train, budget, hi):
-            lo, hi = hi, hi * 2
-        if lo == 0:
-            return None
-        hi = min(hi, top)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _fits(train, budget, mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+        key=lambda e: e.start_ns(),
+    )
+    cur = peak = 0
+    for e in events:
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return peak
 
 
 def memory_report(
@@ -299,7 +288,8 @@ def memory_report(
     of the store-all peak) is the step's activations and gradients, as
     ``checkpoint``'s: the report then marks the frontier point it picks (the
     fewest extra FLOPs within it) and gives the largest batch (dim 0 of every
-    input) whose step fits it with recomputation. Use example inputs with a
+    input) whose arena fits it beside the weights at the least peak
+    recomputation reaches (``Session.max_batch_remat``). Use example inputs with a
     batch of at least 2 then, so that the exporter keeps that dim symbolic.
 
     The module is exported in eval mode (``export``), simplified with graphopt's default
@@ -318,8 +308,14 @@ def memory_report(
     dims = {"batch": batch}
     r, train = _report(session, params, training, loss, dims, budget)
     if r.budget_bytes is not None:
-        # In bytes: a percent would scale with the batch.
-        r.max_batch = _max_batch_with_remat(train, r.budget_bytes, batch)
+        # The library's search (Session.max_batch_remat) budgets weights +
+        # arena; the budget here is the step's bytes beside the weights. In
+        # bytes: a percent would scale with the batch.
+        try:
+            r.max_batch = int(train.max_batch_remat(r.weights_bytes + r.budget_bytes)["max_batch"])
+        except graphopt.GraphoptError as e:
+            if getattr(e, "kind", None) != "budget":
+                raise
     return r
 
 
