@@ -179,6 +179,7 @@ macro_rules! passes {
 }
 
 passes! {
+    compress::Compress => "weight compression in standard ONNX: k-means palettes (cluster), low-rank factors (lowrank), shared near-equal weights (share) (configure with --compress)",
     cse::Cse => "common-subexpression elimination: identical nodes on identical inputs computed once",
     dce::Dce => "dead-code elimination: unused nodes, initializers, value_info and captures",
     dedup_initializers::DedupInitializers => "shares initializers with identical content (every dtype); keeps tied weights tied",

@@ -1221,7 +1221,7 @@ fn scales_tensor(dtype: DType, dims: Vec<i64>, v: &[f32]) -> Result<Tensor, Pass
 }
 
 /// Packs 4-bit values (low nibble first), as ONNX's raw_data holds them.
-fn pack4(v: &[i8]) -> Vec<u8> {
+pub(crate) fn pack4(v: &[i8]) -> Vec<u8> {
     v.chunks(2)
         .map(|c| (c[0] as u8 & 0xF) | ((c.get(1).copied().unwrap_or(0) as u8 & 0xF) << 4))
         .collect()
