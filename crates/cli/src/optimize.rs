@@ -178,6 +178,9 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             opset: a.opset,
             max_rounds: None,
             skip: a.skip.clone(),
+            compress: a
+                .q
+                .compress_options(&dims, memory.clone(), pipeline.clone())?,
             precision,
             quantize: a.q.options(&dims, memory, pipeline.clone())?,
             pipeline,
@@ -218,6 +221,11 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             eprintln!("warning: {}: {w}", p.name);
         }
     }
+    if let Some(c) = &r.compress {
+        for w in &c.warnings {
+            eprintln!("warning: compress: {w}");
+        }
+    }
     if let Some(q) = &r.quantize {
         for w in &q.warnings {
             eprintln!("warning: quantize: {w}");
@@ -241,6 +249,9 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 );
             }
             out += &precision_text(p);
+        }
+        if let Some(c) = &r.compress {
+            out += &crate::quantize::compress_text(c);
         }
         if let Some(q) = &r.quantize {
             out += &crate::quantize::text(q);

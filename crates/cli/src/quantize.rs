@@ -1,8 +1,13 @@
-//! `graphopt optimize --quantize MODE ...`: the flags, their
-//! [`graphopt::QuantizeOptions`], and the printed summary of the report.
+//! `graphopt optimize --quantize MODE ...` and `--compress METHOD ...`:
+//! the flags, their [`graphopt::QuantizeOptions`] and
+//! [`graphopt::CompressOptions`], and the printed summaries of the
+//! reports. `--calibration`, `--exclude`, `--max-error` and
+//! `--no-measure` go with either (or both).
 
 use crate::util::human_bytes;
-use graphopt::{Calibrate, QuantizeMode, QuantizeOptions, QuantizeReport};
+use graphopt::{
+    Calibrate, CompressOptions, CompressReport, QuantizeMode, QuantizeOptions, QuantizeReport,
+};
 use std::path::PathBuf;
 
 /// `--quantize` and the flags that go with it.
@@ -14,9 +19,22 @@ pub struct QuantizeArgs {
     /// `int4-weights`: blocked opset-21 DequantizeLinear).
     #[arg(long, value_name = "dynamic|static|int8-weights|int4-weights")]
     pub quantize: Option<String>,
+    /// Compress weights after the pass pipeline (before --precision and
+    /// --quantize): k-means palettes with uint4/uint8 indices
+    /// (`cluster:BITS`, bits 2, 3, 4, 6 or 8, one codebook per tensor or per
+    /// G output channels), low-rank factors (`lowrank`: the least rank
+    /// keeping ENERGY of each layer's energy, default 0.95; a fixed RANK;
+    /// or params=F of each layer's parameters; activation-aware with
+    /// --calibration), or weights within TOL relative L2 of another read
+    /// as it (`share`, TOL defaults to --max-error).
+    #[arg(
+        long,
+        value_name = "cluster:BITS[:per-channel-groups=G]|lowrank[:ENERGY|:RANK|:params=F]|share[:TOL]"
+    )]
+    pub compress: Option<String>,
     /// Calibration inputs: one npz per batch (by input name), or a directory
     /// of them. Default: seeded random inputs, with a warning.
-    #[arg(long, requires = "quantize", value_name = "FILE.npz|DIR")]
+    #[arg(long, value_name = "FILE.npz|DIR")]
     pub calibration: Option<PathBuf>,
     /// How activation ranges are taken (static mode; default minmax).
     #[arg(
@@ -38,29 +56,70 @@ pub struct QuantizeArgs {
     /// int4 block size (along the reduction axis; default 32).
     #[arg(long, requires = "quantize", value_name = "32|64|128")]
     pub block_size: Option<i64>,
-    /// Op types or node names to leave float.
-    #[arg(
-        long,
-        requires = "quantize",
-        value_name = "OP|NAME,...",
-        value_delimiter = ','
-    )]
+    /// Op types or node names to leave float (uncompressed).
+    #[arg(long, value_name = "OP|NAME,...", value_delimiter = ',')]
     pub exclude: Vec<String>,
     /// Bound on every output's relative L2 error against the float model on
     /// the calibration inputs (default 0.05): layers go back to float, the
     /// most sensitive first, until it holds; a model that meets it only all
     /// float, or cannot be measured, is an error (nothing written). `none`
     /// quantizes without a bound (the error is still reported).
-    #[arg(long, requires = "quantize", value_name = "E|none")]
+    #[arg(long, value_name = "E|none")]
     pub max_error: Option<String>,
     /// Skip measuring the error against the float model (tract, or
     /// graphopt's runtime, runs both on the calibration inputs); this turns
     /// the bound off too.
-    #[arg(long, requires = "quantize", conflicts_with = "max_error")]
+    #[arg(long, conflicts_with = "max_error")]
     pub no_measure: bool,
 }
 
 impl QuantizeArgs {
+    /// Refuses the shared flags without `--quantize` or `--compress`.
+    fn check_shared(&self) -> graphopt::Result<()> {
+        if self.quantize.is_some() || self.compress.is_some() {
+            return Ok(());
+        }
+        let given = [
+            ("--calibration", self.calibration.is_some()),
+            ("--exclude", !self.exclude.is_empty()),
+            ("--max-error", self.max_error.is_some()),
+            ("--no-measure", self.no_measure),
+        ];
+        match given.iter().find(|g| g.1) {
+            Some((flag, _)) => Err(graphopt::Error::new(format!(
+                "{flag} goes with --quantize or --compress"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The compression options, or `None` without `--compress`.
+    pub fn compress_options(
+        &self,
+        dims: &[(String, i64)],
+        memory: graphopt::plan::DimValues,
+        pipeline: graphopt::PipelineOptions,
+    ) -> graphopt::Result<Option<CompressOptions>> {
+        self.check_shared()?;
+        let Some(spec) = &self.compress else {
+            return Ok(None);
+        };
+        let max_error = match &self.max_error {
+            Some(e) => QuantizeOptions::parse_max_error(e)?,
+            None => graphopt::DEFAULT_MAX_ERROR.into(),
+        };
+        let defaults = CompressOptions::parse(spec, max_error)?;
+        Ok(Some(CompressOptions {
+            calibration: self.calibration.clone().map(Into::into),
+            dims: dims.to_vec(),
+            exclude: self.exclude.clone(),
+            measure: !self.no_measure && defaults.measure,
+            memory: Some(memory),
+            pipeline,
+            ..defaults
+        }))
+    }
+
     /// The options, or `None` without `--quantize`.
     pub fn options(
         &self,
@@ -68,6 +127,7 @@ impl QuantizeArgs {
         memory: graphopt::plan::DimValues,
         pipeline: graphopt::PipelineOptions,
     ) -> graphopt::Result<Option<QuantizeOptions>> {
+        self.check_shared()?;
         let Some(mode) = &self.quantize else {
             return Ok(None);
         };
@@ -159,32 +219,15 @@ pub fn text(r: &QuantizeReport) -> String {
             r.activations_calibrated, r.calibrate, r.calibration
         );
     }
-    match (&r.error, &r.error_skipped) {
-        (Some(e), _) => {
-            out += &format!(
-                "  error vs float on {}{}: rel L2 {:.3e}, max abs {:.3e}{}\n",
-                r.calibration,
-                if e.jittered > 0 {
-                    format!(" and {} jittered copies of its first batch", e.jittered)
-                } else {
-                    String::new()
-                },
-                e.rel_l2,
-                e.max_abs,
-                r.max_error
-                    .map(|b| format!(" (bound {b})"))
-                    .unwrap_or_default()
-            );
-        }
-        (None, Some(why)) => out += &format!("  error NOT measured: {why}\n"),
-        _ => {}
-    }
-    if let Some(off) = &r.bound_off {
-        out += &format!("  error bound: off ({off})\n");
-    }
-    if let Some(e) = &r.measured_in {
-        out += &format!("  measured in {e}\n");
-    }
+    out += &error_lines(
+        &r.error,
+        &r.error_skipped,
+        r.max_error,
+        &r.bound_off,
+        &r.measured_in,
+        &r.calibration,
+        "float",
+    );
     for w in &r.weight_only {
         out += &format!(
             "  weights only: {} (its activations quantized alone: error {:.3e}; weights only: {:.3e})\n",
@@ -222,6 +265,117 @@ pub fn text(r: &QuantizeReport) -> String {
             out += &format!("memory plan unavailable: {e}\n");
         }
         _ => {}
+    }
+    out
+}
+
+/// The error lines both summaries print: against `reference` on the
+/// calibration inputs, the bound, where it was measured.
+fn error_lines(
+    error: &Option<graphopt::QuantError>,
+    skipped: &Option<String>,
+    bound: Option<f64>,
+    bound_off: &Option<String>,
+    measured_in: &Option<String>,
+    calibration: &str,
+    reference: &str,
+) -> String {
+    let mut out = String::new();
+    match (error, skipped) {
+        (Some(e), _) => {
+            out += &format!(
+                "  error vs {reference} on {calibration}{}: rel L2 {:.3e}, max abs {:.3e}{}\n",
+                if e.jittered > 0 {
+                    format!(" and {} jittered copies of its first batch", e.jittered)
+                } else {
+                    String::new()
+                },
+                e.rel_l2,
+                e.max_abs,
+                bound.map(|b| format!(" (bound {b})")).unwrap_or_default()
+            );
+        }
+        (None, Some(why)) => out += &format!("  error NOT measured: {why}\n"),
+        _ => {}
+    }
+    if let Some(off) = bound_off {
+        out += &format!("  error bound: off ({off})\n");
+    }
+    if let Some(e) = measured_in {
+        out += &format!("  measured in {e}\n");
+    }
+    out
+}
+
+/// Layers printed before "... N more" (`--report` has them all).
+const SHOWN_LAYERS: usize = 24;
+
+/// The printed summary of `--compress`.
+pub fn compress_text(r: &CompressReport) -> String {
+    let mut out = format!(
+        "compress {}: weights {} -> {} ({:.3}x); {} weights compressed{}\n",
+        r.method,
+        human_bytes(r.weights_bytes_before),
+        human_bytes(r.weights_bytes_after),
+        r.weights_ratio,
+        r.layers.len(),
+        if r.activation_aware {
+            ", activation-aware"
+        } else {
+            ""
+        }
+    );
+    if r.opset_before != r.opset_after {
+        out += &format!(
+            "  opset {} -> {}\n",
+            r.opset_before.map_or("-".into(), |v| v.to_string()),
+            r.opset_after.map_or("-".into(), |v| v.to_string())
+        );
+    }
+    if !r.layers.is_empty() {
+        out += &format!(
+            "  {:<32} {:<8} {:>10} {:>10} {:>9}  method\n",
+            "weight", "op", "before", "after", "error"
+        );
+    }
+    for l in r.layers.iter().take(SHOWN_LAYERS) {
+        out += &format!(
+            "  {:<32} {:<8} {:>10} {:>10} {:>9.3e}  {}\n",
+            l.weight,
+            l.op,
+            human_bytes(l.bytes_before),
+            human_bytes(l.bytes_after),
+            l.error,
+            l.method
+        );
+    }
+    if r.layers.len() > SHOWN_LAYERS {
+        out += &format!(
+            "  ... {} more (--report lists them all)\n",
+            r.layers.len() - SHOWN_LAYERS
+        );
+    }
+    for (w, why) in r.kept.iter().take(SHOWN_LAYERS) {
+        out += &format!("  kept: {w}: {why}\n");
+    }
+    if r.kept.len() > SHOWN_LAYERS {
+        out += &format!("  ... {} more kept\n", r.kept.len() - SHOWN_LAYERS);
+    }
+    out += &error_lines(
+        &r.error,
+        &r.error_skipped,
+        r.max_error,
+        &r.bound_off,
+        &r.measured_in,
+        &r.calibration,
+        "uncompressed",
+    );
+    if !r.fallback.is_empty() {
+        out += &format!(
+            "  left uncompressed to meet the bound ({}): {}\n",
+            r.fallback.len(),
+            r.fallback.join(", ")
+        );
     }
     out
 }

@@ -45,6 +45,7 @@
 //! planner), [`exec`] (the runtime) and [`tract`] (the reference executor).
 
 mod check;
+mod compress;
 mod error;
 mod grad;
 mod inputs;
@@ -66,6 +67,9 @@ mod validate;
 
 pub use check::{
     compare_outputs, same_bits, CheckOptions, CheckReport, OutputDiff, Scale, Tolerance,
+};
+pub use compress::{
+    CompressMethod, CompressOptions, CompressRank, CompressReport, CompressedLayer,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use grad::{

@@ -56,6 +56,9 @@ pub struct OptimizeOptions {
     /// `passes` list is given, else nothing.
     /// `Some(vec![])` keeps every pass.
     pub skip: Option<Vec<String>>,
+    /// Compress weights after the pipeline, before lowering and
+    /// quantization ([`Session::compress`]).
+    pub compress: Option<crate::compress::CompressOptions>,
     /// Lower precision after the pipeline ([`Session::lower_precision`]).
     pub precision: Option<PrecisionOptions>,
     /// Quantize after the pipeline (and lowering) ([`Session::quantize`]).
@@ -166,6 +169,7 @@ pub struct OptimizeReport {
     pub skipped: Vec<String>,
     /// True when `skipped` is the policy default (`skip` was `None`).
     pub skipped_by_policy: bool,
+    pub compress: Option<crate::compress::CompressReport>,
     pub precision: Option<PrecisionReport>,
     pub quantize: Option<QuantizeReport>,
 }
@@ -226,7 +230,12 @@ impl Session {
             }
         }
         // Lowering that fails validation without `force` is an error
-        // inside lower_precision; over `max_error` is one inside quantize.
+        // inside lower_precision; over `max_error` is one inside compress
+        // and quantize.
+        let compress = match &opts.compress {
+            Some(c) => Some(self.compress_step(c)?),
+            None => None,
+        };
         let precision = match &opts.precision {
             Some(p) => Some(self.lower_precision_step(p)?),
             None => None,
@@ -248,6 +257,7 @@ impl Session {
             stopped_early,
             skipped: skip,
             skipped_by_policy: opts.skip.is_none(),
+            compress,
             precision,
             quantize,
         })
@@ -349,6 +359,7 @@ pub struct OptimizeFileReport {
     pub time_import_ms: f64,
     pub time_passes_ms: f64,
     pub time_export_ms: f64,
+    pub compress: Option<crate::compress::CompressReport>,
     pub precision: Option<PrecisionReport>,
     pub quantize: Option<QuantizeReport>,
     /// The memory plans before and after lowering, when it planned them.
@@ -429,6 +440,7 @@ pub fn optimize_file(
         time_import_ms: ms(import_time),
         time_passes_ms: ms(pass_time),
         time_export_ms: ms(export_time),
+        compress: r.compress,
         precision: r.precision,
         quantize: r.quantize,
         memory,

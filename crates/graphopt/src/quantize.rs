@@ -306,7 +306,7 @@ impl Session {
         let bound = if opts.measure { opts.max_error } else { None };
         let needs_data = opts.mode == QuantMode::Static || opts.measure;
         let (batches, label) = if needs_data {
-            let (b, l) = self.calibration_batches(opts)?;
+            let (b, l) = self.calibration_batches(&opts.calibration, &opts.dims)?;
             if opts.calibration.is_none() {
                 warnings.push(format!(
                     "no --calibration: {l}; ranges and errors on random data say little about real inputs"
@@ -702,11 +702,14 @@ impl Session {
         })
     }
 
-    fn calibration_batches(
+    /// The calibration batches (or 4 seeded random ones at `dims`) and
+    /// how to name them in reports.
+    pub(crate) fn calibration_batches(
         &self,
-        opts: &QuantizeOptions,
+        calibration: &Option<Calibration>,
+        dims: &[(String, i64)],
     ) -> Result<(Vec<Vec<TractTensor>>, String)> {
-        match &opts.calibration {
+        match calibration {
             Some(Calibration::Batches(batches)) => {
                 if batches.is_empty() {
                     return Err(Error::new("calibration: no batch given"));
@@ -748,7 +751,7 @@ impl Session {
             )),
             None => {
                 let b = (1..=4)
-                    .map(|seed| graphopt_tract::sample_inputs(&self.model, &opts.dims, 4, seed))
+                    .map(|seed| graphopt_tract::sample_inputs(&self.model, dims, 4, seed))
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 Ok((b, "4 batches of seeded random inputs".into()))
             }
@@ -791,11 +794,11 @@ enum Back {
 /// The least `k` in `1..=len` whose candidate `make(k)` meets `bound`,
 /// by doubling, then bisection (the error is assumed to fall as `k`
 /// grows); `None` when even `len` does not.
-fn fewest(
+pub(crate) fn fewest<Q>(
     len: usize,
     bound: f64,
-    mut make: impl FnMut(usize) -> Result<(Quantize, QuantError)>,
-) -> Result<Option<(usize, Quantize, QuantError)>> {
+    mut make: impl FnMut(usize) -> Result<(Q, QuantError)>,
+) -> Result<Option<(usize, Q, QuantError)>> {
     let (mut lo, mut k) = (0, 1.min(len));
     let mut best = None;
     while k > 0 {
@@ -825,7 +828,7 @@ fn fewest(
     Ok(Some((hi, q, e)))
 }
 
-fn node_label(m: &Model, n: NodeId) -> String {
+pub(crate) fn node_label(m: &Model, n: NodeId) -> String {
     let g = &m.graph;
     if !g.is_live_node(n) {
         return format!("#{}", n.index());
@@ -838,7 +841,7 @@ fn node_label(m: &Model, n: NodeId) -> String {
     }
 }
 
-fn f32_values(t: &TractTensor) -> Vec<f32> {
+pub(crate) fn f32_values(t: &TractTensor) -> Vec<f32> {
     t.cast_to::<f32>()
         .ok()
         .and_then(|c| {
@@ -878,7 +881,7 @@ fn calibrate(
     Ok((ranges.finish(names), Some(engine_label(&runner))))
 }
 
-fn engine_label(r: &Reference) -> String {
+pub(crate) fn engine_label(r: &Reference) -> String {
     match r.engine() {
         (e, None) => e.name().to_string(),
         (e, Some(why)) => format!("{} ({}: {why})", e.name(), e.other().name()),
@@ -936,21 +939,21 @@ fn finite_where(a: &[TractTensor], b: &[TractTensor]) -> bool {
 }
 
 /// Runs the float model once per batch and compares candidates with it.
-struct Measurer {
+pub(crate) struct Measurer {
     /// The calibration batches, then the jittered copies.
-    batches: Vec<Vec<TractTensor>>,
+    pub(crate) batches: Vec<Vec<TractTensor>>,
     /// How many of `batches` are calibration batches.
-    calibration: usize,
+    pub(crate) calibration: usize,
     /// Why the jittered copies are not measured.
-    jitter_dropped: Option<String>,
-    reference: Vec<Vec<TractTensor>>,
-    names: Vec<String>,
+    pub(crate) jitter_dropped: Option<String>,
+    pub(crate) reference: Vec<Vec<TractTensor>>,
+    pub(crate) names: Vec<String>,
     /// Where the float model ran.
-    engine: String,
+    pub(crate) engine: String,
 }
 
 impl Measurer {
-    fn new(model: &Model, batches: &[Vec<TractTensor>]) -> Result<Measurer> {
+    pub(crate) fn new(model: &Model, batches: &[Vec<TractTensor>]) -> Result<Measurer> {
         let mut batches: Vec<_> = batches.iter().take(8).cloned().collect();
         let calibration = batches.len();
         let mut runner = Reference::new(model, &[], MEASURE_FIRST);
@@ -996,12 +999,12 @@ impl Measurer {
         })
     }
 
-    fn error(&self, m: &Model) -> Result<QuantError> {
+    pub(crate) fn error(&self, m: &Model) -> Result<QuantError> {
         self.error_on(m, self.batches.len())
     }
 
     /// The error on the first `n` batches (the jittered copies last).
-    fn error_on(&self, m: &Model, n: usize) -> Result<QuantError> {
+    pub(crate) fn error_on(&self, m: &Model, n: usize) -> Result<QuantError> {
         let m = dequantize_constants(m)?;
         let tol = Tolerance {
             rtol: 0.0,
@@ -1046,7 +1049,12 @@ impl Measurer {
     /// Quantized main-graph nodes, most sensitive first: the relative L2
     /// error a node's output gains over the worst of its inputs, in the
     /// quantized model against the float one (first batch).
-    fn sensitivity(&self, float: &Model, q: &Model, nodes: &[NodeId]) -> Result<Vec<NodeId>> {
+    pub(crate) fn sensitivity(
+        &self,
+        float: &Model,
+        q: &Model,
+        nodes: &[NodeId],
+    ) -> Result<Vec<NodeId>> {
         let g = &float.graph;
         let mut names: Vec<String> = Vec::new();
         let mut io: Vec<(NodeId, String, Vec<String>)> = Vec::new();

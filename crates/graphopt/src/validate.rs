@@ -321,6 +321,18 @@ impl OptimizeOptions {
         if self.max_rounds == Some(0) {
             return Err(Error::new("max_rounds 0: expected at least 1 round"));
         }
+        if let (Some(c), Some(q)) = (&self.compress, &self.quantize) {
+            if matches!(c.method, crate::CompressMethod::Cluster { .. }) {
+                return Err(Error::new(format!(
+                    "--compress {} and --quantize {}: both store each weight in fewer bits; choose one (lowrank and share combine with --quantize)",
+                    c.method.name(),
+                    q.mode.name()
+                )));
+            }
+        }
+        if let Some(c) = &self.compress {
+            c.validate()?;
+        }
         Ok(())
     }
 }

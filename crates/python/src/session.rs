@@ -284,6 +284,7 @@ impl PySession {
                 Some(s) if s.is_none() => None,
                 Some(s) => Some(list_arg(Some(s))?),
             },
+            compress: None,
             precision,
             quantize: None,
             pipeline,
@@ -544,40 +545,9 @@ impl PySession {
     ) -> PyResult<PySession> {
         let mode = graphopt::QuantizeMode::parse(mode).map_err(|e| gerr(e.into()))?;
         let defaults = graphopt::QuantizeOptions::new(mode);
-        let max_error = match max_error.filter(|e| !e.is_none()) {
-            None => defaults.max_error,
-            Some(e) => {
-                let spelled = match e.extract::<f64>() {
-                    Ok(v) => v.to_string(),
-                    Err(_) => e.extract::<String>().map_err(|_| {
-                        PyTypeError::new_err("max_error: expected a number, \"none\" or None")
-                    })?,
-                };
-                graphopt::QuantizeOptions::parse_max_error(&spelled).map_err(gerr)?
-            }
-        };
+        let max_error = max_error_arg(max_error, defaults.max_error)?;
         let dims = dims_arg(dims)?;
-        // Batches given as dicts stay in memory (one copy each, as run's
-        // inputs); the library checks their names against the model's.
-        let calibration = match calibration.filter(|c| !c.is_none()) {
-            None => None,
-            Some(c) => match path_arg(c)? {
-                Some(p) => Some(Calibration::Files(p)),
-                None => {
-                    let mut batches = Vec::new();
-                    for batch in c.try_iter()? {
-                        let batch = batch?;
-                        let d = batch.cast::<PyDict>().map_err(|_| {
-                            PyTypeError::new_err(
-                                "calibration: expected an iterable of dicts of numpy arrays, an .npz path or a directory",
-                            )
-                        })?;
-                        batches.push(Inputs::Named(named_arrays(d)?));
-                    }
-                    Some(Calibration::Batches(batches))
-                }
-            },
-        };
+        let calibration = calibration_arg(calibration)?;
         let opts = graphopt::QuantizeOptions {
             calibration,
             dims: dims.clone(),
@@ -596,6 +566,43 @@ impl PySession {
             ..defaults
         };
         self.transform(py, "quantize", move |s| to_json(&s.quantize(&opts)?))
+    }
+
+    /// Compresses weights: "cluster:BITS[:per-channel-groups=G]" (k-means
+    /// palettes, uint4/uint8 indices + codebook), "lowrank[:ENERGY|:RANK|
+    /// :params=F]" (two thin factors; activation-aware with calibration)
+    /// or "share[:TOL]" (near-equal weights read as one). The error against
+    /// the uncompressed model is measured on `calibration` (or random
+    /// inputs) and bounded by `max_error` (default 0.05; "none" for no
+    /// bound): the most sensitive layers stay uncompressed until it holds,
+    /// else GraphoptError. Returns a new Session.
+    #[pyo3(signature = (method, calibration=None, exclude=None, max_error=None,
+                        measure=None, dims=None, min_weight_elems=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn compress(
+        &self,
+        py: Python<'_>,
+        method: &str,
+        calibration: Option<&Bound<'_, PyAny>>,
+        exclude: Option<&Bound<'_, PyAny>>,
+        max_error: Option<&Bound<'_, PyAny>>,
+        measure: Option<bool>,
+        dims: Option<&Bound<'_, PyDict>>,
+        min_weight_elems: Option<u64>,
+    ) -> PyResult<PySession> {
+        let max_error = max_error_arg(max_error, Some(graphopt::DEFAULT_MAX_ERROR))?;
+        let defaults = graphopt::CompressOptions::parse(method, max_error).map_err(gerr)?;
+        let dims = dims_arg(dims)?;
+        let opts = graphopt::CompressOptions {
+            calibration: calibration_arg(calibration)?,
+            dims: dims.clone(),
+            exclude: list_arg(exclude)?,
+            measure: measure.unwrap_or(defaults.measure),
+            min_weight_elems: min_weight_elems.unwrap_or(defaults.min_weight_elems),
+            memory: Some(DimValues::new(&dims)),
+            ..defaults
+        };
+        self.transform(py, "compress", move |s| to_json(&s.compress(&opts)?))
     }
 
     /// Recomputation under a memory budget, on a training graph (from
@@ -966,4 +973,43 @@ impl PySession {
         });
         to_py(py, &v)
     }
+}
+
+/// `max_error` as Python gives it: a number, "none", or None (`default`).
+fn max_error_arg(e: Option<&Bound<'_, PyAny>>, default: Option<f64>) -> PyResult<Option<f64>> {
+    match e.filter(|e| !e.is_none()) {
+        None => Ok(default),
+        Some(e) => {
+            let spelled = match e.extract::<f64>() {
+                Ok(v) => v.to_string(),
+                Err(_) => e.extract::<String>().map_err(|_| {
+                    PyTypeError::new_err("max_error: expected a number, \"none\" or None")
+                })?,
+            };
+            graphopt::QuantizeOptions::parse_max_error(&spelled).map_err(gerr)
+        }
+    }
+}
+
+/// Calibration as Python gives it: an .npz path or a directory, or an
+/// iterable of dicts of arrays (kept in memory, one copy each, as run's
+/// inputs; the library checks their names against the model's).
+fn calibration_arg(c: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Calibration>> {
+    let Some(c) = c.filter(|c| !c.is_none()) else {
+        return Ok(None);
+    };
+    if let Some(p) = path_arg(c)? {
+        return Ok(Some(Calibration::Files(p)));
+    }
+    let mut batches = Vec::new();
+    for batch in c.try_iter()? {
+        let batch = batch?;
+        let d = batch.cast::<PyDict>().map_err(|_| {
+            PyTypeError::new_err(
+                "calibration: expected an iterable of dicts of numpy arrays, an .npz path or a directory",
+            )
+        })?;
+        batches.push(Inputs::Named(named_arrays(d)?));
+    }
+    Ok(Some(Calibration::Batches(batches)))
 }

@@ -313,6 +313,25 @@ def test_quantize_equals_cli(cli, tmp_path):
         graphopt.load(model(name)).quantize("int4-weights", block_size=48)
 
 
+def test_compress_equals_cli(cli, tmp_path):
+    name = "bert_tiny.ts14"
+    out, rep = tmp_path / "c.onnx", tmp_path / "r.json"
+    calib = MODELS / f"{name}.inputs.npz"
+    cli.run("optimize", model(name), "-o", out, "--compress", "cluster:6", "--calibration", calib,
+            "--report", rep)
+    want = json.loads(rep.read_text())["compress"]
+    c = graphopt.load(model(name)).optimize().compress("cluster:6", calibration=calib)
+    assert c.to_bytes() == out.read_bytes()
+    got = c.report()["steps"][-1]["report"]
+    assert strip_times(got) == strip_times(want)
+    assert got["layers"] and got["weights_bytes_after"] < 0.4 * got["weights_bytes_before"]
+    assert "Gather" in c.text() and "palette_codebook" in c.text()
+    with pytest.raises(graphopt.GraphoptError, match="bits must be 2, 3, 4, 6 or 8"):
+        graphopt.load(model(name)).compress("cluster:5")
+    with pytest.raises(graphopt.GraphoptError, match="--max-error 1e-09"):
+        graphopt.load(model(name)).compress("cluster:2", calibration=calib, max_error=1e-9)
+
+
 def test_remat_equals_cli(cli, tmp_path):
     name = "gpt2_tiny.ts14"
     train_path, out, rep = tmp_path / "t.onnx", tmp_path / "r.onnx", tmp_path / "r.json"

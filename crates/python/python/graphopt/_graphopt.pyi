@@ -172,6 +172,22 @@ class Session:
         """Quantized in standard ONNX ops (``graphopt optimize --quantize``);
         ``calibration`` is batches (dicts of arrays), an .npz or a folder of them.
         Over ``max_error`` after putting layers back to float: GraphoptError."""
+    def compress(
+        self,
+        method: str,
+        calibration: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike[str] | None = None,
+        exclude: str | Sequence[str] | None = None,
+        max_error: float | Literal["none"] | None = None,
+        measure: bool | None = None,
+        dims: Dims | None = None,
+        min_weight_elems: int | None = None,
+    ) -> Session:
+        """Weights compressed in standard ONNX ops (``graphopt optimize --compress``):
+        ``"cluster:BITS[:per-channel-groups=G]"`` (k-means palettes),
+        ``"lowrank[:ENERGY|:RANK|:params=F]"`` (two thin factors, activation-aware
+        with ``calibration``) or ``"share[:TOL]"`` (near-equal weights merged). Over
+        ``max_error`` (default 0.05) with the most sensitive layers left as they
+        were: GraphoptError."""
     def remat(
         self,
         budget: int | str,
