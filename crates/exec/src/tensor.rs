@@ -83,6 +83,20 @@ pub fn elem_size(d: DType) -> Option<usize> {
     })
 }
 
+/// Whether `d` is stored packed, two elements per byte (uint4, int4):
+/// such initializers are read in place by Cast and the palette kernels
+/// ([`crate::cpu::palette`]) only; no kernel writes them.
+pub fn is_packed4(d: DType) -> bool {
+    matches!(d, DType::U4 | DType::I4)
+}
+
+/// Element `i` of packed 4-bit data, low nibble first (ONNX's `raw_data`
+/// layout), as the unsigned value 0..=15.
+#[inline]
+pub fn nibble(b: &[u8], i: usize) -> u8 {
+    (b[i >> 1] >> ((i & 1) << 2)) & 0xF
+}
+
 /// Row-major strides (in elements) of `shape`.
 pub fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];

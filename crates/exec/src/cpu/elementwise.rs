@@ -1065,7 +1065,9 @@ pub fn classify(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     }))
 }
 
-/// `Cast` between f32, f64, i64, i32, i8, u8 and bool.
+/// `Cast` between f32, f64, i64, i32, i8, u8, bool, f16 and bf16; from
+/// packed uint4/int4 initializers to any of those; u16 and i16 to int32 and
+/// int64.
 struct Cast {
     from: DType,
     to: DType,
@@ -1079,6 +1081,14 @@ fn read_as_f64(d: DType, b: &[u8]) -> Result<Vec<f64>, String> {
         DType::I32 => cast::<i32>(b).iter().map(|&x| x as f64).collect(),
         DType::I8 => cast::<i8>(b).iter().map(|&x| x as f64).collect(),
         DType::U8 | DType::Bool => b.iter().map(|&x| x as f64).collect(),
+        // Packed 4-bit (initializers): two per byte, low nibble first; a
+        // trailing pad nibble is dropped by the caller's zip.
+        DType::U4 => (0..2 * b.len())
+            .map(|i| crate::tensor::nibble(b, i) as f64)
+            .collect(),
+        DType::I4 => (0..2 * b.len())
+            .map(|i| sign4(crate::tensor::nibble(b, i)) as f64)
+            .collect(),
         DType::F16 => cast::<u16>(b)
             .iter()
             .map(|&x| half::f16::from_bits(x).to_f64())
@@ -1091,6 +1101,53 @@ fn read_as_f64(d: DType, b: &[u8]) -> Result<Vec<f64>, String> {
     })
 }
 
+/// A 4-bit two's-complement value widened.
+fn sign4(v: u8) -> i8 {
+    ((v << 4) as i8) >> 4
+}
+
+/// Writes `n` values `f(i)` as int32 or int64 into `o`.
+fn store_ints(to: DType, o: &mut [u8], f: impl Fn(usize) -> i64) {
+    if to == DType::I32 {
+        for (i, x) in cast_mut::<i32>(o).iter_mut().enumerate() {
+            *x = f(i) as i32;
+        }
+    } else {
+        for (i, x) in cast_mut::<i64>(o).iter_mut().enumerate() {
+            *x = f(i);
+        }
+    }
+}
+
+/// Integers (8-bit, 16-bit, packed 4-bit, int32) to int32 or int64 exactly,
+/// without the f64 copy: index tensors such as palette indices (uint8 or
+/// uint4, issue 23). `false` for other pairs.
+fn int_to_index(from: DType, to: DType, b: &[u8], o: &mut [u8]) -> bool {
+    if !matches!(to, DType::I32 | DType::I64) {
+        return false;
+    }
+    match from {
+        DType::U8 => store_ints(to, o, |i| b[i] as i64),
+        DType::I8 => store_ints(to, o, |i| b[i] as i8 as i64),
+        DType::U4 => store_ints(to, o, |i| crate::tensor::nibble(b, i) as i64),
+        DType::I4 => store_ints(to, o, |i| sign4(crate::tensor::nibble(b, i)) as i64),
+        DType::U16 => {
+            let s: &[u16] = cast(b);
+            store_ints(to, o, |i| s[i] as i64)
+        }
+        DType::I16 => {
+            let s: &[u16] = cast(b);
+            store_ints(to, o, |i| s[i] as i16 as i64)
+        }
+        DType::I32 if to == DType::I64 => {
+            let s: &[i32] = cast(b);
+            store_ints(to, o, |i| s[i] as i64)
+        }
+        _ => return false,
+    }
+    true
+}
+
 impl Kernel for Cast {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?;
@@ -1098,6 +1155,9 @@ impl Kernel for Cast {
         let o = &mut io.outputs[0];
         if self.from == self.to {
             o.data.copy_from_slice(b);
+            return Ok(());
+        }
+        if int_to_index(self.from, self.to, b, o.data) {
             return Ok(());
         }
         // Integer to integer exactly (i64 does not fit f64 beyond 2^53).

@@ -22,6 +22,7 @@ pub mod shape;
 pub mod signal;
 
 use crate::backend::{Backend, Kernel, NodeCtx};
+use crate::tensor::is_packed4;
 
 /// Every op the CPU backend has a kernel for (some only for some dtypes:
 /// the kernel says which when it refuses).
@@ -185,11 +186,19 @@ impl Backend for CpuBackend {
         if !(d.is_empty() || d == "ai.onnx") {
             return Err("custom-domain ops have no kernels".into());
         }
+        let op = ctx.node.op_type.as_str();
+        if !matches!(op, "Cast" | "CastLike")
+            && ctx.inputs.iter().flatten().any(|t| is_packed4(t.dtype))
+        {
+            return Err(
+                "packed 4-bit (uint4/int4) inputs are read only by Cast (and the palette kernels)"
+                    .into(),
+            );
+        }
         // Data movement is byte-generic: any dtype, fp16 included.
         if let Some(k) = shape::kernel(ctx) {
             return k;
         }
-        let op = ctx.node.op_type.as_str();
         if op != "Cast" && op != "CastLike" && lowp::is_low(ctx) {
             return lowp::via_f32(ctx, |c| self.f32_kernel(c));
         }

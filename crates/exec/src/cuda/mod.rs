@@ -54,6 +54,14 @@ impl KernelMaker for CudaBackend {
         (domain.is_empty() || domain == "ai.onnx") && ops::OPS.contains(&op_type)
     }
     fn make(&self, ctx: &NodeCtx) -> Result<NodePlan, String> {
+        if let Some(t) = ctx
+            .inputs
+            .iter()
+            .flatten()
+            .find(|t| crate::tensor::is_packed4(t.dtype))
+        {
+            return Err(format!("{} inputs have no CUDA kernels", t.dtype.name()));
+        }
         ops::plan_node(ctx)
     }
     fn workspace_bytes(k: &NodePlan) -> usize {

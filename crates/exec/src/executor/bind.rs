@@ -123,7 +123,10 @@ fn info(g: &Graph, v: ValueId) -> Result<TensorInfo, ExecError> {
             g.name(v)
         ))
     })?;
-    if elem_size(t.elem).is_none() {
+    // Packed 4-bit initializers (uint4/int4) are read in place as weights
+    // (Cast, the palette kernels); no arena value has such a type.
+    let packed_weight = crate::tensor::is_packed4(t.elem) && g.constant(v).is_some();
+    if elem_size(t.elem).is_none() && !packed_weight {
         return Err(ExecError::Unsupported(format!(
             "value '{}' has element type {}, which the runtime does not handle",
             g.name(v),
