@@ -29,12 +29,19 @@
 //! run on a GPU yet.
 //! fp16/bf16 nodes run the fp32 kernels on widened copies
 //! ([`cpu::lowp`]).
+//!
+//! Palettized weights (codebook + uint8/uint4 indices, issue 23): run as
+//! written, the decode chain materializes the weight in the arena;
+//! [`lower::lower_palette`], applied to a copy of the model before it is
+//! planned for the CPU backend, fuses each reader (MatMul, Gemm, Conv,
+//! Gather) into a node that decodes tiles in its kernel ([`cpu::palette`]).
 
 pub mod backend;
 mod control;
 pub mod cpu;
 pub mod cuda;
 mod executor;
+pub mod lower;
 pub mod tensor;
 
 pub use backend::{Backend, Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};

@@ -3,7 +3,9 @@
 //! op family; fp16/bf16 nodes run them on widened copies ([`lowp`]).
 //! Threads: GEMMs split by batch or rows ([`matmul::sgemm`]), which also
 //! carries Conv and the gate products of LSTM / GRU / RNN ([`rnn`]); other
-//! kernels run on one thread.
+//! kernels run on one thread. The fused nodes of palettized weights
+//! (domain [`crate::lower::PALETTE_DOMAIN`]) have their kernels in
+//! [`palette`].
 
 pub mod conv;
 pub mod einsum;
@@ -12,6 +14,7 @@ pub mod loss;
 pub mod lowp;
 pub mod matmul;
 pub mod norm;
+pub mod palette;
 pub mod pool;
 pub mod quant;
 pub mod reduce;
@@ -22,6 +25,7 @@ pub mod shape;
 pub mod signal;
 
 use crate::backend::{Backend, Kernel, NodeCtx};
+use crate::lower::{PALETTE_DOMAIN, PALETTE_OPS};
 use crate::tensor::is_packed4;
 
 /// Every op the CPU backend has a kernel for (some only for some dtypes:
@@ -178,11 +182,15 @@ impl Backend for CpuBackend {
     }
 
     fn has_op(&self, domain: &str, op_type: &str) -> bool {
-        (domain.is_empty() || domain == "ai.onnx") && OPS.contains(&op_type)
+        ((domain.is_empty() || domain == "ai.onnx") && OPS.contains(&op_type))
+            || (domain == PALETTE_DOMAIN && PALETTE_OPS.contains(&op_type))
     }
 
     fn kernel(&self, ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         let d = &ctx.node.domain;
+        if d == PALETTE_DOMAIN {
+            return palette::kernel(ctx);
+        }
         if !(d.is_empty() || d == "ai.onnx") {
             return Err("custom-domain ops have no kernels".into());
         }

@@ -199,6 +199,15 @@ impl Executable {
         &self.dyn_names
     }
 
+    /// Nodes of op type `op` whose kernel runs on every run (aliased views,
+    /// which do not run, and nested programs excluded).
+    pub fn kernel_count(&self, op: &str) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| !s.skip && s.special.is_none() && s.op == op)
+            .count()
+    }
+
     /// Arena bytes as the plan sized it.
     pub fn arena_planned_bytes(&self) -> u64 {
         self.planned_arena

@@ -1,0 +1,568 @@
+//! Palettized weights decoded per tile inside the kernels that read them
+//! (issue 23): the fused nodes [`crate::lower::lower_palette`] makes.
+//!
+//! A palettized float32 weight `W` (shape `S`, `numel` elements) is a
+//! float32 codebook of `ng` groups of `k` entries and one index per element
+//! (uint8, or uint4 packed two per byte, low nibble first). Groups are `ng`
+//! equal runs of `W`'s flat (row-major) elements, so element `f` is
+//! `codebook[(f / (numel / ng)) * k + index[f]]`; `ng = 1` is one codebook
+//! for the tensor. The codebook and indices are weights (read in place);
+//! `W` and the int32 indices never exist whole:
+//!
+//! - `PaletteMatMul(A, codebook, indices)`, `W` `[K, N]`: `A`'s rows (all
+//!   batch dims flattened, `W` is shared) times tiles of `W` of
+//!   [`TILE_K`] rows × [`TILE_N`] columns, decoded into the workspace, each
+//!   tile's product accumulated into the output (`sgemm`'s beta = 1 after
+//!   the first K tile). [`TILE_K`] is `matrixmultiply`'s own depth block
+//!   (`kc` = 256 for f32), so every output element sums the same partial
+//!   products in the same order as the unfused MatMul: results are bitwise
+//!   equal to the decoded weights'.
+//! - `PaletteGemm(A, codebook, indices, C?)`: the same tiles, `transB=1`
+//!   decoding each tile from rows of `W` `[N, K]` (contiguous runs of K) and
+//!   handing `sgemm` the transposed strides; the bias as Gemm writes it
+//!   (`beta·C`, then every tile accumulates).
+//! - `PaletteConv(X, codebook, indices, B?)`, `W` `[M, C/group, (kh,) kw]`:
+//!   im2col per image and group as [`crate::cpu::conv`] does, then blocks
+//!   of [`BLOCK_CHANNELS`] output channels: each block's weights (contiguous
+//!   rows of `W`) decoded into the workspace and multiplied into those
+//!   channels' rows (splitting GEMM rows does not change any sum, so this
+//!   too is bitwise equal). A block is decoded once per image and group, a
+//!   small cost next to its GEMM (`1 / (OH·OW)` of it).
+//! - `PaletteGather(codebook, indices, ids)`, axis 0: only the gathered
+//!   rows are decoded, straight into the output.
+//!
+//! Workspace: one tile (`TILE_K × TILE_N` floats, 256 KiB) for MatMul and
+//! Gemm; the im2col buffer plus one channel block for Conv; none for Gather.
+//! Indices are checked against `k` once, when the kernel is made (they are
+//! constants), so a run never reads past a codebook.
+
+use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::cpu::conv::{im2col, window, Window};
+use crate::cpu::matmul::sgemm;
+use crate::lower::{GROUPS_ATTR, WEIGHT_SHAPE_ATTR};
+use crate::tensor::{cast_mut, nibble, numel};
+use graphopt_ir::DType;
+
+/// Rows of `W` (the reduction dim) per MatMul/Gemm tile: `matrixmultiply`'s
+/// f32 depth block, so that tiles add up in the unfused product's order.
+pub const TILE_K: usize = 256;
+/// Columns of `W` per MatMul/Gemm tile.
+pub const TILE_N: usize = 256;
+/// Output channels per Conv block.
+pub const BLOCK_CHANNELS: usize = 64;
+
+const ALIGN: usize = 64;
+
+/// A palettized weight's layout (the data comes with each run).
+#[derive(Clone, Debug)]
+struct Palette {
+    /// `S`.
+    shape: Vec<usize>,
+    /// Entries per codebook.
+    k: usize,
+    /// Elements per group (`numel / ng`).
+    per: usize,
+    /// uint4 indices (else uint8).
+    packed: bool,
+}
+
+impl Palette {
+    /// Reads and checks the layout: codebook in slot `cb`, indices in
+    /// slot `idx` (a constant, every index checked below `k`).
+    fn new(ctx: &NodeCtx, cb: usize, idx: usize) -> Result<Palette, String> {
+        let shape: Vec<usize> = ctx
+            .node
+            .attr_ints(WEIGHT_SHAPE_ATTR)
+            .ok_or_else(|| format!("no {WEIGHT_SHAPE_ATTR} attribute"))?
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| format!("weight dim {d}")))
+            .collect::<Result<_, _>>()?;
+        let c = ctx.input(cb)?;
+        let i = ctx.input(idx)?;
+        if c.dtype != DType::F32 {
+            return Err(format!("codebook of {}, expected float", c.dtype.name()));
+        }
+        let (ng, k) = match c.shape.as_slice() {
+            [k] => (1, *k),
+            [ng, k] => (*ng, *k),
+            s => return Err(format!("codebook of shape {s:?}")),
+        };
+        if let Some(a) = ctx.node.attr_ints(GROUPS_ATTR) {
+            if a.first().copied() != Some(ng as i64) {
+                return Err(format!("{GROUPS_ATTR} {a:?} for {ng} codebook(s)"));
+            }
+        }
+        let n = numel(&shape);
+        if numel(&i.shape) != n || ng == 0 || !n.is_multiple_of(ng) {
+            return Err(format!(
+                "{} indices for a weight {shape:?} in {ng} group(s)",
+                numel(&i.shape)
+            ));
+        }
+        let packed = match i.dtype {
+            DType::U8 => false,
+            DType::U4 => true,
+            d => return Err(format!("indices of {}, expected uint8 or uint4", d.name())),
+        };
+        let bytes = ctx
+            .constants
+            .get(idx)
+            .copied()
+            .flatten()
+            .ok_or("the indices are not a constant")?;
+        let p = Palette {
+            shape,
+            k,
+            per: n / ng,
+            packed,
+        };
+        let need = if packed { n.div_ceil(2) } else { n };
+        if bytes.len() < need {
+            return Err(format!("{} index bytes, {need} needed", bytes.len()));
+        }
+        let max = (0..n).map(|f| p.index(bytes, f)).max().unwrap_or(0);
+        if n > 0 && max >= k {
+            return Err(format!("index {max} out of range for a codebook of {k}"));
+        }
+        Ok(p)
+    }
+
+    #[inline]
+    fn index(&self, idx: &[u8], f: usize) -> usize {
+        if self.packed {
+            nibble(idx, f) as usize
+        } else {
+            idx[f] as usize
+        }
+    }
+
+    /// Decodes flat elements `start .. start + out.len()` of `W`.
+    fn decode(&self, cb: &[f32], idx: &[u8], start: usize, out: &mut [f32]) {
+        let end = start + out.len();
+        let mut f = start;
+        while f < end {
+            let g = f / self.per;
+            let stop = ((g + 1) * self.per).min(end);
+            let book = &cb[g * self.k..(g + 1) * self.k];
+            let dst = &mut out[f - start..stop - start];
+            if self.packed {
+                for (j, o) in dst.iter_mut().enumerate() {
+                    *o = book[nibble(idx, f + j) as usize];
+                }
+            } else {
+                for (o, &i) in dst.iter_mut().zip(&idx[f..stop]) {
+                    *o = book[i as usize];
+                }
+            }
+            f = stop;
+        }
+    }
+}
+
+/// The codebook and index bytes of a run.
+fn data<'a>(io: &KernelIo<'a>, cb: usize, idx: usize) -> Result<(&'a [f32], &'a [u8]), String> {
+    Ok((io.input(cb)?.f32()?, io.input(idx)?.bytes()?))
+}
+
+/// The kernel of a fused node (domain [`crate::lower::PALETTE_DOMAIN`]).
+pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    match ctx.node.op_type.as_str() {
+        "PaletteMatMul" => matmul(ctx),
+        "PaletteGemm" => gemm(ctx),
+        "PaletteConv" => conv(ctx),
+        "PaletteGather" => gather(ctx),
+        op => Err(format!("no palette kernel for {op}")),
+    }
+}
+
+/// `c[m × n] (row stride ldc) = alpha · a · W + beta0 · c` with `W`
+/// `[kk × n]` decoded tile by tile into `ws`: `tile(k0, kt, n0, nt, ws)`
+/// fills rows `k0..k0+kt`, columns `n0..n0+nt` of `W` and returns the
+/// tile's strides; `a_at(k0)` is the offset of column `k0` of `a`.
+#[allow(clippy::too_many_arguments)]
+fn tiled_gemm(
+    m: usize,
+    kk: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    sa: (usize, usize),
+    a_at: impl Fn(usize) -> usize,
+    beta0: f32,
+    c: &mut [f32],
+    ws: &mut [f32],
+    threads: usize,
+    tile: impl Fn(usize, usize, usize, usize, &mut [f32]) -> (usize, usize),
+) {
+    if kk == 0 {
+        if beta0 == 0.0 {
+            c.fill(0.0);
+        }
+        return;
+    }
+    for n0 in (0..n).step_by(TILE_N) {
+        let nt = TILE_N.min(n - n0);
+        for k0 in (0..kk).step_by(TILE_K) {
+            let kt = TILE_K.min(kk - k0);
+            let w = &mut ws[..kt * nt];
+            let sb = tile(k0, kt, n0, nt, w);
+            let beta = if k0 == 0 { beta0 } else { 1.0 };
+            sgemm(
+                m,
+                kt,
+                nt,
+                alpha,
+                &a[a_at(k0)..],
+                sa,
+                w,
+                sb,
+                beta,
+                &mut c[n0..],
+                n,
+                threads,
+            );
+        }
+    }
+}
+
+fn tile_bytes(kk: usize, n: usize) -> usize {
+    TILE_K.min(kk) * TILE_N.min(n) * 4
+}
+
+struct MatMul {
+    p: Palette,
+    rows: usize,
+    k: usize,
+    n: usize,
+}
+
+impl Kernel for MatMul {
+    fn workspace_bytes(&self) -> usize {
+        tile_bytes(self.k, self.n)
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let a = io.input(0)?.f32()?;
+        let (cb, idx) = data(io, 1, 2)?;
+        let threads = io.threads;
+        let ws: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
+        let o = io.outputs[0].f32()?;
+        let (k, n, p) = (self.k, self.n, &self.p);
+        tiled_gemm(
+            self.rows,
+            k,
+            n,
+            1.0,
+            a,
+            (k, 1),
+            |k0| k0,
+            0.0,
+            o,
+            ws,
+            threads,
+            |k0, kt, n0, nt, w| {
+                for r in 0..kt {
+                    p.decode(cb, idx, (k0 + r) * n + n0, &mut w[r * nt..(r + 1) * nt]);
+                }
+                (nt, 1)
+            },
+        );
+        Ok(())
+    }
+}
+
+fn matmul(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let p = Palette::new(ctx, 1, 2)?;
+    let a = ctx.input(0)?;
+    if a.dtype != DType::F32 || a.shape.is_empty() {
+        return Err(format!("PaletteMatMul on {} {:?}", a.dtype.name(), a.shape));
+    }
+    let [k, n] = p.shape[..] else {
+        return Err(format!("a weight of shape {:?} (2-D expected)", p.shape));
+    };
+    if a.shape[a.shape.len() - 1] != k {
+        return Err(format!("inner dims differ: {:?} x {:?}", a.shape, p.shape));
+    }
+    let rows = numel(&a.shape) / k.max(1);
+    if numel(&ctx.outputs[0].shape) != rows * n {
+        return Err(format!(
+            "output {:?} for {rows} x {n}",
+            ctx.outputs[0].shape
+        ));
+    }
+    Ok(Box::new(MatMul { p, rows, k, n }))
+}
+
+struct Gemm {
+    p: Palette,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    c: Option<Vec<usize>>,
+}
+
+impl Kernel for Gemm {
+    fn workspace_bytes(&self) -> usize {
+        tile_bytes(self.k, self.n)
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let a = io.input(0)?.f32()?;
+        let (cb, idx) = data(io, 1, 2)?;
+        let c = match &self.c {
+            Some(_) => Some(io.input(3)?.f32()?),
+            None => None,
+        };
+        let threads = io.threads;
+        let ws: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
+        let o = io.outputs[0].f32()?;
+        let (m, k, n, p) = (self.m, self.k, self.n, &self.p);
+        // The bias as Gemm writes it: beta·C broadcast, then accumulate.
+        let mut beta0 = 0.0;
+        if let (Some(c), Some(cs)) = (c, &self.c) {
+            if self.beta != 0.0 {
+                crate::cpu::elementwise::for_each_bcast(&[m, n], [cs.as_slice()], |i, [ic]| {
+                    o[i] = self.beta * c[ic];
+                });
+                beta0 = 1.0;
+            }
+        }
+        let (sa, a_at): ((usize, usize), &dyn Fn(usize) -> usize) = if self.trans_a {
+            ((1, m), &|k0| k0 * m)
+        } else {
+            ((k, 1), &|k0| k0)
+        };
+        let trans_b = self.trans_b;
+        tiled_gemm(
+            m,
+            k,
+            n,
+            self.alpha,
+            a,
+            sa,
+            a_at,
+            beta0,
+            o,
+            ws,
+            threads,
+            |k0, kt, n0, nt, w| {
+                if trans_b {
+                    // W is [N, K]: column j of the tile is a run of row n0+j.
+                    for j in 0..nt {
+                        p.decode(cb, idx, (n0 + j) * k + k0, &mut w[j * kt..(j + 1) * kt]);
+                    }
+                    (1, kt)
+                } else {
+                    for r in 0..kt {
+                        p.decode(cb, idx, (k0 + r) * n + n0, &mut w[r * nt..(r + 1) * nt]);
+                    }
+                    (nt, 1)
+                }
+            },
+        );
+        Ok(())
+    }
+}
+
+fn gemm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let p = Palette::new(ctx, 1, 2)?;
+    let a = ctx.input(0)?;
+    if a.dtype != DType::F32 || a.shape.len() != 2 || p.shape.len() != 2 {
+        return Err("PaletteGemm is implemented for 2-D f32 only".into());
+    }
+    let node = ctx.node;
+    let trans_a = node.attr_int("transA").unwrap_or(0) != 0;
+    let trans_b = node.attr_int("transB").unwrap_or(0) != 0;
+    let (m, k) = if trans_a {
+        (a.shape[1], a.shape[0])
+    } else {
+        (a.shape[0], a.shape[1])
+    };
+    let (kb, n) = if trans_b {
+        (p.shape[1], p.shape[0])
+    } else {
+        (p.shape[0], p.shape[1])
+    };
+    if kb != k || ctx.outputs[0].shape != [m, n] {
+        return Err(format!(
+            "Gemm of {:?} and a weight {:?} into {:?}",
+            a.shape, p.shape, ctx.outputs[0].shape
+        ));
+    }
+    Ok(Box::new(Gemm {
+        alpha: node.attr_float("alpha").unwrap_or(1.0),
+        beta: node.attr_float("beta").unwrap_or(1.0),
+        trans_a,
+        trans_b,
+        m,
+        k,
+        n,
+        c: ctx.inputs.get(3).cloned().flatten().map(|t| t.shape),
+        p,
+    }))
+}
+
+struct Conv {
+    p: Palette,
+    g: Window,
+    m: usize,
+    group: usize,
+    bias: bool,
+    /// 1×1, stride 1, no padding: the input is the GEMM operand.
+    direct: bool,
+}
+
+impl Conv {
+    fn col_bytes(&self) -> usize {
+        if self.direct {
+            0
+        } else {
+            let cg = self.g.c / self.group;
+            (cg * self.g.kh * self.g.kw * self.g.oh * self.g.ow * 4).next_multiple_of(ALIGN)
+        }
+    }
+    fn k(&self) -> usize {
+        self.g.c / self.group * self.g.kh * self.g.kw
+    }
+    fn block(&self) -> usize {
+        BLOCK_CHANNELS.min(self.m / self.group)
+    }
+}
+
+impl Kernel for Conv {
+    fn workspace_bytes(&self) -> usize {
+        self.col_bytes() + self.block() * self.k() * 4
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let g = &self.g;
+        let x = io.input(0)?.f32()?;
+        let (cb, idx) = data(io, 1, 2)?;
+        let b = if self.bias {
+            Some(io.input(3)?.f32()?)
+        } else {
+            None
+        };
+        let threads = io.threads;
+        let (colb, wb) = io.workspace[..self.workspace_bytes()].split_at_mut(self.col_bytes());
+        let col: &mut [f32] = cast_mut(colb);
+        let wblk: &mut [f32] = cast_mut(wb);
+        let y = io.outputs[0].f32()?;
+        let (cg, mg) = (g.c / self.group, self.m / self.group);
+        let k = self.k();
+        let ohw = g.oh * g.ow;
+        let block = self.block();
+        for n in 0..g.n {
+            let xi = &x[n * g.c * g.h * g.w..][..g.c * g.h * g.w];
+            let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
+            match b {
+                Some(b) => {
+                    for (m, plane) in yi.chunks_mut(ohw).enumerate() {
+                        plane.fill(b[m]);
+                    }
+                }
+                None => yi.fill(0.0),
+            }
+            for gi in 0..self.group {
+                let src: &[f32] = if self.direct {
+                    &xi[gi * cg * ohw..][..cg * ohw]
+                } else {
+                    im2col(g, xi, gi * cg, cg, col);
+                    &*col
+                };
+                let yg = &mut yi[gi * mg * ohw..][..mg * ohw];
+                for o0 in (0..mg).step_by(block.max(1)) {
+                    let ob = block.min(mg - o0);
+                    let w = &mut wblk[..ob * k];
+                    self.p.decode(cb, idx, (gi * mg + o0) * k, w);
+                    sgemm(
+                        ob,
+                        k,
+                        ohw,
+                        1.0,
+                        w,
+                        (k, 1),
+                        src,
+                        (ohw, 1),
+                        1.0,
+                        &mut yg[o0 * ohw..][..ob * ohw],
+                        ohw,
+                        threads,
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let p = Palette::new(ctx, 1, 2)?;
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 {
+        return Err(format!("PaletteConv on {}", x.dtype.name()));
+    }
+    if p.shape.len() < 3 {
+        return Err(format!("a conv weight of shape {:?}", p.shape));
+    }
+    let g = window(ctx, &p.shape[2..])?;
+    let group = ctx.node.attr_int("group").unwrap_or(1) as usize;
+    let m = p.shape[0];
+    if group == 0 || g.c % group != 0 || m % group != 0 || p.shape[1] * group != g.c {
+        return Err(format!("bad group {group} for {} channels", g.c));
+    }
+    let direct = g.kh == 1
+        && g.kw == 1
+        && g.sh == 1
+        && g.sw == 1
+        && g.ph == 0
+        && g.pw == 0
+        && g.oh == g.h
+        && g.ow == g.w;
+    Ok(Box::new(Conv {
+        p,
+        g,
+        m,
+        group,
+        bias: ctx.inputs.get(3).is_some_and(|b| b.is_some()),
+        direct,
+    }))
+}
+
+struct Gather {
+    p: Palette,
+}
+
+impl Kernel for Gather {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let (cb, idx) = data(io, 0, 1)?;
+        let ids = io.input(2)?.ints()?;
+        let o = io.outputs[0].f32()?;
+        let dim = self.p.shape[0];
+        let row = numel(&self.p.shape[1..]);
+        for (j, &i) in ids.iter().enumerate() {
+            let r = if i < 0 { i + dim as i64 } else { i };
+            if r < 0 || r as usize >= dim {
+                return Err(format!("index {i} out of range for a dim of {dim}"));
+            }
+            self.p
+                .decode(cb, idx, r as usize * row, &mut o[j * row..(j + 1) * row]);
+        }
+        Ok(())
+    }
+}
+
+fn gather(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let p = Palette::new(ctx, 0, 1)?;
+    let a = ctx.node.attr_int("axis").unwrap_or(0);
+    if p.shape.is_empty() || (a != 0 && a != -(p.shape.len() as i64)) {
+        return Err(format!("PaletteGather along axis {a}"));
+    }
+    let ids = ctx.input(2)?;
+    let want = numel(&ids.shape) * numel(&p.shape[1..]);
+    if numel(&ctx.outputs[0].shape) != want {
+        return Err(format!("output {:?}", ctx.outputs[0].shape));
+    }
+    Ok(Box::new(Gather { p }))
+}
