@@ -207,7 +207,10 @@ fn reshape_target(from: &[i64], to: &[i64], allowzero: bool) -> Option<Vec<i64>>
 /// The fused op for reader `n` of `w`, or why there is none.
 fn fused_op(g: &Graph, n: NodeId, w: ValueId, rank: usize) -> Result<&'static str, String> {
     let d = g.node(n);
-    let why = || format!("read by {} '{}'", d.qualified_op(), d.name);
+    let why = || match d.name.as_str() {
+        "" => format!("read by {}", d.qualified_op()),
+        n => format!("read by {} '{n}'", d.qualified_op()),
+    };
     if !default_domain(&d.domain) {
         return Err(why());
     }
@@ -260,7 +263,10 @@ pub fn lower_palette(m: &mut Model) -> PaletteLowering {
         for u in g.uses(w) {
             match *u {
                 Use::Capture { node } => {
-                    refused = Some(format!("read inside a subgraph of '{}'", g.node(node).name));
+                    refused = Some(format!(
+                        "read inside a subgraph of {}",
+                        g.node(node).qualified_op()
+                    ));
                 }
                 Use::Input { node, .. } => {
                     if !readers.contains(&node) {

@@ -339,6 +339,13 @@ fn a_weight_read_by_anything_else_keeps_its_plain_chain() {
         ),
         ("float[2,3] y, float[4,3] W", "y = MatMul (x, W)", "a graph output"),
         (
+            "float[2,3] y, float[4,3] o",
+            "c = Constant <value: tensor = bool {1}> ()\n\
+             y = MatMul (x, W)\n\
+             o = If (c) <then_branch = t () => (float[4,3] a) { a = Identity (W) }, else_branch = e () => (float[4,3] b) { b = Neg (W) }>",
+            "read inside a subgraph of If",
+        ),
+        (
             "float[4,3] y",
             "s = Constant <value: tensor = int64[3] {2, 1, 0}> ()\ny = Gather <axis: int = 1> (W, s)",
             "read by Gather",
