@@ -6,7 +6,10 @@
 //!
 //! A [`Reference`] holds one model and the extra values to return after
 //! its outputs, and keeps one compiled plan per input shapes, so a model
-//! run on several batches of one shape is planned once.
+//! run on several batches of one shape is planned once. The runtime plans
+//! a copy lowered by `graphopt_exec::lower::lower_palette` (palettized
+//! weights decoded in their readers' kernels; a weight asked for as an
+//! extra value keeps its plain decode chain).
 
 use crate::check::as_declared;
 use crate::run::{to_host, to_tract};
@@ -46,6 +49,9 @@ pub(crate) struct Reference {
     first: Engine,
     /// Why the first engine could not run the model (then the other runs it).
     refused: Option<String>,
+    /// `model` lowered for the CPU backend (palettized weights decoded in
+    /// their readers' kernels), made on the first runtime run.
+    lowered: Option<Model>,
     compiled: Vec<(Shapes, Executable)>,
     /// tract's form of the model (fp16 proxied, encoded) and its compiled
     /// plans per input shapes.
@@ -71,6 +77,7 @@ impl Reference {
             model: m,
             first,
             refused: None,
+            lowered: None,
             compiled: Vec::new(),
             tract_bytes: None,
             tract: Vec::new(),
@@ -173,8 +180,13 @@ impl Reference {
                     search: false,
                     ..PlanOptions::default()
                 };
-                let mp = graphopt_plan::plan_model(&self.model, &dims, &opts)
-                    .map_err(|e| e.to_string())?;
+                let model = self.lowered.get_or_insert_with(|| {
+                    let mut m = self.model.clone();
+                    graphopt_exec::lower::lower_palette(&mut m);
+                    m
+                });
+                let mp =
+                    graphopt_plan::plan_model(model, &dims, &opts).map_err(|e| e.to_string())?;
                 let exe =
                     Executable::new(&mp.model, &mp.plan, &CpuBackend).map_err(|e| e.to_string())?;
                 self.compiled.push((shapes, exe));
@@ -205,4 +217,48 @@ pub(crate) fn run_once(
     let mut r = Reference::new(model, extra, first);
     let out = r.run(inputs)?;
     Ok((out, r.engine().0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runtime runs a palettized weight's reader fused (the lowered
+    /// copy), tract the decode chain as written: same outputs; a weight
+    /// asked for as an extra value keeps its chain and comes out decoded.
+    #[test]
+    fn palettized_weights_run_lowered_in_the_runtime() {
+        let m = graphopt_text::parse_model(
+            r#"<ir_version: 8, opset_import: ["" : 17]>
+            g (float[2,4] x) => (float[2,3] y)
+            <uint8[4,3] W_palette_indices = {0, 1, 2, 3, 3, 2, 1, 0, 0, 0, 1, 1},
+             float[4] W_palette_codebook = {-1.5, 0.25, 2.0, 3.5}>
+            {
+              W_palette_indices_i32 = Cast <to: int = 6> (W_palette_indices)
+              W = Gather <axis: int = 0> (W_palette_codebook, W_palette_indices_i32)
+              y = MatMul (x, W)
+            }"#,
+        )
+        .unwrap();
+        let x = [0.5f32, -1.0, 2.0, 0.0, 0.25, -0.75, 1.0, 3.0];
+        let t = || TractTensor::from_shape(&[2, 4], &x).unwrap();
+        let f32s = |t: &TractTensor| to_host(t).unwrap().to_f32().unwrap();
+        let mut r = Reference::new(&m, &[], Engine::Runtime);
+        let y = r.run(&[t()]).unwrap();
+        assert_eq!(r.engine(), (Engine::Runtime, None));
+        let lowered = r.lowered.as_ref().expect("planned from the lowered copy");
+        assert!(lowered
+            .graph
+            .nodes()
+            .any(|n| lowered.graph.node(n).op_type == "PaletteMatMul"));
+        let (want, _) = run_once(&m, &[], &[t()], Engine::Tract).unwrap();
+        assert_eq!(f32s(&y[0]), f32s(&want[0]));
+        let (yw, ran) = run_once(&m, &["W".into()], &[t()], Engine::Runtime).unwrap();
+        assert_eq!(ran, Engine::Runtime);
+        assert_eq!(f32s(&yw[0]), f32s(&want[0]));
+        assert_eq!(
+            f32s(&yw[1]),
+            [-1.5, 0.25, 2.0, 3.5, 3.5, 2.0, 0.25, -1.5, -1.5, -1.5, 0.25, 0.25]
+        );
+    }
 }

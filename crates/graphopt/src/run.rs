@@ -11,17 +11,29 @@
 //! arenas (`subgraph_arena_bytes`); values of data-dependent size are heap
 //! allocations outside the arena (`dynamic_values`, `dynamic_bytes`).
 //!
+//! Palettized weights (a float32 codebook and uint8/uint4 indices decoded
+//! by Cast + Gather, or Cast + GatherElements + Reshape per group; issue
+//! 23) stay packed: on the CPU the [`Runner`] plans a copy of the model
+//! lowered by [`graphopt_exec::lower::lower_palette`], whose MatMul, Gemm,
+//! Conv and Gather readers decode tiles in their kernels, so the arena
+//! holds neither the decoded weights nor their int32 indices
+//! (`palettized_weights`, `palette_fused_nodes`, `palette_decoded_bytes`).
+//! `weights_bytes` is the resident weights: the initializers as stored
+//! (packed indices and codebooks), read in place.
+//!
 //! `Device::Cuda` runs the same plan with graphopt-exec's CUDA backend
 //! (one weights buffer and one arena + workspace buffer on the GPU; later
 //! runs of `repeat` replay a CUDA graph). It is planned afresh on each
 //! call, and refused in one line where no driver or GPU is found
-//! ([`cuda_unavailable`]). Not yet run on a GPU: see the README.
+//! ([`cuda_unavailable`]). Not yet run on a GPU: see the README. The CUDA
+//! backend has no palette kernels: it plans the model as written.
 
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
 use crate::session::Session;
+use graphopt_exec::lower::{lower_palette, PaletteLowering};
 use graphopt_exec::{CpuBackend, Executable, HostTensor};
-use graphopt_ir::DType;
+use graphopt_ir::{DType, Model};
 use graphopt_plan::{DimBinding, DimValues, Plan, PlanOptions};
 use graphopt_tract::TractTensor;
 use serde::Serialize;
@@ -119,6 +131,9 @@ pub struct RunReport {
     pub threads: usize,
     pub latency_best_ms: f64,
     pub latency_median_ms: f64,
+    /// Resident weights: the initializers as the model stores them, read
+    /// in place (a palettized weight counts its packed indices and its
+    /// codebook, not the float32 weight they decode to).
     pub weights_bytes: u64,
     /// Weights copied because the file left them misaligned (else read in place).
     pub weights_copied_bytes: u64,
@@ -135,6 +150,18 @@ pub struct RunReport {
     /// bodies, nodes run alone on dynamic values), one per input shapes
     /// seen, allocated beside the main arena.
     pub subgraph_arena_bytes: u64,
+    /// Palettized weights whose every reader decodes tiles in its kernel
+    /// (CPU only): neither their float32 values nor their int32 indices
+    /// are in the arena.
+    pub palettized_weights: usize,
+    /// The fused nodes doing it (one per reader of those weights).
+    pub palette_fused_nodes: usize,
+    /// Bytes those weights would take decoded to float32 (not allocated).
+    pub palette_decoded_bytes: u64,
+    /// Palettized weights left to the plain decode nodes, and why (a
+    /// reader the kernels do not cover).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub palette_kept: Vec<(String, String)>,
     /// Peak resident set of this process (Linux `VmHWM`), if known.
     pub peak_rss_bytes: Option<u64>,
     pub poison: Option<PoisonReport>,
@@ -260,6 +287,7 @@ impl Session {
     pub fn runner(&self) -> Runner<'_> {
         Runner {
             session: self,
+            lowered: None,
             cache: Vec::new(),
         }
     }
@@ -273,6 +301,9 @@ type PlanKey = (Vec<(String, i64)>, Vec<(String, Vec<i64>)>);
 /// cached, so a later call with the same shapes plans nothing.
 pub struct Runner<'s> {
     session: &'s Session,
+    /// The model lowered for the CPU backend (palettized weights decoded
+    /// in their readers' kernels), made on the first CPU run.
+    lowered: Option<(Model, PaletteLowering)>,
     cache: Vec<(PlanKey, Executable, Vec<DimBinding>)>,
 }
 
@@ -335,13 +366,18 @@ impl Runner<'_> {
             None => self.cache.iter().position(|c| c.0 == key),
         };
         let planned_now = hit.is_none();
+        let (model, lowering) = self.lowered.get_or_insert_with(|| {
+            let mut m = session.model.clone();
+            let r = lower_palette(&mut m);
+            (m, r)
+        });
+        let lowering = lowering.clone();
         let mut fresh: Option<(Executable, Vec<DimBinding>)> = None;
         let slot = match hit {
             Some(i) => i,
             None => {
-                let mut mp =
-                    graphopt_plan::plan_model(&session.model, &dims, &PlanOptions::default())
-                        .map_err(|e| session.err(e))?;
+                let mut mp = graphopt_plan::plan_model(model, &dims, &PlanOptions::default())
+                    .map_err(|e| session.err(e))?;
                 if let Some(f) = opts.tamper {
                     f(&mut mp.plan);
                 }
@@ -427,6 +463,10 @@ impl Runner<'_> {
             dynamic_bytes,
             dynamic_values: exe.dynamic_values().to_vec(),
             subgraph_arena_bytes: exe.subgraph_arena_bytes(),
+            palettized_weights: lowering.weights,
+            palette_fused_nodes: lowering.fused,
+            palette_decoded_bytes: lowering.decoded_bytes,
+            palette_kept: lowering.kept,
             peak_rss_bytes: peak_rss_bytes(),
             poison,
             cuda: None,
@@ -435,7 +475,8 @@ impl Runner<'_> {
 }
 
 /// [`Runner::run`] on the CUDA backend: plan, bind and compile, run
-/// `repeat` times (graph replay after the first), report.
+/// `repeat` times (graph replay after the first), report. The model as
+/// written: `lower_palette` is for the CPU backend's kernels only.
 fn run_cuda(
     session: &Session,
     opts: &RunOptions,
@@ -507,6 +548,10 @@ fn run_cuda(
         dynamic_bytes: 0,
         dynamic_values: Vec::new(),
         subgraph_arena_bytes: 0,
+        palettized_weights: 0,
+        palette_fused_nodes: 0,
+        palette_decoded_bytes: 0,
+        palette_kept: Vec::new(),
         peak_rss_bytes: peak_rss_bytes(),
         poison: None,
         cuda: Some(cuda),
