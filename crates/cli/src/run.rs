@@ -90,7 +90,29 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             "latency     best {:.3} ms, median {:.3} ms of {}\n",
             r.latency_best_ms, r.latency_median_ms, r.repeat
         );
-        s += &format!("weights     {}\n", human_bytes(r.weights_bytes));
+        s += &format!(
+            "weights     {} resident (the initializers as stored, read in place{})\n",
+            human_bytes(r.weights_bytes),
+            if r.weights_copied_bytes > 0 {
+                format!(
+                    "; {} copied for alignment",
+                    human_bytes(r.weights_copied_bytes)
+                )
+            } else {
+                String::new()
+            }
+        );
+        if r.palettized_weights > 0 {
+            s += &format!(
+                "palette     {} palettized weight(s) decoded per tile in {} fused node(s): {} of float32 weights never materialized\n",
+                r.palettized_weights,
+                r.palette_fused_nodes,
+                human_bytes(r.palette_decoded_bytes)
+            );
+        }
+        for (w, why) in &r.palette_kept {
+            s += &format!("palette     {w}: decoded whole by its plain nodes ({why})\n");
+        }
         s += &format!(
             "arena       {} planned, {} allocated\n",
             human_bytes(r.arena_planned_bytes),

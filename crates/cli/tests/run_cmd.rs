@@ -1,4 +1,5 @@
-//! `graphopt run`: JSON report, `-o OUT.npz`, `--poison`, If/Loop with a
+//! `graphopt run`: JSON report, `-o OUT.npz`, `--poison`, palettized
+//! weights (resident bytes, fused readers), If/Loop with a
 //! dynamic value reported, and one-line refusals (`--device cuda`, an op
 //! without a kernel).
 
@@ -167,4 +168,57 @@ fn cuda_and_missing_kernels_are_one_line_errors() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("com.example::FancyOp (node 'fancy')"), "{e}");
     assert_eq!(e.lines().count(), 1, "{e}");
+}
+
+/// A palettized model (issue 23): the resident weights are the stored
+/// initializers, the fused weight is reported, and a weight also read by
+/// a Transpose is named with why it is decoded whole.
+#[test]
+fn palettized_weights_are_reported_resident_and_fused() {
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 10, opset_import: ["" : 21]>
+        g (float[2,4] x) => (float[2,3] y, float[2,3] z, float[3,4] t)
+        <uint8[4,3] A_palette_indices = {0, 1, 2, 3, 3, 2, 1, 0, 0, 0, 1, 1},
+         float[4] A_palette_codebook = {-1.5, 0.25, 2.0, 3.5},
+         uint4[4,3] B_palette_indices = {15, 1, 2, 3, 3, 2, 1, 0, 0, 0, 1, 1},
+         float[16] B_palette_codebook = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}>
+        {
+          A_palette_indices_i32 = Cast <to: int = 6> (A_palette_indices)
+          A = Gather <axis: int = 0> (A_palette_codebook, A_palette_indices_i32)
+          B_palette_indices_i32 = Cast <to: int = 6> (B_palette_indices)
+          B = Gather <axis: int = 0> (B_palette_codebook, B_palette_indices_i32)
+          y = MatMul (x, A)
+          z = MatMul (x, B)
+          t = Transpose (B)
+        }"#,
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("palettized.onnx");
+    graphopt::Session::from_model(m).save(&path).unwrap();
+    let o = bin().arg("run").arg(&path).arg("--json").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // 12 + 16 + 6 + 64 bytes of initializers.
+    assert_eq!(j["weights_bytes"], 98);
+    assert_eq!(j["palettized_weights"], 1);
+    assert_eq!(j["palette_fused_nodes"], 1);
+    assert_eq!(j["palette_decoded_bytes"], 48);
+    let o = bin().arg("run").arg(&path).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("weights     98 B resident (the initializers as stored, read in place"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "palette     1 palettized weight(s) decoded per tile in 1 fused node(s): 48 B of float32 weights never materialized"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("palette     B: decoded whole by its plain nodes (read by Transpose)"),
+        "{text}"
+    );
 }
