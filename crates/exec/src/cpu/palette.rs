@@ -31,8 +31,14 @@
 //! - `PaletteGather(codebook, indices, ids)`, axis 0: only the gathered
 //!   rows are decoded, straight into the output.
 //!
-//! Workspace: one tile (`TILE_K × TILE_N` floats, 256 KiB) for MatMul and
-//! Gemm; the im2col buffer plus one channel block for Conv; none for Gather.
+//! Threads: MatMul and Gemm give each thread its own column blocks of `W`
+//! (decoded and multiplied there) when `N` spans several blocks, else
+//! `sgemm` splits rows; Conv's GEMMs split rows.
+//!
+//! Workspace: one tile (`TILE_K × TILE_N` floats, 256 KiB) per thread, for
+//! up to [`MAX_TILE_THREADS`] threads (the machine's parallelism when the
+//! kernel is made), for MatMul and Gemm; the im2col buffer plus one channel
+//! block for Conv; none for Gather.
 //! Indices are checked against `k` once, when the kernel is made (they are
 //! constants), so a run never reads past a codebook.
 
@@ -146,8 +152,22 @@ impl Palette {
             let book = &cb[g * self.k..(g + 1) * self.k];
             let dst = &mut out[f - start..stop - start];
             if self.packed {
-                for (j, o) in dst.iter_mut().enumerate() {
-                    *o = book[nibble(idx, f + j) as usize];
+                // Whole bytes (two elements each) between a leading and a
+                // trailing odd element.
+                let mut j = 0;
+                if f % 2 == 1 && j < dst.len() {
+                    dst[0] = book[nibble(idx, f) as usize];
+                    j = 1;
+                }
+                let pairs = (dst.len() - j) / 2;
+                let bytes = &idx[(f + j) / 2..][..pairs];
+                for (o, &b) in dst[j..j + 2 * pairs].chunks_exact_mut(2).zip(bytes) {
+                    o[0] = book[(b & 0xF) as usize];
+                    o[1] = book[(b >> 4) as usize];
+                }
+                j += 2 * pairs;
+                if j < dst.len() {
+                    dst[j] = book[nibble(idx, f + j) as usize];
                 }
             } else {
                 for (o, &i) in dst.iter_mut().zip(&idx[f..stop]) {
@@ -175,10 +195,38 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     }
 }
 
-/// `c[m × n] (row stride ldc) = alpha · a · W + beta0 · c` with `W`
-/// `[kk × n]` decoded tile by tile into `ws`: `tile(k0, kt, n0, nt, ws)`
-/// fills rows `k0..k0+kt`, columns `n0..n0+nt` of `W` and returns the
-/// tile's strides; `a_at(k0)` is the offset of column `k0` of `a`.
+/// Tile buffers in the MatMul/Gemm workspace: one per thread that decodes
+/// and multiplies a column block, up to this many.
+pub const MAX_TILE_THREADS: usize = 8;
+
+/// How many tile buffers a MatMul/Gemm kernel's workspace holds: the
+/// machine's parallelism, at most [`MAX_TILE_THREADS`].
+fn tile_slots() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, MAX_TILE_THREADS)
+}
+
+fn tile_floats(kk: usize, n: usize) -> usize {
+    TILE_K.min(kk) * TILE_N.min(n)
+}
+
+/// A pointer handed to the column-block threads of [`tiled_gemm`].
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: each thread writes a disjoint set of columns through it (see
+// `tiled_gemm`).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// `c[m × n] (row stride n) = alpha · a · W + beta0 · c` with `W` `[kk × n]`
+/// decoded tile by tile: `tile(k0, kt, n0, nt, buf)` fills `buf` with rows
+/// `k0..k0+kt`, columns `n0..n0+nt` of `W` and returns the tile's strides.
+/// `a` has strides `sa` (column `k0` starts at `k0 · sa.1`). `ws` holds
+/// one or more tile buffers: with several threads and several column
+/// blocks of [`TILE_N`], each thread decodes and multiplies its own column
+/// blocks; otherwise the blocks go one after another and `sgemm` splits
+/// rows. Either way each output element adds its K tiles in order.
 #[allow(clippy::too_many_arguments)]
 fn tiled_gemm(
     m: usize,
@@ -187,46 +235,98 @@ fn tiled_gemm(
     alpha: f32,
     a: &[f32],
     sa: (usize, usize),
-    a_at: impl Fn(usize) -> usize,
     beta0: f32,
     c: &mut [f32],
     ws: &mut [f32],
     threads: usize,
-    tile: impl Fn(usize, usize, usize, usize, &mut [f32]) -> (usize, usize),
+    tile: impl Fn(usize, usize, usize, usize, &mut [f32]) -> (usize, usize) + Sync,
 ) {
+    if m == 0 || n == 0 {
+        return;
+    }
     if kk == 0 {
         if beta0 == 0.0 {
-            c.fill(0.0);
+            c[..m * n].fill(0.0);
         }
         return;
     }
-    for n0 in (0..n).step_by(TILE_N) {
+    assert!(
+        a.len() > (m - 1) * sa.0 + (kk - 1) * sa.1 && c.len() >= m * n,
+        "palette gemm operand too short"
+    );
+    let len = tile_floats(kk, n);
+    let blocks = n.div_ceil(TILE_N);
+    let t = threads.min(blocks).min(ws.len() / len).max(1);
+    // Column block `b` of `W` into the tile `w`, times `a`, into columns
+    // `b·TILE_N..` of `c` (through `c0`, with `gemm_threads`).
+    let block = |b: usize, w: &mut [f32], c0: SendPtr, gemm_threads: usize| {
+        let n0 = b * TILE_N;
         let nt = TILE_N.min(n - n0);
         for k0 in (0..kk).step_by(TILE_K) {
             let kt = TILE_K.min(kk - k0);
-            let w = &mut ws[..kt * nt];
+            let w = &mut w[..kt * nt];
             let sb = tile(k0, kt, n0, nt, w);
             let beta = if k0 == 0 { beta0 } else { 1.0 };
-            sgemm(
-                m,
-                kt,
-                nt,
-                alpha,
-                &a[a_at(k0)..],
-                sa,
-                w,
-                sb,
-                beta,
-                &mut c[n0..],
-                n,
-                threads,
-            );
+            if gemm_threads > 1 {
+                // SAFETY: one thread owns all of `c` here.
+                let c = unsafe { std::slice::from_raw_parts_mut(c0.0, m * n) };
+                sgemm(
+                    m,
+                    kt,
+                    nt,
+                    alpha,
+                    &a[k0 * sa.1..],
+                    sa,
+                    w,
+                    sb,
+                    beta,
+                    &mut c[n0..],
+                    n,
+                    gemm_threads,
+                );
+                continue;
+            }
+            // SAFETY: `a` holds the m × kk operand (asserted above), `w`
+            // the kt × nt tile at strides `sb`, `c` m rows of n; this call
+            // writes columns n0..n0+nt of each row only, and no other
+            // thread writes those columns.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    kt,
+                    nt,
+                    alpha,
+                    a.as_ptr().add(k0 * sa.1),
+                    sa.0 as isize,
+                    sa.1 as isize,
+                    w.as_ptr(),
+                    sb.0 as isize,
+                    sb.1 as isize,
+                    beta,
+                    c0.0.add(n0),
+                    n as isize,
+                    1,
+                );
+            }
         }
+    };
+    let c0 = SendPtr(c.as_mut_ptr());
+    if t == 1 {
+        for b in 0..blocks {
+            block(b, &mut ws[..len], c0, threads);
+        }
+        return;
     }
-}
-
-fn tile_bytes(kk: usize, n: usize) -> usize {
-    TILE_K.min(kk) * TILE_N.min(n) * 4
+    std::thread::scope(|s| {
+        for (i, w) in ws.chunks_mut(len).take(t).enumerate() {
+            let block = &block;
+            s.spawn(move || {
+                for b in (i..blocks).step_by(t) {
+                    block(b, w, c0, 1);
+                }
+            });
+        }
+    });
 }
 
 struct MatMul {
@@ -234,11 +334,12 @@ struct MatMul {
     rows: usize,
     k: usize,
     n: usize,
+    slots: usize,
 }
 
 impl Kernel for MatMul {
     fn workspace_bytes(&self) -> usize {
-        tile_bytes(self.k, self.n)
+        self.slots * tile_floats(self.k, self.n) * 4
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let a = io.input(0)?.f32()?;
@@ -254,7 +355,6 @@ impl Kernel for MatMul {
             1.0,
             a,
             (k, 1),
-            |k0| k0,
             0.0,
             o,
             ws,
@@ -289,7 +389,13 @@ fn matmul(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
             ctx.outputs[0].shape
         ));
     }
-    Ok(Box::new(MatMul { p, rows, k, n }))
+    Ok(Box::new(MatMul {
+        p,
+        rows,
+        k,
+        n,
+        slots: tile_slots(),
+    }))
 }
 
 struct Gemm {
@@ -302,11 +408,12 @@ struct Gemm {
     k: usize,
     n: usize,
     c: Option<Vec<usize>>,
+    slots: usize,
 }
 
 impl Kernel for Gemm {
     fn workspace_bytes(&self) -> usize {
-        tile_bytes(self.k, self.n)
+        self.slots * tile_floats(self.k, self.n) * 4
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let a = io.input(0)?.f32()?;
@@ -329,11 +436,7 @@ impl Kernel for Gemm {
                 beta0 = 1.0;
             }
         }
-        let (sa, a_at): ((usize, usize), &dyn Fn(usize) -> usize) = if self.trans_a {
-            ((1, m), &|k0| k0 * m)
-        } else {
-            ((k, 1), &|k0| k0)
-        };
+        let sa = if self.trans_a { (1, m) } else { (k, 1) };
         let trans_b = self.trans_b;
         tiled_gemm(
             m,
@@ -342,7 +445,6 @@ impl Kernel for Gemm {
             self.alpha,
             a,
             sa,
-            a_at,
             beta0,
             o,
             ws,
@@ -401,6 +503,7 @@ fn gemm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         n,
         c: ctx.inputs.get(3).cloned().flatten().map(|t| t.shape),
         p,
+        slots: tile_slots(),
     }))
 }
 
