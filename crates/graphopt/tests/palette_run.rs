@@ -191,7 +191,7 @@ fn cuda_runs_the_model_as_written_or_refuses_in_one_line() {
     };
     match graphopt::cuda_unavailable() {
         Some(_) => {
-            let e = pal.run(&opts).err().expect("no GPU: refused");
+            let e = pal.run(&opts).expect_err("no GPU: refused");
             let msg = e.to_string();
             assert!(msg.contains("--device cuda"), "{msg}");
             assert_eq!(msg.lines().count(), 1, "{msg}");
