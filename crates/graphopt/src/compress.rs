@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::optimize::PipelineOptions;
 use crate::precision::{memory, MemoryFigures};
 use crate::quantize::{
-    f32_values, fewest, node_label, Calibration, Measurer, QuantError, DEFAULT_MAX_ERROR,
+    f32_values, fewest_measured, node_label, Calibration, Measurer, QuantError, DEFAULT_MAX_ERROR,
 };
 use crate::reference::{Engine, Reference};
 use crate::session::Session;
@@ -170,8 +170,7 @@ impl Session {
             min_weight_elems: opts.min_weight_elems,
             ..Compress
         };
-        base.compress(&mut self.model.clone())
-            .map_err(|e| self.err(Error::new(e.0)))?;
+        base.validate().map_err(|e| self.err(Error::new(e.0)))?;
         let bound = if opts.measure { opts.max_error } else { None };
         let lowrank = matches!(opts.method, Method::LowRank(_));
         let wants_grams = lowrank && opts.calibration.is_some();
@@ -201,25 +200,15 @@ impl Session {
             Ok((m, r))
         };
         let measurer = if opts.measure {
-            match Measurer::new(&self.model, &batches) {
-                Ok(m) => {
-                    if let Some(why) = &m.jitter_dropped {
-                        warnings.push(format!(
-                            "the error is measured on the calibration batches only, not on jittered copies: {why}"
-                        ));
-                    }
-                    Some(m)
-                }
-                Err(e) => match bound {
-                    None => {
-                        warnings.push(format!("error not measured: {e}"));
-                        None
-                    }
-                    Some(b) => return Err(self.err(Error::new(format!(
-                        "--max-error {b:?}: the uncompressed model cannot be run to measure the error ({e}); nothing was written (--max-error none compresses without the bound)"
-                    )))),
-                },
-            }
+            Measurer::bounded(
+                &self.model,
+                &batches,
+                bound,
+                &mut warnings,
+                "uncompressed",
+                "compresses",
+            )
+            .map_err(|e| self.err(e))?
         } else {
             None
         };
@@ -241,30 +230,11 @@ impl Session {
                         keep_nodes: ranked.iter().take(k).copied().collect(),
                         ..config.clone()
                     };
-                    let mut search = |full: bool| {
-                        fewest(ranked.len(), bound, |k| {
-                            runs += 1;
-                            let c = step(k);
-                            let m = trial(&c, true)?.0;
-                            let e2 = if full {
-                                meas.error(&m)?
-                            } else {
-                                meas.error_on(&m, meas.calibration)?
-                            };
-                            Ok((c, e2))
-                        })
-                    };
-                    let mut found = search(false)?;
-                    let checked = found.is_some();
-                    if let Some((k, c, _)) = found.take() {
-                        let full = meas.error(&trial(&c, true)?.0)?;
-                        found = if full.rel_l2 <= bound {
-                            Some((k, c, full))
-                        } else {
-                            search(true)?
-                        };
-                    }
-                    runs += checked as usize;
+                    let found = fewest_measured(meas, ranked.len(), bound, &mut runs, |k| {
+                        let c = step(k);
+                        let m = trial(&c, true)?.0;
+                        Ok((c, m))
+                    })?;
                     match found {
                         Some((k, c, e2)) if k < ranked.len() => {
                             fallback

@@ -340,27 +340,15 @@ impl Session {
         }
         // Error measurement, and the fallback to float.
         let measurer = if opts.measure {
-            match Measurer::new(&self.model, &batches) {
-                Ok(m) => {
-                    if let Some(why) = &m.jitter_dropped {
-                        warnings.push(format!(
-                            "the error is measured on the calibration batches only, not on jittered copies: {why}"
-                        ));
-                    }
-                    Some(m)
-                }
-                Err(e) => match bound {
-                    None => {
-                        warnings.push(format!("error not measured: {e}"));
-                        None
-                    }
-                    Some(b) => {
-                        return Err(self.err(Error::new(format!(
-                            "--max-error {b}: the float model cannot be run to measure the error ({e}); nothing was written (--max-error none quantizes without the bound)"
-                        ))))
-                    }
-                },
-            }
+            Measurer::bounded(
+                &self.model,
+                &batches,
+                bound,
+                &mut warnings,
+                "float",
+                "quantizes",
+            )
+            .map_err(|e| self.err(e))?
         } else {
             None
         };
@@ -505,34 +493,11 @@ impl Session {
                             }
                             q
                         };
-                        // The search measures the calibration batches
-                        // only; what it finds is checked on the jittered
-                        // copies too, and searched again on all of them
-                        // if they push it over.
-                        let mut search = |full: bool| {
-                            fewest(ranked.len(), bound, |k| {
-                                runs += 1;
-                                let q = step(k);
-                                let m = trial(&q)?.0;
-                                let e2 = if full {
-                                    meas.error(&m)?
-                                } else {
-                                    meas.error_on(&m, meas.calibration)?
-                                };
-                                Ok((q, e2))
-                            })
-                        };
-                        let mut found = search(false)?;
-                        let checked = found.is_some();
-                        if let Some((k, q, _)) = found.take() {
-                            let full = meas.error(&trial(&q)?.0)?;
-                            found = if full.rel_l2 <= bound {
-                                Some((k, q, full))
-                            } else {
-                                search(true)?
-                            };
-                        }
-                        runs += checked as usize;
+                        let found = fewest_measured(meas, ranked.len(), bound, &mut runs, |k| {
+                            let q = step(k);
+                            let m = trial(&q)?.0;
+                            Ok((q, m))
+                        })?;
                         match found {
                             Some((k, q, e2)) if stage != Back::Whole || k < ranked.len() => {
                                 let what = match stage {
@@ -794,7 +759,7 @@ enum Back {
 /// The least `k` in `1..=len` whose candidate `make(k)` meets `bound`,
 /// by doubling, then bisection (the error is assumed to fall as `k`
 /// grows); `None` when even `len` does not.
-pub(crate) fn fewest<Q>(
+fn fewest<Q>(
     len: usize,
     bound: f64,
     mut make: impl FnMut(usize) -> Result<(Q, QuantError)>,
@@ -826,6 +791,49 @@ pub(crate) fn fewest<Q>(
         }
     }
     Ok(Some((hi, q, e)))
+}
+
+/// The least `k` whose candidate meets `bound`, as [`fewest`] searches it,
+/// on the calibration batches only; then checked on every batch (the
+/// jittered copies too), and searched again on every batch if they push
+/// it over. `make(k)` gives the candidate and its model; each one made
+/// counts in `runs`.
+pub(crate) fn fewest_measured<Q>(
+    meas: &Measurer,
+    len: usize,
+    bound: f64,
+    runs: &mut usize,
+    mut make: impl FnMut(usize) -> Result<(Q, Model)>,
+) -> Result<Option<(usize, Q, QuantError)>> {
+    fn search<Q>(
+        meas: &Measurer,
+        len: usize,
+        bound: f64,
+        full: bool,
+        runs: &mut usize,
+        make: &mut impl FnMut(usize) -> Result<(Q, Model)>,
+    ) -> Result<Option<(usize, Q, QuantError)>> {
+        fewest(len, bound, |k| {
+            *runs += 1;
+            let (q, m) = make(k)?;
+            let e = if full {
+                meas.error(&m)?
+            } else {
+                meas.error_on(&m, meas.calibration)?
+            };
+            Ok((q, e))
+        })
+    }
+    let Some((k, _, _)) = search(meas, len, bound, false, runs, &mut make)? else {
+        return Ok(None);
+    };
+    *runs += 1;
+    let (q, m) = make(k)?;
+    let full = meas.error(&m)?;
+    if full.rel_l2 <= bound {
+        return Ok(Some((k, q, full)));
+    }
+    search(meas, len, bound, true, runs, &mut make)
 }
 
 pub(crate) fn node_label(m: &Model, n: NodeId) -> String {
@@ -953,6 +961,39 @@ pub(crate) struct Measurer {
 }
 
 impl Measurer {
+    /// The measurer of a transform bounded by `bound`: `None` with a
+    /// warning when the `what` model (`float`, `uncompressed`) cannot run
+    /// and there is no bound, an error when there is one (`verb`:
+    /// what `--max-error none` does instead).
+    pub(crate) fn bounded(
+        model: &Model,
+        batches: &[Vec<TractTensor>],
+        bound: Option<f64>,
+        warnings: &mut Vec<String>,
+        what: &str,
+        verb: &str,
+    ) -> Result<Option<Measurer>> {
+        match Measurer::new(model, batches) {
+            Ok(m) => {
+                if let Some(why) = &m.jitter_dropped {
+                    warnings.push(format!(
+                        "the error is measured on the calibration batches only, not on jittered copies: {why}"
+                    ));
+                }
+                Ok(Some(m))
+            }
+            Err(e) => match bound {
+                None => {
+                    warnings.push(format!("error not measured: {e}"));
+                    Ok(None)
+                }
+                Some(b) => Err(Error::new(format!(
+                    "--max-error {b:?}: the {what} model cannot be run to measure the error ({e}); nothing was written (--max-error none {verb} without the bound)"
+                ))),
+            },
+        }
+    }
+
     pub(crate) fn new(model: &Model, batches: &[Vec<TractTensor>]) -> Result<Measurer> {
         let mut batches: Vec<_> = batches.iter().take(8).cloned().collect();
         let calibration = batches.len();

@@ -211,15 +211,35 @@ impl Kernel for Conv {
 }
 
 pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
+    let w = ctx.input(1)?;
+    let (g, m, group, direct) = conv_layout(ctx, &w.shape)?;
+    Ok(Box::new(Conv {
+        g,
+        m,
+        group,
+        bias: ctx.inputs.get(2).is_some_and(|b| b.is_some()),
+        direct,
+    }))
+}
+
+/// A Conv's window for a weight of shape `w` (`[M, C/group, k...]`), `M`,
+/// `group`, and whether it is a plain 1x1 (a GEMM without im2col). Shared
+/// with the palette kernel, whose weight is not an input.
+pub(crate) fn conv_layout(
+    ctx: &NodeCtx,
+    w: &[usize],
+) -> Result<(Window, usize, usize, bool), String> {
+    let x = ctx.input(0)?;
     if x.dtype != DType::F32 {
         return Err(format!("Conv on {} is not implemented", x.dtype.name()));
     }
-    let kernel: Vec<usize> = w.shape[2..].to_vec();
-    let g = window(ctx, &kernel)?;
+    if w.len() < 3 {
+        return Err(format!("a conv weight of shape {w:?}"));
+    }
+    let g = window(ctx, &w[2..])?;
     let group = ctx.node.attr_int("group").unwrap_or(1) as usize;
-    let m = w.shape[0];
-    if group == 0 || g.c % group != 0 || m % group != 0 || w.shape[1] * group != g.c {
+    let m = w[0];
+    if group == 0 || !g.c.is_multiple_of(group) || !m.is_multiple_of(group) || w[1] * group != g.c {
         return Err(format!("bad group {group} for {} channels", g.c));
     }
     let direct = g.kh == 1
@@ -230,13 +250,7 @@ pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         && g.pw == 0
         && g.oh == g.h
         && g.ow == g.w;
-    Ok(Box::new(Conv {
-        g,
-        m,
-        group,
-        bias: ctx.inputs.get(2).is_some_and(|b| b.is_some()),
-        direct,
-    }))
+    Ok((g, m, group, direct))
 }
 
 /// ConvTranspose's geometry: input `[N, C, H, W]`, output `[N, M, OH, OW]`

@@ -43,7 +43,7 @@
 //! constants), so a run never reads past a codebook.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::conv::{im2col, window, Window};
+use crate::cpu::conv::{conv_layout, im2col, Window};
 use crate::cpu::matmul::sgemm;
 use crate::lower::{GROUPS_ATTR, WEIGHT_SHAPE_ATTR};
 use crate::tensor::{cast_mut, nibble, numel};
@@ -602,27 +602,7 @@ impl Kernel for Conv {
 
 fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let p = Palette::new(ctx, 1, 2)?;
-    let x = ctx.input(0)?;
-    if x.dtype != DType::F32 {
-        return Err(format!("PaletteConv on {}", x.dtype.name()));
-    }
-    if p.shape.len() < 3 {
-        return Err(format!("a conv weight of shape {:?}", p.shape));
-    }
-    let g = window(ctx, &p.shape[2..])?;
-    let group = ctx.node.attr_int("group").unwrap_or(1) as usize;
-    let m = p.shape[0];
-    if group == 0 || g.c % group != 0 || m % group != 0 || p.shape[1] * group != g.c {
-        return Err(format!("bad group {group} for {} channels", g.c));
-    }
-    let direct = g.kh == 1
-        && g.kw == 1
-        && g.sh == 1
-        && g.sw == 1
-        && g.ph == 0
-        && g.pw == 0
-        && g.oh == g.h
-        && g.ow == g.w;
+    let (g, m, group, direct) = conv_layout(ctx, &p.shape)?;
     Ok(Box::new(Conv {
         p,
         g,
