@@ -489,6 +489,7 @@ impl Compress {
                 }
             }
         }
+        constants_to_initializers(&mut m.graph, self.min_weight_elems);
         let targets = self.targets(&m.graph, &mut report);
         let g = &mut m.graph;
         match &self.method {
@@ -532,7 +533,9 @@ impl Compress {
         Ok(report)
     }
 
-    fn validate(&self) -> Result<(), PassError> {
+    /// Refuses options no compression can follow (bits, rank, energy,
+    /// fraction, tolerance), in one line.
+    pub fn validate(&self) -> Result<(), PassError> {
         let bad = |why: String| Err(PassError(format!("--compress {}: {why}", self.method.name())));
         match &self.method {
             Method::Cluster { bits, group } => {
@@ -642,6 +645,36 @@ impl Compress {
             return Some(format!("read by {label}, kept to meet the error bound"));
         }
         None
+    }
+}
+
+/// Weights held in `Constant` nodes (PaddleOCR's exports, `--passes
+/// none`) become initializers when every read is a weight slot rule 1
+/// allows, so that they are weights like any other. (The default pipeline's
+/// `fold_constants` does the same for every Constant.)
+fn constants_to_initializers(g: &mut Graph, min_elems: u64) {
+    let found: Vec<(NodeId, ValueId, graphopt_ir::Tensor)> = g
+        .nodes()
+        .filter_map(|n| {
+            let d = g.node(n);
+            if d.op_type != "Constant" || !(d.domain.is_empty() || d.domain == "ai.onnx") {
+                return None;
+            }
+            let t = d.attr_tensor("value")?;
+            let v = d.output(0)?;
+            let rank = t.dims.len();
+            let reads = g.uses(v);
+            let ok = t.dtype == DType::F32
+                && t.numel().unwrap_or(0) >= min_elems
+                && !g.is_output(v)
+                && !reads.is_empty()
+                && reads.iter().all(|&u| Reader::of(g, u, rank).is_some());
+            ok.then(|| (n, v, t.clone()))
+        })
+        .collect();
+    for (n, v, t) in found {
+        g.remove_node(n);
+        g.set_initializer(v, t);
     }
 }
 
