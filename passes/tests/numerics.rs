@@ -40,7 +40,11 @@ use std::path::{Path, PathBuf};
 /// step that makes the `@20` cases).
 /// `dequantize_constants` only changes quantized models, which tract cannot
 /// run before it: `dequantize_constants_ort.rs` checks it in onnxruntime.
+/// `compress` moves outputs by design (and writes uint4, which tract cannot
+/// load): `tests-py/compress_models.py` bounds it in onnxruntime and in
+/// graphopt's runtime.
 const OPT_IN: &[&str] = &[
+    "compress",
     "dequantize_constants",
     "lower_precision",
     "quantize",

@@ -328,7 +328,7 @@ def test_compress_equals_cli(cli, tmp_path):
     assert "Gather" in c.text() and "palette_codebook" in c.text()
     with pytest.raises(graphopt.GraphoptError, match="bits must be 2, 3, 4, 6 or 8"):
         graphopt.load(model(name)).compress("cluster:5")
-    with pytest.raises(graphopt.GraphoptError, match="--max-error 1e-09"):
+    with pytest.raises(graphopt.GraphoptError, match="--max-error 1e-9: cluster:2 meets the bound only"):
         graphopt.load(model(name)).compress("cluster:2", calibration=calib, max_error=1e-9)
 
 
