@@ -23,6 +23,7 @@ use super::linalg::{cholesky, solve_lt, sym_eigen, transpose};
 use super::{readers_of, values, CompressReport, Gram, Layer, Rank, Reader, Target};
 use crate::PassError;
 use graphopt_ir::{AttrValue, Attribute, DType, Graph, NewNode, Tensor, Type};
+use ndarray::{Array2, ArrayView2};
 use std::collections::BTreeMap;
 
 /// A layer is factored only where `r·(K+N) < MAX_RATIO·K·N`.
@@ -146,15 +147,9 @@ pub(super) fn apply(
         });
         if materialize {
             // A·B in the stored layout.
-            let mut prod = vec![0.0f64; k * n];
-            for i in 0..k {
-                for j in 0..r {
-                    let a = f.a[i * r + j];
-                    for (p, &b) in prod[i * n..(i + 1) * n].iter_mut().zip(&f.b[j * n..(j + 1) * n]) {
-                        *p += a * b;
-                    }
-                }
-            }
+            let av = ArrayView2::from_shape((k, r), &f.a).expect("k x r");
+            let bv = ArrayView2::from_shape((r, n), &f.b).expect("r x n");
+            let prod: Vec<f64> = av.dot(&bv).iter().copied().collect();
             let back = match kind {
                 Reader::MatMul | Reader::Gemm(false) => prod,
                 _ => transpose(&prod, k, n),
@@ -255,60 +250,29 @@ struct Factors {
 }
 
 fn factor(w: &[f64], k: usize, n: usize, gram: Option<&Gram>, rank: Rank) -> Factors {
+    // Products by matrixmultiply's packed GEMM (through ndarray); the
+    // eigendecomposition and the triangular solve in `linalg`.
+    let wm = ArrayView2::from_shape((k, n), w).expect("k x n");
     let s = gram.map(|s| s.shrunk());
+    let flat = |a: Array2<f64>| -> Vec<f64> { a.as_standard_layout().iter().copied().collect() };
     if k <= n {
         // M = Lᵀ·W, eigenvectors of M·Mᵀ [k, k].
         let l = s.as_ref().map(|s| cholesky(s, k));
-        let m = match &l {
+        let m: Array2<f64> = match &l {
             Some(l) => {
-                let mut m = vec![0.0; k * n];
-                // (Lᵀ W)[i] = Σ_{p >= i} L[p][i] W[p]
-                for i in 0..k {
-                    for p in i..k {
-                        let c = l[p * k + i];
-                        if c != 0.0 {
-                            for (o, &x) in m[i * n..(i + 1) * n].iter_mut().zip(&w[p * n..(p + 1) * n]) {
-                                *o += c * x;
-                            }
-                        }
-                    }
-                }
-                m
+                let lv = ArrayView2::from_shape((k, k), l).expect("k x k");
+                lv.t().dot(&wm)
             }
-            None => w.to_vec(),
+            None => wm.to_owned(),
         };
-        let mut gm = vec![0.0; k * k];
-        for i in 0..k {
-            for j in i..k {
-                let d: f64 = m[i * n..(i + 1) * n]
-                    .iter()
-                    .zip(&m[j * n..(j + 1) * n])
-                    .map(|(a, b)| a * b)
-                    .sum();
-                gm[i * k + j] = d;
-                gm[j * k + i] = d;
-            }
-        }
-        let (vals, vecs) = sym_eigen(&gm, k);
+        let gm = m.dot(&m.t());
+        let (vals, vecs) = sym_eigen(&flat(gm), k);
         let (r, kept) = choose(&vals, k, n, rank);
-        // U_r [k, r], and B = U_rᵀ·M [r, n].
-        let mut ur = vec![0.0; k * r];
-        for j in 0..r {
-            for i in 0..k {
-                ur[i * r + j] = vecs[j * k + i];
-            }
-        }
-        let mut b = vec![0.0; r * n];
-        for j in 0..r {
-            for i in 0..k {
-                let c = vecs[j * k + i];
-                if c != 0.0 {
-                    for (o, &x) in b[j * n..(j + 1) * n].iter_mut().zip(&m[i * n..(i + 1) * n]) {
-                        *o += c * x;
-                    }
-                }
-            }
-        }
+        // U_r [k, r] (its rows are vecs' first r rows, transposed), and
+        // B = U_rᵀ·M [r, n].
+        let urt = ArrayView2::from_shape((r, k), &vecs[..r * k]).expect("r x k");
+        let b = flat(urt.dot(&m));
+        let ur = flat(urt.t().to_owned());
         let a = match &l {
             Some(l) => solve_lt(l, &ur, k, r),
             None => ur,
@@ -321,52 +285,23 @@ fn factor(w: &[f64], k: usize, n: usize, gram: Option<&Gram>, rank: Rank) -> Fac
         }
     } else {
         // Eigenvectors of Wᵀ·S·W [n, n]: A = W·V_r, B = V_rᵀ.
-        let sw = match &s {
-            Some(s) => {
-                let mut sw = vec![0.0; k * n];
-                for i in 0..k {
-                    for p in 0..k {
-                        let c = s[i * k + p];
-                        if c != 0.0 {
-                            for (o, &x) in sw[i * n..(i + 1) * n].iter_mut().zip(&w[p * n..(p + 1) * n]) {
-                                *o += c * x;
-                            }
-                        }
-                    }
-                }
-                sw
-            }
-            None => w.to_vec(),
+        let sw: Array2<f64> = match &s {
+            Some(s) => ArrayView2::from_shape((k, k), s).expect("k x k").dot(&wm),
+            None => wm.to_owned(),
         };
-        let mut gm = vec![0.0; n * n];
-        for p in 0..k {
-            let wr = &w[p * n..(p + 1) * n];
-            let sr = &sw[p * n..(p + 1) * n];
-            for (a, &wa) in wr.iter().enumerate() {
-                if wa != 0.0 {
-                    for (o, &x) in gm[a * n..(a + 1) * n].iter_mut().zip(sr) {
-                        *o += wa * x;
-                    }
-                }
-            }
-        }
+        let mut gm = wm.t().dot(&sw);
         // Symmetrize (rounding).
         for i in 0..n {
             for j in 0..i {
-                let m = (gm[i * n + j] + gm[j * n + i]) / 2.0;
-                gm[i * n + j] = m;
-                gm[j * n + i] = m;
+                let m = (gm[[i, j]] + gm[[j, i]]) / 2.0;
+                gm[[i, j]] = m;
+                gm[[j, i]] = m;
             }
         }
-        let (vals, vecs) = sym_eigen(&gm, n);
+        let (vals, vecs) = sym_eigen(&flat(gm), n);
         let (r, kept) = choose(&vals, k, n, rank);
-        let mut a = vec![0.0; k * r];
-        for p in 0..k {
-            let wr = &w[p * n..(p + 1) * n];
-            for j in 0..r {
-                a[p * r + j] = wr.iter().zip(&vecs[j * n..(j + 1) * n]).map(|(x, y)| x * y).sum();
-            }
-        }
+        let vrt = ArrayView2::from_shape((r, n), &vecs[..r * n]).expect("r x n");
+        let a = flat(wm.dot(&vrt.t()));
         let b = vecs[..r * n].to_vec();
         Factors {
             a,

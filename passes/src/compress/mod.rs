@@ -222,7 +222,7 @@ impl Method {
 #[derive(Clone, Debug)]
 pub struct Gram {
     pub dim: usize,
-    /// Row-major `dim × dim`, upper triangle filled (see [`Gram::full`]).
+    /// Row-major `dim × dim` (made exactly symmetric by [`Gram::full`]).
     pub xtx: Vec<f64>,
     pub rows: u64,
 }
@@ -236,32 +236,21 @@ impl Gram {
         }
     }
 
-    /// Adds the rows of `x` (a whole number of rows of `dim`).
+    /// Adds the rows of `x` (a whole number of rows of `dim`): `XᵀX` by
+    /// matrixmultiply's packed GEMM (through ndarray).
     pub fn add(&mut self, x: &[f32]) -> Result<(), String> {
         let d = self.dim;
         if d == 0 || !x.len().is_multiple_of(d) {
-            return Err(format!(
-                "{} values are not rows of {d} features",
-                x.len()
-            ));
+            return Err(format!("{} values are not rows of {d} features", x.len()));
         }
-        let mut row = vec![0.0f64; d];
-        for r in x.chunks_exact(d) {
-            for (a, &b) in row.iter_mut().zip(r) {
-                *a = b as f64;
-            }
-            for i in 0..d {
-                let xi = row[i];
-                if xi == 0.0 {
-                    continue;
-                }
-                let out = &mut self.xtx[i * d + i..(i + 1) * d];
-                for (o, &xj) in out.iter_mut().zip(&row[i..]) {
-                    *o += xi * xj;
-                }
-            }
-            self.rows += 1;
+        let rows = x.len() / d;
+        let xs: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let xm = ndarray::ArrayView2::from_shape((rows, d), &xs).expect("rows x dim");
+        let g = xm.t().dot(&xm);
+        for (a, b) in self.xtx.iter_mut().zip(g.iter()) {
+            *a += b;
         }
+        self.rows += rows as u64;
         Ok(())
     }
 
