@@ -299,3 +299,57 @@ fn static_calibration_runs_in_the_runtime_where_tract_cannot() {
     let e = r.error.as_ref().unwrap().rel_l2;
     assert!(e > 0.0 && e <= 0.05, "{e}");
 }
+
+/// graphopt's runtime runs its own `int4-weights` output (blocked uint4
+/// `DequantizeLinear` with zero points, or int4 without them when
+/// symmetric; float16 scales cast to float32; Conv weights in
+/// 4-D blocks along their input channels): the outputs are bitwise those
+/// of the same model with every `DequantizeLinear` folded to a float
+/// weight (`dequantize_constants`, which computes `(q - zero_point) *
+/// scale` in f32 as the kernel does).
+#[test]
+fn int4_weights_run_in_graphopt_runtime_as_their_folded_weights() {
+    for (name, blocked_conv, symmetric) in [
+        ("bert_tiny.ts14", false, false),
+        ("bert_tiny.ts14", false, true),
+        ("mobilenet_v3_small.ts14", true, false),
+    ] {
+        let mut s = graphopt::load(model(&format!("{name}.onnx"))).unwrap();
+        s.quantize(&graphopt::QuantizeOptions {
+            max_error: None,
+            measure: false,
+            symmetric,
+            ..graphopt::QuantizeOptions::new(graphopt::QuantizeMode::Int4Weights)
+        })
+        .unwrap();
+        let signed = s
+            .model()
+            .graph
+            .initializers()
+            .iter()
+            .any(|&v| s.model().graph.initializer(v).unwrap().dtype == graphopt::ir::DType::I4);
+        assert_eq!(signed, symmetric, "{name}");
+        // Blocked DequantizeLinear nodes, and the ranks of their weights.
+        let g = &s.model().graph;
+        let ranks: Vec<usize> = g
+            .nodes()
+            .map(|n| g.node(n))
+            .filter(|d| d.op_type == "DequantizeLinear" && d.attr_int("block_size").is_some())
+            .filter_map(|d| g.initializer(d.input(0)?).map(|t| t.dims.len()))
+            .collect();
+        assert!(!ranks.is_empty(), "{name}: no blocked DequantizeLinear");
+        assert_eq!(ranks.contains(&4), blocked_conv, "{name}: {ranks:?}");
+        let folded =
+            graphopt::Session::from_model(graphopt::dequantize_constants(s.model()).unwrap());
+        let opts = graphopt::RunOptions {
+            inputs: graphopt::Inputs::Npz(model(&format!("{name}.inputs.npz"))),
+            ..Default::default()
+        };
+        let a = s.run(&opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let b = folded.run(&opts).unwrap();
+        assert!(!a.outputs.is_empty());
+        for ((n, x), (_, y)) in a.named_outputs().zip(b.named_outputs()) {
+            assert!(x.data == y.data, "{name}: output {n} differs");
+        }
+    }
+}

@@ -195,11 +195,11 @@ impl Backend for CpuBackend {
             return Err("custom-domain ops have no kernels".into());
         }
         let op = ctx.node.op_type.as_str();
-        if !matches!(op, "Cast" | "CastLike")
+        if !matches!(op, "Cast" | "CastLike" | "DequantizeLinear")
             && ctx.inputs.iter().flatten().any(|t| is_packed4(t.dtype))
         {
             return Err(
-                "packed 4-bit (uint4/int4) inputs are read only by Cast (and the palette kernels)"
+                "packed 4-bit (uint4/int4) inputs are read only by Cast, DequantizeLinear (and the palette kernels)"
                     .into(),
             );
         }

@@ -1,11 +1,14 @@
 //! Integer quantization (what onnxruntime's quantizers emit):
 //! QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger.
+//! DequantizeLinear also reads packed 4-bit inputs (uint4/int4, low nibble
+//! first) and blocked scales (opset 21's `block_size`: one scale per
+//! `block_size` elements along `axis`), as `--quantize int4-weights` writes.
 //!
 //! Rounding is half to even, as ONNX specifies and onnxruntime does.
 
 use crate::backend::{In, Kernel, KernelIo, NodeCtx};
 use crate::cpu::matmul::{batches, Batches};
-use crate::tensor::{cast, cast_mut, strides};
+use crate::tensor::{cast, cast_mut, nibble, strides};
 use graphopt_ir::DType;
 
 /// Integer elements widened to i32 (u8, i8, u16, i16, i32).
@@ -17,6 +20,12 @@ fn ints(x: &In) -> Result<Vec<i32>, String> {
         DType::I32 => cast::<i32>(b).to_vec(),
         DType::U16 => cast::<u16>(b).iter().map(|&v| v as i32).collect(),
         DType::I16 => cast::<u16>(b).iter().map(|&v| v as i16 as i32).collect(),
+        DType::U4 => (0..x.shape.iter().product())
+            .map(|i| nibble(b, i) as i32)
+            .collect(),
+        DType::I4 => (0..x.shape.iter().product())
+            .map(|i| ((nibble(b, i) << 4) as i8 >> 4) as i32)
+            .collect(),
         d => {
             return Err(format!(
                 "expected an 8-, 16- or 32-bit integer, got {}",
@@ -30,6 +39,8 @@ struct Dequantize {
     /// Elements per index of `axis` and the axis length (1 for per-tensor).
     inner: usize,
     len: usize,
+    /// Blocked scales: elements per scale along `axis` (0: not blocked).
+    block: usize,
 }
 
 impl Kernel for Dequantize {
@@ -41,8 +52,18 @@ impl Kernel for Dequantize {
             None => vec![0; scale.len()],
         };
         let y = io.outputs[0].f32()?;
+        let blocks = if self.block > 0 {
+            self.len.div_ceil(self.block)
+        } else {
+            0
+        };
         for (i, (o, &v)) in y.iter_mut().zip(&x).enumerate() {
-            let c = if self.len == 1 {
+            let c = if self.block > 0 {
+                // Index (outer, a, inner) of x -> (outer, a / block, inner).
+                let (outer, rest) = (i / (self.len * self.inner), i % (self.len * self.inner));
+                let (a, inner) = (rest / self.inner, rest % self.inner);
+                (outer * blocks + a / self.block) * self.inner + inner
+            } else if self.len == 1 {
                 0
             } else {
                 (i / self.inner) % self.len
@@ -54,8 +75,53 @@ impl Kernel for Dequantize {
 }
 
 pub fn dequantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let block = ctx.node.attr_int("block_size").unwrap_or(0);
+    if block > 0 {
+        return blocked_dequantize(ctx, block as usize);
+    }
     let (inner, len) = scale_layout(ctx, "DequantizeLinear")?;
-    Ok(Box::new(Dequantize { inner, len }))
+    Ok(Box::new(Dequantize {
+        inner,
+        len,
+        block: 0,
+    }))
+}
+
+/// Blocked scales: the scale has x's rank and shape, except `axis`, where
+/// it has `ceil(len / block)`.
+fn blocked_dequantize(ctx: &NodeCtx, block: usize) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let s = ctx.input(1)?;
+    let r = x.shape.len() as i64;
+    let mut axis = ctx.node.attr_int("axis").unwrap_or(1);
+    if axis < 0 {
+        axis += r;
+    }
+    let ok = (0..r).contains(&axis)
+        && s.shape.len() == x.shape.len()
+        && x.shape
+            .iter()
+            .zip(&s.shape)
+            .enumerate()
+            .all(|(d, (&xd, &sd))| {
+                if d == axis as usize {
+                    sd == xd.div_ceil(block)
+                } else {
+                    sd == xd
+                }
+            });
+    if !ok {
+        return Err(format!(
+            "DequantizeLinear: scales of shape {:?} are not blocks of {block} along axis {axis} of {:?}",
+            s.shape, x.shape
+        ));
+    }
+    let axis = axis as usize;
+    Ok(Box::new(Dequantize {
+        inner: strides(&x.shape)[axis],
+        len: x.shape[axis],
+        block,
+    }))
 }
 
 /// Per-tensor or per-axis scale: elements per index of the axis and its
