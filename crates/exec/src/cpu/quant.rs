@@ -58,15 +58,15 @@ impl Kernel for Dequantize {
             0
         };
         for (i, (o, &v)) in y.iter_mut().zip(&x).enumerate() {
-            let c = if self.block > 0 {
-                // Index (outer, a, inner) of x -> (outer, a / block, inner).
-                let (outer, rest) = (i / (self.len * self.inner), i % (self.len * self.inner));
-                let (a, inner) = (rest / self.inner, rest % self.inner);
-                (outer * blocks + a / self.block) * self.inner + inner
-            } else if self.len == 1 {
-                0
-            } else {
-                (i / self.inner) % self.len
+            let c = match self.block {
+                0 if self.len == 1 => 0,
+                0 => (i / self.inner) % self.len,
+                block => {
+                    // Index (outer, a, inner) of x -> (outer, a / block, inner).
+                    let (outer, rest) = (i / (self.len * self.inner), i % (self.len * self.inner));
+                    let (a, inner) = (rest / self.inner, rest % self.inner);
+                    (outer * blocks + a / block) * self.inner + inner
+                }
             };
             *o = (v - zp[c]) as f32 * scale[c];
         }
