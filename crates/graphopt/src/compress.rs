@@ -12,9 +12,10 @@
 //! which directions matter).
 //!
 //! The error is measured as `quantize` measures it (the same measurer:
-//! tract first, jittered copies of the first batch), on the model with the
-//! decoded weights written as float initializers (`materialize`): the same
-//! values, in a form every engine loads.
+//! tract first, jittered copies of the first batch), on the compressed
+//! model as it will be written (graphopt's runtime where tract cannot load
+//! it: uint4 indices). That measured model is the one the session takes
+//! when no layer had to go back: the compression runs once, not twice.
 
 use crate::error::{Error, Result};
 use crate::optimize::PipelineOptions;
@@ -190,12 +191,8 @@ impl Session {
             base.grams = grams(&self.model, &names, &batches)?;
         }
         let activation_aware = !base.grams.is_empty();
-        let trial = |c: &Compress, materialize: bool| -> Result<(Model, PassReport)> {
+        let trial = |c: &Compress| -> Result<(Model, PassReport)> {
             let mut m = self.model.clone();
-            let c = Compress {
-                materialize,
-                ..c.clone()
-            };
             let r = c.compress(&mut m).map_err(|e| Error::new(e.0))?;
             Ok((m, r))
         };
@@ -217,8 +214,10 @@ impl Session {
         let mut fallback = Vec::new();
         let mut error = None;
         let mut error_skipped = None;
+        // The measured compression of `config`, kept for the session.
+        let mut measured: Option<(Model, PassReport)> = None;
         if let Some(meas) = &measurer {
-            let (m, r) = trial(&config, true)?;
+            let (m, r) = trial(&config)?;
             match meas.error(&m) {
                 Ok(e) => error = Some(e),
                 Err(e) => error_skipped = Some(e.message().to_string()),
@@ -232,7 +231,7 @@ impl Session {
                     };
                     let found = fewest_measured(meas, ranked.len(), bound, &mut runs, |k| {
                         let c = step(k);
-                        let m = trial(&c, true)?.0;
+                        let m = trial(&c)?.0;
                         Ok((c, m))
                     })?;
                     match found {
@@ -258,16 +257,26 @@ impl Session {
                     error_skipped.as_deref().unwrap_or("unknown")
                 ))));
             }
+            if fallback.is_empty() {
+                measured = Some((m, r));
+            }
         }
         let measured_in = measurer.as_ref().map(|m| m.engine.clone());
         let mem = |m: &Model| opts.memory.as_ref().map(|d| memory(m, d));
         let memory_before = mem(&self.model);
         let captured = Rc::new(RefCell::new(None));
+        let measured = RefCell::new(measured);
         let pass: Vec<Box<dyn Pass>> = vec![Box::new(Capture {
             name: "compress",
             // The warnings are the report's (printed once, from there).
             run: Box::new(move |model| {
-                let r = config.compress(model)?;
+                let r = match measured.borrow_mut().take() {
+                    Some((m, r)) => {
+                        *model = m;
+                        r
+                    }
+                    None => config.compress(model)?,
+                };
                 let stats = r.stats();
                 Ok((r, stats))
             }),

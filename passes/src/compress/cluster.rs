@@ -23,7 +23,6 @@ pub(super) fn apply(
     bits: u32,
     group: Option<u64>,
     uint4: bool,
-    materialize: bool,
     report: &mut CompressReport,
 ) -> Result<(), PassError> {
     let k = 1usize << bits;
@@ -105,10 +104,6 @@ pub(super) fn apply(
             bytes_after,
             weight_error: err,
         });
-        if materialize {
-            g.set_initializer(w, Tensor::from_f32(dims.clone(), &decoded)?);
-            continue;
-        }
         let (idx_dtype, raw) = if packed {
             let v: Vec<i8> = idx.iter().map(|&i| i as i8).collect();
             (DType::U4, pack4(&v))

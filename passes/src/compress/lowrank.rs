@@ -34,7 +34,6 @@ pub(super) fn apply(
     targets: &[Target],
     rank: Rank,
     grams: &BTreeMap<String, Gram>,
-    materialize: bool,
     report: &mut CompressReport,
 ) -> Result<(), PassError> {
     for t in targets {
@@ -145,19 +144,6 @@ pub(super) fn apply(
             bytes_after: 4 * (r * (k + n)) as u64,
             weight_error: (1.0 - f.kept_energy).max(0.0).sqrt(),
         });
-        if materialize {
-            // A·B in the stored layout.
-            let av = ArrayView2::from_shape((k, r), &f.a).expect("k x r");
-            let bv = ArrayView2::from_shape((r, n), &f.b).expect("r x n");
-            let prod: Vec<f64> = av.dot(&bv).iter().copied().collect();
-            let back = match kind {
-                Reader::MatMul | Reader::Gemm(false) => prod,
-                _ => transpose(&prod, k, n),
-            };
-            let v: Vec<f32> = back.iter().map(|&x| x as f32).collect();
-            g.set_initializer(w, Tensor::from_f32(dims.clone(), &v)?);
-            continue;
-        }
         let base = t.name.clone();
         let f32s = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
         let add = |g: &mut Graph, hint: &str, t: Tensor| -> Result<_, PassError> {

@@ -34,8 +34,6 @@
 //! 4. Already compressed weights (codebooks, indices, factors below the
 //!    size floor, quantized weights) are not weights by rule 1: running
 //!    the pass twice changes nothing more.
-//! 5. [`Compress::materialize`] writes the decoded float weights instead
-//!    (same graph, same values): what the error is measured on.
 //!
 //! Not exact. Subgraph (If/Loop/Scan body) weights are not compressed yet.
 //!
@@ -311,8 +309,6 @@ pub struct Compress {
     pub min_weight_elems: u64,
     /// Calibration statistics by activation name (`lowrank`).
     pub grams: BTreeMap<String, Gram>,
-    /// Write the decoded float weights instead of the compressed form.
-    pub materialize: bool,
 }
 
 #[allow(non_upper_case_globals)]
@@ -325,7 +321,6 @@ pub const Compress: Compress = Compress {
     keep_nodes: Vec::new(),
     min_weight_elems: 1024,
     grams: BTreeMap::new(),
-    materialize: false,
 };
 
 impl Default for Compress {
@@ -462,7 +457,7 @@ impl Compress {
         // uint4 indices need opset 21 (and IR 10).
         let mut uint4 = false;
         if let Method::Cluster { bits, .. } = self.method {
-            if bits <= 4 && !self.materialize {
+            if bits <= 4 {
                 uint4 = opset >= 21;
                 if !uint4 {
                     let mut up = m.clone();
@@ -483,10 +478,10 @@ impl Compress {
         let g = &mut m.graph;
         match &self.method {
             Method::Cluster { bits, group } => {
-                cluster::apply(g, &targets, *bits, *group, uint4, self.materialize, &mut report)?
+                cluster::apply(g, &targets, *bits, *group, uint4, &mut report)?
             }
             Method::LowRank(rank) => {
-                lowrank::apply(g, &targets, *rank, &self.grams, self.materialize, &mut report)?
+                lowrank::apply(g, &targets, *rank, &self.grams, &mut report)?
             }
             Method::Share { tolerance } => share::apply(g, &targets, *tolerance, &mut report)?,
         }

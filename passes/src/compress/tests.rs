@@ -158,37 +158,9 @@ fn compressing_twice_changes_nothing_more() {
         let once = print_model(&m, &opts);
         let r = c.compress(&mut m).unwrap();
         let case = f.file_stem().unwrap().to_string_lossy().to_string();
-        if matches!(c.method, Method::LowRank(_)) {
-            // Factors are weights too; a fixed rank keeps them whole
-            // (r·(K+N) >= 0.8·K·N for a [K, r] factor).
-            assert!(r.layers.is_empty(), "{case}: {:?}", r.layers);
-        } else {
-            assert!(r.layers.is_empty(), "{case}: {:?}", r.layers);
-        }
+        // lowrank's factors are weights too, but [K, r] at its own rank
+        // saves nothing (r·(K+r) >= 0.8·K·r).
+        assert!(r.layers.is_empty(), "{case}: {:?}", r.layers);
         assert_eq!(once, print_model(&m, &opts), "{case}");
-    }
-}
-
-/// Materialized output reads the same values the compressed form decodes
-/// (the error is measured on it).
-#[test]
-fn materialized_weights_are_the_decoded_ones() {
-    for f in fixtures() {
-        let src = std::fs::read_to_string(&f).unwrap();
-        let c = options_from(&src);
-        let mut a = parse_model(&src).unwrap();
-        let mut b = a.clone();
-        let ra = c.compress(&mut a).unwrap();
-        let rb = Compress {
-            materialize: true,
-            ..c.clone()
-        }
-        .compress(&mut b)
-        .unwrap();
-        let case = f.file_stem().unwrap().to_string_lossy().to_string();
-        assert_eq!(ra.layers.len(), rb.layers.len(), "{case}");
-        for (x, y) in ra.layers.iter().zip(&rb.layers) {
-            assert_eq!(x.weight_error, y.weight_error, "{case}");
-        }
     }
 }
