@@ -97,6 +97,12 @@ pub fn nibble(b: &[u8], i: usize) -> u8 {
     (b[i >> 1] >> ((i & 1) << 2)) & 0xF
 }
 
+/// A 4-bit value (0..=15) as int4, sign-extended.
+#[inline]
+pub fn sign4(v: u8) -> i8 {
+    ((v << 4) as i8) >> 4
+}
+
 /// Row-major strides (in elements) of `shape`.
 pub fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];

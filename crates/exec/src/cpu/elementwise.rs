@@ -7,7 +7,7 @@
 //! agree). Ops changing the dtype (comparisons) get staging instead.
 
 use crate::backend::{Data, In, Kernel, KernelIo, NodeCtx};
-use crate::tensor::{cast, cast_mut, numel, strides, Elem};
+use crate::tensor::{cast, cast_mut, numel, sign4, strides, Elem};
 use graphopt_ir::DType;
 
 /// Calls `f(out_index, [input indices])` for every output element, with
@@ -1099,11 +1099,6 @@ fn read_as_f64(d: DType, b: &[u8]) -> Result<Vec<f64>, String> {
             .collect(),
         d => return Err(format!("Cast from {}", d.name())),
     })
-}
-
-/// A 4-bit two's-complement value widened.
-fn sign4(v: u8) -> i8 {
-    ((v << 4) as i8) >> 4
 }
 
 /// Writes `n` values `f(i)` as int32 or int64 into `o`.

@@ -8,7 +8,7 @@
 
 use crate::backend::{In, Kernel, KernelIo, NodeCtx};
 use crate::cpu::matmul::{batches, Batches};
-use crate::tensor::{cast, cast_mut, nibble, strides};
+use crate::tensor::{cast, cast_mut, nibble, sign4, strides};
 use graphopt_ir::DType;
 
 /// Integer elements widened to i32 (u8, i8, u16, i16, i32).
@@ -24,7 +24,7 @@ fn ints(x: &In) -> Result<Vec<i32>, String> {
             .map(|i| nibble(b, i) as i32)
             .collect(),
         DType::I4 => (0..x.shape.iter().product())
-            .map(|i| ((nibble(b, i) << 4) as i8 >> 4) as i32)
+            .map(|i| sign4(nibble(b, i)) as i32)
             .collect(),
         d => {
             return Err(format!(
@@ -52,23 +52,32 @@ impl Kernel for Dequantize {
             None => vec![0; scale.len()],
         };
         let y = io.outputs[0].f32()?;
+        // x as [outer, len, inner] (axis in the middle): one scale row per
+        // (outer, axis index), so the inner loop does no division.
+        let (len, inner) = (self.len, self.inner);
+        let outer = x.len() / (len * inner).max(1);
         let blocks = if self.block > 0 {
-            self.len.div_ceil(self.block)
+            len.div_ceil(self.block)
         } else {
             0
         };
-        for (i, (o, &v)) in y.iter_mut().zip(&x).enumerate() {
-            let c = match self.block {
-                0 if self.len == 1 => 0,
-                0 => (i / self.inner) % self.len,
-                block => {
-                    // Index (outer, a, inner) of x -> (outer, a / block, inner).
-                    let (outer, rest) = (i / (self.len * self.inner), i % (self.len * self.inner));
-                    let (a, inner) = (rest / self.inner, rest % self.inner);
-                    (outer * blocks + a / block) * self.inner + inner
+        for o in 0..outer {
+            for a in 0..len {
+                let (base, step) = match self.block {
+                    0 if len == 1 => (0, 0),
+                    0 => (a, 0),
+                    block => ((o * blocks + a / block) * inner, 1),
+                };
+                let at = (o * len + a) * inner;
+                for (k, (out, &v)) in y[at..at + inner]
+                    .iter_mut()
+                    .zip(&x[at..at + inner])
+                    .enumerate()
+                {
+                    let c = base + step * k;
+                    *out = (v - zp[c]) as f32 * scale[c];
                 }
-            };
-            *o = (v - zp[c]) as f32 * scale[c];
+            }
         }
         Ok(())
     }
