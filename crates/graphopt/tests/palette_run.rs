@@ -149,12 +149,6 @@ fn a_palettized_model_runs_with_packed_weights_resident_and_no_decoded_copy() {
         "weights {} B for {init_bytes} B of initializers",
         r.weights_bytes
     );
-    assert!(
-        r.weights_bytes * 4 < decoded,
-        "weights {} B",
-        r.weights_bytes
-    );
-    assert!(want.weights_bytes >= decoded);
 
     // Every reader fused: the arena is that of the plain float model,
     // smaller than the palettized model planned as written by at least
@@ -196,11 +190,11 @@ fn cuda_runs_the_model_as_written_or_refuses_in_one_line() {
             assert!(msg.contains("--device cuda"), "{msg}");
             assert_eq!(msg.lines().count(), 1, "{msg}");
         }
-        // With a GPU: the plain chains (uint4 indices have no CUDA
-        // kernels), refused by op in one line, never lowered.
-        None => match pal.run(&opts) {
-            Ok(r) => assert_eq!(r.palette_fused_nodes, 0),
-            Err(e) => assert!(e.to_string().contains("no cuda kernel"), "{e}"),
-        },
+        // With a GPU: the plain chains, never lowered, whose uint4
+        // indices no CUDA kernel reads: refused by op in one line.
+        None => {
+            let e = pal.run(&opts).expect_err("uint4 indices on CUDA: refused");
+            assert!(e.to_string().contains("no cuda kernel"), "{e}");
+        }
     }
 }
