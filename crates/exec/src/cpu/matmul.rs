@@ -267,18 +267,30 @@ impl Kernel for Gemm {
         let n = if self.trans_b { self.b[0] } else { self.b[1] };
         let sa = if self.trans_a { (1, m) } else { (k, 1) };
         let sb = if self.trans_b { (1, k) } else { (n, 1) };
-        // The bias, broadcast to [m, n], scaled by beta.
-        let mut beta = 0.0;
-        if let (Some(c), Some(cs)) = (c, &self.c) {
-            if self.beta != 0.0 {
-                crate::cpu::elementwise::for_each_bcast(&[m, n], [cs.as_slice()], |i, [ic]| {
-                    o[i] = self.beta * c[ic];
-                });
-                beta = 1.0;
-            }
-        }
+        let beta = gemm_bias(o, c, self.c.as_deref(), self.beta, m, n);
         sgemm(m, k, n, self.alpha, a, sa, b, sb, beta, o, n, threads);
         Ok(())
+    }
+}
+
+/// Gemm's bias: `o = beta·C` broadcast to `[m, n]` (C of shape `cs`), and
+/// the beta the product then accumulates with (1, or 0 without a bias).
+pub(crate) fn gemm_bias(
+    o: &mut [f32],
+    c: Option<&[f32]>,
+    cs: Option<&[usize]>,
+    beta: f32,
+    m: usize,
+    n: usize,
+) -> f32 {
+    match (c, cs) {
+        (Some(c), Some(cs)) if beta != 0.0 => {
+            crate::cpu::elementwise::for_each_bcast(&[m, n], [cs], |i, [ic]| {
+                o[i] = beta * c[ic];
+            });
+            1.0
+        }
+        _ => 0.0,
     }
 }
 

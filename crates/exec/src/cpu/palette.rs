@@ -44,7 +44,7 @@
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{conv_layout, im2col, Window};
-use crate::cpu::matmul::sgemm;
+use crate::cpu::matmul::{gemm_bias, sgemm};
 use crate::lower::{GROUPS_ATTR, WEIGHT_SHAPE_ATTR};
 use crate::tensor::{cast_mut, nibble, numel};
 use graphopt_ir::DType;
@@ -427,15 +427,7 @@ impl Kernel for Gemm {
         let o = io.outputs[0].f32()?;
         let (m, k, n, p) = (self.m, self.k, self.n, &self.p);
         // The bias as Gemm writes it: beta·C broadcast, then accumulate.
-        let mut beta0 = 0.0;
-        if let (Some(c), Some(cs)) = (c, &self.c) {
-            if self.beta != 0.0 {
-                crate::cpu::elementwise::for_each_bcast(&[m, n], [cs.as_slice()], |i, [ic]| {
-                    o[i] = self.beta * c[ic];
-                });
-                beta0 = 1.0;
-            }
-        }
+        let beta0 = gemm_bias(o, c, self.c.as_deref(), self.beta, m, n);
         let sa = if self.trans_a { (1, m) } else { (k, 1) };
         let trans_b = self.trans_b;
         tiled_gemm(
