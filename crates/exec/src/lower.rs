@@ -236,6 +236,15 @@ fn fused_op(g: &Graph, n: NodeId, w: ValueId, rank: usize) -> Result<&'static st
     Ok(op)
 }
 
+/// A copy of `m` lowered by [`lower_palette`] (tensor data is shared, so
+/// the copy costs the graph's structure): what the CPU runner and the
+/// reference engine plan, once per model.
+pub fn lowered_copy(m: &Model) -> (Model, PaletteLowering) {
+    let mut copy = m.clone();
+    let r = lower_palette(&mut copy);
+    (copy, r)
+}
+
 /// Rewrites, in the main graph of `m`, every reader of a palettized
 /// weight into a fused node (see the module docs) and removes the decode
 /// chains; adds the fused ops' functions and the domain's opset import.

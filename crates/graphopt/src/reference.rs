@@ -180,11 +180,9 @@ impl Reference {
                     search: false,
                     ..PlanOptions::default()
                 };
-                let model = self.lowered.get_or_insert_with(|| {
-                    let mut m = self.model.clone();
-                    graphopt_exec::lower::lower_palette(&mut m);
-                    m
-                });
+                let model = self
+                    .lowered
+                    .get_or_insert_with(|| graphopt_exec::lower::lowered_copy(&self.model).0);
                 let mp =
                     graphopt_plan::plan_model(model, &dims, &opts).map_err(|e| e.to_string())?;
                 let exe =

@@ -31,7 +31,7 @@
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
 use crate::session::Session;
-use graphopt_exec::lower::{lower_palette, PaletteLowering};
+use graphopt_exec::lower::{lowered_copy, PaletteLowering};
 use graphopt_exec::{CpuBackend, Executable, HostTensor};
 use graphopt_ir::{DType, Model};
 use graphopt_plan::{DimBinding, DimValues, Plan, PlanOptions};
@@ -366,11 +366,9 @@ impl Runner<'_> {
             None => self.cache.iter().position(|c| c.0 == key),
         };
         let planned_now = hit.is_none();
-        let (model, lowering) = self.lowered.get_or_insert_with(|| {
-            let mut m = session.model.clone();
-            let r = lower_palette(&mut m);
-            (m, r)
-        });
+        let (model, lowering) = self
+            .lowered
+            .get_or_insert_with(|| lowered_copy(&session.model));
         let lowering = lowering.clone();
         let mut fresh: Option<(Executable, Vec<DimBinding>)> = None;
         let slot = match hit {
