@@ -491,8 +491,7 @@ impl Compress {
                 readers.extend(t.readers.iter().map(|r| r.0));
             }
         }
-        let order: Vec<NodeId> = model.graph.order().to_vec();
-        readers.sort_by_key(|n| order.iter().position(|o| o == n));
+        readers.sort_by_key(|&n| model.graph.position(n));
         readers.dedup();
         report.compressed = readers;
         if report.layers.is_empty() {
