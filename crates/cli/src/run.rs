@@ -35,7 +35,7 @@ pub struct Args {
     /// fail when an output changed.
     #[arg(long)]
     poison: bool,
-    /// Kernel threads (default: all cores).
+    /// Kernel threads (default: one per physical core)
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Feed --inputs holding NaN or Inf as they are (by default refused).

@@ -4,7 +4,7 @@
 //!
 //! - NaN or Inf in a calibration npz, a `--inputs` npz of `run`, `check`
 //!   and `optimize --precision` (its range check and `--validate`);
-//! - `run --threads 0`, `run --repeat 0`;
+//! - `run --threads 0` (and more threads than the machine runs), `run --repeat 0`;
 //! - `remat` and `remat --sweep` on an inference model;
 //! - numeric options out of range (`plan --time-limit -1` used to panic in
 //!   `Duration::from_secs_f64`).
@@ -179,6 +179,12 @@ fn run_threads_and_repeat_zero_are_refused() {
     refused(
         &["run", &resnet(), "--repeat", "0"],
         &["--repeat 0: expected at least 1 run"],
+    );
+    // More threads than the machine can run at once.
+    let over = (std::thread::available_parallelism().map_or(1, |n| n.get()) + 1).to_string();
+    refused(
+        &["run", &resnet(), "--threads", &over],
+        &[&format!("--threads {over}: this machine runs at most")],
     );
 }
 

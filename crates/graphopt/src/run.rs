@@ -75,7 +75,8 @@ pub struct RunOptions {
     /// One more run with poison after each region's last reader; its
     /// outputs must equal the clean run's.
     pub poison: bool,
-    /// Kernel threads (default: the machine's parallelism).
+    /// Kernel threads (default: one per physical core; at most what the
+    /// machine runs at once).
     pub threads: Option<usize>,
     /// Feed given inputs holding NaN or Inf as they are (models that test
     /// for them, the ONNX node tests). By default such data is refused,
@@ -397,7 +398,9 @@ impl Runner<'_> {
                 (&mut c.1, c.2.clone())
             }
         };
-        let threads = opts.threads.unwrap_or_else(graphopt_plan::default_threads);
+        let threads = opts
+            .threads
+            .unwrap_or_else(graphopt_exec::cpu::par::default_threads);
         let ropts = graphopt_exec::RunOptions {
             threads,
             poison: false,

@@ -357,8 +357,8 @@ impl TrainOptions {
         if self.every == 0 {
             return Err(Error::new("--every 0: expected at least 1"));
         }
-        if self.threads == Some(0) {
-            return Err(Error::new("--threads 0: expected at least 1"));
+        if let Some(n) = self.threads {
+            crate::validate::run_threads("--threads", n)?;
         }
         if let Some(m) = self.micro_batches {
             if m == 0 || !self.batch.is_multiple_of(m) {
@@ -758,7 +758,9 @@ impl Session {
             (epoch + 1, order)
         };
 
-        let threads = opts.threads.unwrap_or_else(graphopt_plan::default_threads);
+        let threads = opts
+            .threads
+            .unwrap_or_else(graphopt_exec::cpu::par::default_threads);
         let ropts = graphopt_exec::RunOptions {
             threads,
             poison: false,

@@ -198,6 +198,19 @@ fn threads(option: &str, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Kernel threads of a run: at least 1, at most what this process can run
+/// at once.
+pub(crate) fn run_threads(option: &str, n: usize) -> Result<()> {
+    threads(option, n)?;
+    let max = graphopt_exec::cpu::par::max_threads();
+    if n > max {
+        return Err(Error::new(format!(
+            "{option} {n}: this machine runs at most {max} threads at once"
+        )));
+    }
+    Ok(())
+}
+
 /// `NAME=VALUE` dim bindings: no dim is negative.
 pub(crate) fn dims(bound: &[(String, i64)]) -> Result<()> {
     for (k, v) in bound {
@@ -274,7 +287,7 @@ impl RunOptions {
             return Err(Error::new("--repeat 0: expected at least 1 run"));
         }
         if let Some(n) = self.threads {
-            threads("--threads", n)?;
+            run_threads("--threads", n)?;
         }
         dims(&self.dims)
     }

@@ -1,11 +1,17 @@
-//! Conv (1-D and 2-D, groups, strides, pads, dilations, auto_pad) as
-//! im2col + GEMM. A 1×1 convolution with stride 1 and no padding is a plain
-//! GEMM on the input; other shapes unfold one group of one image at a time
-//! into the workspace (`K × OH·OW` floats, K = C/group · kh · kw), the
-//! largest scratch a node needs, which the executor sizes once.
+//! Conv (1-D and 2-D, groups, strides, pads, dilations, auto_pad):
+//! - a 1×1 convolution with stride 1 and no padding is a plain GEMM on the
+//!   input (no unfolding);
+//! - a depthwise one (one output channel per input channel) runs a direct
+//!   kernel, output planes split across threads;
+//! - other shapes unfold one group of one image in tiles of output
+//!   columns (im2col, at most [`TILE_BYTES`] per tile) and multiply each
+//!   tile into its columns of the output; threads take whole tiles, each in
+//!   its own workspace slot. The workspace is a few tiles, whatever the
+//!   image or batch size.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::matmul::sgemm;
+use crate::cpu::matmul::{sgemm, sgemm_into, SendPtr};
+use crate::cpu::par;
 use crate::tensor::cast_mut;
 use graphopt_ir::DType;
 
@@ -97,32 +103,125 @@ pub fn window(ctx: &NodeCtx, kernel: &[usize]) -> Result<Window, String> {
 /// Unfolds channels `c0..c0+cg` of one image `x` ([C, H, W]) into `col`
 /// ([cg·kh·kw, OH·OW]); padding reads as 0.
 pub fn im2col(g: &Window, x: &[f32], c0: usize, cg: usize, col: &mut [f32]) {
-    let ohw = g.oh * g.ow;
+    im2col_cols(g, x, c0, cg, 0, g.oh * g.ow, col);
+}
+
+/// Output columns `p0..p0+pt` (output pixels in row-major order) of the
+/// unfolded matrix of [`im2col`], into `col` ([cg·kh·kw, pt]).
+pub fn im2col_cols(
+    g: &Window,
+    x: &[f32],
+    c0: usize,
+    cg: usize,
+    p0: usize,
+    pt: usize,
+    col: &mut [f32],
+) {
     for c in 0..cg {
         let plane = &x[(c0 + c) * g.h * g.w..][..g.h * g.w];
         for ki in 0..g.kh {
             for kj in 0..g.kw {
-                let row = &mut col[((c * g.kh + ki) * g.kw + kj) * ohw..][..ohw];
-                for oy in 0..g.oh {
+                let (lo, hi) = valid_cols(g, kj);
+                let row = &mut col[((c * g.kh + ki) * g.kw + kj) * pt..][..pt];
+                let mut p = p0;
+                while p < p0 + pt {
+                    let (oy, ox0) = (p / g.ow, p % g.ow);
+                    let ox1 = g.ow.min(ox0 + (p0 + pt - p));
+                    let dst = &mut row[p - p0..][..ox1 - ox0];
+                    p += ox1 - ox0;
                     let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
-                    let dst = &mut row[oy * g.ow..][..g.ow];
                     if iy < 0 || iy as usize >= g.h {
                         dst.fill(0.0);
                         continue;
                     }
                     let src = &plane[iy as usize * g.w..][..g.w];
-                    for (ox, d) in dst.iter_mut().enumerate() {
-                        let ix = (ox * g.sw + kj * g.dw) as isize - g.pw as isize;
-                        *d = if ix < 0 || ix as usize >= g.w {
-                            0.0
-                        } else {
-                            src[ix as usize]
-                        };
+                    let (a, b) = (lo.clamp(ox0, ox1), hi.clamp(ox0, ox1));
+                    dst[..a - ox0].fill(0.0);
+                    dst[b - ox0..].fill(0.0);
+                    let inner = &mut dst[a - ox0..b - ox0];
+                    if inner.is_empty() {
+                        continue;
+                    }
+                    let first = a * g.sw + kj * g.dw - g.pw;
+                    if g.sw == 1 {
+                        inner.copy_from_slice(&src[first..first + inner.len()]);
+                    } else {
+                        for (i, d) in inner.iter_mut().enumerate() {
+                            *d = src[first + i * g.sw];
+                        }
                     }
                 }
             }
         }
     }
+}
+
+/// The output columns `lo..hi` whose input column `ox·sw + kj·dw - pw`
+/// lies inside the image (the others read padding).
+fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
+    let shift = kj * g.dw;
+    // ox·sw + shift >= pw
+    let lo = g.pw.saturating_sub(shift).div_ceil(g.sw);
+    // ox·sw + shift - pw <= w - 1
+    let hi = if g.w + g.pw > shift {
+        ((g.w - 1 + g.pw - shift) / g.sw + 1).min(g.ow)
+    } else {
+        0
+    };
+    (lo.min(hi), hi)
+}
+
+/// One depthwise output plane: `out = bias + Σ w[ki,kj] · x[shifted]`,
+/// accumulated in place over the kernel taps (no unfolding).
+fn depthwise_plane(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
+    out.fill(bias);
+    for ki in 0..g.kh {
+        for kj in 0..g.kw {
+            let wv = w[ki * g.kw + kj];
+            let (lo, hi) = valid_cols(g, kj);
+            if lo >= hi {
+                continue;
+            }
+            for oy in 0..g.oh {
+                let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+                if iy < 0 || iy as usize >= g.h {
+                    continue;
+                }
+                let src = &x[iy as usize * g.w..][..g.w];
+                let dst = &mut out[oy * g.ow + lo..oy * g.ow + hi];
+                let first = lo * g.sw + kj * g.dw - g.pw;
+                if g.sw == 1 {
+                    for (d, &v) in dst.iter_mut().zip(&src[first..]) {
+                        *d += wv * v;
+                    }
+                } else {
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d += wv * src[first + i * g.sw];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of one im2col tile: the unfolded columns of a tile stay within
+/// this (at least [`MIN_TILE_COLS`] columns), so the workspace is bounded
+/// by a constant per thread, not by the image or the batch.
+const TILE_BYTES: usize = 1 << 20;
+const MIN_TILE_COLS: usize = 16;
+
+/// Output columns per im2col tile for `k` unfolded rows.
+fn tile_cols(k: usize, ohw: usize) -> usize {
+    let cols = (TILE_BYTES / 4 / k.max(1)) / MIN_TILE_COLS * MIN_TILE_COLS;
+    cols.max(MIN_TILE_COLS).min(ohw.max(1))
+}
+
+/// Tile buffers a kernel's workspace holds: one per thread the machine
+/// can run (read when the kernel is made), at most 16, never more than
+/// the tiles of one image.
+fn tile_slots(tiles: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.clamp(1, 16).min(tiles.max(1))
 }
 
 struct Conv {
@@ -133,14 +232,24 @@ struct Conv {
     direct: bool,
 }
 
+impl Conv {
+    /// One output channel per input channel: the direct kernel.
+    fn depthwise(&self) -> bool {
+        !self.direct && self.group == self.g.c && self.m == self.group
+    }
+    fn k(&self) -> usize {
+        self.g.c / self.group * self.g.kh * self.g.kw
+    }
+}
+
 impl Kernel for Conv {
     fn workspace_bytes(&self) -> usize {
-        if self.direct {
-            0
-        } else {
-            let cg = self.g.c / self.group;
-            cg * self.g.kh * self.g.kw * self.g.oh * self.g.ow * 4
+        if self.direct || self.depthwise() {
+            return 0;
         }
+        let ohw = self.g.oh * self.g.ow;
+        let tile = tile_cols(self.k(), ohw);
+        self.k() * tile * tile_slots(ohw.div_ceil(tile)) * 4
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let g = &self.g;
@@ -152,13 +261,35 @@ impl Kernel for Conv {
             None
         };
         let threads = io.threads;
-        let col: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
+        let ws: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
         let y = io.outputs[0].f32()?;
         let (cg, mg) = (g.c / self.group, self.m / self.group);
-        let k = cg * g.kh * g.kw;
+        let k = self.k();
         let ohw = g.oh * g.ow;
+        let hw = g.h * g.w;
+        if self.depthwise() {
+            let taps = g.kh * g.kw;
+            let min_planes = par::MIN_ELEMS.div_ceil((ohw * taps).max(1));
+            par::for_chunks_mut(threads, y, ohw.max(1), min_planes, |first, part| {
+                for (j, out) in part.chunks_mut(ohw.max(1)).enumerate() {
+                    let (n, c) = ((first + j) / self.m, (first + j) % self.m);
+                    let bias = b.map_or(0.0, |b| b[c]);
+                    depthwise_plane(
+                        g,
+                        &x[(n * g.c + c) * hw..][..hw],
+                        &w[c * taps..][..taps],
+                        bias,
+                        out,
+                    );
+                }
+            });
+            return Ok(());
+        }
+        let tile = tile_cols(k, ohw);
+        let tiles = ohw.div_ceil(tile);
+        let slots = (ws.len() / (k * tile).max(1)).max(1);
         for n in 0..g.n {
-            let xi = &x[n * g.c * g.h * g.w..][..g.c * g.h * g.w];
+            let xi = &x[n * g.c * hw..][..g.c * hw];
             let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
             match b {
                 Some(b) => {
@@ -187,22 +318,65 @@ impl Kernel for Conv {
                         ohw,
                         threads,
                     );
+                    continue;
+                }
+                let t = threads.min(slots).min(tiles);
+                if t > 1 {
+                    // Each part unfolds and multiplies its own tiles into
+                    // its own columns of the output.
+                    let (yp, wsp) = (SendPtr(yg.as_mut_ptr()), SendPtr(ws.as_mut_ptr()));
+                    par::for_parts(threads, t, |p| {
+                        // SAFETY: part p owns workspace slot p and the
+                        // output columns of its tiles (disjoint from the
+                        // other parts'); `ws` and `yg` outlive the parts.
+                        let col = unsafe {
+                            std::slice::from_raw_parts_mut(wsp.get().add(p * k * tile), k * tile)
+                        };
+                        for j in par::range(tiles, t, p) {
+                            let p0 = j * tile;
+                            let pt = tile.min(ohw - p0);
+                            let col = &mut col[..k * pt];
+                            im2col_cols(g, xi, gi * cg, cg, p0, pt, col);
+                            // SAFETY: columns p0..p0+pt of the mg rows of
+                            // `yg` (row stride ohw) are this part's alone.
+                            unsafe {
+                                sgemm_into(
+                                    mg,
+                                    k,
+                                    pt,
+                                    1.0,
+                                    wg,
+                                    (k, 1),
+                                    col,
+                                    (pt, 1),
+                                    1.0,
+                                    yp.get().add(p0),
+                                    ohw,
+                                )
+                            };
+                        }
+                    });
                 } else {
-                    im2col(g, xi, gi * cg, cg, col);
-                    sgemm(
-                        mg,
-                        k,
-                        ohw,
-                        1.0,
-                        wg,
-                        (k, 1),
-                        col,
-                        (ohw, 1),
-                        1.0,
-                        yg,
-                        ohw,
-                        threads,
-                    );
+                    let col = &mut ws[..k * tile];
+                    for j in 0..tiles {
+                        let p0 = j * tile;
+                        let pt = tile.min(ohw - p0);
+                        im2col_cols(g, xi, gi * cg, cg, p0, pt, col);
+                        sgemm(
+                            mg,
+                            k,
+                            pt,
+                            1.0,
+                            wg,
+                            (k, 1),
+                            col,
+                            (pt, 1),
+                            1.0,
+                            &mut yg[p0..],
+                            ohw,
+                            threads,
+                        );
+                    }
                 }
             }
         }

@@ -1,8 +1,10 @@
 //! MatMul (batched, numpy broadcasting of the batch dims) and Gemm, on
 //! `matrixmultiply::sgemm` (strided operands, so transposes cost nothing).
-//! Work splits across threads by batch, or by rows of one large product.
+//! Work splits across the pool ([`par`]) by batch, or by rows (or column
+//! blocks) of one large product.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::cpu::par;
 use crate::tensor::{numel, strides};
 use graphopt_ir::DType;
 
@@ -36,52 +38,127 @@ pub fn sgemm(
     }
     assert!(c.len() >= (m - 1) * rsc + n, "gemm output too short");
     let work = m * n * k.max(1);
-    let t = if work < 1 << 16 {
-        1
+    // Each part packs all of the operand it does not split: split the
+    // rows when `a` has more rows than `b` has columns (each part then
+    // repacks the smaller `b`), else the columns (in blocks of 64). Either
+    // way every element's sum is the one a single call makes.
+    let by_rows = par::parts(m, threads, 8);
+    let by_cols = par::parts(n.div_ceil(64), threads, 1);
+    let rows = if m >= n {
+        by_rows > 1 || by_cols == 1
     } else {
-        threads.clamp(1, m)
+        by_cols == 1
     };
-    let rows = m.div_ceil(t);
-    let run = |r0: usize, rows: usize, c: &mut [f32]| {
-        // SAFETY: bounds asserted above for the whole product; this block
-        // reads rows r0..r0+rows of a and writes only the rows of `c` it
-        // owns (c starts at row r0).
-        unsafe {
-            matrixmultiply::sgemm(
-                rows,
-                k,
-                n,
-                alpha,
-                a.as_ptr().add(r0 * rsa),
-                rsa as isize,
-                csa as isize,
-                b.as_ptr(),
-                rsb as isize,
-                csb as isize,
-                beta,
-                c.as_mut_ptr(),
-                rsc as isize,
-                1,
-            )
-        }
+    let t = match (work < 1 << 16, rows) {
+        (true, _) => 1,
+        (false, true) => by_rows,
+        (false, false) => by_cols,
+    };
+    // SAFETY (both closures): bounds asserted above for the whole product;
+    // a part reads its rows of `a` (or columns of `b`) and writes only the
+    // block of `c` it owns.
+    let c_ptr = SendPtr(c.as_mut_ptr());
+    let run = |r0: usize, rows: usize, c0: usize, cols: usize| unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            k,
+            cols,
+            alpha,
+            a.as_ptr().add(r0 * rsa),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr().add(c0 * csb),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c_ptr.get().add(r0 * rsc + c0),
+            rsc as isize,
+            1,
+        )
     };
     if t == 1 {
-        run(0, m, c);
+        run(0, m, 0, n);
+    } else if rows {
+        par::for_parts(threads, t, |p| {
+            let r = par::range(m, t, p);
+            run(r.start, r.len(), 0, n);
+        });
+    } else {
+        let blocks = n.div_ceil(64);
+        par::for_parts(threads, t, |p| {
+            let r = par::range(blocks, t, p);
+            let c0 = r.start * 64;
+            let c1 = (r.end * 64).min(n);
+            run(0, m, c0, c1 - c0);
+        });
+    }
+}
+
+/// One-thread `c = alpha · a · b + beta · c` into a raw output, for the
+/// parts of a split product that each own a block of a shared output.
+///
+/// # Safety
+/// `a` and `b` must hold the `m × k` and `k × n` operands at their strides,
+/// and `c` the `m` rows of `n` elements at row stride `rsc`, which no other
+/// thread reads or writes during the call.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm_into(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    (rsa, csa): (usize, usize),
+    b: &[f32],
+    (rsb, csb): (usize, usize),
+    beta: f32,
+    c: *mut f32,
+    rsc: usize,
+) {
+    if m == 0 || n == 0 {
         return;
     }
-    std::thread::scope(|s| {
-        let mut rest = c;
-        let mut r0 = 0;
-        while r0 < m {
-            let r = rows.min(m - r0);
-            let take = if r0 + r == m { rest.len() } else { r * rsc };
-            let (mine, tail) = rest.split_at_mut(take);
-            rest = tail;
-            let run = &run;
-            s.spawn(move || run(r0, r, mine));
-            r0 += r;
-        }
-    });
+    if k > 0 {
+        assert!(
+            a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb,
+            "gemm operand too short"
+        );
+    }
+    // SAFETY: operands checked above; `c` is the caller's promise.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c,
+            rsc as isize,
+            1,
+        )
+    }
+}
+
+/// A raw output pointer handed to the parts of a split product, each of
+/// which writes a disjoint block.
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr(pub *mut f32);
+// SAFETY: parts write disjoint elements (see the callers).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer (a method, so closures capture the `Sync` wrapper, not
+    /// the raw field).
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
 }
 
 /// The matrix sizes of a (batched, broadcasting) matrix product and the
@@ -177,30 +254,27 @@ impl Kernel for MatMul {
                 self.out, self.a, self.b
             ));
         }
+        if o.is_empty() {
+            return Ok(());
+        }
         if nb >= threads && threads > 1 && nb > 1 {
-            let per = nb.div_ceil(threads);
-            std::thread::scope(|s| {
-                for (ci, chunk) in o.chunks_mut(per * m * n).enumerate() {
-                    let (oa, ob) = (&oa, &ob);
-                    s.spawn(move || {
-                        for (j, c) in chunk.chunks_mut(m * n).enumerate() {
-                            let i = ci * per + j;
-                            sgemm(
-                                m,
-                                k,
-                                n,
-                                1.0,
-                                &a[oa[i]..],
-                                (k, 1),
-                                &b[ob[i]..],
-                                (n, 1),
-                                0.0,
-                                c,
-                                n,
-                                1,
-                            );
-                        }
-                    });
+            par::for_chunks_mut(threads, o, m * n, 1, |first, chunk| {
+                for (j, c) in chunk.chunks_mut(m * n).enumerate() {
+                    let i = first + j;
+                    sgemm(
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        &a[oa[i]..],
+                        (k, 1),
+                        &b[ob[i]..],
+                        (n, 1),
+                        0.0,
+                        c,
+                        n,
+                        1,
+                    );
                 }
             });
         } else {

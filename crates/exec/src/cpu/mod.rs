@@ -15,6 +15,7 @@ pub mod lowp;
 pub mod matmul;
 pub mod norm;
 pub mod palette;
+pub mod par;
 pub mod pool;
 pub mod quant;
 pub mod reduce;

@@ -3,6 +3,7 @@
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{window, Window};
+use crate::cpu::par;
 use graphopt_ir::DType;
 
 struct Pool {
@@ -20,63 +21,106 @@ impl Kernel for Pool {
         let x = io.input(0)?.f32()?;
         let (y, rest) = io.outputs.split_at_mut(1);
         let y = y[0].f32()?;
-        let mut idx: Option<&mut [i64]> = match (self.indices, rest.first_mut()) {
+        let idx: Option<&mut [i64]> = match (self.indices, rest.first_mut()) {
             (Some(_), Some(o)) => Some(crate::tensor::cast_mut(o.data)),
             _ => None,
         };
         let col_major = self.indices == Some(1);
-        for (p, plane) in x.chunks(g.h * g.w).enumerate().take(g.n * g.c) {
-            let out = &mut y[p * g.oh * g.ow..][..g.oh * g.ow];
-            for oy in 0..g.oh {
-                for ox in 0..g.ow {
-                    let mut arg = 0usize;
-                    let (mut acc, mut cnt, mut padded) = (
-                        if self.max { f32::NEG_INFINITY } else { 0.0 },
-                        0usize,
-                        0usize,
-                    );
-                    for ki in 0..g.kh {
-                        let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
-                        for kj in 0..g.kw {
-                            let ix = (ox * g.sw + kj * g.dw) as isize - g.pw as isize;
-                            if iy < 0 || ix < 0 || iy as usize >= g.h || ix as usize >= g.w {
-                                // Pads inside the (begin, end) padding count
-                                // for count_include_pad; beyond (ceil_mode)
-                                // never.
-                                let in_pad =
-                                    iy < (g.h + g.ph) as isize && ix < (g.w + g.pw) as isize;
-                                padded += in_pad as usize;
-                                continue;
-                            }
-                            let v = plane[iy as usize * g.w + ix as usize];
-                            if self.max {
-                                if v > acc || (v.is_nan() && !acc.is_nan()) || cnt == 0 {
-                                    acc = v;
-                                    arg = if col_major {
-                                        ix as usize * g.h + iy as usize
-                                    } else {
-                                        iy as usize * g.w + ix as usize
-                                    };
-                                }
-                            } else {
-                                acc += v;
-                            }
-                            cnt += 1;
-                        }
-                    }
-                    if let Some(ix) = idx.as_deref_mut() {
-                        ix[p * g.oh * g.ow + oy * g.ow + ox] = (p * g.h * g.w + arg) as i64;
-                    }
-                    out[oy * g.ow + ox] = if self.max {
-                        acc
-                    } else {
-                        let d = if self.include_pad { cnt + padded } else { cnt };
-                        acc / d.max(1) as f32
-                    };
+        let (planes, ohw) = (g.n * g.c, g.oh * g.ow);
+        // Planes split across threads; each part owns its planes' outputs
+        // (and indices).
+        let k = par::parts(
+            planes,
+            io.threads,
+            par::MIN_ELEMS.div_ceil((ohw * g.kh * g.kw).max(1)),
+        );
+        let mut items = Vec::with_capacity(k);
+        let (mut y_rest, mut idx_rest) = (&mut y[..planes * ohw], idx);
+        for p in 0..k {
+            let r = par::range(planes, k, p);
+            let (mine, tail) = y_rest.split_at_mut(r.len() * ohw);
+            y_rest = tail;
+            let ix = match idx_rest.take() {
+                Some(ix) => {
+                    let (mine, tail) = ix.split_at_mut(r.len() * ohw);
+                    idx_rest = Some(tail);
+                    Some(mine)
                 }
+                None => None,
+            };
+            items.push((r.start, mine, ix));
+        }
+        par::for_each_owned(io.threads, items, |(p0, ys, mut ixs)| {
+            for (j, out) in ys.chunks_mut(ohw.max(1)).enumerate() {
+                let p = p0 + j;
+                let plane = &x[p * g.h * g.w..][..g.h * g.w];
+                let ix = ixs.as_deref_mut().map(|v| &mut v[j * ohw..][..ohw]);
+                self.plane(plane, out, ix, p, col_major);
+            }
+        });
+        Ok(())
+    }
+}
+
+impl Pool {
+    /// Pools one input plane (number `p` of `N·C`) into `out`, with
+    /// MaxPool's flat indices into `idx` when asked.
+    fn plane(
+        &self,
+        plane: &[f32],
+        out: &mut [f32],
+        mut idx: Option<&mut [i64]>,
+        p: usize,
+        col_major: bool,
+    ) {
+        let g = &self.g;
+        for oy in 0..g.oh {
+            for ox in 0..g.ow {
+                let mut arg = 0usize;
+                let (mut acc, mut cnt, mut padded) = (
+                    if self.max { f32::NEG_INFINITY } else { 0.0 },
+                    0usize,
+                    0usize,
+                );
+                for ki in 0..g.kh {
+                    let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+                    for kj in 0..g.kw {
+                        let ix = (ox * g.sw + kj * g.dw) as isize - g.pw as isize;
+                        if iy < 0 || ix < 0 || iy as usize >= g.h || ix as usize >= g.w {
+                            // Pads inside the (begin, end) padding count
+                            // for count_include_pad; beyond (ceil_mode)
+                            // never.
+                            let in_pad = iy < (g.h + g.ph) as isize && ix < (g.w + g.pw) as isize;
+                            padded += in_pad as usize;
+                            continue;
+                        }
+                        let v = plane[iy as usize * g.w + ix as usize];
+                        if self.max {
+                            if v > acc || (v.is_nan() && !acc.is_nan()) || cnt == 0 {
+                                acc = v;
+                                arg = if col_major {
+                                    ix as usize * g.h + iy as usize
+                                } else {
+                                    iy as usize * g.w + ix as usize
+                                };
+                            }
+                        } else {
+                            acc += v;
+                        }
+                        cnt += 1;
+                    }
+                }
+                if let Some(ix) = idx.as_deref_mut() {
+                    ix[oy * g.ow + ox] = (p * g.h * g.w + arg) as i64;
+                }
+                out[oy * g.ow + ox] = if self.max {
+                    acc
+                } else {
+                    let d = if self.include_pad { cnt + padded } else { cnt };
+                    acc / d.max(1) as f32
+                };
             }
         }
-        Ok(())
     }
 }
 

@@ -5,6 +5,7 @@
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::elementwise::for_each_bcast;
+use crate::cpu::par;
 use crate::tensor::{cast, cast_mut, Elem};
 use graphopt_ir::DType;
 
@@ -99,30 +100,68 @@ impl Reduce {
             _ => 0.0,
         };
         o.fill(init);
-        for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| {
-            let v = x[i];
-            o[j] = match op {
+        let step = |acc: f32, v: f32, j: usize| -> f32 {
+            match op {
                 Red::Max => {
-                    if v > o[j] || v.is_nan() {
+                    if v > acc || v.is_nan() {
                         v
                     } else {
-                        o[j]
+                        acc
                     }
                 }
                 Red::Min => {
-                    if v < o[j] || v.is_nan() {
+                    if v < acc || v.is_nan() {
                         v
                     } else {
-                        o[j]
+                        acc
                     }
                 }
-                Red::Prod => o[j] * v,
-                Red::L1 => o[j] + v.abs(),
-                Red::L2 | Red::SumSquare => o[j] + v * v,
-                Red::LogSumExp => o[j] + (v - shift[j]).exp(),
-                Red::Mean | Red::Sum | Red::LogSum => o[j] + v,
-            };
-        });
+                Red::Prod => acc * v,
+                Red::L1 => acc + v.abs(),
+                Red::L2 | Red::SumSquare => acc + v * v,
+                Red::LogSumExp => acc + (v - shift[j]).exp(),
+                Red::Mean | Red::Sum | Red::LogSum => acc + v,
+            }
+        };
+        if let Some((outer, len, inner)) = one_block(&self.shape, &kd) {
+            // The reduced axes are one contiguous run: x is [outer, len,
+            // inner] and o [outer, inner]. Outputs split across threads;
+            // each still adds its inputs in increasing index order, so the
+            // bits are those of the serial loop below.
+            let threads = io.threads;
+            let min = par::MIN_ELEMS.div_ceil((len * inner).max(1));
+            if outer >= threads || inner < 64 {
+                par::for_chunks_mut(threads, o, inner.max(1), min, |first, part| {
+                    for (a, orow) in part.chunks_mut(inner.max(1)).enumerate() {
+                        let xa = &x[(first + a) * len * inner..][..len * inner];
+                        for b in 0..len {
+                            let xr = &xa[b * inner..][..inner];
+                            for (c, (acc, &v)) in orow.iter_mut().zip(xr).enumerate() {
+                                *acc = step(*acc, v, (first + a) * inner + c);
+                            }
+                        }
+                    }
+                });
+            } else {
+                for a in 0..outer {
+                    let xa = &x[a * len * inner..][..len * inner];
+                    let orow = &mut o[a * inner..][..inner];
+                    let min_cols = par::MIN_ELEMS.div_ceil(len.max(1));
+                    par::for_chunks_mut(threads, orow, 1, min_cols, |c0, part| {
+                        for b in 0..len {
+                            let xr = &xa[b * inner + c0..][..part.len()];
+                            for (c, (acc, &v)) in part.iter_mut().zip(xr).enumerate() {
+                                *acc = step(*acc, v, a * inner + c0 + c);
+                            }
+                        }
+                    });
+                }
+            }
+        } else {
+            for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| {
+                o[j] = step(o[j], x[i], j);
+            });
+        }
         match op {
             Red::Mean => {
                 let c = count.max(1) as f32;
@@ -238,32 +277,72 @@ struct Softmax {
 impl Kernel for Softmax {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.f32()?;
+        let threads = io.threads;
         let y = io.outputs[0].f32()?;
         let (len, inner) = (self.len, self.inner);
-        for o in 0..self.outer {
-            for i in 0..inner {
-                let at = |k: usize| o * len * inner + k * inner + i;
-                let mut m = f32::NEG_INFINITY;
-                for k in 0..len {
-                    m = m.max(x[at(k)]);
+        let block = (len * inner).max(1);
+        // Outer blocks split across threads; each row (one `i`) is summed
+        // by one thread in a fixed order.
+        let min_blocks = par::MIN_ELEMS.div_ceil(block);
+        par::for_chunks_mut(
+            threads,
+            &mut y[..self.outer * len * inner],
+            block,
+            min_blocks,
+            |first, part| {
+                for (j, y) in part.chunks_mut(block).enumerate() {
+                    let x = &x[(first + j) * len * inner..][..len * inner];
+                    for i in 0..inner {
+                        let at = |k: usize| k * inner + i;
+                        let mut m = f32::NEG_INFINITY;
+                        for k in 0..len {
+                            m = m.max(x[at(k)]);
+                        }
+                        let mut s = 0.0f32;
+                        for k in 0..len {
+                            let e = (x[at(k)] - m).exp();
+                            y[at(k)] = e;
+                            s += e;
+                        }
+                        for k in 0..len {
+                            y[at(k)] = if self.log {
+                                x[at(k)] - m - s.ln()
+                            } else {
+                                y[at(k)] / s
+                            };
+                        }
+                    }
                 }
-                let mut s = 0.0f32;
-                for k in 0..len {
-                    let e = (x[at(k)] - m).exp();
-                    y[at(k)] = e;
-                    s += e;
-                }
-                for k in 0..len {
-                    y[at(k)] = if self.log {
-                        x[at(k)] - m - s.ln()
-                    } else {
-                        y[at(k)] / s
-                    };
-                }
-            }
-        }
+            },
+        );
         Ok(())
     }
+}
+
+/// `(outer, len, inner)` when the axes `x` (shape `shape`) loses to `kept`
+/// (the shape with 1 on reduced axes) are one contiguous run, so that
+/// `x` is `[outer, len, inner]` and the output `[outer, inner]`.
+fn one_block(shape: &[usize], kept: &[usize]) -> Option<(usize, usize, usize)> {
+    if shape.len() != kept.len() {
+        return None;
+    }
+    // Axes of extent 1 belong to either side.
+    let reduced: Vec<bool> = shape
+        .iter()
+        .zip(kept)
+        .map(|(&s, &k)| s != 1 && k == 1)
+        .collect();
+    let first = reduced.iter().position(|&r| r)?;
+    let last = reduced.iter().rposition(|&r| r)?;
+    if (first..=last).any(|d| !reduced[d] && shape[d] != 1) {
+        return None;
+    }
+    let p = |r: &[usize]| r.iter().product::<usize>();
+    Some((
+        p(&shape[..first]),
+        p(&shape[first..=last]),
+        p(&shape[last + 1..]),
+    ))
 }
 
 pub fn softmax(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {

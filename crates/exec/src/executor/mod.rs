@@ -71,7 +71,7 @@ pub enum ExecError {
 /// Options of [`Executable::run`].
 #[derive(Clone, Debug)]
 pub struct RunOptions {
-    /// Threads kernels may use.
+    /// Threads kernels use (the calling thread plus a pool, [`crate::cpu::par`]).
     pub threads: usize,
     /// Overwrite each region with poison after its last reader.
     pub poison: bool,
@@ -80,7 +80,7 @@ pub struct RunOptions {
 impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: crate::cpu::par::default_threads(),
             poison: false,
         }
     }

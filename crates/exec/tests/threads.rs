@@ -1,0 +1,222 @@
+//! The kernels that split work across threads (`cpu::par`), on tensors
+//! large enough that they do split (above `par::MIN_ELEMS`, several im2col
+//! tiles): every output is bit-for-bit the same at 1, 2, 3 and 4 threads
+//! and from run to run, and the tiled and direct convolutions agree with a
+//! naive loop written here.
+
+use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
+use graphopt_plan::{plan_model, DimValues, PlanOptions};
+
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn t(shape: &[usize], seed: u64) -> HostTensor {
+    HostTensor::from_f32(shape, &data(shape.iter().product(), seed))
+}
+
+/// The outputs' bytes at each thread count (twice at 2 threads).
+fn runs(text: &str, inputs: &[HostTensor], threads: &[usize]) -> Vec<Vec<Vec<u8>>> {
+    let m = graphopt_text::parse_model(text).expect("fixture parses");
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    threads
+        .iter()
+        .map(|&threads| {
+            let opts = RunOptions {
+                threads,
+                poison: true,
+            };
+            let (out, _) = exe.run(inputs, &opts).unwrap();
+            out.into_iter().map(|t| t.data.to_vec()).collect()
+        })
+        .collect()
+}
+
+fn same_bits_at_every_thread_count(text: &str, inputs: &[HostTensor]) -> Vec<Vec<f32>> {
+    let all = runs(text, inputs, &[1, 2, 2, 3, 4]);
+    for (k, r) in all.iter().enumerate().skip(1) {
+        for (o, (a, b)) in all[0].iter().zip(r).enumerate() {
+            assert!(
+                a == b,
+                "output {o} differs between run 0 (1 thread) and run {k}"
+            );
+        }
+    }
+    all[0]
+        .iter()
+        .map(|b| {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Naive 2-D convolution, NCHW, symmetric pads.
+#[allow(clippy::too_many_arguments)]
+fn conv_ref(
+    x: &[f32],
+    (n, c, h, w): (usize, usize, usize, usize),
+    wt: &[f32],
+    (m, kh, kw): (usize, usize, usize),
+    b: &[f32],
+    group: usize,
+    stride: usize,
+    pad: usize,
+) -> Vec<f32> {
+    let oh = (h + 2 * pad - kh) / stride + 1;
+    let ow = (w + 2 * pad - kw) / stride + 1;
+    let (cg, mg) = (c / group, m / group);
+    let mut y = vec![0f32; n * m * oh * ow];
+    for ni in 0..n {
+        for mi in 0..m {
+            let g = mi / mg;
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut acc = 0f64;
+                    for ci in 0..cg {
+                        for ki in 0..kh {
+                            for kj in 0..kw {
+                                let iy = (oy * stride + ki) as isize - pad as isize;
+                                let ix = (ox * stride + kj) as isize - pad as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                    continue;
+                                }
+                                let xv =
+                                    x[((ni * c + g * cg + ci) * h + iy as usize) * w + ix as usize];
+                                let wv = wt[((mi * cg + ci) * kh + ki) * kw + kj];
+                                acc += (xv * wv) as f64;
+                            }
+                        }
+                    }
+                    y[((ni * m + mi) * oh + oy) * ow + ox] = acc as f32 + b[mi];
+                }
+            }
+        }
+    }
+    y
+}
+
+fn close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 2e-5 * (1.0 + w.abs()),
+            "{what} element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+#[test]
+fn convolutions_tiled_depthwise_grouped_and_1x1() {
+    // 3x3 pad 1 on 4 channels at 130x130: k = 36, tiles of 7,280 columns,
+    // 3 tiles per image; stride 2; depthwise stride 1 and 2; groups of 4
+    // channels; and a 1x1 (plain GEMM).
+    let x = t(&[2, 8, 130, 130], 1);
+    let w3 = t(&[16, 8, 3, 3], 2);
+    let w3s = t(&[8, 8, 3, 3], 3);
+    let wd = t(&[8, 1, 3, 3], 4);
+    let wg = t(&[8, 4, 3, 3], 5);
+    let w1 = t(&[16, 8, 1, 1], 6);
+    let (b16, b8) = (t(&[16], 7), t(&[8], 8));
+    let outs = same_bits_at_every_thread_count(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,8,130,130] x, float[16,8,3,3] w3, float[8,8,3,3] w3s, float[8,1,3,3] wd,
+           float[8,4,3,3] wg, float[16,8,1,1] w1, float[16] b16, float[8] b8)
+          => (float[2,16,130,130] a, float[2,8,65,65] s, float[2,8,130,130] d,
+              float[2,8,65,65] ds, float[2,8,130,130] gr, float[2,16,130,130] p) {
+          a = Conv <pads = [1,1,1,1]> (x, w3, b16)
+          s = Conv <pads = [1,1,1,1], strides = [2,2]> (x, w3s, b8)
+          d = Conv <pads = [1,1,1,1], group = 8> (x, wd, b8)
+          ds = Conv <pads = [1,1,1,1], strides = [2,2], group = 8> (x, wd, b8)
+          gr = Conv <pads = [1,1,1,1], group = 2> (x, wg, b8)
+          p = Conv (x, w1, b16)
+        }"#,
+        &[
+            x.clone(),
+            w3.clone(),
+            w3s.clone(),
+            wd.clone(),
+            wg.clone(),
+            w1.clone(),
+            b16.clone(),
+            b8.clone(),
+        ],
+    );
+    let f = |t: &HostTensor| t.to_f32().unwrap();
+    let xs = (2, 8, 130, 130);
+    let xv = f(&x);
+    close(
+        &outs[0],
+        &conv_ref(&xv, xs, &f(&w3), (16, 3, 3), &f(&b16), 1, 1, 1),
+        "3x3",
+    );
+    close(
+        &outs[1],
+        &conv_ref(&xv, xs, &f(&w3s), (8, 3, 3), &f(&b8), 1, 2, 1),
+        "3x3 stride 2",
+    );
+    close(
+        &outs[2],
+        &conv_ref(&xv, xs, &f(&wd), (8, 3, 3), &f(&b8), 8, 1, 1),
+        "depthwise",
+    );
+    close(
+        &outs[3],
+        &conv_ref(&xv, xs, &f(&wd), (8, 3, 3), &f(&b8), 8, 2, 1),
+        "depthwise stride 2",
+    );
+    close(
+        &outs[4],
+        &conv_ref(&xv, xs, &f(&wg), (8, 3, 3), &f(&b8), 2, 1, 1),
+        "grouped",
+    );
+    close(
+        &outs[5],
+        &conv_ref(&xv, xs, &f(&w1), (16, 1, 1), &f(&b16), 1, 1, 0),
+        "1x1",
+    );
+}
+
+#[test]
+fn products_elementwise_reductions_softmax_and_pooling() {
+    let a = t(&[4, 96, 160], 11);
+    let w = t(&[160, 200], 12);
+    let bm = t(&[4, 160, 96], 13);
+    let bias = t(&[1, 96, 1], 14);
+    let row = t(&[160], 15);
+    let img = t(&[2, 16, 64, 64], 16);
+    let ch = t(&[1, 16, 1, 1], 17);
+    let outs = same_bits_at_every_thread_count(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[4,96,160] a, float[160,200] w, float[4,160,96] bm, float[1,96,1] bias,
+           float[160] row, float[2,16,64,64] img, float[1,16,1,1] ch)
+          => (float[4,96,200] mm, float[4,96,96] bmm, float[4,96,160] e, float[4,96,160] sm,
+              float[4,1,160] r0, float[4,96,1] r2, float[1,96,1] r02, float[2,16,64,64] bc,
+              float[2,16,32,32] mp, int64[2,16,32,32] mi, float[2,16,64,64] ln) {
+          mm = MatMul (a, w)
+          bmm = MatMul (a, bm)
+          s = Add (a, bias)
+          r = Mul (s, row)
+          e = Erf (r)
+          sm = Softmax <axis = -1> (e)
+          r0 = ReduceSum <axes = [1]> (e)
+          r2 = ReduceMean <axes = [2]> (e)
+          r02 = ReduceMax <axes = [0, 2]> (e)
+          bc = Mul (img, ch)
+          mp, mi = MaxPool <kernel_shape = [3,3], pads = [1,1,1,1], strides = [2,2]> (bc)
+          ln = Sqrt (bc)
+        }"#,
+        &[a, w, bm, bias, row, img, ch],
+    );
+    assert_eq!(outs.len(), 11);
+}
