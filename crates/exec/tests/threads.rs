@@ -220,3 +220,55 @@ fn products_elementwise_reductions_softmax_and_pooling() {
     );
     assert_eq!(outs.len(), 11);
 }
+
+#[test]
+fn conv_transpose_in_row_tiles() {
+    // k = 32 · 9 = 288 unfolded rows: tiles of 14 input rows of 64, 5 per
+    // image; stride 2, pads 1, output_padding 1.
+    let (n, c, h, w, m) = (2, 8, 64, 64, 32);
+    let x = t(&[n, c, h, w], 21);
+    let wt = t(&[c, m, 3, 3], 22);
+    let b = t(&[m], 23);
+    let outs = same_bits_at_every_thread_count(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,8,64,64] x, float[8,32,3,3] w, float[32] b) => (float[2,32,128,128] y) {
+          y = ConvTranspose <strides = [2,2], pads = [1,1,1,1], output_padding = [1,1]> (x, w, b)
+        }"#,
+        &[x.clone(), wt.clone(), b.clone()],
+    );
+    let (xv, wv, bv) = (
+        x.to_f32().unwrap(),
+        wt.to_f32().unwrap(),
+        b.to_f32().unwrap(),
+    );
+    let (oh, ow) = (128, 128);
+    let mut y = vec![0f64; n * m * oh * ow];
+    for ni in 0..n {
+        for ci in 0..c {
+            for iy in 0..h {
+                for ix in 0..w {
+                    let xv = xv[((ni * c + ci) * h + iy) * w + ix] as f64;
+                    for mi in 0..m {
+                        for ki in 0..3 {
+                            for kj in 0..3 {
+                                let oy = (iy * 2 + ki) as isize - 1;
+                                let ox = (ix * 2 + kj) as isize - 1;
+                                if oy < 0 || ox < 0 || oy >= oh as isize || ox >= ow as isize {
+                                    continue;
+                                }
+                                let wv = wv[((ci * m + mi) * 3 + ki) * 3 + kj] as f64;
+                                y[((ni * m + mi) * oh + oy as usize) * ow + ox as usize] += xv * wv;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let want: Vec<f32> = y
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v + bv[(i / (oh * ow)) % m] as f64) as f32)
+        .collect();
+    close(&outs[0], &want, "ConvTranspose");
+}

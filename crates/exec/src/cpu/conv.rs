@@ -450,9 +450,18 @@ struct Transposed {
     bias: bool,
 }
 
+impl Transposed {
+    /// Input rows per tile: the tile's `Wᵀ · X` columns stay within
+    /// [`TILE_BYTES`] (at least one row).
+    fn tile_rows(&self) -> usize {
+        let k = self.m / self.group * self.kh * self.kw;
+        (tile_cols(k, self.h * self.w) / self.w.max(1)).clamp(1, self.h.max(1))
+    }
+}
+
 impl Kernel for Transposed {
     fn workspace_bytes(&self) -> usize {
-        (self.m / self.group) * self.kh * self.kw * self.h * self.w * 4
+        (self.m / self.group) * self.kh * self.kw * self.tile_rows() * self.w * 4
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.f32()?;
@@ -466,9 +475,11 @@ impl Kernel for Transposed {
         let col: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
         let y = io.outputs[0].f32()?;
         let (cg, mg) = (self.c / self.group, self.m / self.group);
-        let k = mg * self.kh * self.kw;
+        let taps = self.kh * self.kw;
+        let k = mg * taps;
         let hw = self.h * self.w;
         let ohw = self.oh * self.ow;
+        let rows = self.tile_rows();
         for n in 0..self.n {
             let xi = &x[n * self.c * hw..][..self.c * hw];
             let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
@@ -481,45 +492,42 @@ impl Kernel for Transposed {
                 None => yi.fill(0.0),
             }
             for gi in 0..self.group {
-                // col[k × hw] = Wgᵀ · Xg, Wg = w[gi] as [cg × k].
                 let wg = &w[gi * cg * k..][..cg * k];
                 let xg = &xi[gi * cg * hw..][..cg * hw];
-                sgemm(
-                    k,
-                    cg,
-                    hw,
-                    1.0,
-                    wg,
-                    (1, k),
-                    xg,
-                    (hw, 1),
-                    0.0,
-                    col,
-                    hw,
-                    threads,
-                );
-                // col2im: scatter-add each column into the output.
                 let yg = &mut yi[gi * mg * ohw..][..mg * ohw];
-                for (r, row) in col.chunks(hw).enumerate().take(k) {
-                    let (m, ki, kj) = (
-                        r / (self.kh * self.kw),
-                        (r / self.kw) % self.kh,
-                        r % self.kw,
+                for iy0 in (0..self.h).step_by(rows) {
+                    // col[k × pt] = Wgᵀ · Xg[:, input rows iy0..iy1],
+                    // Wg = w[gi] as [cg × k].
+                    let iy1 = (iy0 + rows).min(self.h);
+                    let pt = (iy1 - iy0) * self.w;
+                    let col = &mut col[..k * pt];
+                    sgemm(
+                        k,
+                        cg,
+                        pt,
+                        1.0,
+                        wg,
+                        (1, k),
+                        &xg[iy0 * self.w..],
+                        (hw, 1),
+                        0.0,
+                        col,
+                        pt,
+                        threads,
                     );
-                    let plane = &mut yg[m * ohw..][..ohw];
-                    for iy in 0..self.h {
-                        let oy = (iy * self.sh + ki * self.dh) as isize - self.ph as isize;
-                        if oy < 0 || oy as usize >= self.oh {
-                            continue;
-                        }
-                        let dst = &mut plane[oy as usize * self.ow..][..self.ow];
-                        for (ix, &v) in row[iy * self.w..][..self.w].iter().enumerate() {
-                            let ox = (ix * self.sw + kj * self.dw) as isize - self.pw as isize;
-                            if ox >= 0 && (ox as usize) < self.ow {
-                                dst[ox as usize] += v;
+                    // col2im: scatter-add each column into the output,
+                    // output channels split across threads.
+                    let min = par::MIN_ELEMS.div_ceil((taps * pt).max(1));
+                    par::for_chunks_mut(threads, yg, ohw.max(1), min, |m0, planes| {
+                        for (j, plane) in planes.chunks_mut(ohw.max(1)).enumerate() {
+                            let m = m0 + j;
+                            for t in 0..taps {
+                                let (ki, kj) = (t / self.kw, t % self.kw);
+                                let row = &col[(m * taps + t) * pt..][..pt];
+                                self.scatter_row(row, iy0, iy1, ki, kj, plane);
                             }
                         }
-                    }
+                    });
                 }
             }
         }
@@ -527,10 +535,39 @@ impl Kernel for Transposed {
     }
 }
 
+impl Transposed {
+    /// Adds the columns of one tap `(ki, kj)` for input rows `iy0..iy1`
+    /// into its output plane.
+    fn scatter_row(
+        &self,
+        row: &[f32],
+        iy0: usize,
+        iy1: usize,
+        ki: usize,
+        kj: usize,
+        plane: &mut [f32],
+    ) {
+        for iy in iy0..iy1 {
+            let oy = (iy * self.sh + ki * self.dh) as isize - self.ph as isize;
+            if oy < 0 || oy as usize >= self.oh {
+                continue;
+            }
+            let dst = &mut plane[oy as usize * self.ow..][..self.ow];
+            for (ix, &v) in row[(iy - iy0) * self.w..][..self.w].iter().enumerate() {
+                let ox = (ix * self.sw + kj * self.dw) as isize - self.pw as isize;
+                if ox >= 0 && (ox as usize) < self.ow {
+                    dst[ox as usize] += v;
+                }
+            }
+        }
+    }
+}
+
 /// ConvTranspose (1-D and 2-D, groups, strides, dilations, pads,
-/// output_padding, output_shape, auto_pad) as GEMM + col2im: per image and
-/// group, `Wᵀ · X` into the workspace (`M/group · kh · kw × H·W` floats),
-/// then scatter-added into the output.
+/// output_padding, output_shape, auto_pad) as GEMM + col2im: per image,
+/// group and tile of input rows, `Wᵀ · X` into the workspace (at most
+/// [`TILE_BYTES`], one row at least), then scatter-added into the output,
+/// output channels split across threads.
 pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let (x, w) = (ctx.input(0)?, ctx.input(1)?);
     if x.dtype != DType::F32 {
