@@ -37,8 +37,24 @@ impl HostTensor {
     }
 }
 
+mod sealed {
+    /// Implemented only here: [`super::cast`] relies on every bit pattern
+    /// of the type being a valid value.
+    pub trait PlainData {}
+    impl PlainData for f32 {}
+    impl PlainData for f64 {}
+    impl PlainData for i64 {}
+    impl PlainData for i32 {}
+    impl PlainData for u8 {}
+    impl PlainData for i8 {}
+    impl PlainData for u16 {}
+}
+
 /// Element types a byte slice may be viewed as (every bit pattern valid).
-pub trait Elem: Copy + Send + Sync + 'static {}
+/// Sealed: no type outside this crate can implement it, so safe code
+/// elsewhere cannot make [`cast`] view bytes as a type with invalid bit
+/// patterns.
+pub trait Elem: sealed::PlainData + Copy + Send + Sync + 'static {}
 impl Elem for f32 {}
 impl Elem for f64 {}
 impl Elem for i64 {}

@@ -1,9 +1,13 @@
 //! The CPU backend: fp32 kernels (plus the integer and bool ops that shape
 //! computations use, and dynamic int8 quantization, [`quant`]), one file per
 //! op family; fp16/bf16 nodes run them on widened copies ([`lowp`]).
-//! Threads: GEMMs split by batch or rows ([`matmul::sgemm`]), which also
-//! carries Conv and the gate products of LSTM / GRU / RNN ([`rnn`]); other
-//! kernels run on one thread. The fused nodes of palettized weights
+//! Threads: one pool per thread count ([`par`]) serves every kernel, with
+//! static splits, so outputs are bit-identical at any thread count. GEMMs
+//! split by batch, rows or column blocks ([`matmul::sgemm`], which also
+//! carries Conv, ConvTranspose and the gate products of LSTM / GRU / RNN);
+//! Conv tiles split across threads, depthwise planes, elementwise rows,
+//! Softmax blocks, pooling planes and single-run reductions too. The rest
+//! run on one thread. The fused nodes of palettized weights
 //! (domain [`crate::lower::PALETTE_DOMAIN`]) have their kernels in
 //! [`palette`].
 

@@ -1,0 +1,76 @@
+//! f32 GEMM candidates on the shapes graphopt's CPU runtime multiplies
+//! (issue 20): matrixmultiply on one thread, split by rows on 2 std
+//! threads (the runtime's split), with its own `threading` feature
+//! (`MATMUL_NUM_THREADS`), and the `gemm` crate on one thread and on a
+//! 2-thread rayon pool. GFLOP/s, best of 5, row-major operands.
+//! Results and how to read them: benches/README.md.
+
+use std::time::Instant;
+
+fn mm_rows(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
+    let t = threads.clamp(1, m);
+    let rows = m.div_ceil(t);
+    let run = |r0: usize, rows: usize, c: &mut [f32]| unsafe {
+        matrixmultiply::sgemm(rows, k, n, 1.0, a.as_ptr().add(r0 * k), k as isize, 1, b.as_ptr(), n as isize, 1, 0.0, c.as_mut_ptr(), n as isize, 1)
+    };
+    if t == 1 { run(0, m, c); return; }
+    std::thread::scope(|s| {
+        let mut rest = c; let mut r0 = 0;
+        while r0 < m { let r = rows.min(m - r0); let (mine, tail) = rest.split_at_mut(r * n); rest = tail; let run = &run; s.spawn(move || run(r0, r, mine)); r0 += r; }
+    });
+}
+
+fn mm_single(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
+    unsafe { matrixmultiply::sgemm(m, k, n, 1.0, a.as_ptr(), k as isize, 1, b.as_ptr(), n as isize, 1, 0.0, c.as_mut_ptr(), n as isize, 1) }
+}
+
+fn gemm_crate(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], par: gemm::Parallelism) {
+    unsafe {
+        gemm::gemm(m, n, k, c.as_mut_ptr(), 1, n as isize, false, a.as_ptr(), 1, k as isize, b.as_ptr(), 1, n as isize, 0.0f32, 1.0f32, false, false, false, par)
+    }
+}
+
+fn time<F: FnMut()>(mut f: F, flops: f64) -> f64 {
+    f();
+    let mut best = f64::MAX;
+    let reps = ((2e8 / flops).ceil() as usize).clamp(3, 200);
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..reps { f(); }
+        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    best
+}
+
+fn main() {
+    let shapes: &[(&str, usize, usize, usize)] = &[
+        ("r50 3x3 l1 w*col", 64, 576, 3136),
+        ("r50 1x1 l1", 256, 64, 3136),
+        ("r50 3x3 l4", 512, 4608, 49),
+        ("r50 1x1 l4", 2048, 512, 49),
+        ("r50 fc b1", 1, 2048, 1000),
+        ("bert b1 qkv", 128, 768, 768),
+        ("bert b1 ffn1", 128, 768, 3072),
+        ("bert b1 ffn2", 128, 3072, 768),
+        ("bert b8 ffn1", 1024, 768, 3072),
+        ("attn qk", 128, 64, 128),
+        ("gpt2 b1 lm head", 128, 768, 50257),
+        ("decode m=1", 1, 768, 3072),
+        ("r18 bwd dW 3x3", 64, 12544 * 16 / 16, 576),
+    ];
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    println!("| shape | M K N | mm 1t GF/s | mm rows 2t | mm threading-feat 2t | gemm 1t | gemm rayon 2t |");
+    for &(name, m, k, n) in shapes {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) * 0.1).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) * 0.1).collect();
+        let mut c = vec![0f32; m * n];
+        let fl = 2.0 * (m * k * n) as f64;
+        let t1 = time(|| mm_single(m, k, n, &a, &b, &mut c), fl);
+        let t2 = time(|| mm_rows(m, k, n, &a, &b, &mut c, 2), fl);
+        let t3 = time(|| mm_single(m, k, n, &a, &b, &mut c), fl);
+        let t4 = time(|| gemm_crate(m, k, n, &a, &b, &mut c, gemm::Parallelism::None), fl);
+        let t5 = pool.install(|| time(|| gemm_crate(m, k, n, &a, &b, &mut c, gemm::Parallelism::Rayon(2)), fl));
+        let g = |t: f64| fl / t / 1e9;
+        println!("| {name} | {m} {k} {n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", g(t1), g(t2), g(t3), g(t4), g(t5));
+    }
+}
