@@ -272,3 +272,119 @@ fn conv_transpose_in_row_tiles() {
         .collect();
     close(&outs[0], &want, "ConvTranspose");
 }
+
+#[test]
+fn folded_convolutions_of_small_outputs_in_a_batch() {
+    // 14x14 outputs in a batch of 4 (one GEMM for the 4 images), a 1x1 at
+    // 7x7, and a weight-gradient shape: a 26x26 kernel over 28x28 images
+    // (3x3 outputs, K = 5,408 unfolded rows in 3 tiles).
+    let x = t(&[4, 16, 14, 14], 31);
+    let w = t(&[32, 16, 3, 3], 32);
+    let x7 = t(&[4, 64, 7, 7], 33);
+    let w1 = t(&[48, 64, 1, 1], 34);
+    let xg = t(&[16, 8, 28, 28], 35);
+    let wg = t(&[32, 8, 26, 26], 36);
+    let (b32, b48) = (t(&[32], 37), t(&[48], 38));
+    let outs = same_bits_at_every_thread_count(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[4,16,14,14] x, float[32,16,3,3] w, float[4,64,7,7] x7, float[48,64,1,1] w1,
+           float[16,8,28,28] xg, float[32,8,26,26] wg, float[32] b32, float[48] b48)
+          => (float[4,32,14,14] a, float[4,48,7,7] p, float[16,32,3,3] d) {
+          a = Conv <pads = [1,1,1,1]> (x, w, b32)
+          p = Conv (x7, w1, b48)
+          d = Conv (xg, wg)
+        }"#,
+        &[
+            x.clone(),
+            w.clone(),
+            x7.clone(),
+            w1.clone(),
+            xg.clone(),
+            wg.clone(),
+            b32.clone(),
+            b48.clone(),
+        ],
+    );
+    let f = |t: &HostTensor| t.to_f32().unwrap();
+    close(
+        &outs[0],
+        &conv_ref(
+            &f(&x),
+            (4, 16, 14, 14),
+            &f(&w),
+            (32, 3, 3),
+            &f(&b32),
+            1,
+            1,
+            1,
+        ),
+        "folded 3x3",
+    );
+    close(
+        &outs[1],
+        &conv_ref(
+            &f(&x7),
+            (4, 64, 7, 7),
+            &f(&w1),
+            (48, 1, 1),
+            &f(&b48),
+            1,
+            1,
+            0,
+        ),
+        "folded 1x1",
+    );
+    let zeros = vec![0f32; 32];
+    close(
+        &outs[2],
+        &conv_ref(
+            &f(&xg),
+            (16, 8, 28, 28),
+            &f(&wg),
+            (32, 26, 26),
+            &zeros,
+            1,
+            1,
+            0,
+        ),
+        "weight-gradient shape",
+    );
+}
+
+#[test]
+fn transposes_masks_and_where() {
+    let a = t(&[8, 64, 96], 41);
+    let z = HostTensor::from_f32(&[], &[0.0]);
+    let outs = runs(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[8,64,96] a, float z) => (float[64,8,96] tr, float[96,64,8] tt, bool[8,64,96] gt, float[8,64,96] wh) {
+          tr = Transpose <perm = [1,0,2]> (a)
+          tt = Transpose <perm = [2,1,0]> (a)
+          gt = Greater (a, z)
+          wh = Where (gt, a, z)
+        }"#,
+        &[a.clone(), z],
+        &[1, 2, 3],
+    );
+    for r in &outs[1..] {
+        assert!(r == &outs[0], "outputs differ between thread counts");
+    }
+    let av = a.to_f32().unwrap();
+    let f = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let (tr, tt, wh) = (f(&outs[0][0]), f(&outs[0][1]), f(&outs[0][3]));
+    for i in 0..8 {
+        for j in 0..64 {
+            for k in 0..96 {
+                let v = av[(i * 64 + j) * 96 + k];
+                assert_eq!(tr[(j * 8 + i) * 96 + k], v);
+                assert_eq!(tt[(k * 64 + j) * 8 + i], v);
+                assert_eq!(outs[0][2][(i * 64 + j) * 96 + k], (v > 0.0) as u8);
+                assert_eq!(wh[(i * 64 + j) * 96 + k], if v > 0.0 { v } else { 0.0 });
+            }
+        }
+    }
+}

@@ -156,6 +156,46 @@ pub fn im2col_cols(
     }
 }
 
+/// Rows `r0..r0 + rows` of the unfolded matrix of [`im2col`] (row
+/// `r = (c·kh + ki)·kw + kj`, channels from `c0`), all `OH·OW` columns, into
+/// `col` at row stride `rs` (row `r` at `(r - r0)·rs`).
+fn im2col_rows(
+    g: &Window,
+    x: &[f32],
+    c0: usize,
+    r0: usize,
+    rows: usize,
+    col: &mut [f32],
+    rs: usize,
+) {
+    let ohw = g.oh * g.ow;
+    for r in r0..r0 + rows {
+        let (c, ki, kj) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
+        let plane = &x[(c0 + c) * g.h * g.w..][..g.h * g.w];
+        let dst = &mut col[(r - r0) * rs..][..ohw];
+        let (lo, hi) = valid_cols(g, kj);
+        for oy in 0..g.oh {
+            let d = &mut dst[oy * g.ow..][..g.ow];
+            let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+            if iy < 0 || iy as usize >= g.h || lo >= hi {
+                d.fill(0.0);
+                continue;
+            }
+            let src = &plane[iy as usize * g.w..][..g.w];
+            d[..lo].fill(0.0);
+            d[hi..].fill(0.0);
+            let first = lo * g.sw + kj * g.dw - g.pw;
+            if g.sw == 1 {
+                d[lo..hi].copy_from_slice(&src[first..first + hi - lo]);
+            } else {
+                for (i, v) in d[lo..hi].iter_mut().enumerate() {
+                    *v = src[first + i * g.sw];
+                }
+            }
+        }
+    }
+}
+
 /// The output columns `lo..hi` whose input column `ox·sw + kj·dw - pw`
 /// lies inside the image (the others read padding).
 fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
@@ -210,6 +250,22 @@ fn depthwise_plane(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32])
 const TILE_BYTES: usize = 1 << 20;
 const MIN_TILE_COLS: usize = 16;
 
+/// Convolutions with at most this many output pixels per image, in a
+/// batch, run "folded": the images' unfolded columns side by side in one
+/// GEMM (per group of images and tile of unfolded rows), so the weights
+/// are packed once per tile instead of once per image (a weight gradient
+/// `Conv(Xᵀ, dYᵀ)` has a 3x3 output and K = N·H·W).
+const FOLD_MAX_COLS: usize = 256;
+/// Bytes of the folded product's output block (`M × images·OH·OW`).
+const FOLD_OUT_BYTES: usize = 4 << 20;
+
+/// `(images per fold, unfolded rows per tile)` of a folded convolution.
+fn fold_layout(m: usize, k: usize, ohw: usize, n: usize) -> (usize, usize) {
+    let imgs = (FOLD_OUT_BYTES / 4 / (m * ohw).max(1)).clamp(1, n);
+    let rows = (TILE_BYTES / 4 / (imgs * ohw).max(1)).clamp(1, k.max(1));
+    (imgs, rows)
+}
+
 /// Output columns per im2col tile for `k` unfolded rows.
 fn tile_cols(k: usize, ohw: usize) -> usize {
     let cols = (TILE_BYTES / 4 / k.max(1)) / MIN_TILE_COLS * MIN_TILE_COLS;
@@ -240,10 +296,105 @@ impl Conv {
     fn k(&self) -> usize {
         self.g.c / self.group * self.g.kh * self.g.kw
     }
+    /// Several images with small outputs: the folded path
+    /// ([`FOLD_MAX_COLS`]).
+    fn folded(&self) -> bool {
+        !self.depthwise() && self.g.n > 1 && self.g.oh * self.g.ow <= FOLD_MAX_COLS
+    }
+    /// Workspace floats of the folded path: the output block, then the
+    /// tile of unfolded rows.
+    fn fold_floats(&self) -> (usize, usize) {
+        let (ohw, mg) = (self.g.oh * self.g.ow, self.m / self.group);
+        let (imgs, rows) = fold_layout(mg, self.k(), ohw, self.g.n);
+        (mg * imgs * ohw, rows * imgs * ohw)
+    }
+
+    /// The folded path: per group and run of `imgs` images, `T[mg ×
+    /// imgs·ohw] = Wg · [col(img 0) | col(img 1) | ...]` accumulated over
+    /// tiles of unfolded rows (each tile unfolded for all the run's images,
+    /// rows split across threads), then scattered into the images' output
+    /// planes with the bias.
+    fn run_folded(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        b: Option<&[f32]>,
+        y: &mut [f32],
+        ws: &mut [f32],
+        threads: usize,
+    ) {
+        let g = &self.g;
+        let (cg, mg, k) = (g.c / self.group, self.m / self.group, self.k());
+        let (ohw, hw) = (g.oh * g.ow, g.h * g.w);
+        let (imgs, rows) = fold_layout(mg, k, ohw, g.n);
+        let (t_len, _) = self.fold_floats();
+        let (t, col) = ws.split_at_mut(t_len);
+        for gi in 0..self.group {
+            let wg = &w[gi * mg * k..][..mg * k];
+            for n0 in (0..g.n).step_by(imgs) {
+                let ni = imgs.min(g.n - n0);
+                let cols = ni * ohw;
+                for r0 in (0..k).step_by(rows) {
+                    let rt = rows.min(k - r0);
+                    let tile = &mut col[..rt * cols];
+                    let min_rows = par::MIN_ELEMS.div_ceil(cols.max(1));
+                    par::for_chunks_mut(threads, tile, cols.max(1), min_rows, |first, part| {
+                        let nrows = part.len() / cols.max(1);
+                        for j in 0..ni {
+                            let xi = &x[(n0 + j) * g.c * hw..][..g.c * hw];
+                            im2col_rows(
+                                g,
+                                xi,
+                                gi * cg,
+                                r0 + first,
+                                nrows,
+                                &mut part[j * ohw..],
+                                cols,
+                            );
+                        }
+                    });
+                    let beta = if r0 == 0 { 0.0 } else { 1.0 };
+                    sgemm(
+                        mg,
+                        rt,
+                        cols,
+                        1.0,
+                        &wg[r0..],
+                        (k, 1),
+                        tile,
+                        (cols, 1),
+                        beta,
+                        &mut t[..mg * cols],
+                        cols,
+                        threads,
+                    );
+                }
+                // T's row m holds channel m of each image, ohw apiece.
+                let out = &mut y[n0 * self.m * ohw..][..ni * self.m * ohw];
+                let t = &t[..mg * cols];
+                par::for_chunks_mut(threads, out, self.m * ohw, 1, |first, part| {
+                    for (j, img) in part.chunks_mut(self.m * ohw).enumerate() {
+                        let jj = first + j;
+                        for m in 0..mg {
+                            let bias = b.map_or(0.0, |b| b[gi * mg + m]);
+                            let dst = &mut img[(gi * mg + m) * ohw..][..ohw];
+                            for (d, &v) in dst.iter_mut().zip(&t[m * cols + jj * ohw..][..ohw]) {
+                                *d = v + bias;
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
 }
 
 impl Kernel for Conv {
     fn workspace_bytes(&self) -> usize {
+        if self.folded() {
+            let (t, col) = self.fold_floats();
+            return (t + col) * 4;
+        }
         if self.direct || self.depthwise() {
             return 0;
         }
@@ -283,6 +434,10 @@ impl Kernel for Conv {
                     );
                 }
             });
+            return Ok(());
+        }
+        if self.folded() {
+            self.run_folded(x, w, b, y, ws, threads);
             return Ok(());
         }
         let tile = tile_cols(k, ohw);

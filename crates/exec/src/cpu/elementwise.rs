@@ -233,12 +233,28 @@ fn binary_f32(io: &mut KernelIo, f: impl Fn(f32, f32) -> f32 + Copy + Sync) -> R
 }
 
 /// `out = f(a, b)` into another dtype (no in-place: staged).
-fn binary_to<T: Elem, U: Elem>(io: &mut KernelIo, f: impl Fn(T, T) -> U) -> Result<(), String> {
+fn binary_to<T: Elem, U: Elem>(
+    io: &mut KernelIo,
+    f: impl Fn(T, T) -> U + Sync,
+) -> Result<(), String> {
     let (a, b) = (io.input(0)?, io.input(1)?);
     let (sa, sb): (&[T], &[T]) = (cast(a.bytes()?), cast(b.bytes()?));
+    let threads = io.threads;
     let out = &mut io.outputs[0];
     let shape = out.shape;
     let o: &mut [U] = cast_mut(out.data);
+    let n = o.len();
+    if (sa.len() == n || sa.len() == 1) && (sb.len() == n || sb.len() == 1) && n > 0 {
+        // Full-size or scalar operands: chunks across threads.
+        let (fa, fb) = (sa.len() == n, sb.len() == n);
+        par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, part| {
+            for (j, v) in part.iter_mut().enumerate() {
+                let i = first + j;
+                *v = f(sa[if fa { i } else { 0 }], sb[if fb { i } else { 0 }]);
+            }
+        });
+        return Ok(());
+    }
     for_each_bcast(shape, [a.shape, b.shape], |i, [ia, ib]| {
         o[i] = f(sa[ia], sb[ib])
     });
@@ -738,9 +754,30 @@ fn where_t<T: Elem>(io: &mut KernelIo) -> Result<(), String> {
     }
     let sc: &[u8] = cast(c.bytes()?);
     let (sx, sy) = (slice::<T>(&x), slice::<T>(&y));
+    let threads = io.threads;
     let out = &mut io.outputs[0];
     let shape = out.shape;
     let o: &mut [T] = cast_mut(out.data);
+    let n = o.len();
+    let full_or_one = |s: &[usize]| numel(s) == n || numel(s) == 1;
+    if full_or_one(c.shape) && full_or_one(x.shape) && full_or_one(y.shape) {
+        // Every operand full-size or a scalar (ReLU's backward mask):
+        // chunks across threads, in-place operands read from the output.
+        let at = |s: Option<&[T]>, o: T, i: usize| match s {
+            None => o,
+            Some(s) if s.len() == 1 => s[0],
+            Some(s) => s[i],
+        };
+        let cfull = sc.len() == n;
+        par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, part| {
+            for (j, v) in part.iter_mut().enumerate() {
+                let i = first + j;
+                let cond = sc[if cfull { i } else { 0 }] != 0;
+                *v = if cond { at(sx, *v, i) } else { at(sy, *v, i) };
+            }
+        });
+        return Ok(());
+    }
     for_each_bcast(shape, [c.shape, x.shape, y.shape], |i, [ic, ix, iy]| {
         o[i] = if sc[ic] != 0 {
             sx.map_or(o[i], |s| s[ix])

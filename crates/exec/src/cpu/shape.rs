@@ -8,45 +8,100 @@
 //! inference, so kernels only place bytes.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::cpu::par;
 use crate::tensor::{cast, cast_mut, elem_size, numel, strides};
 use graphopt_ir::{AttrValue, DType};
 
 /// `dst[i] = src[base + Σ idx_d · st_d]` over every index of `out`, in
 /// elements of `es` bytes.
 pub fn strided(es: usize, out: &[usize], src: &[u8], base: isize, st: &[isize], dst: &mut [u8]) {
+    strided_par(1, es, out, src, base, st, dst);
+}
+
+/// [`strided`] on `threads` threads: dims that stay contiguous in the
+/// source are merged first (so a Transpose that keeps the last dim copies
+/// whole runs), then rows of the last merged dim split across threads.
+pub fn strided_par(
+    threads: usize,
+    es: usize,
+    out: &[usize],
+    src: &[u8],
+    base: isize,
+    st: &[isize],
+    dst: &mut [u8],
+) {
     let n = numel(out);
     if n == 0 {
         return;
     }
-    if out.is_empty() {
+    // Merge dim d into the previous one where stepping through d and then
+    // its predecessor is one stride; drop dims of extent 1.
+    let (mut dims, mut sts): (Vec<usize>, Vec<isize>) = (Vec::new(), Vec::new());
+    for (&d, &t) in out.iter().zip(st) {
+        if d == 1 {
+            continue;
+        }
+        match (dims.last_mut(), sts.last_mut()) {
+            (Some(pd), Some(pt)) if *pt == t * d as isize => {
+                *pd *= d;
+                *pt = t;
+            }
+            _ => {
+                dims.push(d);
+                sts.push(t);
+            }
+        }
+    }
+    if dims.is_empty() {
         let b = base as usize * es;
         dst[..es].copy_from_slice(&src[b..b + es]);
         return;
     }
-    let rank = out.len();
-    let mut idx = vec![0usize; rank];
-    let mut pos = base;
-    let last = rank - 1;
-    let (inner, ist) = (out[last], st[last]);
-    let mut i = 0;
-    while i < n {
-        for j in 0..inner {
-            let s = (pos + j as isize * ist) as usize * es;
-            dst[(i + j) * es..(i + j + 1) * es].copy_from_slice(&src[s..s + es]);
-        }
-        i += inner;
-        let mut d = last;
-        while d > 0 {
-            d -= 1;
-            idx[d] += 1;
-            pos += st[d];
-            if idx[d] < out[d] {
-                break;
+    let last = dims.len() - 1;
+    let (inner, ist) = (dims[last], sts[last]);
+    let row_bytes = inner * es;
+    let min_rows = (par::MIN_ELEMS / 4).div_ceil(inner);
+    par::for_chunks_mut(
+        threads,
+        &mut dst[..n * es],
+        row_bytes,
+        min_rows,
+        |first, part| {
+            for (j, row) in part.chunks_exact_mut(row_bytes).enumerate() {
+                // The source offset of this row's first element.
+                let (mut rest, mut pos) = (first + j, base);
+                for d in (0..last).rev() {
+                    pos += (rest % dims[d]) as isize * sts[d];
+                    rest /= dims[d];
+                }
+                if ist == 1 {
+                    let s = pos as usize * es;
+                    row.copy_from_slice(&src[s..s + row_bytes]);
+                    continue;
+                }
+                macro_rules! gather {
+                    ($t:ty) => {{
+                        let (sv, dv): (&[$t], &mut [$t]) = (cast(src), cast_mut(row));
+                        for (k, d) in dv.iter_mut().enumerate() {
+                            *d = sv[(pos + k as isize * ist) as usize];
+                        }
+                    }};
+                }
+                match es {
+                    8 => gather!(i64),
+                    4 => gather!(i32),
+                    2 => gather!(u16),
+                    1 => gather!(u8),
+                    _ => {
+                        for k in 0..inner {
+                            let s = (pos + k as isize * ist) as usize * es;
+                            row[k * es..(k + 1) * es].copy_from_slice(&src[s..s + es]);
+                        }
+                    }
+                }
             }
-            pos -= st[d] * out[d] as isize;
-            idx[d] = 0;
-        }
-    }
+        },
+    );
 }
 
 struct Copy;
@@ -71,7 +126,8 @@ struct Strided {
 impl Kernel for Strided {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.bytes()?;
-        strided(
+        strided_par(
+            io.threads,
             self.es,
             &self.out,
             x,
