@@ -275,23 +275,25 @@ fn conv_transpose_in_row_tiles() {
 
 #[test]
 fn folded_convolutions_of_small_outputs_in_a_batch() {
-    // 14x14 outputs in a batch of 4 (one GEMM for the 4 images), a 1x1 at
-    // 7x7, and a weight-gradient shape: a 26x26 kernel over 28x28 images
-    // (3x3 outputs, K = 5,408 unfolded rows in 3 tiles).
-    let x = t(&[4, 16, 14, 14], 31);
-    let w = t(&[32, 16, 3, 3], 32);
-    let x7 = t(&[4, 64, 7, 7], 33);
-    let w1 = t(&[48, 64, 1, 1], 34);
+    // Weights of at least 65,536 elements and small outputs in a batch:
+    // 14x14 outputs of 4 images in runs of 3 and 1 (unfolded rows in 3
+    // tiles), a 1x1 at 7x7 (4 images in one run), and a weight-gradient
+    // shape: a 26x26 kernel over 28x28 images (3x3 outputs, K = 5,408
+    // unfolded rows in 3 tiles).
+    let x = t(&[4, 128, 14, 14], 31);
+    let w = t(&[64, 128, 3, 3], 32);
+    let x7 = t(&[4, 256, 7, 7], 33);
+    let w1 = t(&[256, 256, 1, 1], 34);
     let xg = t(&[16, 8, 28, 28], 35);
     let wg = t(&[32, 8, 26, 26], 36);
-    let (b32, b48) = (t(&[32], 37), t(&[48], 38));
+    let (b64, b256) = (t(&[64], 37), t(&[256], 38));
     let outs = same_bits_at_every_thread_count(
         r#"<ir_version: 8, opset_import: ["" : 17]>
-        g (float[4,16,14,14] x, float[32,16,3,3] w, float[4,64,7,7] x7, float[48,64,1,1] w1,
-           float[16,8,28,28] xg, float[32,8,26,26] wg, float[32] b32, float[48] b48)
-          => (float[4,32,14,14] a, float[4,48,7,7] p, float[16,32,3,3] d) {
-          a = Conv <pads = [1,1,1,1]> (x, w, b32)
-          p = Conv (x7, w1, b48)
+        g (float[4,128,14,14] x, float[64,128,3,3] w, float[4,256,7,7] x7, float[256,256,1,1] w1,
+           float[16,8,28,28] xg, float[32,8,26,26] wg, float[64] b64, float[256] b256)
+          => (float[4,64,14,14] a, float[4,256,7,7] p, float[16,32,3,3] d) {
+          a = Conv <pads = [1,1,1,1]> (x, w, b64)
+          p = Conv (x7, w1, b256)
           d = Conv (xg, wg)
         }"#,
         &[
@@ -301,8 +303,8 @@ fn folded_convolutions_of_small_outputs_in_a_batch() {
             w1.clone(),
             xg.clone(),
             wg.clone(),
-            b32.clone(),
-            b48.clone(),
+            b64.clone(),
+            b256.clone(),
         ],
     );
     let f = |t: &HostTensor| t.to_f32().unwrap();
@@ -310,10 +312,10 @@ fn folded_convolutions_of_small_outputs_in_a_batch() {
         &outs[0],
         &conv_ref(
             &f(&x),
-            (4, 16, 14, 14),
+            (4, 128, 14, 14),
             &f(&w),
-            (32, 3, 3),
-            &f(&b32),
+            (64, 3, 3),
+            &f(&b64),
             1,
             1,
             1,
@@ -324,10 +326,10 @@ fn folded_convolutions_of_small_outputs_in_a_batch() {
         &outs[1],
         &conv_ref(
             &f(&x7),
-            (4, 64, 7, 7),
+            (4, 256, 7, 7),
             &f(&w1),
-            (48, 1, 1),
-            &f(&b48),
+            (256, 1, 1),
+            &f(&b256),
             1,
             1,
             0,

@@ -251,18 +251,27 @@ const TILE_BYTES: usize = 1 << 20;
 const MIN_TILE_COLS: usize = 16;
 
 /// Convolutions with at most this many output pixels per image, in a
-/// batch, run "folded": the images' unfolded columns side by side in one
-/// GEMM (per group of images and tile of unfolded rows), so the weights
-/// are packed once per tile instead of once per image (a weight gradient
-/// `Conv(Xᵀ, dYᵀ)` has a 3x3 output and K = N·H·W).
+/// batch, and weights of at least [`FOLD_MIN_WEIGHTS`] elements per group,
+/// run "folded": the images' unfolded columns side by side in one GEMM
+/// (per run of images and tile of unfolded rows), so the weights are packed
+/// once per tile instead of once per image (a weight gradient
+/// `Conv(Xᵀ, dYᵀ)` has a 3x3 output and K = N·H·W). Small weights cost
+/// little to repack and keep the smaller workspace of the per-image path.
 const FOLD_MAX_COLS: usize = 256;
+const FOLD_MIN_WEIGHTS: usize = 1 << 16;
+/// Columns a folded product aims for (images per run = this / OH·OW).
+const FOLD_COLS: usize = 512;
 /// Bytes of the folded product's output block (`M × images·OH·OW`).
-const FOLD_OUT_BYTES: usize = 4 << 20;
+const FOLD_OUT_BYTES: usize = 1 << 20;
 
 /// `(images per fold, unfolded rows per tile)` of a folded convolution.
 fn fold_layout(m: usize, k: usize, ohw: usize, n: usize) -> (usize, usize) {
-    let imgs = (FOLD_OUT_BYTES / 4 / (m * ohw).max(1)).clamp(1, n);
-    let rows = (TILE_BYTES / 4 / (imgs * ohw).max(1)).clamp(1, k.max(1));
+    let ohw = ohw.max(1);
+    let imgs = FOLD_COLS
+        .div_ceil(ohw)
+        .min(FOLD_OUT_BYTES / 4 / (m * ohw).max(1))
+        .clamp(1, n.max(1));
+    let rows = (TILE_BYTES / 4 / (imgs * ohw)).clamp(1, k.max(1));
     (imgs, rows)
 }
 
@@ -299,7 +308,10 @@ impl Conv {
     /// Several images with small outputs: the folded path
     /// ([`FOLD_MAX_COLS`]).
     fn folded(&self) -> bool {
-        !self.depthwise() && self.g.n > 1 && self.g.oh * self.g.ow <= FOLD_MAX_COLS
+        !self.depthwise()
+            && self.g.n > 1
+            && self.g.oh * self.g.ow <= FOLD_MAX_COLS
+            && self.m / self.group * self.k() >= FOLD_MIN_WEIGHTS
     }
     /// Workspace floats of the folded path: the output block, then the
     /// tile of unfolded rows.
