@@ -2,12 +2,16 @@
 //! bfloat16 runs the fp32 kernel on f32 copies of its inputs (in the
 //! workspace) and rounds the f32 outputs back once, as onnxruntime's CPU
 //! provider does for most ops (compute in f32, round at the output).
+//! The conversions split across threads and use F16C where the CPU has it;
+//! they still widen whole tensors (weights too, on every run).
 //! Byte-generic data movement (Reshape, Transpose, Concat, ...) needs no
 //! widening and never comes here.
 
 use crate::backend::{Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
+use crate::cpu::par;
 use crate::tensor::{cast, cast_mut, numel};
 use graphopt_ir::DType;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 
 fn low(d: DType) -> bool {
@@ -37,31 +41,36 @@ struct ViaF32 {
     out_n: Vec<usize>,
 }
 
-fn widen(d: DType, src: &[u8], dst: &mut [f32]) {
-    if d == DType::F16 {
-        let s: &[u16] = cast(src);
-        dst.iter_mut()
-            .zip(s)
-            .for_each(|(o, &b)| *o = f16::from_bits(b).to_f32());
-    } else {
-        let s: &[u16] = cast(src);
-        dst.iter_mut()
-            .zip(s)
-            .for_each(|(o, &b)| *o = bf16::from_bits(b).to_f32());
-    }
+/// Elements per part of a conversion split across threads.
+const CONVERT_MIN: usize = 1 << 16;
+
+/// `dst = f32(src)`, split across threads; fp16 by `half`'s slice
+/// conversion (F16C instructions where the CPU has them).
+fn widen(threads: usize, d: DType, src: &[u8], dst: &mut [f32]) {
+    let s: &[u16] = cast(src);
+    par::for_chunks_mut(threads, dst, 1, CONVERT_MIN, |first, part| {
+        let bits = &s[first..first + part.len()];
+        if d == DType::F16 {
+            bits.reinterpret_cast::<f16>().convert_to_f32_slice(part);
+        } else {
+            bits.reinterpret_cast::<bf16>().convert_to_f32_slice(part);
+        }
+    });
 }
 
-fn narrow(d: DType, src: &[f32], dst: &mut [u8]) {
+/// `dst = round(src)` to fp16 or bf16, split across threads.
+fn narrow(threads: usize, d: DType, src: &[f32], dst: &mut [u8]) {
     let o: &mut [u16] = cast_mut(dst);
-    if d == DType::F16 {
-        o.iter_mut()
-            .zip(src)
-            .for_each(|(o, &v)| *o = f16::from_f32(v).to_bits());
-    } else {
-        o.iter_mut()
-            .zip(src)
-            .for_each(|(o, &v)| *o = bf16::from_f32(v).to_bits());
-    }
+    par::for_chunks_mut(threads, o, 1, CONVERT_MIN, |first, part| {
+        let src = &src[first..first + part.len()];
+        if d == DType::F16 {
+            part.reinterpret_cast_mut::<f16>()
+                .convert_from_f32_slice(src);
+        } else {
+            part.reinterpret_cast_mut::<bf16>()
+                .convert_from_f32_slice(src);
+        }
+    });
 }
 
 impl Kernel for ViaF32 {
@@ -93,7 +102,7 @@ impl Kernel for ViaF32 {
                         Data::Bytes(b) => b,
                         Data::Output0 => return Err("in place on a widened input".into()),
                     };
-                    widen(d, src, cast_mut(&mut buf[..n * 4]));
+                    widen(io.threads, d, src, cast_mut(&mut buf[..n * 4]));
                     let buf: &[u8] = buf;
                     ins.push(Some(In {
                         dtype: DType::F32,
@@ -104,44 +113,50 @@ impl Kernel for ViaF32 {
                 (i, _) => ins.push(*i),
             }
         }
-        let mut outs = Vec::with_capacity(io.outputs.len());
-        let mut narrowed = Vec::new();
-        for (k, o) in io.outputs.iter_mut().enumerate() {
+        // The f32 buffers of the narrowed outputs, by output slot.
+        let mut bufs: Vec<Option<&mut [u8]>> = Vec::with_capacity(io.outputs.len());
+        for k in 0..io.outputs.len() {
             match self.outs.get(k).copied().flatten() {
                 Some(_) => {
                     let n = self.out_n[k];
                     let (buf, r) =
                         std::mem::take(&mut rest).split_at_mut((n * 4).next_multiple_of(A));
                     rest = r;
-                    narrowed.push(k);
-                    outs.push(Out {
-                        dtype: DType::F32,
-                        shape: o.shape,
-                        data: &mut buf[..n * 4],
-                    });
+                    bufs.push(Some(&mut buf[..n * 4]));
                 }
-                None => outs.push(Out {
+                None => bufs.push(None),
+            }
+        }
+        let threads = io.threads;
+        let outs = io
+            .outputs
+            .iter_mut()
+            .zip(bufs.iter_mut())
+            .map(|(o, b)| match b {
+                Some(b) => Out {
+                    dtype: DType::F32,
+                    shape: o.shape,
+                    data: &mut **b,
+                },
+                None => Out {
                     dtype: o.dtype,
                     shape: o.shape,
                     data: &mut *o.data,
-                }),
-            }
-        }
+                },
+            })
+            .collect();
         let mut inner = KernelIo {
             inputs: ins,
             outputs: outs,
             workspace: inner_ws,
-            threads: io.threads,
+            threads,
         };
         self.inner.run(&mut inner)?;
-        let wide: Vec<Vec<f32>> = narrowed
-            .iter()
-            .map(|&k| cast::<f32>(inner.outputs[k].data).to_vec())
-            .collect();
         drop(inner);
-        for (&k, w) in narrowed.iter().zip(&wide) {
-            let d = self.outs[k].expect("narrowed output");
-            narrow(d, w, io.outputs[k].data);
+        for (k, b) in bufs.iter().enumerate() {
+            if let (Some(b), Some(d)) = (b, self.outs.get(k).copied().flatten()) {
+                narrow(threads, d, cast::<f32>(b), io.outputs[k].data);
+            }
         }
         Ok(())
     }
