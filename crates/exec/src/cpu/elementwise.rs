@@ -932,12 +932,12 @@ fn softplus(x: f32) -> f32 {
 /// over a tensor vectorizes): below |x| = 0.5 the Taylor series to x¹⁹
 /// (truncation below 1e-14), above it the Chebyshev fit of erfc from
 /// Numerical Recipes (fractional error < 1.2e-7) with [`exp_neg`].
-#[inline]
+#[inline(always)]
 pub fn erf(x: f32) -> f32 {
     erf64(x as f64) as f32
 }
 
-#[inline]
+#[inline(always)]
 fn erf64(x: f64) -> f64 {
     // (-1)^k / (k! (2k + 1)), k = 0..9.
     const TAYLOR: [f64; 10] = [
@@ -967,26 +967,93 @@ fn erf64(x: f64) -> f64 {
                                 + t * (-1.13520398
                                     + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))),
     );
-    let large = 1.0 - erfc;
-    let r = if z < 0.5 { small } else { large.min(1.0) };
-    if x.is_nan() {
-        x
-    } else {
-        r.copysign(x)
+    let large = (1.0 - erfc).min(1.0);
+    // Selections by bit masks, not branches, so a loop over a tensor
+    // vectorizes (NaN passes through).
+    let small_side = ((z < 0.5) as u64).wrapping_neg();
+    let r = f64::from_bits((small.to_bits() & small_side) | (large.to_bits() & !small_side))
+        .copysign(x);
+    let nan = (x.is_nan() as u64).wrapping_neg();
+    f64::from_bits((x.to_bits() & nan) | (r.to_bits() & !nan))
+}
+
+/// Erf on f32: its own loop (not [`Unary`]'s closure call per element)
+/// around the inlined, branch-free [`erf`], so it vectorizes.
+struct Erf;
+
+impl Kernel for Erf {
+    fn in_place(&self) -> bool {
+        true
     }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?;
+        let sx = slice::<f32>(&x);
+        let threads = io.threads;
+        let o = io.outputs[0].f32()?;
+        par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, o| match sx {
+            Some(s) => erf_slice(Some(&s[first..first + o.len()]), o),
+            None => erf_slice(None, o),
+        });
+        Ok(())
+    }
+}
+
+/// `o = erf(x)` (`x = None`: in place), on AVX2 + FMA lanes where the CPU
+/// has them (the same operations, so the same bits), else the baseline
+/// SSE2 ones.
+fn erf_slice(x: Option<&[f32]>, o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        unsafe { erf_slice_avx2(x, o) };
+        return;
+    }
+    erf_loop(x, o);
+}
+
+/// Plain indexed loops (iterator adaptors would be separate functions,
+/// compiled without the caller's target features).
+#[inline(always)]
+fn erf_loop(x: Option<&[f32]>, o: &mut [f32]) {
+    match x {
+        Some(s) => {
+            let s = &s[..o.len()];
+            for i in 0..o.len() {
+                o[i] = erf(s[i]);
+            }
+        }
+        None => {
+            for v in o {
+                *v = erf(*v);
+            }
+        }
+    }
+}
+
+/// [`erf_loop`] compiled for AVX2 (4 f64 lanes). No FMA: contracting the
+/// multiply-adds would change the bits from the baseline loop's.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn erf_slice_avx2(x: Option<&[f32]>, o: &mut [f32]) {
+    erf_loop(x, o);
 }
 
 /// eˣ for x ≤ 1 (below -700 it returns e⁻⁷⁰⁰, which is 0 next to what
 /// erf adds it to) to about 1e-15, without branches or libm: x = n·ln 2 + r,
 /// |r| ≤ ln 2 / 2, eʳ by its Taylor series to r¹², times 2ⁿ built in the
 /// exponent bits.
-#[inline]
+#[inline(always)]
 fn exp_neg(x: f64) -> f64 {
     const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 · 2⁵²
     const LN2_HI: f64 = 0.693_147_180_369_123_8;
     const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     let x = x.clamp(-700.0, 1.0);
-    let n = (x * std::f64::consts::LOG2_E + ROUND) - ROUND;
+    // n = round(x / ln 2), as a float and (from the low mantissa bits of
+    // the rounded sum) as an integer, with no float-to-int conversion
+    // (which SSE2 lacks for 64-bit lanes, so the loop stays vectorized).
+    let t = x * std::f64::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
+    let ni = t.to_bits() as i64 - ROUND.to_bits() as i64;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     // 1/k for k = 1..=12.
     const INV: [f64; 12] = [
@@ -1004,7 +1071,7 @@ fn exp_neg(x: f64) -> f64 {
         1.0 / 12.0,
     ];
     let p = INV.iter().rev().fold(1.0, |p, &inv| 1.0 + p * r * inv);
-    p * f64::from_bits(((n as i64 + 1023) as u64) << 52)
+    p * f64::from_bits(((ni + 1023) as u64) << 52)
 }
 
 fn attr_f(ctx: &NodeCtx, name: &str, d: f32) -> f32 {
@@ -1099,7 +1166,7 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "Ceil" => Box::new(Unary(f32::ceil)),
         // Closures, not fn items: each kernel inlines its function, so the
         // loop vectorizes.
-        "Erf" => Box::new(Unary(|x: f32| erf(x))),
+        "Erf" => Box::new(Erf),
         "Tanh" => Box::new(Unary(f32::tanh)),
         "Tan" => Box::new(Unary(f32::tan)),
         "Asin" => Box::new(Unary(f32::asin)),
