@@ -23,6 +23,14 @@ Per model, each tool in its own fresh process:
     against onnxruntime's (rel L2 over the float outputs).
 The fp16 rows give both tools the same fp16 file.
 
+Training rows (issue 20; `--no-train` skips them): one SGD step of torchvision resnet18 at batch 16
+(224x224), BERT-base (masked-LM head) at batch 8 x 128 and GPT-2 (LM head) at batch 4 x 256, each
+with cross-entropy over its classes: `graphopt grad MODEL --loss cross_entropy --optimizer sgd`
+(models and data from train_bench.py), the same step graph run by both tools (outputs: the loss
+and every updated parameter), and torch eager's step on the same module at the same thread count
+(train_bench.py's child: forward, loss, backward, optimizer step; median of its steps after the
+first).
+
 Goals (issue 13): activation memory <= onnxruntime's on every model; graphopt's peak RSS <=
 (weights + arena + workspace) + 10%; latency within 1.5x of onnxruntime at batch 8 on resnet50 and
 bert_base. Writes benches/results/run.json and run.md (the table, also printed).
@@ -51,6 +59,8 @@ import quantize_bench as qb  # noqa: E402  (rel_err)
 
 SEQ = 128
 MODELS = [(n, b) for n in ("resnet50", "mobilenet_v2", "bert_base", "gpt2") for b in (1, 8)]
+# (model, batch) of the training rows; train_bench.py builds them.
+TRAIN = [("resnet18", 16), ("bert_base", 8), ("gpt2", 4)]
 
 ORT_CHILD = r"""
 import json, sys, time, numpy as np, onnxruntime as ort
@@ -131,6 +141,25 @@ def run_ort(path, inputs, out, repeat, threads, timeout) -> dict:
     return r
 
 
+def prepare_train(graphopt, name, timeout) -> tuple[str, str, int]:
+    """(step graph, its inputs, torch's step in seconds) for one training row."""
+    import train_bench as tb  # noqa: E402  (the torch models and their export)
+
+    onnx, data, axis = tb.export(name)
+    step = os.path.join(RUN_MODELS, f"train_{name}.sgd.onnx")
+    if not os.path.exists(step):
+        os.makedirs(RUN_MODELS, exist_ok=True)
+        sh([*graphopt, "grad", str(onnx), "-o", step, "--loss", "cross_entropy", "--class-axis",
+            str(axis), "--optimizer", "sgd"], timeout)
+    return step, str(data)
+
+
+def torch_step(name, threads, timeout) -> float:
+    out = sh([sys.executable, os.path.join(REPO, "benches", "train_bench.py"), "--torch-child", name,
+              "--steps", "6", "--threads", str(threads)], timeout)
+    return json.loads(out.strip().splitlines()[-1])["step_s"]
+
+
 def mb(n) -> str:
     return "—" if n is None else f"{n / 1e6:.1f} MB"
 
@@ -142,6 +171,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-fp16", action="store_true")
+    ap.add_argument("--no-train", action="store_true", help="skip the training-step rows")
     ap.add_argument("--timeout", type=float, default=1800)
     a = ap.parse_args()
     graphopt = resolve_graphopt(a.graphopt)
@@ -173,6 +203,23 @@ def main():
                 row["error"] = str(e)
             print(json.dumps(row), flush=True)
             rows.append(row)
+    for name, batch in ([] if a.no_train else TRAIN):
+        row_name = f"{name} b{batch} sgd step"
+        if a.k and not re.search(a.k, row_name):
+            continue
+        row = {"model": row_name, "train": True}
+        try:
+            step, inputs = prepare_train(graphopt, name, a.timeout)
+            row["file_bytes"] = file_bytes(step)
+            g_out, o_out = os.path.join(tmp, "g.npz"), os.path.join(tmp, "o.npz")
+            row["onnxruntime"] = run_ort(step, inputs, o_out, a.repeat, a.threads, a.timeout)
+            row["graphopt"] = run_graphopt(graphopt, step, inputs, g_out, a.repeat, a.threads, a.timeout)
+            row["rel_l2"] = qb.rel_err(dict(np.load(o_out)), dict(np.load(g_out)))
+            row["torch_step_ms"] = 1e3 * torch_step(name, a.threads, a.timeout)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = str(e)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     goals = check_goals(rows)
     md = table(rows, goals, graphopt, a)
     print(md)
@@ -196,6 +243,8 @@ def check_goals(rows) -> list[dict]:
         bound = 1.1 * (g["weights_bytes"] + g["arena_bytes"] + g["workspace_bytes"] + g["dynamic_bytes"])
         if g["peak_rss"] > bound:
             rss.append(f'{r["model"]}: {g["peak_rss"] / bound * 1.1:.2f}x of weights+arena+workspace')
+    train = [(r["model"], r["graphopt"]["median_ms"], r["onnxruntime"]["median_ms"], r["torch_step_ms"])
+             for r in ok if r.get("train") and "torch_step_ms" in r]
     lat = []
     for r in ok:
         if re.fullmatch(r"(resnet50|bert_base) b8", r["model"]):
@@ -209,6 +258,10 @@ def check_goals(rows) -> list[dict]:
         {"goal": "latency <= 1.5x onnxruntime at batch 8 on resnet50 and bert_base (median)",
          "met": bool(lat) and all(x <= 1.5 for _, x in lat),
          "detail": ", ".join(f"{m}: {x:.2f}x" for m, x in lat) or "not measured"},
+        {"goal": "training step <= torch eager's and <= onnxruntime's on the same graph (median)",
+         "met": bool(train) and all(g <= t and g <= o for _, g, o, t in train),
+         "detail": ", ".join(f"{m}: {g / t:.2f}x torch, {g / o:.2f}x onnxruntime"
+                             for m, g, o, t in train) or "not measured"},
         {"goal": "every row ran", "met": len(ok) == len(rows),
          "detail": "; ".join(f'{r["model"]}: {r["error"]}' for r in rows if "error" in r) or "yes"},
     ]
@@ -222,17 +275,21 @@ def table(rows, goals, graphopt, a) -> str:
            "RSS during its runs minus RSS after session creation (CPU arena off).", "",
            "rel L2: graphopt's outputs against onnxruntime's on the same file; for fp16 rows, in "
            "brackets, each tool's against onnxruntime's fp32 outputs (graphopt / onnxruntime).", "",
-           "| model | weights | graphopt latency | ort latency | ratio | graphopt act. | ort act. | "
+           "Training rows (`sgd step`): one SGD step of `graphopt grad`'s graph in both runtimes; "
+           "torch = torch eager's step on the same module (median of 5 after the first).", "",
+           "| model | weights | graphopt latency | ort latency | ratio | torch eager | graphopt act. | ort act. | "
            "act. ratio | graphopt peak RSS | ort peak RSS | rel L2 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f'| {r["model"]} | FAILED: {r["error"]} |||||||||')
+            out.append(f'| {r["model"]} | FAILED: {r["error"]} ||||||||||')
             continue
         g, o = r["graphopt"], r["onnxruntime"]
         out.append(
             f'| {r["model"]} | {mb(g["weights_bytes"])} | {g["median_ms"]:.1f} ({g["best_ms"]:.1f}) ms | '
             f'{o["median_ms"]:.1f} ({o["best_ms"]:.1f}) ms | {g["median_ms"] / o["median_ms"]:.2f}x | '
+            + (f'{r["torch_step_ms"]:.1f} ms ({g["median_ms"] / r["torch_step_ms"]:.2f}x) | '
+               if "torch_step_ms" in r else "— | ") +
             f'{mb(g["activation_bytes"])} | {mb(o["activation_bytes"])} | '
             f'{g["activation_bytes"] / max(o["activation_bytes"], 1):.2f}x | {mb(g["peak_rss"])} | '
             f'{mb(o["peak_rss"])} | {r["rel_l2"]:.1e}' +

@@ -14,6 +14,9 @@ peak RSS is its own:
             inference form on both sides, torch's in eval mode too)
   gpt2      transformers GPT2LMHeadModel(GPT2Config()), batch 4 x 256,
             next-token cross-entropy over the vocabulary, SGD lr 0.01
+  bert_base transformers BertForMaskedLM(BertConfig()), batch 8 x 128,
+            cross-entropy over the vocabulary at every position, SGD lr 0.01
+            (also the training rows of run_bench.py)
 
 * torch: `model(x)`, the loss, `backward()`, `optimizer.step()` for
   `--steps` steps on random data; step time is the median of the steps
@@ -63,6 +66,14 @@ def build(name: str):
         b, s = 4, 256
         x = torch.randint(0, 50257, (b, s))
         y = torch.randint(0, 50257, (b, s))
+        return m, {"input_ids": x}, y, -1
+    if name == "bert_base":
+        import transformers
+
+        m = transformers.BertForMaskedLM(transformers.BertConfig()).eval()
+        b, s = 8, 128
+        x = torch.randint(0, 30522, (b, s))
+        y = torch.randint(0, 30522, (b, s))
         return m, {"input_ids": x}, y, -1
     raise SystemExit(f"unknown model {name}")
 
@@ -133,7 +144,7 @@ def main() -> None:
         t = json.loads(subprocess.run(
             [sys.executable, __file__, "--torch-child", name, "--steps", str(a.steps),
              "--threads", str(a.threads)], check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-        batch = {"resnet18": 16, "gpt2": 4}[name]
+        batch = {"resnet18": 16, "gpt2": 4, "bert_base": 8}[name]
         # The data holds one batch: each step trains on it again.
         out = Path(tempfile.mkdtemp()) / "trained.onnx"
         cmd = [a.graphopt, "train", str(onnx), "--data", str(data), "--batch", str(batch),

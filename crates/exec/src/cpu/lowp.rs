@@ -136,7 +136,7 @@ impl Kernel for ViaF32 {
                 Some(b) => Out {
                     dtype: DType::F32,
                     shape: o.shape,
-                    data: &mut **b,
+                    data: b,
                 },
                 None => Out {
                     dtype: o.dtype,
