@@ -172,9 +172,19 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-fp16", action="store_true")
     ap.add_argument("--no-train", action="store_true", help="skip the training-step rows")
+    ap.add_argument("--from-json", help="rewrite run.md from a run.json (no runs)")
     ap.add_argument("--timeout", type=float, default=1800)
     a = ap.parse_args()
     graphopt = resolve_graphopt(a.graphopt)
+    if a.from_json:
+        with open(a.from_json) as f:
+            saved = json.load(f)
+        a.repeat, a.threads = saved["repeat"], saved["threads"]
+        md = table(saved["rows"], check_goals(saved["rows"]), graphopt, a)
+        print(md)
+        with open(os.path.join(RESULTS, "run.md"), "w") as f:
+            f.write(md)
+        return
     rows = []
     tmp = tempfile.mkdtemp(prefix="run_bench.")
     for name, batch in MODELS:
@@ -245,6 +255,10 @@ def check_goals(rows) -> list[dict]:
             rss.append(f'{r["model"]}: {g["peak_rss"] / bound * 1.1:.2f}x of weights+arena+workspace')
     train = [(r["model"], r["graphopt"]["median_ms"], r["onnxruntime"]["median_ms"], r["torch_step_ms"])
              for r in ok if r.get("train") and "torch_step_ms" in r]
+    ratio = [(r["model"], r["graphopt"]["median_ms"] / r["onnxruntime"]["median_ms"])
+             for r in ok if not r.get("train")]
+    fp32 = [x for x in ratio if not x[0].endswith("fp16")]
+    fp16 = [x for x in ratio if x[0].endswith("fp16")]
     lat = []
     for r in ok:
         if re.fullmatch(r"(resnet50|bert_base) b8", r["model"]):
@@ -258,6 +272,12 @@ def check_goals(rows) -> list[dict]:
         {"goal": "latency <= 1.5x onnxruntime at batch 8 on resnet50 and bert_base (median)",
          "met": bool(lat) and all(x <= 1.5 for _, x in lat),
          "detail": ", ".join(f"{m}: {x:.2f}x" for m, x in lat) or "not measured"},
+        {"goal": "issue 20: fp32 latency <= 1.2x onnxruntime at batch 1 and 8 (median)",
+         "met": bool(fp32) and all(x <= 1.2 for _, x in fp32),
+         "detail": ", ".join(f"{m}: {x:.2f}x" for m, x in fp32) or "not measured"},
+        {"goal": "issue 20: fp16 latency <= 1.5x onnxruntime (median)",
+         "met": bool(fp16) and all(x <= 1.5 for _, x in fp16),
+         "detail": ", ".join(f"{m}: {x:.2f}x" for m, x in fp16) or "not measured"},
         {"goal": "training step <= torch eager's and <= onnxruntime's on the same graph (median)",
          "met": bool(train) and all(g <= t and g <= o for _, g, o, t in train),
          "detail": ", ".join(f"{m}: {g / t:.2f}x torch, {g / o:.2f}x onnxruntime"
