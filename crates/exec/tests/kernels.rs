@@ -1098,3 +1098,57 @@ fn resize_linear_half_pixel_and_nearest_asymmetric_sizes() {
     ];
     close(&got[2], &c);
 }
+
+#[test]
+fn pow_with_an_exponent_of_another_dtype() {
+    // float ^ int64 (a resampling window's Pow), int64 ^ float (truncated,
+    // as onnxruntime casts std::pow), float ^ double, with broadcasting.
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x, int64 e, int64[3] k, float[3] f, double[3] d) => (float[2,3] a, int64[3] b, float[2,3] c) {
+          a = Pow (x, e)
+          b = Pow (k, f)
+          c = Pow (x, d)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let x = [0.5f32, -2.0, 3.0, 1.5, 0.0, -0.25];
+    let d = [2.0f64, 0.5, 3.0];
+    let d_bytes: Vec<u8> = d.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let inputs = [
+        HostTensor::from_f32(&[2, 3], &x),
+        HostTensor::from_i64(&[], &[3]),
+        HostTensor::from_i64(&[3], &[2, 3, 10]),
+        HostTensor::from_f32(&[3], &[0.5, 2.0, 1.5]),
+        HostTensor {
+            dtype: graphopt_ir::DType::F64,
+            shape: vec![3],
+            data: d_bytes.into(),
+        },
+    ];
+    let opts = RunOptions {
+        threads: 2,
+        poison: true,
+    };
+    let (out, _) = exe.run(&inputs, &opts).unwrap();
+    let a = out[0].to_f32().unwrap();
+    let want: Vec<f32> = x.iter().map(|v| v * v * v).collect();
+    assert_eq!(a, want);
+    let b: Vec<i64> = out[1]
+        .data
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    // 2^0.5 = 1.41 -> 1, 3^2 = 9, 10^1.5 = 31.6 -> 31
+    assert_eq!(b, vec![1, 9, 31]);
+    let c = out[2].to_f32().unwrap();
+    for (i, (&g, &v)) in c.iter().zip(&x).enumerate() {
+        let w = (v as f64).powf(d[i % 3]) as f32;
+        assert!(
+            g == w || (g.is_nan() && w.is_nan()),
+            "element {i}: {g} vs {w}"
+        );
+    }
+}

@@ -614,7 +614,7 @@ pub fn binary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
             return Err("mixed input dtypes".into());
         }
         if op == Bin::Pow && a.dtype != b.dtype {
-            return Err("Pow with an exponent of another dtype is not implemented".into());
+            return pow_mixed(a.dtype, b.dtype);
         }
         let ok = matches!(
             (a.dtype, op),
@@ -1324,6 +1324,71 @@ pub fn classify(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         neg: ctx.node.attr_int("detect_negative") != Some(0),
         pos: ctx.node.attr_int("detect_positive") != Some(0),
     }))
+}
+
+/// Pow whose exponent has another dtype than its base (ONNX's T1: a
+/// float base with an int64 exponent, as resampling windows write), in
+/// f64 with numpy broadcasting; the result in the base's dtype (integer
+/// bases truncate, as onnxruntime's cast of `std::pow`).
+struct PowMixed {
+    base: DType,
+    exp: DType,
+}
+
+fn pow_mixed(base: DType, exp: DType) -> Result<Box<dyn Kernel>, String> {
+    let number = |d: DType| {
+        matches!(
+            d,
+            DType::F32 | DType::F64 | DType::I64 | DType::I32 | DType::I8 | DType::U8
+        )
+    };
+    if !matches!(base, DType::F32 | DType::F64 | DType::I64 | DType::I32) || !number(exp) {
+        return Err(format!(
+            "Pow of {} to a {} exponent is not implemented",
+            base.name(),
+            exp.name()
+        ));
+    }
+    Ok(Box::new(PowMixed { base, exp }))
+}
+
+impl Kernel for PowMixed {
+    fn in_place(&self) -> bool {
+        true
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let (a, b) = (io.input(0)?, io.input(1)?);
+        // Both operands are read whole before the output is written (the
+        // plan may have put the output over the base).
+        let read = |x: &In, d: DType, out: &[u8]| match x.data {
+            Data::Bytes(bytes) => read_as_f64(d, bytes),
+            Data::Output0 => read_as_f64(d, out),
+        };
+        let xs = read(&a, self.base, io.outputs[0].data)?;
+        let ys = read(&b, self.exp, io.outputs[0].data)?;
+        let out = &mut io.outputs[0];
+        let shape = out.shape;
+        let mut v = vec![0f64; numel(shape)];
+        for_each_bcast(shape, [a.shape, b.shape], |i, [ia, ib]| {
+            v[i] = xs[ia].powf(ys[ib])
+        });
+        match self.base {
+            DType::F32 => cast_mut::<f32>(out.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = x as f32),
+            DType::F64 => cast_mut::<f64>(out.data).copy_from_slice(&v),
+            DType::I64 => cast_mut::<i64>(out.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = x as i64),
+            _ => cast_mut::<i32>(out.data)
+                .iter_mut()
+                .zip(&v)
+                .for_each(|(o, &x)| *o = x as i32),
+        }
+        Ok(())
+    }
 }
 
 /// `Cast` between f32, f64, i64, i32, i8, u8, bool, f16 and bf16; from
