@@ -1125,7 +1125,7 @@ fn pow_with_an_exponent_of_another_dtype() {
         HostTensor {
             dtype: graphopt_ir::DType::F64,
             shape: vec![3],
-            data: d_bytes.into(),
+            data: d_bytes,
         },
     ];
     let opts = RunOptions {
