@@ -237,20 +237,23 @@ unsafe fn depthwise_plane_avx2(g: &Window, x: &[f32], w: &[f32], bias: f32, out:
 #[inline(always)]
 fn depthwise_body(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
     out.fill(bias);
-    for ki in 0..g.kh {
-        for kj in 0..g.kw {
-            let wv = w[ki * g.kw + kj];
-            let (lo, hi) = valid_cols(g, kj);
-            if lo >= hi {
+    // Output row by output row (it stays in L1 across the taps), each
+    // element adding its taps in (ki, kj) order.
+    for oy in 0..g.oh {
+        let row = &mut out[oy * g.ow..][..g.ow];
+        for ki in 0..g.kh {
+            let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+            if iy < 0 || iy as usize >= g.h {
                 continue;
             }
-            for oy in 0..g.oh {
-                let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
-                if iy < 0 || iy as usize >= g.h {
+            let src = &x[iy as usize * g.w..][..g.w];
+            for kj in 0..g.kw {
+                let wv = w[ki * g.kw + kj];
+                let (lo, hi) = valid_cols(g, kj);
+                if lo >= hi {
                     continue;
                 }
-                let src = &x[iy as usize * g.w..][..g.w];
-                let dst = &mut out[oy * g.ow + lo..oy * g.ow + hi];
+                let dst = &mut row[lo..hi];
                 let first = lo * g.sw + kj * g.dw - g.pw;
                 let n = dst.len();
                 if g.sw == 1 {
