@@ -21,7 +21,9 @@ Per model, each tool in its own fresh process:
     (weights and initialised kernels are resident by then): the allocations its runs made.
   * Both: best and median latency of N, peak RSS of the process (VmHWM), and graphopt's outputs
     against onnxruntime's (rel L2 over the float outputs).
-The fp16 rows give both tools the same fp16 file.
+The fp16 rows give both tools the same fp16 file; so do the int8 rows (`--no-int8` skips them):
+each model at batch 1 through `graphopt optimize --quantize dynamic` and `--quantize static`
+(calibrated on the row's inputs, the default 5% error bound), reported like the fp16 rows.
 
 Training rows (issue 20; `--no-train` skips them): one SGD step of torchvision resnet18 at batch 16
 (224x224), BERT-base (masked-LM head) at batch 8 x 128 and GPT-2 (LM head) at batch 4 x 256, each
@@ -160,6 +162,16 @@ def torch_step(name, threads, timeout) -> float:
     return json.loads(out.strip().splitlines()[-1])["step_s"]
 
 
+def run_both(row, path, inputs, tmp, a, graphopt) -> tuple[str, str]:
+    """Runs `path` in both tools into `row`; returns their output files."""
+    g_out, o_out = os.path.join(tmp, "g.npz"), os.path.join(tmp, "o.npz")
+    row["file_bytes"] = file_bytes(path)
+    row["onnxruntime"] = run_ort(path, inputs, o_out, a.repeat, a.threads, a.timeout)
+    row["graphopt"] = run_graphopt(graphopt, path, inputs, g_out, a.repeat, a.threads, a.timeout)
+    row["rel_l2"] = qb.rel_err(dict(np.load(o_out)), dict(np.load(g_out)))
+    return g_out, o_out
+
+
 def mb(n) -> str:
     return "—" if n is None else f"{n / 1e6:.1f} MB"
 
@@ -172,6 +184,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-fp16", action="store_true")
     ap.add_argument("--no-train", action="store_true", help="skip the training-step rows")
+    ap.add_argument("--no-int8", action="store_true", help="skip the int8 rows")
+    ap.add_argument("--out", default="run", help="results as benches/results/OUT.json and OUT.md")
     ap.add_argument("--from-json", help="rewrite run.md from a run.json (no runs)")
     ap.add_argument("--timeout", type=float, default=1800)
     a = ap.parse_args()
@@ -182,7 +196,7 @@ def main():
         a.repeat, a.threads = saved["repeat"], saved["threads"]
         md = table(saved["rows"], check_goals(saved["rows"]), graphopt, a)
         print(md)
-        with open(os.path.join(RESULTS, "run.md"), "w") as f:
+        with open(os.path.join(RESULTS, f"{a.out}.md"), "w") as f:
             f.write(md)
         return
     rows = []
@@ -213,6 +227,27 @@ def main():
                 row["error"] = str(e)
             print(json.dumps(row), flush=True)
             rows.append(row)
+    for name, mode in ([] if a.no_int8 else [(n, m) for n, _ in MODELS[::2] for m in ("dynamic", "static")]):
+        row_name = f"{name} b1 int8 {mode}"
+        if a.k and not re.search(a.k, row_name):
+            continue
+        row = {"model": row_name, "int8": True}
+        try:
+            src, _, inputs = prepare(graphopt, name, 1, False, a.timeout)
+            q = src[:-5] + f".{mode}.onnx"
+            if not os.path.exists(q):
+                sh([*graphopt, "optimize", src, "-o", q, "--quantize", mode, "--calibration", inputs],
+                   a.timeout)
+            g_out, o_out = run_both(row, q, inputs, tmp, a, graphopt)
+            ref = os.path.join(tmp, f"fp32.{name}.1.npz")
+            if os.path.exists(ref):
+                fp32 = dict(np.load(ref))
+                row["graphopt_vs_fp32"] = qb.rel_err(fp32, dict(np.load(g_out)))
+                row["onnxruntime_vs_fp32"] = qb.rel_err(fp32, dict(np.load(o_out)))
+        except Exception as e:  # noqa: BLE001
+            row["error"] = str(e)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     for name, batch in ([] if a.no_train else TRAIN):
         row_name = f"{name} b{batch} sgd step"
         if a.k and not re.search(a.k, row_name):
@@ -220,11 +255,7 @@ def main():
         row = {"model": row_name, "train": True}
         try:
             step, inputs = prepare_train(graphopt, name, a.timeout)
-            row["file_bytes"] = file_bytes(step)
-            g_out, o_out = os.path.join(tmp, "g.npz"), os.path.join(tmp, "o.npz")
-            row["onnxruntime"] = run_ort(step, inputs, o_out, a.repeat, a.threads, a.timeout)
-            row["graphopt"] = run_graphopt(graphopt, step, inputs, g_out, a.repeat, a.threads, a.timeout)
-            row["rel_l2"] = qb.rel_err(dict(np.load(o_out)), dict(np.load(g_out)))
+            run_both(row, step, inputs, tmp, a, graphopt)
             row["torch_step_ms"] = 1e3 * torch_step(name, a.threads, a.timeout)
         except Exception as e:  # noqa: BLE001
             row["error"] = str(e)
@@ -234,10 +265,10 @@ def main():
     md = table(rows, goals, graphopt, a)
     print(md)
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "run.json"), "w") as f:
+    with open(os.path.join(RESULTS, f"{a.out}.json"), "w") as f:
         json.dump({"rows": rows, "goals": goals, "repeat": a.repeat, "threads": a.threads,
                    "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}, f, indent=1)
-    with open(os.path.join(RESULTS, "run.md"), "w") as f:
+    with open(os.path.join(RESULTS, f"{a.out}.md"), "w") as f:
         f.write(md)
 
 
@@ -257,8 +288,8 @@ def check_goals(rows) -> list[dict]:
              for r in ok if r.get("train") and "torch_step_ms" in r]
     ratio = [(r["model"], r["graphopt"]["median_ms"] / r["onnxruntime"]["median_ms"])
              for r in ok if not r.get("train")]
-    fp32 = [x for x in ratio if not x[0].endswith("fp16")]
-    fp16 = [x for x in ratio if x[0].endswith("fp16")]
+    fp32 = [x for x in ratio if not x[0].endswith("fp16") and " int8 " not in x[0]]
+    fp16 = [x for x in ratio if x[0].endswith("fp16") or " int8 " in x[0]]
     lat = []
     for r in ok:
         if re.fullmatch(r"(resnet50|bert_base) b8", r["model"]):
@@ -275,7 +306,7 @@ def check_goals(rows) -> list[dict]:
         {"goal": "issue 20: fp32 latency <= 1.2x onnxruntime at batch 1 and 8 (median)",
          "met": bool(fp32) and all(x <= 1.2 for _, x in fp32),
          "detail": ", ".join(f"{m}: {x:.2f}x" for m, x in fp32) or "not measured"},
-        {"goal": "issue 20: fp16 latency <= 1.5x onnxruntime (median)",
+        {"goal": "issue 20: fp16 and int8 latency <= 1.5x onnxruntime (median)",
          "met": bool(fp16) and all(x <= 1.5 for _, x in fp16),
          "detail": ", ".join(f"{m}: {x:.2f}x" for m, x in fp16) or "not measured"},
         {"goal": "training step <= torch eager's and <= onnxruntime's on the same graph (median)",
@@ -293,8 +324,8 @@ def table(rows, goals, graphopt, a) -> str:
            f"graphopt: `{' '.join(graphopt)}`.", "",
            "Activations: graphopt = planned arena + workspace (allocated once); onnxruntime = peak "
            "RSS during its runs minus RSS after session creation (CPU arena off).", "",
-           "rel L2: graphopt's outputs against onnxruntime's on the same file; for fp16 rows, in "
-           "brackets, each tool's against onnxruntime's fp32 outputs (graphopt / onnxruntime).", "",
+           "rel L2: graphopt's outputs against onnxruntime's on the same file; for fp16 and int8 rows, "
+           "in brackets, each tool's against onnxruntime's fp32 outputs (graphopt / onnxruntime).", "",
            "Training rows (`sgd step`): one SGD step of `graphopt grad`'s graph in both runtimes; "
            "torch = torch eager's step on the same module (median of 5 after the first).", "",
            "| model | weights | graphopt latency | ort latency | ratio | torch eager | graphopt act. | ort act. | "

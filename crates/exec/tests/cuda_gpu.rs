@@ -40,18 +40,7 @@ fn model(name: &str) -> Model {
     graphopt_onnx::load(&p).expect("testdata model loads").model
 }
 
-/// Seeded values in [-1, 1).
-fn uniform(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use graphopt_testutil::uniform;
 
 /// Seeded inputs for `infos`: floats in [-1, 1), integers 0/1 (valid token
 /// ids, masks and positions in every testdata model), bools true.

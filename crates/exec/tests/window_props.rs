@@ -9,17 +9,7 @@ use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
 use graphopt_plan::{plan_model, DimValues, PlanOptions};
 use proptest::prelude::*;
 
-fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use graphopt_testutil::uniform as data;
 
 fn dims(v: &[usize]) -> String {
     v.iter()

@@ -295,6 +295,20 @@ impl Drop for Lock {
     }
 }
 
+/// `n` seeded values in [-1, 1) (xorshift64, the top 24 bits): the test
+/// data the kernel tests share.
+pub fn uniform(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

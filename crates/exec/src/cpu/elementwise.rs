@@ -1372,22 +1372,7 @@ impl Kernel for PowMixed {
         for_each_bcast(shape, [a.shape, b.shape], |i, [ia, ib]| {
             v[i] = xs[ia].powf(ys[ib])
         });
-        match self.base {
-            DType::F32 => cast_mut::<f32>(out.data)
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = x as f32),
-            DType::F64 => cast_mut::<f64>(out.data).copy_from_slice(&v),
-            DType::I64 => cast_mut::<i64>(out.data)
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = x as i64),
-            _ => cast_mut::<i32>(out.data)
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = x as i32),
-        }
-        Ok(())
+        write_from_f64(self.base, &v, out.data)
     }
 }
 
@@ -1499,44 +1484,49 @@ impl Kernel for Cast {
             return Ok(());
         }
         let v = read_as_f64(self.from, b)?;
-        match self.to {
-            DType::F32 => cast_mut::<f32>(o.data)
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = x as f32),
-            DType::F64 => cast_mut::<f64>(o.data).copy_from_slice(&v),
-            DType::I64 => cast_mut::<i64>(o.data)
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = x as i64),
-            DType::I32 => cast_mut::<i32>(o.data)
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = x as i32),
-            DType::I8 => cast_mut::<i8>(o.data)
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = x as i8),
-            DType::U8 => o.data.iter_mut().zip(&v).for_each(|(o, &x)| *o = x as u8),
-            DType::Bool => o
-                .data
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = (x != 0.0) as u8),
-            // Through f32: exact for every source but f64 and large ints,
-            // where f64 -> f32 -> f16 may round twice.
-            DType::F16 => cast_mut::<u16>(o.data)
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = half::f16::from_f32(x as f32).to_bits()),
-            DType::BF16 => cast_mut::<u16>(o.data)
-                .iter_mut()
-                .zip(&v)
-                .for_each(|(o, &x)| *o = half::bf16::from_f32(x as f32).to_bits()),
-            d => return Err(format!("Cast to {}", d.name())),
-        }
-        Ok(())
+        write_from_f64(self.to, &v, o.data)
     }
+}
+
+/// Writes f64 values as `to` (Rust's `as` conversions: integers truncate
+/// toward zero and saturate; f16/bf16 through f32).
+fn write_from_f64(to: DType, v: &[f64], o: &mut [u8]) -> Result<(), String> {
+    match to {
+        DType::F32 => cast_mut::<f32>(o)
+            .iter_mut()
+            .zip(v)
+            .for_each(|(o, &x)| *o = x as f32),
+        DType::F64 => cast_mut::<f64>(o).copy_from_slice(v),
+        DType::I64 => cast_mut::<i64>(o)
+            .iter_mut()
+            .zip(v)
+            .for_each(|(o, &x)| *o = x as i64),
+        DType::I32 => cast_mut::<i32>(o)
+            .iter_mut()
+            .zip(v)
+            .for_each(|(o, &x)| *o = x as i32),
+        DType::I8 => cast_mut::<i8>(o)
+            .iter_mut()
+            .zip(v)
+            .for_each(|(o, &x)| *o = x as i8),
+        DType::U8 => o.iter_mut().zip(v).for_each(|(o, &x)| *o = x as u8),
+        DType::Bool => o
+            .iter_mut()
+            .zip(v)
+            .for_each(|(o, &x)| *o = (x != 0.0) as u8),
+        // Through f32: exact for every source but f64 and large ints,
+        // where f64 -> f32 -> f16 may round twice.
+        DType::F16 => cast_mut::<u16>(o)
+            .iter_mut()
+            .zip(v)
+            .for_each(|(o, &x)| *o = half::f16::from_f32(x as f32).to_bits()),
+        DType::BF16 => cast_mut::<u16>(o)
+            .iter_mut()
+            .zip(v)
+            .for_each(|(o, &x)| *o = half::bf16::from_f32(x as f32).to_bits()),
+        d => return Err(format!("Cast to {}", d.name())),
+    }
+    Ok(())
 }
 
 pub fn cast_kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {

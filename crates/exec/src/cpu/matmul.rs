@@ -257,42 +257,32 @@ impl Kernel for MatMul {
         if o.is_empty() {
             return Ok(());
         }
+        // Batch `i` into `c` on `t` threads.
+        let one = |i: usize, c: &mut [f32], t: usize| {
+            sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                &a[oa[i]..],
+                (k, 1),
+                &b[ob[i]..],
+                (n, 1),
+                0.0,
+                c,
+                n,
+                t,
+            )
+        };
         if nb >= threads && threads > 1 && nb > 1 {
             par::for_chunks_mut(threads, o, m * n, 1, |first, chunk| {
                 for (j, c) in chunk.chunks_mut(m * n).enumerate() {
-                    let i = first + j;
-                    sgemm(
-                        m,
-                        k,
-                        n,
-                        1.0,
-                        &a[oa[i]..],
-                        (k, 1),
-                        &b[ob[i]..],
-                        (n, 1),
-                        0.0,
-                        c,
-                        n,
-                        1,
-                    );
+                    one(first + j, c, 1);
                 }
             });
         } else {
             for (i, c) in o.chunks_mut(m * n).enumerate() {
-                sgemm(
-                    m,
-                    k,
-                    n,
-                    1.0,
-                    &a[oa[i]..],
-                    (k, 1),
-                    &b[ob[i]..],
-                    (n, 1),
-                    0.0,
-                    c,
-                    n,
-                    threads,
-                );
+                one(i, c, threads);
             }
         }
         Ok(())

@@ -8,6 +8,7 @@
 
 use crate::backend::{In, Kernel, KernelIo, NodeCtx};
 use crate::cpu::matmul::{batches, Batches};
+use crate::cpu::par;
 use crate::tensor::{cast, cast_mut, nibble, sign4, strides};
 use graphopt_ir::DType;
 
@@ -45,7 +46,11 @@ struct Dequantize {
 
 impl Kernel for Dequantize {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = ints(&io.input(0)?)?;
+        let xin = io.input(0)?;
+        if self.block == 0 && matches!(xin.dtype, DType::U8 | DType::I8) {
+            return self.run_8bit(io);
+        }
+        let x = ints(&xin)?;
         let scale = io.input(1)?.f32()?;
         let zp = match io.inputs.get(2).copied().flatten() {
             Some(z) => ints(&z)?,
@@ -80,6 +85,79 @@ impl Kernel for Dequantize {
             }
         }
         Ok(())
+    }
+}
+
+impl Dequantize {
+    /// uint8/int8 without blocks, the common case: read in place (no
+    /// widened copy), rows of `inner` split across threads.
+    fn run_8bit(&self, io: &mut KernelIo) -> Result<(), String> {
+        let xin = io.input(0)?;
+        let signed = xin.dtype == DType::I8;
+        let xb = xin.bytes()?;
+        let scale = io.input(1)?.f32()?;
+        let zp = match io.inputs.get(2).copied().flatten() {
+            Some(z) => ints(&z)?,
+            None => vec![0; scale.len()],
+        };
+        let threads = io.threads;
+        let y = io.outputs[0].f32()?;
+        let deq = |v: u8, c: usize| {
+            let q = if signed { v as i8 as i32 } else { v as i32 };
+            (q - zp[c]) as f32 * scale[c]
+        };
+        per_scale(threads, y, self.len, self.inner, |first, part, chan| {
+            let src = &xb[first..first + part.len()];
+            match chan {
+                Chan::One(c) => {
+                    for (o, &v) in part.iter_mut().zip(src) {
+                        *o = deq(v, c);
+                    }
+                }
+                Chan::Cycle(len) => {
+                    for (k, (o, &v)) in part.iter_mut().zip(src).enumerate() {
+                        *o = deq(v, k % len);
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The scale indices of a run of elements: one for the whole run, or
+/// `k % len` for its `k`-th element (per-column scales, `inner` = 1).
+#[derive(Clone, Copy)]
+enum Chan {
+    One(usize),
+    Cycle(usize),
+}
+
+/// Splits `y` (`[outer, len, inner]`, one scale per index of the middle
+/// axis) across threads and calls `f(first, part, chan)` on runs of it.
+fn per_scale<T: Send>(
+    threads: usize,
+    y: &mut [T],
+    len: usize,
+    inner: usize,
+    f: impl Fn(usize, &mut [T], Chan) + Sync,
+) {
+    if len <= 1 {
+        par::for_chunks_mut(threads, y, 1, par::MIN_ELEMS, |first, part| {
+            f(first, part, Chan::One(0))
+        });
+    } else if inner <= 1 {
+        let min = par::MIN_ELEMS.div_ceil(len);
+        par::for_chunks_mut(threads, y, len, min, |first, part| {
+            f(first * len, part, Chan::Cycle(len))
+        });
+    } else {
+        let min = par::MIN_ELEMS.div_ceil(inner);
+        par::for_chunks_mut(threads, y, inner, min, |first, part| {
+            for (j, row) in part.chunks_mut(inner).enumerate() {
+                f((first + j) * inner, row, Chan::One((first + j) % len));
+            }
+        });
     }
 }
 
@@ -180,17 +258,48 @@ impl Kernel for Quantize {
             None => vec![0; scale.len()],
         };
         let signed = self.lo < 0.0;
-        let y = &mut io.outputs[0].data;
-        for (i, (o, &v)) in y.iter_mut().zip(x).enumerate() {
-            let c = if self.len == 1 {
-                0
+        let (lo, hi) = (self.lo, self.hi);
+        let threads = io.threads;
+        let y = &mut io.outputs[0].data[..x.len()];
+        let quant = |v: f32, c: usize| {
+            let q = (round_even(v / scale[c]) + zp[c] as f32).clamp(lo, hi);
+            if signed {
+                q as i8 as u8
             } else {
-                (i / self.inner) % self.len
-            };
-            let q = ((v / scale[c]).round_ties_even() + zp[c] as f32).clamp(self.lo, self.hi);
-            *o = if signed { q as i8 as u8 } else { q as u8 };
-        }
+                q as u8
+            }
+        };
+        per_scale(threads, y, self.len, self.inner, |first, part, chan| {
+            let src = &x[first..first + part.len()];
+            match chan {
+                Chan::One(c) => {
+                    for (o, &v) in part.iter_mut().zip(src) {
+                        *o = quant(v, c);
+                    }
+                }
+                Chan::Cycle(len) => {
+                    for (k, (o, &v)) in part.iter_mut().zip(src).enumerate() {
+                        *o = quant(v, k % len);
+                    }
+                }
+            }
+        });
         Ok(())
+    }
+}
+
+/// Round half to even without a libm call (so the loop vectorizes): for
+/// |v| < 2²³, adding and subtracting 2²³ leaves the nearest integer, ties
+/// to even (the sum's spacing is 1); from 2²³ on every float is an integer
+/// already (NaN stays NaN).
+#[inline(always)]
+fn round_even(v: f32) -> f32 {
+    const TWO23: f32 = 8_388_608.0;
+    let a = v.abs();
+    if a < TWO23 {
+        ((a + TWO23) - TWO23).copysign(v)
+    } else {
+        v
     }
 }
 
@@ -297,4 +406,32 @@ pub fn matmul_integer(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         a: ctx.input(0)?.shape.clone(),
         b: ctx.input(1)?.shape.clone(),
     }))
+}
+
+#[cfg(test)]
+mod round_tests {
+    use super::round_even;
+
+    #[test]
+    fn round_even_is_round_ties_even() {
+        let mut vals = vec![
+            0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 4194303.5, 4194304.5, -4194303.5, 1e9,
+            -1e9, 0.0, -0.0,
+        ];
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..100_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            vals.push(f32::from_bits(s as u32) % 1e7);
+        }
+        for v in vals {
+            let (got, want) = (round_even(v), v.round_ties_even());
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()),
+                "{v}: {got} vs {want}"
+            );
+        }
+        assert!(round_even(f32::NAN).is_nan());
+    }
 }
