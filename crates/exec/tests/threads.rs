@@ -380,3 +380,36 @@ fn transposes_masks_and_where() {
         }
     }
 }
+
+#[test]
+fn dynamic_quantize_and_qdq_split_across_threads() {
+    // DynamicQuantizeLinear's range is combined from per-part ranges;
+    // QuantizeLinear / DequantizeLinear per tensor and per channel.
+    let x = t(&[8, 64, 256], 51);
+    let outs = runs(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[8,64,256] x) => (uint8[8,64,256] y, float s, uint8 z, float[8,64,256] dq, float[8,64,256] dc) {
+          y, s, z = DynamicQuantizeLinear (x)
+          dq = DequantizeLinear (y, s, z)
+          sc = Constant <value = float[64] {0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04,0.01,0.02,0.03,0.04}> ()
+          zc = Constant <value = int8[64] {0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2,0,1,-1,2}> ()
+          qc = QuantizeLinear <axis = 1> (x, sc, zc)
+          dc = DequantizeLinear <axis = 1> (qc, sc, zc)
+        }"#,
+        std::slice::from_ref(&x),
+        &[1, 2, 3],
+    );
+    for r in &outs[1..] {
+        assert!(r == &outs[0], "outputs differ between thread counts");
+    }
+    let xv = x.to_f32().unwrap();
+    let lo = xv.iter().copied().fold(0.0f32, f32::min);
+    let hi = xv.iter().copied().fold(0.0f32, f32::max);
+    let s = f32::from_le_bytes(outs[0][1][..4].try_into().unwrap());
+    assert_eq!(s, (hi - lo) / 255.0);
+    let (y, z) = (&outs[0][0], outs[0][2][0] as f32);
+    for (i, &v) in xv.iter().enumerate() {
+        let q = ((v / s).round_ties_even() + z).clamp(0.0, 255.0) as u8;
+        assert_eq!(y[i], q, "element {i}");
+    }
+}

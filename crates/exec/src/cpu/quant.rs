@@ -328,8 +328,22 @@ struct DynamicQuantize;
 impl Kernel for DynamicQuantize {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.f32()?;
-        let lo = x.iter().copied().fold(0.0f32, f32::min);
-        let hi = x.iter().copied().fold(0.0f32, f32::max);
+        let threads = io.threads;
+        // The range over parts split across threads, then combined: min
+        // and max are exact, so the result does not depend on the split.
+        let k = par::parts(x.len(), threads, par::MIN_ELEMS);
+        let mut ranges = vec![(0.0f32, 0.0f32); k];
+        par::for_chunks_mut(threads, &mut ranges, 1, 1, |first, slots| {
+            for (j, slot) in slots.iter_mut().enumerate() {
+                let part = &x[par::range(x.len(), k, first + j)];
+                *slot = (
+                    part.iter().copied().fold(0.0f32, f32::min),
+                    part.iter().copied().fold(0.0f32, f32::max),
+                );
+            }
+        });
+        let lo = ranges.iter().map(|r| r.0).fold(0.0f32, f32::min);
+        let hi = ranges.iter().map(|r| r.1).fold(0.0f32, f32::max);
         let scale = (hi - lo) / 255.0;
         let zp = if scale == 0.0 {
             0.0
@@ -337,15 +351,17 @@ impl Kernel for DynamicQuantize {
             (-lo / scale).round_ties_even().clamp(0.0, 255.0)
         };
         {
-            let y = &mut io.outputs[0].data;
-            for (o, &v) in y.iter_mut().zip(x) {
-                let q = if scale == 0.0 {
-                    0.0
-                } else {
-                    (v / scale).round_ties_even()
-                };
-                *o = (q + zp).clamp(0.0, 255.0) as u8;
-            }
+            let y = &mut io.outputs[0].data[..x.len()];
+            par::for_chunks_mut(threads, y, 1, par::MIN_ELEMS, |first, part| {
+                for (o, &v) in part.iter_mut().zip(&x[first..]) {
+                    let q = if scale == 0.0 {
+                        0.0
+                    } else {
+                        round_even(v / scale)
+                    };
+                    *o = (q + zp).clamp(0.0, 255.0) as u8;
+                }
+            });
         }
         if let Some(s) = io.outputs.get_mut(1) {
             cast_mut::<f32>(s.data)[0] = scale;
