@@ -172,6 +172,14 @@ def run_both(row, path, inputs, tmp, a, graphopt) -> tuple[str, str]:
     return g_out, o_out
 
 
+def vs_fp32(row, ref, g_out, o_out) -> None:
+    """Each tool's error against onnxruntime's fp32 outputs (`ref`, when that row ran)."""
+    if os.path.exists(ref):
+        fp32 = dict(np.load(ref))
+        row["graphopt_vs_fp32"] = qb.rel_err(fp32, dict(np.load(g_out)))
+        row["onnxruntime_vs_fp32"] = qb.rel_err(fp32, dict(np.load(o_out)))
+
+
 def mb(n) -> str:
     return "—" if n is None else f"{n / 1e6:.1f} MB"
 
@@ -218,11 +226,8 @@ def main():
                 ref = os.path.join(tmp, f"fp32.{name}.{batch}.npz")
                 if not fp16:
                     os.replace(o_out, ref)
-                elif os.path.exists(ref):
-                    # Each tool's fp16 error against onnxruntime's fp32 outputs.
-                    fp32 = dict(np.load(ref))
-                    row["graphopt_vs_fp32"] = qb.rel_err(fp32, dict(np.load(g_out)))
-                    row["onnxruntime_vs_fp32"] = qb.rel_err(fp32, dict(np.load(o_out)))
+                else:
+                    vs_fp32(row, ref, g_out, o_out)
             except Exception as e:  # noqa: BLE001
                 row["error"] = str(e)
             print(json.dumps(row), flush=True)
@@ -239,11 +244,7 @@ def main():
                 sh([*graphopt, "optimize", src, "-o", q, "--quantize", mode, "--calibration", inputs],
                    a.timeout)
             g_out, o_out = run_both(row, q, inputs, tmp, a, graphopt)
-            ref = os.path.join(tmp, f"fp32.{name}.1.npz")
-            if os.path.exists(ref):
-                fp32 = dict(np.load(ref))
-                row["graphopt_vs_fp32"] = qb.rel_err(fp32, dict(np.load(g_out)))
-                row["onnxruntime_vs_fp32"] = qb.rel_err(fp32, dict(np.load(o_out)))
+            vs_fp32(row, os.path.join(tmp, f"fp32.{name}.1.npz"), g_out, o_out)
         except Exception as e:  # noqa: BLE001
             row["error"] = str(e)
         print(json.dumps(row), flush=True)
