@@ -413,3 +413,50 @@ fn dynamic_quantize_and_qdq_split_across_threads() {
         assert_eq!(y[i], q, "element {i}");
     }
 }
+
+#[test]
+fn gemm_alpha_empty_k_and_empty_conv_outputs() {
+    // alpha not 1 with a bias: rows split on 64-row boundaries, so the
+    // micro-kernel's edge tiles (rounded differently) are the same rows at
+    // every thread count. K = 0: c = beta·C with no operand read. A
+    // folded-size Conv whose output is empty.
+    let a = t(&[300, 300], 61);
+    let b = t(&[300, 200], 62);
+    let c = t(&[200], 63);
+    let e = HostTensor::from_f32(&[64, 0], &[]);
+    let f = HostTensor::from_f32(&[0, 2048], &[]);
+    let x = t(&[2, 64, 2, 2], 64);
+    let w = t(&[64, 64, 3, 3], 65);
+    let bias = t(&[64], 66);
+    let outs = same_bits_at_every_thread_count(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[300,300] a, float[300,200] b, float[200] c, float[64,0] e, float[0,2048] f,
+           float[2,64,2,2] x, float[64,64,3,3] w, float[64] bias)
+          => (float[300,200] y, float[64,2048] z, float[2,64,0,0] v) {
+          y = Gemm <alpha = 0.3, beta = 0.7> (a, b, c)
+          z = MatMul (e, f)
+          v = Conv (x, w, bias)
+        }"#,
+        &[a.clone(), b.clone(), c.clone(), e, f, x, w, bias],
+    );
+    assert!(outs[1].iter().all(|&v| v == 0.0) && outs[1].len() == 64 * 2048);
+    assert!(outs[2].is_empty());
+    let (av, bv, cv) = (
+        a.to_f32().unwrap(),
+        b.to_f32().unwrap(),
+        c.to_f32().unwrap(),
+    );
+    for i in (0..300).step_by(37) {
+        for j in (0..200).step_by(13) {
+            let dot: f64 = (0..300)
+                .map(|k| av[i * 300 + k] as f64 * bv[k * 200 + j] as f64)
+                .sum();
+            let want = 0.3 * dot + 0.7 * cv[j] as f64;
+            let got = outs[0][i * 200 + j] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "({i}, {j}): {got} vs {want}"
+            );
+        }
+    }
+}

@@ -118,7 +118,11 @@ fn a_palettized_model_runs_with_packed_weights_resident_and_no_decoded_copy() {
     let opts = RunOptions {
         inputs: ids(),
         poison: true,
-        threads: Some(2),
+        threads: Some(
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(2),
+        ),
         ..RunOptions::default()
     };
     let want = reference.run(&opts).unwrap();

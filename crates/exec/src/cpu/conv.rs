@@ -204,7 +204,7 @@ fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
     let lo = g.pw.saturating_sub(shift).div_ceil(g.sw);
     // ox·sw + shift - pw <= w - 1
     let hi = if g.w + g.pw > shift {
-        ((g.w - 1 + g.pw - shift) / g.sw + 1).min(g.ow)
+        ((g.w + g.pw - shift - 1) / g.sw + 1).min(g.ow)
     } else {
         0
     };
@@ -310,8 +310,8 @@ fn tile_cols(k: usize, ohw: usize) -> usize {
 }
 
 /// Tile buffers a kernel's workspace holds: one per thread the machine
-/// can run (read when the kernel is made), at most 16, never more than
-/// the tiles of one image.
+/// can run, at most 16, never more than the tiles of one image. Read once,
+/// when the kernel is made (the workspace is sized then).
 fn tile_slots(tiles: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     cores.clamp(1, 16).min(tiles.max(1))
@@ -323,6 +323,8 @@ struct Conv {
     group: usize,
     bias: bool,
     direct: bool,
+    /// Workspace tile slots ([`tile_slots`], fixed when the kernel is made).
+    slots: usize,
 }
 
 impl Conv {
@@ -338,7 +340,7 @@ impl Conv {
     fn folded(&self) -> bool {
         !self.depthwise()
             && self.g.n > 1
-            && self.g.oh * self.g.ow <= FOLD_MAX_COLS
+            && (1..=FOLD_MAX_COLS).contains(&(self.g.oh * self.g.ow))
             && self.m / self.group * self.k() >= FOLD_MIN_WEIGHTS
     }
     /// Workspace floats of the folded path: the output block, then the
@@ -439,8 +441,7 @@ impl Kernel for Conv {
             return 0;
         }
         let ohw = self.g.oh * self.g.ow;
-        let tile = tile_cols(self.k(), ohw);
-        self.k() * tile * tile_slots(ohw.div_ceil(tile)) * 4
+        self.k() * tile_cols(self.k(), ohw) * self.slots * 4
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let g = &self.g;
@@ -488,7 +489,7 @@ impl Kernel for Conv {
             let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
             match b {
                 Some(b) => {
-                    for (m, plane) in yi.chunks_mut(ohw).enumerate() {
+                    for (m, plane) in yi.chunks_mut(ohw.max(1)).enumerate() {
                         plane.fill(b[m]);
                     }
                 }
@@ -582,12 +583,16 @@ impl Kernel for Conv {
 pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let w = ctx.input(1)?;
     let (g, m, group, direct) = conv_layout(ctx, &w.shape)?;
+    let k = g.c / group * g.kh * g.kw;
+    let ohw = g.oh * g.ow;
+    let slots = tile_slots(ohw.div_ceil(tile_cols(k, ohw)));
     Ok(Box::new(Conv {
         g,
         m,
         group,
         bias: ctx.inputs.get(2).is_some_and(|b| b.is_some()),
         direct,
+        slots,
     }))
 }
 
@@ -680,7 +685,7 @@ impl Kernel for Transposed {
             let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
             match b {
                 Some(b) => {
-                    for (m, plane) in yi.chunks_mut(ohw).enumerate() {
+                    for (m, plane) in yi.chunks_mut(ohw.max(1)).enumerate() {
                         plane.fill(b[m]);
                     }
                 }

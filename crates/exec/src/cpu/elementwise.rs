@@ -998,9 +998,9 @@ impl Kernel for Erf {
     }
 }
 
-/// `o = erf(x)` (`x = None`: in place), on AVX2 + FMA lanes where the CPU
-/// has them (the same operations, so the same bits), else the baseline
-/// SSE2 ones.
+/// `o = erf(x)` (`x = None`: in place), on AVX2 lanes where the CPU has
+/// them (the same operations, no FMA, so the same bits), else the
+/// baseline SSE2 ones.
 fn erf_slice(x: Option<&[f32]>, o: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {

@@ -37,12 +37,25 @@ pub fn sgemm(
         );
     }
     assert!(c.len() >= (m - 1) * rsc + n, "gemm output too short");
-    let work = m * n * k.max(1);
+    if k == 0 {
+        // No products: c = beta·c (0 when beta is 0), and no operand
+        // pointer is offset (the operands may be empty).
+        for r in 0..m {
+            for v in &mut c[r * rsc..r * rsc + n] {
+                *v = if beta == 0.0 { 0.0 } else { beta * *v };
+            }
+        }
+        return;
+    }
+    let work = m * n * k;
     // Each part packs all of the operand it does not split: split the
     // rows when `a` has more rows than `b` has columns (each part then
     // repacks the smaller `b`), else the columns (in blocks of 64). Either
     // way every element's sum is the one a single call makes.
-    let by_rows = par::parts(m, threads, 8);
+    // Row parts start at multiples of 64 (whole micro-kernel tiles), so
+    // which rows fall in edge tiles (rounded differently when alpha is not
+    // 1) does not depend on the thread count.
+    let by_rows = par::parts(m.div_ceil(64), threads, 1);
     let by_cols = par::parts(n.div_ceil(64), threads, 1);
     let rows = if m >= n {
         by_rows > 1 || by_cols == 1
@@ -79,9 +92,12 @@ pub fn sgemm(
     if t == 1 {
         run(0, m, 0, n);
     } else if rows {
+        let blocks = m.div_ceil(64);
         par::for_parts(threads, t, |p| {
-            let r = par::range(m, t, p);
-            run(r.start, r.len(), 0, n);
+            let r = par::range(blocks, t, p);
+            let r0 = r.start * 64;
+            let r1 = (r.end * 64).min(m);
+            run(r0, r1 - r0, 0, n);
         });
     } else {
         let blocks = n.div_ceil(64);
@@ -118,12 +134,21 @@ pub(crate) unsafe fn sgemm_into(
     if m == 0 || n == 0 {
         return;
     }
-    if k > 0 {
-        assert!(
-            a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb,
-            "gemm operand too short"
-        );
+    if k == 0 {
+        for r in 0..m {
+            for j in 0..n {
+                // SAFETY: `c` holds m rows of n at stride rsc (the caller's
+                // promise).
+                let v = unsafe { &mut *c.add(r * rsc + j) };
+                *v = if beta == 0.0 { 0.0 } else { beta * *v };
+            }
+        }
+        return;
     }
+    assert!(
+        a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb,
+        "gemm operand too short"
+    );
     // SAFETY: operands checked above; `c` is the caller's promise.
     unsafe {
         matrixmultiply::sgemm(

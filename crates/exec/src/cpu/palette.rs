@@ -553,7 +553,7 @@ impl Kernel for Conv {
             let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
             match b {
                 Some(b) => {
-                    for (m, plane) in yi.chunks_mut(ohw).enumerate() {
+                    for (m, plane) in yi.chunks_mut(ohw.max(1)).enumerate() {
                         plane.fill(b[m]);
                     }
                 }

@@ -30,9 +30,8 @@ pub fn default_threads() -> usize {
                 s.trim()
                     .split(',')
                     .map(|r| match r.split_once('-') {
-                        Some((a, b)) => {
-                            b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0)
-                        }
+                        Some((a, b)) => (b.parse::<usize>().unwrap_or(0) + 1)
+                            .saturating_sub(a.parse::<usize>().unwrap_or(0)),
                         None => 1,
                     })
                     .sum::<usize>()
