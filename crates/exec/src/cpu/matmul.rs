@@ -9,7 +9,8 @@ use crate::tensor::{numel, strides};
 use graphopt_ir::DType;
 
 /// `c[m×n] = alpha · a[m×k] · b[k×n] + beta · c` with element strides
-/// `(row, col)` per operand, split over row blocks on `threads` threads.
+/// `(row, col)` per operand, split over row or column blocks on `threads`
+/// threads, each block one [`sgemm_into`].
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
     m: usize,
@@ -28,26 +29,7 @@ pub fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
-    if k > 0 {
-        let need_a = (m - 1) * rsa + (k - 1) * csa + 1;
-        let need_b = (k - 1) * rsb + (n - 1) * csb + 1;
-        assert!(
-            a.len() >= need_a && b.len() >= need_b,
-            "gemm operand too short"
-        );
-    }
     assert!(c.len() >= (m - 1) * rsc + n, "gemm output too short");
-    if k == 0 {
-        // No products: c = beta·c (0 when beta is 0), and no operand
-        // pointer is offset (the operands may be empty).
-        for r in 0..m {
-            for v in &mut c[r * rsc..r * rsc + n] {
-                *v = if beta == 0.0 { 0.0 } else { beta * *v };
-            }
-        }
-        return;
-    }
-    let work = m * n * k;
     // Each part packs all of the operand it does not split: split the
     // rows when `a` has more rows than `b` has columns (each part then
     // repacks the smaller `b`), else the columns (in blocks of 64). Either
@@ -62,61 +44,57 @@ pub fn sgemm(
     } else {
         by_cols == 1
     };
-    let t = match (work < 1 << 16, rows) {
-        (true, _) => 1,
-        (false, true) => by_rows,
-        (false, false) => by_cols,
+    let (t, blocks) = match (k == 0 || m * n * k < 1 << 16, rows) {
+        (true, _) => (1, 1),
+        (false, true) => (by_rows, m.div_ceil(64)),
+        (false, false) => (by_cols, n.div_ceil(64)),
     };
-    // SAFETY (both closures): bounds asserted above for the whole product;
-    // a part reads its rows of `a` (or columns of `b`) and writes only the
-    // block of `c` it owns.
     let c_ptr = SendPtr(c.as_mut_ptr());
+    // SAFETY: `c` holds the m rows of n (asserted above), and the parts
+    // write disjoint row or column blocks of it.
     let run = |r0: usize, rows: usize, c0: usize, cols: usize| unsafe {
-        matrixmultiply::sgemm(
+        let (a, b) = if k == 0 {
+            (a, b)
+        } else {
+            (&a[r0 * rsa..], &b[c0 * csb..])
+        };
+        sgemm_into(
             rows,
             k,
             cols,
             alpha,
-            a.as_ptr().add(r0 * rsa),
-            rsa as isize,
-            csa as isize,
-            b.as_ptr().add(c0 * csb),
-            rsb as isize,
-            csb as isize,
+            a,
+            (rsa, csa),
+            b,
+            (rsb, csb),
             beta,
             c_ptr.get().add(r0 * rsc + c0),
-            rsc as isize,
-            1,
+            rsc,
         )
     };
     if t == 1 {
         run(0, m, 0, n);
-    } else if rows {
-        let blocks = m.div_ceil(64);
-        par::for_parts(threads, t, |p| {
-            let r = par::range(blocks, t, p);
-            let r0 = r.start * 64;
-            let r1 = (r.end * 64).min(m);
-            run(r0, r1 - r0, 0, n);
-        });
-    } else {
-        let blocks = n.div_ceil(64);
-        par::for_parts(threads, t, |p| {
-            let r = par::range(blocks, t, p);
-            let c0 = r.start * 64;
-            let c1 = (r.end * 64).min(n);
-            run(0, m, c0, c1 - c0);
-        });
+        return;
     }
+    par::for_parts(threads, t, |p| {
+        let r = par::range(blocks, t, p);
+        let (first, end) = (r.start * 64, r.end * 64);
+        if rows {
+            run(first, end.min(m) - first, 0, n);
+        } else {
+            run(0, m, first, end.min(n) - first);
+        }
+    });
 }
 
 /// One-thread `c = alpha · a · b + beta · c` into a raw output, for the
-/// parts of a split product that each own a block of a shared output.
+/// parts of a split product that each own a block of a shared output
+/// (`k = 0`: `c = beta · c`, the operands unread).
 ///
 /// # Safety
-/// `a` and `b` must hold the `m × k` and `k × n` operands at their strides,
-/// and `c` the `m` rows of `n` elements at row stride `rsc`, which no other
-/// thread reads or writes during the call.
+/// `c` must hold the `m` rows of `n` elements at row stride `rsc`, which
+/// no other thread reads or writes during the call (the operands' lengths
+/// are checked).
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_into(
     m: usize,

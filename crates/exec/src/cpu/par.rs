@@ -98,16 +98,6 @@ where
     }
 }
 
-/// Runs `f(range)` over `0..n` split into [`parts`]`(n, threads, min_items)`
-/// contiguous ranges.
-pub fn for_ranges<F>(threads: usize, n: usize, min_items: usize, f: F)
-where
-    F: Fn(Range<usize>) + Sync,
-{
-    let k = parts(n, threads, min_items);
-    for_parts(threads, k, |p| f(range(n, k, p)));
-}
-
 /// Splits `data` into contiguous parts of whole `unit`-element blocks
 /// (at least `min_units` per part) and runs `f(first_unit, part)` on each
 /// in parallel. `data.len()` must be a multiple of `unit`.
