@@ -1142,3 +1142,41 @@ fn pow_with_an_exponent_of_another_dtype() {
         );
     }
 }
+
+#[test]
+fn a_zero_point_shorter_than_its_scales_is_refused_before_running() {
+    // Per-axis scales (4) with 2 zero points, blocked scales (2 blocks of
+    // 2 along axis 1, per row) with 1 zero point: one-line refusals at
+    // kernel creation, not an index past the zero point at run time.
+    for (ty, body) in [
+        (
+            "float[3,4] y",
+            r#"y = DequantizeLinear <axis = 1> (x, s, z)"#,
+        ),
+        (
+            "float[3,4] y",
+            r#"y = DequantizeLinear <axis = 1, block_size = 2> (x, sb, z1)"#,
+        ),
+    ] {
+        let text = format!(
+            r#"<ir_version: 10, opset_import: ["" : 21]>
+            g (int8[3,4] x) => ({ty}) {{
+              s = Constant <value = float[4] {{0.1, 0.2, 0.3, 0.4}}> ()
+              sb = Constant <value = float[3,2] {{0.1, 0.2, 0.3, 0.4, 0.5, 0.6}}> ()
+              z = Constant <value = int8[2] {{1, 2}}> ()
+              z1 = Constant <value = int8[1] {{1}}> ()
+              {body}
+            }}"#
+        );
+        let m = graphopt_text::parse_model(&text).unwrap();
+        let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+        let e = match Executable::new(&mp.model, &mp.plan, &CpuBackend) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted: {body}"),
+        };
+        assert!(
+            e.contains("zero point of shape") && !e.contains('\n'),
+            "{e}"
+        );
+    }
+}

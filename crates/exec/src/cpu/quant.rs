@@ -9,7 +9,7 @@
 use crate::backend::{In, Kernel, KernelIo, NodeCtx};
 use crate::cpu::matmul::{batches, Batches};
 use crate::cpu::par;
-use crate::tensor::{cast, cast_mut, nibble, sign4, strides};
+use crate::tensor::{cast, cast_mut, nibble, numel, sign4, strides};
 use graphopt_ir::DType;
 
 /// Integer elements widened to i32 (u8, i8, u16, i16, i32).
@@ -161,7 +161,21 @@ fn per_scale<T: Send>(
     }
 }
 
+/// A zero point, when given, has the scale's shape (one per scale): a
+/// shorter one would be read past its end.
+fn zero_point_matches_scale(ctx: &NodeCtx, op: &str) -> Result<(), String> {
+    let s = ctx.input(1)?;
+    match ctx.inputs.get(2).cloned().flatten() {
+        Some(z) if numel(&z.shape) != numel(&s.shape) => Err(format!(
+            "{op}: a zero point of shape {:?} for scales of shape {:?}",
+            z.shape, s.shape
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub fn dequantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    zero_point_matches_scale(ctx, "DequantizeLinear")?;
     let block = ctx.node.attr_int("block_size").unwrap_or(0);
     if block > 0 {
         return blocked_dequantize(ctx, block as usize);
@@ -319,6 +333,7 @@ pub fn quantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
             ))
         }
     };
+    zero_point_matches_scale(ctx, "QuantizeLinear")?;
     let (inner, len) = scale_layout(ctx, "QuantizeLinear")?;
     Ok(Box::new(Quantize { inner, len, lo, hi }))
 }
