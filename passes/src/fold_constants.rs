@@ -385,7 +385,7 @@ fn freed_bytes(g: &Graph, n: NodeId) -> u64 {
 }
 
 /// `n`'s outputs become initializers holding `outs`; `n` goes.
-fn replace_by_constants(g: &mut Graph, n: NodeId, outs: Vec<Tensor>) {
+pub(crate) fn replace_by_constants(g: &mut Graph, n: NodeId, outs: Vec<Tensor>) {
     let vals: Vec<Option<ValueId>> = g.node(n).outputs().to_vec();
     g.remove_node(n);
     for (v, t) in vals.into_iter().zip(outs) {

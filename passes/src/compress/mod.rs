@@ -636,14 +636,15 @@ impl Compress {
 /// allows, so that they are weights like any other. (The default pipeline's
 /// `fold_constants` does the same for every Constant.)
 fn constants_to_initializers(g: &mut Graph, min_elems: u64) {
-    let found: Vec<(NodeId, ValueId, graphopt_ir::Tensor)> = g
+    let found: Vec<(NodeId, graphopt_ir::Tensor)> = g
         .nodes()
         .filter_map(|n| {
             let d = g.node(n);
             if d.op_type != "Constant" || !(d.domain.is_empty() || d.domain == "ai.onnx") {
                 return None;
             }
-            let t = d.attr_tensor("value")?;
+            // Every spelling of a Constant's value (`value`, `value_floats`).
+            let t = crate::fold_constants::consteval::constant_value(d).ok().flatten()?;
             let v = d.output(0)?;
             let rank = t.dims.len();
             let reads = g.uses(v);
@@ -652,12 +653,11 @@ fn constants_to_initializers(g: &mut Graph, min_elems: u64) {
                 && !g.is_output(v)
                 && !reads.is_empty()
                 && reads.iter().all(|&u| Reader::of(g, u, rank).is_some());
-            ok.then(|| (n, v, t.clone()))
+            ok.then_some((n, t))
         })
         .collect();
-    for (n, v, t) in found {
-        g.remove_node(n);
-        g.set_initializer(v, t);
+    for (n, t) in found {
+        crate::fold_constants::replace_by_constants(g, n, vec![t]);
     }
 }
 
