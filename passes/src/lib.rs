@@ -198,6 +198,7 @@ passes! {
     lower_precision::LowerPrecision => "fp16/bf16 lowering with an fp32 keep-list and clean Cast boundaries (configure with --precision)",
     merge_reshape_axes::MergeReshapeAxes => "an Unsqueeze or Squeeze of a Reshape to a constant shape becomes one Reshape",
     merge_slices::MergeSlices => "a Slice of a Slice with constant parameters becomes one Slice",
+    prune::Prune => "structured pruning: removes whole channels, hidden units and attention heads by dependency group (configure with graphopt prune)",
     quantize::Quantize => "int8/int4 quantization in standard DequantizeLinear/QuantizeLinear ops (configure with --quantize)",
     upgrade_opset::UpgradeOpset => "opt-in: raises the default-domain opset, rewriting ops whose signature changed",
 }

@@ -3,7 +3,7 @@
 //! (`src/main.rs`) and the Python package's `graphopt` console script both
 //! call [`main_with_args`], so the two are the same command.
 //!
-//! `optimize`, `grad`, `remat`, `train`, `check`, `inspect`, `plan`, `run`, `print` and `passes`. Errors are
+//! `optimize`, `grad`, `remat`, `prune`, `train`, `check`, `inspect`, `plan`, `run`, `print` and `passes`. Errors are
 //! one line on stderr (`error: <file>: <what and where>`) with exit status
 //! 1; usage errors exit with 2.
 
@@ -12,6 +12,7 @@ mod grad;
 mod inspect;
 mod optimize;
 mod plan;
+mod prune;
 mod quantize;
 mod remat;
 mod run;
@@ -53,6 +54,8 @@ enum Cmd {
     Grad(grad::Args),
     /// Memory plan: lower bounds, schedule, arena offsets, max batch.
     Plan(plan::Args),
+    /// Structured pruning: remove whole channels, hidden units and heads.
+    Prune(Box<prune::Args>),
     /// Fit a training graph into a memory budget by recomputing forward values.
     Remat(remat::Args),
     /// Run a model in graphopt's runtime (one planned arena); latency and memory.
@@ -96,6 +99,7 @@ where
         Cmd::Run(a) => run::run(a),
         Cmd::Train(a) => train::run(*a),
         Cmd::Remat(a) => remat::run(a),
+        Cmd::Prune(a) => prune::run(*a),
         Cmd::Print { input, full } => print(&input, full),
         Cmd::Passes => {
             let mut out = String::new();

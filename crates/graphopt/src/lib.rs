@@ -54,6 +54,7 @@ mod intervals;
 mod optimize;
 mod plan_json;
 mod precision;
+mod prune;
 mod quantize;
 mod reference;
 mod remat;
@@ -89,6 +90,10 @@ pub use plan_json::{max_batch_json, plan_json};
 pub use precision::{
     parse_validate_mode, Clamped, KeptSensitive, KeptWeight, MemoryFigures, PrecisionOptions,
     PrecisionReport, ValidateOptions, Validation, ValidationCheck,
+};
+pub use prune::{
+    prune_amount, prune_criterion, prune_granularity, PruneAmount, PruneCriterion,
+    PruneGranularity, PruneOptions, PruneReport, PrunedGroupReport,
 };
 pub use quantize::{
     dequantize_constants, entropy_threshold, AlreadyQuantized, Calibrate, Calibration, KeptFloat,

@@ -1,0 +1,247 @@
+//! [`Session::prune`]: structured pruning through the `prune` pass, with
+//! the output error against the unpruned model measured on the
+//! calibration inputs (seeded random inputs when none are given, with a
+//! warning). The error is reported, not bounded: pruning before
+//! fine-tuning always moves the outputs, and `graphopt train` is what
+//! brings them back.
+
+use crate::error::{Error, Result};
+use crate::optimize::PipelineOptions;
+use crate::quantize::{Calibration, Measurer, QuantError};
+use crate::session::Session;
+use crate::util::Capture;
+use graphopt_passes::prune::{Amount, Criterion, Granularity, Prune, PruneReport as PassReport};
+use graphopt_passes::Pass;
+use serde::Serialize;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Instant;
+
+pub use graphopt_passes::prune::{
+    Amount as PruneAmount, Criterion as PruneCriterion, Granularity as PruneGranularity,
+};
+
+/// What [`Session::prune`] does.
+#[derive(Clone, Debug)]
+pub struct PruneOptions {
+    pub amount: Amount,
+    pub criterion: Criterion,
+    pub granularity: Granularity,
+    /// Rank units across groups instead of one ratio per group.
+    pub global: bool,
+    /// Channel counts stay multiples of this.
+    pub round_to: usize,
+    /// Tensors whose dims stay.
+    pub protect: Vec<String>,
+    /// Symbolic dims for shapes and FLOPs (unbound ones are 1).
+    pub dims: Vec<(String, i64)>,
+    /// Batches the error is measured on (`None`: seeded random inputs).
+    pub calibration: Option<Calibration>,
+    /// Measure the output error against the unpruned model.
+    pub measure: bool,
+    pub seed: u64,
+    pub pipeline: PipelineOptions,
+}
+
+impl PruneOptions {
+    pub fn new(amount: Amount) -> PruneOptions {
+        PruneOptions {
+            amount,
+            criterion: Prune.criterion,
+            granularity: Prune.granularity,
+            global: Prune.global,
+            round_to: Prune.round_to,
+            protect: Vec::new(),
+            dims: Vec::new(),
+            calibration: None,
+            measure: true,
+            seed: Prune.seed,
+            pipeline: PipelineOptions::default(),
+        }
+    }
+
+    fn pass(&self) -> Prune {
+        Prune {
+            amount: self.amount.clone(),
+            criterion: self.criterion,
+            granularity: self.granularity,
+            global: self.global,
+            round_to: self.round_to,
+            protect: self
+                .protect
+                .iter()
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect(),
+            dims: self.dims.clone(),
+            seed: self.seed,
+        }
+    }
+}
+
+/// One dependency group and what was removed from it.
+#[derive(Clone, Debug, Serialize)]
+pub struct PrunedGroupReport {
+    pub source: String,
+    pub kind: String,
+    pub units: usize,
+    pub channels_per_unit: usize,
+    pub removed: usize,
+    pub weights: Vec<String>,
+    pub members: usize,
+}
+
+/// What [`Session::prune`] did.
+#[derive(Clone, Debug, Serialize)]
+pub struct PruneReport {
+    pub criterion: String,
+    pub ratio: f64,
+    pub global: bool,
+    pub groups: Vec<PrunedGroupReport>,
+    /// Groups left alone: where they start, and why.
+    pub left_alone: Vec<(String, String)>,
+    pub params_before: u64,
+    pub params_after: u64,
+    pub params_ratio: f64,
+    pub flops_before: Option<u64>,
+    pub flops_after: Option<u64>,
+    pub flops_ratio: Option<f64>,
+    /// The dims FLOPs are counted at (unbound symbolic dims are 1).
+    pub dims: Vec<(String, i64)>,
+    pub calibration: String,
+    /// Output error against the unpruned model, before any fine-tuning.
+    pub error: Option<QuantError>,
+    pub error_skipped: Option<String>,
+    pub measured_in: Option<String>,
+    pub trials: usize,
+    pub time_ms: f64,
+    pub warnings: Vec<String>,
+}
+
+impl Session {
+    /// Prunes the model (see the module doc). Whole or not at all: an
+    /// error leaves the session unchanged.
+    pub fn prune(&mut self, opts: &PruneOptions) -> Result<PruneReport> {
+        self.transact(|s| s.prune_step(opts))
+    }
+
+    fn prune_step(&mut self, opts: &PruneOptions) -> Result<PruneReport> {
+        crate::validate::dims(&opts.dims)?;
+        let t0 = Instant::now();
+        let pass = opts.pass();
+        pass.validate().map_err(|e| self.err(Error::new(e.0)))?;
+        let mut warnings = Vec::new();
+        let mut pruned = self.model.clone();
+        let r: PassReport = pass
+            .prune(&mut pruned)
+            .map_err(|e| self.err(Error::new(e.0)))?;
+        let (mut error, mut error_skipped, mut measured_in) = (None, None, None);
+        let mut label = "none".to_string();
+        if opts.measure {
+            let (batches, l) = self.calibration_batches(&opts.calibration, &opts.dims)?;
+            if opts.calibration.is_none() {
+                warnings.push(format!(
+                    "no --calibration: {l}; errors on random data say little about real inputs"
+                ));
+            }
+            label = l;
+            match Measurer::new(&self.model, &batches) {
+                Ok(m) => {
+                    measured_in = Some(m.engine.clone());
+                    match m.error(&pruned) {
+                        Ok(e) => error = Some(e),
+                        Err(e) => error_skipped = Some(e.message().to_string()),
+                    }
+                }
+                Err(e) => error_skipped = Some(format!("the unpruned model: {}", e.message())),
+            }
+        }
+        let captured = Rc::new(RefCell::new(None));
+        let done = RefCell::new(Some((pruned, r)));
+        let passes: Vec<Box<dyn Pass>> = vec![Box::new(Capture {
+            name: "prune",
+            run: Box::new(move |model| {
+                let (m, r) = done.borrow_mut().take().expect("runs once");
+                *model = m;
+                let stats = r.stats();
+                Ok((r, stats))
+            }),
+            out: captured.clone(),
+        })];
+        self.run_passes(&passes, 1, &opts.pipeline)?;
+        let r = captured.borrow_mut().take().unwrap_or_default();
+        warnings.extend(r.warnings.iter().cloned());
+        let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+        let mut dims = opts.dims.clone();
+        for name in graphopt_plan::input_dim_names(&self.model) {
+            if !dims.iter().any(|d| d.0 == name) {
+                dims.push((name, 1));
+            }
+        }
+        Ok(PruneReport {
+            criterion: r.criterion.clone(),
+            ratio: r.ratio,
+            global: opts.global,
+            groups: r
+                .groups
+                .iter()
+                .map(|g| PrunedGroupReport {
+                    source: g.source.clone(),
+                    kind: g.kind.to_string(),
+                    units: g.units,
+                    channels_per_unit: g.block,
+                    removed: g.removed,
+                    weights: g.weights.clone(),
+                    members: g.members,
+                })
+                .collect(),
+            left_alone: r.left_alone.clone(),
+            params_before: r.params_before,
+            params_after: r.params_after,
+            params_ratio: ratio(r.params_after, r.params_before),
+            flops_before: r.flops_before,
+            flops_after: r.flops_after,
+            flops_ratio: match (r.flops_after, r.flops_before) {
+                (Some(a), Some(b)) => Some(ratio(a, b)),
+                _ => None,
+            },
+            dims,
+            calibration: label,
+            error,
+            error_skipped,
+            measured_in,
+            trials: r.trials,
+            time_ms: t0.elapsed().as_secs_f64() * 1e3,
+            warnings,
+        })
+    }
+}
+
+/// Parses `--ratio`, `--target-params` and `--target-flops` (exactly one).
+pub fn prune_amount(
+    ratio: Option<f64>,
+    target_params: Option<f64>,
+    target_flops: Option<f64>,
+) -> Result<Amount> {
+    match (ratio, target_params, target_flops) {
+        (Some(r), None, None) => Ok(Amount::Ratio(r)),
+        (None, Some(p), None) => Ok(Amount::TargetParams(p)),
+        (None, None, Some(f)) => Ok(Amount::TargetFlops(f)),
+        (None, None, None) => Err(Error::new(
+            "prune: give one of --ratio, --target-params or --target-flops",
+        )),
+        _ => Err(Error::new(
+            "prune: give only one of --ratio, --target-params or --target-flops",
+        )),
+    }
+}
+
+/// Parses a criterion name (`l1`, `l2`, `random`).
+pub fn prune_criterion(s: &str) -> Result<Criterion> {
+    Criterion::parse(s).map_err(|e| Error::new(e.0))
+}
+
+/// Parses a granularity name (`channel`, `head`, `all`).
+pub fn prune_granularity(s: &str) -> Result<Granularity> {
+    Granularity::parse(s).map_err(|e| Error::new(e.0))
+}
