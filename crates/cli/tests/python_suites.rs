@@ -27,6 +27,11 @@
 //!   a loss and gradients bit-identical to the training graph's in
 //!   onnxruntime.
 //!
+//! - every real model pruned by `graphopt prune --ratio 0.3` passes the
+//!   full onnx checker, holds the parameters its report gives, runs in
+//!   onnxruntime with the error graphopt measured, and is accepted by
+//!   `optimize`, `plan` and `grad`.
+//!
 //! They run in the pinned Python environment of `graphopt-testutil` (a
 //! venv under `target/` with `tests-py/requirements.txt` installed). Without
 //! it they are skipped with a note, unless `GRAPHOPT_REQUIRE_PYTHON=1` or
@@ -131,4 +136,9 @@ fn rematerialized_training_graphs_are_bit_identical_in_onnxruntime() {
 #[ignore = "every testdata model: minutes"]
 fn rematerialized_training_graphs_of_every_model_are_bit_identical_in_onnxruntime() {
     run_script("remat_models.py", &[]);
+}
+
+#[test]
+fn pruned_real_models_run_in_onnxruntime() {
+    run_script("prune_models.py", &[]);
 }
