@@ -605,6 +605,58 @@ impl PySession {
         self.transform(py, "compress", move |s| to_json(&s.compress(&opts)?))
     }
 
+    /// Structured pruning (as `graphopt prune`): give one of `ratio` (the
+    /// fraction of each dependency group's channels, hidden units or
+    /// attention heads removed), `target_params` or `target_flops` (a
+    /// fraction <= 1 or a count to keep; the ratio is searched).
+    /// `criterion` is "l1" | "l2" | "random", `granularity` "channel" |
+    /// "head" | "all"; `protect` lists tensors whose dims stay. The error
+    /// against the unpruned model is measured on `calibration` (or random
+    /// inputs) and reported, not bounded. Returns a new Session; its report
+    /// has the `graphopt prune --json` fields.
+    #[pyo3(signature = (ratio=None, target_params=None, target_flops=None, criterion=None,
+                        granularity=None, global_ranking=None, round_to=None, protect=None,
+                        dims=None, calibration=None, measure=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn prune(
+        &self,
+        py: Python<'_>,
+        ratio: Option<f64>,
+        target_params: Option<f64>,
+        target_flops: Option<f64>,
+        criterion: Option<&str>,
+        granularity: Option<&str>,
+        global_ranking: Option<bool>,
+        round_to: Option<usize>,
+        protect: Option<&Bound<'_, PyAny>>,
+        dims: Option<&Bound<'_, PyDict>>,
+        calibration: Option<&Bound<'_, PyAny>>,
+        measure: Option<bool>,
+    ) -> PyResult<PySession> {
+        let amount = graphopt::prune_amount(ratio, target_params, target_flops).map_err(gerr)?;
+        let defaults = graphopt::PruneOptions::new(amount);
+        let opts = graphopt::PruneOptions {
+            criterion: criterion
+                .map(graphopt::prune_criterion)
+                .transpose()
+                .map_err(gerr)?
+                .unwrap_or(defaults.criterion),
+            granularity: granularity
+                .map(graphopt::prune_granularity)
+                .transpose()
+                .map_err(gerr)?
+                .unwrap_or(defaults.granularity),
+            global: global_ranking.unwrap_or(defaults.global),
+            round_to: round_to.unwrap_or(defaults.round_to),
+            protect: list_arg(protect)?,
+            dims: dims_arg(dims)?,
+            calibration: calibration_arg(calibration)?,
+            measure: measure.unwrap_or(defaults.measure),
+            ..defaults
+        };
+        self.transform(py, "prune", move |s| to_json(&s.prune(&opts)?))
+    }
+
     /// Recomputation under a memory budget, on a training graph (from
     /// `grad`): `budget` is bytes (int), a size ("2GiB") or a percent of
     /// the store-everything activation bound ("40%"); `strategy` is

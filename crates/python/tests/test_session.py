@@ -332,6 +332,24 @@ def test_compress_equals_cli(cli, tmp_path):
         graphopt.load(model(name)).compress("cluster:2", calibration=calib, max_error=1e-9)
 
 
+def test_prune_equals_cli(cli, tmp_path):
+    name = "bert_tiny.dynamo18"
+    out, rep = tmp_path / "p.onnx", tmp_path / "r.json"
+    calib = MODELS / f"{name}.inputs.npz"
+    cli.run("prune", model(name), "-o", out, "--ratio", "0.5", "--calibration", calib, "--report", rep)
+    want = json.loads(rep.read_text())
+    p = graphopt.load(model(name)).prune(ratio=0.5, calibration=calib)
+    assert p.to_bytes() == out.read_bytes()
+    got = p.report()["steps"][-1]["report"]
+    assert strip_times(got) == strip_times(want)
+    assert any(g["kind"] == "heads" and g["removed"] == 1 for g in got["groups"])
+    assert got["params_after"] < 0.7 * got["params_before"]
+    with pytest.raises(graphopt.GraphoptError, match="give one of --ratio"):
+        graphopt.load(model(name)).prune()
+    with pytest.raises(graphopt.GraphoptError, match="--protect nope"):
+        graphopt.load(model(name)).prune(ratio=0.3, protect=["nope"])
+
+
 def test_remat_equals_cli(cli, tmp_path):
     name = "gpt2_tiny.ts14"
     train_path, out, rep = tmp_path / "t.onnx", tmp_path / "r.onnx", tmp_path / "r.json"

@@ -188,6 +188,25 @@ class Session:
         with ``calibration``) or ``"share[:TOL]"`` (near-equal weights merged). Over
         ``max_error`` (default 0.05) with the most sensitive layers left as they
         were: GraphoptError."""
+    def prune(
+        self,
+        ratio: float | None = None,
+        target_params: float | None = None,
+        target_flops: float | None = None,
+        criterion: Literal["l1", "l2", "random"] | None = None,
+        granularity: Literal["channel", "head", "all"] | None = None,
+        global_ranking: bool | None = None,
+        round_to: int | None = None,
+        protect: str | Sequence[str] | None = None,
+        dims: Dims | None = None,
+        calibration: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike[str] | None = None,
+        measure: bool | None = None,
+    ) -> Session:
+        """Structured pruning (``graphopt prune``): whole channels, hidden units and
+        attention heads removed by dependency group. One of ``ratio``,
+        ``target_params`` or ``target_flops`` (a fraction <= 1 or a count to keep).
+        The report gives the groups, what was left alone and why, parameters and
+        FLOPs before and after, and the error against the unpruned model."""
     def remat(
         self,
         budget: int | str,
