@@ -39,7 +39,7 @@ MUST_PRUNE = {
     "resnet_tiny.ts9": 0, "resnet_tiny.ts14": 0, "resnet_tiny.dynamo18": 0,
     "mobilenet_v3_small.ts11": 0, "mobilenet_v3_small.ts14": 0, "mobilenet_v3_small.dynamo18": 0,
     "bert_tiny.ts14": 2, "bert_tiny.ts11": 2, "bert_tiny.dynamo18": 2,
-    "gpt2_tiny.dynamo18": 0, "mlp_fp16.ts14": 0, "mlp_fp16.dynamo18": 0,
+    "gpt2_tiny.dynamo18": 2, "gpt2_tiny.ts14": 2, "gpt2_tiny.ts14.extdata": 2, "mlp_fp16.ts14": 0, "mlp_fp16.dynamo18": 0,
     "t5_encoder_tiny.ts14": 1, "t5_encoder_tiny.dynamo18": 1,
     "vit_tiny.ts14": 0, "vit_tiny.dynamo18": 0,
     "whisper_encoder_tiny.ts14": 0, "whisper_encoder_tiny.dynamo18": 0,

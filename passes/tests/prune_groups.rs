@@ -36,9 +36,14 @@ fn describe(src: &str) -> String {
             } else {
                 ""
             };
+            let rep = if s.repeat > 1 {
+                format!(" repeat {} stride {}", s.repeat, s.stride)
+            } else {
+                String::new()
+            };
             writeln!(
                 out,
-                "  {}[{}] offset {} block {}{w}",
+                "  {}[{}] offset {} block {}{rep}{w}",
                 g.name(p.value),
                 p.axis,
                 s.offset,
@@ -56,6 +61,9 @@ fn describe(src: &str) -> String {
                 l.index
             )
             .unwrap();
+        }
+        for (&n, a) in &grp.splits {
+            writeln!(out, "  sets the sizes of {} on axis {a}", label(n)).unwrap();
         }
         for &n in &grp.depthwise {
             writeln!(out, "  sets the group of {}", label(n)).unwrap();

@@ -104,14 +104,24 @@ const EXPECT: &[Expect] = &[
         heads: 2,
     },
     Expect {
+        model: "t5_encoder_tiny.dynamo18",
+        groups: 3,
+        heads: 1,
+    },
+    Expect {
         model: "bert_tiny.dynamo18",
         groups: 4,
         heads: 2,
     },
     Expect {
+        model: "gpt2_tiny.ts14",
+        groups: 4,
+        heads: 2,
+    },
+    Expect {
         model: "gpt2_tiny.dynamo18",
-        groups: 2,
-        heads: 0,
+        groups: 4,
+        heads: 2,
     },
 ];
 

@@ -41,17 +41,39 @@ pub struct Place {
     pub axis: usize,
 }
 
-/// Where a group's units lie on a member's axis.
+/// Where a group's units lie on a member's axis: unit `u` covers
+/// `offset + r·stride + u·block .. + block` for each `r < repeat` (a
+/// repeat of 1 but for a fused projection split into equal parts, such as
+/// GPT-2's query, key and value: unit `u` is then head `u` of each part).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
     pub offset: usize,
     pub block: usize,
+    pub repeat: usize,
+    pub stride: usize,
 }
 
 impl Span {
+    pub fn new(offset: usize, block: usize) -> Span {
+        Span {
+            offset,
+            block,
+            repeat: 1,
+            stride: 0,
+        }
+    }
+
     /// The positions of unit `u`.
-    pub fn positions(&self, u: usize) -> std::ops::Range<usize> {
-        self.offset + u * self.block..self.offset + (u + 1) * self.block
+    pub fn positions(&self, u: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.repeat).flat_map(move |r| {
+            let a = self.offset + r * self.stride + u * self.block;
+            a..a + self.block
+        })
+    }
+
+    /// One past the last position of `units` units.
+    fn end(&self, units: usize) -> usize {
+        self.offset + (self.repeat - 1) * self.stride + units * self.block
     }
 }
 
@@ -71,6 +93,8 @@ pub struct Group {
     pub depthwise: BTreeSet<NodeId>,
     /// Sizes in Reshape shapes that name a member's size.
     pub literals: Vec<Literal>,
+    /// Splits along a member axis (that axis): their sizes follow.
+    pub splits: BTreeMap<NodeId, usize>,
 }
 
 impl Group {
@@ -147,6 +171,55 @@ fn literal(
     }
 }
 
+/// The tensor and axis whose size element `i` of `v` is read from at run
+/// time (`Shape`, then Gather, Slice, Squeeze, Unsqueeze and Concat of its
+/// pieces), if it is one: `x.view(-1, x.size(-1))`.
+fn dim_source(g: &Graph, shapes: &Graph, v: ValueId, i: usize, depth: usize) -> Option<(ValueId, usize)> {
+    if depth > 6 {
+        return None;
+    }
+    let (n, _) = g.producer(v)?;
+    let d = g.node(n);
+    let c = |k: usize| d.input(k).and_then(|v| g.initializer(v)).and_then(|t| t.to_i64_vec());
+    match d.op_type.as_str() {
+        "Shape" if d.attr_int("start").is_none() && d.attr_int("end").is_none() => {
+            Some((d.input(0)?, i))
+        }
+        "Concat" => {
+            let mut start = 0;
+            for x in d.inputs() {
+                let x = (*x)?;
+                let l = *dims(shapes, x)?.first()?;
+                if i < start + l {
+                    return dim_source(g, shapes, x, i - start, depth + 1);
+                }
+                start += l;
+            }
+            None
+        }
+        "Unsqueeze" | "Squeeze" | "Cast" | "Identity" if i == 0 => {
+            dim_source(g, shapes, d.input(0)?, 0, depth + 1)
+        }
+        "Gather" => {
+            let idx = c(1)?;
+            let rank = dims(shapes, d.input(0)?)?.first().copied()? as i64;
+            let j = *idx.get(i)?;
+            let j = if j < 0 { j + rank } else { j };
+            dim_source(g, shapes, d.input(0)?, usize::try_from(j).ok()?, depth + 1)
+        }
+        "Slice" => {
+            let (st, steps) = (c(1)?, c(4).unwrap_or_else(|| vec![1]));
+            if st.len() != 1 || steps != [1] {
+                return None;
+            }
+            let rank = dims(shapes, d.input(0)?)?.first().copied()? as i64;
+            let st = if st[0] < 0 { (st[0] + rank).max(0) } else { st[0].min(rank) };
+            dim_source(g, shapes, d.input(0)?, st as usize + i, depth + 1)
+        }
+        _ => None,
+    }
+}
+
 /// A walk that ended without a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeftAlone {
@@ -165,6 +238,8 @@ enum Fail {
     Unsafe(String),
     /// Units must span this many channels (a Reshape splits heads).
     NeedBlock(usize),
+    /// Units must repeat in this many equal parts (a Split cuts them).
+    NeedRepeat(usize),
 }
 
 type Step = Result<(), Fail>;
@@ -186,36 +261,54 @@ pub fn find(g: &Graph, shapes: &Graph) -> Groups {
         if seen.contains(&place) || len < 2 {
             continue;
         }
-        let mut block = 1;
+        let mut span = Span::new(0, 1);
         loop {
+            let units = if span.repeat > 1 {
+                span.stride / span.block
+            } else {
+                len / span.block
+            };
             let mut w = Walk::new(g, shapes);
-            let r = w.run(place, Span { offset: 0, block }, n, len / block);
+            let r = w.run(place, span, n, units);
             seen.extend(w.members.keys().copied());
             match r {
                 Ok(()) => {
                     out.groups.push(Group {
                         source: n,
-                        units: len / block,
-                        block,
+                        units,
+                        block: span.block,
                         members: w.members,
                         weights: w.weights.keys().copied().collect(),
                         depthwise: w.depthwise,
                         literals: w.literals,
+                        splits: w.splits,
                     });
                     break;
                 }
                 Err(Fail::NeedBlock(m)) => {
-                    let b = lcm(block, m);
-                    if b >= len || len % b != 0 || b == block {
+                    let b = lcm(span.block, m);
+                    let whole = if span.repeat > 1 { span.stride } else { len };
+                    if b >= whole || whole % b != 0 || b == span.block {
                         out.left_alone.push(LeftAlone {
                             source: n,
                             reason: format!(
-                                "a Reshape splits the {len} channels into units of {m}, which do not divide them into prunable units"
+                                "a Reshape splits the {whole} channels into units of {m}, which do not divide them into prunable units"
                             ),
                         });
                         break;
                     }
-                    block = b;
+                    span.block = b;
+                }
+                Err(Fail::NeedRepeat(k)) => {
+                    if span.repeat > 1 || len % k != 0 || (len / k) % span.block != 0 {
+                        out.left_alone.push(LeftAlone {
+                            source: n,
+                            reason: format!("a Split cuts the {len} channels into {k} parts unevenly"),
+                        });
+                        break;
+                    }
+                    span.repeat = k;
+                    span.stride = len / k;
                 }
                 Err(Fail::Unsafe(reason)) => {
                     out.left_alone.push(LeftAlone { source: n, reason });
@@ -237,7 +330,7 @@ fn resolve_shared(g: &Graph, out: &mut Groups) {
     for grp in std::mem::take(&mut out.groups) {
         let range = |p: &Place| {
             let s = grp.members[p];
-            (s.offset, s.offset + grp.units * s.block)
+            (s.offset, s.end(grp.units))
         };
         let clash = grp.weights.iter().find(|p| {
             let (a, b) = range(p);
@@ -379,6 +472,7 @@ struct Walk<'a> {
     queue: VecDeque<(Place, Span)>,
     depthwise: BTreeSet<NodeId>,
     literals: Vec<Literal>,
+    splits: BTreeMap<NodeId, usize>,
 }
 
 impl<'a> Walk<'a> {
@@ -392,6 +486,7 @@ impl<'a> Walk<'a> {
             queue: VecDeque::new(),
             depthwise: BTreeSet::new(),
             literals: Vec::new(),
+            splits: BTreeMap::new(),
         }
     }
 
@@ -477,7 +572,7 @@ impl<'a> Walk<'a> {
                 p.axis
             ));
         };
-        if s.offset + self.units * s.block > len {
+        if s.end(self.units) > len {
             return unsafe_(format!(
                 "'{}' axis {} is shorter than the group",
                 self.g.name(p.value),
@@ -617,7 +712,13 @@ impl<'a> Walk<'a> {
             let out_axis = if to == out { axis } else { p.axis };
             let in_axis = if to == out { p.axis } else { axis };
             let sv = d.input(1).expect("a Reshape has a shape");
+            let data = d.input(0).expect("a Reshape has data");
             let Some(lit) = literal(self.g, self.shapes, n, 1, sv, out_axis, 0) else {
+                // Read at run time from the reshaped tensor's own pruned
+                // axis, the size follows by itself.
+                if dim_source(self.g, self.shapes, sv, out_axis, 0) == Some((data, in_axis)) {
+                    return self.add(Place { value: to, axis }, span);
+                }
                 return unsafe_(format!(
                     "{}: the size of its axis {out_axis} is computed at run time",
                     self.label(n)
@@ -635,11 +736,16 @@ impl<'a> Walk<'a> {
                         self.label(n)
                     ))
                 }
-                Some(x) if x > 0 => self.literals.push(Literal {
-                    reshape: n,
-                    axis: out_axis,
-                    ..lit
-                }),
+                Some(x) if x > 0 => {
+                    let l = Literal {
+                        reshape: n,
+                        axis: out_axis,
+                        ..lit
+                    };
+                    if !self.literals.contains(&l) {
+                        self.literals.push(l);
+                    }
+                }
                 Some(_) => {}
                 None => return unsafe_(format!("{}: its shape is unreadable", self.label(n))),
             }
@@ -950,7 +1056,7 @@ impl<'a> Walk<'a> {
             }
             op if RESHAPE.contains(&op) => self.reshape(n, p.value, x.expect("x"), p, s),
             "Concat" => self.concat_backward(n, p, s),
-            "Slice" => self.slice_like(n, p, s, false),
+            "Slice" | "Split" => self.slice_like(n, p, s, false),
             _ => unsafe_(format!(
                 "{} (output) has no pruning rule for axis {a}",
                 self.label(n)
@@ -1088,7 +1194,7 @@ impl<'a> Walk<'a> {
             Place { value: out, axis: c },
             Span {
                 offset: start + s.offset,
-                block: s.block,
+                ..s
             },
         )
     }
@@ -1103,7 +1209,7 @@ impl<'a> Walk<'a> {
             }
             return Ok(());
         }
-        let end = s.offset + self.units * s.block;
+        let end = s.end(self.units);
         match segs
             .iter()
             .find(|(_, start, l)| *start <= s.offset && end <= start + l)
@@ -1113,7 +1219,7 @@ impl<'a> Walk<'a> {
                 c,
                 Span {
                     offset: s.offset - start,
-                    block: s.block,
+                    ..s
                 },
                 n,
             ),
@@ -1152,6 +1258,9 @@ impl<'a> Walk<'a> {
             }
         };
         if touched.contains(&p.axis) {
+            if d.op_type == "Split" {
+                return self.split_on_axis(n, p, s, forward);
+            }
             return unsafe_(format!("{} cuts the pruned axis", self.label(n)));
         }
         if forward {
@@ -1168,6 +1277,113 @@ impl<'a> Walk<'a> {
         }
     }
 
+    /// A Split along the pruned axis. A group inside one part moves to that
+    /// part; a group over the whole axis cut into equal parts (a fused
+    /// query/key/value projection) repeats its units in every part.
+    fn split_on_axis(&mut self, n: NodeId, p: Place, s: Span, forward: bool) -> Step {
+        let d = self.g.node(n).clone();
+        let x = d.input(0).expect("x");
+        let outs: Vec<ValueId> = d.outputs().iter().flatten().copied().collect();
+        if outs.len() != d.outputs().len() {
+            return unsafe_(format!("{} has an unused output", self.label(n)));
+        }
+        let mut segs = Vec::new();
+        let mut start = 0;
+        for &o in &outs {
+            let Some(l) = self.len(o, p.axis) else {
+                return unsafe_(format!("{}: its shapes are not known", self.label(n)));
+            };
+            segs.push((o, start, l));
+            start += l;
+        }
+        let k = segs.len();
+        let equal = segs.iter().all(|sg| sg.2 == segs[0].2);
+        if let Some(v) = d.input(1) {
+            if self.g.initializer(v).is_none() {
+                return unsafe_(format!("{}: its sizes are computed at run time", self.label(n)));
+            }
+        }
+        self.splits.insert(n, p.axis);
+        if forward {
+            if s.repeat == k && equal && s.stride == segs[0].2 {
+                for &(o, _, _) in &segs {
+                    self.add(
+                        Place { value: o, axis: p.axis },
+                        Span {
+                            repeat: 1,
+                            stride: 0,
+                            ..s
+                        },
+                    )?;
+                }
+                return Ok(());
+            }
+            if s.repeat == 1 {
+                let end = s.end(self.units);
+                if let Some(&(o, st, _)) =
+                    segs.iter().find(|(_, st, l)| *st <= s.offset && end <= st + l)
+                {
+                    return self.add(
+                        Place { value: o, axis: p.axis },
+                        Span {
+                            offset: s.offset - st,
+                            ..s
+                        },
+                    );
+                }
+                if s.offset == 0 && equal && end == start && k > 1 {
+                    return Err(Fail::NeedRepeat(k));
+                }
+            }
+            return unsafe_(format!(
+                "{} cuts the pruned axis across the group",
+                self.label(n)
+            ));
+        }
+        // Backward from one part: the input's span, unless the input is
+        // already a member repeating over the parts.
+        let slot = segs
+            .iter()
+            .position(|sg| sg.0 == p.value)
+            .expect("an output of the Split");
+        let xp = Place { value: x, axis: p.axis };
+        if let Some(have) = self.members.get(&xp) {
+            if have.repeat == k && equal && have.stride == segs[0].2 && have.offset == s.offset {
+                return Ok(());
+            }
+        }
+        self.add(
+            xp,
+            Span {
+                offset: segs[slot].1 + s.offset,
+                ..s
+            },
+        )
+    }
+
+    /// Whether every read of `v` (a shape of `x`, or a piece of one) ends
+    /// in the shape of a Reshape of `x` itself (those check, through
+    /// [`dim_source`], that the dims they take are the ones that follow).
+    fn only_reshapes_itself(&self, v: ValueId, x: ValueId, depth: usize) -> bool {
+        if depth > 6 || self.g.is_output(v) {
+            return false;
+        }
+        self.g.uses(v).iter().all(|u| {
+            let Use::Input { node, slot } = *u else {
+                return false;
+            };
+            let d = self.g.node(node);
+            match d.op_type.as_str() {
+                "Reshape" => slot == 1 && d.input(0) == Some(x),
+                "Gather" | "Slice" | "Squeeze" | "Unsqueeze" | "Concat" | "Cast" => {
+                    (d.op_type == "Concat" || slot == 0)
+                        && d.output(0).is_some_and(|o| self.only_reshapes_itself(o, x, depth + 1))
+                }
+                _ => false,
+            }
+        })
+    }
+
     /// `Shape` of a member is fine when only other dims are read from it.
     fn shape_read(&mut self, n: NodeId, p: Place) -> Step {
         let d = self.g.node(n);
@@ -1176,6 +1392,9 @@ impl<'a> Walk<'a> {
         }
         let rank = dims(self.shapes, p.value).map(|d| d.len()).unwrap_or(0);
         let out = d.output(0).expect("checked");
+        if self.only_reshapes_itself(out, p.value, 0) {
+            return Ok(());
+        }
         for u in self.g.uses(out) {
             let Use::Input { node, slot: 0 } = *u else {
                 return unsafe_(format!("{}: its shape is used whole", self.label(n)));
@@ -1254,6 +1473,8 @@ fn map_reshape(
                     Span {
                         offset: s.offset * m,
                         block: s.block * m,
+                        stride: s.stride * m,
+                        ..s
                     },
                 ));
             }
@@ -1266,12 +1487,17 @@ fn map_reshape(
             if prod(&to[p + 1..]) != m * inner {
                 continue;
             }
-            if s.offset.is_multiple_of(m) && s.block.is_multiple_of(m) {
+            if s.offset.is_multiple_of(m)
+                && s.block.is_multiple_of(m)
+                && s.stride.is_multiple_of(m)
+            {
                 return Ok((
                     p,
                     Span {
                         offset: s.offset / m,
                         block: s.block / m,
+                        stride: s.stride / m,
+                        ..s
                     },
                 ));
             }
@@ -1294,10 +1520,7 @@ mod tests {
 
     #[test]
     fn reshape_maps_merge_split_and_same() {
-        let s = Span {
-            offset: 0,
-            block: 1,
-        };
+        let s = Span::new(0, 1);
         // Flatten of [1, 8, 2, 2] into [1, 32]: channel c is 4 positions.
         let (a, sp) = map_reshape(&[1, 8, 2, 2], &[1, 32], 1, s, 8).ok().unwrap();
         assert_eq!((a, sp.block), (1, 4));
@@ -1309,17 +1532,11 @@ mod tests {
             map_reshape(&[2, 3, 12], &[2, 3, 4, 3], 2, s, 12),
             Err(Fail::NeedBlock(3))
         ));
-        let h = Span {
-            offset: 0,
-            block: 3,
-        };
+        let h = Span::new(0, 3);
         let (a, sp) = map_reshape(&[2, 3, 12], &[2, 3, 4, 3], 2, h, 4).ok().unwrap();
         assert_eq!((a, sp.block), (2, 1));
         // And back: heads merge into units of 3 channels.
-        let one = Span {
-            offset: 0,
-            block: 1,
-        };
+        let one = Span::new(0, 1);
         let (a, sp) = map_reshape(&[2, 3, 4, 3], &[2, 3, 12], 2, one, 4).ok().unwrap();
         assert_eq!((a, sp.block), (2, 3));
     }

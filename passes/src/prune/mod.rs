@@ -824,6 +824,43 @@ fn apply(g: &mut Graph, groups: &[Group], removed: &[Vec<usize>]) -> Result<(), 
             g.remove_value(cur);
         }
     }
+    // Split sizes along a pruned axis.
+    let mut splits: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for (grp, rm) in groups.iter().zip(removed) {
+        if !rm.is_empty() {
+            splits.extend(grp.splits.iter().map(|(&n, &a)| (n, a)));
+        }
+    }
+    for (n, axis) in splits {
+        let d = g.node(n).clone();
+        let new_sizes = |old: &[i64]| -> Vec<i64> {
+            old.iter()
+                .zip(d.outputs())
+                .map(|(&l, o)| l - o.map(|o| removed_at(o, axis)).unwrap_or(0))
+                .collect()
+        };
+        if let Some(sv) = d.input(1) {
+            let old = g
+                .initializer(sv)
+                .and_then(|t| t.to_i64_vec())
+                .ok_or_else(|| PassError(format!("prune: {}: its sizes are not a constant", node_label(g, n))))?;
+            let new = new_sizes(&old);
+            if new != old {
+                let t = Tensor::from_i64(vec![new.len() as i64], &new)?;
+                let hint = g.name(sv).to_string();
+                let c = g.add_initializer(&hint, t);
+                g.set_input(n, 1, Some(c));
+                if g.uses(sv).is_empty() && !g.is_output(sv) {
+                    g.remove_value(sv);
+                }
+            }
+        } else if let Some(old) = d.attr_ints("split").map(|a| a.to_vec()) {
+            let new = new_sizes(&old);
+            let attrs = &mut g.node_mut(n).attributes;
+            attrs.retain(|a| a.name != "split");
+            attrs.push(Attribute::new("split", AttrValue::Ints(new)));
+        }
+    }
     for n in depthwise {
         let x = g.node(n).input(0).expect("depthwise input");
         let r = removed_at(x, 1);

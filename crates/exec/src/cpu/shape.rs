@@ -276,8 +276,21 @@ struct Concat {
 impl Kernel for Concat {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let total: usize = self.parts.iter().sum();
+        let what = if self.split { "Split" } else { "Concat" };
+        let bad = |got: usize, want: usize| {
+            format!("{what}: a part holds {got} bytes where its shape needs {want}")
+        };
         if self.split {
             let x = io.input(0)?.bytes()?;
+            if x.len() < self.outer * total {
+                return Err(bad(x.len(), self.outer * total));
+            }
+            for (k, &p) in self.parts.iter().enumerate() {
+                let l = io.outputs[k].data.len();
+                if l < self.outer * p {
+                    return Err(bad(l, self.outer * p));
+                }
+            }
             for o in 0..self.outer {
                 let mut at = o * total;
                 for (k, &p) in self.parts.iter().enumerate() {
@@ -289,7 +302,15 @@ impl Kernel for Concat {
             let ins: Vec<&[u8]> = (0..self.parts.len())
                 .map(|k| io.input(k).and_then(|i| i.bytes()))
                 .collect::<Result<_, _>>()?;
+            for (k, &p) in self.parts.iter().enumerate() {
+                if ins[k].len() < self.outer * p {
+                    return Err(bad(ins[k].len(), self.outer * p));
+                }
+            }
             let y = &mut io.outputs[0].data;
+            if y.len() < self.outer * total {
+                return Err(bad(y.len(), self.outer * total));
+            }
             for o in 0..self.outer {
                 let mut at = o * total;
                 for (k, &p) in self.parts.iter().enumerate() {
