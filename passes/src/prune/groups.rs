@@ -236,8 +236,10 @@ pub struct Groups {
 
 enum Fail {
     Unsafe(String),
-    /// Units must span this many channels (a Reshape splits heads).
-    NeedBlock(usize),
+    /// Units must span this many channels (a Reshape splits heads); or,
+    /// the alternative, repeat in this many parts (the Reshape splits a
+    /// fused projection).
+    NeedBlock(usize, Option<usize>),
     /// Units must repeat in this many equal parts (a Split cuts them).
     NeedRepeat(usize),
 }
@@ -262,6 +264,9 @@ pub fn find(g: &Graph, shapes: &Graph) -> Groups {
             continue;
         }
         let mut span = Span::new(0, 1);
+        // Spans to try if the current one fails, and the first failure.
+        let mut fallback: Vec<Span> = Vec::new();
+        let mut first_failure: Option<String> = None;
         loop {
             let units = if span.repeat > 1 {
                 span.stride / span.block
@@ -277,25 +282,45 @@ pub fn find(g: &Graph, shapes: &Graph) -> Groups {
                         source: n,
                         units,
                         block: span.block,
+                        weights: w
+                            .members
+                            .keys()
+                            .filter(|p| g.initializer(p.value).is_some())
+                            .copied()
+                            .collect(),
                         members: w.members,
-                        weights: w.weights.keys().copied().collect(),
                         depthwise: w.depthwise,
                         literals: w.literals,
                         splits: w.splits,
                     });
                     break;
                 }
-                Err(Fail::NeedBlock(m)) => {
+                Err(Fail::NeedBlock(m, alt)) => {
+                    if let Some(k) = alt {
+                        if len % k == 0 && span.repeat == 1 {
+                            fallback.push(Span {
+                                repeat: k,
+                                stride: len / k,
+                                ..span
+                            });
+                        }
+                    }
                     let b = lcm(span.block, m);
                     let whole = if span.repeat > 1 { span.stride } else { len };
                     if b >= whole || whole % b != 0 || b == span.block {
-                        out.left_alone.push(LeftAlone {
-                            source: n,
-                            reason: format!(
+                        let reason = first_failure
+                            .get_or_insert(format!(
                                 "a Reshape splits the {whole} channels into units of {m}, which do not divide them into prunable units"
-                            ),
-                        });
-                        break;
+                            ))
+                            .clone();
+                        match fallback.pop() {
+                            Some(f) => span = f,
+                            None => {
+                                out.left_alone.push(LeftAlone { source: n, reason });
+                                break;
+                            }
+                        }
+                        continue;
                     }
                     span.block = b;
                 }
@@ -311,8 +336,14 @@ pub fn find(g: &Graph, shapes: &Graph) -> Groups {
                     span.stride = len / k;
                 }
                 Err(Fail::Unsafe(reason)) => {
-                    out.left_alone.push(LeftAlone { source: n, reason });
-                    break;
+                    let reason = first_failure.get_or_insert(reason).clone();
+                    match fallback.pop() {
+                        Some(f) => span = f,
+                        None => {
+                            out.left_alone.push(LeftAlone { source: n, reason });
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -526,10 +557,23 @@ impl<'a> Walk<'a> {
                 }
             }
         }
-        // Every read of a sliced weight must be one the group accounts for.
-        for (p, readers) in &self.weights {
+        // Every read of a sliced weight must be one the group accounts for:
+        // a node it joined through, or one whose output is in the group (a
+        // Transpose of a tied embedding).
+        let values: BTreeSet<ValueId> = self.members.keys().map(|p| p.value).collect();
+        let none = BTreeSet::new();
+        for p in self.members.keys().filter(|p| self.g.initializer(p.value).is_some()) {
+            let readers = self.weights.get(p).unwrap_or(&none);
             for u in self.g.uses(p.value) {
-                if !readers.contains(&u.node()) {
+                let joined = readers.contains(&u.node())
+                    || self
+                        .g
+                        .node(u.node())
+                        .outputs()
+                        .iter()
+                        .flatten()
+                        .any(|o| values.contains(o));
+                if !joined {
                     return unsafe_(format!(
                         "weight '{}' is also read by {}",
                         self.g.name(p.value),
@@ -921,6 +965,7 @@ impl<'a> Walk<'a> {
             "Concat" => self.concat_forward(n, slot, p, s),
             "Split" | "Slice" if slot == 0 => self.slice_like(n, p, s, true),
             "Shape" => self.shape_read(n, p),
+            "Expand" if slot == 0 => self.expand(n, p, s, true),
             _ => unsafe_(format!(
                 "{} (input {slot}) has no pruning rule for axis {a}",
                 self.label(n)
@@ -1057,6 +1102,7 @@ impl<'a> Walk<'a> {
             op if RESHAPE.contains(&op) => self.reshape(n, p.value, x.expect("x"), p, s),
             "Concat" => self.concat_backward(n, p, s),
             "Slice" | "Split" => self.slice_like(n, p, s, false),
+            "Expand" => self.expand(n, p, s, false),
             _ => unsafe_(format!(
                 "{} (output) has no pruning rule for axis {a}",
                 self.label(n)
@@ -1275,6 +1321,62 @@ impl<'a> Walk<'a> {
             }
             Ok(())
         }
+    }
+
+    /// Expand: the axis passes through where the input has it; the target
+    /// size there is 1 or -1 (kept), the group's length (rewritten), or
+    /// read at run time from the input's own axis.
+    fn expand(&mut self, n: NodeId, p: Place, s: Span, forward: bool) -> Step {
+        let d = self.g.node(n).clone();
+        let (x, out) = (d.input(0).expect("x"), d.output(0).expect("y"));
+        let (Some(xd), Some(od)) = (dims(self.shapes, x), dims(self.shapes, out)) else {
+            return unsafe_(format!("{}: its shapes are not known", self.label(n)));
+        };
+        let lead = od.len() - xd.len();
+        let oa = if forward { p.axis + lead } else { p.axis };
+        let full = od[oa];
+        let Some(sv) = d.input(1) else {
+            return unsafe_(format!("{} has no shape", self.label(n)));
+        };
+        let sl = dims(self.shapes, sv).and_then(|d| d.first().copied()).unwrap_or(0);
+        let Some(idx) = (oa + sl).checked_sub(od.len()) else {
+            // The shape does not reach this axis: the input's size stays.
+            return self.expand_join(x, out, oa, lead, &xd, s);
+        };
+        if let Some(lit) = literal(self.g, self.shapes, n, 1, sv, idx, 0) {
+            let at = self
+                .g
+                .initializer(lit.value)
+                .and_then(|t| t.to_i64_vec())
+                .and_then(|v| v.get(lit.index).copied());
+            match at {
+                Some(1) | Some(-1) if oa >= lead && xd[oa - lead] == full => {}
+                Some(v) if v as usize == full => {
+                    let l = Literal {
+                        reshape: n,
+                        axis: oa,
+                        ..lit
+                    };
+                    if !self.literals.contains(&l) {
+                        self.literals.push(l);
+                    }
+                }
+                _ => return unsafe_(format!("{}: its target size is unreadable", self.label(n))),
+            }
+        } else if oa < lead || dim_source(self.g, self.shapes, sv, idx, 0) != Some((x, oa - lead)) {
+            return unsafe_(format!(
+                "{}: the size of its axis {oa} is computed at run time",
+                self.label(n)
+            ));
+        }
+        self.expand_join(x, out, oa, lead, &xd, s)
+    }
+
+    fn expand_join(&mut self, x: ValueId, out: ValueId, oa: usize, lead: usize, xd: &[usize], s: Span) -> Step {
+        if oa >= lead && xd[oa - lead] > 1 {
+            self.add(Place { value: x, axis: oa - lead }, s)?;
+        }
+        self.add(Place { value: out, axis: oa }, s)
     }
 
     /// A Split along the pruned axis. A group inside one part moves to that
@@ -1501,12 +1603,42 @@ fn map_reshape(
                     },
                 ));
             }
+            // Units repeating in the outer parts live on the inner axis
+            // (a fused projection reshaped to `[3, E]`).
+            if s.repeat == to[p] && s.stride == m && to.get(p + 1) == Some(&m) {
+                return Ok((
+                    p + 1,
+                    Span {
+                        repeat: 1,
+                        stride: 0,
+                        ..s
+                    },
+                ));
+            }
             if s.offset.is_multiple_of(m) && units > 0 {
-                return Err(Fail::NeedBlock(m));
+                let alt = (s.offset == 0 && s.repeat == 1 && s.block == 1 && to.get(p + 1) == Some(&m))
+                    .then_some(to[p]);
+                return Err(Fail::NeedBlock(m, alt));
             }
             return unsafe_(format!(
                 "it splits axis {a} into units of {m} the group's offset does not align with"
             ));
+        }
+    }
+    // The inner axis of `[k, E]` merged into `k·E`: units repeat k times.
+    if a > 0 && s.repeat == 1 {
+        let k = from[a - 1];
+        for p in 0..to.len() {
+            if prod(&to[..p]) * k == outer && to[p] == k * len && prod(&to[p + 1..]) == inner {
+                return Ok((
+                    p,
+                    Span {
+                        repeat: k,
+                        stride: len,
+                        ..s
+                    },
+                ));
+            }
         }
     }
     unsafe_(format!(
@@ -1530,7 +1662,7 @@ mod tests {
         // Heads: [2, 3, 12] -> [2, 3, 4, 3] needs units of 3.
         assert!(matches!(
             map_reshape(&[2, 3, 12], &[2, 3, 4, 3], 2, s, 12),
-            Err(Fail::NeedBlock(3))
+            Err(Fail::NeedBlock(3, _))
         ));
         let h = Span::new(0, 3);
         let (a, sp) = map_reshape(&[2, 3, 12], &[2, 3, 4, 3], 2, h, 4).ok().unwrap();

@@ -339,6 +339,7 @@ impl Prune {
     fn prepare(&self, model: &Model) -> Result<Prepared, PassError> {
         let mut m = model.clone();
         constants_to_initializers(&mut m.graph);
+        fold_shape_constants(&mut m);
         unshare_small(&mut m.graph);
         own_shape_chains(&mut m.graph)?;
         let shapes = self.shapes(&m);
@@ -647,6 +648,38 @@ fn constants_to_initializers(g: &mut Graph) {
         .collect();
     for (n, t) in ids {
         crate::fold_constants::replace_by_constants(g, n, vec![t]);
+    }
+}
+
+/// Shapes built from constants only (the TorchScript exporter's
+/// `Where(Equal(shape, -1), 1, shape)` for an Expand) become constants the
+/// walk can read and rewrite. Only integer and boolean arithmetic is
+/// folded, small: a float weight stays what it is (a Transpose of a tied
+/// embedding is not copied).
+fn fold_shape_constants(m: &mut Model) {
+    let Some(opset) = m.onnx_opset() else {
+        return;
+    };
+    let g = &mut m.graph;
+    let order: Vec<NodeId> = g.nodes().collect();
+    for n in order {
+        if !g.is_live_node(n) {
+            continue;
+        }
+        let d = g.node(n);
+        if d.op_type == "Constant" || d.outputs().iter().flatten().any(|&o| g.is_output(o)) {
+            continue;
+        }
+        let ins: Vec<Option<&Tensor>> = d.inputs().iter().map(|v| v.and_then(|v| g.constant(v))).collect();
+        let all_const = d.inputs().iter().zip(&ins).all(|(v, t)| v.is_none() || t.is_some());
+        if !all_const || ins.iter().flatten().any(|t| t.dtype.is_float()) || d.inputs().is_empty() {
+            continue;
+        }
+        if let Ok(outs) = crate::fold_constants::consteval::eval(d, &ins, opset, 1024) {
+            if outs.iter().all(|t| !t.dtype.is_float()) {
+                crate::fold_constants::replace_by_constants(g, n, outs);
+            }
+        }
     }
 }
 
