@@ -41,8 +41,8 @@ MUST_PRUNE = {
     "bert_tiny.ts14": 2, "bert_tiny.ts11": 2, "bert_tiny.dynamo18": 2,
     "gpt2_tiny.dynamo18": 2, "gpt2_tiny.ts14": 2, "gpt2_tiny.ts14.extdata": 2, "mlp_fp16.ts14": 0, "mlp_fp16.dynamo18": 0,
     "t5_encoder_tiny.ts14": 1, "t5_encoder_tiny.dynamo18": 1,
-    "vit_tiny.ts14": 0, "vit_tiny.dynamo18": 0,
-    "whisper_encoder_tiny.ts14": 0, "whisper_encoder_tiny.dynamo18": 0,
+    "vit_tiny.ts14": 2, "vit_tiny.dynamo18": 2,
+    "whisper_encoder_tiny.ts14": 2, "whisper_encoder_tiny.dynamo18": 2,
 }
 
 

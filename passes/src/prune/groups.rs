@@ -182,8 +182,10 @@ fn dim_source(g: &Graph, shapes: &Graph, v: ValueId, i: usize, depth: usize) -> 
     let d = g.node(n);
     let c = |k: usize| d.input(k).and_then(|v| g.initializer(v)).and_then(|t| t.to_i64_vec());
     match d.op_type.as_str() {
-        "Shape" if d.attr_int("start").is_none() && d.attr_int("end").is_none() => {
-            Some((d.input(0)?, i))
+        "Shape" => {
+            let x = d.input(0)?;
+            let (start, end) = shape_range(d, dims(shapes, x)?.len());
+            (start + i < end).then_some((x, start + i))
         }
         "Concat" => {
             let mut start = 0;
@@ -218,6 +220,15 @@ fn dim_source(g: &Graph, shapes: &Graph, v: ValueId, i: usize, depth: usize) -> 
         }
         _ => None,
     }
+}
+
+/// The dims `[start, end)` a `Shape` node reads of a rank-`rank` tensor.
+fn shape_range(d: &graphopt_ir::NodeData, rank: usize) -> (usize, usize) {
+    let r = rank as i64;
+    let norm = |x: i64| (if x < 0 { x + r } else { x }).clamp(0, r) as usize;
+    let start = norm(d.attr_int("start").unwrap_or(0));
+    let end = norm(d.attr_int("end").unwrap_or(r));
+    (start, end.max(start))
 }
 
 /// A walk that ended without a group.
@@ -1198,7 +1209,10 @@ impl<'a> Walk<'a> {
         if forward {
             match map(p.axis) {
                 Some(oa) => self.add(Place { value: out, axis: oa }, s),
-                None => unsafe_(format!("{} reduces over the pruned axis", self.label(n))),
+                // A reduction over the channels (a decomposed LayerNorm's or
+                // RMSNorm's statistics, a sum of features) consumes them:
+                // its output's shape does not depend on how many there are.
+                None => Ok(()),
             }
         } else {
             match (0..rank).find(|&ia| map(ia) == Some(p.axis)) {
@@ -1489,10 +1503,13 @@ impl<'a> Walk<'a> {
     /// `Shape` of a member is fine when only other dims are read from it.
     fn shape_read(&mut self, n: NodeId, p: Place) -> Step {
         let d = self.g.node(n);
-        if d.attr_int("start").is_some() || d.attr_int("end").is_some() {
-            return unsafe_(format!("{} reads a slice of the shape", self.label(n)));
-        }
         let rank = dims(self.shapes, p.value).map(|d| d.len()).unwrap_or(0);
+        let (start, end) = shape_range(d, rank);
+        if !(start..end).contains(&p.axis) {
+            // `Shape(start, end)` reads other dims only.
+            return Ok(());
+        }
+        let len = end - start;
         let out = d.output(0).expect("checked");
         if self.only_reshapes_itself(out, p.value, 0) {
             return Ok(());
@@ -1513,16 +1530,16 @@ impl<'a> Walk<'a> {
             };
             let ok = match gd.op_type.as_str() {
                 "Gather" => {
-                    matches!(idx.as_deref(), Some(ix) if ix.iter().all(|&i| norm_axis(i, rank) != Some(p.axis)))
+                    matches!(idx.as_deref(), Some(ix) if ix.iter().all(|&i| norm_axis(i, len).map(|k| k + start) != Some(p.axis)))
                 }
                 // `x.shape[:-1]`: a range of dims without the pruned one.
                 "Slice" => match (c(1).as_deref(), c(2).as_deref(), gd.inputs().len() <= 4) {
                     (Some(&[st]), Some(&[en]), true) => {
-                        let r = rank as i64;
+                        let r = len as i64;
                         let norm = |x: i64| if x < 0 { (x + r).max(0) } else { x.min(r) };
                         let step_ok = c(4).is_none_or(|s| s == [1]);
                         let (st, en) = (norm(st), norm(en));
-                        step_ok && !(st..en).contains(&(p.axis as i64))
+                        step_ok && !(st..en).contains(&(p.axis as i64 - start as i64))
                     }
                     _ => false,
                 },

@@ -263,8 +263,10 @@ impl Prune {
             }
         }
         let prep = self.prepare(model)?;
-        let params_before = params(&model.graph);
-        let flops_before = self.flops(model);
+        // Counted on the prepared model: weights in Constant nodes are
+        // initializers there, as they are in the output.
+        let params_before = params(&prep.model.graph);
+        let flops_before = self.flops(&prep.model);
         let (ratio, trials) = self.ratio(&prep, params_before, flops_before)?;
         let (m, groups) = self.at_ratio(&prep, ratio)?;
         graphopt_ir::verify::verify_model(&m)
@@ -294,7 +296,7 @@ impl Prune {
     pub fn decide(&self, model: &Model) -> Result<Decision, PassError> {
         self.validate()?;
         let prep = self.prepare(model)?;
-        let (ratio, _) = self.ratio(&prep, params(&model.graph), self.flops(model))?;
+        let (ratio, _) = self.ratio(&prep, params(&prep.model.graph), self.flops(&prep.model))?;
         let removed = self.choose(&prep, ratio);
         Ok(Decision {
             model: prep.model,
