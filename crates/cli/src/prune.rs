@@ -21,6 +21,14 @@ pub struct Args {
     /// FLOPs to keep (at the --dim sizes): a fraction or a count.
     #[arg(long, value_name = "F")]
     target_flops: Option<f64>,
+    /// Unstructured: set this fraction of every MatMul/Gemm/Conv weight's
+    /// elements (the smallest) to zero, stored as sparse initializers
+    /// where that makes the file smaller (needs --unstructured).
+    #[arg(long, value_name = "S", requires = "unstructured")]
+    sparsity: Option<f64>,
+    /// With --sparsity: weights one by one, not whole channels.
+    #[arg(long, requires = "sparsity")]
+    unstructured: bool,
     /// l1 | l2 | random (default l1).
     #[arg(long)]
     criterion: Option<String>,
@@ -59,7 +67,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> graphopt::Result<()> {
-    let amount = graphopt::prune_amount(a.ratio, a.target_params, a.target_flops)?;
+    let amount = graphopt::prune_amount(a.ratio, a.target_params, a.target_flops, a.sparsity)?;
     let mut opts = PruneOptions::new(amount);
     if let Some(c) = &a.criterion {
         opts.criterion = graphopt::prune_criterion(c)?;
@@ -99,6 +107,28 @@ pub fn run(a: Args) -> graphopt::Result<()> {
 const SHOWN: usize = 12;
 
 fn text(a: &Args, r: &PruneReport) -> String {
+    if let Some(s) = &r.sparsity {
+        let mut out = format!(
+            "{} -> {}\n{} weights at sparsity {}: {} of {} elements set to zero; {} stored sparse\n  weights in the file {} -> {} bytes ({:.1}%); at run time nothing is saved (runtimes load them dense), FLOPs unchanged\n",
+            a.input.display(),
+            a.output.display(),
+            s.weights,
+            s.sparsity,
+            s.zeroed,
+            s.elements,
+            s.stored_sparse,
+            s.file_bytes_before,
+            s.file_bytes_after,
+            100.0 * s.file_bytes_after as f64 / s.file_bytes_before.max(1) as f64
+        );
+        if let Some(e) = &r.error {
+            out += &format!(
+                "  error vs the unpruned model on {}: rel L2 {:.3e}, max abs {:.3e}\n",
+                r.calibration, e.rel_l2, e.max_abs
+            );
+        }
+        return out;
+    }
     let mut out = format!(
         "{} -> {}\n{} groups pruned by {}{} at ratio {:.3}",
         a.input.display(),

@@ -152,7 +152,7 @@ fn bad_prune_input_is_one_line() {
         ),
         (
             vec![&model, "--ratio", "0.3", "--target-flops", "0.5"],
-            "give only one of --ratio, --target-params or --target-flops",
+            "give only one of --ratio, --target-params, --target-flops or --sparsity",
         ),
         (vec![&model], "give one of --ratio"),
         (
@@ -176,5 +176,57 @@ fn bad_prune_input_is_one_line() {
         assert!(!out.exists(), "{a:?} wrote the output");
     }
     assert_eq!(std::fs::read(&model).unwrap(), before);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unstructured_sparsity_shrinks_the_file_and_runs() {
+    let dir = tmp("sparse");
+    let model = td("train/digits_mlp.onnx");
+    let out = dir.join("s.onnx");
+    let report = dir.join("r.json");
+    let (code, stdout, stderr) = graphopt(&[
+        "prune",
+        &p(&model),
+        "-o",
+        &p(&out),
+        "--sparsity",
+        "0.8",
+        "--unstructured",
+        "--calibration",
+        &p(&td("quant/digits_mlp.calib.npz")),
+        "--report",
+        &p(&report),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("stored sparse"), "{stdout}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let s = &r["sparsity"];
+    assert_eq!(s["stored_sparse"], s["weights"]);
+    assert!(s["weights"].as_u64().unwrap() >= 3);
+    let before = std::fs::metadata(&model).unwrap().len();
+    let after = std::fs::metadata(&out).unwrap().len();
+    // 80% zeros in COO (4 + 8 bytes per kept value): 0.6 of the weights.
+    assert!((after as f64) < 0.7 * before as f64, "{after} vs {before}");
+    assert!(r["error"]["rel_l2"].as_f64().unwrap() > 0.0);
+    // graphopt's runtime loads the sparse weights (dense).
+    let (code, _, stderr) = graphopt(&[
+        "run",
+        &p(&out),
+        "--inputs",
+        &p(&td("quant/digits_mlp.calib.npz")),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    // --sparsity alone is a usage error (it needs --unstructured).
+    let (code, _, stderr) = graphopt(&[
+        "prune",
+        &p(&model),
+        "-o",
+        &p(&dir.join("x.onnx")),
+        "--sparsity",
+        "0.5",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--unstructured"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -241,6 +241,8 @@ fn fused_op(g: &Graph, n: NodeId, w: ValueId, rank: usize) -> Result<&'static st
 /// reference engine plan, once per model.
 pub fn lowered_copy(m: &Model) -> (Model, PaletteLowering) {
     let mut copy = m.clone();
+    // Sparse weights (`graphopt prune --unstructured`) are held dense.
+    copy.graph.densify_sparse_initializers();
     let r = lower_palette(&mut copy);
     (copy, r)
 }

@@ -527,6 +527,22 @@ impl Graph {
         &self.sparse_initializers
     }
 
+    /// Makes every sparse initializer of this graph (not its subgraphs) a
+    /// dense one, for executors that read dense weights only; returns how
+    /// many. A sparse initializer that cannot be decoded stays as it is.
+    pub fn densify_sparse_initializers(&mut self) -> usize {
+        let mut n = 0;
+        for v in self.sparse_initializers.clone() {
+            let Some(Ok(t)) = self.sparse_initializer(v).map(|s| s.to_dense()) else {
+                continue;
+            };
+            self.take_sparse_initializer(v);
+            self.set_initializer(v, t);
+            n += 1;
+        }
+        n
+    }
+
     pub fn take_sparse_initializer(&mut self, v: ValueId) -> Option<SparseTensor> {
         self.sparse_initializers.retain(|&x| x != v);
         self.values[v.index()].sparse_initializer.take()

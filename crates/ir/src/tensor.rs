@@ -224,6 +224,58 @@ pub struct SparseTensor {
     pub dims: Vec<i64>,
 }
 
+impl SparseTensor {
+    /// The dense tensor: zeros but at `indices` (`[NNZ]` linear positions,
+    /// or `[NNZ, rank]` coordinates), which hold `values`.
+    pub fn to_dense(&self) -> Result<Tensor, IrError> {
+        let dtype = self.values.dtype;
+        let es = dtype.bits().filter(|b| b % 8 == 0).ok_or_else(|| {
+            IrError::new(format!(
+                "sparse {} values are not whole bytes",
+                dtype.name()
+            ))
+        })? as usize
+            / 8;
+        let n = usize::try_from(numel(&self.dims)?)
+            .map_err(|_| IrError::new("sparse tensor too large"))?;
+        let vals = self
+            .values
+            .raw()
+            .ok_or_else(|| IrError::new("sparse values are not numeric"))?;
+        let nnz = vals.len() / es.max(1);
+        let idx = self
+            .indices
+            .to_i64_vec()
+            .ok_or_else(|| IrError::new("sparse indices are not integers"))?;
+        let rank = self.dims.len();
+        let linear: Vec<i64> = if idx.len() == nnz {
+            idx
+        } else if rank > 0 && idx.len() == nnz * rank {
+            idx.chunks(rank)
+                .map(|c| {
+                    c.iter()
+                        .zip(&self.dims)
+                        .fold(0i64, |acc, (&i, &d)| acc * d + i)
+                })
+                .collect()
+        } else {
+            return Err(IrError::new(format!(
+                "sparse tensor: {} indices for {nnz} values of rank {rank}",
+                idx.len()
+            )));
+        };
+        let mut out = vec![0u8; n * es];
+        for (k, &p) in linear.iter().enumerate() {
+            let p = usize::try_from(p)
+                .ok()
+                .filter(|&p| p < n)
+                .ok_or_else(|| IrError::new(format!("sparse index {p} outside {:?}", self.dims)))?;
+            out[p * es..(p + 1) * es].copy_from_slice(&vals[k * es..(k + 1) * es]);
+        }
+        Tensor::from_raw(dtype, self.dims.clone(), out.into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

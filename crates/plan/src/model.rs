@@ -153,6 +153,8 @@ pub fn plan_model(
         }
     }
     let mut model = base.clone();
+    // Sparse weights are planned as the dense weights runtimes load.
+    model.graph.densify_sparse_initializers();
     bind_input_shapes(&mut model, dims, &mut bindings)?;
     infer_model(
         &mut model,

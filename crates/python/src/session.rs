@@ -608,13 +608,15 @@ impl PySession {
     /// Structured pruning (as `graphopt prune`): give one of `ratio` (the
     /// fraction of each dependency group's channels, hidden units or
     /// attention heads removed), `target_params` or `target_flops` (a
-    /// fraction <= 1 or a count to keep; the ratio is searched).
+    /// fraction <= 1 or a count to keep; the ratio is searched), or
+    /// `sparsity` (unstructured: that fraction of every weight's elements
+    /// set to zero, stored sparse where the file gets smaller).
     /// `criterion` is "l1" | "l2" | "random", `granularity` "channel" |
     /// "head" | "all"; `protect` lists tensors whose dims stay. The error
     /// against the unpruned model is measured on `calibration` (or random
     /// inputs) and reported, not bounded. Returns a new Session; its report
     /// has the `graphopt prune --json` fields.
-    #[pyo3(signature = (ratio=None, target_params=None, target_flops=None, criterion=None,
+    #[pyo3(signature = (ratio=None, target_params=None, target_flops=None, sparsity=None, criterion=None,
                         granularity=None, global_ranking=None, round_to=None, protect=None,
                         dims=None, calibration=None, measure=None))]
     #[allow(clippy::too_many_arguments)]
@@ -624,6 +626,7 @@ impl PySession {
         ratio: Option<f64>,
         target_params: Option<f64>,
         target_flops: Option<f64>,
+        sparsity: Option<f64>,
         criterion: Option<&str>,
         granularity: Option<&str>,
         global_ranking: Option<bool>,
@@ -633,7 +636,8 @@ impl PySession {
         calibration: Option<&Bound<'_, PyAny>>,
         measure: Option<bool>,
     ) -> PyResult<PySession> {
-        let amount = graphopt::prune_amount(ratio, target_params, target_flops).map_err(gerr)?;
+        let amount =
+            graphopt::prune_amount(ratio, target_params, target_flops, sparsity).map_err(gerr)?;
         let defaults = graphopt::PruneOptions::new(amount);
         let opts = graphopt::PruneOptions {
             criterion: criterion

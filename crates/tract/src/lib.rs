@@ -96,6 +96,8 @@ pub fn prepare(model: &Model) -> anyhow::Result<Vec<u8>> {
 /// [`prepare`] on a model the caller no longer needs (no copy of the
 /// weights).
 pub fn prepare_owned(mut m: Model) -> anyhow::Result<Vec<u8>> {
+    // tract reads dense initializers only.
+    m.graph.densify_sparse_initializers();
     strip_value_info(&mut m.graph);
     Ok(graphopt_onnx::encode(&m)?)
 }

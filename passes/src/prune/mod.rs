@@ -24,6 +24,7 @@
 //! report says why. `protect` names tensors whose dims stay.
 
 pub mod groups;
+pub mod sparsity;
 
 use crate::remat::cost::graph_flops;
 use crate::{Pass, PassContext, PassError, PassStats};
@@ -41,6 +42,9 @@ pub enum Amount {
     TargetParams(f64),
     /// FLOPs to keep (at the pass's dims): a fraction or a count.
     TargetFlops(f64),
+    /// Unstructured: this fraction of every weight's elements set to zero
+    /// (see [`sparsity`]).
+    Sparsity(f64),
 }
 
 /// How units are ranked.
@@ -103,7 +107,8 @@ impl Granularity {
     }
 }
 
-/// The pass and its options. `Prune` (the constant) is the registry's
+/// The pass and its options (`ratio` R keeps at most `1 - R` of each
+/// group's units, as Torch-Pruning does). `Prune` (the constant) is the registry's
 /// configuration: half of every group's channels by L1 norm.
 #[derive(Clone, Debug)]
 pub struct Prune {
@@ -174,6 +179,8 @@ pub struct PruneReport {
     pub flops_after: Option<u64>,
     /// Ratios tried by a target search.
     pub trials: usize,
+    /// What `Amount::Sparsity` did.
+    pub sparsity: Option<sparsity::SparsityReport>,
     pub warnings: Vec<String>,
 }
 
@@ -239,6 +246,11 @@ impl Prune {
                     "--ratio {r}: expected a fraction in [0, 1)"
                 )))
             }
+            Amount::Sparsity(r) if !(0.0..1.0).contains(&r) => {
+                return Err(PassError(format!(
+                    "--sparsity {r}: expected a fraction in [0, 1)"
+                )))
+            }
             Amount::TargetParams(t) | Amount::TargetFlops(t) if !(t.is_finite() && t > 0.0) => {
                 return Err(PassError(format!(
                     "target {t}: expected a positive fraction (<= 1) or count"
@@ -262,6 +274,9 @@ impl Prune {
                 )));
             }
         }
+        if let Amount::Sparsity(sp) = self.amount {
+            return self.unstructured(model, sp);
+        }
         let prep = self.prepare(model)?;
         // Counted on the prepared model: weights in Constant nodes are
         // initializers there, as they are in the output.
@@ -281,11 +296,38 @@ impl Prune {
             flops_before,
             flops_after: self.flops(&m),
             trials,
+            sparsity: None,
             warnings: Vec::new(),
         };
         if report.groups.iter().any(|g| g.removed > 0) {
             *model = m;
         }
+        Ok(report)
+    }
+
+    /// `Amount::Sparsity`: see [`sparsity`].
+    fn unstructured(&self, model: &mut Model, sp: f64) -> Result<PruneReport, PassError> {
+        let mut m = model.clone();
+        constants_to_initializers(&mut m.graph);
+        let params_before = params(&m.graph);
+        let flops = self.flops(&m);
+        let r = sparsity::sparsify(&mut m.graph, sp, &self.protect)?;
+        graphopt_ir::verify::verify_model(&m)
+            .map_err(|e| PassError(format!("prune: the output is invalid IR: {e}")))?;
+        let report = PruneReport {
+            criterion: "magnitude".into(),
+            ratio: sp,
+            params_before,
+            params_after: params(&m.graph),
+            flops_before: flops,
+            flops_after: flops,
+            sparsity: Some(r),
+            warnings: vec![
+                "unstructured sparsity saves file bytes only: runtimes load sparse initializers dense, and the FLOPs stay".into(),
+            ],
+            ..PruneReport::default()
+        };
+        *model = m;
         Ok(report)
     }
 
@@ -295,6 +337,11 @@ impl Prune {
     /// Reshape), the groups, and the units removed from each.
     pub fn decide(&self, model: &Model) -> Result<Decision, PassError> {
         self.validate()?;
+        if matches!(self.amount, Amount::Sparsity(_)) {
+            return Err(PassError(
+                "decide: unstructured sparsity removes no unit".into(),
+            ));
+        }
         let prep = self.prepare(model)?;
         let (ratio, _) = self.ratio(&prep, params(&prep.model.graph), self.flops(&prep.model))?;
         let removed = self.choose(&prep, ratio);
@@ -314,7 +361,7 @@ impl Prune {
         flops_before: Option<u64>,
     ) -> Result<(f64, usize), PassError> {
         match self.amount {
-            Amount::Ratio(r) => Ok((r, 0)),
+            Amount::Ratio(r) | Amount::Sparsity(r) => Ok((r, 0)),
             Amount::TargetParams(t) => {
                 let target = if t <= 1.0 {
                     t * params_before as f64
@@ -499,7 +546,7 @@ impl Prune {
                 .iter()
                 .zip(&prep.importance)
                 .map(|(grp, imp)| {
-                    let n = (grp.units as f64 * ratio + 1e-9).floor() as usize;
+                    let n = removed_at_ratio(grp.units, ratio);
                     lowest(imp, grp.units - keep_count(grp, n))
                 })
                 .collect();
@@ -513,7 +560,7 @@ impl Prune {
             }
         }
         all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let n = (all.len() as f64 * ratio + 1e-9).floor() as usize;
+        let n = removed_at_ratio(all.len(), ratio);
         let mut count = vec![0usize; prep.groups.len()];
         for &(_, gi, _) in all.iter().take(n) {
             count[gi] += 1;
@@ -595,6 +642,13 @@ impl Prune {
     }
 }
 
+/// Units removed from `units` at `ratio`: at most `1 - ratio` of them
+/// stay (Torch-Pruning's convention, so that the two tools agree at the
+/// same ratio: 64 channels at 0.3 keep 44, 12 heads keep 8).
+fn removed_at_ratio(units: usize, ratio: f64) -> usize {
+    units - ((units as f64 * (1.0 - ratio) + 1e-9).floor() as usize).min(units)
+}
+
 fn node_label(g: &Graph, n: NodeId) -> String {
     let d = g.node(n);
     if d.name.is_empty() {
@@ -604,14 +658,24 @@ fn node_label(g: &Graph, n: NodeId) -> String {
     }
 }
 
-/// Elements of every initializer.
+/// Elements of every float initializer, sparse ones counted dense (their
+/// zeros are parameters still).
 pub fn params(g: &Graph) -> u64 {
-    g.initializers()
+    let dense: u64 = g
+        .initializers()
         .iter()
         .filter_map(|&v| g.initializer(v))
         .filter(|t| t.dtype.is_float())
         .map(|t| t.numel().unwrap_or(0))
-        .sum()
+        .sum();
+    let sparse: u64 = g
+        .sparse_initializers()
+        .iter()
+        .filter_map(|&v| g.sparse_initializer(v))
+        .filter(|s| s.values.dtype.is_float())
+        .map(|s| graphopt_ir::numel(&s.dims).unwrap_or(0))
+        .sum();
+    dense + sparse
 }
 
 /// Constant nodes become initializers, so that weights and shape

@@ -128,3 +128,42 @@ fn random_and_l2_criteria_differ_from_l1_but_keep_counts() {
     }
     assert_ne!(outs[0], outs[2]);
 }
+
+#[test]
+fn unstructured_sparsity_zeroes_the_smallest_and_stores_sparse_past_two_thirds() {
+    let m = fixture("mlp.onnxtxt");
+    let w1 = |m: &Model| m.graph.value_by_name("w1").unwrap();
+    let orig = m.graph.initializer(w1(&m)).unwrap().to_f64_vec().unwrap();
+    // 0.75 of w1's 32 elements: 24 zeros, 8 kept, stored sparse (8 values
+    // and 8 int64 indices: 96 bytes against 128).
+    let mut x = m.clone();
+    let r = with(Amount::Sparsity(0.75)).prune(&mut x).unwrap();
+    let s = r.sparsity.clone().unwrap();
+    assert_eq!((s.weights, s.stored_sparse), (2, 2), "{s:?}");
+    assert_eq!(s.zeroed, 24 + 18);
+    assert!(s.file_bytes_after < s.file_bytes_before);
+    assert_eq!(r.params_after, r.params_before);
+    let v = w1(&x);
+    assert!(x.graph.initializer(v).is_none());
+    let mut dense = x.clone();
+    assert_eq!(dense.graph.densify_sparse_initializers(), 2);
+    let got = dense.graph.initializer(v).unwrap().to_f64_vec().unwrap();
+    let mut mags: Vec<f64> = orig.iter().map(|x| x.abs()).collect();
+    mags.sort_by(f64::total_cmp);
+    let cut = mags[23];
+    for (o, g) in orig.iter().zip(&got) {
+        if o.abs() > cut {
+            assert_eq!(o, g);
+        } else {
+            assert_eq!(*g, 0.0);
+        }
+    }
+    assert_eq!(got.iter().filter(|&&g| g == 0.0).count(), 24);
+    // At 0.5 the zeros stay dense (sparse would be larger).
+    let mut y = m.clone();
+    let r = with(Amount::Sparsity(0.5)).prune(&mut y).unwrap();
+    assert_eq!(r.sparsity.unwrap().stored_sparse, 0);
+    assert!(y.graph.sparse_initializers().is_empty());
+    let e = with(Amount::Sparsity(1.0)).prune(&mut m.clone()).unwrap_err().0;
+    assert!(e.contains("--sparsity 1: expected a fraction in [0, 1)"), "{e}");
+}

@@ -193,6 +193,7 @@ class Session:
         ratio: float | None = None,
         target_params: float | None = None,
         target_flops: float | None = None,
+        sparsity: float | None = None,
         criterion: Literal["l1", "l2", "random"] | None = None,
         granularity: Literal["channel", "head", "all"] | None = None,
         global_ranking: bool | None = None,
