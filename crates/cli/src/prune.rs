@@ -29,9 +29,21 @@ pub struct Args {
     /// With --sparsity: weights one by one, not whole channels.
     #[arg(long, requires = "sparsity")]
     unstructured: bool,
-    /// l1 | l2 | random (default l1).
+    /// l1 | l2 | taylor | random (default l1). taylor ranks by
+    /// |w · dL/dw| on --calibration (the loss of --loss).
     #[arg(long)]
     criterion: Option<String>,
+    /// With --criterion taylor: sum | mean | mse | l1 | cross_entropy (as
+    /// `graphopt grad`; default sum).
+    #[arg(long)]
+    loss: Option<String>,
+    /// With --criterion taylor: the calibration array holding the loss's
+    /// target (default `target`).
+    #[arg(long, value_name = "NAME")]
+    target: Option<String>,
+    /// With --criterion taylor and cross_entropy: the class axis (default 1).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    class_axis: Option<i64>,
     /// channel | head | all (default all).
     #[arg(long)]
     granularity: Option<String>,
@@ -71,6 +83,15 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     let mut opts = PruneOptions::new(amount);
     if let Some(c) = &a.criterion {
         opts.criterion = graphopt::prune_criterion(c)?;
+    }
+    if let Some(l) = &a.loss {
+        opts.loss = graphopt::parse_loss(l)?;
+    }
+    if let Some(t) = &a.target {
+        opts.target = t.clone();
+    }
+    if let Some(c) = a.class_axis {
+        opts.class_axis = c;
     }
     if let Some(g) = &a.granularity {
         opts.granularity = graphopt::prune_granularity(g)?;

@@ -6,14 +6,19 @@
 //! brings them back.
 
 use crate::error::{Error, Result};
+use crate::grad::Loss;
+use crate::inputs::Inputs;
 use crate::optimize::PipelineOptions;
 use crate::quantize::{Calibration, Measurer, QuantError};
+use crate::run::RunOptions;
 use crate::session::Session;
 use crate::util::Capture;
+use graphopt_exec::HostTensor;
 use graphopt_passes::prune::{Amount, Criterion, Granularity, Prune, PruneReport as PassReport};
 use graphopt_passes::Pass;
 use serde::Serialize;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -40,6 +45,12 @@ pub struct PruneOptions {
     /// Measure the output error against the unpruned model.
     pub measure: bool,
     pub seed: u64,
+    /// `--criterion taylor`: the loss whose gradients rank the units (as
+    /// `graphopt grad --loss`), and the calibration array holding its
+    /// target (mse, l1, cross_entropy), and the class axis.
+    pub loss: Loss,
+    pub target: String,
+    pub class_axis: i64,
     pub pipeline: PipelineOptions,
 }
 
@@ -56,6 +67,9 @@ impl PruneOptions {
             calibration: None,
             measure: true,
             seed: Prune.seed,
+            loss: Loss::Sum,
+            target: "target".into(),
+            class_axis: 1,
             pipeline: PipelineOptions::default(),
         }
     }
@@ -75,6 +89,7 @@ impl PruneOptions {
                 .collect(),
             dims: self.dims.clone(),
             seed: self.seed,
+            taylor: BTreeMap::new(),
         }
     }
 }
@@ -146,7 +161,15 @@ impl Session {
     fn prune_step(&mut self, opts: &PruneOptions) -> Result<PruneReport> {
         crate::validate::dims(&opts.dims)?;
         let t0 = Instant::now();
-        let pass = opts.pass();
+        let mut pass = opts.pass();
+        if pass.criterion == Criterion::Taylor {
+            if opts.calibration.is_none() {
+                return Err(self.err(Error::new(
+                    "--criterion taylor needs --calibration: its gradients are taken on those inputs",
+                )));
+            }
+            pass.taylor = self.taylor_scores(opts)?;
+        }
         pass.validate().map_err(|e| self.err(Error::new(e.0)))?;
         let mut warnings = Vec::new();
         let mut pruned = self.model.clone();
@@ -242,6 +265,121 @@ impl Session {
             time_ms: t0.elapsed().as_secs_f64() * 1e3,
             warnings,
         })
+    }
+}
+
+impl Session {
+    /// `|w · dL/dw|` per element of every trainable weight, summed over
+    /// the calibration batches: the training graph of `opts.loss` (as
+    /// `graphopt grad` builds it, no optimizer) run in graphopt's runtime.
+    fn taylor_scores(&self, opts: &PruneOptions) -> Result<BTreeMap<String, Vec<f64>>> {
+        let batches: Vec<Vec<(String, HostTensor)>> = match &opts.calibration {
+            Some(Calibration::Files(p)) => {
+                let files: Vec<std::path::PathBuf> = if p.is_dir() {
+                    let mut f: Vec<_> = std::fs::read_dir(p)
+                        .map_err(|e| Error::new(format!("{}: {e}", p.display())))?
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|f| f.extension().is_some_and(|x| x == "npz"))
+                        .collect();
+                    f.sort();
+                    f
+                } else {
+                    vec![p.clone()]
+                };
+                files
+                    .iter()
+                    .map(|f| {
+                        let bytes = std::fs::read(f)
+                            .map_err(|e| Error::new(format!("{}: {e}", f.display())))?;
+                        let arrays = graphopt_tract::npz::read(&bytes)
+                            .map_err(|e| Error::new(format!("{}: {e:#}", f.display())))?;
+                        arrays
+                            .iter()
+                            .map(|(n, t)| Ok((n.clone(), crate::to_host(t)?)))
+                            .collect::<Result<Vec<_>>>()
+                    })
+                    .collect::<Result<_>>()?
+            }
+            Some(Calibration::Batches(b)) => b
+                .iter()
+                .map(|i| match i {
+                    Inputs::Named(v) => Ok(v.clone()),
+                    _ => Err(Error::new(
+                        "--criterion taylor: calibration batches must name their arrays",
+                    )),
+                })
+                .collect::<Result<_>>()?,
+            None => Vec::new(),
+        };
+        let needs_target = matches!(opts.loss, Loss::Mse | Loss::L1 | Loss::CrossEntropy);
+        let mut train = Session::from_model(self.model.clone());
+        train.grad(&crate::GradOptions {
+            autodiff: crate::AutodiffOptions {
+                loss: opts.loss,
+                class_axis: opts.class_axis,
+                ..crate::AutodiffOptions::default()
+            },
+            ..crate::GradOptions::default()
+        })?;
+        let inputs: Vec<String> = train
+            .model()
+            .graph
+            .runtime_inputs()
+            .map(|v| train.model().graph.name(v).to_string())
+            .collect();
+        let mut scores: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for (i, batch) in batches.iter().enumerate() {
+            let mut feed = Vec::new();
+            for (n, t) in batch {
+                if needs_target && *n == opts.target {
+                    feed.push(("target".to_string(), t.clone()));
+                } else if inputs.contains(n) && n != "target" {
+                    feed.push((n.clone(), t.clone()));
+                }
+            }
+            if needs_target && !feed.iter().any(|(n, _)| n == "target") {
+                return Err(Error::new(format!(
+                    "--criterion taylor: calibration batch {i} has no array '{}' (the loss's target; name another with --target)",
+                    opts.target
+                )));
+            }
+            let r = train
+                .run(&RunOptions {
+                    inputs: Inputs::Named(feed),
+                    ..RunOptions::default()
+                })
+                .map_err(|e| e.within("--criterion taylor: the training graph"))?;
+            for (name, g) in r.output_names.iter().zip(&r.outputs) {
+                let Some(p) = name.strip_suffix("_grad") else {
+                    continue;
+                };
+                let Some(w) = self
+                    .model
+                    .graph
+                    .value_by_name(p)
+                    .and_then(|v| self.model.graph.initializer(v))
+                    .and_then(|t| t.to_f64_vec())
+                else {
+                    continue;
+                };
+                let Some(g) = g.to_f32() else { continue };
+                if g.len() != w.len() {
+                    continue;
+                }
+                let acc = scores
+                    .entry(p.to_string())
+                    .or_insert_with(|| vec![0.0; w.len()]);
+                for ((a, &w), &g) in acc.iter_mut().zip(&w).zip(&g) {
+                    *a += (w * g as f64).abs();
+                }
+            }
+        }
+        if scores.is_empty() {
+            return Err(Error::new(
+                "--criterion taylor: the training graph gave no weight gradient",
+            ));
+        }
+        Ok(scores)
     }
 }
 

@@ -611,14 +611,16 @@ impl PySession {
     /// fraction <= 1 or a count to keep; the ratio is searched), or
     /// `sparsity` (unstructured: that fraction of every weight's elements
     /// set to zero, stored sparse where the file gets smaller).
-    /// `criterion` is "l1" | "l2" | "random", `granularity` "channel" |
+    /// `criterion` is "l1" | "l2" | "taylor" (|w·dL/dw| on `calibration`,
+    /// the loss `loss` with its target in the array `target`) | "random",
+    /// `granularity` "channel" |
     /// "head" | "all"; `protect` lists tensors whose dims stay. The error
     /// against the unpruned model is measured on `calibration` (or random
     /// inputs) and reported, not bounded. Returns a new Session; its report
     /// has the `graphopt prune --json` fields.
     #[pyo3(signature = (ratio=None, target_params=None, target_flops=None, sparsity=None, criterion=None,
                         granularity=None, global_ranking=None, round_to=None, protect=None,
-                        dims=None, calibration=None, measure=None))]
+                        dims=None, calibration=None, measure=None, loss=None, target=None))]
     #[allow(clippy::too_many_arguments)]
     fn prune(
         &self,
@@ -635,6 +637,8 @@ impl PySession {
         dims: Option<&Bound<'_, PyDict>>,
         calibration: Option<&Bound<'_, PyAny>>,
         measure: Option<bool>,
+        loss: Option<&str>,
+        target: Option<&str>,
     ) -> PyResult<PySession> {
         let amount =
             graphopt::prune_amount(ratio, target_params, target_flops, sparsity).map_err(gerr)?;
@@ -656,6 +660,13 @@ impl PySession {
             dims: dims_arg(dims)?,
             calibration: calibration_arg(calibration)?,
             measure: measure.unwrap_or(defaults.measure),
+            loss: match loss {
+                Some(l) => graphopt::parse_loss(l).map_err(gerr)?,
+                None => defaults.loss,
+            },
+            target: target
+                .map(str::to_string)
+                .unwrap_or(defaults.target.clone()),
             ..defaults
         };
         self.transform(py, "prune", move |s| to_json(&s.prune(&opts)?))

@@ -54,6 +54,10 @@ pub enum Criterion {
     L2,
     /// A seeded random order (a baseline).
     Random,
+    /// First-order Taylor: `|w · dL/dw|` per element, summed over a
+    /// unit's weight slices; the per-element scores come from
+    /// [`Prune::taylor`] (gradients on calibration data).
+    Taylor,
 }
 
 impl Criterion {
@@ -62,11 +66,9 @@ impl Criterion {
             "l1" => Ok(Criterion::L1),
             "l2" => Ok(Criterion::L2),
             "random" => Ok(Criterion::Random),
-            "taylor" => Err(PassError(
-                "--criterion taylor: gradient-based importance is not built yet; use l1, l2 or random".into(),
-            )),
+            "taylor" => Ok(Criterion::Taylor),
             o => Err(PassError(format!(
-                "--criterion {o}: expected l1, l2 or random"
+                "--criterion {o}: expected l1, l2, taylor or random"
             ))),
         }
     }
@@ -75,6 +77,7 @@ impl Criterion {
             Criterion::L1 => "l1",
             Criterion::L2 => "l2",
             Criterion::Random => "random",
+            Criterion::Taylor => "taylor",
         }
     }
 }
@@ -126,6 +129,9 @@ pub struct Prune {
     /// need (unbound ones are 1).
     pub dims: Vec<(String, i64)>,
     pub seed: u64,
+    /// `Criterion::Taylor`'s per-element scores `|w · dL/dw|`, by weight
+    /// name (a weight without scores counts 0).
+    pub taylor: BTreeMap<String, Vec<f64>>,
 }
 
 #[allow(non_upper_case_globals)]
@@ -138,6 +144,7 @@ pub const Prune: Prune = Prune {
     protect: Vec::new(),
     dims: Vec::new(),
     seed: 0,
+    taylor: BTreeMap::new(),
 };
 
 impl Default for Prune {
@@ -257,6 +264,11 @@ impl Prune {
                 )))
             }
             _ => {}
+        }
+        if self.criterion == Criterion::Taylor && self.taylor.is_empty() {
+            return Err(PassError(
+                "--criterion taylor needs --calibration: its gradients are taken on those inputs".into(),
+            ));
         }
         if self.round_to == 0 {
             return Err(PassError("--round-to 0: expected a positive count".into()));
@@ -499,7 +511,15 @@ impl Prune {
             if !t.dtype.is_float() {
                 continue;
             }
-            let Some(vals) = t.to_f64_vec() else { continue };
+            let vals = if self.criterion == Criterion::Taylor {
+                match self.taylor.get(g.name(p.value)) {
+                    Some(v) if v.len() as u64 == t.numel().unwrap_or(0) => v.clone(),
+                    _ => continue,
+                }
+            } else {
+                let Some(v) = t.to_f64_vec() else { continue };
+                v
+            };
             let d: Vec<usize> = t.dims.iter().map(|&x| x as usize).collect();
             let len = d[p.axis];
             let inner: usize = d[p.axis + 1..].iter().product();
@@ -511,8 +531,8 @@ impl Prune {
                     let base = (o * len + pos) * inner;
                     for &x in &vals[base..base + inner] {
                         *acc += match self.criterion {
-                            Criterion::L1 => x.abs(),
-                            _ => x * x,
+                            Criterion::L2 => x * x,
+                            _ => x.abs(),
                         };
                     }
                 }

@@ -40,7 +40,14 @@ fn bad_options_are_one_line_errors_and_leave_the_model() {
         assert!(!e.contains('\n'));
         assert_eq!(x, m);
     }
-    assert!(Criterion::parse("taylor").unwrap_err().0.contains("not built yet"));
+    let e = Prune {
+        criterion: Criterion::Taylor,
+        ..Prune
+    }
+    .prune(&mut m.clone())
+    .unwrap_err()
+    .0;
+    assert!(e.contains("--criterion taylor needs --calibration"), "{e}");
 }
 
 #[test]

@@ -194,7 +194,7 @@ class Session:
         target_params: float | None = None,
         target_flops: float | None = None,
         sparsity: float | None = None,
-        criterion: Literal["l1", "l2", "random"] | None = None,
+        criterion: Literal["l1", "l2", "taylor", "random"] | None = None,
         granularity: Literal["channel", "head", "all"] | None = None,
         global_ranking: bool | None = None,
         round_to: int | None = None,
@@ -202,6 +202,8 @@ class Session:
         dims: Dims | None = None,
         calibration: Iterable[Mapping[str, np.ndarray]] | str | os.PathLike[str] | None = None,
         measure: bool | None = None,
+        loss: Literal["sum", "mean", "mse", "l1", "cross_entropy"] | None = None,
+        target: str | None = None,
     ) -> Session:
         """Structured pruning (``graphopt prune``): whole channels, hidden units and
         attention heads removed by dependency group. One of ``ratio``,
