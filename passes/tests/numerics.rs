@@ -43,10 +43,14 @@ use std::path::{Path, PathBuf};
 /// `compress` moves outputs by design (and writes uint4, which tract cannot
 /// load): `tests-py/compress_models.py` bounds it in onnxruntime and in
 /// graphopt's runtime.
+/// `prune` removes channels by design: `prune_models.rs` checks that a
+/// pruned model equals its masked original, `tests-py/prune_models.py`
+/// bounds it in onnxruntime.
 const OPT_IN: &[&str] = &[
     "compress",
     "dequantize_constants",
     "lower_precision",
+    "prune",
     "quantize",
     "upgrade_opset",
 ];

@@ -218,7 +218,16 @@ impl Pass for Prune {
         self.run_in(model, &mut PassContext::new())
     }
     fn run_in(&self, model: &mut Model, _cx: &mut PassContext) -> Result<PassStats, PassError> {
-        let r = self.prune(model)?;
+        // In a pipeline a model without groups is left as it is (with a
+        // warning); `graphopt prune` refuses it (Prune::prune's error).
+        let r = match self.prune(model) {
+            Err(e) if e.0.starts_with(NO_GROUP) => {
+                let mut s = PassStats::default();
+                s.warn(e.0);
+                return Ok(s);
+            }
+            r => r?,
+        };
         let mut s = r.stats();
         s.warnings = r.warnings;
         Ok(s)
@@ -227,6 +236,9 @@ impl Pass for Prune {
         false
     }
 }
+
+/// How [`Prune::prune`]'s error for a model without groups begins.
+pub const NO_GROUP: &str = "no prunable group in the model";
 
 /// See [`Prune::decide`].
 pub struct Decision {
@@ -438,7 +450,7 @@ impl Prune {
                 .map(|(s, r)| format!("{s}: {r}"))
                 .collect();
             return Err(PassError(format!(
-                "no prunable group in the model{}",
+                "{NO_GROUP}{}",
                 if why.is_empty() {
                     " (no Conv, Gemm or MatMul with a constant weight)".to_string()
                 } else {
