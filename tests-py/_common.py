@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -103,6 +104,20 @@ def external_data_files(path: str) -> list[str]:
                 if e.key == "location":
                     files.add(os.path.join(d, e.value))
     return sorted(files)
+
+
+def manifest_models(folders=("models", "pypi")) -> list[tuple[str, str, str, bool]]:
+    """(name, model path, inputs path, runs in onnxruntime) of every model with inputs in the
+    MANIFEST.json of testdata/<folder>."""
+    out = []
+    for folder in folders:
+        d = os.path.join(REPO, "testdata", folder)
+        with open(os.path.join(d, "MANIFEST.json")) as f:
+            for e in json.load(f)["models"]:
+                if e.get("inputs"):
+                    out.append((e["name"], os.path.join(d, e["file"]), os.path.join(d, e["inputs"]),
+                                bool(e.get("runs_in_ort"))))
+    return out
 
 
 def ort_session(model: str | bytes, opt_level: str = "disable_all"):

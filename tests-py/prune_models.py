@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import REPO, ort_session, rel_l2, resolve_graphopt, short_err  # noqa: E402
+from _common import manifest_models as models, ort_session, rel_l2, resolve_graphopt, short_err  # noqa: E402
 
 # Models graphopt must prune, and how many groups of attention heads it must
 # find in each (at --ratio 0.3 a layer of 2 heads keeps both: found, not cut).
@@ -77,18 +77,6 @@ def check_sparse(graphopt, name, src, inputs, tmp, timeout):
         return False, f"--unstructured: onnxruntime's error {e:.3g} disagrees with graphopt's {err:.3g}"
     return True, (f"sparse {rep['stored_sparse']}/{rep['weights']} weights, file "
                   f"{os.path.getsize(dst) / os.path.getsize(src):.2f}x, error {err:.3g}, onnxruntime {e:.3g}")
-
-
-def models():
-    out = []
-    for folder in ("models", "pypi"):
-        d = os.path.join(REPO, "testdata", folder)
-        with open(os.path.join(d, "MANIFEST.json")) as f:
-            for e in json.load(f)["models"]:
-                if e.get("inputs"):
-                    out.append((e["name"], os.path.join(d, e["file"]), os.path.join(d, e["inputs"]),
-                                bool(e.get("runs_in_ort"))))
-    return out
 
 
 def float_params(path):

@@ -913,15 +913,7 @@ impl<'a> Walk<'a> {
                 }
             }
             "Gather" if slot == 0 => {
-                let Some(dd) = dims(self.shapes, p.value) else {
-                    return unsafe_(format!("{}: its shapes are not known", self.label(n)));
-                };
-                let ga = norm_axis(d.attr_int("axis").unwrap_or(0), dd.len()).unwrap_or(0);
-                let ri = d
-                    .input(1)
-                    .and_then(|v| dims(self.shapes, v))
-                    .map(|d| d.len())
-                    .unwrap_or(0);
+                let (ga, ri) = self.gather_axes(n)?;
                 if a == ga {
                     unsafe_(format!("{} gathers along the pruned axis", self.label(n)))
                 } else {
@@ -1061,15 +1053,7 @@ impl<'a> Walk<'a> {
             }
             "Gather" => {
                 let data = x.expect("data");
-                let Some(dd) = dims(self.shapes, data) else {
-                    return unsafe_(format!("{}: its shapes are not known", self.label(n)));
-                };
-                let ga = norm_axis(d.attr_int("axis").unwrap_or(0), dd.len()).unwrap_or(0);
-                let ri = d
-                    .input(1)
-                    .and_then(|v| dims(self.shapes, v))
-                    .map(|d| d.len())
-                    .unwrap_or(0);
+                let (ga, ri) = self.gather_axes(n)?;
                 let da = if a < ga {
                     a
                 } else if a >= ga + ri {
@@ -1119,6 +1103,21 @@ impl<'a> Walk<'a> {
                 self.label(n)
             )),
         }
+    }
+
+    /// A Gather's axis (on its data) and its indices' rank.
+    fn gather_axes(&self, n: NodeId) -> Result<(usize, usize), Fail> {
+        let d = self.g.node(n);
+        let Some(dd) = d.input(0).and_then(|v| dims(self.shapes, v)) else {
+            return unsafe_(format!("{}: its shapes are not known", self.label(n)));
+        };
+        let ga = norm_axis(d.attr_int("axis").unwrap_or(0), dd.len()).unwrap_or(0);
+        let ri = d
+            .input(1)
+            .and_then(|v| dims(self.shapes, v))
+            .map(|d| d.len())
+            .unwrap_or(0);
+        Ok((ga, ri))
     }
 
     fn is_depthwise(&self, n: NodeId) -> bool {
