@@ -14,7 +14,7 @@ fn describe(src: &str) -> String {
     let mut shapes = model.clone();
     infer_model(&mut shapes, &InferOptions::default());
     let g = &model.graph;
-    let found = find(g, &shapes.graph);
+    let found = find(&model, &shapes.graph);
     let label = |n| {
         let d = g.node(n);
         format!("{} {}", d.op_type, g.name(d.output(0).unwrap()))

@@ -263,7 +263,15 @@ fn unsafe_<T>(msg: impl Into<String>) -> Result<T, Fail> {
 
 /// Finds the groups of `g`. `shapes` is `g` with inferred static shapes
 /// (the same value and node ids), for the sizes Flatten and Reshape need.
-pub fn find(g: &Graph, shapes: &Graph) -> Groups {
+pub fn find(model: &graphopt_ir::Model, shapes: &Graph) -> Groups {
+    let g = &model.graph;
+    let cfg = Cfg {
+        opset: model.onnx_opset().unwrap_or(17),
+        // Before IR 4 every initializer is also a graph input, by rule:
+        // those are weights. From IR 4 an initializer listed as an input
+        // is an overridable default, and keeps its shape.
+        inputs_are_weights: model.ir_version < 4,
+    };
     let mut out = Groups::default();
     // Places some walk already covered (found or left alone).
     let mut seen: BTreeSet<Place> = BTreeSet::new();
@@ -284,7 +292,7 @@ pub fn find(g: &Graph, shapes: &Graph) -> Groups {
             } else {
                 len / span.block
             };
-            let mut w = Walk::new(g, shapes);
+            let mut w = Walk::new(g, shapes, cfg);
             let r = w.run(place, span, n, units);
             seen.extend(w.members.keys().copied());
             match r {
@@ -504,9 +512,19 @@ const RESHAPE: &[&str] = &["Reshape", "Flatten", "Squeeze", "Unsqueeze"];
 /// A Concat input and where it lies on the Concat's axis.
 type Segment = (ValueId, usize, usize);
 
+/// What the walk needs of the model beyond its graph.
+#[derive(Clone, Copy)]
+struct Cfg {
+    opset: i64,
+    inputs_are_weights: bool,
+}
+
 struct Walk<'a> {
     g: &'a Graph,
     shapes: &'a Graph,
+    cfg: Cfg,
+    /// The node whose rule is running: a weight it joins is read by it.
+    current: Option<NodeId>,
     units: usize,
     members: BTreeMap<Place, Span>,
     /// Weight members and the nodes whose reads put them there.
@@ -518,10 +536,12 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    fn new(g: &'a Graph, shapes: &'a Graph) -> Walk<'a> {
+    fn new(g: &'a Graph, shapes: &'a Graph, cfg: Cfg) -> Walk<'a> {
         Walk {
             g,
             shapes,
+            cfg,
+            current: None,
             units: 0,
             members: BTreeMap::new(),
             weights: BTreeMap::new(),
@@ -569,21 +589,12 @@ impl<'a> Walk<'a> {
             }
         }
         // Every read of a sliced weight must be one the group accounts for:
-        // a node it joined through, or one whose output is in the group (a
-        // Transpose of a tied embedding).
-        let values: BTreeSet<ValueId> = self.members.keys().map(|p| p.value).collect();
+        // a node whose rule joined it.
         let none = BTreeSet::new();
         for p in self.members.keys().filter(|p| self.g.initializer(p.value).is_some()) {
             let readers = self.weights.get(p).unwrap_or(&none);
             for u in self.g.uses(p.value) {
-                let joined = readers.contains(&u.node())
-                    || self
-                        .g
-                        .node(u.node())
-                        .outputs()
-                        .iter()
-                        .flatten()
-                        .any(|o| values.contains(o));
+                let joined = readers.contains(&u.node());
                 if !joined {
                     return unsafe_(format!(
                         "weight '{}' is also read by {}",
@@ -618,6 +629,10 @@ impl<'a> Walk<'a> {
                     p.axis
                 ));
             }
+            // Another read of a weight already in the group.
+            if let (Some(n), true) = (self.current, self.g.initializer(p.value).is_some()) {
+                self.weights.entry(p).or_default().insert(n);
+            }
             return Ok(());
         }
         let Some(len) = self.len(p.value, p.axis) else {
@@ -633,6 +648,23 @@ impl<'a> Walk<'a> {
                 self.g.name(p.value),
                 p.axis
             ));
+        }
+        if self.g.initializer(p.value).is_some() {
+            if self.g.is_output(p.value) {
+                return unsafe_(format!(
+                    "weight '{}' is a graph output and keeps its shape",
+                    self.g.name(p.value)
+                ));
+            }
+            if self.g.is_input(p.value) && !self.cfg.inputs_are_weights {
+                return unsafe_(format!(
+                    "weight '{}' is an overridable graph input and keeps its shape",
+                    self.g.name(p.value)
+                ));
+            }
+            if let Some(n) = self.current {
+                self.weights.entry(p).or_default().insert(n);
+            }
         }
         self.members.insert(p, s);
         if self.g.initializer(p.value).is_none() {
@@ -725,7 +757,7 @@ impl<'a> Walk<'a> {
                         self.label(n)
                     ));
                 }
-                if d.outputs().iter().skip(1).flatten().any(|&o| !self.g.uses(o).is_empty()) {
+                if d.outputs().iter().skip(1).flatten().any(|&o| self.in_use(o)) {
                     return unsafe_(format!("{} has running-statistics outputs", self.label(n)));
                 }
                 for p in d.inputs().iter().skip(1).flatten() {
@@ -743,7 +775,7 @@ impl<'a> Walk<'a> {
                         }
                     }
                 }
-                if d.outputs().iter().skip(1).flatten().any(|&o| !self.g.uses(o).is_empty()) {
+                if d.outputs().iter().skip(1).flatten().any(|&o| self.in_use(o)) {
                     return unsafe_(format!("{} has mean/variance outputs in use", self.label(n)));
                 }
             }
@@ -756,6 +788,12 @@ impl<'a> Walk<'a> {
     /// Reshape, Flatten, Squeeze and Unsqueeze: the axis through the
     /// static sizes.
     fn reshape(&mut self, n: NodeId, from: ValueId, to: ValueId, p: Place, s: Span) -> Step {
+        let d = self.g.node(n);
+        if d.op_type == "Squeeze" && d.attr_ints("axes").is_none() && d.input(1).is_none() {
+            // Squeeze without axes drops every dim of size 1: one a group
+            // pruned down to one unit would go too.
+            return unsafe_(format!("{} squeezes every dim of size 1", self.label(n)));
+        }
         let (Some(fd), Some(td)) = (dims(self.shapes, from), dims(self.shapes, to)) else {
             return unsafe_(format!("{}: its shapes are not known", self.label(n)));
         };
@@ -768,6 +806,29 @@ impl<'a> Walk<'a> {
             let in_axis = if to == out { p.axis } else { axis };
             let sv = d.input(1).expect("a Reshape has a shape");
             let data = d.input(0).expect("a Reshape has data");
+            // No other element of the shape may copy the pruned dim: a 0
+            // at its index, or its size read at run time.
+            let out_rank = dims(self.shapes, out).map(|x| x.len()).unwrap_or(0);
+            for j in (0..out_rank).filter(|&j| j != out_axis) {
+                let copies = match literal(self.g, self.shapes, n, 1, sv, j, 0) {
+                    Some(l) => {
+                        j == in_axis
+                            && self
+                                .g
+                                .initializer(l.value)
+                                .and_then(|t| t.to_i64_vec())
+                                .and_then(|v| v.get(l.index).copied())
+                                == Some(0)
+                    }
+                    None => dim_source(self.g, self.shapes, sv, j, 0) == Some((data, in_axis)),
+                };
+                if copies {
+                    return unsafe_(format!(
+                        "{}: its axis {j} takes the size of the pruned axis",
+                        self.label(n)
+                    ));
+                }
+            }
             let Some(lit) = literal(self.g, self.shapes, n, 1, sv, out_axis, 0) else {
                 // Read at run time from the reshaped tensor's own pruned
                 // axis, the size follows by itself.
@@ -827,6 +888,8 @@ impl<'a> Walk<'a> {
         if !default_domain(g, n) {
             return unsafe_(format!("{} is a custom op", self.label(n)));
         }
+        self.well_formed(n)?;
+        self.current = Some(n);
         let d = g.node(n).clone();
         let op = d.op_type.as_str();
         let a = p.axis;
@@ -928,14 +991,16 @@ impl<'a> Walk<'a> {
             }
             "Softmax" | "LogSoftmax" | "Hardmax" => {
                 let rank = out_dims.map(|d| d.len()).unwrap_or(0);
-                let ax = norm_axis(d.attr_int("axis").unwrap_or(-1), rank);
-                if ax == Some(a) {
+                if self.normalizes(&d, rank, a) {
                     unsafe_(format!("{} normalizes over the pruned axis", self.label(n)))
                 } else {
                     self.add(Place { value: out, axis: a }, s)
                 }
             }
             op if UNARY.contains(&op) && slot == 0 => {
+                if d.outputs().iter().skip(1).flatten().any(|&o| self.in_use(o)) {
+                    return unsafe_(format!("{}: its mask output is in use", self.label(n)));
+                }
                 self.add(Place { value: out, axis: a }, s)
             }
             op if BINARY.contains(&op) => {
@@ -947,7 +1012,7 @@ impl<'a> Walk<'a> {
                 if a != 1 {
                     return unsafe_(format!("{} pools over the pruned axis", self.label(n)));
                 }
-                if d.output(1).is_some_and(|o| !g.uses(o).is_empty()) {
+                if d.output(1).is_some_and(|o| self.in_use(o)) {
                     return unsafe_(format!("{}'s indices are in use", self.label(n)));
                 }
                 self.add(Place { value: out, axis: 1 }, s)
@@ -982,6 +1047,8 @@ impl<'a> Walk<'a> {
         if !default_domain(g, n) {
             return unsafe_(format!("{} is a custom op", self.label(n)));
         }
+        self.well_formed(n)?;
+        self.current = Some(n);
         let d = g.node(n).clone();
         let op = d.op_type.as_str();
         let a = p.axis;
@@ -1068,7 +1135,7 @@ impl<'a> Walk<'a> {
             }
             "Softmax" | "LogSoftmax" | "Hardmax" => {
                 let rank = dims(self.shapes, p.value).map(|d| d.len()).unwrap_or(0);
-                if norm_axis(d.attr_int("axis").unwrap_or(-1), rank) == Some(a) {
+                if self.normalizes(&d, rank, a) {
                     unsafe_(format!("{} normalizes over the pruned axis", self.label(n)))
                 } else {
                     self.add(Place { value: x.expect("x"), axis: a }, s)
@@ -1102,6 +1169,62 @@ impl<'a> Walk<'a> {
                 "{} (output) has no pruning rule for axis {a}",
                 self.label(n)
             )),
+        }
+    }
+
+    /// The inputs and outputs the rules read are there, and every input and
+    /// output's rank is known and agrees with the op's (a malformed or
+    /// mistyped node is left alone, never read past its end).
+    fn well_formed(&self, n: NodeId) -> Step {
+        let d = self.g.node(n);
+        let need = match d.op_type.as_str() {
+            "Conv" | "ConvTranspose" | "Gemm" | "MatMul" | "Gather" | "Expand" | "Reshape" => 2,
+            "BatchNormalization" => 5,
+            "Concat" | "Where" => d.inputs().len(),
+            _ => 1,
+        };
+        let bad = d.inputs().len() < need
+            || d.inputs().iter().take(need).any(|i| i.is_none())
+            || d.output(0).is_none();
+        if bad {
+            return unsafe_(format!("{} lacks an input or output its rule reads", self.label(n)));
+        }
+        let ranks: Vec<usize> = d
+            .inputs()
+            .iter()
+            .chain(d.outputs())
+            .flatten()
+            .filter_map(|&v| dims(self.shapes, v).map(|x| x.len()))
+            .collect();
+        let out_rank = d.output(0).and_then(|o| dims(self.shapes, o)).map(|x| x.len());
+        let broadcasting = BINARY.contains(&d.op_type.as_str())
+            || matches!(d.op_type.as_str(), "MatMul" | "Expand");
+        if broadcasting {
+            if let Some(r) = out_rank {
+                if ranks.iter().any(|&x| x > r) {
+                    return unsafe_(format!(
+                        "{}: an input has a higher rank than its output",
+                        self.label(n)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `v` is read, or is a graph output.
+    fn in_use(&self, v: ValueId) -> bool {
+        !self.g.uses(v).is_empty() || self.g.is_output(v)
+    }
+
+    /// Whether a Softmax-like node normalizes over axis `a`: its axis, and
+    /// before opset 13 every axis from it on (the input is coerced to 2-D).
+    fn normalizes(&self, d: &graphopt_ir::NodeData, rank: usize, a: usize) -> bool {
+        let default = if self.cfg.opset < 13 { 1 } else { -1 };
+        match norm_axis(d.attr_int("axis").unwrap_or(default), rank) {
+            Some(ax) if self.cfg.opset < 13 => a >= ax,
+            Some(ax) => a == ax,
+            None => true,
         }
     }
 
@@ -1180,6 +1303,11 @@ impl<'a> Walk<'a> {
         let Some(rank) = dims(self.shapes, x).map(|d| d.len()) else {
             return unsafe_(format!("{}: its shapes are not known", self.label(n)));
         };
+        if d.attr_ints("axes").is_none()
+            && d.input(1).is_some_and(|v| self.g.initializer(v).is_none())
+        {
+            return unsafe_(format!("{}: its axes are computed at run time", self.label(n)));
+        }
         let axes: Vec<usize> = match d
             .attr_ints("axes")
             .map(|a| a.to_vec())
@@ -1229,7 +1357,8 @@ impl<'a> Walk<'a> {
         let c = norm_axis(d.attr_int("axis")?, rank)?;
         let mut start = 0;
         let mut segs = Vec::new();
-        for &v in d.inputs().iter().flatten() {
+        for &v in d.inputs() {
+            let v = v?;
             let l = *dims(self.shapes, v)?.get(c)?;
             segs.push((v, start, l));
             start += l;
@@ -1418,6 +1547,7 @@ impl<'a> Walk<'a> {
                 return unsafe_(format!("{}: its sizes are computed at run time", self.label(n)));
             }
         }
+        let sized = d.input(1).is_some() || d.attr_ints("split").is_some();
         self.splits.insert(n, p.axis);
         if forward {
             if s.repeat == k && equal && s.stride == segs[0].2 {
@@ -1433,7 +1563,7 @@ impl<'a> Walk<'a> {
                 }
                 return Ok(());
             }
-            if s.repeat == 1 {
+            if s.repeat == 1 && sized {
                 let end = s.end(self.units);
                 if let Some(&(o, st, _)) =
                     segs.iter().find(|(_, st, l)| *st <= s.offset && end <= st + l)
@@ -1449,6 +1579,8 @@ impl<'a> Walk<'a> {
                 if s.offset == 0 && equal && end == start && k > 1 {
                     return Err(Fail::NeedRepeat(k));
                 }
+            } else if s.repeat == 1 && s.offset == 0 && equal && s.end(self.units) == start && k > 1 {
+                return Err(Fail::NeedRepeat(k));
             }
             return unsafe_(format!(
                 "{} cuts the pruned axis across the group",
@@ -1466,6 +1598,12 @@ impl<'a> Walk<'a> {
             if have.repeat == k && equal && have.stride == segs[0].2 && have.offset == s.offset {
                 return Ok(());
             }
+        }
+        if !sized {
+            return unsafe_(format!(
+                "{} splits into equal parts, and the group is in one of them",
+                self.label(n)
+            ));
         }
         self.add(
             xp,
@@ -1510,6 +1648,9 @@ impl<'a> Walk<'a> {
         }
         let len = end - start;
         let out = d.output(0).expect("checked");
+        if self.g.is_output(out) {
+            return unsafe_(format!("{}: the shape is a graph output", self.label(n)));
+        }
         if self.only_reshapes_itself(out, p.value, 0) {
             return Ok(());
         }

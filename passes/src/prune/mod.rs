@@ -416,7 +416,7 @@ impl Prune {
         unshare_small(&mut m.graph);
         own_shape_chains(&mut m.graph)?;
         let shapes = self.shapes(&m);
-        let Groups { groups, left_alone } = groups::find(&m.graph, &shapes.graph);
+        let Groups { groups, left_alone } = groups::find(&m, &shapes.graph);
         let label = |n: NodeId| node_label(&m.graph, n);
         let mut left: Vec<(String, String)> = left_alone
             .iter()
@@ -519,6 +519,14 @@ impl Prune {
             return Ok(imp);
         }
         for p in &grp.weights {
+            // BatchNorm's running statistics are not parameters.
+            let stats = g.uses(p.value).iter().all(|u| {
+                matches!(*u, graphopt_ir::Use::Input { node, slot: 3 | 4 }
+                    if g.node(node).op_type == "BatchNormalization")
+            });
+            if stats {
+                continue;
+            }
             let t = g.initializer(p.value).expect("a weight member");
             if !t.dtype.is_float() {
                 continue;
@@ -731,9 +739,12 @@ fn constants_to_initializers(g: &mut Graph) {
     for (n, t) in found {
         crate::fold_constants::replace_by_constants(g, n, vec![t]);
     }
-    // An Identity of a weight (exporters write one where two parameters
-    // are equal) becomes that weight's own copy.
-    let ids: Vec<(NodeId, Tensor)> = g
+    // An Identity of a weight: exporters write one where two parameters
+    // are equal. A vector (a bias, a norm's scale: equal when freshly
+    // initialized) becomes its own copy, so that each layer prunes its
+    // own; a matrix stays one weight read twice (a tie: both reads must
+    // then fall in one group).
+    let ids: Vec<(NodeId, ValueId, ValueId, Tensor)> = g
         .nodes()
         .filter_map(|n| {
             let d = g.node(n);
@@ -741,11 +752,18 @@ fn constants_to_initializers(g: &mut Graph) {
                 return None;
             }
             let x = d.input(0)?;
-            Some((n, g.constant(x)?.clone()))
+            Some((n, x, d.output(0)?, g.constant(x)?.clone()))
         })
         .collect();
-    for (n, t) in ids {
-        crate::fold_constants::replace_by_constants(g, n, vec![t]);
+    for (n, x, y, t) in ids {
+        if t.dims.len() <= 1 {
+            crate::fold_constants::replace_by_constants(g, n, vec![t]);
+        } else if g.replace_all_uses(y, x).is_ok() {
+            g.remove_node(n);
+            if g.uses(y).is_empty() {
+                g.remove_value(y);
+            }
+        }
     }
 }
 
