@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import REPO, ort_session, rel_l2, resolve_graphopt, short_err  # noqa: E402
+from _common import manifest_models as models, ort_session, rel_l2, resolve_graphopt, short_err  # noqa: E402
 
 METHODS = ["cluster:4", "cluster:3:per-channel-groups=4", "cluster:8", "lowrank:params=0.5", "share"]
 # Methods that must compress weights on some testdata model. (No testdata
@@ -47,18 +47,6 @@ BOUND = 0.05
 # dtype. Measured 2026-12-02: float32 4.2e-6 (the worst model and method),
 # float16 1.4e-4 (mlp_fp16, whose weights stay as they are).
 RUNTIME_BOUND = {"float32": 1.5e-5, "float16": 5e-4}
-
-
-def models():
-    out = []
-    for folder in ("models", "pypi"):
-        d = os.path.join(REPO, "testdata", folder)
-        with open(os.path.join(d, "MANIFEST.json")) as f:
-            for e in json.load(f)["models"]:
-                if e.get("inputs"):
-                    out.append((e["name"], os.path.join(d, e["file"]), os.path.join(d, e["inputs"]),
-                                bool(e.get("runs_in_ort"))))
-    return out
 
 
 def ort_error(src, dst, inputs, level):

@@ -882,14 +882,22 @@ impl<'a> Walk<'a> {
         }
     }
 
-    /// Through `n` from an input (`slot`) at `p`.
-    fn forward(&mut self, n: NodeId, slot: usize, p: Place, s: Span) -> Step {
-        let g = self.g;
-        if !default_domain(g, n) {
+    /// A rule of `n` is about to run: `n` is a default-domain op with the
+    /// inputs and outputs its rule reads, and the weights it joins are
+    /// read by it.
+    fn enter(&mut self, n: NodeId) -> Step {
+        if !default_domain(self.g, n) {
             return unsafe_(format!("{} is a custom op", self.label(n)));
         }
         self.well_formed(n)?;
         self.current = Some(n);
+        Ok(())
+    }
+
+    /// Through `n` from an input (`slot`) at `p`.
+    fn forward(&mut self, n: NodeId, slot: usize, p: Place, s: Span) -> Step {
+        let g = self.g;
+        self.enter(n)?;
         let d = g.node(n).clone();
         let op = d.op_type.as_str();
         let a = p.axis;
@@ -1044,11 +1052,7 @@ impl<'a> Walk<'a> {
     /// Through `n` from its output at `p`.
     fn backward(&mut self, n: NodeId, p: Place, s: Span) -> Step {
         let g = self.g;
-        if !default_domain(g, n) {
-            return unsafe_(format!("{} is a custom op", self.label(n)));
-        }
-        self.well_formed(n)?;
-        self.current = Some(n);
+        self.enter(n)?;
         let d = g.node(n).clone();
         let op = d.op_type.as_str();
         let a = p.axis;
