@@ -65,6 +65,9 @@ fn describe(src: &str) -> String {
         for (&n, a) in &grp.splits {
             writeln!(out, "  sets the sizes of {} on axis {a}", label(n)).unwrap();
         }
+        for (&n, a) in &grp.gathers {
+            writeln!(out, "  renumbers the indices of {} (axis {a})", label(n)).unwrap();
+        }
         for &n in &grp.depthwise {
             writeln!(out, "  sets the group of {}", label(n)).unwrap();
         }

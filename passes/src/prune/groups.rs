@@ -95,6 +95,9 @@ pub struct Group {
     pub literals: Vec<Literal>,
     /// Splits along a member axis (that axis): their sizes follow.
     pub splits: BTreeMap<NodeId, usize>,
+    /// Identity Gathers along a member axis (their output's axis): their
+    /// indices are renumbered.
+    pub gathers: BTreeMap<NodeId, usize>,
 }
 
 impl Group {
@@ -311,6 +314,7 @@ pub fn find(model: &graphopt_ir::Model, shapes: &Graph) -> Groups {
                         depthwise: w.depthwise,
                         literals: w.literals,
                         splits: w.splits,
+                        gathers: w.gathers,
                     });
                     break;
                 }
@@ -533,6 +537,7 @@ struct Walk<'a> {
     depthwise: BTreeSet<NodeId>,
     literals: Vec<Literal>,
     splits: BTreeMap<NodeId, usize>,
+    gathers: BTreeMap<NodeId, usize>,
 }
 
 impl<'a> Walk<'a> {
@@ -549,6 +554,7 @@ impl<'a> Walk<'a> {
             depthwise: BTreeSet::new(),
             literals: Vec::new(),
             splits: BTreeMap::new(),
+            gathers: BTreeMap::new(),
         }
     }
 
@@ -986,7 +992,16 @@ impl<'a> Walk<'a> {
             "Gather" if slot == 0 => {
                 let (ga, ri) = self.gather_axes(n)?;
                 if a == ga {
-                    unsafe_(format!("{} gathers along the pruned axis", self.label(n)))
+                    // Only an identity gather (`as_strided` lowered by the
+                    // dynamo exporter: indices 0, 1, ... along one axis)
+                    // maps the channels one to one.
+                    match self.identity_gather(n, ga) {
+                        Some(k) => {
+                            self.gathers.insert(n, ga + k);
+                            self.add(Place { value: out, axis: ga + k }, s)
+                        }
+                        None => unsafe_(format!("{} gathers along the pruned axis", self.label(n))),
+                    }
                 } else {
                     let oa = if a < ga { a } else { a + ri - 1 };
                     self.add(Place { value: out, axis: oa }, s)
@@ -1129,6 +1144,9 @@ impl<'a> Walk<'a> {
                     a
                 } else if a >= ga + ri {
                     a + 1 - ri
+                } else if self.identity_gather(n, ga).is_some_and(|k| ga + k == a) {
+                    self.gathers.insert(n, a);
+                    ga
                 } else {
                     return unsafe_(format!("{}: the pruned axis comes from its indices", self.label(n)));
                 };
@@ -1230,6 +1248,21 @@ impl<'a> Walk<'a> {
             Some(ax) => a == ax,
             None => true,
         }
+    }
+
+    /// For a Gather along `ga` whose indices are a constant `0, 1, ...,
+    /// n-1` laid along one axis `k` (every other dim 1) and `n` is the
+    /// data's size there: `k`.
+    fn identity_gather(&self, n: NodeId, ga: usize) -> Option<usize> {
+        let d = self.g.node(n);
+        let t = self.g.initializer(d.input(1)?)?;
+        let idx = t.to_i64_vec()?;
+        let len = *dims(self.shapes, d.input(0)?)?.get(ga)?;
+        let k = t.dims.iter().position(|&x| x > 1)?;
+        let ok = idx.len() == len
+            && t.dims.iter().enumerate().all(|(j, &x)| j == k || x == 1)
+            && idx.iter().enumerate().all(|(i, &v)| v == i as i64);
+        ok.then_some(k)
     }
 
     /// A Gather's axis (on its data) and its indices' rank.

@@ -1010,6 +1010,41 @@ fn apply(g: &mut Graph, groups: &[Group], removed: &[Vec<usize>]) -> Result<(), 
             attrs.push(Attribute::new("split", AttrValue::Ints(new)));
         }
     }
+    // Identity Gathers: indices 0..n-1 again, over the channels left.
+    let mut gathers: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for (grp, rm) in groups.iter().zip(removed) {
+        if !rm.is_empty() {
+            gathers.extend(grp.gathers.iter().map(|(&n, &a)| (n, a)));
+        }
+    }
+    for (n, axis) in gathers {
+        let d = g.node(n).clone();
+        let (Some(out), Some(iv)) = (d.output(0), d.input(1)) else {
+            continue;
+        };
+        let r = removed_at(out, axis);
+        let Some(t) = g.initializer(iv).cloned() else {
+            continue;
+        };
+        let Some(k) = t.dims.iter().position(|&x| x > 1) else {
+            continue;
+        };
+        let len = t.dims[k] - r;
+        let mut dims = t.dims.clone();
+        dims[k] = len;
+        let vals: Vec<i64> = (0..len).collect();
+        let mut nt = Tensor::from_i64(dims, &vals)?;
+        if t.dtype == graphopt_ir::DType::I32 {
+            let raw: Vec<u8> = vals.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect();
+            nt = Tensor::from_raw(t.dtype, nt.dims.clone(), raw.into())?;
+        }
+        let hint = g.name(iv).to_string();
+        let c = g.add_initializer(&hint, nt);
+        g.set_input(n, 1, Some(c));
+        if g.uses(iv).is_empty() && !g.is_output(iv) {
+            g.remove_value(iv);
+        }
+    }
     for n in depthwise {
         let x = g.node(n).input(0).expect("depthwise input");
         let r = removed_at(x, 1);
