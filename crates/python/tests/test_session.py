@@ -350,6 +350,25 @@ def test_prune_equals_cli(cli, tmp_path):
         graphopt.load(model(name)).prune(ratio=0.3, protect=["nope"])
 
 
+def test_prune_taylor_and_sparsity_equal_cli(cli, tmp_path):
+    digits = MODELS.parent / "train"
+    src, data = digits / "digits_cnn.onnx", digits / "digits_cnn.train.npz"
+    out, rep = tmp_path / "t.onnx", tmp_path / "t.json"
+    cli.run("prune", src, "-o", out, "--ratio", "0.5", "--criterion", "taylor", "--calibration", data,
+            "--loss", "cross_entropy", "--target", "y", "--report", rep)
+    p = graphopt.load(src).prune(ratio=0.5, criterion="taylor", calibration=data, loss="cross_entropy",
+                                 target="y")
+    assert p.to_bytes() == out.read_bytes()
+    got = p.report()["steps"][-1]["report"]
+    assert strip_times(got) == strip_times(json.loads(rep.read_text()))
+    assert got["criterion"] == "taylor"
+    with pytest.raises(graphopt.GraphoptError, match="--criterion taylor needs --calibration"):
+        graphopt.load(src).prune(ratio=0.5, criterion="taylor")
+    s = graphopt.load(src).prune(sparsity=0.8, calibration=data)
+    sp = s.report()["steps"][-1]["report"]["sparsity"]
+    assert sp["stored_sparse"] == sp["weights"] > 0 and sp["file_bytes_after"] < sp["file_bytes_before"]
+
+
 def test_remat_equals_cli(cli, tmp_path):
     name = "gpt2_tiny.ts14"
     train_path, out, rep = tmp_path / "t.onnx", tmp_path / "r.onnx", tmp_path / "r.json"
