@@ -231,3 +231,31 @@ fn pruned_models_equal_their_masked_originals() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `--global` takes the ratio of all channels: on BERT a head counts its
+/// 32 channels, so the channels removed are half of all, to within one
+/// unit's width.
+#[test]
+fn global_ratio_counts_channels_not_units() {
+    let path = models_dir().join("bert_tiny.dynamo18.onnx");
+    let loaded = graphopt_onnx::load(&path).unwrap();
+    let pass = Prune {
+        amount: Amount::Ratio(0.5),
+        global: true,
+        ..Prune
+    };
+    let d = pass.decide(&loaded.model).unwrap();
+    let width = |i: usize| d.groups[i].block;
+    let total: usize = (0..d.groups.len())
+        .map(|i| d.groups[i].units * width(i))
+        .sum();
+    let removed: usize = (0..d.groups.len())
+        .map(|i| d.removed[i].len() * width(i))
+        .sum();
+    let widest = (0..d.groups.len()).map(width).max().unwrap();
+    assert!(d.groups.iter().any(|g| g.block > 1), "no head group");
+    assert!(
+        removed <= total / 2 && removed + widest > total / 2,
+        "{removed} of {total} channels removed"
+    );
+}

@@ -119,7 +119,8 @@ pub struct Prune {
     pub criterion: Criterion,
     pub granularity: Granularity,
     /// Rank units across groups (importance normalized by each group's
-    /// mean) instead of the same ratio in every group.
+    /// mean) instead of the same ratio in every group; the ratio is then
+    /// of all channels (a head counts its channels).
     pub global: bool,
     /// Channel counts stay multiples of this (where the group has that many).
     pub round_to: usize,
@@ -600,9 +601,29 @@ impl Prune {
             }
         }
         all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let n = removed_at_ratio(all.len(), ratio);
+        // The ratio is of channels: a head of 64 weighs 64.
+        let g = &prep.model.graph;
+        let width: Vec<usize> = prep
+            .groups
+            .iter()
+            .map(|grp| {
+                let out = g.node(grp.source).output(0);
+                grp.members
+                    .iter()
+                    .find(|(p, _)| Some(p.value) == out)
+                    .map(|(_, s)| s.block * s.repeat)
+                    .unwrap_or(grp.block)
+            })
+            .collect();
+        let total: usize = prep.groups.iter().zip(&width).map(|(grp, w)| grp.units * w).sum();
+        let budget = removed_at_ratio(total, ratio);
         let mut count = vec![0usize; prep.groups.len()];
-        for &(_, gi, _) in all.iter().take(n) {
+        let mut taken = 0;
+        for &(_, gi, _) in &all {
+            if taken + width[gi] > budget {
+                continue;
+            }
+            taken += width[gi];
             count[gi] += 1;
         }
         prep.groups
