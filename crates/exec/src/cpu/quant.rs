@@ -107,19 +107,7 @@ impl Dequantize {
             (q - zp[c]) as f32 * scale[c]
         };
         per_scale(threads, y, self.len, self.inner, |first, part, chan| {
-            let src = &xb[first..first + part.len()];
-            match chan {
-                Chan::One(c) => {
-                    for (o, &v) in part.iter_mut().zip(src) {
-                        *o = deq(v, c);
-                    }
-                }
-                Chan::Cycle(len) => {
-                    for (k, (o, &v)) in part.iter_mut().zip(src).enumerate() {
-                        *o = deq(v, k % len);
-                    }
-                }
-            }
+            map_scaled(part, &xb[first..first + part.len()], chan, deq)
         });
         Ok(())
     }
@@ -131,6 +119,24 @@ impl Dequantize {
 enum Chan {
     One(usize),
     Cycle(usize),
+}
+
+/// `part[k] = f(src[k], c)` with `c` the scale index `chan` gives each
+/// element (the match outside the loops).
+#[inline]
+fn map_scaled<S: Copy, T>(part: &mut [T], src: &[S], chan: Chan, f: impl Fn(S, usize) -> T) {
+    match chan {
+        Chan::One(c) => {
+            for (o, &v) in part.iter_mut().zip(src) {
+                *o = f(v, c);
+            }
+        }
+        Chan::Cycle(len) => {
+            for (k, (o, &v)) in part.iter_mut().zip(src).enumerate() {
+                *o = f(v, k % len);
+            }
+        }
+    }
 }
 
 /// Splits `y` (`[outer, len, inner]`, one scale per index of the middle
@@ -284,19 +290,7 @@ impl Kernel for Quantize {
             }
         };
         per_scale(threads, y, self.len, self.inner, |first, part, chan| {
-            let src = &x[first..first + part.len()];
-            match chan {
-                Chan::One(c) => {
-                    for (o, &v) in part.iter_mut().zip(src) {
-                        *o = quant(v, c);
-                    }
-                }
-                Chan::Cycle(len) => {
-                    for (k, (o, &v)) in part.iter_mut().zip(src).enumerate() {
-                        *o = quant(v, k % len);
-                    }
-                }
-            }
+            map_scaled(part, &x[first..first + part.len()], chan, quant)
         });
         Ok(())
     }

@@ -534,20 +534,8 @@ mod tests {
         ]);
     }
 
-    fn data(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-
     fn t(d: DType, shape: &[usize], seed: u64) -> HostTensor {
-        let v = data(numel(shape), seed);
+        let v = graphopt_testutil::uniform(numel(shape), seed);
         let data: Vec<u8> = match d {
             DType::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             DType::F16 => v
