@@ -82,7 +82,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     let amount = graphopt::prune_amount(a.ratio, a.target_params, a.target_flops, a.sparsity)?;
     let mut opts = PruneOptions::new(amount);
     if let Some(c) = &a.criterion {
-        opts.criterion = graphopt::prune_criterion(c)?;
+        opts.pass.criterion = graphopt::prune_criterion(c)?;
     }
     if let Some(l) = &a.loss {
         opts.loss = graphopt::parse_loss(l)?;
@@ -94,16 +94,16 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         opts.class_axis = c;
     }
     if let Some(g) = &a.granularity {
-        opts.granularity = graphopt::prune_granularity(g)?;
+        opts.pass.granularity = graphopt::prune_granularity(g)?;
     }
     if a.global {
-        opts.global = true;
+        opts.pass.global = true;
     }
     if let Some(n) = a.round_to {
-        opts.round_to = n;
+        opts.pass.round_to = n;
     }
-    opts.protect = a.protect.clone();
-    opts.dims = graphopt::util::parse_dims(&a.dims)?;
+    opts.pass.protect = a.protect.clone();
+    opts.pass.dims = graphopt::util::parse_dims(&a.dims)?;
     opts.calibration = a.calibration.clone().map(Into::into);
     opts.measure = !a.no_measure;
     let mut session = graphopt::load(&a.input)?;
@@ -204,8 +204,8 @@ fn text(a: &Args, r: &PruneReport) -> String {
             g.removed,
             g.units,
             g.kind,
-            if g.channels_per_unit > 1 {
-                format!(" x {}", g.channels_per_unit)
+            if g.block > 1 {
+                format!(" x {}", g.block)
             } else {
                 String::new()
             },

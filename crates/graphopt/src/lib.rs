@@ -93,7 +93,7 @@ pub use precision::{
 };
 pub use prune::{
     prune_amount, prune_criterion, prune_granularity, PruneAmount, PruneCriterion,
-    PruneGranularity, PruneOptions, PruneReport, PrunedGroupReport, SparsityReport,
+    PruneGranularity, PruneOptions, PruneReport, PrunedGroup, SparsityReport,
 };
 pub use quantize::{
     dequantize_constants, entropy_threshold, AlreadyQuantized, Calibrate, Calibration, KeptFloat,

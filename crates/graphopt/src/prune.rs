@@ -22,29 +22,23 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Instant;
 
+pub use graphopt_passes::prune::sparsity::SparsityReport;
 pub use graphopt_passes::prune::{
     Amount as PruneAmount, Criterion as PruneCriterion, Granularity as PruneGranularity,
+    PrunedGroup,
 };
 
 /// What [`Session::prune`] does.
 #[derive(Clone, Debug)]
 pub struct PruneOptions {
-    pub amount: Amount,
-    pub criterion: Criterion,
-    pub granularity: Granularity,
-    /// Rank units across groups instead of one ratio per group.
-    pub global: bool,
-    /// Channel counts stay multiples of this.
-    pub round_to: usize,
-    /// Tensors whose dims stay.
-    pub protect: Vec<String>,
-    /// Symbolic dims for shapes and FLOPs (unbound ones are 1).
-    pub dims: Vec<(String, i64)>,
+    /// The pass's options: amount, criterion, granularity, global ranking,
+    /// `round_to`, protected tensors, dims (unbound ones 1) and seed. Its
+    /// `taylor` scores are computed here, from `calibration`.
+    pub pass: Prune,
     /// Batches the error is measured on (`None`: seeded random inputs).
     pub calibration: Option<Calibration>,
     /// Measure the output error against the unpruned model.
     pub measure: bool,
-    pub seed: u64,
     /// `--criterion taylor`: the loss whose gradients rank the units (as
     /// `graphopt grad --loss`), and the calibration array holding its
     /// target (mse, l1, cross_entropy), and the class axis.
@@ -57,69 +51,15 @@ pub struct PruneOptions {
 impl PruneOptions {
     pub fn new(amount: Amount) -> PruneOptions {
         PruneOptions {
-            amount,
-            criterion: Prune.criterion,
-            granularity: Prune.granularity,
-            global: Prune.global,
-            round_to: Prune.round_to,
-            protect: Vec::new(),
-            dims: Vec::new(),
+            pass: Prune { amount, ..Prune },
             calibration: None,
             measure: true,
-            seed: Prune.seed,
             loss: Loss::Sum,
             target: "target".into(),
             class_axis: 1,
             pipeline: PipelineOptions::default(),
         }
     }
-
-    fn pass(&self) -> Prune {
-        Prune {
-            amount: self.amount.clone(),
-            criterion: self.criterion,
-            granularity: self.granularity,
-            global: self.global,
-            round_to: self.round_to,
-            protect: self
-                .protect
-                .iter()
-                .map(|p| p.trim().to_string())
-                .filter(|p| !p.is_empty())
-                .collect(),
-            dims: self.dims.clone(),
-            seed: self.seed,
-            taylor: BTreeMap::new(),
-        }
-    }
-}
-
-/// One dependency group and what was removed from it.
-#[derive(Clone, Debug, Serialize)]
-pub struct PrunedGroupReport {
-    pub source: String,
-    pub kind: String,
-    pub units: usize,
-    pub channels_per_unit: usize,
-    pub removed: usize,
-    pub weights: Vec<String>,
-    pub members: usize,
-}
-
-/// What unstructured sparsity did (`--sparsity S --unstructured`).
-#[derive(Clone, Debug, Serialize)]
-pub struct SparsityReport {
-    pub sparsity: f64,
-    pub weights: usize,
-    /// Weights stored as ONNX sparse initializers (the others stay dense:
-    /// COO's int64 indices make them smaller only past 2/3 zeros).
-    pub stored_sparse: usize,
-    pub zeroed: u64,
-    pub elements: u64,
-    pub file_bytes_before: u64,
-    pub file_bytes_after: u64,
-    /// Run-time bytes do not change: runtimes load the weights dense.
-    pub runtime_bytes_saved: u64,
 }
 
 /// What [`Session::prune`] did.
@@ -128,7 +68,7 @@ pub struct PruneReport {
     pub criterion: String,
     pub ratio: f64,
     pub global: bool,
-    pub groups: Vec<PrunedGroupReport>,
+    pub groups: Vec<PrunedGroup>,
     /// Groups left alone: where they start, and why.
     pub left_alone: Vec<(String, String)>,
     pub params_before: u64,
@@ -159,9 +99,15 @@ impl Session {
     }
 
     fn prune_step(&mut self, opts: &PruneOptions) -> Result<PruneReport> {
-        crate::validate::dims(&opts.dims)?;
+        crate::validate::dims(&opts.pass.dims)?;
         let t0 = Instant::now();
-        let mut pass = opts.pass();
+        let mut pass = opts.pass.clone();
+        pass.protect = pass
+            .protect
+            .iter()
+            .map(|p| p.trim().to_string())
+            .filter(|p| !p.is_empty())
+            .collect();
         if pass.criterion == Criterion::Taylor {
             if opts.calibration.is_none() {
                 return Err(self.err(Error::new(
@@ -179,7 +125,7 @@ impl Session {
         let (mut error, mut error_skipped, mut measured_in) = (None, None, None);
         let mut label = "none".to_string();
         if opts.measure {
-            let (batches, l) = self.calibration_batches(&opts.calibration, &opts.dims)?;
+            let (batches, l) = self.calibration_batches(&opts.calibration, &opts.pass.dims)?;
             if opts.calibration.is_none() {
                 warnings.push(format!(
                     "no --calibration: {l}; errors on random data say little about real inputs"
@@ -213,29 +159,11 @@ impl Session {
         let r = captured.borrow_mut().take().unwrap_or_default();
         warnings.extend(r.warnings.iter().cloned());
         let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
-        let mut dims = opts.dims.clone();
-        for name in graphopt_plan::input_dim_names(&self.model) {
-            if !dims.iter().any(|d| d.0 == name) {
-                dims.push((name, 1));
-            }
-        }
         Ok(PruneReport {
             criterion: r.criterion.clone(),
             ratio: r.ratio,
-            global: opts.global,
-            groups: r
-                .groups
-                .iter()
-                .map(|g| PrunedGroupReport {
-                    source: g.source.clone(),
-                    kind: g.kind.to_string(),
-                    units: g.units,
-                    channels_per_unit: g.block,
-                    removed: g.removed,
-                    weights: g.weights.clone(),
-                    members: g.members,
-                })
-                .collect(),
+            global: opts.pass.global,
+            groups: r.groups.clone(),
             left_alone: r.left_alone.clone(),
             params_before: r.params_before,
             params_after: r.params_after,
@@ -246,22 +174,13 @@ impl Session {
                 (Some(a), Some(b)) => Some(ratio(a, b)),
                 _ => None,
             },
-            dims,
+            dims: r.dims.clone(),
             calibration: label,
             error,
             error_skipped,
             measured_in,
             trials: r.trials,
-            sparsity: r.sparsity.as_ref().map(|x| SparsityReport {
-                sparsity: x.sparsity,
-                weights: x.weights,
-                stored_sparse: x.stored_sparse,
-                zeroed: x.zeroed,
-                elements: x.elements,
-                file_bytes_before: x.file_bytes_before,
-                file_bytes_after: x.file_bytes_after,
-                runtime_bytes_saved: 0,
-            }),
+            sparsity: r.sparsity.clone(),
             time_ms: t0.elapsed().as_secs_f64() * 1e3,
             warnings,
         })
@@ -274,32 +193,10 @@ impl Session {
     /// `graphopt grad` builds it, no optimizer) run in graphopt's runtime.
     fn taylor_scores(&self, opts: &PruneOptions) -> Result<BTreeMap<String, Vec<f64>>> {
         let batches: Vec<Vec<(String, HostTensor)>> = match &opts.calibration {
-            Some(Calibration::Files(p)) => {
-                let files: Vec<std::path::PathBuf> = if p.is_dir() {
-                    let mut f: Vec<_> = std::fs::read_dir(p)
-                        .map_err(|e| Error::new(format!("{}: {e}", p.display())))?
-                        .filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter(|f| f.extension().is_some_and(|x| x == "npz"))
-                        .collect();
-                    f.sort();
-                    f
-                } else {
-                    vec![p.clone()]
-                };
-                files
-                    .iter()
-                    .map(|f| {
-                        let bytes = std::fs::read(f)
-                            .map_err(|e| Error::new(format!("{}: {e}", f.display())))?;
-                        let arrays = graphopt_tract::npz::read(&bytes)
-                            .map_err(|e| Error::new(format!("{}: {e:#}", f.display())))?;
-                        arrays
-                            .iter()
-                            .map(|(n, t)| Ok((n.clone(), crate::to_host(t)?)))
-                            .collect::<Result<Vec<_>>>()
-                    })
-                    .collect::<Result<_>>()?
-            }
+            Some(Calibration::Files(p)) => crate::quantize::calibration_files(p)?
+                .iter()
+                .map(|f| crate::train::read_npz(f))
+                .collect::<Result<_>>()?,
             Some(Calibration::Batches(b)) => b
                 .iter()
                 .map(|i| match i {

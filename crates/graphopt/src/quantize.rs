@@ -41,7 +41,7 @@ use graphopt_tract::TractTensor;
 use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -692,18 +692,7 @@ impl Session {
                 Ok((b, format!("{} batches in memory", batches.len())))
             }
             Some(Calibration::Files(p)) if p.is_dir() => {
-                let mut files: Vec<PathBuf> = std::fs::read_dir(p)
-                    .map_err(|e| Error::new(format!("{}: {e}", p.display())))?
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|f| f.extension().is_some_and(|x| x == "npz"))
-                    .collect();
-                files.sort();
-                if files.is_empty() {
-                    return Err(Error::new(format!(
-                        "--calibration {}: the directory holds no .npz file",
-                        p.display()
-                    )));
-                }
+                let files = calibration_files(p)?;
                 let b = files
                     .iter()
                     .map(|f| self.calibration_file(f, &files))
@@ -798,6 +787,27 @@ fn fewest<Q>(
 /// jittered copies too), and searched again on every batch if they push
 /// it over. `make(k)` gives the candidate and its model; each one made
 /// counts in `runs`.
+/// The npz files of `--calibration P`: P itself, or the `.npz` files of
+/// the directory P in name order (none is an error).
+pub(crate) fn calibration_files(p: &Path) -> Result<Vec<PathBuf>> {
+    if !p.is_dir() {
+        return Ok(vec![p.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(p)
+        .map_err(|e| Error::new(format!("{}: {e}", p.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|f| f.extension().is_some_and(|x| x == "npz"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::new(format!(
+            "--calibration {}: the directory holds no .npz file",
+            p.display()
+        )));
+    }
+    Ok(files)
+}
+
 pub(crate) fn fewest_measured<Q>(
     meas: &Measurer,
     len: usize,

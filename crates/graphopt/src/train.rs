@@ -169,7 +169,7 @@ impl ArrayData {
     }
 }
 
-fn read_npz(path: &Path) -> Result<Vec<(String, HostTensor)>> {
+pub(crate) fn read_npz(path: &Path) -> Result<Vec<(String, HostTensor)>> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, "read", e))?;
     let arrays = graphopt_tract::npz::read(&bytes)
         .map_err(|e| Error::with_kind(ErrorKind::Parse, format!("{}: {e:#}", path.display())))?;

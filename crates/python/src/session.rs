@@ -643,21 +643,26 @@ impl PySession {
         let amount =
             graphopt::prune_amount(ratio, target_params, target_flops, sparsity).map_err(gerr)?;
         let defaults = graphopt::PruneOptions::new(amount);
-        let opts = graphopt::PruneOptions {
+        let d = &defaults.pass;
+        let pass = graphopt::passes::prune::Prune {
             criterion: criterion
                 .map(graphopt::prune_criterion)
                 .transpose()
                 .map_err(gerr)?
-                .unwrap_or(defaults.criterion),
+                .unwrap_or(d.criterion),
             granularity: granularity
                 .map(graphopt::prune_granularity)
                 .transpose()
                 .map_err(gerr)?
-                .unwrap_or(defaults.granularity),
-            global: global_ranking.unwrap_or(defaults.global),
-            round_to: round_to.unwrap_or(defaults.round_to),
+                .unwrap_or(d.granularity),
+            global: global_ranking.unwrap_or(d.global),
+            round_to: round_to.unwrap_or(d.round_to),
             protect: list_arg(protect)?,
             dims: dims_arg(dims)?,
+            ..d.clone()
+        };
+        let opts = graphopt::PruneOptions {
+            pass,
             calibration: calibration_arg(calibration)?,
             measure: measure.unwrap_or(defaults.measure),
             loss: match loss {

@@ -155,7 +155,7 @@ impl Default for Prune {
 }
 
 /// One group, and what was removed from it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct PrunedGroup {
     /// The node whose output channels are the units.
     pub source: String,
@@ -163,6 +163,7 @@ pub struct PrunedGroup {
     pub kind: &'static str,
     pub units: usize,
     /// Channels per unit.
+    #[serde(rename = "channels_per_unit")]
     pub block: usize,
     pub removed: usize,
     /// The weights sliced (names).
@@ -187,6 +188,8 @@ pub struct PruneReport {
     pub flops_after: Option<u64>,
     /// Ratios tried by a target search.
     pub trials: usize,
+    /// The symbolic dims shapes and FLOPs were taken at (unbound ones 1).
+    pub dims: Vec<(String, i64)>,
     /// What `Amount::Sparsity` did.
     pub sparsity: Option<sparsity::SparsityReport>,
     pub warnings: Vec<String>,
@@ -221,13 +224,13 @@ impl Pass for Prune {
     fn run_in(&self, model: &mut Model, _cx: &mut PassContext) -> Result<PassStats, PassError> {
         // In a pipeline a model without groups is left as it is (with a
         // warning); `graphopt prune` refuses it (Prune::prune's error).
-        let r = match self.prune(model) {
-            Err(e) if e.0.starts_with(NO_GROUP) => {
+        let r = match self.prune_found(model)? {
+            Ok(r) => r,
+            Err(no_group) => {
                 let mut s = PassStats::default();
-                s.warn(e.0);
+                s.warn(no_group);
                 return Ok(s);
             }
-            r => r?,
         };
         let mut s = r.stats();
         s.warnings = r.warnings;
@@ -237,9 +240,6 @@ impl Pass for Prune {
         false
     }
 }
-
-/// How [`Prune::prune`]'s error for a model without groups begins.
-pub const NO_GROUP: &str = "no prunable group in the model";
 
 /// See [`Prune::decide`].
 pub struct Decision {
@@ -289,8 +289,15 @@ impl Prune {
         Ok(())
     }
 
-    /// Prunes `model` in place. On error the model is unchanged.
+    /// Prunes `model` in place. On error the model is unchanged; a model
+    /// without a prunable group is an error that gives the first reasons.
     pub fn prune(&self, model: &mut Model) -> Result<PruneReport, PassError> {
+        self.prune_found(model)?.map_err(PassError)
+    }
+
+    /// [`Prune::prune`], with a model without a prunable group apart (the
+    /// inner error, its message), which a pipeline leaves as it is.
+    fn prune_found(&self, model: &mut Model) -> Result<Result<PruneReport, String>, PassError> {
         self.validate()?;
         for p in &self.protect {
             if model.graph.value_by_name(p).is_none() {
@@ -300,9 +307,12 @@ impl Prune {
             }
         }
         if let Amount::Sparsity(sp) = self.amount {
-            return self.unstructured(model, sp);
+            return self.unstructured(model, sp).map(Ok);
         }
-        let prep = self.prepare(model)?;
+        let prep = match self.prepare(model)? {
+            Ok(p) => p,
+            Err(no_group) => return Ok(Err(no_group)),
+        };
         // Counted on the prepared model: weights in Constant nodes are
         // initializers there, as they are in the output.
         let params_before = params(&prep.model.graph);
@@ -321,13 +331,14 @@ impl Prune {
             flops_before,
             flops_after: self.flops(&m),
             trials,
+            dims: self.bound_dims(&prep.model),
             sparsity: None,
             warnings: Vec::new(),
         };
         if report.groups.iter().any(|g| g.removed > 0) {
             *model = m;
         }
-        Ok(report)
+        Ok(Ok(report))
     }
 
     /// `Amount::Sparsity`: see [`sparsity`].
@@ -346,6 +357,7 @@ impl Prune {
             params_after: params(&m.graph),
             flops_before: flops,
             flops_after: flops,
+            dims: self.bound_dims(&m),
             sparsity: Some(r),
             warnings: vec![
                 "unstructured sparsity saves file bytes only: runtimes load sparse initializers dense, and the FLOPs stay".into(),
@@ -367,7 +379,7 @@ impl Prune {
                 "decide: unstructured sparsity removes no unit".into(),
             ));
         }
-        let prep = self.prepare(model)?;
+        let prep = self.prepare(model)?.map_err(PassError)?;
         let (ratio, _) = self.ratio(&prep, params(&prep.model.graph), self.flops(&prep.model))?;
         let removed = self.choose(&prep, ratio);
         Ok(Decision {
@@ -410,7 +422,8 @@ impl Prune {
     /// The groups of `model` (after Constant nodes become initializers and
     /// small constants read by several nodes are copied per reader) and
     /// their units' importance.
-    fn prepare(&self, model: &Model) -> Result<Prepared, PassError> {
+    /// `Ok(Err(reasons))` when no group can be pruned.
+    fn prepare(&self, model: &Model) -> Result<Result<Prepared, String>, PassError> {
         let mut m = model.clone();
         constants_to_initializers(&mut m.graph);
         fold_shape_constants(&mut m);
@@ -450,8 +463,8 @@ impl Prune {
                 .take(3)
                 .map(|(s, r)| format!("{s}: {r}"))
                 .collect();
-            return Err(PassError(format!(
-                "{NO_GROUP}{}",
+            return Ok(Err(format!(
+                "no prunable group in the model{}",
                 if why.is_empty() {
                     " (no Conv, Gemm or MatMul with a constant weight)".to_string()
                 } else {
@@ -464,23 +477,30 @@ impl Prune {
             .enumerate()
             .map(|(i, grp)| self.importance(&m.graph, grp, i))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Prepared {
+        Ok(Ok(Prepared {
             model: m,
             groups: kept,
             importance,
             left_alone: left,
-        })
+        }))
     }
 
-    /// The model with its symbolic dims bound and shapes inferred.
-    fn shapes(&self, m: &Model) -> Model {
-        let mut s = m.clone();
+    /// The dims shapes are taken at: the given ones, every other symbolic
+    /// input dim 1.
+    pub fn bound_dims(&self, m: &Model) -> Vec<(String, i64)> {
         let mut dims = self.dims.clone();
         for name in graphopt_plan::input_dim_names(m) {
             if !dims.iter().any(|d| d.0 == name) {
                 dims.push((name, 1));
             }
         }
+        dims
+    }
+
+    /// The model with its symbolic dims bound and shapes inferred.
+    fn shapes(&self, m: &Model) -> Model {
+        let mut s = m.clone();
+        let dims = self.bound_dims(m);
         infer_model(
             &mut s,
             &InferOptions {

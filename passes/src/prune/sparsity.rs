@@ -21,13 +21,15 @@
 use crate::PassError;
 use graphopt_ir::{Graph, SparseTensor, Tensor, Use, ValueId};
 
-/// What unstructured sparsity did.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What unstructured sparsity did. Run-time bytes do not change: runtimes
+/// load the weights dense.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SparsityReport {
     pub sparsity: f64,
     /// Weights that lost elements.
     pub weights: usize,
-    /// Of those, the ones stored as sparse initializers.
+    /// Of those, the ones stored as sparse initializers (the others stay
+    /// dense: COO's int64 indices make them smaller only past 2/3 zeros).
     pub stored_sparse: usize,
     /// Elements set to zero, of all elements of those weights.
     pub zeroed: u64,
@@ -54,14 +56,14 @@ fn is_weight(g: &Graph, v: ValueId) -> bool {
         })
 }
 
-/// Zeroes the `sparsity` fraction of every weight's elements (see the
-/// module doc); `keep` names weights left as they are.
-pub fn sparsify(g: &mut Graph, sparsity: f64, keep: &[String]) -> Result<SparsityReport, PassError> {
-    if !(0.0..1.0).contains(&sparsity) {
-        return Err(PassError(format!(
-            "--sparsity {sparsity}: expected a fraction in [0, 1)"
-        )));
-    }
+/// Zeroes the `sparsity` fraction (in `[0, 1)`, as [`super::Prune::validate`]
+/// checks) of every weight's elements (see the module doc); `keep` names
+/// weights left as they are.
+pub(super) fn sparsify(
+    g: &mut Graph,
+    sparsity: f64,
+    keep: &[String],
+) -> Result<SparsityReport, PassError> {
     let mut r = SparsityReport {
         sparsity,
         ..SparsityReport::default()
