@@ -177,13 +177,23 @@ fn literal(
 /// The tensor and axis whose size element `i` of `v` is read from at run
 /// time (`Shape`, then Gather, Slice, Squeeze, Unsqueeze and Concat of its
 /// pieces), if it is one: `x.view(-1, x.size(-1))`.
-fn dim_source(g: &Graph, shapes: &Graph, v: ValueId, i: usize, depth: usize) -> Option<(ValueId, usize)> {
+fn dim_source(
+    g: &Graph,
+    shapes: &Graph,
+    v: ValueId,
+    i: usize,
+    depth: usize,
+) -> Option<(ValueId, usize)> {
     if depth > 6 {
         return None;
     }
     let (n, _) = g.producer(v)?;
     let d = g.node(n);
-    let c = |k: usize| d.input(k).and_then(|v| g.initializer(v)).and_then(|t| t.to_i64_vec());
+    let c = |k: usize| {
+        d.input(k)
+            .and_then(|v| g.initializer(v))
+            .and_then(|t| t.to_i64_vec())
+    };
     match d.op_type.as_str() {
         "Shape" => {
             let x = d.input(0)?;
@@ -218,7 +228,11 @@ fn dim_source(g: &Graph, shapes: &Graph, v: ValueId, i: usize, depth: usize) -> 
                 return None;
             }
             let rank = dims(shapes, d.input(0)?)?.first().copied()? as i64;
-            let st = if st[0] < 0 { (st[0] + rank).max(0) } else { st[0].min(rank) };
+            let st = if st[0] < 0 {
+                (st[0] + rank).max(0)
+            } else {
+                st[0].min(rank)
+            };
             dim_source(g, shapes, d.input(0)?, st as usize + i, depth + 1)
         }
         _ => None,
@@ -351,7 +365,9 @@ pub fn find(model: &graphopt_ir::Model, shapes: &Graph) -> Groups {
                     if span.repeat > 1 || len % k != 0 || (len / k) % span.block != 0 {
                         out.left_alone.push(LeftAlone {
                             source: n,
-                            reason: format!("a Split cuts the {len} channels into {k} parts unevenly"),
+                            reason: format!(
+                                "a Split cuts the {len} channels into {k} parts unevenly"
+                            ),
                         });
                         break;
                     }
@@ -597,7 +613,11 @@ impl<'a> Walk<'a> {
         // Every read of a sliced weight must be one the group accounts for:
         // a node whose rule joined it.
         let none = BTreeSet::new();
-        for p in self.members.keys().filter(|p| self.g.initializer(p.value).is_some()) {
+        for p in self
+            .members
+            .keys()
+            .filter(|p| self.g.initializer(p.value).is_some())
+        {
             let readers = self.weights.get(p).unwrap_or(&none);
             for u in self.g.uses(p.value) {
                 let joined = readers.contains(&u.node());
@@ -716,10 +736,7 @@ impl<'a> Walk<'a> {
         let inputs: Vec<ValueId> = d.inputs().iter().flatten().copied().collect();
         for v in inputs {
             let Some(vd) = dims(self.shapes, v) else {
-                return unsafe_(format!(
-                    "the shape of '{}' is not known",
-                    self.g.name(v)
-                ));
+                return unsafe_(format!("the shape of '{}' is not known", self.g.name(v)));
             };
             let lead = ro.saturating_sub(vd.len());
             if out_axis < lead {
@@ -763,7 +780,12 @@ impl<'a> Walk<'a> {
                         self.label(n)
                     ));
                 }
-                if d.outputs().iter().skip(1).flatten().any(|&o| self.in_use(o)) {
+                if d.outputs()
+                    .iter()
+                    .skip(1)
+                    .flatten()
+                    .any(|&o| self.in_use(o))
+                {
                     return unsafe_(format!("{} has running-statistics outputs", self.label(n)));
                 }
                 for p in d.inputs().iter().skip(1).flatten() {
@@ -781,8 +803,16 @@ impl<'a> Walk<'a> {
                         }
                     }
                 }
-                if d.outputs().iter().skip(1).flatten().any(|&o| self.in_use(o)) {
-                    return unsafe_(format!("{} has mean/variance outputs in use", self.label(n)));
+                if d.outputs()
+                    .iter()
+                    .skip(1)
+                    .flatten()
+                    .any(|&o| self.in_use(o))
+                {
+                    return unsafe_(format!(
+                        "{} has mean/variance outputs in use",
+                        self.label(n)
+                    ));
                 }
             }
         }
@@ -803,8 +833,8 @@ impl<'a> Walk<'a> {
         let (Some(fd), Some(td)) = (dims(self.shapes, from), dims(self.shapes, to)) else {
             return unsafe_(format!("{}: its shapes are not known", self.label(n)));
         };
-        let (axis, span) = map_reshape(&fd, &td, p.axis, s, self.units)
-            .map_err(|e| self.reshape_fail(n, e))?;
+        let (axis, span) =
+            map_reshape(&fd, &td, p.axis, s, self.units).map_err(|e| self.reshape_fail(n, e))?;
         let d = self.g.node(n);
         if d.op_type == "Reshape" {
             let out = d.output(0).expect("checked");
@@ -872,13 +902,7 @@ impl<'a> Walk<'a> {
                 None => return unsafe_(format!("{}: its shape is unreadable", self.label(n))),
             }
         }
-        self.add(
-            Place {
-                value: to,
-                axis,
-            },
-            span,
-        )
+        self.add(Place { value: to, axis }, span)
     }
 
     fn reshape_fail(&self, n: NodeId, e: Fail) -> Fail {
@@ -925,7 +949,13 @@ impl<'a> Walk<'a> {
                         self.weight(b, 0, s, n)?;
                     }
                     self.depthwise.insert(n);
-                    self.add(Place { value: out, axis: 1 }, s)
+                    self.add(
+                        Place {
+                            value: out,
+                            axis: 1,
+                        },
+                        s,
+                    )
                 } else {
                     unsafe_(format!(
                         "{} is a grouped convolution (group {group}, weight {wd:?}) that is not depthwise",
@@ -946,7 +976,13 @@ impl<'a> Walk<'a> {
                 if a == k_axis {
                     self.join(d.input(1).expect("B"), if tb { 1 } else { 0 }, s, n)
                 } else {
-                    self.add(Place { value: out, axis: 0 }, s)?;
+                    self.add(
+                        Place {
+                            value: out,
+                            axis: 0,
+                        },
+                        s,
+                    )?;
                     if let Some(c) = d.input(2) {
                         if dims(self.shapes, c).is_some_and(|cd| cd.len() == 2 && cd[0] > 1) {
                             self.join(c, 0, s, n)?;
@@ -980,9 +1016,21 @@ impl<'a> Walk<'a> {
                 } else if slot == 1 && a == xr - 2 {
                     self.join(other, or_ - 1, s, n)
                 } else if slot == 0 && a == xr - 2 {
-                    self.add(Place { value: out, axis: ro - 2 }, s)
+                    self.add(
+                        Place {
+                            value: out,
+                            axis: ro - 2,
+                        },
+                        s,
+                    )
                 } else if slot == 1 && a == xr - 1 {
-                    self.add(Place { value: out, axis: ro - 1 }, s)
+                    self.add(
+                        Place {
+                            value: out,
+                            axis: ro - 1,
+                        },
+                        s,
+                    )
                 } else {
                     // A batch axis: the other operand's aligned axis joins.
                     let oa = a + (ro - xr);
@@ -998,18 +1046,28 @@ impl<'a> Walk<'a> {
                     match self.identity_gather(n, ga) {
                         Some(k) => {
                             self.gathers.insert(n, ga + k);
-                            self.add(Place { value: out, axis: ga + k }, s)
+                            self.add(
+                                Place {
+                                    value: out,
+                                    axis: ga + k,
+                                },
+                                s,
+                            )
                         }
                         None => unsafe_(format!("{} gathers along the pruned axis", self.label(n))),
                     }
                 } else {
                     let oa = if a < ga { a } else { a + ri - 1 };
-                    self.add(Place { value: out, axis: oa }, s)
+                    self.add(
+                        Place {
+                            value: out,
+                            axis: oa,
+                        },
+                        s,
+                    )
                 }
             }
-            "BatchNormalization" | "InstanceNormalization" | "LayerNormalization"
-                if slot == 0 =>
-            {
+            "BatchNormalization" | "InstanceNormalization" | "LayerNormalization" if slot == 0 => {
                 self.norm(n, a, s)
             }
             "Softmax" | "LogSoftmax" | "Hardmax" => {
@@ -1017,14 +1075,31 @@ impl<'a> Walk<'a> {
                 if self.normalizes(&d, rank, a) {
                     unsafe_(format!("{} normalizes over the pruned axis", self.label(n)))
                 } else {
-                    self.add(Place { value: out, axis: a }, s)
+                    self.add(
+                        Place {
+                            value: out,
+                            axis: a,
+                        },
+                        s,
+                    )
                 }
             }
             op if UNARY.contains(&op) && slot == 0 => {
-                if d.outputs().iter().skip(1).flatten().any(|&o| self.in_use(o)) {
+                if d.outputs()
+                    .iter()
+                    .skip(1)
+                    .flatten()
+                    .any(|&o| self.in_use(o))
+                {
                     return unsafe_(format!("{}: its mask output is in use", self.label(n)));
                 }
-                self.add(Place { value: out, axis: a }, s)
+                self.add(
+                    Place {
+                        value: out,
+                        axis: a,
+                    },
+                    s,
+                )
             }
             op if BINARY.contains(&op) => {
                 let ro = out_dims.map(|d| d.len()).unwrap_or(0);
@@ -1038,7 +1113,13 @@ impl<'a> Walk<'a> {
                 if d.output(1).is_some_and(|o| self.in_use(o)) {
                     return unsafe_(format!("{}'s indices are in use", self.label(n)));
                 }
-                self.add(Place { value: out, axis: 1 }, s)
+                self.add(
+                    Place {
+                        value: out,
+                        axis: 1,
+                    },
+                    s,
+                )
             }
             op if op.starts_with("Reduce") && slot == 0 => self.reduce(n, p, s, true),
             "Transpose" => {
@@ -1048,7 +1129,13 @@ impl<'a> Walk<'a> {
                     None => (0..rank).rev().collect(),
                 };
                 match perm.iter().position(|&x| x == a) {
-                    Some(oa) => self.add(Place { value: out, axis: oa }, s),
+                    Some(oa) => self.add(
+                        Place {
+                            value: out,
+                            axis: oa,
+                        },
+                        s,
+                    ),
                     None => unsafe_(format!("{}: bad perm", self.label(n))),
                 }
             }
@@ -1148,7 +1235,10 @@ impl<'a> Walk<'a> {
                     self.gathers.insert(n, a);
                     ga
                 } else {
-                    return unsafe_(format!("{}: the pruned axis comes from its indices", self.label(n)));
+                    return unsafe_(format!(
+                        "{}: the pruned axis comes from its indices",
+                        self.label(n)
+                    ));
                 };
                 self.join(data, da, s, n)
             }
@@ -1160,16 +1250,34 @@ impl<'a> Walk<'a> {
                 if self.normalizes(&d, rank, a) {
                     unsafe_(format!("{} normalizes over the pruned axis", self.label(n)))
                 } else {
-                    self.add(Place { value: x.expect("x"), axis: a }, s)
+                    self.add(
+                        Place {
+                            value: x.expect("x"),
+                            axis: a,
+                        },
+                        s,
+                    )
                 }
             }
-            op if UNARY.contains(&op) => self.add(Place { value: x.expect("x"), axis: a }, s),
+            op if UNARY.contains(&op) => self.add(
+                Place {
+                    value: x.expect("x"),
+                    axis: a,
+                },
+                s,
+            ),
             op if BINARY.contains(&op) => self.couple(n, a, s),
             op if POOL.contains(&op) => {
                 if a != 1 {
                     return unsafe_(format!("{} pools over the pruned axis", self.label(n)));
                 }
-                self.add(Place { value: x.expect("x"), axis: 1 }, s)
+                self.add(
+                    Place {
+                        value: x.expect("x"),
+                        axis: 1,
+                    },
+                    s,
+                )
             }
             op if op.starts_with("Reduce") => self.reduce(n, p, s, false),
             "Transpose" => {
@@ -1179,7 +1287,13 @@ impl<'a> Walk<'a> {
                     None => (0..rank).rev().collect(),
                 };
                 match perm.get(a) {
-                    Some(&ia) => self.add(Place { value: x.expect("x"), axis: ia }, s),
+                    Some(&ia) => self.add(
+                        Place {
+                            value: x.expect("x"),
+                            axis: ia,
+                        },
+                        s,
+                    ),
                     None => unsafe_(format!("{}: bad perm", self.label(n))),
                 }
             }
@@ -1209,7 +1323,10 @@ impl<'a> Walk<'a> {
             || d.inputs().iter().take(need).any(|i| i.is_none())
             || d.output(0).is_none();
         if bad {
-            return unsafe_(format!("{} lacks an input or output its rule reads", self.label(n)));
+            return unsafe_(format!(
+                "{} lacks an input or output its rule reads",
+                self.label(n)
+            ));
         }
         let ranks: Vec<usize> = d
             .inputs()
@@ -1218,7 +1335,10 @@ impl<'a> Walk<'a> {
             .flatten()
             .filter_map(|&v| dims(self.shapes, v).map(|x| x.len()))
             .collect();
-        let out_rank = d.output(0).and_then(|o| dims(self.shapes, o)).map(|x| x.len());
+        let out_rank = d
+            .output(0)
+            .and_then(|o| dims(self.shapes, o))
+            .map(|x| x.len());
         let broadcasting = BINARY.contains(&d.op_type.as_str())
             || matches!(d.op_type.as_str(), "MatMul" | "Expand");
         if broadcasting {
@@ -1289,7 +1409,11 @@ impl<'a> Walk<'a> {
         ) else {
             return false;
         };
-        wd.len() >= 3 && wd[1] == 1 && xd.len() == wd.len() && xd[1] as i64 == group && wd[0] as i64 == group
+        wd.len() >= 3
+            && wd[1] == 1
+            && xd.len() == wd.len()
+            && xd[1] as i64 == group
+            && wd[0] as i64 == group
     }
 
     /// Gemm's output columns: B's columns, C's last axis where it has them.
@@ -1308,7 +1432,13 @@ impl<'a> Walk<'a> {
                 self.join(c, cd.len() - 1, s, n)?;
             }
         }
-        self.add(Place { value: out, axis: 1 }, s)
+        self.add(
+            Place {
+                value: out,
+                axis: 1,
+            },
+            s,
+        )
     }
 
     /// A batch axis of a MatMul (output axis `oa`): both operands' aligned
@@ -1330,7 +1460,13 @@ impl<'a> Walk<'a> {
                 _ => return unsafe_(format!("{}: batch dims do not match", self.label(n))),
             }
         }
-        self.add(Place { value: out, axis: oa }, s)
+        self.add(
+            Place {
+                value: out,
+                axis: oa,
+            },
+            s,
+        )
     }
 
     fn reduce(&mut self, n: NodeId, p: Place, s: Span, forward: bool) -> Step {
@@ -1343,13 +1479,16 @@ impl<'a> Walk<'a> {
         if d.attr_ints("axes").is_none()
             && d.input(1).is_some_and(|v| self.g.initializer(v).is_none())
         {
-            return unsafe_(format!("{}: its axes are computed at run time", self.label(n)));
+            return unsafe_(format!(
+                "{}: its axes are computed at run time",
+                self.label(n)
+            ));
         }
-        let axes: Vec<usize> = match d
-            .attr_ints("axes")
-            .map(|a| a.to_vec())
-            .or_else(|| d.input(1).and_then(|v| self.g.initializer(v)).and_then(|t| t.to_i64_vec()))
-        {
+        let axes: Vec<usize> = match d.attr_ints("axes").map(|a| a.to_vec()).or_else(|| {
+            d.input(1)
+                .and_then(|v| self.g.initializer(v))
+                .and_then(|t| t.to_i64_vec())
+        }) {
             Some(a) if !a.is_empty() => a.iter().filter_map(|&x| norm_axis(x, rank)).collect(),
             _ => {
                 if d.attr_int("noop_with_empty_axes").unwrap_or(0) != 0 {
@@ -1372,7 +1511,13 @@ impl<'a> Walk<'a> {
         };
         if forward {
             match map(p.axis) {
-                Some(oa) => self.add(Place { value: out, axis: oa }, s),
+                Some(oa) => self.add(
+                    Place {
+                        value: out,
+                        axis: oa,
+                    },
+                    s,
+                ),
                 // A reduction over the channels (a decomposed LayerNorm's or
                 // RMSNorm's statistics, a sum of features) consumes them:
                 // its output's shape does not depend on how many there are.
@@ -1412,11 +1557,20 @@ impl<'a> Walk<'a> {
             for (v, _, _) in segs {
                 self.join(v, p.axis, s, n)?;
             }
-            return self.add(Place { value: out, axis: p.axis }, s);
+            return self.add(
+                Place {
+                    value: out,
+                    axis: p.axis,
+                },
+                s,
+            );
         }
         let start = segs[slot].1;
         self.add(
-            Place { value: out, axis: c },
+            Place {
+                value: out,
+                axis: c,
+            },
             Span {
                 offset: start + s.offset,
                 ..s
@@ -1465,10 +1619,16 @@ impl<'a> Walk<'a> {
         let touched: Vec<usize> = if d.op_type == "Split" {
             vec![norm_axis(d.attr_int("axis").unwrap_or(0), rank).unwrap_or(0)]
         } else {
-            match d.input(3).map(|v| self.g.initializer(v).and_then(|t| t.to_i64_vec())) {
+            match d
+                .input(3)
+                .map(|v| self.g.initializer(v).and_then(|t| t.to_i64_vec()))
+            {
                 Some(Some(a)) => a.iter().filter_map(|&x| norm_axis(x, rank)).collect(),
                 Some(None) => {
-                    return unsafe_(format!("{}: its axes are computed at run time", self.label(n)))
+                    return unsafe_(format!(
+                        "{}: its axes are computed at run time",
+                        self.label(n)
+                    ))
                 }
                 None => {
                     let starts = d
@@ -1490,13 +1650,31 @@ impl<'a> Walk<'a> {
         }
         if forward {
             for o in d.outputs().iter().flatten() {
-                self.add(Place { value: *o, axis: p.axis }, s)?;
+                self.add(
+                    Place {
+                        value: *o,
+                        axis: p.axis,
+                    },
+                    s,
+                )?;
             }
             Ok(())
         } else {
-            self.add(Place { value: x, axis: p.axis }, s)?;
+            self.add(
+                Place {
+                    value: x,
+                    axis: p.axis,
+                },
+                s,
+            )?;
             for o in d.outputs().iter().flatten() {
-                self.add(Place { value: *o, axis: p.axis }, s)?;
+                self.add(
+                    Place {
+                        value: *o,
+                        axis: p.axis,
+                    },
+                    s,
+                )?;
             }
             Ok(())
         }
@@ -1517,7 +1695,9 @@ impl<'a> Walk<'a> {
         let Some(sv) = d.input(1) else {
             return unsafe_(format!("{} has no shape", self.label(n)));
         };
-        let sl = dims(self.shapes, sv).and_then(|d| d.first().copied()).unwrap_or(0);
+        let sl = dims(self.shapes, sv)
+            .and_then(|d| d.first().copied())
+            .unwrap_or(0);
         let Some(idx) = (oa + sl).checked_sub(od.len()) else {
             // The shape does not reach this axis: the input's size stays.
             return self.expand_join(x, out, oa, lead, &xd, s);
@@ -1551,11 +1731,31 @@ impl<'a> Walk<'a> {
         self.expand_join(x, out, oa, lead, &xd, s)
     }
 
-    fn expand_join(&mut self, x: ValueId, out: ValueId, oa: usize, lead: usize, xd: &[usize], s: Span) -> Step {
+    fn expand_join(
+        &mut self,
+        x: ValueId,
+        out: ValueId,
+        oa: usize,
+        lead: usize,
+        xd: &[usize],
+        s: Span,
+    ) -> Step {
         if oa >= lead && xd[oa - lead] > 1 {
-            self.add(Place { value: x, axis: oa - lead }, s)?;
+            self.add(
+                Place {
+                    value: x,
+                    axis: oa - lead,
+                },
+                s,
+            )?;
         }
-        self.add(Place { value: out, axis: oa }, s)
+        self.add(
+            Place {
+                value: out,
+                axis: oa,
+            },
+            s,
+        )
     }
 
     /// A Split along the pruned axis. A group inside one part moves to that
@@ -1581,7 +1781,10 @@ impl<'a> Walk<'a> {
         let equal = segs.iter().all(|sg| sg.2 == segs[0].2);
         if let Some(v) = d.input(1) {
             if self.g.initializer(v).is_none() {
-                return unsafe_(format!("{}: its sizes are computed at run time", self.label(n)));
+                return unsafe_(format!(
+                    "{}: its sizes are computed at run time",
+                    self.label(n)
+                ));
             }
         }
         let sized = d.input(1).is_some() || d.attr_ints("split").is_some();
@@ -1590,7 +1793,10 @@ impl<'a> Walk<'a> {
             if s.repeat == k && equal && s.stride == segs[0].2 {
                 for &(o, _, _) in &segs {
                     self.add(
-                        Place { value: o, axis: p.axis },
+                        Place {
+                            value: o,
+                            axis: p.axis,
+                        },
                         Span {
                             repeat: 1,
                             stride: 0,
@@ -1602,11 +1808,15 @@ impl<'a> Walk<'a> {
             }
             if s.repeat == 1 && sized {
                 let end = s.end(self.units);
-                if let Some(&(o, st, _)) =
-                    segs.iter().find(|(_, st, l)| *st <= s.offset && end <= st + l)
+                if let Some(&(o, st, _)) = segs
+                    .iter()
+                    .find(|(_, st, l)| *st <= s.offset && end <= st + l)
                 {
                     return self.add(
-                        Place { value: o, axis: p.axis },
+                        Place {
+                            value: o,
+                            axis: p.axis,
+                        },
                         Span {
                             offset: s.offset - st,
                             ..s
@@ -1616,7 +1826,8 @@ impl<'a> Walk<'a> {
                 if s.offset == 0 && equal && end == start && k > 1 {
                     return Err(Fail::NeedRepeat(k));
                 }
-            } else if s.repeat == 1 && s.offset == 0 && equal && s.end(self.units) == start && k > 1 {
+            } else if s.repeat == 1 && s.offset == 0 && equal && s.end(self.units) == start && k > 1
+            {
                 return Err(Fail::NeedRepeat(k));
             }
             return unsafe_(format!(
@@ -1630,7 +1841,10 @@ impl<'a> Walk<'a> {
             .iter()
             .position(|sg| sg.0 == p.value)
             .expect("an output of the Split");
-        let xp = Place { value: x, axis: p.axis };
+        let xp = Place {
+            value: x,
+            axis: p.axis,
+        };
         if let Some(have) = self.members.get(&xp) {
             if have.repeat == k && equal && have.stride == segs[0].2 && have.offset == s.offset {
                 return Ok(());
@@ -1667,7 +1881,8 @@ impl<'a> Walk<'a> {
                 "Reshape" => slot == 1 && d.input(0) == Some(x),
                 "Gather" | "Slice" | "Squeeze" | "Unsqueeze" | "Concat" | "Cast" => {
                     (d.op_type == "Concat" || slot == 0)
-                        && d.output(0).is_some_and(|o| self.only_reshapes_itself(o, x, depth + 1))
+                        && d.output(0)
+                            .is_some_and(|o| self.only_reshapes_itself(o, x, depth + 1))
                 }
                 _ => false,
             }
@@ -1783,9 +1998,7 @@ fn map_reshape(
             if prod(&to[p + 1..]) != m * inner {
                 continue;
             }
-            if s.offset.is_multiple_of(m)
-                && s.block.is_multiple_of(m)
-                && s.stride.is_multiple_of(m)
+            if s.offset.is_multiple_of(m) && s.block.is_multiple_of(m) && s.stride.is_multiple_of(m)
             {
                 return Ok((
                     p,
@@ -1810,8 +2023,9 @@ fn map_reshape(
                 ));
             }
             if s.offset.is_multiple_of(m) && units > 0 {
-                let alt = (s.offset == 0 && s.repeat == 1 && s.block == 1 && to.get(p + 1) == Some(&m))
-                    .then_some(to[p]);
+                let alt =
+                    (s.offset == 0 && s.repeat == 1 && s.block == 1 && to.get(p + 1) == Some(&m))
+                        .then_some(to[p]);
                 return Err(Fail::NeedBlock(m, alt));
             }
             return unsafe_(format!(
@@ -1859,11 +2073,15 @@ mod tests {
             Err(Fail::NeedBlock(3, _))
         ));
         let h = Span::new(0, 3);
-        let (a, sp) = map_reshape(&[2, 3, 12], &[2, 3, 4, 3], 2, h, 4).ok().unwrap();
+        let (a, sp) = map_reshape(&[2, 3, 12], &[2, 3, 4, 3], 2, h, 4)
+            .ok()
+            .unwrap();
         assert_eq!((a, sp.block), (2, 1));
         // And back: heads merge into units of 3 channels.
         let one = Span::new(0, 1);
-        let (a, sp) = map_reshape(&[2, 3, 4, 3], &[2, 3, 12], 2, one, 4).ok().unwrap();
+        let (a, sp) = map_reshape(&[2, 3, 4, 3], &[2, 3, 12], 2, one, 4)
+            .ok()
+            .unwrap();
         assert_eq!((a, sp.block), (2, 3));
     }
 }

@@ -252,6 +252,8 @@ pub struct Decision {
 /// Everything a ratio needs, computed once.
 struct Prepared {
     model: Model,
+    /// FLOPs at the dims, from the shapes the finder used.
+    flops: Option<u64>,
     groups: Vec<Group>,
     importance: Vec<Vec<f64>>,
     left_alone: Vec<(String, String)>,
@@ -280,7 +282,8 @@ impl Prune {
         }
         if self.criterion == Criterion::Taylor && self.taylor.is_empty() {
             return Err(PassError(
-                "--criterion taylor needs --calibration: its gradients are taken on those inputs".into(),
+                "--criterion taylor needs --calibration: its gradients are taken on those inputs"
+                    .into(),
             ));
         }
         if self.round_to == 0 {
@@ -316,7 +319,7 @@ impl Prune {
         // Counted on the prepared model: weights in Constant nodes are
         // initializers there, as they are in the output.
         let params_before = params(&prep.model.graph);
-        let flops_before = self.flops(&prep.model);
+        let flops_before = prep.flops;
         let (ratio, trials) = self.ratio(&prep, params_before, flops_before)?;
         let (m, groups) = self.at_ratio(&prep, ratio)?;
         graphopt_ir::verify::verify_model(&m)
@@ -380,7 +383,7 @@ impl Prune {
             ));
         }
         let prep = self.prepare(model)?.map_err(PassError)?;
-        let (ratio, _) = self.ratio(&prep, params(&prep.model.graph), self.flops(&prep.model))?;
+        let (ratio, _) = self.ratio(&prep, params(&prep.model.graph), prep.flops)?;
         let removed = self.choose(&prep, ratio);
         Ok(Decision {
             model: prep.model,
@@ -430,6 +433,7 @@ impl Prune {
         unshare_small(&mut m.graph);
         own_shape_chains(&mut m.graph)?;
         let shapes = self.shapes(&m);
+        let flops = flops_of(&shapes);
         let Groups { groups, left_alone } = groups::find(&m, &shapes.graph);
         let label = |n: NodeId| node_label(&m.graph, n);
         let mut left: Vec<(String, String)> = left_alone
@@ -468,7 +472,11 @@ impl Prune {
                 if why.is_empty() {
                     " (no Conv, Gemm or MatMul with a constant weight)".to_string()
                 } else {
-                    format!(" ({}{})", why.join("; "), if left.len() > 3 { "; ..." } else { "" })
+                    format!(
+                        " ({}{})",
+                        why.join("; "),
+                        if left.len() > 3 { "; ..." } else { "" }
+                    )
                 }
             )));
         }
@@ -479,6 +487,7 @@ impl Prune {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Ok(Prepared {
             model: m,
+            flops,
             groups: kept,
             importance,
             left_alone: left,
@@ -512,18 +521,7 @@ impl Prune {
     }
 
     fn flops(&self, m: &Model) -> Option<u64> {
-        let s = self.shapes(m);
-        let g = &s.graph;
-        // Unknown when a compute op's output shape is.
-        let known = g.nodes().all(|n| {
-            let d = g.node(n);
-            !matches!(d.op_type.as_str(), "Conv" | "MatMul" | "Gemm" | "ConvTranspose")
-                || d.output(0)
-                    .and_then(|o| g.ty(o))
-                    .and_then(|t| t.shape())
-                    .is_some_and(|s| s.as_known().is_some())
-        });
-        known.then(|| graph_flops(g))
+        flops_of(&self.shapes(m))
     }
 
     /// The importance of each unit of `grp`.
@@ -635,7 +633,12 @@ impl Prune {
                     .unwrap_or(grp.block)
             })
             .collect();
-        let total: usize = prep.groups.iter().zip(&width).map(|(grp, w)| grp.units * w).sum();
+        let total: usize = prep
+            .groups
+            .iter()
+            .zip(&width)
+            .map(|(grp, w)| grp.units * w)
+            .sum();
         let budget = removed_at_ratio(total, ratio);
         let mut count = vec![0usize; prep.groups.len()];
         let mut taken = 0;
@@ -694,7 +697,11 @@ impl Prune {
     }
 
     /// The pruned model at `ratio`.
-    fn at_ratio(&self, prep: &Prepared, ratio: f64) -> Result<(Model, Vec<PrunedGroup>), PassError> {
+    fn at_ratio(
+        &self,
+        prep: &Prepared,
+        ratio: f64,
+    ) -> Result<(Model, Vec<PrunedGroup>), PassError> {
         let removed = self.choose(prep, ratio);
         let mut m = prep.model.clone();
         apply(&mut m.graph, &prep.groups, &removed)?;
@@ -728,6 +735,25 @@ impl Prune {
 /// same ratio: 64 channels at 0.3 keep 44, 12 heads keep 8).
 fn removed_at_ratio(units: usize, ratio: f64) -> usize {
     units - ((units as f64 * (1.0 - ratio) + 1e-9).floor() as usize).min(units)
+}
+
+/// FLOPs of a model whose shapes are inferred (`None` when a compute op's
+/// output shape is not known).
+fn flops_of(s: &Model) -> Option<u64> {
+    let g = &s.graph;
+    // Unknown when a compute op's output shape is.
+    let known = g.nodes().all(|n| {
+        let d = g.node(n);
+        !matches!(
+            d.op_type.as_str(),
+            "Conv" | "MatMul" | "Gemm" | "ConvTranspose"
+        ) || d
+            .output(0)
+            .and_then(|o| g.ty(o))
+            .and_then(|t| t.shape())
+            .is_some_and(|s| s.as_known().is_some())
+    });
+    known.then(|| graph_flops(g))
 }
 
 fn node_label(g: &Graph, n: NodeId) -> String {
@@ -773,7 +799,9 @@ fn constants_to_initializers(g: &mut Graph) {
             if g.is_output(v) {
                 return None;
             }
-            let t = crate::fold_constants::consteval::constant_value(d).ok().flatten()?;
+            let t = crate::fold_constants::consteval::constant_value(d)
+                .ok()
+                .flatten()?;
             Some((n, t))
         })
         .collect();
@@ -827,8 +855,16 @@ fn fold_shape_constants(m: &mut Model) {
         if d.op_type == "Constant" || d.outputs().iter().flatten().any(|&o| g.is_output(o)) {
             continue;
         }
-        let ins: Vec<Option<&Tensor>> = d.inputs().iter().map(|v| v.and_then(|v| g.constant(v))).collect();
-        let all_const = d.inputs().iter().zip(&ins).all(|(v, t)| v.is_none() || t.is_some());
+        let ins: Vec<Option<&Tensor>> = d
+            .inputs()
+            .iter()
+            .map(|v| v.and_then(|v| g.constant(v)))
+            .collect();
+        let all_const = d
+            .inputs()
+            .iter()
+            .zip(&ins)
+            .all(|(v, t)| v.is_none() || t.is_some());
         if !all_const || ins.iter().flatten().any(|t| t.dtype.is_float()) || d.inputs().is_empty() {
             continue;
         }
@@ -850,7 +886,8 @@ fn unshare_small(g: &mut Graph) {
         .copied()
         .filter(|&v| {
             !g.is_input(v)
-                && g.initializer(v).is_some_and(|t| t.dims.len() <= 1 && t.dtype.is_float())
+                && g.initializer(v)
+                    .is_some_and(|t| t.dims.len() <= 1 && t.dtype.is_float())
                 && g.uses(v)
                     .iter()
                     .map(|u| u.node())
@@ -901,8 +938,10 @@ fn own_input(g: &mut Graph, reader: NodeId, slot: usize, depth: usize) -> Result
         return Ok(());
     };
     let d = g.node(p).clone();
-    if !matches!(d.op_type.as_str(), "Concat" | "Unsqueeze" | "Cast" | "Identity")
-        || d.outputs().len() != 1
+    if !matches!(
+        d.op_type.as_str(),
+        "Concat" | "Unsqueeze" | "Cast" | "Identity"
+    ) || d.outputs().len() != 1
     {
         return Ok(());
     }
@@ -945,13 +984,16 @@ fn apply(g: &mut Graph, groups: &[Group], removed: &[Vec<usize>]) -> Result<(), 
     }
     for (p, pos) in &cut {
         if let Some(t) = g.initializer(p.value) {
-            let t = slice(t, p.axis, pos).map_err(|e| {
-                PassError(format!("prune: weight '{}': {e}", g.name(p.value)))
-            })?;
+            let t = slice(t, p.axis, pos)
+                .map_err(|e| PassError(format!("prune: weight '{}': {e}", g.name(p.value))))?;
             g.set_initializer(p.value, t);
         }
         let d = g.value_mut(p.value);
-        if let Some(s) = d.ty.as_mut().and_then(|t| t.as_tensor_mut()).and_then(|t| t.shape.as_mut()) {
+        if let Some(s) =
+            d.ty.as_mut()
+                .and_then(|t| t.as_tensor_mut())
+                .and_then(|t| t.shape.as_mut())
+        {
             if let Some(Dim::Known(k)) = s.dims.get_mut(p.axis) {
                 *k -= pos.len() as i64;
             }
@@ -981,7 +1023,10 @@ fn apply(g: &mut Graph, groups: &[Group], removed: &[Vec<usize>]) -> Result<(), 
         if r == 0 {
             continue;
         }
-        let cur = g.node(l.reader).input(l.slot).expect("the literal's reader");
+        let cur = g
+            .node(l.reader)
+            .input(l.slot)
+            .expect("the literal's reader");
         let t = g.initializer(cur).ok_or_else(|| {
             PassError(format!(
                 "prune: {}: its shape is no longer a constant",
@@ -1000,7 +1045,10 @@ fn apply(g: &mut Graph, groups: &[Group], removed: &[Vec<usize>]) -> Result<(), 
             None => {
                 let mut t = Tensor::from_i64(dims, &vals)?;
                 if dtype == graphopt_ir::DType::I32 {
-                    let raw: Vec<u8> = vals.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect();
+                    let raw: Vec<u8> = vals
+                        .iter()
+                        .flat_map(|&v| (v as i32).to_le_bytes())
+                        .collect();
                     t = Tensor::from_raw(dtype, t.dims.clone(), raw.into())?;
                 }
                 let hint = g.name(cur).to_string();
@@ -1033,7 +1081,12 @@ fn apply(g: &mut Graph, groups: &[Group], removed: &[Vec<usize>]) -> Result<(), 
             let old = g
                 .initializer(sv)
                 .and_then(|t| t.to_i64_vec())
-                .ok_or_else(|| PassError(format!("prune: {}: its sizes are not a constant", node_label(g, n))))?;
+                .ok_or_else(|| {
+                    PassError(format!(
+                        "prune: {}: its sizes are not a constant",
+                        node_label(g, n)
+                    ))
+                })?;
             let new = new_sizes(&old);
             if new != old {
                 let t = Tensor::from_i64(vec![new.len() as i64], &new)?;
@@ -1076,7 +1129,10 @@ fn apply(g: &mut Graph, groups: &[Group], removed: &[Vec<usize>]) -> Result<(), 
         let vals: Vec<i64> = (0..len).collect();
         let mut nt = Tensor::from_i64(dims, &vals)?;
         if t.dtype == graphopt_ir::DType::I32 {
-            let raw: Vec<u8> = vals.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect();
+            let raw: Vec<u8> = vals
+                .iter()
+                .flat_map(|&v| (v as i32).to_le_bytes())
+                .collect();
             nt = Tensor::from_raw(t.dtype, nt.dims.clone(), raw.into())?;
         }
         let hint = g.name(iv).to_string();
@@ -1099,9 +1155,11 @@ fn apply(g: &mut Graph, groups: &[Group], removed: &[Vec<usize>]) -> Result<(), 
 
 /// `t` without positions `pos` on `axis`.
 fn slice(t: &Tensor, axis: usize, pos: &BTreeSet<usize>) -> Result<Tensor, String> {
-    let bits = t.dtype.bits().filter(|b| b % 8 == 0).ok_or_else(|| {
-        format!("{} elements are packed below a byte", t.dtype.name())
-    })?;
+    let bits = t
+        .dtype
+        .bits()
+        .filter(|b| b % 8 == 0)
+        .ok_or_else(|| format!("{} elements are packed below a byte", t.dtype.name()))?;
     let es = (bits / 8) as usize;
     let raw = t.raw().ok_or("not a numeric tensor")?;
     let d: Vec<usize> = t.dims.iter().map(|&x| x as usize).collect();

@@ -50,7 +50,10 @@ fn is_weight(g: &Graph, v: ValueId) -> bool {
             Use::Input { node, slot: 1 } => {
                 let d = g.node(node);
                 (d.domain.is_empty() || d.domain == "ai.onnx")
-                    && matches!(d.op_type.as_str(), "MatMul" | "Gemm" | "Conv" | "ConvTranspose")
+                    && matches!(
+                        d.op_type.as_str(),
+                        "MatMul" | "Gemm" | "Conv" | "ConvTranspose"
+                    )
             }
             _ => false,
         })

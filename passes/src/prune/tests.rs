@@ -16,7 +16,10 @@ fn with(amount: Amount) -> Prune {
 fn bad_options_are_one_line_errors_and_leave_the_model() {
     let m = fixture("mlp.onnxtxt");
     for (p, want) in [
-        (with(Amount::Ratio(1.0)), "--ratio 1: expected a fraction in [0, 1)"),
+        (
+            with(Amount::Ratio(1.0)),
+            "--ratio 1: expected a fraction in [0, 1)",
+        ),
         (with(Amount::Ratio(-0.1)), "--ratio -0.1"),
         (with(Amount::TargetParams(0.0)), "expected a positive"),
         (
@@ -84,15 +87,27 @@ fn protect_round_to_and_targets() {
     .prune(&mut x)
     .unwrap();
     assert_eq!(r.groups[0].removed, 2);
-    assert_eq!(x.graph.initializer(x.graph.value_by_name("w1").unwrap()).unwrap().dims, [4, 6]);
+    assert_eq!(
+        x.graph
+            .initializer(x.graph.value_by_name("w1").unwrap())
+            .unwrap()
+            .dims,
+        [4, 6]
+    );
     // A parameter target: w1 4x8 + b1 8 + w2 8x3 = 64; each unit is 8.
     let mut x = m.clone();
     let r = with(Amount::TargetParams(40.0)).prune(&mut x).unwrap();
     assert!(r.params_after <= 40 && r.params_after > 40 - 8, "{r:?}");
     assert!(r.trials > 2);
     // A target no ratio meets (one unit always stays: 8 parameters).
-    let e = with(Amount::TargetParams(5.0)).prune(&mut m.clone()).unwrap_err().0;
-    assert!(e.starts_with("no ratio meets the target of 5 parameters"), "{e}");
+    let e = with(Amount::TargetParams(5.0))
+        .prune(&mut m.clone())
+        .unwrap_err()
+        .0;
+    assert!(
+        e.starts_with("no ratio meets the target of 5 parameters"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -171,6 +186,12 @@ fn unstructured_sparsity_zeroes_the_smallest_and_stores_sparse_past_two_thirds()
     let r = with(Amount::Sparsity(0.5)).prune(&mut y).unwrap();
     assert_eq!(r.sparsity.unwrap().stored_sparse, 0);
     assert!(y.graph.sparse_initializers().is_empty());
-    let e = with(Amount::Sparsity(1.0)).prune(&mut m.clone()).unwrap_err().0;
-    assert!(e.contains("--sparsity 1: expected a fraction in [0, 1)"), "{e}");
+    let e = with(Amount::Sparsity(1.0))
+        .prune(&mut m.clone())
+        .unwrap_err()
+        .0;
+    assert!(
+        e.contains("--sparsity 1: expected a fraction in [0, 1)"),
+        "{e}"
+    );
 }
