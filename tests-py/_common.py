@@ -137,6 +137,22 @@ def ort_session(model: str | bytes, opt_level: str = "disable_all"):
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
+def ort_error(src: str, dst: str, inputs: str, level: str = "disable_all") -> float:
+    """Worst relative L2 of DST's float outputs against SRC's, both in onnxruntime on the
+    arrays of INPUTS (SRC with optimizations off, DST at LEVEL)."""
+    feeds = dict(np.load(inputs))
+    ref, got = ort_session(src), ort_session(dst, level)
+    names = [o.name for o in ref.get_outputs()]
+    want = dict(zip(names, ref.run(None, {i.name: feeds[i.name] for i in ref.get_inputs()})))
+    out = got.run(None, {i.name: feeds[i.name] for i in got.get_inputs()})
+    worst = 0.0
+    for o, g in zip(got.get_outputs(), out):
+        e = want[o.name]
+        if e.dtype.kind == "f":
+            worst = max(worst, rel_l2(np.asarray(g, dtype=e.dtype), e))
+    return worst
+
+
 # ---------------------------------------------------------------- comparisons
 
 def _as_np(x: Any) -> Any:

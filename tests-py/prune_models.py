@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import manifest_models as models, ort_session, rel_l2, resolve_graphopt, short_err  # noqa: E402
+from _common import manifest_models as models, ort_error, resolve_graphopt, short_err  # noqa: E402
 
 # Models graphopt must prune, and how many groups of attention heads it must
 # find in each (at --ratio 0.3 a layer of 2 heads keeps both: found, not cut).
@@ -90,21 +90,6 @@ def float_params(path):
         if a.dtype.kind == "f":
             n += a.size
     return n
-
-
-def ort_error(src, dst, inputs, level):
-    feeds = dict(np.load(inputs))
-    ref = ort_session(src)
-    got = ort_session(dst, level)
-    want = dict(zip([o.name for o in ref.get_outputs()],
-                    ref.run(None, {i.name: feeds[i.name] for i in ref.get_inputs()})))
-    out = got.run(None, {i.name: feeds[i.name] for i in got.get_inputs()})
-    worst = 0.0
-    for o, g in zip(got.get_outputs(), out):
-        e = want[o.name]
-        if e.dtype.kind == "f":
-            worst = max(worst, rel_l2(np.asarray(g, dtype=e.dtype), e))
-    return worst
 
 
 def check(graphopt, name, src, inputs, ort_runs, ratio, tmp, timeout):

@@ -30,36 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import REPO, ort_session, rel_l2, resolve_graphopt, short_err  # noqa: E402
+from _common import manifest_models as models, ort_error, rel_l2, resolve_graphopt, short_err  # noqa: E402
 
 MODES = ["dynamic", "static", "int8-weights", "int4-weights"]
 BOUND = 0.05
-
-
-def models():
-    out = []
-    for folder in ("models", "pypi"):
-        d = os.path.join(REPO, "testdata", folder)
-        with open(os.path.join(d, "MANIFEST.json")) as f:
-            for e in json.load(f)["models"]:
-                if e.get("inputs"):
-                    out.append((e["name"], os.path.join(d, e["file"]), os.path.join(d, e["inputs"]),
-                                bool(e.get("runs_in_ort"))))
-    return out
-
-
-def ort_error(src, dst, inputs):
-    feeds = dict(np.load(inputs))
-    ref, got = ort_session(src), ort_session(dst)
-    names = [o.name for o in ref.get_outputs()]
-    want = dict(zip(names, ref.run(None, {i.name: feeds[i.name] for i in ref.get_inputs()})))
-    out = got.run(None, {i.name: feeds[i.name] for i in got.get_inputs()})
-    worst = 0.0
-    for o, g in zip(got.get_outputs(), out):
-        e = want[o.name]
-        if e.dtype.kind == "f":
-            worst = max(worst, rel_l2(np.asarray(g, dtype=e.dtype), e))
-    return worst
 
 
 def check(graphopt, name, src, inputs, ort_runs, mode, tmp, timeout):
