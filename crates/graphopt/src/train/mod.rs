@@ -1,0 +1,539 @@
+//! [`Session::train`]: trains the session's model with graphopt's training
+//! step, run in graphopt's runtime, and leaves the trained weights in the
+//! session's (inference) model.
+//!
+//! How a run goes:
+//! 1. The training step is built once: [`Session::grad`] on a copy of the
+//!    model, with the optimizer and the parameters as graph inputs. With an
+//!    optimizer the gradients are not graph outputs: each dies once its
+//!    update has read it.
+//! 2. It is planned once for the batch's shapes and bound to the CPU
+//!    runtime. The parameters and the optimizer state live outside the
+//!    arena; each step reads them and its `<name>_new` outputs replace them.
+//! 3. Batches come from a [`DataSource`]. Each epoch visits the examples
+//!    in a permutation drawn from `seed` and the epoch number (or in order
+//!    without `shuffle`). The last partial batch of an epoch is dropped (a
+//!    batch of another size would be another plan), and the report says
+//!    how many examples that leaves out. The next batch is gathered on a
+//!    second thread while the step runs; the time the step loop waits for
+//!    it is reported.
+//! 4. A loss that is not finite stops the run with an error naming the
+//!    step; checkpoints already written stay.
+//! 5. Checkpoints (`checkpoint`, every `every` steps and at the end) are
+//!    npz files of the parameters, the optimizer state and the position in
+//!    the data (`__step`), written atomically. Resuming from one replays the
+//!    same permutation from that position, so that the losses equal those
+//!    of an uninterrupted run bit for bit (same threads and options).
+//! 6. On success the session's model is the model it had, with its
+//!    trainable initializers set to the trained values: saving it writes a
+//!    plain inference model. On an error the session is unchanged.
+//!
+//! Not yet: micro-batches, a memory budget choosing the batch, recompute,
+//! CUDA, donation of the parameters' buffers (the step's outputs are
+//! copies), memory-mapped shards.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::grad::{Loss, OptimizerSpec};
+use crate::run::{peak_rss_bytes, to_tract};
+use crate::session::Session;
+use crate::util::write_atomic;
+use graphopt_autodiff::Optimizer;
+use graphopt_exec::HostTensor;
+use graphopt_ir::Tensor;
+use graphopt_plan::human_bytes;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc::sync_channel;
+use std::time::Instant;
+
+mod checkpoint;
+mod data;
+mod eval;
+mod report;
+mod step;
+
+pub(crate) use data::read_npz;
+pub use data::{epoch_permutation, ArrayData, DataSource};
+pub use report::{train_svg, EvalRecord, StepRecord, TrainReport};
+
+use checkpoint::{
+    checkpoint_file, resume, scalar_i64, BATCH_KEY, EXAMPLES_KEY, SEED_KEY, SHUFFLE_KEY, STEP_KEY,
+};
+use data::{check_arrays, check_feed, to_feed};
+use eval::EvalRunner;
+use step::{host_of, StepGraphs, Stepper};
+
+/// How long to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainLength {
+    Epochs(usize),
+    Steps(usize),
+}
+
+/// What the eval pass measures after each epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Metric {
+    /// The share of positions whose arg-max over the class axis is the
+    /// target (classification outputs).
+    #[default]
+    Accuracy,
+    /// The training loss on the eval data (its full batches).
+    Loss,
+}
+
+impl Metric {
+    pub fn parse(s: &str) -> Result<Metric> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "accuracy" => Ok(Metric::Accuracy),
+            "loss" => Ok(Metric::Loss),
+            _ => Err(Error::new(format!(
+                "--metric {s}: expected accuracy or loss"
+            ))),
+        }
+    }
+}
+
+/// What [`Session::train`] does.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    pub loss: Loss,
+    /// The output the loss reads (default: the first).
+    pub output: Option<String>,
+    /// The data array holding the loss's target (fed to the training
+    /// graph's `target` input). Default `target`.
+    pub target: String,
+    /// Class axis of `cross_entropy` (default 1; -1 for `[batch, seq,
+    /// vocab]` logits).
+    pub class_axis: i64,
+    /// Default: SGD with torch's defaults.
+    pub optimizer: OptimizerSpec,
+    /// Globs of trainable / frozen initializers, as `grad`'s.
+    pub trainable: Vec<String>,
+    pub frozen: Vec<String>,
+    /// Dropout in training mode (default true, as torch's `model.train()`).
+    pub dropout_train: bool,
+    pub batch: usize,
+    pub length: TrainLength,
+    pub seed: u64,
+    pub shuffle: bool,
+    /// Threads of the runtime (default: the planner's default).
+    pub threads: Option<usize>,
+    pub metric: Metric,
+    /// Write checkpoints into this folder (created if missing).
+    pub checkpoint: Option<PathBuf>,
+    /// Steps between checkpoints (and one at the end). Default 100.
+    pub every: usize,
+    /// Continue from the latest checkpoint in this folder (or this file).
+    pub resume: Option<PathBuf>,
+    /// Split each batch into this many equal micro-batches: their
+    /// gradients are accumulated (averaged for a mean loss) and the
+    /// optimizer steps once per batch, as it would on the whole batch.
+    pub micro_batches: Option<usize>,
+    /// Bytes the step may plan for: parameters, optimizer state, gradient
+    /// accumulators, arenas and workspaces. Without `micro_batches`, the
+    /// fewest micro-batches that fit are chosen.
+    pub budget: Option<u64>,
+}
+
+impl TrainOptions {
+    /// Cross-entropy, SGD, `batch` examples, one epoch, seed 0, shuffled.
+    pub fn new(batch: usize) -> TrainOptions {
+        TrainOptions {
+            loss: Loss::CrossEntropy,
+            output: None,
+            target: "target".into(),
+            class_axis: 1,
+            optimizer: OptimizerSpec::named("sgd"),
+            trainable: Vec::new(),
+            frozen: Vec::new(),
+            dropout_train: true,
+            batch,
+            length: TrainLength::Epochs(1),
+            seed: 0,
+            shuffle: true,
+            threads: None,
+            metric: Metric::Accuracy,
+            checkpoint: None,
+            every: 100,
+            resume: None,
+            micro_batches: None,
+            budget: None,
+        }
+    }
+
+    /// Refuses a zero batch, length or checkpoint interval, zero threads,
+    /// an optimizer other than sgd or adamw, and an empty target name.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch == 0 {
+            return Err(Error::new("--batch 0: expected at least 1"));
+        }
+        match self.length {
+            TrainLength::Epochs(0) => return Err(Error::new("--epochs 0: expected at least 1")),
+            TrainLength::Steps(0) => return Err(Error::new("--steps 0: expected at least 1")),
+            _ => {}
+        }
+        if self.every == 0 {
+            return Err(Error::new("--every 0: expected at least 1"));
+        }
+        if let Some(n) = self.threads {
+            crate::validate::run_threads("--threads", n)?;
+        }
+        if let Some(m) = self.micro_batches {
+            if m == 0 || !self.batch.is_multiple_of(m) {
+                return Err(Error::new(format!(
+                    "--micro-batches {m}: the batch of {} does not split into {m} equal micro-batches",
+                    self.batch
+                )));
+            }
+        }
+        if self.budget == Some(0) {
+            return Err(Error::new("--budget 0: expected a number of bytes"));
+        }
+        if self.target.trim().is_empty() {
+            return Err(Error::new("--target: expected an array name"));
+        }
+        match self.optimizer.build()? {
+            Optimizer::None => Err(Error::new(
+                "training needs an optimizer: --optimizer sgd or adamw",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The state a step reads and replaces: parameters and optimizer state.
+type State = BTreeMap<String, HostTensor>;
+
+impl Session {
+    /// The main graph's initializers as host tensors, by name, in graph
+    /// order (`names` empty: all of them). A name that is not an
+    /// initializer is an error naming it.
+    pub fn weights(&self, names: &[String]) -> Result<Vec<(String, HostTensor)>> {
+        let g = &self.model.graph;
+        for n in names {
+            if g.value_by_name(n).and_then(|v| g.initializer(v)).is_none() {
+                return Err(Error::new(format!(
+                    "'{n}' is not an initializer of the model"
+                )));
+            }
+        }
+        g.initializers()
+            .iter()
+            .filter(|&&v| names.is_empty() || names.iter().any(|n| n == g.name(v)))
+            .filter_map(|&v| g.initializer(v).map(|t| (g.name(v).to_string(), t)))
+            .map(|(n, t)| Ok((n.clone(), host_of(t, &n)?)))
+            .collect()
+    }
+}
+
+impl Session {
+    /// Trains the model on `data` (see the module doc); `eval`, when given,
+    /// is measured after every epoch and at the end. Whole or not at all: on
+    /// an error the session keeps its weights.
+    pub fn train(
+        &mut self,
+        data: &dyn DataSource,
+        eval: Option<&dyn DataSource>,
+        opts: &TrainOptions,
+    ) -> Result<TrainReport> {
+        self.train_with(data, eval, opts, &mut |_| {})
+    }
+
+    /// [`Session::train`], calling `progress` after every step (the CLI
+    /// draws its progress bar from it).
+    pub fn train_with(
+        &mut self,
+        data: &dyn DataSource,
+        eval: Option<&dyn DataSource>,
+        opts: &TrainOptions,
+        progress: &mut dyn FnMut(&StepRecord),
+    ) -> Result<TrainReport> {
+        opts.validate()?;
+        self.transact(|s| s.train_step(data, eval, opts, progress))
+    }
+
+    fn train_step(
+        &mut self,
+        data: &dyn DataSource,
+        eval: Option<&dyn DataSource>,
+        opts: &TrainOptions,
+        progress: &mut dyn FnMut(&StepRecord),
+    ) -> Result<TrainReport> {
+        let t0 = Instant::now();
+        let n = data.examples();
+        if n < opts.batch {
+            return Err(Error::new(format!(
+                "--batch {}: {} has only {n} examples",
+                opts.batch,
+                data.label()
+            )));
+        }
+        let optimizer = opts.optimizer.build()?;
+        let lr = match optimizer {
+            Optimizer::Sgd { lr, .. } => lr as f64,
+            Optimizer::AdamW { lr, .. } => lr,
+            Optimizer::None => 0.0,
+        };
+        // 1. The step's graphs, and the micro-batch count: given, chosen
+        //    under the budget (the fewest micro-batches that fit), or one.
+        let first = data.gather(&(0..opts.batch).collect::<Vec<_>>())?;
+        check_arrays(&self.model.graph, &first, data, opts)?;
+        let first = to_feed(first, &self.model, opts);
+        check_feed(&first, data, opts)?;
+        let mut graphs = StepGraphs::new(self, opts, optimizer);
+        let counts: Vec<usize> = match (opts.micro_batches, opts.budget) {
+            (Some(m), _) => vec![m],
+            (None, None) => vec![1],
+            (None, Some(_)) => (1..=opts.batch)
+                .filter(|m| opts.batch.is_multiple_of(*m))
+                .collect(),
+        };
+        let mut chosen: Option<Stepper> = None;
+        let mut tried: Vec<String> = Vec::new();
+        for m in counts {
+            let s = graphs.stepper(self, &first, m, data)?;
+            let need = s.planned_bytes();
+            match opts.budget {
+                Some(b) if need > b => {
+                    tried.push(format!("{} x {}: {}", m, opts.batch / m, human_bytes(need)));
+                }
+                _ => {
+                    chosen = Some(s);
+                    break;
+                }
+            }
+        }
+        let Some(mut stepper) = chosen else {
+            return Err(Error::budget(format!(
+                "--budget {}: no micro-batch fits (micro-batches x examples: {})",
+                human_bytes(opts.budget.unwrap_or(0)),
+                tried.join(", ")
+            )));
+        };
+        let mut state = graphs.take_state(stepper.micro);
+        let params = stepper.params.clone();
+        let bytes_of = |names: &mut dyn Iterator<Item = &String>, state: &State| -> u64 {
+            names
+                .filter_map(|p| state.get(p))
+                .map(|t| t.data.len() as u64)
+                .sum()
+        };
+        let weights_bytes = bytes_of(&mut params.iter(), &state);
+        let state_bytes = bytes_of(&mut state.keys().filter(|k| !params.contains(k)), &state);
+        let param_elements: u64 = params
+            .iter()
+            .filter_map(|p| state.get(p))
+            .map(|t| t.shape.iter().product::<usize>() as u64)
+            .sum();
+
+        // 2. Where to start, and the schedule.
+        let per_epoch = n / opts.batch;
+        let total = match opts.length {
+            TrainLength::Epochs(e) => e * per_epoch,
+            TrainLength::Steps(s) => s,
+        };
+        let mut start = 0usize;
+        let mut resumed_from = None;
+        if let Some(r) = &opts.resume {
+            let file = checkpoint_file(r)?;
+            start = resume(&file, &mut state, n, opts)?;
+            resumed_from = Some((file.display().to_string(), start));
+        }
+        if let Some(dir) = &opts.checkpoint {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create", e))?;
+        }
+        let schedule = |step: usize| -> (usize, Vec<usize>) {
+            let epoch = step / per_epoch;
+            let at = (step % per_epoch) * opts.batch;
+            let order: Vec<usize> = if opts.shuffle {
+                epoch_permutation(n, opts.seed, epoch)[at..at + opts.batch].to_vec()
+            } else {
+                (at..at + opts.batch).collect()
+            };
+            (epoch + 1, order)
+        };
+
+        let threads = opts
+            .threads
+            .unwrap_or_else(graphopt_exec::cpu::par::default_threads);
+        let ropts = graphopt_exec::RunOptions {
+            threads,
+            poison: false,
+        };
+        let mut log = Vec::new();
+        let mut evals = Vec::new();
+        let mut checkpoints = Vec::new();
+        let mut data_wait = 0.0;
+        let write_checkpoint = |state: &State, step: usize| -> Result<Option<String>> {
+            let Some(dir) = &opts.checkpoint else {
+                return Ok(None);
+            };
+            let mut arrays = Vec::new();
+            for (k, v) in [
+                (STEP_KEY, step as i64),
+                (SEED_KEY, opts.seed as i64),
+                (BATCH_KEY, opts.batch as i64),
+                (EXAMPLES_KEY, n as i64),
+                (SHUFFLE_KEY, opts.shuffle as i64),
+            ] {
+                arrays.push((k.to_string(), to_tract(&scalar_i64(v))?));
+            }
+            for (k, t) in state {
+                arrays.push((k.clone(), to_tract(t)?));
+            }
+            let bytes = graphopt_tract::npz::write(&arrays)?;
+            let path = dir.join(format!("step-{step:08}.npz"));
+            write_atomic(&path, &bytes)?;
+            Ok(Some(path.display().to_string()))
+        };
+        let mut eval_state = EvalRunner::default();
+        let model = &self.model;
+
+        // 3. The loop: batches gathered one ahead on a second thread.
+        let result: Result<()> = std::thread::scope(|scope| {
+            let (tx, rx) = sync_channel::<(usize, usize, Result<Vec<(String, HostTensor)>>)>(1);
+            let producer = scope.spawn(move || {
+                for step in start..total {
+                    let (epoch, order) = schedule(step);
+                    if tx.send((step, epoch, data.gather(&order))).is_err() {
+                        break;
+                    }
+                }
+            });
+            for _ in start..total {
+                let w0 = Instant::now();
+                let Ok((step, epoch, batch)) = rx.recv() else {
+                    break;
+                };
+                let wait = w0.elapsed().as_secs_f64();
+                data_wait += wait;
+                let batch = to_feed(batch?, model, opts);
+                let loss = stepper
+                    .step(&batch, &mut state, &ropts)
+                    .map_err(|e| Error::runtime(format!("step {}: {e}", step + 1)))?;
+                if !loss.is_finite() {
+                    let last = checkpoints.last().map_or(String::new(), |c: &String| {
+                        format!("; last checkpoint: {c}")
+                    });
+                    return Err(Error::with_kind(
+                        ErrorKind::Tolerance,
+                        format!(
+                            "step {}: the loss is {loss}; training stopped{last}",
+                            step + 1
+                        ),
+                    ));
+                }
+                let rec = StepRecord {
+                    step: step + 1,
+                    epoch,
+                    loss,
+                    lr,
+                    time_s: t0.elapsed().as_secs_f64(),
+                    data_wait_s: wait,
+                    total_steps: total,
+                };
+                progress(&rec);
+                log.push(rec);
+                let done = step + 1;
+                if done % opts.every == 0 && done < total {
+                    if let Some(c) = write_checkpoint(&stepper.snapshot(&state), done)? {
+                        checkpoints.push(c);
+                    }
+                }
+                let epoch_end = done % per_epoch == 0;
+                if let (Some(ev), true) = (eval, epoch_end || done == total) {
+                    let now = stepper.snapshot(&state);
+                    let (value, examples) =
+                        eval_state.measure(model, &mut stepper, ev, &now, opts, &ropts)?;
+                    evals.push(EvalRecord {
+                        step: done,
+                        epoch,
+                        metric: opts.metric,
+                        value,
+                        examples,
+                    });
+                }
+            }
+            drop(rx);
+            producer
+                .join()
+                .map_err(|_| Error::runtime("the data thread panicked"))?;
+            Ok(())
+        });
+        result?;
+        if total > start {
+            if let Some(c) = write_checkpoint(&stepper.snapshot(&state), total)? {
+                checkpoints.push(c);
+            }
+        }
+
+        // 4. The trained weights into the session's model: read out of the
+        //    step's arena, which goes before they are moved in (no third
+        //    copy).
+        let mut state = stepper.snapshot(&state);
+        let (micro, planned_bytes, donated_bytes, arena_bytes, workspace_bytes) = (
+            stepper.micro,
+            stepper.planned_bytes(),
+            stepper.donated_bytes(),
+            stepper.arena_bytes(),
+            stepper.workspace_bytes(),
+        );
+        drop(stepper);
+        drop(graphs.fused.take());
+        drop(graphs.grads.take());
+        drop(graphs.update.take());
+        let g = &mut self.model.graph;
+        for p in &params {
+            let (Some(v), Some(t)) = (g.value_by_name(p), state.remove(p)) else {
+                continue;
+            };
+            let dims = t.shape.iter().map(|&d| d as i64).collect();
+            let tensor = Tensor::from_raw(t.dtype, dims, t.data.into())
+                .map_err(|e| Error::new(format!("parameter '{p}': {e}")))?;
+            g.set_initializer(v, tensor);
+        }
+        drop(state);
+        let time_s = t0.elapsed().as_secs_f64();
+        let steps = total.saturating_sub(start);
+        Ok(TrainReport {
+            data: data.label(),
+            examples: n,
+            batch: opts.batch,
+            micro_batches: micro,
+            micro_batch: opts.batch / micro,
+            budget_bytes: opts.budget,
+            planned_bytes,
+            donated_bytes,
+            dropped_per_epoch: n % opts.batch,
+            steps,
+            epochs: total as f64 / per_epoch as f64,
+            loss: opts.loss.name().to_string(),
+            optimizer: opts.optimizer.name.clone(),
+            params,
+            param_elements,
+            weights_bytes,
+            state_bytes,
+            arena_bytes,
+            workspace_bytes,
+            peak_rss_bytes: peak_rss_bytes(),
+            time_s,
+            data_wait_s: data_wait,
+            steps_per_s: if time_s > 0.0 {
+                steps as f64 / time_s
+            } else {
+                0.0
+            },
+            first_loss: log.first().map(|r| r.loss),
+            last_loss: log.last().map(|r| r.loss),
+            log,
+            evals,
+            checkpoints,
+            resumed_from,
+            threads,
+            warnings: std::mem::take(&mut graphs.warnings),
+        })
+    }
+}

@@ -1,0 +1,602 @@
+//! The training step: its graphs (fused, or gradients and update for
+//! micro-batches), planned and bound to the runtime.
+
+use super::data::{batch_dims, slice_rows, DataSource};
+use super::{State, TrainOptions};
+use crate::error::{Error, Result};
+use crate::grad::{GradOptions, Loss};
+use crate::session::Session;
+use graphopt_autodiff::{GradOptions as AutodiffOptions, Optimizer};
+use graphopt_exec::{CpuBackend, Executable, HostTensor};
+use graphopt_ir::{DType, Model, Tensor};
+use graphopt_plan::{DimValues, PlanOptions};
+use std::collections::BTreeMap;
+
+pub(super) fn has_dropout(g: &graphopt_ir::Graph) -> bool {
+    g.nodes().any(|n| {
+        let d = g.node(n);
+        d.op_type == "Dropout" || d.attributes.iter().any(|a| a.graphs().any(has_dropout))
+    })
+}
+
+pub(super) fn host_of(t: &Tensor, name: &str) -> Result<HostTensor> {
+    let data = t.raw().ok_or_else(|| {
+        Error::new(format!(
+            "initializer '{name}': its data is not loaded (external data?)"
+        ))
+    })?;
+    Ok(HostTensor {
+        dtype: t.dtype,
+        shape: t.dims.iter().map(|&d| d as usize).collect(),
+        data: data.to_vec(),
+    })
+}
+
+/// The training graphs a run may need, each built once: the fused step
+/// (gradients and the update in one graph), the gradients alone, and the
+/// update alone (micro-batches).
+pub(super) struct StepGraphs {
+    pub(super) opts: AutodiffOptions,
+    pub(super) fused: Option<(Model, Vec<String>, State)>,
+    pub(super) grads: Option<(Model, Vec<String>, State)>,
+    pub(super) update: Option<(Model, State)>,
+    pub(super) warnings: Vec<String>,
+}
+
+impl StepGraphs {
+    pub(super) fn new(session: &Session, opts: &TrainOptions, optimizer: Optimizer) -> StepGraphs {
+        StepGraphs {
+            opts: AutodiffOptions {
+                output: opts.output.clone(),
+                loss: opts.loss,
+                class_axis: opts.class_axis,
+                trainable: opts.trainable.clone(),
+                frozen: opts.frozen.clone(),
+                optimizer,
+                params_as_inputs: true,
+                // Only where there is a Dropout to switch (else grad warns
+                // that the option changed nothing).
+                dropout_train: opts.dropout_train && has_dropout(&session.model.graph),
+                ..AutodiffOptions::default()
+            },
+            fused: None,
+            grads: None,
+            update: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// `Session::grad` of `model` with these options; the gradients are
+    /// outputs only without an optimizer.
+    pub(super) fn build(
+        &mut self,
+        model: &Model,
+        opts: AutodiffOptions,
+        dims: &DimValues,
+    ) -> Result<(Model, Vec<String>, State)> {
+        let mut s = Session::from_model(model.clone());
+        let r = s.grad(&GradOptions {
+            autodiff: opts,
+            dims: dims.clone(),
+            ..GradOptions::default()
+        })?;
+        for w in &r.warnings {
+            if !self.warnings.contains(w) {
+                self.warnings.push(w.clone());
+            }
+        }
+        let mut state = State::new();
+        for (name, t) in &r.initial_state {
+            state.insert(name.clone(), host_of(t, name)?);
+        }
+        // With an optimizer, `grad` leaves the gradients out of the outputs.
+        let m = s.into_model();
+        Ok((m, r.params, state))
+    }
+
+    /// The step for `micro` micro-batches, planned for `first`'s shapes.
+    pub(super) fn stepper(
+        &mut self,
+        session: &Session,
+        first: &State,
+        micro: usize,
+        data: &dyn DataSource,
+    ) -> Result<Stepper> {
+        let batch = first.values().next().map_or(0, |t| t.shape[0]);
+        if micro == 0 || !batch.is_multiple_of(micro) {
+            return Err(Error::new(format!(
+                "--micro-batches {micro}: the batch of {batch} does not split into {micro} equal micro-batches"
+            )));
+        }
+        let rows = batch / micro;
+        let dims = batch_dims(first, rows);
+        if micro == 1 {
+            if self.fused.is_none() {
+                let built = self.build(&session.model, self.opts.clone(), &dims)?;
+                self.fused = Some(built);
+            }
+            let (m, params, state) = self.fused.as_ref().expect("built");
+            let fused = Bound::new(session, m, &dims, first, data)?;
+            return Ok(Stepper {
+                micro,
+                fused: Some(fused),
+                grads: None,
+                update: None,
+                params: params.clone(),
+                held_bytes: state_bytes(state, None),
+                param_bytes: state_bytes(state, Some(params)),
+                mean: self.opts.loss != Loss::Sum,
+                restore: None,
+            });
+        }
+        if self.grads.is_none() {
+            let opts = AutodiffOptions {
+                optimizer: Optimizer::None,
+                ..self.opts.clone()
+            };
+            let built = self.build(&session.model, opts, &dims)?;
+            self.grads = Some(built);
+        }
+        let (_, params, gstate) = self.grads.as_ref().expect("built");
+        let params = params.clone();
+        if self.update.is_none() {
+            let um = update_model(&params, gstate)?;
+            let opts = AutodiffOptions {
+                output: None,
+                loss: Loss::Sum,
+                trainable: params.clone(),
+                frozen: Vec::new(),
+                dropout_train: false,
+                ..self.opts.clone()
+            };
+            let (m, _, mut state) = self.build(&um, opts, &DimValues::default())?;
+            // The parameters' values are the gradient graph's: keep the
+            // optimizer state only.
+            state.retain(|k, _| !params.contains(k));
+            self.update = Some((m, state));
+        }
+        let (gm, _, gstate) = self.grads.as_ref().expect("built");
+        let (um, ustate) = self.update.as_ref().expect("built");
+        let grads = Bound::new(session, gm, &dims, first, data)?;
+        let update = Bound::new(session, um, &DimValues::default(), &State::new(), data)?;
+        Ok(Stepper {
+            micro,
+            fused: None,
+            grads: Some(grads),
+            update: Some(update),
+            held_bytes: state_bytes(gstate, None) + state_bytes(ustate, None),
+            param_bytes: state_bytes(gstate, Some(&params)),
+            params,
+            mean: self.opts.loss != Loss::Sum,
+            restore: None,
+        })
+    }
+
+    /// The parameters and optimizer state before the first step, for the
+    /// step of `micro` micro-batches, moved out (held once).
+    pub(super) fn take_state(&mut self, micro: usize) -> State {
+        if micro == 1 {
+            return self
+                .fused
+                .as_mut()
+                .map(|f| std::mem::take(&mut f.2))
+                .unwrap_or_default();
+        }
+        let mut state = self
+            .grads
+            .as_mut()
+            .map(|g| std::mem::take(&mut g.2))
+            .unwrap_or_default();
+        if let Some(u) = self.update.as_mut() {
+            state.append(&mut u.1);
+        }
+        state
+    }
+}
+
+/// Bytes of `state` (of the entries `only` names, when given).
+pub(super) fn state_bytes(state: &State, only: Option<&Vec<String>>) -> u64 {
+    state
+        .iter()
+        .filter(|(k, _)| only.is_none_or(|o| o.contains(k)))
+        .map(|(_, t)| t.data.len() as u64)
+        .sum()
+}
+
+/// The optimizer's update alone, as a model the gradient builder turns into
+/// a training step: for each parameter `p` a graph input `p__grad` (the
+/// accumulated gradient), and `y = Σ ReduceSum(p · p__grad)`, whose gradient
+/// with respect to `p` is exactly `p__grad`. The update the builder then
+/// emits is the one the fused step has, applied to the given gradient.
+pub(super) fn update_model(params: &[String], state: &State) -> Result<Model> {
+    use graphopt_ir::{Graph, NewNode, Shape, Type};
+    let mut g = Graph::new("update");
+    let mut sum = None;
+    for p in params {
+        let t = state
+            .get(p)
+            .ok_or_else(|| Error::new(format!("parameter '{p}' has no value")))?;
+        let dims: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+        let ty = Type::tensor(t.dtype, Some(Shape::known(&dims)));
+        let pv = g.fresh_value(p, Some(ty.clone()));
+        let tensor = Tensor::from_raw(t.dtype, dims, t.data.clone().into())
+            .map_err(|e| Error::new(format!("parameter '{p}': {e}")))?;
+        g.set_initializer(pv, tensor);
+        let gv = g.fresh_value(&grad_input(p), Some(ty));
+        g.inputs.push(gv);
+        let prod = g.fresh_value(&format!("{p}__prod"), None);
+        g.add_node(NewNode::new("Mul").inputs(&[pv, gv]).outputs(&[prod]))?;
+        let r = g.fresh_value(&format!("{p}__sum"), None);
+        g.add_node(
+            NewNode::new("ReduceSum")
+                .inputs(&[prod])
+                .outputs(&[r])
+                .attr(graphopt_ir::Attribute::new(
+                    "keepdims",
+                    graphopt_ir::AttrValue::Int(0),
+                )),
+        )?;
+        sum = Some(match sum {
+            None => r,
+            Some(s) => {
+                let a = g.fresh_value("update__total", None);
+                g.add_node(NewNode::new("Add").inputs(&[s, r]).outputs(&[a]))?;
+                a
+            }
+        });
+    }
+    let y = sum.ok_or_else(|| Error::new("no trainable parameters"))?;
+    g.outputs.push(y);
+    Ok(Model::new(g, 17))
+}
+
+/// The update graph's input for parameter `p`'s accumulated gradient.
+pub(super) fn grad_input(p: &str) -> String {
+    format!("{p}__grad")
+}
+
+/// A graph planned for one batch size and bound to the CPU runtime.
+pub(super) struct Bound {
+    pub(super) exe: Executable,
+    pub(super) inputs: Vec<(String, graphopt_exec::TensorInfo)>,
+    pub(super) outputs: Vec<String>,
+    /// Inputs that a donated output overwrites (the plan's donations).
+    pub(super) donated: Vec<String>,
+    /// The donated inputs' values live in the arena (after a kept run);
+    /// the host's copies are gone.
+    pub(super) kept: bool,
+}
+
+impl Bound {
+    /// Plans `model` at `dims`; checks that `first` (a batch of the size
+    /// planned for, or nothing) has each data input's type and shape.
+    pub(super) fn new(
+        session: &Session,
+        model: &Model,
+        dims: &DimValues,
+        first: &State,
+        data: &dyn DataSource,
+    ) -> Result<Bound> {
+        let planned = graphopt_plan::plan_model(model, dims, &PlanOptions::default())
+            .map_err(|e| session.err(e))?;
+        let exe = Executable::new(&planned.model, &planned.plan, &CpuBackend)
+            .map_err(|e| Error::runtime(e.to_string()))?;
+        let inputs = exe.input_infos();
+        let rows = dims.shapes.first().and_then(|s| s.1.first().copied());
+        for (name, info) in &inputs {
+            let Some(t) = first.get(name) else { continue };
+            let mut shape = t.shape.clone();
+            if let Some(r) = rows {
+                shape[0] = r as usize;
+            }
+            if t.dtype != info.dtype || shape != info.shape {
+                return Err(Error::new(format!(
+                    "{}: array '{name}' is {}{:?} per batch, the model's input '{name}' wants {}{:?}",
+                    data.label(),
+                    t.dtype.name(),
+                    shape,
+                    info.dtype.name(),
+                    info.shape
+                )));
+            }
+        }
+        let outputs = exe.output_names();
+        let donated = exe.donated_pairs().into_iter().map(|(i, _)| i).collect();
+        Ok(Bound {
+            exe,
+            inputs,
+            outputs,
+            donated,
+            kept: false,
+        })
+    }
+
+    /// A training step that keeps the donated state in the arena: the
+    /// first run takes it from `state` (whose copies of it are then
+    /// dropped), later runs leave it where the previous run wrote it. The
+    /// other outputs come back (`None` for the donated ones).
+    pub(super) fn run_kept(
+        &mut self,
+        state: &mut State,
+        batch: &State,
+        ropts: &graphopt_exec::RunOptions,
+    ) -> Result<Vec<Option<HostTensor>>> {
+        let feed = self
+            .inputs
+            .iter()
+            .map(|(name, _)| {
+                if self.kept && self.donated.contains(name) {
+                    return Ok(None);
+                }
+                state
+                    .get(name)
+                    .or_else(|| batch.get(name))
+                    .map(Some)
+                    .ok_or_else(|| Error::new(format!("no value for the step's input '{name}'")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (outs, _) = self
+            .exe
+            .run_donated(&feed, ropts)
+            .map_err(|e| Error::runtime(e.to_string()))?;
+        if !self.kept {
+            for name in &self.donated {
+                state.remove(name);
+            }
+            self.kept = true;
+        }
+        Ok(outs)
+    }
+
+    /// `state` with the values the arena holds for it.
+    pub(super) fn snapshot(&self, state: &State) -> State {
+        let mut all = state.clone();
+        if self.kept {
+            for name in &self.donated {
+                if let Some(t) = self.exe.read_input(name) {
+                    all.insert(name.clone(), t);
+                }
+            }
+        }
+        all
+    }
+
+    pub(super) fn at(&self, name: &str) -> Result<usize> {
+        self.outputs
+            .iter()
+            .position(|o| o == name)
+            .ok_or_else(|| Error::new(format!("the training graph has no '{name}' output")))
+    }
+
+    /// Runs on `state` and `batch` (looked up by input name).
+    pub(super) fn run(
+        &mut self,
+        state: &State,
+        batch: &State,
+        ropts: &graphopt_exec::RunOptions,
+    ) -> Result<Vec<HostTensor>> {
+        let feed =
+            self.inputs
+                .iter()
+                .map(|(name, _)| {
+                    state.get(name).or_else(|| batch.get(name)).ok_or_else(|| {
+                        Error::new(format!("no value for the step's input '{name}'"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+        let (outs, _) = self
+            .exe
+            .run_borrowed(&feed, ropts)
+            .map_err(|e| Error::runtime(e.to_string()))?;
+        Ok(outs)
+    }
+
+    /// The `<name>_new` outputs into `state`.
+    pub(super) fn feed_back(&self, outs: Vec<HostTensor>, state: &mut State) {
+        for (o, t) in self.outputs.iter().zip(outs) {
+            if let Some(s) = o.strip_suffix("_new") {
+                if state.contains_key(s) {
+                    state.insert(s.to_string(), t);
+                }
+            }
+        }
+    }
+
+    pub(super) fn bytes(&self) -> u64 {
+        self.exe.arena_planned_bytes() + self.exe.workspace_bytes()
+    }
+}
+
+pub(super) fn scalar_of(t: &HostTensor) -> f64 {
+    t.to_f32()
+        .and_then(|v| v.first().copied())
+        .map(f64::from)
+        .unwrap_or(f64::NAN)
+}
+
+/// One training step: the fused graph, or `micro` gradient runs summed and
+/// one update.
+pub(super) struct Stepper {
+    pub(super) micro: usize,
+    pub(super) fused: Option<Bound>,
+    pub(super) grads: Option<Bound>,
+    pub(super) update: Option<Bound>,
+    pub(super) params: Vec<String>,
+    /// Bytes of the parameters and optimizer state, and of the parameters.
+    pub(super) held_bytes: u64,
+    pub(super) param_bytes: u64,
+    /// The loss is a mean over the batch (the micro-batches' gradients are
+    /// averaged), not a sum.
+    pub(super) mean: bool,
+    /// Kept state an eval overwrote, to give back before the next step.
+    pub(super) restore: Option<State>,
+}
+
+impl Stepper {
+    /// The parameters and optimizer state as they are now: `state` with
+    /// what the fused step keeps in its arena.
+    pub(super) fn snapshot(&self, state: &State) -> State {
+        let mut all = match &self.fused {
+            Some(f) => f.snapshot(state),
+            None => state.clone(),
+        };
+        if let Some(r) = &self.restore {
+            all.extend(r.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        all
+    }
+
+    /// Donated bytes: parameters and state held once, in the arena.
+    pub(super) fn donated_bytes(&self) -> u64 {
+        self.fused.as_ref().map_or(0, |f| f.exe.donated_bytes())
+    }
+}
+
+impl Stepper {
+    /// Parameters, optimizer state, gradient accumulators (micro-batches)
+    /// and every graph's arena and workspace.
+    pub(super) fn planned_bytes(&self) -> u64 {
+        let held = self.held_bytes;
+        let acc: u64 = if self.micro > 1 { self.param_bytes } else { 0 };
+        // Donated state lives in the arena: counted there, not twice.
+        held.saturating_sub(self.donated_bytes())
+            + acc
+            + self.arena_bytes()
+            + self.workspace_bytes()
+    }
+
+    pub(super) fn bounds(&self) -> impl Iterator<Item = &Bound> {
+        self.fused.iter().chain(&self.grads).chain(&self.update)
+    }
+
+    pub(super) fn arena_bytes(&self) -> u64 {
+        self.bounds().map(|b| b.exe.arena_planned_bytes()).sum()
+    }
+
+    pub(super) fn workspace_bytes(&self) -> u64 {
+        self.bounds()
+            .map(|b| b.bytes() - b.exe.arena_planned_bytes())
+            .sum()
+    }
+
+    /// One step on `batch`; returns its loss.
+    pub(super) fn step(
+        &mut self,
+        batch: &State,
+        state: &mut State,
+        ropts: &graphopt_exec::RunOptions,
+    ) -> Result<f64> {
+        if let Some(f) = &mut self.fused {
+            if let Some(back) = self.restore.take() {
+                // An eval ran the step's graph over the kept state: give
+                // it back before stepping on.
+                state.extend(back);
+                f.kept = false;
+            }
+            let outs = f.run_kept(state, batch, ropts)?;
+            let loss = outs[f.at("loss")?].as_ref().map_or(f64::NAN, scalar_of);
+            let outs: Vec<HostTensor> = outs
+                .into_iter()
+                .map(|o| {
+                    o.unwrap_or(HostTensor {
+                        dtype: DType::F32,
+                        shape: Vec::new(),
+                        data: Vec::new(),
+                    })
+                })
+                .collect();
+            let donated = f.donated.clone();
+            for (o, t) in f.outputs.iter().zip(outs) {
+                if let Some(name) = o.strip_suffix("_new") {
+                    if state.contains_key(name) && !donated.iter().any(|d| d == name) {
+                        state.insert(name.to_string(), t);
+                    }
+                }
+            }
+            return Ok(loss);
+        }
+        let (Some(g), Some(u)) = (&mut self.grads, &mut self.update) else {
+            return Err(Error::new("no step graph"));
+        };
+        let rows = batch.values().next().map_or(0, |t| t.shape[0]) / self.micro;
+        let mut acc: BTreeMap<&str, Vec<f32>> = BTreeMap::new();
+        let mut loss = 0.0;
+        for k in 0..self.micro {
+            let micro = slice_rows(batch, k, rows);
+            let outs = g.run(state, &micro, ropts)?;
+            loss += scalar_of(&outs[g.at("loss")?]);
+            for p in &self.params {
+                let t = &outs[g.at(&format!("{p}_grad"))?];
+                let v = t.to_f32().ok_or_else(|| {
+                    Error::unsupported(format!(
+                        "micro-batches need float32 gradients; '{p}' is {}",
+                        t.dtype.name()
+                    ))
+                })?;
+                match acc.get_mut(p.as_str()) {
+                    Some(a) => a.iter_mut().zip(&v).for_each(|(a, b)| *a += b),
+                    None => {
+                        acc.insert(p, v);
+                    }
+                }
+            }
+        }
+        // A mean loss over the batch is the mean of the micro-batches'.
+        let scale = if self.mean {
+            1.0 / self.micro as f32
+        } else {
+            1.0
+        };
+        let mut grads = State::new();
+        for p in &self.params {
+            let v = &acc[p.as_str()];
+            let shape = state.get(p).map(|t| t.shape.clone()).unwrap_or_default();
+            let scaled: Vec<f32> = v.iter().map(|x| x * scale).collect();
+            grads.insert(grad_input(p), HostTensor::from_f32(&shape, &scaled));
+        }
+        let outs = u.run(state, &grads, ropts)?;
+        u.feed_back(outs, state);
+        Ok(if self.mean {
+            loss / self.micro as f64
+        } else {
+            loss
+        })
+    }
+
+    /// The loss of `batch` (the size the loss graph was planned for), no
+    /// update.
+    pub(super) fn loss_only(
+        &mut self,
+        batch: &State,
+        state: &State,
+        ropts: &graphopt_exec::RunOptions,
+    ) -> Result<f64> {
+        if let Some(f) = &mut self.fused {
+            // The step's graph writes its updates over the kept state:
+            // run it on a copy, and give the state back before the next
+            // step.
+            let all = f.snapshot(state);
+            let outs = f.run(&all, batch, ropts)?;
+            if f.kept && self.restore.is_none() {
+                self.restore = Some(
+                    f.donated
+                        .iter()
+                        .filter_map(|n| all.get(n).map(|t| (n.clone(), t.clone())))
+                        .collect(),
+                );
+            }
+            return Ok(scalar_of(&outs[f.at("loss")?]));
+        }
+        let b = self
+            .grads
+            .as_mut()
+            .ok_or_else(|| Error::new("no step graph"))?;
+        let outs = b.run(state, batch, ropts)?;
+        Ok(scalar_of(&outs[b.at("loss")?]))
+    }
+
+    /// Examples per run of the loss graph.
+    pub(super) fn loss_rows(&self, batch: usize) -> usize {
+        batch / self.micro
+    }
+}
