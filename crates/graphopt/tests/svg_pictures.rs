@@ -426,8 +426,8 @@ fn pictures_are_byte_identical_run_to_run() {
 #[test]
 fn train_picture_draws_the_loss_and_the_eval_metric() {
     let mut s = graphopt::load(testdata("train/digits_mlp.onnx")).unwrap();
-    let data = graphopt::ArrayData::load(&testdata("train/digits_mlp.train.npz")).unwrap();
-    let eval = graphopt::ArrayData::load(&testdata("quant/digits_mlp.test.npz")).unwrap();
+    let data = graphopt::MappedData::open(&testdata("train/digits_mlp.train.npz")).unwrap();
+    let eval = graphopt::MappedData::open(&testdata("quant/digits_mlp.test.npz")).unwrap();
     let mut opts = graphopt::TrainOptions::new(128);
     opts.target = "y".into();
     opts.optimizer = graphopt::OptimizerSpec::named("adamw");

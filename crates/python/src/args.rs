@@ -135,12 +135,17 @@ pub(crate) fn input_shapes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(Stri
 
 /// Training data: an .npz path or a directory of shards, a dict of arrays,
 /// or an iterable of dicts (concatenated along the example axis).
-pub(crate) fn array_data(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<graphopt::ArrayData> {
+pub(crate) fn array_data(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+) -> PyResult<Box<dyn graphopt::DataSource + Send>> {
     if let Some(p) = path_arg(obj)? {
-        return graphopt::ArrayData::load(&p).map_err(crate::gerr);
+        let d = graphopt::MappedData::open(&p).map_err(crate::gerr)?;
+        return Ok(Box::new(d));
     }
     if let Ok(d) = obj.cast::<PyDict>() {
-        return graphopt::ArrayData::new(named_arrays(d)?, what).map_err(crate::gerr);
+        let d = graphopt::ArrayData::new(named_arrays(d)?, what).map_err(crate::gerr)?;
+        return Ok(Box::new(d));
     }
     let mut shards = Vec::new();
     for (i, item) in obj
@@ -160,7 +165,8 @@ pub(crate) fn array_data(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<graphop
         })?;
         shards.push((format!("{what}[{i}]"), named_arrays(d)?));
     }
-    graphopt::ArrayData::concat(shards, what).map_err(crate::gerr)
+    let d = graphopt::ArrayData::concat(shards, what).map_err(crate::gerr)?;
+    Ok(Box::new(d))
 }
 
 /// A memory budget: bytes (int), a size ("2GiB") or a percent ("40%").

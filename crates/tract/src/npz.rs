@@ -36,12 +36,38 @@ pub fn read_inputs(path: &Path, model: &Model) -> anyhow::Result<Vec<TractTensor
 
 /// Every array of an npz, by name (without `.npy`).
 pub fn read(b: &[u8]) -> anyhow::Result<BTreeMap<String, Tensor>> {
+    let mut out = BTreeMap::new();
+    for m in members(b)? {
+        let data = &b[m.start..m.start + m.len];
+        let t = npy(data).with_context(|| format!("array '{}.npy'", m.name))?;
+        out.insert(m.name, t);
+    }
+    Ok(out)
+}
+
+/// One array stored in an npz: its name (without `.npy`) and where its
+/// `.npy` bytes lie in the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub start: usize,
+    pub len: usize,
+}
+
+/// The arrays of an npz and where each lies, in the zip's order. Only
+/// stored (uncompressed) members are accepted, as `np.savez` writes them:
+/// each is then a plain `.npy` inside the file, readable in place.
+pub fn members(b: &[u8]) -> anyhow::Result<Vec<Member>> {
     let u16_at = |i: usize| -> anyhow::Result<usize> {
-        let s = b.get(i..i + 2).context("truncated zip structure")?;
+        let s = b
+            .get(i..i.saturating_add(2))
+            .context("truncated zip structure")?;
         Ok(u16::from_le_bytes([s[0], s[1]]) as usize)
     };
     let u32_at = |i: usize| -> anyhow::Result<usize> {
-        let s = b.get(i..i + 4).context("truncated zip structure")?;
+        let s = b
+            .get(i..i.saturating_add(4))
+            .context("truncated zip structure")?;
         Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize)
     };
     // End of central directory: signature 0x06054b50, 22 bytes + comment.
@@ -51,7 +77,7 @@ pub fn read(b: &[u8]) -> anyhow::Result<BTreeMap<String, Tensor>> {
         .context("not a zip file (no end of central directory)")?;
     let count = u16_at(eocd + 10)?;
     let mut p = u32_at(eocd + 16)?;
-    let mut out = BTreeMap::new();
+    let mut out = Vec::new();
     for _ in 0..count {
         if u32_at(p)? != 0x0201_4b50 {
             bail!("bad zip central directory");
@@ -72,17 +98,35 @@ pub fn read(b: &[u8]) -> anyhow::Result<BTreeMap<String, Tensor>> {
             bail!("bad zip local header for '{name}'");
         }
         let start = local + 30 + u16_at(local + 26)? + u16_at(local + 28)?;
-        let data = b
-            .get(start..start.saturating_add(csize))
-            .with_context(|| format!("truncated zip entry '{name}'"))?;
+        if b.get(start..start.saturating_add(csize)).is_none() {
+            bail!("truncated zip entry '{name}'");
+        }
         let key = name.strip_suffix(".npy").unwrap_or(&name).to_string();
-        out.insert(key, npy(data).with_context(|| format!("array '{name}'"))?);
+        out.push(Member {
+            name: key,
+            start,
+            len: csize,
+        });
     }
     Ok(out)
 }
 
-/// One `.npy` array (format 1.0 to 3.0, C order, little endian).
-pub fn npy(b: &[u8]) -> anyhow::Result<Tensor> {
+/// Where an `.npy` array's values lie and what they are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NpyLayout {
+    /// numpy's `descr`, e.g. `<f4`.
+    pub descr: String,
+    pub shape: Vec<usize>,
+    /// Offset of the first value from the start of the `.npy` bytes.
+    pub data_offset: usize,
+    /// Elements (the product of the shape).
+    pub elements: usize,
+}
+
+/// The header of one `.npy` array (format 1.0 to 3.0, C order, little
+/// endian): the values are not read, only checked to be all there for
+/// the dtypes [`npy_width`] knows.
+pub fn npy_layout(b: &[u8]) -> anyhow::Result<NpyLayout> {
     if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
         bail!("not an .npy array");
     }
@@ -130,11 +174,43 @@ pub fn npy(b: &[u8]) -> anyhow::Result<Tensor> {
         .map(|s| s.parse::<usize>())
         .collect::<Result<_, _>>()
         .context("bad shape")?;
-    let n = shape
+    let elements = shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .context("shape too large")?;
-    let data = &b[off + hlen..];
+    let data_offset = off + hlen;
+    if let Some(w) = npy_width(&descr) {
+        let end = elements
+            .checked_mul(w)
+            .and_then(|len| len.checked_add(data_offset));
+        if end.is_none_or(|e| e > b.len()) {
+            bail!("truncated data");
+        }
+    }
+    Ok(NpyLayout {
+        descr,
+        shape,
+        data_offset,
+        elements,
+    })
+}
+
+/// Bytes per element of the numpy dtypes graphopt reads.
+pub fn npy_width(descr: &str) -> Option<usize> {
+    Some(match descr {
+        "<f8" | "<i8" | "<u8" => 8,
+        "<f4" | "<i4" | "<u4" => 4,
+        "<f2" | "<i2" | "<u2" => 2,
+        "|i1" | "|u1" | "|b1" => 1,
+        _ => return None,
+    })
+}
+
+/// One `.npy` array (format 1.0 to 3.0, C order, little endian).
+pub fn npy(b: &[u8]) -> anyhow::Result<Tensor> {
+    let l = npy_layout(b)?;
+    let (shape, n, descr) = (l.shape, l.elements, l.descr);
+    let data = &b[l.data_offset..];
     let take = |w: usize| -> anyhow::Result<&[u8]> {
         n.checked_mul(w)
             .and_then(|len| data.get(..len))

@@ -23,7 +23,7 @@ pub trait DataSource: Sync {
     fn label(&self) -> String;
 }
 
-/// Arrays in memory (an npz, a folder of npz shards, or the caller's).
+/// Arrays in memory (the caller's: Python dicts, or shards concatenated).
 #[derive(Clone, Debug)]
 pub struct ArrayData {
     arrays: Vec<(String, HostTensor)>,
@@ -106,29 +106,6 @@ impl ArrayData {
         }
         ArrayData::new(all, label)
     }
-
-    /// One npz (`np.savez`), or a folder of npz shards concatenated in name
-    /// order (each with the same arrays).
-    pub fn load(path: &Path) -> Result<ArrayData> {
-        let label = path.display().to_string();
-        if path.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-                .map_err(|e| Error::io(path, "read", e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "npz"))
-                .collect();
-            files.sort();
-            if files.is_empty() {
-                return Err(Error::new(format!("{label}: no .npz shards")));
-            }
-            let shards = files
-                .iter()
-                .map(|f| Ok((f.display().to_string(), read_npz(f)?)))
-                .collect::<Result<Vec<_>>>()?;
-            return ArrayData::concat(shards, &label);
-        }
-        ArrayData::new(read_npz(path)?, &label)
-    }
 }
 
 pub(crate) fn read_npz(path: &Path) -> Result<Vec<(String, HostTensor)>> {
@@ -196,6 +173,277 @@ impl DataSource for ArrayData {
                     data,
                 },
             ));
+        }
+        Ok(out)
+    }
+
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+}
+
+/// Examples read in place from files, memory-mapped: one npz
+/// (`np.savez`), or a folder of shards concatenated in name order, either
+/// npz files with the same arrays or npy files holding one array each
+/// (`NAME.npy`, all with the same number of examples). A batch copies only
+/// its own examples out of the maps, and is checked for NaN and Inf then:
+/// the data is never read whole, so a bad value deep in a large set is
+/// found when its example is first drawn (the error names the array and
+/// the example, and the run stops there).
+pub struct MappedData {
+    maps: Vec<memmap2::Mmap>,
+    /// Per array: name, element type, per-example shape, bytes per example.
+    arrays: Vec<(String, DType, Vec<usize>, usize)>,
+    shards: Vec<Shard>,
+    examples: usize,
+    label: String,
+}
+
+/// Where one shard's examples lie.
+struct Shard {
+    /// Its first example in the whole set.
+    first: usize,
+    /// Per array: the map, and the byte offset of its values there.
+    at: Vec<(usize, usize)>,
+}
+
+/// One array of a shard as found in a file.
+struct Found {
+    name: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// Bytes per element.
+    width: usize,
+    map: usize,
+    offset: usize,
+}
+
+impl MappedData {
+    /// Maps `path`: an npz file, or a folder of npz or npy shards.
+    pub fn open(path: &Path) -> Result<MappedData> {
+        let label = path.display().to_string();
+        let mut maps = Vec::new();
+        let mut shards: Vec<(String, Vec<Found>)> = Vec::new();
+        if path.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                .map_err(|e| Error::io(path, "read", e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "npz" || x == "npy"))
+                .collect();
+            files.sort();
+            let npy = files
+                .iter()
+                .filter(|f| f.extension().is_some_and(|x| x == "npy"));
+            let npy: Vec<PathBuf> = npy.cloned().collect();
+            if files.is_empty() {
+                return Err(Error::new(format!("{label}: no .npz or .npy shards")));
+            }
+            if !npy.is_empty() && npy.len() != files.len() {
+                return Err(Error::new(format!(
+                    "{label}: holds both .npz and .npy files; use one kind of shard"
+                )));
+            }
+            if npy.is_empty() {
+                for f in &files {
+                    shards.push((f.display().to_string(), map_npz(f, &mut maps)?));
+                }
+            } else {
+                let mut found = Vec::new();
+                for f in &npy {
+                    let name = f
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().to_string())
+                        .unwrap_or_default();
+                    let i = maps.len();
+                    maps.push(map_file(f)?);
+                    found.push(layout_of(&maps[i], 0, i, name, f)?);
+                }
+                shards.push((label.clone(), found));
+            }
+        } else {
+            shards.push((label.clone(), map_npz(path, &mut maps)?));
+        }
+        MappedData::from_shards(maps, shards, &label)
+    }
+
+    fn from_shards(
+        maps: Vec<memmap2::Mmap>,
+        shards: Vec<(String, Vec<Found>)>,
+        label: &str,
+    ) -> Result<MappedData> {
+        let mut arrays: Vec<(String, DType, Vec<usize>, usize)> = Vec::new();
+        let mut out = Vec::new();
+        let mut examples = 0usize;
+        for (where_, found) in shards {
+            let Some(first) = found.first() else {
+                return Err(Error::new(format!("{where_}: no arrays")));
+            };
+            if let Some(f) = found.iter().find(|f| f.shape.is_empty()) {
+                return Err(Error::new(format!(
+                    "{where_}: array '{}' is a scalar; every array needs a leading example axis",
+                    f.name
+                )));
+            }
+            let n = first.shape[0];
+            if arrays.is_empty() {
+                for f in &found {
+                    let per: usize = f.shape[1..].iter().product();
+                    let row = per * f.width;
+                    arrays.push((f.name.clone(), f.dtype, f.shape[1..].to_vec(), row));
+                }
+            }
+            let names: Vec<&str> = found.iter().map(|f| f.name.as_str()).collect();
+            let want: Vec<&str> = arrays.iter().map(|a| a.0.as_str()).collect();
+            if names != want {
+                return Err(Error::new(format!(
+                    "{where_}: arrays {names:?} differ from the first shard's {want:?}"
+                )));
+            }
+            for (f, (name, dtype, per, _)) in found.iter().zip(&arrays) {
+                if f.shape.first() != Some(&n) {
+                    return Err(Error::new(format!(
+                        "{where_}: array '{name}' has {} examples, '{}' has {n}",
+                        f.shape.first().map_or("no".to_string(), |n| n.to_string()),
+                        first.name
+                    )));
+                }
+                if f.dtype != *dtype || f.shape[1..] != per[..] {
+                    return Err(Error::new(format!(
+                        "{where_}: array '{name}' is {}{:?} per example, the first shard's is {}{:?}",
+                        f.dtype.name(),
+                        &f.shape[1..],
+                        dtype.name(),
+                        per
+                    )));
+                }
+            }
+            out.push(Shard {
+                first: examples,
+                at: found.iter().map(|f| (f.map, f.offset)).collect(),
+            });
+            examples += n;
+        }
+        Ok(MappedData {
+            maps,
+            arrays,
+            shards: out,
+            examples,
+            label: label.to_string(),
+        })
+    }
+}
+
+fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    if file
+        .metadata()
+        .map_err(|e| Error::io(path, "read", e))?
+        .len()
+        == 0
+    {
+        return Err(Error::new(format!("{}: empty file", path.display())));
+    }
+    // SAFETY: the map is read-only; graphopt never writes to its input.
+    // Another process truncating the file while it is read is outside
+    // what any loader can defend against.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, "map", e))?;
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::Random);
+    Ok(map)
+}
+
+/// The arrays of the npz at `path`, mapped (the map joins `maps`).
+fn map_npz(path: &Path, maps: &mut Vec<memmap2::Mmap>) -> Result<Vec<Found>> {
+    let i = maps.len();
+    maps.push(map_file(path)?);
+    let members = graphopt_tract::npz::members(&maps[i])
+        .map_err(|e| Error::with_kind(ErrorKind::Parse, format!("{}: {e:#}", path.display())))?;
+    members
+        .into_iter()
+        .map(|m| {
+            let name = m.name.clone();
+            layout_of(&maps[i][..m.start + m.len], m.start, i, name, path)
+        })
+        .collect()
+}
+
+/// The `.npy` array starting at `start` of `bytes` (map `map` of `path`).
+fn layout_of(bytes: &[u8], start: usize, map: usize, name: String, path: &Path) -> Result<Found> {
+    let bad = |e: String| {
+        Error::with_kind(
+            ErrorKind::Parse,
+            format!("{}: array '{name}': {e}", path.display()),
+        )
+    };
+    let l = graphopt_tract::npz::npy_layout(&bytes[start..]).map_err(|e| bad(format!("{e:#}")))?;
+    let dtype = match l.descr.as_str() {
+        "<f4" => DType::F32,
+        "<f8" => DType::F64,
+        "<f2" => DType::F16,
+        "<i8" => DType::I64,
+        "<i4" => DType::I32,
+        "<i2" => DType::I16,
+        "|i1" => DType::I8,
+        "|u1" => DType::U8,
+        "<u2" => DType::U16,
+        "<u4" => DType::U32,
+        "<u8" => DType::U64,
+        "|b1" => DType::Bool,
+        d => return Err(bad(format!("unsupported dtype '{d}'"))),
+    };
+    Ok(Found {
+        width: graphopt_tract::npz::npy_width(&l.descr).unwrap_or(1),
+        name,
+        dtype,
+        shape: l.shape,
+        map,
+        offset: start + l.data_offset,
+    })
+}
+
+impl DataSource for MappedData {
+    fn examples(&self) -> usize {
+        self.examples
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.arrays.iter().map(|a| a.0.clone()).collect()
+    }
+
+    fn gather(&self, indices: &[usize]) -> Result<Vec<(String, HostTensor)>> {
+        let mut out = Vec::with_capacity(self.arrays.len());
+        for (a, (name, dtype, per, row)) in self.arrays.iter().enumerate() {
+            let mut data = Vec::with_capacity(row * indices.len());
+            for &i in indices {
+                if i >= self.examples {
+                    return Err(Error::new(format!(
+                        "{}: example {i} of {}",
+                        self.label, self.examples
+                    )));
+                }
+                // The shard holding example i: the last one starting at or
+                // before it.
+                let s = &self.shards[self.shards.partition_point(|sh| sh.first <= i) - 1];
+                let (map, offset) = s.at[a];
+                let from = offset + (i - s.first) * row;
+                data.extend_from_slice(&self.maps[map][from..from + row]);
+            }
+            let mut shape = vec![indices.len()];
+            shape.extend_from_slice(per);
+            let t = HostTensor {
+                dtype: *dtype,
+                shape,
+                data,
+            };
+            if let Some(k) = first_non_finite(&t) {
+                let per_example = per.iter().product::<usize>().max(1);
+                return Err(Error::new(format!(
+                    "{}: array '{name}' holds NaN or Inf (example {})",
+                    self.label,
+                    indices[k / per_example]
+                )));
+            }
+            out.push((name.clone(), t));
         }
         Ok(out)
     }
@@ -392,5 +640,73 @@ mod tests {
         let b = d.gather(&[2, 0]).unwrap();
         assert_eq!(b[0].1.shape, vec![2, 2]);
         assert_eq!(b[0].1.to_f32().unwrap(), vec![4.0, 5.0, 0.0, 1.0]);
+    }
+
+    fn npz(arrays: &[(&str, HostTensor)]) -> Vec<u8> {
+        let a: Vec<(String, graphopt_tract::TractTensor)> = arrays
+            .iter()
+            .map(|(n, t)| (n.to_string(), crate::run::to_tract(t).unwrap()))
+            .collect();
+        graphopt_tract::npz::write(&a).unwrap()
+    }
+
+    #[test]
+    fn mapped_data_checks_what_it_gathers() {
+        let dir = tempfile::tempdir().unwrap();
+        let x = HostTensor::from_f32(&[3, 2], &[0.0, 1.0, 2.0, 3.0, f32::NAN, 5.0]);
+        let y = HostTensor::from_i64(&[3], &[0, 1, 2]);
+        let p = dir.path().join("d.npz");
+        std::fs::write(&p, npz(&[("x", x), ("y", y)])).unwrap();
+        let d = MappedData::open(&p).unwrap();
+        assert_eq!(d.examples(), 3);
+        let b = d.gather(&[1, 0]).unwrap();
+        assert_eq!(b[0].1.to_f32().unwrap(), vec![2.0, 3.0, 0.0, 1.0]);
+        assert_eq!(b[1].1.shape, vec![2]);
+        let e = d.gather(&[0, 2]).unwrap_err().to_string();
+        assert!(
+            e.ends_with("d.npz: array 'x' holds NaN or Inf (example 2)"),
+            "{e}"
+        );
+        // Shards whose arrays disagree, and a scalar.
+        let shards = dir.path().join("s");
+        std::fs::create_dir_all(&shards).unwrap();
+        let a = HostTensor::from_f32(&[2, 2], &[0.0; 4]);
+        let b = HostTensor::from_f32(&[2, 3], &[0.0; 6]);
+        std::fs::write(shards.join("0.npz"), npz(&[("x", a)])).unwrap();
+        std::fs::write(shards.join("1.npz"), npz(&[("x", b)])).unwrap();
+        let e = MappedData::open(&shards).err().unwrap().to_string();
+        assert!(
+            e.contains("1.npz: array 'x' is float[3] per example"),
+            "{e}"
+        );
+        let s = HostTensor::from_f32(&[], &[1.0]);
+        std::fs::write(shards.join("1.npz"), npz(&[("x", s)])).unwrap();
+        let e = MappedData::open(&shards).err().unwrap().to_string();
+        assert!(e.contains("array 'x' is a scalar"), "{e}");
+    }
+
+    #[test]
+    fn mapped_data_never_panics_on_a_cut_or_corrupted_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let x = HostTensor::from_f32(&[4, 3], &[0.5; 12]);
+        let y = HostTensor::from_i64(&[4], &[0, 1, 2, 3]);
+        let good = npz(&[("x", x), ("y", y)]);
+        let p = dir.path().join("d.npz");
+        let mut seed = 7u64;
+        for cut in 0..good.len() {
+            let mut bytes = good[..cut].to_vec();
+            // And a flipped byte in the kept part.
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            if !bytes.is_empty() {
+                let at = (seed >> 33) as usize % bytes.len();
+                bytes[at] ^= (seed >> 13) as u8 | 1;
+            }
+            for b in [&good[..cut], &bytes[..]] {
+                std::fs::write(&p, b).unwrap();
+                if let Ok(d) = MappedData::open(&p) {
+                    let _ = d.gather(&(0..d.examples()).collect::<Vec<_>>());
+                }
+            }
+        }
     }
 }
