@@ -30,6 +30,10 @@ pub struct Args {
     /// Seconds one solve may take (the exact solver returns its best).
     #[arg(long, value_name = "S", default_value_t = graphopt::REMAT_TIME_LIMIT_S)]
     time_limit: f64,
+    /// Plan without the model's donation table (by default `<p>_new` is
+    /// written over `<p>`, as in `plan` and `run`).
+    #[arg(long)]
+    no_donate: bool,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -137,6 +141,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         dims: dims.clone(),
         strategy: strategy.unwrap_or(RematStrategy::Auto),
         time_limit,
+        donate: !a.no_donate,
     })?;
     if let Some(path) = &a.torch_policy {
         // remat keeps the fx names of the nodes it saw: the policy exists
@@ -154,7 +159,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         let pct = |a: u64, b: u64| 100.0 * a as f64 / b.max(1) as f64;
         print_out(&format!(
             "{} -> {}\nstrategy {}{}: {} values dropped, {} nodes recomputed ({:.2} s)\n\
-             activation lower bound {} -> {} ({:.1}%, budget {})\narena {} -> {}\n\
+             activation lower bound {} -> {} ({:.1}%, budget {})\narena {} -> {}{}\n\
              FLOPs {:.3} G -> {:.3} G (+{:.2}%)\n",
             a.input.display(),
             output.display(),
@@ -173,6 +178,14 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             human_bytes(r.budget_bytes),
             human_bytes(r.arena_before_bytes),
             human_bytes(r.arena_after_bytes),
+            if r.donated_bytes > 0 {
+                format!(
+                    " (holding {} of parameters and optimizer state once, donated)",
+                    human_bytes(r.donated_bytes)
+                )
+            } else {
+                String::new()
+            },
             r.flops_before as f64 / 1e9,
             r.flops_after as f64 / 1e9,
             pct(

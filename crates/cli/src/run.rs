@@ -41,6 +41,10 @@ pub struct Args {
     /// Feed --inputs holding NaN or Inf as they are (by default refused).
     #[arg(long)]
     allow_non_finite: bool,
+    /// Plan the outputs of the model's donation table apart from the inputs
+    /// they would overwrite (by default `<p>_new` is written over `<p>`).
+    #[arg(long)]
+    no_donate: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -63,6 +67,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         poison: a.poison,
         threads: a.threads,
         allow_non_finite: a.allow_non_finite,
+        donate: !a.no_donate,
         tamper: None,
     };
     let r = session.run(&opts)?;
@@ -114,9 +119,17 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             s += &format!("palette     {w}: decoded whole by its plain nodes ({why})\n");
         }
         s += &format!(
-            "arena       {} planned, {} allocated\n",
+            "arena       {} planned, {} allocated{}\n",
             human_bytes(r.arena_planned_bytes),
-            human_bytes(r.arena_allocated_bytes)
+            human_bytes(r.arena_allocated_bytes),
+            if r.donated_bytes > 0 {
+                format!(
+                    " (holding {} of donated inputs once: parameters and optimizer state)",
+                    human_bytes(r.donated_bytes)
+                )
+            } else {
+                String::new()
+            }
         );
         s += &format!("workspace   {}\n", human_bytes(r.workspace_bytes));
         if r.subgraph_arena_bytes > 0 {

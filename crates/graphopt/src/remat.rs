@@ -16,8 +16,9 @@ use crate::session::Session;
 use crate::torch_policy::{torch_policy, TorchPolicy};
 use graphopt_ir::{Graph, Model};
 use graphopt_passes::remat::{self, cost, solve, Problem, Strategy};
+use graphopt_plan::donation::{declared_donations, resolve};
 use graphopt_plan::liveness::{live_bytes, liveness_with};
-use graphopt_plan::schedule::memory_aware_schedule_with;
+use graphopt_plan::schedule::memory_aware_schedule_donating;
 use graphopt_plan::{human_bytes, plan_model, DimValues, PlanOptions};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -71,6 +72,9 @@ pub struct RematOptions {
     /// Wall-clock limit of one solve (the exact solver stops there with
     /// its best answer).
     pub time_limit: Duration,
+    /// Plan with the model's donation table (`<p>_new` written over
+    /// `<p>`), as `plan` and `run` do by default. Default true.
+    pub donate: bool,
 }
 
 impl Default for RematOptions {
@@ -80,6 +84,7 @@ impl Default for RematOptions {
             dims: DimValues::default(),
             strategy: Strategy::Auto,
             time_limit: Duration::from_secs(10),
+            donate: true,
         }
     }
 }
@@ -96,6 +101,9 @@ pub struct RematReport {
     pub arena_before_bytes: u64,
     pub arena_after_bytes: u64,
     pub weights_bytes: u64,
+    /// Inputs held once in the arena, written over by their donated
+    /// outputs (parameters and optimizer state), after remat.
+    pub donated_bytes: u64,
     pub flops_before: u64,
     pub flops_after: u64,
     pub recomputed_nodes: Vec<String>,
@@ -233,15 +241,19 @@ struct Prepared {
 }
 
 impl Session {
-    fn remat_prepare(&mut self, dims: &DimValues) -> Result<Prepared> {
-        self.remat_prepare_with(dims, &PlanOptions::default())
-    }
-
-    /// [`Session::remat_prepare`], refusing a model with no backward pass
+    /// [`Session::remat_prepare_with`] at the default plan options, refusing a model with no backward pass
     /// (an inference model): there is nothing to recompute for, and the
     /// budget error the solvers would give says nothing of the cause.
     fn remat_prepare_training(&mut self, dims: &DimValues) -> Result<Prepared> {
-        let pre = self.remat_prepare(dims)?;
+        self.remat_prepare_training_with(dims, &PlanOptions::default())
+    }
+
+    fn remat_prepare_training_with(
+        &mut self,
+        dims: &DimValues,
+        popts: &PlanOptions,
+    ) -> Result<Prepared> {
+        let pre = self.remat_prepare_with(dims, popts)?;
         if let Some(why) = remat::not_a_training_graph(&pre.inferred.graph, &pre.problem) {
             return Err(self.err(Error::new(format!(
                 "no backward pass: remat recomputes forward values for a training graph; \
@@ -316,7 +328,11 @@ impl Session {
 
     fn remat_step(&mut self, opts: &RematOptions) -> Result<RematReport> {
         let t0 = Instant::now();
-        let pre = self.remat_prepare_training(&opts.dims)?;
+        let popts = PlanOptions {
+            donate: opts.donate,
+            ..PlanOptions::default()
+        };
+        let pre = self.remat_prepare_training_with(&opts.dims, &popts)?;
         let budget = opts.budget.bytes(pre.lower_bound);
         let p = &pre.problem;
         let sim_all = p.simulate(&vec![false; p.len()]).peak.max(1);
@@ -336,7 +352,7 @@ impl Session {
                 let Some(sol) = solve(p, opts.strategy, b, opts.time_limit) else {
                     continue;
                 };
-                let real = real_peak(&pre.inferred, p, &sol.drop)?;
+                let real = real_peak(&pre.inferred, p, &sol.drop, opts.donate)?;
                 if real <= budget {
                     chosen = Some((sol.drop, sol.proven_optimal, sol.strategy));
                     break;
@@ -346,7 +362,7 @@ impl Session {
         let solve_seconds = t0.elapsed().as_secs_f64();
         let Some((drop, proven, used)) = chosen else {
             let (least, _) = solve::least_peak(p, opts.time_limit);
-            let min = real_peak(&pre.inferred, p, &least)?.min(pre.lower_bound);
+            let min = real_peak(&pre.inferred, p, &least, opts.donate)?.min(pre.lower_bound);
             let msg = if min > budget {
                 format!(
                     "budget {} is below the least peak recomputation reaches here: {} ({min} bytes; \
@@ -377,7 +393,6 @@ impl Session {
         };
         let mut model = self.model.clone();
         let rw = remat::rewrite(&mut model.graph, p, &drop).map_err(|e| self.err(e))?;
-        let popts = PlanOptions::default();
         let after = plan_model(&model, &opts.dims, &popts).map_err(|e| self.err(e))?;
         model
             .graph
@@ -397,6 +412,7 @@ impl Session {
             arena_before_bytes: pre.arena,
             arena_after_bytes: after.plan.arena_bytes,
             weights_bytes: pre.weights,
+            donated_bytes: after.plan.donated_bytes,
             flops_before: pre.flops,
             flops_after,
             recomputed_nodes: rw.recomputed_nodes,
@@ -464,7 +480,7 @@ impl Session {
             let (sols, longest) = solve::frontier(p, s, points, time_limit);
             let mut pts = Vec::new();
             for (k, sol) in sols.iter().enumerate() {
-                let real = real_peak(&pre.inferred, p, &sol.drop)?;
+                let real = real_peak(&pre.inferred, p, &sol.drop, true)?;
                 pts.push((
                     k,
                     FrontierPoint {
@@ -650,11 +666,18 @@ fn choose(points: &[FrontierPoint], budget: Option<u64>) -> Option<(usize, Choic
     }
 }
 
-/// The planner's lower bound of the graph rewritten with `drop`.
-fn real_peak(inferred: &Model, p: &Problem, drop: &[bool]) -> Result<u64> {
+/// The planner's lower bound of the graph rewritten with `drop`: with the
+/// model's donation table when `donate`, as `plan_model` schedules it.
+fn real_peak(inferred: &Model, p: &Problem, drop: &[bool], donate: bool) -> Result<u64> {
     let mut g: Graph = inferred.graph.clone();
     remat::rewrite(&mut g, p, drop)?;
-    Ok(memory_aware_schedule_with(&g, true, true)?.peak)
+    let declared = if donate {
+        declared_donations(inferred)
+    } else {
+        Vec::new()
+    };
+    let (pairs, _) = resolve(&g, &declared);
+    Ok(memory_aware_schedule_donating(&g, true, true, &pairs)?.peak)
 }
 
 fn timeline(g: &Graph, schedule: &[graphopt_ir::NodeId]) -> Result<Vec<u64>> {

@@ -82,6 +82,11 @@ pub struct RunOptions {
     /// for them, the ONNX node tests). By default such data is refused,
     /// naming the array.
     pub allow_non_finite: bool,
+    /// Honour the model's donation table (`graphopt grad` declares
+    /// `<p>_new` over `<p>`): each such output is written over its input
+    /// in the arena, so parameters and optimizer state are held once.
+    /// Default true; false plans the outputs apart.
+    pub donate: bool,
     /// Test hook: edits the plan before it runs, to plant a planner bug
     /// and show that the poison check fails. Not for production use.
     #[doc(hidden)]
@@ -98,7 +103,18 @@ impl Default for RunOptions {
             poison: false,
             threads: None,
             allow_non_finite: false,
+            donate: true,
             tamper: None,
+        }
+    }
+}
+
+impl RunOptions {
+    /// The planner's options for this run.
+    fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            donate: self.donate,
+            ..PlanOptions::default()
         }
     }
 }
@@ -139,6 +155,9 @@ pub struct RunReport {
     /// Weights copied because the file left them misaligned (else read in place).
     pub weights_copied_bytes: u64,
     pub arena_planned_bytes: u64,
+    /// Inputs written over by their donated outputs (parameters and
+    /// optimizer state of a training step): held once, inside the arena.
+    pub donated_bytes: u64,
     pub arena_allocated_bytes: u64,
     pub workspace_bytes: u64,
     /// Peak bytes allocated outside the arena, in the last clean run, for
@@ -295,7 +314,7 @@ impl Session {
 }
 
 /// The dims and input shapes a plan was made for.
-type PlanKey = (Vec<(String, i64)>, Vec<(String, Vec<i64>)>);
+type PlanKey = (Vec<(String, i64)>, Vec<(String, Vec<i64>)>, bool);
 
 /// Runs one session's model again and again: symbolic dims are bound from
 /// each call's inputs, and the plan and kernels made for those shapes are
@@ -360,7 +379,7 @@ impl Runner<'_> {
         if opts.device == Device::Cuda {
             return run_cuda(session, opts, &host, label, &dims);
         }
-        let key: PlanKey = (dims.bound.clone(), dims.shapes.clone());
+        let key: PlanKey = (dims.bound.clone(), dims.shapes.clone(), opts.donate);
         let hit = match opts.tamper {
             // A tampered plan is never cached (nor taken from the cache).
             Some(_) => None,
@@ -375,7 +394,7 @@ impl Runner<'_> {
         let slot = match hit {
             Some(i) => i,
             None => {
-                let mut mp = graphopt_plan::plan_model(model, &dims, &PlanOptions::default())
+                let mut mp = graphopt_plan::plan_model(model, &dims, &opts.plan_options())
                     .map_err(|e| session.err(e))?;
                 if let Some(f) = opts.tamper {
                     f(&mut mp.plan);
@@ -459,6 +478,7 @@ impl Runner<'_> {
             weights_bytes: exe.weights_bytes(),
             weights_copied_bytes: exe.weights_copied_bytes(),
             arena_planned_bytes: exe.arena_planned_bytes(),
+            donated_bytes: exe.donated_bytes(),
             arena_allocated_bytes: exe.arena_allocated_bytes(),
             workspace_bytes: exe.workspace_bytes(),
             dynamic_bytes,
@@ -486,7 +506,7 @@ fn run_cuda(
     dims: &DimValues,
 ) -> Result<RunReport> {
     let t0 = Instant::now();
-    let mut mp = graphopt_plan::plan_model(&session.model, dims, &PlanOptions::default())
+    let mut mp = graphopt_plan::plan_model(&session.model, dims, &opts.plan_options())
         .map_err(|e| session.err(e))?;
     if let Some(f) = opts.tamper {
         f(&mut mp.plan);
@@ -544,6 +564,7 @@ fn run_cuda(
         weights_bytes: exe.weights_bytes(),
         weights_copied_bytes: 0,
         arena_planned_bytes: mp.plan.arena_bytes,
+        donated_bytes: mp.plan.donated_bytes,
         arena_allocated_bytes: mem.arena_bytes,
         workspace_bytes: mem.workspace_bytes,
         dynamic_bytes: 0,

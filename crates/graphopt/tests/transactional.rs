@@ -132,6 +132,7 @@ fn grad_and_remat_failures_restore() {
             dims: graphopt::plan::DimValues::new(&[("batch".into(), 4), ("seq".into(), 8)]),
             strategy: graphopt::RematStrategy::Auto,
             time_limit: std::time::Duration::from_secs(5),
+            donate: true,
         })
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Budget, "{e}");
