@@ -4,7 +4,7 @@
 
 use crate::grad::{globs, Hyperparameters};
 use crate::util::{human_bytes, json_text, print_out};
-use graphopt::{ArrayData, DataSource, Metric, TrainLength, TrainOptions};
+use graphopt::{DataSource, MappedData, Metric, TrainLength, TrainOptions};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,7 +18,8 @@ pub struct Args {
     #[arg(short = 'o', value_name = "TRAINED.onnx")]
     output: PathBuf,
     /// Training data: an npz whose arrays are named like the model's inputs,
-    /// plus the target; or a folder of npz shards (concatenated in name order).
+    /// plus the target; or a folder of shards concatenated in name order (npz
+    /// files, or npy files holding one array each). Read memory-mapped.
     #[arg(long, value_name = "TRAIN.npz|DIR")]
     data: PathBuf,
     /// Data measured after every epoch and at the end.
@@ -62,6 +63,11 @@ pub struct Args {
     /// --micro-batches, the fewest micro-batches that fit are chosen.
     #[arg(long, value_name = "BYTES")]
     budget: Option<String>,
+    /// Under --budget: `auto` recomputes forward values in the backward pass
+    /// where micro-batches alone do not fit, so the largest micro-batch that
+    /// fits wins; `none` only splits the batch (default auto).
+    #[arg(long, value_name = "auto|none", requires = "budget")]
+    remat: Option<String>,
     /// Epochs (default: one, when --steps is not given either).
     #[arg(long, conflicts_with = "steps")]
     epochs: Option<usize>,
@@ -142,11 +148,14 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             graphopt::util::parse_size(b).map_err(|e| graphopt::Error::new(format!("--budget {e}")))
         })
         .transpose()?;
+    if let Some(r) = &a.remat {
+        opts.remat = graphopt::parse_train_remat(r)?;
+    }
     opts.validate()?;
     let mut session = graphopt::load(&a.input)?;
     session.check_output_path(&a.output)?;
-    let data = ArrayData::load(&a.data)?;
-    let eval = a.eval.as_deref().map(ArrayData::load).transpose()?;
+    let data = MappedData::open(&a.data)?;
+    let eval = a.eval.as_deref().map(MappedData::open).transpose()?;
     let bar = std::io::stderr().is_terminal() && !a.json;
     let started = Instant::now();
     let mut progress = |r: &graphopt::StepRecord| {
@@ -225,6 +234,16 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                     human_bytes(b)
                 ))
                 .unwrap_or_default()
+        );
+    }
+    if let Some(c) = &r.recompute {
+        out += &format!(
+            "recomputation: {} nodes ({}), {:+.1}% FLOPs; peak lower bound {} -> {}\n",
+            c.recomputed_nodes,
+            c.strategy,
+            c.extra_flops_pct,
+            human_bytes(c.lower_bound_before_bytes),
+            human_bytes(c.lower_bound_after_bytes)
         );
     }
     out += &format!(

@@ -10,7 +10,9 @@
 //!   again through the library, it gives the accuracy the report gave;
 //! - a run resumed from a checkpoint logs the same losses, bit for bit, as
 //!   the uninterrupted run;
-//! - bad input is one line and exit 1, with nothing written.
+//! - bad input is one line and exit 1, with nothing written;
+//! - `--budget` recomputes (vit_tiny) before it splits the batch, and
+//!   folders of npz or npy shards train like the one file.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -74,30 +76,42 @@ fn opt_args(t: &Value, name: &str) -> Vec<String> {
 /// Runs `graphopt train` on digits model `m`; returns the JSON report and
 /// the log's losses.
 fn train(m: &str, dir: &Path, extra: &[String], shuffle: bool) -> (Value, Vec<f64>) {
-    let log = dir.join("log.csv");
-    let out = dir.join("trained.onnx");
     let mut args: Vec<String> = vec![
-        "train".into(),
-        td(&format!("train/digits_{m}.onnx")).display().to_string(),
-        "--data".into(),
-        td(&format!("train/digits_{m}.train.npz"))
-            .display()
-            .to_string(),
         "--target".into(),
         "y".into(),
         "--batch".into(),
         "32".into(),
         "--threads".into(),
         "2".into(),
+    ];
+    if !shuffle {
+        args.push("--no-shuffle".into());
+    }
+    args.extend(extra.iter().cloned());
+    train_on(
+        &td(&format!("train/digits_{m}.onnx")),
+        &td(&format!("train/digits_{m}.train.npz")),
+        dir,
+        &args,
+    )
+}
+
+/// `graphopt train MODEL --data DATA ARGS --json --log` into `dir`: the
+/// JSON report and the log's losses.
+fn train_on(model: &Path, data: &Path, dir: &Path, extra: &[String]) -> (Value, Vec<f64>) {
+    let log = dir.join("log.csv");
+    let out = dir.join("trained.onnx");
+    let mut args: Vec<String> = vec![
+        "train".into(),
+        model.display().to_string(),
+        "--data".into(),
+        data.display().to_string(),
         "-o".into(),
         out.display().to_string(),
         "--log".into(),
         log.display().to_string(),
         "--json".into(),
     ];
-    if !shuffle {
-        args.push("--no-shuffle".into());
-    }
     args.extend(extra.iter().cloned());
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, stdout, stderr) = graphopt(&a);
@@ -110,6 +124,10 @@ fn train(m: &str, dir: &Path, extra: &[String], shuffle: bool) -> (Value, Vec<f6
         .map(|l| l.split(',').nth(2).unwrap().parse::<f64>().unwrap())
         .collect();
     (report, losses)
+}
+
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
 }
 
 #[test]
@@ -427,5 +445,135 @@ fn evals_leave_the_training_untouched() {
         assert_eq!(losses, plain, "{metric}: the evals changed the training");
         let _ = std::fs::remove_dir_all(&dir);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_budget_recomputes_before_it_splits_the_batch() {
+    // vit_tiny's SGD step on a sum loss at batch 32 plans 5.04 MB whole.
+    // Within 4 MB, recomputation keeps the batch whole (28 nodes
+    // recomputed, 3.99 MB planned); without it the batch is split in 4.
+    let dir = tmp("remat");
+    let mut rng = 1u64;
+    let pixels: Vec<f32> = (0..64 * 3 * 32 * 32)
+        .map(|_| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((rng >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect();
+    let x = graphopt::HostTensor::from_f32(&[64, 3, 32, 32], &pixels);
+    let data = dir.join("pixels.npz");
+    let npz =
+        graphopt::tract::npz::write(&[("pixel_values".into(), graphopt::to_tract(&x).unwrap())])
+            .unwrap();
+    std::fs::write(&data, npz).unwrap();
+    let model = td("models/vit_tiny.ts14.onnx");
+    let base = strings(&[
+        "--batch",
+        "32",
+        "--steps",
+        "2",
+        "--loss",
+        "sum",
+        "--threads",
+        "2",
+    ]);
+    let with = |extra: &[&str]| {
+        let mut a = base.clone();
+        a.extend(strings(extra));
+        train_on(&model, &data, &dir, &a)
+    };
+    let (whole, losses) = with(&[]);
+    assert_eq!(whole["recompute"], Value::Null, "{whole}");
+    let (r, remat_losses) = with(&["--budget", "4MB"]);
+    assert_eq!(r["micro_batches"], 1, "{r}");
+    assert!(r["planned_bytes"].as_u64().unwrap() <= 4_000_000, "{r}");
+    assert!(
+        r["planned_bytes"].as_u64() < whole["planned_bytes"].as_u64(),
+        "{r}"
+    );
+    let c = &r["recompute"];
+    assert!(c["recomputed_nodes"].as_u64().unwrap() > 0, "{r}");
+    assert!(c["extra_flops_pct"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(
+        c["lower_bound_after_bytes"].as_u64() < c["lower_bound_before_bytes"].as_u64(),
+        "{r}"
+    );
+    // Recomputed values are the same ops on the same inputs: the losses
+    // are the whole step's, bit for bit.
+    assert_eq!(remat_losses, losses);
+    let (r, _) = with(&["--budget", "4MB", "--remat", "none"]);
+    assert!(r["micro_batches"].as_u64().unwrap() > 1, "{r}");
+    assert_eq!(r["recompute"], Value::Null, "{r}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn shards_are_read_in_place_with_the_losses_of_one_file() {
+    // The digits CNN's data as one npz, as two npz shards, and as one npy
+    // file per array: the same examples, so the same losses, bit for bit.
+    let dir = tmp("shards");
+    let bytes = std::fs::read(td("train/digits_cnn.train.npz")).unwrap();
+    let arrays = graphopt::tract::npz::read(&bytes).unwrap();
+    let npz = dir.join("npz");
+    let npy = dir.join("npy");
+    std::fs::create_dir_all(&npz).unwrap();
+    std::fs::create_dir_all(&npy).unwrap();
+    let mut halves: Vec<Vec<(String, graphopt::tract::TractTensor)>> = vec![Vec::new(), Vec::new()];
+    for (name, t) in &arrays {
+        let n = t.shape()[0];
+        for (k, half) in halves.iter_mut().enumerate() {
+            let (a, b) = if k == 0 { (0, n / 3) } else { (n / 3, n) };
+            half.push((name.clone(), t.slice(0, a, b).unwrap()));
+        }
+        std::fs::write(
+            npy.join(format!("{name}.npy")),
+            graphopt::tract::npz::write_npy(t).unwrap(),
+        )
+        .unwrap();
+    }
+    for (k, half) in halves.iter().enumerate() {
+        std::fs::write(
+            npz.join(format!("part-{k}.npz")),
+            graphopt::tract::npz::write(half).unwrap(),
+        )
+        .unwrap();
+    }
+    let args = strings(&[
+        "--target",
+        "y",
+        "--batch",
+        "32",
+        "--steps",
+        "20",
+        "--threads",
+        "2",
+    ]);
+    let model = td("train/digits_cnn.onnx");
+    let (_, one) = train_on(&model, &td("train/digits_cnn.train.npz"), &dir, &args);
+    for folder in [&npz, &npy] {
+        let (r, losses) = train_on(&model, folder, &dir, &args);
+        assert_eq!(losses, one, "{}", folder.display());
+        assert_eq!(r["examples"], arrays["x"].shape()[0], "{r}");
+    }
+    // A folder mixing both kinds is refused in one line.
+    std::fs::copy(npz.join("part-0.npz"), npy.join("part-0.npz")).unwrap();
+    let (code, _, err) = graphopt(&[
+        "train",
+        &model.display().to_string(),
+        "--data",
+        &npy.display().to_string(),
+        "--target",
+        "y",
+        "--batch",
+        "32",
+        "-o",
+        &dir.join("x.onnx").display().to_string(),
+    ]);
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("holds both .npz and .npy files"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -430,8 +430,8 @@ impl PySession {
                         target=None, class_axis=None, optimizer=None, lr=None,
                         weight_decay=None, betas=None, eps=None, trainable=None, frozen=None,
                         seed=None, shuffle=true, dropout_train=true, eval=None, metric=None,
-                        micro_batches=None, budget=None, checkpoint=None, every=None,
-                        resume=None, threads=None))]
+                        micro_batches=None, budget=None, remat=None, checkpoint=None,
+                        every=None, resume=None, threads=None))]
     #[allow(clippy::too_many_arguments)]
     fn train(
         &self,
@@ -458,6 +458,7 @@ impl PySession {
         metric: Option<&str>,
         micro_batches: Option<usize>,
         budget: Option<&Bound<'_, PyAny>>,
+        remat: Option<&str>,
         checkpoint: Option<PathBuf>,
         every: Option<usize>,
         resume: Option<PathBuf>,
@@ -498,6 +499,9 @@ impl PySession {
             .filter(|b| !b.is_none())
             .map(parse_budget)
             .transpose()?;
+        if let Some(r) = remat {
+            opts.remat = graphopt::parse_train_remat(r).map_err(gerr)?;
+        }
         opts.checkpoint = checkpoint;
         opts.every = every.unwrap_or(opts.every);
         opts.resume = resume;
@@ -508,7 +512,8 @@ impl PySession {
             .map(|e| array_data(e, "eval"))
             .transpose()?;
         self.transform(py, "train", move |s| {
-            let r = s.train(&data, eval.as_ref().map(|e| e as &dyn DataSource), &opts)?;
+            let eval: Option<&dyn DataSource> = eval.as_deref().map(|e| e as &dyn DataSource);
+            let r = s.train(data.as_ref(), eval, &opts)?;
             to_json(&r)
         })
     }
@@ -684,7 +689,8 @@ impl PySession {
     /// the least reachable peak raises GraphoptError naming that minimum.
     /// Returns a new Session; its report has the `graphopt remat --json`
     /// fields.
-    #[pyo3(signature = (budget, dims=None, strategy="auto", time_limit=graphopt::REMAT_TIME_LIMIT_S))]
+    #[pyo3(signature = (budget, dims=None, strategy="auto", time_limit=graphopt::REMAT_TIME_LIMIT_S,
+                        donate=None))]
     fn remat(
         &self,
         py: Python<'_>,
@@ -692,6 +698,7 @@ impl PySession {
         dims: Option<&Bound<'_, PyDict>>,
         strategy: &str,
         time_limit: f64,
+        donate: Option<bool>,
     ) -> PyResult<PySession> {
         let budget = parse_remat_budget(budget)?;
         let strategy = graphopt::parse_strategy(strategy).map_err(gerr)?;
@@ -701,6 +708,7 @@ impl PySession {
             dims: DimValues::new(&dims_arg(dims)?),
             strategy,
             time_limit,
+            donate: donate.unwrap_or(graphopt::RematOptions::default().donate),
         };
         self.transform(py, "remat", move |s| to_json(&s.remat(&opts)?))
     }
@@ -871,7 +879,8 @@ impl PySession {
     /// (built, not yet run on a GPU); without a GPU it raises GraphoptError
     /// with the CLI's message.
     #[pyo3(signature = (inputs=None, device="cpu", dims=None, repeat=1, poison=false,
-                        threads=None, seed=7, return_report=false, allow_non_finite=false))]
+                        threads=None, seed=7, return_report=false, allow_non_finite=false,
+                        donate=None))]
     #[allow(clippy::too_many_arguments)]
     fn run<'py>(
         &self,
@@ -885,6 +894,7 @@ impl PySession {
         seed: u64,
         return_report: bool,
         allow_non_finite: bool,
+        donate: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let device = Device::parse(device).map_err(gerr)?;
         let dims = dims_arg(dims)?;
@@ -896,6 +906,7 @@ impl PySession {
             poison,
             threads,
             allow_non_finite,
+            donate: donate.unwrap_or(RunOptions::default().donate),
             tamper: None,
         };
         let mut r = self.with(py, move |s| {

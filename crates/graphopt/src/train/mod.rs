@@ -8,13 +8,25 @@
 //!    optimizer the gradients are not graph outputs: each dies once its
 //!    update has read it.
 //! 2. It is planned once for the batch's shapes and bound to the CPU
-//!    runtime. The parameters and the optimizer state live outside the
-//!    arena; each step reads them and its `<name>_new` outputs replace them.
+//!    runtime. The model's donation table (written by `grad`) lets each
+//!    `<name>_new` output be written over its input: the parameters and
+//!    the optimizer state live in the step's arena, held once, and stay
+//!    there from step to step.
+//!    - With `micro_batches`, the gradients of equal slices of the batch
+//!      are summed (averaged for a mean loss) and a separate update graph
+//!      steps once: the whole batch's update, within float rounding.
+//!    - With a `budget`, the largest micro-batch whose planned bytes
+//!      (parameters, optimizer state, accumulators, arenas, workspaces)
+//!      fit is chosen. Where a micro-batch does not fit as it is, and
+//!      `remat` is on, [`Session::remat`] first rewrites the graph that
+//!      holds the batch to recompute forward values, aimed at the bytes
+//!      missing (at most [`REMAT_TRIES`] plans per micro-batch count).
 //! 3. Batches come from a [`DataSource`]. Each epoch visits the examples
 //!    in a permutation drawn from `seed` and the epoch number (or in order
 //!    without `shuffle`). The last partial batch of an epoch is dropped (a
 //!    batch of another size would be another plan), and the report says
-//!    how many examples that leaves out. The next batch is gathered on a
+//!    how many examples that leaves out. [`MappedData`] reads files in
+//!    place (memory-mapped), [`ArrayData`] holds arrays in memory. The next batch is gathered on a
 //!    second thread while the step runs; the time the step loop waits for
 //!    it is reported.
 //! 4. A loss that is not finite stops the run with an error naming the
@@ -28,9 +40,7 @@
 //!    trainable initializers set to the trained values: saving it writes a
 //!    plain inference model. On an error the session is unchanged.
 //!
-//! Not yet: micro-batches, a memory budget choosing the batch, recompute,
-//! CUDA, donation of the parameters' buffers (the step's outputs are
-//! copies), memory-mapped shards.
+//! Not yet: CUDA (the step runs on the CPU runtime only).
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::grad::{Loss, OptimizerSpec};
@@ -54,8 +64,11 @@ mod report;
 mod step;
 
 pub(crate) use data::read_npz;
-pub use data::{epoch_permutation, ArrayData, DataSource};
-pub use report::{train_svg, EvalRecord, StepRecord, TrainReport};
+pub use data::{epoch_permutation, ArrayData, DataSource, MappedData};
+pub use report::{train_svg, EvalRecord, RecomputeRecord, StepRecord, TrainReport};
+
+/// Plans tried per micro-batch count when recomputation aims at a budget.
+const REMAT_TRIES: usize = 3;
 
 use checkpoint::{
     checkpoint_file, resume, scalar_i64, BATCH_KEY, EXAMPLES_KEY, SEED_KEY, SHUFFLE_KEY, STEP_KEY,
@@ -70,6 +83,15 @@ use step::{host_of, StepGraphs, Stepper};
 pub enum TrainLength {
     Epochs(usize),
     Steps(usize),
+}
+
+/// `--remat auto|none` of `train`: whether a budget may use recomputation.
+pub fn parse_train_remat(s: &str) -> Result<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(true),
+        "none" => Ok(false),
+        _ => Err(Error::new(format!("--remat {s}: expected auto or none"))),
+    }
 }
 
 /// What the eval pass measures after each epoch.
@@ -136,6 +158,10 @@ pub struct TrainOptions {
     /// accumulators, arenas and workspaces. Without `micro_batches`, the
     /// fewest micro-batches that fit are chosen.
     pub budget: Option<u64>,
+    /// Under a `budget`, recompute forward values in the backward pass
+    /// where the micro-batches alone do not fit (default true): the
+    /// largest micro-batch that fits, with recomputation if needed, wins.
+    pub remat: bool,
 }
 
 impl TrainOptions {
@@ -161,6 +187,7 @@ impl TrainOptions {
             resume: None,
             micro_batches: None,
             budget: None,
+            remat: true,
         }
     }
 
@@ -294,16 +321,47 @@ impl Session {
         let mut chosen: Option<Stepper> = None;
         let mut tried: Vec<String> = Vec::new();
         for m in counts {
-            let s = graphs.stepper(self, &first, m, data)?;
+            let s = graphs.stepper(self, &first, m, data, None)?;
             let need = s.planned_bytes();
-            match opts.budget {
-                Some(b) if need > b => {
-                    tried.push(format!("{} x {}: {}", m, opts.batch / m, human_bytes(need)));
-                }
-                _ => {
-                    chosen = Some(s);
+            let Some(budget) = opts.budget.filter(|&b| need > b) else {
+                chosen = Some(s);
+                break;
+            };
+            let shape = format!("{} x {}", m, opts.batch / m);
+            tried.push(format!("{shape}: {}", human_bytes(need)));
+            if !opts.remat {
+                continue;
+            }
+            // Recomputation lowers the arena of the graph holding the
+            // batch: aim its lower bound at the excess below today's,
+            // then tighten by what the real plan still misses.
+            let mut lower_bound = s.batch_lower_bound().saturating_sub(need - budget);
+            drop(s);
+            for _ in 0..REMAT_TRIES {
+                if lower_bound == 0 {
+                    tried.push(format!(
+                        "{shape} with recomputation: the step's other bytes alone exceed the budget"
+                    ));
                     break;
                 }
+                match graphs.stepper(self, &first, m, data, Some(lower_bound)) {
+                    Ok(r) if r.planned_bytes() <= budget => {
+                        chosen = Some(r);
+                        break;
+                    }
+                    Ok(r) => {
+                        let miss = r.planned_bytes() - budget;
+                        lower_bound = r.batch_lower_bound().saturating_sub(miss);
+                    }
+                    Err(e) if e.kind() == ErrorKind::Budget => {
+                        tried.push(format!("{shape} with recomputation: {e}"));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if chosen.is_some() {
+                break;
             }
         }
         let Some(mut stepper) = chosen else {
@@ -313,6 +371,13 @@ impl Session {
                 tried.join(", ")
             )));
         };
+        let recompute = stepper.remat.as_ref().map(|r| RecomputeRecord {
+            strategy: r.strategy.clone(),
+            recomputed_nodes: r.recomputed_nodes.len(),
+            extra_flops_pct: 100.0 * (r.flops_after as f64 / r.flops_before.max(1) as f64 - 1.0),
+            lower_bound_before_bytes: r.lower_bound_before_bytes,
+            lower_bound_after_bytes: r.lower_bound_after_bytes,
+        });
         let mut state = graphs.take_state(stepper.micro);
         let params = stepper.params.clone();
         let bytes_of = |names: &mut dyn Iterator<Item = &String>, state: &State| -> u64 {
@@ -505,6 +570,7 @@ impl Session {
             micro_batches: micro,
             micro_batch: opts.batch / micro,
             budget_bytes: opts.budget,
+            recompute,
             planned_bytes,
             donated_bytes,
             dropped_per_epoch: n % opts.batch,

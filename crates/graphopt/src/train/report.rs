@@ -30,6 +30,21 @@ pub struct EvalRecord {
     pub examples: usize,
 }
 
+/// What recomputation did to the training step (a `budget` that the
+/// micro-batches alone do not meet, with `remat` on).
+#[derive(Clone, Debug, Serialize)]
+pub struct RecomputeRecord {
+    /// The solver [`crate::Session::remat`] used.
+    pub strategy: String,
+    /// Nodes computed a second time in the backward pass.
+    pub recomputed_nodes: usize,
+    /// FLOPs of the graph holding the batch, more than without recomputation.
+    pub extra_flops_pct: f64,
+    /// The planner's lower bound of that graph's peak, before and after.
+    pub lower_bound_before_bytes: u64,
+    pub lower_bound_after_bytes: u64,
+}
+
 /// What [`Session::train`] did.
 #[derive(Clone, Debug, Serialize)]
 pub struct TrainReport {
@@ -40,6 +55,8 @@ pub struct TrainReport {
     pub micro_batches: usize,
     pub micro_batch: usize,
     pub budget_bytes: Option<u64>,
+    /// Recomputation, when the budget needed it.
+    pub recompute: Option<RecomputeRecord>,
     /// What the step plans for: parameters, optimizer state, gradient
     /// accumulators, arenas and workspaces.
     pub planned_bytes: u64,

@@ -5,6 +5,7 @@ use super::data::{batch_dims, slice_rows, DataSource};
 use super::{State, TrainOptions};
 use crate::error::{Error, Result};
 use crate::grad::{GradOptions, Loss};
+use crate::remat::{Budget, RematOptions, RematReport};
 use crate::session::Session;
 use graphopt_autodiff::{GradOptions as AutodiffOptions, Optimizer};
 use graphopt_exec::{CpuBackend, Executable, HostTensor};
@@ -95,12 +96,16 @@ impl StepGraphs {
     }
 
     /// The step for `micro` micro-batches, planned for `first`'s shapes.
+    /// With `recompute`, the graph that holds the batch (the fused step,
+    /// or the gradients') is first rewritten by [`Session::remat`] so that
+    /// the planner's lower bound of its peak is at most that many bytes.
     pub(super) fn stepper(
         &mut self,
         session: &Session,
         first: &State,
         micro: usize,
         data: &dyn DataSource,
+        recompute: Option<u64>,
     ) -> Result<Stepper> {
         let batch = first.values().next().map_or(0, |t| t.shape[0]);
         if micro == 0 || !batch.is_multiple_of(micro) {
@@ -116,8 +121,10 @@ impl StepGraphs {
                 self.fused = Some(built);
             }
             let (m, params, state) = self.fused.as_ref().expect("built");
-            let fused = Bound::new(session, m, &dims, first, data)?;
+            let (rewritten, remat) = recomputed(session, m, &dims, recompute)?;
+            let fused = Bound::new(session, rewritten.as_ref().unwrap_or(m), &dims, first, data)?;
             return Ok(Stepper {
+                remat,
                 micro,
                 fused: Some(fused),
                 grads: None,
@@ -157,7 +164,14 @@ impl StepGraphs {
         }
         let (gm, _, gstate) = self.grads.as_ref().expect("built");
         let (um, ustate) = self.update.as_ref().expect("built");
-        let grads = Bound::new(session, gm, &dims, first, data)?;
+        let (rewritten, remat) = recomputed(session, gm, &dims, recompute)?;
+        let grads = Bound::new(
+            session,
+            rewritten.as_ref().unwrap_or(gm),
+            &dims,
+            first,
+            data,
+        )?;
         let update = Bound::new(session, um, &DimValues::default(), &State::new(), data)?;
         Ok(Stepper {
             micro,
@@ -169,6 +183,7 @@ impl StepGraphs {
             params,
             mean: self.opts.loss != Loss::Sum,
             restore: None,
+            remat,
         })
     }
 
@@ -192,6 +207,27 @@ impl StepGraphs {
         }
         state
     }
+}
+
+/// `model` rewritten by [`Session::remat`] to a planner lower bound of at
+/// most `budget` bytes at `dims` (`None, None` without a budget).
+fn recomputed(
+    session: &Session,
+    model: &Model,
+    dims: &DimValues,
+    budget: Option<u64>,
+) -> Result<(Option<Model>, Option<RematReport>)> {
+    let Some(budget) = budget else {
+        return Ok((None, None));
+    };
+    let mut s = Session::from_model(model.clone());
+    s.source = session.source.clone();
+    let r = s.remat(&RematOptions {
+        budget: Budget::Bytes(budget),
+        dims: dims.clone(),
+        ..RematOptions::default()
+    })?;
+    Ok((Some(s.into_model()), Some(r)))
 }
 
 /// Bytes of `state` (of the entries `only` names, when given).
@@ -265,6 +301,8 @@ pub(super) struct Bound {
     /// The donated inputs' values live in the arena (after a kept run);
     /// the host's copies are gone.
     pub(super) kept: bool,
+    /// The planner's lower bound of the arena (the peak of live bytes).
+    pub(super) lower_bound: u64,
 }
 
 impl Bound {
@@ -303,6 +341,7 @@ impl Bound {
         let outputs = exe.output_names();
         let donated = exe.donated_pairs().into_iter().map(|(i, _)| i).collect();
         Ok(Bound {
+            lower_bound: planned.plan.lower_bound_bytes,
             exe,
             inputs,
             outputs,
@@ -430,6 +469,8 @@ pub(super) struct Stepper {
     pub(super) mean: bool,
     /// Kept state an eval overwrote, to give back before the next step.
     pub(super) restore: Option<State>,
+    /// What recomputation did to the graph holding the batch, if it ran.
+    pub(super) remat: Option<RematReport>,
 }
 
 impl Stepper {
@@ -463,6 +504,14 @@ impl Stepper {
             + acc
             + self.arena_bytes()
             + self.workspace_bytes()
+    }
+
+    /// The planner's lower bound of the graph that holds the batch.
+    pub(super) fn batch_lower_bound(&self) -> u64 {
+        self.fused
+            .as_ref()
+            .or(self.grads.as_ref())
+            .map_or(0, |b| b.lower_bound)
     }
 
     pub(super) fn bounds(&self) -> impl Iterator<Item = &Bound> {

@@ -144,6 +144,7 @@ class Session:
         metric: Literal["accuracy", "loss"] | None = None,
         micro_batches: int | None = None,
         budget: int | str | None = None,
+        remat: Literal["auto", "none"] | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
         every: int | None = None,
         resume: str | os.PathLike[str] | None = None,
@@ -155,7 +156,8 @@ class Session:
         dict of arrays with a leading example axis (the model's inputs and the target), or
         an iterable of such dicts (concatenated). Options left None take the library's
         defaults: cross_entropy, target ``target``, class axis 1, sgd, seed 0, one epoch,
-        accuracy, a checkpoint every 100 steps."""
+        accuracy, a checkpoint every 100 steps. Under ``budget``, ``remat="auto"`` (the
+        default) recomputes forward values where micro-batches alone do not fit."""
     def quantize(
         self,
         mode: Literal["dynamic", "static", "int8-weights", "int4-weights"],
@@ -216,9 +218,11 @@ class Session:
         dims: Dims | None = None,
         strategy: Literal["auto", "optimal", "fast", "sqrt", "per-block"] = "auto",
         time_limit: float = 10.0,
+        donate: bool | None = None,
     ) -> Session:
         """A training graph that fits ``budget`` (bytes, "2GiB" or "40%" of store-all)
-        by recomputing forward values (``graphopt remat``)."""
+        by recomputing forward values (``graphopt remat``); ``donate=False`` plans
+        without the model's donation table (``--no-donate``)."""
     def remat_sweep(
         self,
         dims: Dims | None = None,
@@ -287,6 +291,7 @@ class Session:
         seed: int = 7,
         return_report: Literal[False] = False,
         allow_non_finite: bool = False,
+        donate: bool | None = None,
     ) -> dict[str, np.ndarray]: ...
     @overload
     def run(
@@ -301,6 +306,7 @@ class Session:
         *,
         return_report: Literal[True],
         allow_non_finite: bool = False,
+        donate: bool | None = None,
     ) -> tuple[dict[str, np.ndarray], Report]: ...
     def check(
         self,
