@@ -67,3 +67,33 @@ fn run_and_remat_honour_the_table_unless_told_not_to() {
         "donation changed the step's outputs"
     );
 }
+
+#[test]
+fn torch_parameter_names_with_colons_are_donated() {
+    // torch's exporter names folded weights `onnx::Conv_117`: every one of
+    // resnet_tiny's 26 parameters is donated (the table escapes the `:`).
+    let dir = tempfile::tempdir().unwrap();
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/models/resnet_tiny.ts14.onnx");
+    let step = dir.path().join("step.onnx");
+    ok(&[
+        "grad",
+        &s(&model),
+        "-o",
+        &s(&step),
+        "--optimizer",
+        "sgd",
+        "--params-as-inputs",
+        "--loss",
+        "cross_entropy",
+    ]);
+    let r: Value =
+        serde_json::from_str(&ok(&["plan", &s(&step), "--dim", "batch=2", "--json"])).unwrap();
+    let donated = r["donated"].as_array().unwrap();
+    assert_eq!(donated.len(), 26, "{}", r["donations_refused"]);
+    assert!(
+        donated.iter().any(|d| d.to_string().contains("onnx::Conv")),
+        "{r}"
+    );
+    assert_eq!(r["donations_refused"], serde_json::json!([]));
+}

@@ -12,8 +12,9 @@
 //! the old one.
 //!
 //! The pairs are declared once, in the model's metadata under
-//! [`DONATE_KEY`] (`in:out,in:out`); `graphopt grad` writes them, so files
-//! carry them. The planner ([`crate::liveness`]) honours a pair when:
+//! [`DONATE_KEY`] (`in:out,in:out`, with `%`, `:` and `,` inside a name
+//! written `%25`, `%3A`, `%2C`: torch names such as `onnx::Conv_117`);
+//! `graphopt grad` writes them, so files carry them. The planner ([`crate::liveness`]) honours a pair when:
 //! 1. the input is a runtime graph input and the output a graph output;
 //! 2. both are tensors of one element type and size;
 //! 3. no node reads the input after the output's producer, and the
@@ -43,22 +44,47 @@ pub fn declared_donations(m: &Model) -> Vec<(String, String)> {
         .collect()
 }
 
-/// `in:out,in:out` as pairs; malformed entries are skipped.
+/// `in:out,in:out` as pairs; malformed entries are skipped. An entry with
+/// more than one `:` (written, unescaped, before names were escaped) is
+/// read as `p:p_new` where one split gives that.
 pub fn parse_table(s: &str) -> Vec<(String, String)> {
     s.split(',')
         .filter_map(|e| {
-            let (i, o) = e.trim().split_once(':')?;
-            let (i, o) = (i.trim(), o.trim());
-            (!i.is_empty() && !o.is_empty()).then(|| (i.to_string(), o.to_string()))
+            let e = e.trim();
+            let (i, o) = match e.matches(':').count() {
+                1 => e.split_once(':')?,
+                _ => e
+                    .match_indices(':')
+                    .map(|(k, _)| (&e[..k], &e[k + 1..]))
+                    .find(|(i, o)| o.strip_suffix("_new") == Some(*i))?,
+            };
+            let (i, o) = (unescape(i.trim()), unescape(o.trim()));
+            (!i.is_empty() && !o.is_empty()).then_some((i, o))
         })
         .collect()
+}
+
+/// A name as the table writes it.
+fn escape(name: &str) -> String {
+    name.replace('%', "%25")
+        .replace(':', "%3A")
+        .replace(',', "%2C")
+}
+
+fn unescape(name: &str) -> String {
+    name.replace("%3A", ":")
+        .replace("%2C", ",")
+        .replace("%25", "%")
 }
 
 /// Sets the model's table to `pairs` (removing it when empty).
 pub fn set_donations(m: &mut Model, pairs: &[(String, String)]) {
     m.metadata_props.retain(|(k, _)| k != DONATE_KEY);
     if !pairs.is_empty() {
-        let table: Vec<String> = pairs.iter().map(|(i, o)| format!("{i}:{o}")).collect();
+        let table: Vec<String> = pairs
+            .iter()
+            .map(|(i, o)| format!("{}:{}", escape(i), escape(o)))
+            .collect();
         m.metadata_props
             .push((DONATE_KEY.to_string(), table.join(",")));
     }
@@ -115,6 +141,25 @@ mod tests {
         assert_eq!(
             parse_table(" a : b ,bad, :x"),
             vec![("a".into(), "b".into())]
+        );
+    }
+
+    #[test]
+    fn names_with_colons_commas_and_percents_round_trip() {
+        let mut m = Model::new(Graph::new("g"), 17);
+        let pairs: Vec<(String, String)> = ["onnx::Conv_117", "a,b", "50%:3A"]
+            .iter()
+            .map(|p| (p.to_string(), format!("{p}_new")))
+            .collect();
+        set_donations(&mut m, &pairs);
+        assert_eq!(declared_donations(&m), pairs);
+        // Tables written before names were escaped.
+        assert_eq!(
+            parse_table("onnx::Conv_117:onnx::Conv_117_new,w:w_new,x::y:z"),
+            vec![
+                ("onnx::Conv_117".into(), "onnx::Conv_117_new".into()),
+                ("w".into(), "w_new".into()),
+            ]
         );
     }
 }
