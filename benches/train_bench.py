@@ -29,6 +29,22 @@ peak RSS is its own:
 
 Prints a markdown table with the ratios and writes
 benches/results/train.json.
+
+    python3 benches/train_bench.py --max-batch 2GiB [--models resnet18,gpt2]
+
+finds instead the largest batch that trains within that peak RSS (the
+issue's "larger batches" goal), each probe two steps in its own process:
+
+* torch: the largest batch whose measured peak RSS fits.
+* graphopt: the largest batch trained whole (`--micro-batches 1`) under
+  `--budget P`, where P is the limit less what the process holds beside the
+  plan (measured once at torch's largest batch, plus 5%): so `--budget`
+  chooses the recomputation that makes it fit, and the measured peak RSS
+  must fit too. Micro-batches would let any batch train, so they are not
+  counted.
+
+Batches grow by doubling from 1, then bisect; the result goes to
+benches/results/train_max_batch.json.
 """
 from __future__ import annotations
 
@@ -47,15 +63,18 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "benches" / "models"
 
 
-def build(name: str):
+DEFAULT_BATCH = {"resnet18": 16, "gpt2": 4, "bert_base": 8}
+
+
+def build(name: str, batch: int | None = None):
     import torch
 
     torch.manual_seed(0)
+    b = batch or DEFAULT_BATCH[name]
     if name == "resnet18":
         import torchvision
 
         m = torchvision.models.resnet18(weights=None).eval()
-        b = 16
         x = torch.randn(b, 3, 224, 224)
         y = torch.randint(0, 1000, (b,))
         return m, {"x": x}, y, 1
@@ -63,7 +82,7 @@ def build(name: str):
         import transformers
 
         m = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
-        b, s = 4, 256
+        s = 256
         x = torch.randint(0, 50257, (b, s))
         y = torch.randint(0, 50257, (b, s))
         return m, {"input_ids": x}, y, -1
@@ -71,18 +90,18 @@ def build(name: str):
         import transformers
 
         m = transformers.BertForMaskedLM(transformers.BertConfig()).eval()
-        b, s = 8, 128
+        s = 128
         x = torch.randint(0, 30522, (b, s))
         y = torch.randint(0, 30522, (b, s))
         return m, {"input_ids": x}, y, -1
     raise SystemExit(f"unknown model {name}")
 
 
-def torch_child(name: str, steps: int, threads: int) -> None:
+def torch_child(name: str, steps: int, threads: int, batch: int | None = None) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    m, inputs, y, axis = build(name)
+    m, inputs, y, axis = build(name, batch)
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     times = []
     for _ in range(steps):
@@ -101,13 +120,15 @@ def torch_child(name: str, steps: int, threads: int) -> None:
     print(json.dumps({"step_s": statistics.median(times[1:]), "peak_rss": rss, "loss0": None}))
 
 
-def export(name: str) -> tuple[Path, Path, int]:
+def export(name: str, batch: int | None = None) -> tuple[Path, Path, int]:
+    """The model (cached; with a symbolic batch when `batch` is given) and
+    an npz of one batch of random data."""
     import numpy as np
     import torch
 
     MODELS.mkdir(parents=True, exist_ok=True)
-    path = MODELS / f"train_{name}.onnx"
-    m, inputs, y, axis = build(name)
+    path = MODELS / (f"train_{name}.onnx" if batch is None else f"train_{name}.dynbatch.onnx")
+    m, inputs, y, axis = build(name, batch)
     if not path.exists():
         class Logits(torch.nn.Module):
             def __init__(self, m):
@@ -118,8 +139,10 @@ def export(name: str) -> tuple[Path, Path, int]:
                 out = self.m(*a)
                 return out if isinstance(out, torch.Tensor) else out.logits
 
+        axes = None if batch is None else {k: {0: "batch"} for k in [*inputs, "logits"]}
         torch.onnx.export(Logits(m), tuple(inputs.values()), str(path), input_names=list(inputs),
-                          output_names=["logits"], opset_version=17, dynamo=False)
+                          output_names=["logits"], opset_version=17, dynamo=False,
+                          dynamic_axes=axes)
     data = Path(tempfile.mkdtemp()) / f"{name}.npz"
     arrays = {k: v.numpy() for k, v in inputs.items()}
     arrays["target"] = y.numpy()
@@ -133,10 +156,15 @@ def main() -> None:
     ap.add_argument("--models", default="resnet18,gpt2")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--max-batch", metavar="SIZE", help="find the largest batch within this peak RSS")
     ap.add_argument("--torch-child", help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torch_child:
-        torch_child(a.torch_child, a.steps, a.threads)
+        torch_child(a.torch_child, a.steps, a.threads, a.batch)
+        return
+    if a.max_batch:
+        max_batch(a)
         return
     rows = []
     for name in a.models.split(","):
@@ -144,7 +172,7 @@ def main() -> None:
         t = json.loads(subprocess.run(
             [sys.executable, __file__, "--torch-child", name, "--steps", str(a.steps),
              "--threads", str(a.threads)], check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-        batch = {"resnet18": 16, "gpt2": 4, "bert_base": 8}[name]
+        batch = DEFAULT_BATCH[name]
         # The data holds one batch: each step trains on it again.
         out = Path(tempfile.mkdtemp()) / "trained.onnx"
         cmd = [a.graphopt, "train", str(onnx), "--data", str(data), "--batch", str(batch),
@@ -179,6 +207,103 @@ def main() -> None:
     res = ROOT / "benches" / "results"
     res.mkdir(exist_ok=True)
     (res / "train.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def size(s: str) -> int:
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    t = s.strip().lower()
+    for u, m in units.items():
+        if t.endswith(u):
+            return int(float(t[: -len(u)]) * m)
+    return int(t)
+
+
+def largest(fits, start: int = 1, cap: int = 4096) -> tuple[int, dict]:
+    """The largest batch b >= 1 with fits(b) not None: doubling, then bisection."""
+    best, found = 0, {}
+    b = start
+    while b <= cap:
+        r = fits(b)
+        if r is None:
+            break
+        best, found = b, r
+        b *= 2
+    hi = min(b, cap + 1)
+    lo = best
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        r = fits(mid)
+        if r is None:
+            hi = mid
+        else:
+            lo, found = mid, r
+    return lo, found
+
+
+def max_batch(a) -> None:
+    limit = size(a.max_batch)
+    rows = []
+    for name in a.models.split(","):
+        def torch_fits(b: int):
+            p = subprocess.run([sys.executable, __file__, "--torch-child", name, "--steps", "2",
+                                "--threads", str(a.threads), "--batch", str(b)],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                print(f"  torch {name} b{b}: failed", file=sys.stderr)
+                return None
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            print(f"  torch {name} b{b}: {r['peak_rss'] / 2**20:.0f} MiB", file=sys.stderr)
+            return r if r["peak_rss"] <= limit else None
+
+        def graphopt_run(b: int, budget: int | None):
+            onnx, data, axis = export(name, b)
+            out = Path(tempfile.mkdtemp()) / "trained.onnx"
+            cmd = [a.graphopt, "train", str(onnx), "--data", str(data), "--batch", str(b),
+                   "--steps", "2", "--no-shuffle", "--loss", "cross_entropy", "--class-axis",
+                   str(axis), "--optimizer", "sgd", "--lr", "0.01", "--threads", str(a.threads),
+                   "-o", str(out), "--json"]
+            if budget is not None:
+                cmd += ["--budget", str(budget), "--micro-batches", "1"]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                print(f"  graphopt {name} b{b}: {p.stderr.strip()[:300]}", file=sys.stderr)
+                return None
+            r = json.loads(p.stdout)
+            r.pop("log", None)
+            rc = r.get("recompute") or {}
+            print(f"  graphopt {name} b{b}: {r['peak_rss_bytes'] / 2**20:.0f} MiB, planned "
+                  f"{r['planned_bytes'] / 2**20:.0f} MiB, recomputed {rc.get('recomputed_nodes', 0)} nodes "
+                  f"(+{rc.get('extra_flops_pct', 0):.1f}% FLOPs)", file=sys.stderr)
+            return r
+
+        tb, tr = largest(torch_fits)
+        # What the process holds beside the plan, at torch's batch.
+        base = graphopt_run(max(tb, 1), None)
+        overhead = (base["peak_rss_bytes"] - base["planned_bytes"]) if base else 0
+        budget = int(limit - overhead * 1.05)
+
+        def graphopt_fits(b: int):
+            r = graphopt_run(b, budget)
+            return r if r is not None and r["peak_rss_bytes"] <= limit else None
+
+        gb, gr = largest(graphopt_fits, start=max(tb, 1))
+        rows.append({"model": name, "limit": limit, "torch_batch": tb, "torch": tr,
+                     "graphopt_batch": gb, "graphopt_budget": budget, "overhead": overhead,
+                     "graphopt": gr})
+        print(f"{name}: torch {tb}, graphopt {gb} ({gb / max(tb, 1):.2f}x)", file=sys.stderr)
+    print("| model | limit | torch batch | torch peak RSS | graphopt batch (whole, --budget) | "
+          "graphopt peak RSS | recomputed | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        g = r["graphopt"] or {}
+        rc = g.get("recompute") or {}
+        print(f"| {r['model']} | {r['limit'] / 2**30:.2f} GiB | {r['torch_batch']} | "
+              f"{(r['torch'] or {}).get('peak_rss', 0) / 2**20:.0f} MiB | {r['graphopt_batch']} | "
+              f"{g.get('peak_rss_bytes', 0) / 2**20:.0f} MiB | {rc.get('recomputed_nodes', 0)} nodes, "
+              f"+{rc.get('extra_flops_pct', 0):.1f}% FLOPs | {r['graphopt_batch'] / max(r['torch_batch'], 1):.2f}x |")
+    res = ROOT / "benches" / "results"
+    res.mkdir(exist_ok=True)
+    (res / "train_max_batch.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -53,3 +53,22 @@ def test_train_refuses_bad_data_in_one_line():
         s.train({"x": np.zeros((8, 64), np.float32)}, batch=4)
     with pytest.raises(TypeError, match="item 0 is not a dict"):
         s.train([1, 2], batch=4)
+
+
+def test_budget_remat_and_donation_reach_python(tmp_path):
+    # vit_tiny's SGD step (sum loss, batch 32): within 4 MB recomputation
+    # keeps the batch whole; remat="none" splits it (as `graphopt train`).
+    vit = graphopt.load(str(REPO / "testdata" / "models" / "vit_tiny.ts14.onnx"))
+    x = np.random.default_rng(0).standard_normal((64, 3, 32, 32)).astype(np.float32)
+    kw = dict(batch=32, steps=1, loss="sum", threads=2, budget="4MB")
+    r = vit.train({"pixel_values": x}, **kw).report()["steps"][-1]["report"]
+    assert r["micro_batches"] == 1 and r["recompute"]["recomputed_nodes"] > 0
+    r = vit.train({"pixel_values": x}, remat="none", **kw).report()["steps"][-1]["report"]
+    assert r["micro_batches"] > 1 and r["recompute"] is None
+    with pytest.raises(graphopt.GraphoptError, match="--remat maybe: expected auto or none"):
+        vit.train({"pixel_values": x}, remat="maybe", **kw)
+    # run() honours grad's donation table unless donate=False.
+    step = graphopt.load(str(TRAIN / "digits_mlp.onnx")).grad(optimizer="adamw", params_as_inputs=True)
+    _, on = step.run(dims={"batch": 4}, return_report=True)
+    _, off = step.run(dims={"batch": 4}, return_report=True, donate=False)
+    assert on["donated_bytes"] > 0 and off["donated_bytes"] == 0
