@@ -109,11 +109,15 @@ def export(name: str, timeout: float) -> str:
     return path
 
 
-def train_graph(graphopt: str, name: str, src: str) -> str:
-    out = os.path.join(MODELS_DIR, f"{name}.remat.train.onnx")
+def train_graph(graphopt: str, name: str, src: str, optimizer: str | None = None) -> str:
+    """`grad`'s training graph; with `optimizer`, the step with its update
+    (gradients die at their updates; the parameters are donated)."""
+    suffix = f".{optimizer}" if optimizer else ""
+    out = os.path.join(MODELS_DIR, f"{name}.remat.train{suffix}.onnx")
     if not os.path.exists(out):
         t = time.time()
-        subprocess.run([graphopt, "grad", src, "-o", out, *MODELS[name][0]], check=True,
+        extra = ["--optimizer", optimizer, "--params-as-inputs"] if optimizer else []
+        subprocess.run([graphopt, "grad", src, "-o", out, *MODELS[name][0], *extra], check=True,
                        stdout=subprocess.DEVNULL)
         print(f"training graph of {name} in {time.time() - t:.0f} s", flush=True)
     return out
@@ -197,7 +201,7 @@ def table(name: str, res: dict) -> str:
     sa, outs = res["lower_bound_store_all_bytes"], res.get("outputs_bytes", 0)
     lines = [f"### {MODELS.get(name, ('', name + ' (training graph, ' + ' '.join(SMALL.get(name, [])) + ')'))[1]}", "",
              f"{res['nodes']} nodes, {res['candidates']} recomputable; store-all peak "
-             f"{sa / 1e6:.1f} MB, of which graph outputs (loss, gradients; live at the end, a floor "
+             f"{sa / 1e6:.1f} MB, of which graph outputs (loss, and gradients or updated parameters; live at the end, a floor "
              f"no recomputation lowers) {outs / 1e6:.1f} MB = {outs / max(sa, 1):.3f}; "
              f"{res['flops'] / 1e9:.1f} GFLOP per step", "",
              "peak / store-all @ extra FLOPs % (in brackets: (peak - outputs) / (store-all - outputs); "
@@ -225,13 +229,19 @@ def main() -> int:
     ap.add_argument("--no-small", dest="small", action="store_false",
                     help="skip the small testdata graphs where optimal is the reference")
     ap.add_argument("--export-timeout", type=float, default=1800)
-    ap.add_argument("--out", default=os.path.join(RESULTS, "remat"))
+    ap.add_argument("--optimizer", choices=["sgd", "adamw"],
+                    help="the step with its optimizer (grad --optimizer X --params-as-inputs): "
+                         "gradients are not outputs, parameters are donated")
+    ap.add_argument("--out", help="results path without extension (default benches/results/remat, "
+                                  "remat_sgd with --optimizer sgd)")
     a = ap.parse_args()
+    if a.out is None:
+        a.out = os.path.join(RESULTS, "remat" + (f"_{a.optimizer}" if a.optimizer else ""))
     results = {}
     for name in filter(None, a.models.split(",")):
         print(f"{name}:", flush=True)
         src = export(name, a.export_timeout)
-        train = train_graph(a.graphopt, name, src)
+        train = train_graph(a.graphopt, name, src, a.optimizer)
         res = sweep(a.graphopt, train, "auto", a.points, a.time_limit, [])
         if res.get("nodes", 0) <= a.optimal_max_nodes:
             res["frontiers"] += sweep(a.graphopt, train, "optimal", a.points, a.time_limit,
@@ -256,11 +266,12 @@ def main() -> int:
         print(table(name, res), flush=True)
     os.makedirs(RESULTS, exist_ok=True)
     meta = {"graphopt": a.graphopt, "points": a.points, "time_limit": a.time_limit,
-            "cpu": os.cpu_count()}
+            "cpu": os.cpu_count(), "optimizer": a.optimizer}
     with open(a.out + ".json", "w") as f:
         json.dump({"meta": meta, "models": results}, f, indent=1)
     with open(a.out + ".md", "w") as f:
-        f.write("# Rematerialization frontiers (benches/remat_bench.py)\n\n"
+        title = f", training steps with {a.optimizer}" if a.optimizer else ""
+        f.write(f"# Rematerialization frontiers (benches/remat_bench.py{title})\n\n"
                 "Peak = the planner's activation lower bound after remat, as a fraction of the "
                 "store-everything peak; extra FLOPs as a percent of the training step's FLOPs "
                 "(cost model of passes/src/remat/cost.rs).\n\n")
