@@ -56,7 +56,7 @@ impl ExternalReader {
                     let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| {
                         OnnxError::io(format!("external data file '{location}': {e}"), e)
                     })?;
-                    Bytes::from_owner(m)
+                    crate::resident::register(m)
                 };
                 self.maps.insert(path.clone(), b.clone());
                 b

@@ -14,11 +14,13 @@
 mod export;
 mod external;
 mod import;
+mod resident;
 mod stream;
 
 use export::model_to_proto;
 pub use export::{ExternalData, SaveOptions, SaveReport};
 pub use import::ImportInfo;
+pub use resident::release_resident;
 
 use bytes::Bytes;
 use graphopt_ir::Model;
@@ -132,7 +134,7 @@ pub fn load(path: &Path) -> Result<Loaded, OnnxError> {
             .map_err(|e| OnnxError::io(format!("{place}: cannot map: {e}"), e))?;
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
-        Bytes::from_owner(map)
+        resident::register(map)
     };
     let dir = path
         .parent()

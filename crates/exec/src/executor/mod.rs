@@ -260,6 +260,33 @@ impl Executable {
     }
     /// The current bytes of runtime input `name` in the arena: what was
     /// given, or, after a run, the donated output written there.
+    /// Copies `t` into input `name`'s bytes in the arena, where a later
+    /// [`Executable::run_donated`] given `None` for it reads it: a caller
+    /// can hand its parameters over one at a time and free each host copy
+    /// at once, rather than hold them all beside the arena for one run.
+    pub fn write_input(&mut self, name: &str, t: &HostTensor) -> Result<(), ExecError> {
+        let k = self
+            .inputs
+            .iter()
+            .position(|x| x.0 == name)
+            .ok_or_else(|| ExecError::Input(format!("the model has no input '{name}'")))?;
+        let (_, off, ti) = &self.inputs[k];
+        let n = crate::tensor::numel(&ti.shape) * crate::tensor::elem_size(ti.dtype).unwrap_or(1);
+        if t.dtype != ti.dtype || t.shape != ti.shape || t.data.len() != n {
+            return Err(ExecError::Input(format!(
+                "input '{name}' is {} {:?}, the plan is for {} {:?}",
+                t.dtype.name(),
+                t.shape,
+                ti.dtype.name(),
+                ti.shape
+            )));
+        }
+        let off = *off;
+        self.arena.bytes_mut()[off..off + n].copy_from_slice(&t.data);
+        self.primed[k] = true;
+        Ok(())
+    }
+
     pub fn read_input(&self, name: &str) -> Option<HostTensor> {
         let k = self.inputs.iter().position(|x| x.0 == name)?;
         if !self.primed[k] {

@@ -371,6 +371,8 @@ impl Session {
                 tried.join(", ")
             )));
         };
+        // The first batch only gave the shapes to plan for.
+        drop(first);
         let recompute = stepper.remat.as_ref().map(|r| RecomputeRecord {
             strategy: r.strategy.clone(),
             recomputed_nodes: r.recomputed_nodes.len(),
@@ -380,6 +382,17 @@ impl Session {
         });
         let mut state = graphs.take_state(stepper.micro);
         let params = stepper.params.clone();
+        // The step holds its own copy of every parameter: the model file's
+        // pages under them, read once to make it, are handed back (the
+        // trained values replace them at the end).
+        let g = &self.model.graph;
+        for p in &params {
+            if let Some(t) = g.value_by_name(p).and_then(|v| g.initializer(v)) {
+                if let Some(b) = t.raw() {
+                    graphopt_onnx::release_resident(b);
+                }
+            }
+        }
         let bytes_of = |names: &mut dyn Iterator<Item = &String>, state: &State| -> u64 {
             names
                 .filter_map(|p| state.get(p))

@@ -360,6 +360,19 @@ impl Bound {
         batch: &State,
         ropts: &graphopt_exec::RunOptions,
     ) -> Result<Vec<Option<HostTensor>>> {
+        if !self.kept {
+            // Hand the donated state to the arena one tensor at a time,
+            // dropping each host copy at once: the state is never held
+            // twice, not even for the first step.
+            for name in &self.donated {
+                if let Some(t) = state.remove(name) {
+                    self.exe
+                        .write_input(name, &t)
+                        .map_err(|e| Error::runtime(e.to_string()))?;
+                }
+            }
+            self.kept = true;
+        }
         let feed = self
             .inputs
             .iter()
@@ -378,12 +391,6 @@ impl Bound {
             .exe
             .run_donated(&feed, ropts)
             .map_err(|e| Error::runtime(e.to_string()))?;
-        if !self.kept {
-            for name in &self.donated {
-                state.remove(name);
-            }
-            self.kept = true;
-        }
         Ok(outs)
     }
 
