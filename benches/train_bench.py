@@ -38,9 +38,9 @@ issue's "larger batches" goal), each probe two steps in its own process:
 * torch: the largest batch whose measured peak RSS fits.
 * graphopt: the largest batch trained whole (`--micro-batches 1`) under
   `--budget P`, where P is the limit less what the process holds beside the
-  plan (measured once at torch's largest batch, plus 5%): so `--budget`
-  chooses the recomputation that makes it fit, and the measured peak RSS
-  must fit too. Micro-batches would let any batch train, so they are not
+  plan (measured at torch's largest batch and twice it, taken as linear in
+  the batch, plus 5%): so `--budget` chooses the recomputation that makes
+  it fit, and the measured peak RSS must fit too. Micro-batches would let any batch train, so they are not
   counted.
 
 Batches grow by doubling from 1, then bisect; the result goes to
@@ -277,18 +277,29 @@ def max_batch(a) -> None:
             return r
 
         tb, tr = largest(torch_fits)
-        # What the process holds beside the plan, at torch's batch.
-        base = graphopt_run(max(tb, 1), None)
-        overhead = (base["peak_rss_bytes"] - base["planned_bytes"]) if base else 0
-        budget = int(limit - overhead * 1.05)
+        # What the process holds beside the plan (the binary, the loaded
+        # model, the batches being gathered): measured at two batches and
+        # taken as linear in the batch.
+        b1 = max(tb, 1)
+        runs = [graphopt_run(b, None) for b in (b1, 2 * b1)]
+        over = [r["peak_rss_bytes"] - r["planned_bytes"] if r else 0 for r in runs]
+        slope = max(over[1] - over[0], 0) / b1
+
+        def overhead(b: int) -> float:
+            return over[0] + slope * (b - b1)
 
         def graphopt_fits(b: int):
+            budget = int(limit - overhead(b) * 1.05)
+            if budget <= 0:
+                return None
             r = graphopt_run(b, budget)
+            if r is not None:
+                r["budget"] = budget
             return r if r is not None and r["peak_rss_bytes"] <= limit else None
 
         gb, gr = largest(graphopt_fits, start=max(tb, 1))
         rows.append({"model": name, "limit": limit, "torch_batch": tb, "torch": tr,
-                     "graphopt_batch": gb, "graphopt_budget": budget, "overhead": overhead,
+                     "graphopt_batch": gb, "overhead": over, "overhead_per_example": slope,
                      "graphopt": gr})
         print(f"{name}: torch {tb}, graphopt {gb} ({gb / max(tb, 1):.2f}x)", file=sys.stderr)
     print("| model | limit | torch batch | torch peak RSS | graphopt batch (whole, --budget) | "

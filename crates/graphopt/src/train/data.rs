@@ -186,10 +186,10 @@ impl DataSource for ArrayData {
 /// (`np.savez`), or a folder of shards concatenated in name order, either
 /// npz files with the same arrays or npy files holding one array each
 /// (`NAME.npy`, all with the same number of examples). A batch copies only
-/// its own examples out of the maps, and is checked for NaN and Inf then:
-/// the data is never read whole, so a bad value deep in a large set is
-/// found when its example is first drawn (the error names the array and
-/// the example, and the run stops there).
+/// its own examples out of the maps (and hands their pages back), and is
+/// checked for NaN and Inf then: the data is never read whole, so a bad
+/// value deep in a large set is found when its example is first drawn
+/// (the error names the array and the example, and the run stops there).
 pub struct MappedData {
     maps: Vec<memmap2::Mmap>,
     /// Per array: name, element type, per-example shape, bytes per example.
@@ -352,6 +352,21 @@ fn map_file(path: &Path) -> Result<memmap2::Mmap> {
     Ok(map)
 }
 
+/// Drops the process's resident pages of `len` bytes at `offset` of `map`
+/// once they are copied out: an epoch over a large data set then does not
+/// leave the whole set in the resident set (the page cache keeps what
+/// memory allows, as it would for any read).
+fn release(map: &memmap2::Mmap, offset: usize, len: usize) {
+    #[cfg(unix)]
+    if len > 0 {
+        // SAFETY: a read-only map of a file: MADV_DONTNEED drops the page
+        // table entries only; the next read of these bytes faults the
+        // file's contents back in, so no slice sees other bytes.
+        let _ =
+            unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+    }
+}
+
 /// The arrays of the npz at `path`, mapped (the map joins `maps`).
 fn map_npz(path: &Path, maps: &mut Vec<memmap2::Mmap>) -> Result<Vec<Found>> {
     let i = maps.len();
@@ -427,6 +442,7 @@ impl DataSource for MappedData {
                 let (map, offset) = s.at[a];
                 let from = offset + (i - s.first) * row;
                 data.extend_from_slice(&self.maps[map][from..from + row]);
+                release(&self.maps[map], from, *row);
             }
             let mut shape = vec![indices.len()];
             shape.extend_from_slice(per);
