@@ -528,15 +528,7 @@ impl CudaExecutable {
                 .as_mut_slice()
                 .map_err(|e| d(e, "pinned buffer"))?;
             for (k, ((name, _, ti), t)) in self.inputs.iter().zip(inputs).enumerate() {
-                if t.dtype != ti.dtype || t.shape != ti.shape {
-                    return Err(ExecError::Input(format!(
-                        "input '{name}' is {} {:?}, the plan is for {} {:?}",
-                        t.dtype.name(),
-                        t.shape,
-                        ti.dtype.name(),
-                        ti.shape
-                    )));
-                }
+                crate::executor::check_input(name, t, ti)?;
                 let (o, n) = self.in_slots[k];
                 host[o..o + n].copy_from_slice(&t.data[..n]);
             }

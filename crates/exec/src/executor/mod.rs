@@ -271,18 +271,9 @@ impl Executable {
             .position(|x| x.0 == name)
             .ok_or_else(|| ExecError::Input(format!("the model has no input '{name}'")))?;
         let (_, off, ti) = &self.inputs[k];
-        let n = crate::tensor::numel(&ti.shape) * crate::tensor::elem_size(ti.dtype).unwrap_or(1);
-        if t.dtype != ti.dtype || t.shape != ti.shape || t.data.len() != n {
-            return Err(ExecError::Input(format!(
-                "input '{name}' is {} {:?}, the plan is for {} {:?}",
-                t.dtype.name(),
-                t.shape,
-                ti.dtype.name(),
-                ti.shape
-            )));
-        }
+        check_input(name, t, ti)?;
         let off = *off;
-        self.arena.bytes_mut()[off..off + n].copy_from_slice(&t.data);
+        self.arena.bytes_mut()[off..off + t.data.len()].copy_from_slice(&t.data);
         self.primed[k] = true;
         Ok(())
     }
@@ -300,4 +291,19 @@ impl Executable {
             data: self.arena.bytes()[*off..*off + n].to_vec(),
         })
     }
+}
+
+/// `t` has the type and shape the plan has for input `name`, and the bytes
+/// they take.
+pub(crate) fn check_input(name: &str, t: &HostTensor, ti: &TensorInfo) -> Result<(), ExecError> {
+    if t.dtype != ti.dtype || t.shape != ti.shape || t.data.len() != crate::control::nbytes(t) {
+        return Err(ExecError::Input(format!(
+            "input '{name}' is {} {:?}, the plan is for {} {:?}",
+            t.dtype.name(),
+            t.shape,
+            ti.dtype.name(),
+            ti.shape
+        )));
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@
 use super::memory::Loc;
 use super::{ExecError, Executable, RunOptions, RunStats};
 use crate::backend::{Data, In, KernelIo, Out};
-use crate::control::{nbytes, OutSlot};
+use crate::control::OutSlot;
 use crate::tensor::{elem_size, numel, HostTensor};
 use graphopt_ir::DType;
 
@@ -73,15 +73,7 @@ impl Executable {
                 }
                 continue;
             };
-            if t.dtype != ti.dtype || t.shape != ti.shape || t.data.len() != nbytes(t) {
-                return Err(ExecError::Input(format!(
-                    "input '{name}' is {} {:?}, the plan is for {} {:?}",
-                    t.dtype.name(),
-                    t.shape,
-                    ti.dtype.name(),
-                    ti.shape
-                )));
-            }
+            super::check_input(name, t, ti)?;
             arena[*off..*off + t.data.len()].copy_from_slice(&t.data);
             self.primed[k] = true;
         }
