@@ -195,4 +195,24 @@ g (float[4] p, float[4] g) => (float[4] p_new, float[4] dx)
         outs[1].as_ref().unwrap().to_f32().unwrap(),
         vec![0.0, 2.0, 4.0, 6.0]
     );
+    // Handed over with write_input, the state needs no feeding; taken
+    // out with take_input, it must be given again.
+    e.write_input("p", &p0).unwrap();
+    let (outs, _) = e.run_donated(&[None, Some(&g)], &ro).unwrap();
+    assert_eq!(
+        outs[1].as_ref().unwrap().to_f32().unwrap(),
+        vec![2.0, 4.0, 6.0, 8.0]
+    );
+    let p = e.take_input("p").unwrap();
+    assert_eq!(p.to_f32().unwrap(), vec![0.0, 1.0, 2.0, 3.0]);
+    let err = e
+        .run_donated(&[None, Some(&g)], &ro)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("input 'p' must be given"), "{err}");
+    let bad = e.write_input("p", &t(&[1.0])).unwrap_err().to_string();
+    assert!(
+        bad.contains("input 'p' holds 4 bytes; float [4] takes 16"),
+        "{bad}"
+    );
 }

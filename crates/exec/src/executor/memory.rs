@@ -14,9 +14,17 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
 /// A 64-byte aligned, zeroed byte buffer.
+///
+/// It is allocated zeroed at the allocator's own alignment and offset to
+/// 64 bytes: a large `calloc` maps fresh zero pages without touching them,
+/// so an arena costs resident memory only as its bytes are written. (Asked
+/// for 64-byte alignment directly, the allocator zeroes every byte up
+/// front: a 1 GB arena was resident before its first use.)
 pub(crate) struct Aligned {
     pub(super) ptr: NonNull<u8>,
     pub(super) len: usize,
+    /// Bytes from the allocation's start to `ptr`.
+    offset: usize,
 }
 
 // SAFETY: plain owned memory.
@@ -25,6 +33,9 @@ unsafe impl Sync for Aligned {}
 
 pub(crate) const ALIGN: usize = 64;
 
+/// The alignment asked of the allocator: one it zeroes lazily.
+const BASE_ALIGN: usize = 16;
+
 impl Aligned {
     pub(super) fn new(len: usize) -> Aligned {
         if len == 0 {
@@ -32,16 +43,61 @@ impl Aligned {
             return Aligned {
                 ptr: NonNull::new(ALIGN as *mut u8).expect("non-null"),
                 len,
+                offset: 0,
             };
         }
-        let layout = Layout::from_size_align(len, ALIGN).expect("arena size fits a layout");
+        let layout = Aligned::layout(len);
         // SAFETY: non-zero size.
         let p = unsafe { alloc_zeroed(layout) };
+        let Some(base) = NonNull::new(p) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        let offset = base.as_ptr().align_offset(ALIGN);
+        assert!(offset < ALIGN, "an allocation aligns to 64 within 64 bytes");
         Aligned {
-            ptr: NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)),
+            // SAFETY: offset + len <= the allocation's len + ALIGN bytes.
+            ptr: unsafe { base.add(offset) },
             len,
+            offset,
         }
     }
+
+    fn layout(len: usize) -> Layout {
+        Layout::from_size_align(len + ALIGN, BASE_ALIGN).expect("arena size fits a layout")
+    }
+
+    /// Zeroes `range` and hands back the whole pages inside it (Linux:
+    /// `MADV_DONTNEED`, after which they read as zeros and cost nothing
+    /// until written).
+    pub(super) fn discard(&mut self, range: std::ops::Range<usize>) {
+        let b = &mut self.bytes_mut()[range];
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            let page = if page > 0 { page as usize } else { 4096 };
+            let p = b.as_ptr() as usize;
+            let start = p.div_ceil(page) * page;
+            let end = (p + b.len()) / page * page;
+            if end > start {
+                // SAFETY: [start, end) lies inside `b`, private anonymous
+                // memory borrowed mutably here, so nothing else reads it;
+                // afterwards its pages read as zeros.
+                unsafe {
+                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+                }
+            }
+            // The partial pages at either end are zeroed by hand.
+            let (head, tail) = (start.saturating_sub(p).min(b.len()), end.saturating_sub(p));
+            if end > start {
+                b[..head].fill(0);
+                b[tail..].fill(0);
+                return;
+            }
+        }
+        b.fill(0);
+    }
+
     pub(super) fn bytes(&self) -> &[u8] {
         // SAFETY: ptr is valid for len bytes (or dangling with len 0).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
@@ -55,11 +111,12 @@ impl Aligned {
 impl Drop for Aligned {
     fn drop(&mut self) {
         if self.len > 0 {
-            // SAFETY: allocated in `new` with this layout.
+            // SAFETY: allocated in `new` with this layout, `offset` bytes
+            // before `ptr`.
             unsafe {
                 dealloc(
-                    self.ptr.as_ptr(),
-                    Layout::from_size_align(self.len, ALIGN).expect("same layout"),
+                    self.ptr.as_ptr().sub(self.offset),
+                    Aligned::layout(self.len),
                 )
             }
         }
@@ -197,4 +254,33 @@ pub(super) fn poison_regions(g: &Graph, plan: &Plan) -> Vec<Vec<Region>> {
         }
     }
     poison_after
+}
+
+#[cfg(test)]
+mod aligned_tests {
+    use super::*;
+
+    fn rss_kb() -> Option<u64> {
+        let s = std::fs::read_to_string("/proc/self/status").ok()?;
+        let l = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+        l.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    #[test]
+    fn buffers_are_aligned_zeroed_and_resident_only_once_written() {
+        for len in [1, 63, 64, 4097, 1 << 20] {
+            let a = Aligned::new(len);
+            assert_eq!(a.ptr.as_ptr() as usize % ALIGN, 0);
+            assert!(a.bytes().iter().all(|&b| b == 0));
+        }
+        // 512 MiB: mapped fresh, not zeroed by hand (measured on Linux;
+        // the margin leaves room for tests running beside this one).
+        let Some(before) = rss_kb() else { return };
+        let mut a = Aligned::new(512 << 20);
+        let after = rss_kb().unwrap();
+        assert!(after < before + 128 * 1024, "{before} -> {after} kB");
+        a.bytes_mut()[..64 << 20].fill(1);
+        let written = rss_kb().unwrap();
+        assert!(written > before + 48 * 1024, "{before} -> {written} kB");
+    }
 }

@@ -278,6 +278,19 @@ impl Executable {
         Ok(())
     }
 
+    /// [`Executable::read_input`], then its bytes in the arena are given
+    /// up (zeroed, their pages handed back): a training loop taking its
+    /// trained parameters out at the end holds each once, in the arena or
+    /// in the copy. The input must be given again before the next run.
+    pub fn take_input(&mut self, name: &str) -> Option<HostTensor> {
+        let t = self.read_input(name)?;
+        let k = self.inputs.iter().position(|x| x.0 == name)?;
+        let off = self.inputs[k].1;
+        self.arena.discard(off..off + t.data.len());
+        self.primed[k] = false;
+        Some(t)
+    }
+
     pub fn read_input(&self, name: &str) -> Option<HostTensor> {
         let k = self.inputs.iter().position(|x| x.0 == name)?;
         if !self.primed[k] {
@@ -296,13 +309,22 @@ impl Executable {
 /// `t` has the type and shape the plan has for input `name`, and the bytes
 /// they take.
 pub(crate) fn check_input(name: &str, t: &HostTensor, ti: &TensorInfo) -> Result<(), ExecError> {
-    if t.dtype != ti.dtype || t.shape != ti.shape || t.data.len() != crate::control::nbytes(t) {
+    if t.dtype != ti.dtype || t.shape != ti.shape {
         return Err(ExecError::Input(format!(
             "input '{name}' is {} {:?}, the plan is for {} {:?}",
             t.dtype.name(),
             t.shape,
             ti.dtype.name(),
             ti.shape
+        )));
+    }
+    let want = crate::control::nbytes(t);
+    if t.data.len() != want {
+        return Err(ExecError::Input(format!(
+            "input '{name}' holds {} bytes; {} {:?} takes {want}",
+            t.data.len(),
+            t.dtype.name(),
+            t.shape
         )));
     }
     Ok(())

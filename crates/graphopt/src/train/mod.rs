@@ -382,17 +382,6 @@ impl Session {
         });
         let mut state = graphs.take_state(stepper.micro);
         let params = stepper.params.clone();
-        // The step holds its own copy of every parameter: the model file's
-        // pages under them, read once to make it, are handed back (the
-        // trained values replace them at the end).
-        let g = &self.model.graph;
-        for p in &params {
-            if let Some(t) = g.value_by_name(p).and_then(|v| g.initializer(v)) {
-                if let Some(b) = t.raw() {
-                    graphopt_onnx::release_resident(b);
-                }
-            }
-        }
         let bytes_of = |names: &mut dyn Iterator<Item = &String>, state: &State| -> u64 {
             names
                 .filter_map(|p| state.get(p))
@@ -516,7 +505,7 @@ impl Session {
                 progress(&rec);
                 log.push(rec);
                 let done = step + 1;
-                if done % opts.every == 0 && done < total {
+                if opts.checkpoint.is_some() && done % opts.every == 0 && done < total {
                     if let Some(c) = write_checkpoint(&stepper.snapshot(&state), done)? {
                         checkpoints.push(c);
                     }
@@ -542,7 +531,8 @@ impl Session {
             Ok(())
         });
         result?;
-        if total > start {
+        // (A snapshot copies the state: only when there is a checkpoint.)
+        if total > start && opts.checkpoint.is_some() {
             if let Some(c) = write_checkpoint(&stepper.snapshot(&state), total)? {
                 checkpoints.push(c);
             }
@@ -551,7 +541,7 @@ impl Session {
         // 4. The trained weights into the session's model: read out of the
         //    step's arena, which goes before they are moved in (no third
         //    copy).
-        let mut state = stepper.snapshot(&state);
+        let mut state = stepper.take_state(state);
         let (micro, planned_bytes, donated_bytes, arena_bytes, workspace_bytes) = (
             stepper.micro,
             stepper.planned_bytes(),

@@ -89,6 +89,13 @@ impl StepGraphs {
         let mut state = State::new();
         for (name, t) in &r.initial_state {
             state.insert(name.clone(), host_of(t, name)?);
+            // The copy is the step's: the model file's pages under the
+            // value, read once to make it, go back (see
+            // `graphopt_onnx::release_resident`; a value not from a file
+            // is left alone).
+            if let Some(b) = t.raw() {
+                graphopt_onnx::release_resident(b);
+            }
         }
         // With an optimizer, `grad` leaves the gradients out of the outputs.
         let m = s.into_model();
@@ -407,6 +414,21 @@ impl Bound {
         all
     }
 
+    /// [`Bound::snapshot`] for the last time: each value is taken out of
+    /// the arena as it is copied (its pages handed back), so the state is
+    /// not held twice.
+    pub(super) fn take(&mut self, mut state: State) -> State {
+        if self.kept {
+            for name in &self.donated {
+                if let Some(t) = self.exe.take_input(name) {
+                    state.insert(name.clone(), t);
+                }
+            }
+            self.kept = false;
+        }
+        state
+    }
+
     pub(super) fn at(&self, name: &str) -> Result<usize> {
         self.outputs
             .iter()
@@ -490,6 +512,19 @@ impl Stepper {
         };
         if let Some(r) = &self.restore {
             all.extend(r.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        all
+    }
+
+    /// [`Stepper::snapshot`] at the end of a run, taking the kept state out
+    /// of the arena rather than copying it.
+    pub(super) fn take_state(&mut self, state: State) -> State {
+        let mut all = match &mut self.fused {
+            Some(f) => f.take(state),
+            None => state,
+        };
+        if let Some(r) = self.restore.take() {
+            all.extend(r);
         }
         all
     }
