@@ -71,29 +71,20 @@ impl Aligned {
     /// until written).
     pub(super) fn discard(&mut self, range: std::ops::Range<usize>) {
         let b = &mut self.bytes_mut()[range];
-        #[cfg(target_os = "linux")]
-        {
-            // SAFETY: sysconf has no preconditions.
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-            let page = if page > 0 { page as usize } else { 4096 };
-            let p = b.as_ptr() as usize;
-            let start = p.div_ceil(page) * page;
-            let end = (p + b.len()) / page * page;
-            if end > start {
-                // SAFETY: [start, end) lies inside `b`, private anonymous
-                // memory borrowed mutably here, so nothing else reads it;
-                // afterwards its pages read as zeros.
-                unsafe {
-                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
-                }
+        if let Some((start, end)) = whole_pages(b) {
+            // SAFETY: [start, end) lies inside `b`, private anonymous
+            // memory borrowed mutably here, so nothing else reads it;
+            // afterwards its pages read as zeros.
+            #[cfg(target_os = "linux")]
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
             }
             // The partial pages at either end are zeroed by hand.
-            let (head, tail) = (start.saturating_sub(p).min(b.len()), end.saturating_sub(p));
-            if end > start {
-                b[..head].fill(0);
-                b[tail..].fill(0);
-                return;
-            }
+            let p = b.as_ptr() as usize;
+            let (head, tail) = (start - p, end - p);
+            b[..head].fill(0);
+            b[tail..].fill(0);
+            return;
         }
         b.fill(0);
     }
@@ -129,6 +120,19 @@ impl Drop for Aligned {
 /// twice (file and copy). Only a hint: the bytes stay valid (file pages
 /// are read back on access; anonymous memory is left alone without swap).
 pub(super) fn release_pages(b: &[u8]) {
+    if let Some((start, end)) = whole_pages(b) {
+        // SAFETY: [start, end) lies inside `b`, which is borrowed (so
+        // mapped) for the call; MADV_PAGEOUT never changes contents.
+        #[cfg(target_os = "linux")]
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
+        }
+    }
+}
+
+/// The addresses `[start, end)` of the whole pages inside `b`, if any
+/// (Linux only: elsewhere nothing is handed back).
+fn whole_pages(b: &[u8]) -> Option<(usize, usize)> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: sysconf has no preconditions.
@@ -137,16 +141,13 @@ pub(super) fn release_pages(b: &[u8]) {
         let p = b.as_ptr() as usize;
         let start = p.div_ceil(page) * page;
         let end = (p + b.len()) / page * page;
-        if end > start {
-            // SAFETY: [start, end) lies inside `b`, which is borrowed (so
-            // mapped) for the call; MADV_PAGEOUT never changes contents.
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
-            }
-        }
+        (end > start).then_some((start, end))
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = b;
+    {
+        let _ = b;
+        None
+    }
 }
 
 /// A weight: in place in the model's bytes, or copied when misaligned.
@@ -282,5 +283,19 @@ mod aligned_tests {
         a.bytes_mut()[..64 << 20].fill(1);
         let written = rss_kb().unwrap();
         assert!(written > before + 48 * 1024, "{before} -> {written} kB");
+    }
+
+    #[test]
+    fn discard_zeroes_exactly_its_range() {
+        let len = 5 * 4096 + 100;
+        let mut a = Aligned::new(len);
+        a.bytes_mut().fill(7);
+        a.discard(1000..3 * 4096 + 50);
+        let b = a.bytes();
+        assert!(b[..1000].iter().all(|&x| x == 7));
+        assert!(b[1000..3 * 4096 + 50].iter().all(|&x| x == 0));
+        assert!(b[3 * 4096 + 50..].iter().all(|&x| x == 7));
+        a.discard(10..20);
+        assert!(a.bytes()[10..20].iter().all(|&x| x == 0) && a.bytes()[20] == 7);
     }
 }
