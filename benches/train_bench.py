@@ -301,7 +301,7 @@ def max_batch(a) -> None:
         rows.append({"model": name, "limit": limit, "torch_batch": tb, "torch": tr,
                      "graphopt_batch": gb, "overhead": over, "overhead_per_example": slope,
                      "graphopt": gr})
-        print(f"{name}: torch {tb}, graphopt {gb} ({gb / max(tb, 1):.2f}x)", file=sys.stderr)
+        print(f"{name}: torch {tb}, graphopt {gb}", file=sys.stderr)
     print("| model | limit | torch batch | torch peak RSS | graphopt batch (whole, --budget) | "
           "graphopt peak RSS | recomputed | ratio |")
     print("|---|---|---|---|---|---|---|---|")
@@ -311,7 +311,9 @@ def max_batch(a) -> None:
         print(f"| {r['model']} | {r['limit'] / 2**30:.2f} GiB | {r['torch_batch']} | "
               f"{(r['torch'] or {}).get('peak_rss', 0) / 2**20:.0f} MiB | {r['graphopt_batch']} | "
               f"{g.get('peak_rss_bytes', 0) / 2**20:.0f} MiB | {rc.get('recomputed_nodes', 0)} nodes, "
-              f"+{rc.get('extra_flops_pct', 0):.1f}% FLOPs | {r['graphopt_batch'] / max(r['torch_batch'], 1):.2f}x |")
+              f"+{rc.get('extra_flops_pct', 0):.1f}% FLOPs | "
+              + (f"{r['graphopt_batch'] / r['torch_batch']:.2f}x |" if r["torch_batch"]
+                 else "torch fits no batch |"))
     res = ROOT / "benches" / "results"
     res.mkdir(exist_ok=True)
     (res / "train_max_batch.json").write_text(json.dumps(rows, indent=1) + "\n")
