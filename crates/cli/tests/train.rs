@@ -577,3 +577,55 @@ fn shards_are_read_in_place_with_the_losses_of_one_file() {
     assert!(err.contains("holds both .npz and .npy files"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_eval_loss_over_several_batches_reads_the_trained_state() {
+    // The eval runs the step's graph, which writes its update over the
+    // state it keeps: every eval batch must still read the trained state.
+    // Two copies of one batch give that batch's loss.
+    let dir = tmp("evalloss");
+    let bytes = std::fs::read(td("train/digits_cnn.train.npz")).unwrap();
+    let arrays = graphopt::tract::npz::read(&bytes).unwrap();
+    let mut once = Vec::new();
+    let mut twice = Vec::new();
+    for (name, t) in &arrays {
+        let b = t.slice(0, 0, 32).unwrap();
+        let two = graphopt::tract::TractTensor::stack_tensors(0, &[b.clone(), b.clone()]).unwrap();
+        once.push((name.clone(), b));
+        twice.push((name.clone(), two));
+    }
+    let mut values = Vec::new();
+    for (k, a) in [once, twice].iter().enumerate() {
+        let eval = dir.join(format!("eval{k}.npz"));
+        std::fs::write(&eval, graphopt::tract::npz::write(a).unwrap()).unwrap();
+        let args = strings(&[
+            "--target",
+            "y",
+            "--batch",
+            "32",
+            "--steps",
+            "2",
+            "--threads",
+            "2",
+            "--metric",
+            "loss",
+            "--eval",
+            eval.to_str().unwrap(),
+            "--lr",
+            "0.5",
+        ]);
+        let (r, _) = train_on(
+            &td("train/digits_cnn.onnx"),
+            &td("train/digits_cnn.train.npz"),
+            &dir,
+            &args,
+        );
+        values.push(
+            r["evals"].as_array().unwrap().last().unwrap()["value"]
+                .as_f64()
+                .unwrap(),
+        );
+    }
+    assert_eq!(values[0], values[1], "{values:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

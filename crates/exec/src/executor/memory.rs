@@ -63,7 +63,8 @@ impl Aligned {
     }
 
     fn layout(len: usize) -> Layout {
-        Layout::from_size_align(len + ALIGN, BASE_ALIGN).expect("arena size fits a layout")
+        let size = len.checked_add(ALIGN).expect("arena size fits a layout");
+        Layout::from_size_align(size, BASE_ALIGN).expect("arena size fits a layout")
     }
 
     /// Zeroes `range` and hands back the whole pages inside it (Linux:
@@ -76,12 +77,18 @@ impl Aligned {
             // memory borrowed mutably here, so nothing else reads it;
             // afterwards its pages read as zeros.
             #[cfg(target_os = "linux")]
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
-            }
-            // The partial pages at either end are zeroed by hand.
+            let handed_back = unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) == 0
+            };
+            #[cfg(not(target_os = "linux"))]
+            let handed_back = false;
+            // The partial pages at either end are zeroed by hand (and the
+            // middle too, where the kernel refused).
             let p = b.as_ptr() as usize;
             let (head, tail) = (start - p, end - p);
+            if !handed_back {
+                b[head..tail].fill(0);
+            }
             b[..head].fill(0);
             b[tail..].fill(0);
             return;

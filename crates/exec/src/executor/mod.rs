@@ -258,8 +258,6 @@ impl Executable {
             })
             .sum()
     }
-    /// The current bytes of runtime input `name` in the arena: what was
-    /// given, or, after a run, the donated output written there.
     /// Copies `t` into input `name`'s bytes in the arena, where a later
     /// [`Executable::run_donated`] given `None` for it reads it: a caller
     /// can hand its parameters over one at a time and free each host copy
@@ -291,6 +289,8 @@ impl Executable {
         Some(t)
     }
 
+    /// The current bytes of runtime input `name` in the arena: what was
+    /// given, or, after a run, the donated output written there.
     pub fn read_input(&self, name: &str) -> Option<HostTensor> {
         let k = self.inputs.iter().position(|x| x.0 == name)?;
         if !self.primed[k] {

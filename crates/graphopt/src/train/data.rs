@@ -287,8 +287,15 @@ impl MappedData {
             let n = first.shape[0];
             if arrays.is_empty() {
                 for f in &found {
-                    let per: usize = f.shape[1..].iter().product();
-                    let row = per * f.width;
+                    let row = f.shape[1..]
+                        .iter()
+                        .try_fold(f.width, |a, &d| a.checked_mul(d))
+                        .ok_or_else(|| {
+                            Error::with_kind(
+                                ErrorKind::Parse,
+                                format!("{where_}: array '{}': shape too large", f.name),
+                            )
+                        })?;
                     arrays.push((f.name.clone(), f.dtype, f.shape[1..].to_vec(), row));
                 }
             }

@@ -337,6 +337,7 @@ impl Session {
             // then tighten by what the real plan still misses.
             let mut lower_bound = s.batch_lower_bound().saturating_sub(need - budget);
             drop(s);
+            let mut planned = None;
             for _ in 0..REMAT_TRIES {
                 if lower_bound == 0 {
                     tried.push(format!(
@@ -352,13 +353,22 @@ impl Session {
                     Ok(r) => {
                         let miss = r.planned_bytes() - budget;
                         lower_bound = r.batch_lower_bound().saturating_sub(miss);
+                        planned = Some(r.planned_bytes());
                     }
-                    Err(e) if e.kind() == ErrorKind::Budget => {
+                    // Recomputation that cannot reach the budget, or fails
+                    // here, leaves the next micro-batch count to try.
+                    Err(e) => {
                         tried.push(format!("{shape} with recomputation: {e}"));
+                        planned = None;
                         break;
                     }
-                    Err(e) => return Err(e),
                 }
+            }
+            if let (None, Some(p)) = (&chosen, planned) {
+                tried.push(format!(
+                    "{shape} with recomputation: {} after {REMAT_TRIES} plans",
+                    human_bytes(p)
+                ));
             }
             if chosen.is_some() {
                 break;

@@ -195,15 +195,19 @@ impl StepGraphs {
     }
 
     /// The parameters and optimizer state before the first step, for the
-    /// step of `micro` micro-batches, moved out (held once).
+    /// step of `micro` micro-batches, moved out (held once). The graphs of
+    /// the other kind, built while a budget was tried, go with their state.
     pub(super) fn take_state(&mut self, micro: usize) -> State {
         if micro == 1 {
+            self.grads = None;
+            self.update = None;
             return self
                 .fused
                 .as_mut()
                 .map(|f| std::mem::take(&mut f.2))
                 .unwrap_or_default();
         }
+        self.fused = None;
         let mut state = self
             .grads
             .as_mut()
@@ -666,7 +670,13 @@ impl Stepper {
             // The step's graph writes its updates over the kept state:
             // run it on a copy, and give the state back before the next
             // step.
-            let all = f.snapshot(state);
+            // After the first eval batch the arena holds that batch's
+            // update, not the state: what an earlier eval kept is laid
+            // over it.
+            let mut all = f.snapshot(state);
+            if let Some(r) = &self.restore {
+                all.extend(r.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
             let outs = f.run(&all, batch, ropts)?;
             if f.kept && self.restore.is_none() {
                 self.restore = Some(
