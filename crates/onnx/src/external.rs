@@ -48,16 +48,10 @@ impl ExternalReader {
                 let f = std::fs::File::open(&path).map_err(|e| {
                     OnnxError::io(format!("external data file '{location}': {e}"), e)
                 })?;
-                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-                let b = if len == 0 {
-                    Bytes::new()
-                } else {
-                    // SAFETY: read-only map of a file graphopt never writes.
-                    let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| {
+                let b = crate::resident::map_read_only(&f, crate::resident::Access::Sequential)
+                    .map_err(|e| {
                         OnnxError::io(format!("external data file '{location}': {e}"), e)
                     })?;
-                    crate::resident::register(m)
-                };
                 self.maps.insert(path.clone(), b.clone());
                 b
             }

@@ -20,7 +20,7 @@ mod stream;
 use export::model_to_proto;
 pub use export::{ExternalData, SaveOptions, SaveReport};
 pub use import::ImportInfo;
-pub use resident::release_resident;
+pub use resident::{map_read_only, release_resident, Access};
 
 use bytes::Bytes;
 use graphopt_ir::Model;
@@ -120,22 +120,8 @@ pub fn load(path: &Path) -> Result<Loaded, OnnxError> {
     let place = path.display();
     let file = std::fs::File::open(path)
         .map_err(|e| OnnxError::io(format!("{place}: cannot open: {e}"), e))?;
-    let len = file
-        .metadata()
-        .map_err(|e| OnnxError::io(format!("{place}: {e}"), e))?
-        .len();
-    let bytes = if len == 0 {
-        Bytes::new()
-    } else {
-        // SAFETY: the map is read-only; graphopt never writes to its input.
-        // Another process truncating the file while we read it is outside
-        // what any loader can defend against.
-        let map = unsafe { memmap2::Mmap::map(&file) }
-            .map_err(|e| OnnxError::io(format!("{place}: cannot map: {e}"), e))?;
-        #[cfg(unix)]
-        let _ = map.advise(memmap2::Advice::Sequential);
-        resident::register(map)
-    };
+    let bytes = resident::map_read_only(&file, resident::Access::Sequential)
+        .map_err(|e| OnnxError::io(format!("{place}: cannot map: {e}"), e))?;
     let dir = path
         .parent()
         .map(Path::to_path_buf)

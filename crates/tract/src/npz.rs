@@ -195,15 +195,29 @@ pub fn npy_layout(b: &[u8]) -> anyhow::Result<NpyLayout> {
     })
 }
 
-/// Bytes per element of the numpy dtypes graphopt reads.
-pub fn npy_width(descr: &str) -> Option<usize> {
+/// The element type of a numpy `descr` graphopt reads.
+pub fn npy_dtype(descr: &str) -> Option<graphopt_ir::DType> {
+    use graphopt_ir::DType::*;
     Some(match descr {
-        "<f8" | "<i8" | "<u8" => 8,
-        "<f4" | "<i4" | "<u4" => 4,
-        "<f2" | "<i2" | "<u2" => 2,
-        "|i1" | "|u1" | "|b1" => 1,
+        "<f4" => F32,
+        "<f8" => F64,
+        "<f2" => F16,
+        "<i8" => I64,
+        "<i4" => I32,
+        "<i2" => I16,
+        "|i1" => I8,
+        "|u1" => U8,
+        "<u2" => U16,
+        "<u4" => U32,
+        "<u8" => U64,
+        "|b1" => Bool,
         _ => return None,
     })
+}
+
+/// Bytes per element of the numpy dtypes graphopt reads.
+pub fn npy_width(descr: &str) -> Option<usize> {
+    npy_dtype(descr)?.bits().map(|b| b as usize / 8)
 }
 
 /// One `.npy` array (format 1.0 to 3.0, C order, little endian).

@@ -5,6 +5,7 @@ use super::{State, TrainOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::grad::Loss;
 use crate::run::to_host;
+use bytes::Bytes;
 use graphopt_exec::HostTensor;
 use graphopt_ir::{DType, Model};
 use graphopt_plan::DimValues;
@@ -185,13 +186,14 @@ impl DataSource for ArrayData {
 /// Examples read in place from files, memory-mapped: one npz
 /// (`np.savez`), or a folder of shards concatenated in name order, either
 /// npz files with the same arrays or npy files holding one array each
-/// (`NAME.npy`, all with the same number of examples). A batch copies only
-/// its own examples out of the maps (and hands their pages back), and is
+/// (`NAME.npy`, all with the same number of examples), mapped by
+/// [`graphopt_onnx::map_read_only`]. A batch copies only its own examples
+/// out of the maps (and hands their pages back), and is
 /// checked for NaN and Inf then: the data is never read whole, so a bad
 /// value deep in a large set is found when its example is first drawn
 /// (the error names the array and the example, and the run stops there).
 pub struct MappedData {
-    maps: Vec<memmap2::Mmap>,
+    maps: Vec<Bytes>,
     /// Per array: name, element type, per-example shape, bytes per example.
     arrays: Vec<(String, DType, Vec<usize>, usize)>,
     shards: Vec<Shard>,
@@ -267,7 +269,7 @@ impl MappedData {
     }
 
     fn from_shards(
-        maps: Vec<memmap2::Mmap>,
+        maps: Vec<Bytes>,
         shards: Vec<(String, Vec<Found>)>,
         label: &str,
     ) -> Result<MappedData> {
@@ -340,42 +342,18 @@ impl MappedData {
     }
 }
 
-fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+fn map_file(path: &Path) -> Result<Bytes> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    if file
-        .metadata()
-        .map_err(|e| Error::io(path, "read", e))?
-        .len()
-        == 0
-    {
+    let map = graphopt_onnx::map_read_only(&file, graphopt_onnx::Access::Random)
+        .map_err(|e| Error::io(path, "map", e))?;
+    if map.is_empty() {
         return Err(Error::new(format!("{}: empty file", path.display())));
     }
-    // SAFETY: the map is read-only; graphopt never writes to its input.
-    // Another process truncating the file while it is read is outside
-    // what any loader can defend against.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, "map", e))?;
-    #[cfg(unix)]
-    let _ = map.advise(memmap2::Advice::Random);
     Ok(map)
 }
 
-/// Drops the process's resident pages of `len` bytes at `offset` of `map`
-/// once they are copied out: an epoch over a large data set then does not
-/// leave the whole set in the resident set (the page cache keeps what
-/// memory allows, as it would for any read).
-fn release(map: &memmap2::Mmap, offset: usize, len: usize) {
-    #[cfg(unix)]
-    if len > 0 {
-        // SAFETY: a read-only map of a file: MADV_DONTNEED drops the page
-        // table entries only; the next read of these bytes faults the
-        // file's contents back in, so no slice sees other bytes.
-        let _ =
-            unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
-    }
-}
-
 /// The arrays of the npz at `path`, mapped (the map joins `maps`).
-fn map_npz(path: &Path, maps: &mut Vec<memmap2::Mmap>) -> Result<Vec<Found>> {
+fn map_npz(path: &Path, maps: &mut Vec<Bytes>) -> Result<Vec<Found>> {
     let i = maps.len();
     maps.push(map_file(path)?);
     let members = graphopt_tract::npz::members(&maps[i])
@@ -398,23 +376,14 @@ fn layout_of(bytes: &[u8], start: usize, map: usize, name: String, path: &Path) 
         )
     };
     let l = graphopt_tract::npz::npy_layout(&bytes[start..]).map_err(|e| bad(format!("{e:#}")))?;
-    let dtype = match l.descr.as_str() {
-        "<f4" => DType::F32,
-        "<f8" => DType::F64,
-        "<f2" => DType::F16,
-        "<i8" => DType::I64,
-        "<i4" => DType::I32,
-        "<i2" => DType::I16,
-        "|i1" => DType::I8,
-        "|u1" => DType::U8,
-        "<u2" => DType::U16,
-        "<u4" => DType::U32,
-        "<u8" => DType::U64,
-        "|b1" => DType::Bool,
-        d => return Err(bad(format!("unsupported dtype '{d}'"))),
+    let (Some(dtype), Some(width)) = (
+        graphopt_tract::npz::npy_dtype(&l.descr),
+        graphopt_tract::npz::npy_width(&l.descr),
+    ) else {
+        return Err(bad(format!("unsupported dtype '{}'", l.descr)));
     };
     Ok(Found {
-        width: graphopt_tract::npz::npy_width(&l.descr).unwrap_or(1),
+        width,
         name,
         dtype,
         shape: l.shape,
@@ -448,8 +417,12 @@ impl DataSource for MappedData {
                 let s = &self.shards[self.shards.partition_point(|sh| sh.first <= i) - 1];
                 let (map, offset) = s.at[a];
                 let from = offset + (i - s.first) * row;
-                data.extend_from_slice(&self.maps[map][from..from + row]);
-                release(&self.maps[map], from, *row);
+                let example = &self.maps[map][from..from + row];
+                data.extend_from_slice(example);
+                // Copied: its pages go back, so an epoch over a large set
+                // does not stay resident (the page cache keeps what memory
+                // allows, as for any read).
+                graphopt_onnx::release_resident(example);
             }
             let mut shape = vec![indices.len()];
             shape.extend_from_slice(per);
