@@ -121,6 +121,13 @@ pub struct RematReport {
     pub timeline_after: Vec<u64>,
 }
 
+impl RematReport {
+    /// FLOPs added by recomputation, in percent of the step's.
+    pub fn extra_flops_pct(&self) -> f64 {
+        100.0 * (self.flops_after as f64 / self.flops_before.max(1) as f64 - 1.0)
+    }
+}
+
 /// One point of a frontier.
 #[derive(Clone, Debug, Serialize)]
 pub struct FrontierPoint {
@@ -241,13 +248,14 @@ struct Prepared {
 }
 
 impl Session {
-    /// [`Session::remat_prepare_with`] at the default plan options, refusing a model with no backward pass
-    /// (an inference model): there is nothing to recompute for, and the
-    /// budget error the solvers would give says nothing of the cause.
+    /// [`Session::remat_prepare_training_with`] at the default plan options.
     fn remat_prepare_training(&mut self, dims: &DimValues) -> Result<Prepared> {
         self.remat_prepare_training_with(dims, &PlanOptions::default())
     }
 
+    /// [`Session::remat_prepare_with`], refusing a model with no backward
+    /// pass (an inference model): there is nothing to recompute for, and
+    /// the budget error the solvers would give says nothing of the cause.
     fn remat_prepare_training_with(
         &mut self,
         dims: &DimValues,

@@ -14,7 +14,8 @@
 //! The pairs are declared once, in the model's metadata under
 //! [`DONATE_KEY`] (`in:out,in:out`, with `%`, `:` and `,` inside a name
 //! written `%25`, `%3A`, `%2C`: torch names such as `onnx::Conv_117`);
-//! `graphopt grad` writes them, so files carry them. The planner ([`crate::liveness`]) honours a pair when:
+//! `graphopt grad` writes them, so files carry them. The planner
+//! ([`crate::liveness`]) honours a pair when:
 //! 1. the input is a runtime graph input and the output a graph output;
 //! 2. both are tensors of one element type and size;
 //! 3. no node reads the input after the output's producer, and the

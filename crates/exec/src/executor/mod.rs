@@ -258,15 +258,18 @@ impl Executable {
             })
             .sum()
     }
+    /// Runtime input `name`'s place in the plan's inputs.
+    fn input_index(&self, name: &str) -> Option<usize> {
+        self.inputs.iter().position(|x| x.0 == name)
+    }
+
     /// Copies `t` into input `name`'s bytes in the arena, where a later
     /// [`Executable::run_donated`] given `None` for it reads it: a caller
     /// can hand its parameters over one at a time and free each host copy
     /// at once, rather than hold them all beside the arena for one run.
     pub fn write_input(&mut self, name: &str, t: &HostTensor) -> Result<(), ExecError> {
         let k = self
-            .inputs
-            .iter()
-            .position(|x| x.0 == name)
+            .input_index(name)
             .ok_or_else(|| ExecError::Input(format!("the model has no input '{name}'")))?;
         let (_, off, ti) = &self.inputs[k];
         check_input(name, t, ti)?;
@@ -282,7 +285,7 @@ impl Executable {
     /// in the copy. The input must be given again before the next run.
     pub fn take_input(&mut self, name: &str) -> Option<HostTensor> {
         let t = self.read_input(name)?;
-        let k = self.inputs.iter().position(|x| x.0 == name)?;
+        let k = self.input_index(name)?;
         let off = self.inputs[k].1;
         self.arena.discard(off..off + t.data.len());
         self.primed[k] = false;
@@ -292,7 +295,7 @@ impl Executable {
     /// The current bytes of runtime input `name` in the arena: what was
     /// given, or, after a run, the donated output written there.
     pub fn read_input(&self, name: &str) -> Option<HostTensor> {
-        let k = self.inputs.iter().position(|x| x.0 == name)?;
+        let k = self.input_index(name)?;
         if !self.primed[k] {
             return None;
         }

@@ -20,7 +20,7 @@
 //!      fit is chosen. Where a micro-batch does not fit as it is, and
 //!      `remat` is on, [`Session::remat`] first rewrites the graph that
 //!      holds the batch to recompute forward values, aimed at the bytes
-//!      missing (at most [`REMAT_TRIES`] plans per micro-batch count).
+//!      missing (at most `REMAT_TRIES` plans per micro-batch count).
 //! 3. Batches come from a [`DataSource`]. Each epoch visits the examples
 //!    in a permutation drawn from `seed` and the epoch number (or in order
 //!    without `shuffle`). The last partial batch of an epoch is dropped (a
@@ -50,7 +50,6 @@ use crate::util::write_atomic;
 use graphopt_autodiff::Optimizer;
 use graphopt_exec::HostTensor;
 use graphopt_ir::Tensor;
-use graphopt_plan::human_bytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -67,15 +66,12 @@ pub(crate) use data::read_npz;
 pub use data::{epoch_permutation, ArrayData, DataSource, MappedData};
 pub use report::{train_svg, EvalRecord, RecomputeRecord, StepRecord, TrainReport};
 
-/// Plans tried per micro-batch count when recomputation aims at a budget.
-const REMAT_TRIES: usize = 3;
-
 use checkpoint::{
     checkpoint_file, resume, scalar_i64, BATCH_KEY, EXAMPLES_KEY, SEED_KEY, SHUFFLE_KEY, STEP_KEY,
 };
 use data::{check_arrays, check_feed, to_feed};
 use eval::EvalRunner;
-use step::{host_of, StepGraphs, Stepper};
+use step::{host_of, StepGraphs};
 
 /// How long to train.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -305,88 +301,20 @@ impl Session {
             Optimizer::None => 0.0,
         };
         // 1. The step's graphs, and the micro-batch count: given, chosen
-        //    under the budget (the fewest micro-batches that fit), or one.
+        //    under the budget (the largest micro-batch that fits, with
+        //    recomputation if needed: `StepGraphs::fit`), or one.
         let first = data.gather(&(0..opts.batch).collect::<Vec<_>>())?;
         check_arrays(&self.model.graph, &first, data, opts)?;
         let first = to_feed(first, &self.model, opts);
         check_feed(&first, data, opts)?;
         let mut graphs = StepGraphs::new(self, opts, optimizer);
-        let counts: Vec<usize> = match (opts.micro_batches, opts.budget) {
-            (Some(m), _) => vec![m],
-            (None, None) => vec![1],
-            (None, Some(_)) => (1..=opts.batch)
-                .filter(|m| opts.batch.is_multiple_of(*m))
-                .collect(),
-        };
-        let mut chosen: Option<Stepper> = None;
-        let mut tried: Vec<String> = Vec::new();
-        for m in counts {
-            let s = graphs.stepper(self, &first, m, data, None)?;
-            let need = s.planned_bytes();
-            let Some(budget) = opts.budget.filter(|&b| need > b) else {
-                chosen = Some(s);
-                break;
-            };
-            let shape = format!("{} x {}", m, opts.batch / m);
-            tried.push(format!("{shape}: {}", human_bytes(need)));
-            if !opts.remat {
-                continue;
-            }
-            // Recomputation lowers the arena of the graph holding the
-            // batch: aim its lower bound at the excess below today's,
-            // then tighten by what the real plan still misses.
-            let mut lower_bound = s.batch_lower_bound().saturating_sub(need - budget);
-            drop(s);
-            let mut planned = None;
-            for _ in 0..REMAT_TRIES {
-                if lower_bound == 0 {
-                    tried.push(format!(
-                        "{shape} with recomputation: the step's other bytes alone exceed the budget"
-                    ));
-                    break;
-                }
-                match graphs.stepper(self, &first, m, data, Some(lower_bound)) {
-                    Ok(r) if r.planned_bytes() <= budget => {
-                        chosen = Some(r);
-                        break;
-                    }
-                    Ok(r) => {
-                        let miss = r.planned_bytes() - budget;
-                        lower_bound = r.batch_lower_bound().saturating_sub(miss);
-                        planned = Some(r.planned_bytes());
-                    }
-                    // Recomputation that cannot reach the budget, or fails
-                    // here, leaves the next micro-batch count to try.
-                    Err(e) => {
-                        tried.push(format!("{shape} with recomputation: {e}"));
-                        planned = None;
-                        break;
-                    }
-                }
-            }
-            if let (None, Some(p)) = (&chosen, planned) {
-                tried.push(format!(
-                    "{shape} with recomputation: {} after {REMAT_TRIES} plans",
-                    human_bytes(p)
-                ));
-            }
-            if chosen.is_some() {
-                break;
-            }
-        }
-        let Some(mut stepper) = chosen else {
-            return Err(Error::budget(format!(
-                "--budget {}: no micro-batch fits (micro-batches x examples: {})",
-                human_bytes(opts.budget.unwrap_or(0)),
-                tried.join(", ")
-            )));
-        };
+        let mut stepper = graphs.fit(self, &first, data, opts)?;
         // The first batch only gave the shapes to plan for.
         drop(first);
         let recompute = stepper.remat.as_ref().map(|r| RecomputeRecord {
             strategy: r.strategy.clone(),
             recomputed_nodes: r.recomputed_nodes.len(),
-            extra_flops_pct: 100.0 * (r.flops_after as f64 / r.flops_before.max(1) as f64 - 1.0),
+            extra_flops_pct: r.extra_flops_pct(),
             lower_bound_before_bytes: r.lower_bound_before_bytes,
             lower_bound_after_bytes: r.lower_bound_after_bytes,
         });

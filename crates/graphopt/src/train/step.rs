@@ -10,7 +10,7 @@ use crate::session::Session;
 use graphopt_autodiff::{GradOptions as AutodiffOptions, Optimizer};
 use graphopt_exec::{CpuBackend, Executable, HostTensor};
 use graphopt_ir::{DType, Model, Tensor};
-use graphopt_plan::{DimValues, PlanOptions};
+use graphopt_plan::{human_bytes, DimValues, PlanOptions};
 use std::collections::BTreeMap;
 
 pub(super) fn has_dropout(g: &graphopt_ir::Graph) -> bool {
@@ -194,6 +194,92 @@ impl StepGraphs {
         })
     }
 
+    /// The step for `opts`: `opts.micro_batches` of them, or under
+    /// `opts.budget` the largest micro-batch whose planned bytes fit,
+    /// where each count that does not fit as it is first gets
+    /// recomputation (with `opts.remat`), aimed at the bytes missing and
+    /// tightened by what the real plan still misses, at most
+    /// [`REMAT_TRIES`] plans; or the whole batch. The error of a budget
+    /// nothing meets lists what each count needed.
+    pub(super) fn fit(
+        &mut self,
+        session: &Session,
+        first: &State,
+        data: &dyn DataSource,
+        opts: &TrainOptions,
+    ) -> Result<Stepper> {
+        let counts: Vec<usize> = match (opts.micro_batches, opts.budget) {
+            (Some(m), _) => vec![m],
+            (None, None) => vec![1],
+            (None, Some(_)) => (1..=opts.batch)
+                .filter(|m| opts.batch.is_multiple_of(*m))
+                .collect(),
+        };
+        let mut chosen: Option<Stepper> = None;
+        let mut tried: Vec<String> = Vec::new();
+        for m in counts {
+            let s = self.stepper(session, first, m, data, None)?;
+            let need = s.planned_bytes();
+            let Some(budget) = opts.budget.filter(|&b| need > b) else {
+                chosen = Some(s);
+                break;
+            };
+            let shape = format!("{} x {}", m, opts.batch / m);
+            tried.push(format!("{shape}: {}", human_bytes(need)));
+            if !opts.remat {
+                continue;
+            }
+            // Recomputation lowers the arena of the graph holding the
+            // batch: aim its lower bound at the excess below today's,
+            // then tighten by what the real plan still misses.
+            let mut lower_bound = s.batch_lower_bound().saturating_sub(need - budget);
+            drop(s);
+            let mut planned = None;
+            for _ in 0..REMAT_TRIES {
+                if lower_bound == 0 {
+                    tried.push(format!(
+                        "{shape} with recomputation: the step's other bytes alone exceed the budget"
+                    ));
+                    break;
+                }
+                match self.stepper(session, first, m, data, Some(lower_bound)) {
+                    Ok(r) if r.planned_bytes() <= budget => {
+                        chosen = Some(r);
+                        break;
+                    }
+                    Ok(r) => {
+                        let miss = r.planned_bytes() - budget;
+                        lower_bound = r.batch_lower_bound().saturating_sub(miss);
+                        planned = Some(r.planned_bytes());
+                    }
+                    // Recomputation that cannot reach the budget, or fails
+                    // here, leaves the next micro-batch count to try.
+                    Err(e) => {
+                        tried.push(format!("{shape} with recomputation: {e}"));
+                        planned = None;
+                        break;
+                    }
+                }
+            }
+            if let (None, Some(p)) = (&chosen, planned) {
+                tried.push(format!(
+                    "{shape} with recomputation: {} after {REMAT_TRIES} plans",
+                    human_bytes(p)
+                ));
+            }
+            if chosen.is_some() {
+                break;
+            }
+        }
+        chosen.ok_or_else(|| {
+            Error::budget(format!(
+                "--budget {}: no micro-batch fits (micro-batches x examples: {})",
+                human_bytes(opts.budget.unwrap_or(0)),
+                tried.join(", ")
+            ))
+        })
+    }
+
     /// The parameters and optimizer state before the first step, for the
     /// step of `micro` micro-batches, moved out (held once). The graphs of
     /// the other kind, built while a budget was tried, go with their state.
@@ -219,6 +305,9 @@ impl StepGraphs {
         state
     }
 }
+
+/// Plans tried per micro-batch count when recomputation aims at a budget.
+pub(super) const REMAT_TRIES: usize = 3;
 
 /// `model` rewritten by [`Session::remat`] to a planner lower bound of at
 /// most `budget` bytes at `dims` (`None, None` without a budget).
