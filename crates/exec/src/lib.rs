@@ -37,6 +37,7 @@
 //! Gather) into a node that decodes tiles in its kernel ([`cpu::palette`]).
 
 pub mod backend;
+pub mod collective;
 mod control;
 pub mod cpu;
 pub mod cuda;

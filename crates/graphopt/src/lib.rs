@@ -46,6 +46,7 @@
 
 mod check;
 mod compress;
+pub mod distributed;
 mod error;
 mod grad;
 mod inputs;
@@ -115,8 +116,8 @@ pub use torch_policy::{
     FX_NODE_KEY, TORCH_POLICY_FORMAT,
 };
 pub use train::{
-    epoch_permutation, parse_train_remat, train_svg, ArrayData, DataSource, EvalRecord, MappedData,
-    Metric, RecomputeRecord, StepRecord, TrainLength, TrainOptions, TrainReport,
+    epoch_permutation, parse_train_remat, train_svg, ArrayData, DataSource, DistRecord, EvalRecord,
+    MappedData, Metric, RecomputeRecord, StepRecord, TrainLength, TrainOptions, TrainReport,
 };
 
 pub use graphopt_autodiff as autodiff;

@@ -79,6 +79,13 @@ pub fn require_gpu() -> bool {
     env_is("GRAPHOPT_REQUIRE_GPU", "1")
 }
 
+/// True when a missing MPI (`mpirun`, or the headers the `mpi` feature
+/// builds against) must fail the distributed tests rather than skip them:
+/// `GRAPHOPT_REQUIRE_MPI=1` or `CI=true` (`.ci/run` installs OpenMPI).
+pub fn require_mpi() -> bool {
+    env_is("GRAPHOPT_REQUIRE_MPI", "1") || env_is("CI", "true")
+}
+
 /// The one way a test gives up on a missing prerequisite other than the
 /// Python environment (which [`python_or_skip`] handles): returns true
 /// after printing `SKIPPED <test>: <why> (set <require_with> to make this

@@ -42,6 +42,7 @@
 //!
 //! Not yet: CUDA (the step runs on the CPU runtime only).
 
+use crate::distributed::{Collective, RankBytes, Scheme, Solo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::grad::{Loss, OptimizerSpec};
 use crate::run::{peak_rss_bytes, to_tract};
@@ -58,13 +59,14 @@ use std::time::Instant;
 
 mod checkpoint;
 mod data;
+mod dist;
 mod eval;
 mod report;
 mod step;
 
 pub(crate) use data::read_npz;
 pub use data::{epoch_permutation, ArrayData, DataSource, MappedData};
-pub use report::{train_svg, EvalRecord, RecomputeRecord, StepRecord, TrainReport};
+pub use report::{train_svg, DistRecord, EvalRecord, RecomputeRecord, StepRecord, TrainReport};
 
 use checkpoint::{
     checkpoint_file, resume, scalar_i64, BATCH_KEY, EXAMPLES_KEY, SEED_KEY, SHUFFLE_KEY, STEP_KEY,
@@ -158,6 +160,11 @@ pub struct TrainOptions {
     /// where the micro-batches alone do not fit (default true): the
     /// largest micro-batch that fits, with recomputation if needed, wins.
     pub remat: bool,
+    /// Several ranks share each batch ([`crate::distributed`]): run
+    /// through [`Session::train_on`] with the communicator. `batch` is the
+    /// global batch; each rank gets `batch / ranks` of its examples, and
+    /// `micro_batches` and `budget` apply per rank.
+    pub distributed: Option<Scheme>,
 }
 
 impl TrainOptions {
@@ -184,6 +191,7 @@ impl TrainOptions {
             micro_batches: None,
             budget: None,
             remat: true,
+            distributed: None,
         }
     }
 
@@ -274,12 +282,35 @@ impl Session {
         opts: &TrainOptions,
         progress: &mut dyn FnMut(&StepRecord),
     ) -> Result<TrainReport> {
+        if let Some(s) = opts.distributed {
+            return Err(Error::new(format!(
+                "--distributed {}: train through Session::train_on with the communicator (graphopt::distributed::World)",
+                s.name()
+            )));
+        }
+        self.train_on(&Solo, data, eval, opts, progress)
+    }
+
+    /// [`Session::train_with`] as one rank of `comm`: with
+    /// `opts.distributed`, this rank trains on its share of each batch and
+    /// the ranks sum their gradients (see [`crate::distributed`]). Rank 0
+    /// writes the checkpoints and alone measures `eval`; every rank ends
+    /// with the same trained weights.
+    pub fn train_on(
+        &mut self,
+        comm: &dyn Collective,
+        data: &dyn DataSource,
+        eval: Option<&dyn DataSource>,
+        opts: &TrainOptions,
+        progress: &mut dyn FnMut(&StepRecord),
+    ) -> Result<TrainReport> {
         opts.validate()?;
-        self.transact(|s| s.train_step(data, eval, opts, progress))
+        self.transact(|s| s.train_step(comm, data, eval, opts, progress))
     }
 
     fn train_step(
         &mut self,
+        comm: &dyn Collective,
         data: &dyn DataSource,
         eval: Option<&dyn DataSource>,
         opts: &TrainOptions,
@@ -300,15 +331,43 @@ impl Session {
             Optimizer::AdamW { lr, .. } => lr,
             Optimizer::None => 0.0,
         };
+        // 0. This rank's share of each batch; the ranks agree on the model
+        //    and the options or all refuse.
+        let (rank, ranks) = (comm.rank(), comm.ranks());
+        let scheme = opts.distributed.unwrap_or(Scheme::Dp);
+        if !opts.batch.is_multiple_of(ranks) {
+            return Err(Error::new(format!(
+                "--batch {}: does not split into {ranks} ranks' equal shares",
+                opts.batch
+            )));
+        }
+        let local = opts.batch / ranks;
+        if let Some(m) = opts.micro_batches.filter(|m| !local.is_multiple_of(*m)) {
+            return Err(Error::new(format!(
+                "--micro-batches {m}: each rank's {local} examples do not split into {m} equal micro-batches"
+            )));
+        }
+        if opts.distributed.is_some() {
+            agree(comm, &self.model, opts, n)?;
+        }
+        // The options of one rank: its share of the batch.
+        let lopts = TrainOptions {
+            batch: local,
+            micro_batches: opts.micro_batches,
+            ..opts.clone()
+        };
+        let lopts = &lopts;
         // 1. The step's graphs, and the micro-batch count: given, chosen
         //    under the budget (the largest micro-batch that fits, with
         //    recomputation if needed: `StepGraphs::fit`), or one.
-        let first = data.gather(&(0..opts.batch).collect::<Vec<_>>())?;
-        check_arrays(&self.model.graph, &first, data, opts)?;
+        let first = data.gather(&(rank * local..(rank + 1) * local).collect::<Vec<_>>())?;
+        check_arrays(&self.model.graph, &first, data, lopts)?;
         let first = to_feed(first, &self.model, opts);
         check_feed(&first, data, opts)?;
         let mut graphs = StepGraphs::new(self, opts, optimizer);
-        let mut stepper = graphs.fit(self, &first, data, opts)?;
+        graphs.ranks = (scheme, rank, ranks);
+        graphs.split = opts.distributed.is_some();
+        let mut stepper = graphs.fit(self, &first, data, lopts)?;
         // The first batch only gave the shapes to plan for.
         drop(first);
         let recompute = stepper.remat.as_ref().map(|r| RecomputeRecord {
@@ -344,7 +403,16 @@ impl Session {
         let mut resumed_from = None;
         if let Some(r) = &opts.resume {
             let file = checkpoint_file(r)?;
-            start = resume(&file, &mut state, n, opts)?;
+            match stepper.layout.as_ref().filter(|l| l.sharded()) {
+                // A checkpoint holds the optimizer state per parameter, as
+                // one process does: this rank keeps its slice of it.
+                Some(l) => {
+                    let mut full = l.unsliced_like(&state);
+                    start = resume(&file, &mut full, n, opts)?;
+                    state = l.slice_state(full, &state)?;
+                }
+                None => start = resume(&file, &mut state, n, opts)?,
+            }
             resumed_from = Some((file.display().to_string(), start));
         }
         if let Some(dir) = &opts.checkpoint {
@@ -353,10 +421,12 @@ impl Session {
         let schedule = |step: usize| -> (usize, Vec<usize>) {
             let epoch = step / per_epoch;
             let at = (step % per_epoch) * opts.batch;
+            // This rank's share: the rank-th slice of the batch's order.
+            let at = at + rank * local;
             let order: Vec<usize> = if opts.shuffle {
-                epoch_permutation(n, opts.seed, epoch)[at..at + opts.batch].to_vec()
+                epoch_permutation(n, opts.seed, epoch)[at..at + local].to_vec()
             } else {
-                (at..at + opts.batch).collect()
+                (at..at + local).collect()
             };
             (epoch + 1, order)
         };
@@ -372,10 +442,15 @@ impl Session {
         let mut evals = Vec::new();
         let mut checkpoints = Vec::new();
         let mut data_wait = 0.0;
+        // Every rank gathers the state (a collective under zero1/zero2);
+        // rank 0 writes it.
         let write_checkpoint = |state: &State, step: usize| -> Result<Option<String>> {
             let Some(dir) = &opts.checkpoint else {
                 return Ok(None);
             };
+            if rank != 0 {
+                return Ok(None);
+            }
             let mut arrays = Vec::new();
             for (k, v) in [
                 (STEP_KEY, step as i64),
@@ -417,7 +492,7 @@ impl Session {
                 data_wait += wait;
                 let batch = to_feed(batch?, model, opts);
                 let loss = stepper
-                    .step(&batch, &mut state, &ropts)
+                    .step(&batch, &mut state, &ropts, comm)
                     .map_err(|e| Error::runtime(format!("step {}: {e}", step + 1)))?;
                 if !loss.is_finite() {
                     let last = checkpoints.last().map_or(String::new(), |c: &String| {
@@ -444,15 +519,16 @@ impl Session {
                 log.push(rec);
                 let done = step + 1;
                 if opts.checkpoint.is_some() && done % opts.every == 0 && done < total {
-                    if let Some(c) = write_checkpoint(&stepper.snapshot(&state), done)? {
+                    let now = stepper.whole_state(&state, comm)?;
+                    if let Some(c) = write_checkpoint(&now, done)? {
                         checkpoints.push(c);
                     }
                 }
                 let epoch_end = done % per_epoch == 0;
-                if let (Some(ev), true) = (eval, epoch_end || done == total) {
+                if let (Some(ev), true, 0) = (eval, epoch_end || done == total, rank) {
                     let now = stepper.snapshot(&state);
                     let (value, examples) =
-                        eval_state.measure(model, &mut stepper, ev, &now, opts, &ropts)?;
+                        eval_state.measure(model, &mut stepper, ev, &now, lopts, &ropts)?;
                     evals.push(EvalRecord {
                         step: done,
                         epoch,
@@ -471,7 +547,8 @@ impl Session {
         result?;
         // (A snapshot copies the state: only when there is a checkpoint.)
         if total > start && opts.checkpoint.is_some() {
-            if let Some(c) = write_checkpoint(&stepper.snapshot(&state), total)? {
+            let now = stepper.whole_state(&state, comm)?;
+            if let Some(c) = write_checkpoint(&now, total)? {
                 checkpoints.push(c);
             }
         }
@@ -487,6 +564,27 @@ impl Session {
             stepper.arena_bytes(),
             stepper.workspace_bytes(),
         );
+        let distributed = match opts.distributed {
+            None => None,
+            Some(scheme) => {
+                let mine = RankBytes {
+                    rank,
+                    weights_bytes,
+                    optimizer_state_bytes: state_bytes,
+                    gradient_bytes: stepper.gradient_bytes(),
+                    arena_bytes: arena_bytes + workspace_bytes,
+                };
+                Some(DistRecord {
+                    engine: comm.engine().to_string(),
+                    scheme,
+                    rank,
+                    ranks,
+                    local_batch: local,
+                    comm_s: stepper.comm_s,
+                    per_rank: gather_bytes(comm, &mine)?,
+                })
+            }
+        };
         drop(stepper);
         drop(graphs.fused.take());
         drop(graphs.grads.take());
@@ -511,6 +609,7 @@ impl Session {
             micro_batches: micro,
             micro_batch: opts.batch / micro,
             budget_bytes: opts.budget,
+            distributed,
             recompute,
             planned_bytes,
             donated_bytes,
@@ -543,4 +642,79 @@ impl Session {
             warnings: std::mem::take(&mut graphs.warnings),
         })
     }
+}
+
+/// The ranks compare a fingerprint of the model, of the options that
+/// shape the step and of the data's size; each rank refuses, naming the
+/// ranks that differ from rank 0.
+fn agree(
+    comm: &dyn Collective,
+    model: &graphopt_ir::Model,
+    opts: &TrainOptions,
+    n: usize,
+) -> Result<()> {
+    use crate::distributed::Fnv;
+    let mut h = Fnv::new();
+    h.u64(crate::distributed::model_fingerprint(model));
+    h.u64(opts.batch as u64).u64(opts.seed).u64(n as u64);
+    h.u64(opts.micro_batches.unwrap_or(0) as u64);
+    h.str(opts.loss.name()).str(&opts.optimizer.name);
+    h.str(&format!("{:?}", opts.optimizer));
+    h.str(&format!(
+        "{:?}{:?}{:?}",
+        opts.distributed, opts.trainable, opts.frozen
+    ));
+    h.str(opts.output.as_deref().unwrap_or(""))
+        .str(&opts.target);
+    h.u64(opts.shuffle as u64).u64(opts.class_axis as u64);
+    h.str(&format!("{:?}{:?}{}", opts.length, opts.budget, opts.remat));
+    h.str(&format!("{:?}{:?}", opts.checkpoint, opts.resume));
+    h.u64(opts.every as u64).u64(opts.dropout_train as u64);
+    let me = h.finish().to_le_bytes();
+    let mut all = vec![0u8; 8 * comm.ranks()];
+    comm.all_gather_bytes(&me, &mut all)
+        .map_err(|e| Error::runtime(e.0))?;
+    let differ: Vec<String> = all
+        .chunks(8)
+        .enumerate()
+        .filter(|(_, c)| *c != &all[..8])
+        .map(|(r, _)| r.to_string())
+        .collect();
+    if !differ.is_empty() {
+        return Err(Error::new(format!(
+            "--distributed: rank{} {} {} another model, options or data size than rank 0",
+            if differ.len() > 1 { "s" } else { "" },
+            differ.join(", "),
+            if differ.len() > 1 { "have" } else { "has" }
+        )));
+    }
+    Ok(())
+}
+
+/// Every rank's bytes, in rank order.
+fn gather_bytes(comm: &dyn Collective, mine: &RankBytes) -> Result<Vec<RankBytes>> {
+    let fields = [
+        mine.weights_bytes,
+        mine.optimizer_state_bytes,
+        mine.gradient_bytes,
+        mine.arena_bytes,
+    ];
+    let send: Vec<u8> = fields.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut all = vec![0u8; send.len() * comm.ranks()];
+    comm.all_gather_bytes(&send, &mut all)
+        .map_err(|e| Error::runtime(e.0))?;
+    Ok(all
+        .chunks(send.len())
+        .enumerate()
+        .map(|(rank, c)| {
+            let f = |i: usize| u64::from_le_bytes(c[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            RankBytes {
+                rank,
+                weights_bytes: f(0),
+                optimizer_state_bytes: f(1),
+                gradient_bytes: f(2),
+                arena_bytes: f(3),
+            }
+        })
+        .collect())
 }

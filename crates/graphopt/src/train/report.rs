@@ -45,6 +45,24 @@ pub struct RecomputeRecord {
     pub lower_bound_after_bytes: u64,
 }
 
+/// A run shared by several ranks ([`crate::distributed`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct DistRecord {
+    /// "mpi", or "solo" for one process.
+    pub engine: String,
+    pub scheme: crate::distributed::Scheme,
+    /// This report's rank, and how many there are.
+    pub rank: usize,
+    pub ranks: usize,
+    /// Examples each rank trains on per step.
+    pub local_batch: usize,
+    /// Seconds this rank spent in collectives (waiting for the others
+    /// included).
+    pub comm_s: f64,
+    /// Every rank's bytes, in rank order.
+    pub per_rank: Vec<crate::distributed::RankBytes>,
+}
+
 /// What [`Session::train`] did.
 #[derive(Clone, Debug, Serialize)]
 pub struct TrainReport {
@@ -55,6 +73,8 @@ pub struct TrainReport {
     pub micro_batches: usize,
     pub micro_batch: usize,
     pub budget_bytes: Option<u64>,
+    /// The ranks, when the run was distributed.
+    pub distributed: Option<DistRecord>,
     /// Recomputation, when the budget needed it.
     pub recompute: Option<RecomputeRecord>,
     /// What the step plans for: parameters, optimizer state, gradient
@@ -71,7 +91,8 @@ pub struct TrainReport {
     pub optimizer: String,
     pub params: Vec<String>,
     pub param_elements: u64,
-    /// Parameter bytes, and the optimizer state's (AdamW's moments).
+    /// Parameter bytes, and the optimizer state's (AdamW's moments; this
+    /// rank's slice under zero1/zero2).
     pub weights_bytes: u64,
     pub state_bytes: u64,
     /// The step's planned arena and kernel workspace.

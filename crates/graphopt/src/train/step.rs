@@ -2,7 +2,9 @@
 //! micro-batches), planned and bound to the runtime.
 
 use super::data::{batch_dims, slice_rows, DataSource};
+use super::dist::{Layout, SHARD};
 use super::{State, TrainOptions};
+use crate::distributed::{Collective, Scheme};
 use crate::error::{Error, Result};
 use crate::grad::{GradOptions, Loss};
 use crate::remat::{Budget, RematOptions, RematReport};
@@ -11,7 +13,7 @@ use graphopt_autodiff::{GradOptions as AutodiffOptions, Optimizer};
 use graphopt_exec::{CpuBackend, Executable, HostTensor};
 use graphopt_ir::{DType, Model, Tensor};
 use graphopt_plan::{human_bytes, DimValues, PlanOptions};
-use std::collections::BTreeMap;
+use std::time::Instant;
 
 pub(super) fn has_dropout(g: &graphopt_ir::Graph) -> bool {
     g.nodes().any(|n| {
@@ -42,6 +44,12 @@ pub(super) struct StepGraphs {
     pub(super) grads: Option<(Model, Vec<String>, State)>,
     pub(super) update: Option<(Model, State)>,
     pub(super) warnings: Vec<String>,
+    /// The ranks' scheme, this rank and how many ranks (`Dp, 0, 1` for one
+    /// process).
+    pub(super) ranks: (Scheme, usize, usize),
+    /// Gradients and update as two graphs even without micro-batches (a
+    /// distributed run sums the gradients between them).
+    pub(super) split: bool,
 }
 
 impl StepGraphs {
@@ -64,6 +72,8 @@ impl StepGraphs {
             grads: None,
             update: None,
             warnings: Vec::new(),
+            ranks: (Scheme::Dp, 0, 1),
+            split: false,
         }
     }
 
@@ -122,7 +132,7 @@ impl StepGraphs {
         }
         let rows = batch / micro;
         let dims = batch_dims(first, rows);
-        if micro == 1 {
+        if micro == 1 && !self.split {
             if self.fused.is_none() {
                 let built = self.build(&session.model, self.opts.clone(), &dims)?;
                 self.fused = Some(built);
@@ -137,10 +147,11 @@ impl StepGraphs {
                 grads: None,
                 update: None,
                 params: params.clone(),
-                held_bytes: state_bytes(state, None),
-                param_bytes: state_bytes(state, Some(params)),
+                held_bytes: state_bytes(state),
+                layout: None,
                 mean: self.opts.loss != Loss::Sum,
                 restore: None,
+                comm_s: 0.0,
             });
         }
         if self.grads.is_none() {
@@ -153,12 +164,28 @@ impl StepGraphs {
         }
         let (_, params, gstate) = self.grads.as_ref().expect("built");
         let params = params.clone();
+        let (scheme, rank, ranks) = self.ranks;
+        let layout = Layout::new(scheme, rank, ranks, &params, gstate)?;
         if self.update.is_none() {
-            let um = update_model(&params, gstate)?;
+            // Under zero1/zero2 the update steps this rank's slice of the
+            // flat parameters, as one parameter.
+            let (um, trainable) = if layout.sharded() {
+                let mut slice = State::new();
+                slice.insert(
+                    SHARD.to_string(),
+                    HostTensor::from_f32(&[layout.shard], &vec![0.0; layout.shard]),
+                );
+                (
+                    update_model(&[SHARD.to_string()], &slice)?,
+                    vec![SHARD.to_string()],
+                )
+            } else {
+                (update_model(&params, gstate)?, params.clone())
+            };
             let opts = AutodiffOptions {
                 output: None,
                 loss: Loss::Sum,
-                trainable: params.clone(),
+                trainable: trainable.clone(),
                 frozen: Vec::new(),
                 dropout_train: false,
                 ..self.opts.clone()
@@ -166,7 +193,7 @@ impl StepGraphs {
             let (m, _, mut state) = self.build(&um, opts, &DimValues::default())?;
             // The parameters' values are the gradient graph's: keep the
             // optimizer state only.
-            state.retain(|k, _| !params.contains(k));
+            state.retain(|k, _| !trainable.contains(k));
             self.update = Some((m, state));
         }
         let (gm, _, gstate) = self.grads.as_ref().expect("built");
@@ -185,11 +212,12 @@ impl StepGraphs {
             fused: None,
             grads: Some(grads),
             update: Some(update),
-            held_bytes: state_bytes(gstate, None) + state_bytes(ustate, None),
-            param_bytes: state_bytes(gstate, Some(&params)),
+            held_bytes: state_bytes(gstate) + state_bytes(ustate),
+            layout: Some(layout),
             params,
             mean: self.opts.loss != Loss::Sum,
             restore: None,
+            comm_s: 0.0,
             remat,
         })
     }
@@ -284,7 +312,7 @@ impl StepGraphs {
     /// step of `micro` micro-batches, moved out (held once). The graphs of
     /// the other kind, built while a budget was tried, go with their state.
     pub(super) fn take_state(&mut self, micro: usize) -> State {
-        if micro == 1 {
+        if micro == 1 && !self.split {
             self.grads = None;
             self.update = None;
             return self
@@ -330,13 +358,9 @@ fn recomputed(
     Ok((Some(s.into_model()), Some(r)))
 }
 
-/// Bytes of `state` (of the entries `only` names, when given).
-pub(super) fn state_bytes(state: &State, only: Option<&Vec<String>>) -> u64 {
-    state
-        .iter()
-        .filter(|(k, _)| only.is_none_or(|o| o.contains(k)))
-        .map(|(_, t)| t.data.len() as u64)
-        .sum()
+/// Bytes of `state`.
+pub(super) fn state_bytes(state: &State) -> u64 {
+    state.values().map(|t| t.data.len() as u64).sum()
 }
 
 /// The optimizer's update alone, as a model the gradient builder turns into
@@ -583,9 +607,10 @@ pub(super) struct Stepper {
     pub(super) grads: Option<Bound>,
     pub(super) update: Option<Bound>,
     pub(super) params: Vec<String>,
-    /// Bytes of the parameters and optimizer state, and of the parameters.
+    /// Bytes of the parameters and optimizer state.
     pub(super) held_bytes: u64,
-    pub(super) param_bytes: u64,
+    /// Where the gradients of a split step sum (`None` for the fused one).
+    pub(super) layout: Option<Layout>,
     /// The loss is a mean over the batch (the micro-batches' gradients are
     /// averaged), not a sum.
     pub(super) mean: bool,
@@ -593,6 +618,8 @@ pub(super) struct Stepper {
     pub(super) restore: Option<State>,
     /// What recomputation did to the graph holding the batch, if it ran.
     pub(super) remat: Option<RematReport>,
+    /// Seconds spent in collectives.
+    pub(super) comm_s: f64,
 }
 
 impl Stepper {
@@ -607,6 +634,16 @@ impl Stepper {
             all.extend(r.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
         all
+    }
+
+    /// [`Stepper::snapshot`] with the optimizer state per parameter, as
+    /// one process holds it (gathered from the ranks under zero1/zero2):
+    /// what a checkpoint stores. Every rank must call it.
+    pub(super) fn whole_state(&self, state: &State, comm: &dyn Collective) -> Result<State> {
+        match self.layout.as_ref().filter(|l| l.sharded()) {
+            Some(l) => l.gather_state(comm, state),
+            None => Ok(self.snapshot(state)),
+        }
     }
 
     /// [`Stepper::snapshot`] at the end of a run, taking the kept state out
@@ -633,12 +670,20 @@ impl Stepper {
     /// and every graph's arena and workspace.
     pub(super) fn planned_bytes(&self) -> u64 {
         let held = self.held_bytes;
-        let acc: u64 = if self.micro > 1 { self.param_bytes } else { 0 };
+        let acc = self.gradient_bytes();
         // Donated state lives in the arena: counted there, not twice.
         held.saturating_sub(self.donated_bytes())
             + acc
             + self.arena_bytes()
             + self.workspace_bytes()
+    }
+
+    /// Bytes of the gradient accumulator of a split step: the flat
+    /// vector, or this rank's slice of it (zero2).
+    pub(super) fn gradient_bytes(&self) -> u64 {
+        self.layout
+            .as_ref()
+            .map_or(0, |l| l.accumulator_len() as u64 * 4)
     }
 
     /// The planner's lower bound of the graph that holds the batch.
@@ -663,12 +708,14 @@ impl Stepper {
             .sum()
     }
 
-    /// One step on `batch`; returns its loss.
+    /// One step on `batch` (this rank's rows of it); returns the loss of
+    /// the whole batch (every rank's).
     pub(super) fn step(
         &mut self,
         batch: &State,
         state: &mut State,
         ropts: &graphopt_exec::RunOptions,
+        comm: &dyn Collective,
     ) -> Result<f64> {
         if let Some(f) = &mut self.fused {
             if let Some(back) = self.restore.take() {
@@ -699,52 +746,103 @@ impl Stepper {
             }
             return Ok(loss);
         }
-        let (Some(g), Some(u)) = (&mut self.grads, &mut self.update) else {
+        let (Some(g), Some(u), Some(l)) = (&mut self.grads, &mut self.update, &self.layout) else {
             return Err(Error::new("no step graph"));
         };
         let rows = batch.values().next().map_or(0, |t| t.shape[0]) / self.micro;
-        let mut acc: BTreeMap<&str, Vec<f32>> = BTreeMap::new();
-        let mut loss = 0.0;
+        let comm_err = |e: crate::distributed::CommError| Error::runtime(e.0);
+        // 1. The micro-batches' gradients summed into the flat vector (or,
+        //    under zero2, each micro-batch's reduce-scattered into this
+        //    rank's slice).
+        let mut acc = vec![0f32; l.accumulator_len()];
+        let mut whole = if l.scheme == Scheme::Zero2 {
+            vec![0f32; l.padded()]
+        } else {
+            Vec::new()
+        };
+        let mut part = vec![0f32; if whole.is_empty() { 0 } else { l.shard }];
+        let mut losses = Vec::with_capacity(self.micro);
         for k in 0..self.micro {
             let micro = slice_rows(batch, k, rows);
-            let outs = g.run(state, &micro, ropts)?;
-            loss += scalar_of(&outs[g.at("loss")?]);
-            for p in &self.params {
-                let t = &outs[g.at(&format!("{p}_grad"))?];
-                let v = t.to_f32().ok_or_else(|| {
-                    Error::unsupported(format!(
-                        "micro-batches need float32 gradients; '{p}' is {}",
-                        t.dtype.name()
-                    ))
-                })?;
-                match acc.get_mut(p.as_str()) {
-                    Some(a) => a.iter_mut().zip(&v).for_each(|(a, b)| *a += b),
-                    None => {
-                        acc.insert(p, v);
-                    }
-                }
+            let mut outs = g.run(state, &micro, ropts)?;
+            losses.push(scalar_of(&outs[g.at("loss")?]) as f32);
+            let into = if whole.is_empty() {
+                &mut acc
+            } else {
+                whole.iter_mut().for_each(|x| *x = 0.0);
+                &mut whole
+            };
+            l.add_grads(into, &mut |p| {
+                let i = g.at(&format!("{p}_grad"))?;
+                Ok(std::mem::replace(
+                    &mut outs[i],
+                    HostTensor::from_f32(&[], &[0.0]),
+                ))
+            })?;
+            if !whole.is_empty() {
+                let t0 = Instant::now();
+                comm.reduce_scatter_sum(&whole, &mut part)
+                    .map_err(comm_err)?;
+                self.comm_s += t0.elapsed().as_secs_f64();
+                acc.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
             }
         }
-        // A mean loss over the batch is the mean of the micro-batches'.
-        let scale = if self.mean {
-            1.0 / self.micro as f32
-        } else {
-            1.0
-        };
-        let mut grads = State::new();
-        for p in &self.params {
-            let v = &acc[p.as_str()];
-            let shape = state.get(p).map(|t| t.shape.clone()).unwrap_or_default();
-            let scaled: Vec<f32> = v.iter().map(|x| x * scale).collect();
-            grads.insert(grad_input(p), HostTensor::from_f32(&shape, &scaled));
+        drop(whole);
+        let t0 = Instant::now();
+        if l.scheme != Scheme::Zero2 {
+            comm.all_reduce_sum(&mut acc).map_err(comm_err)?;
         }
-        let outs = u.run(state, &grads, ropts)?;
-        u.feed_back(outs, state);
-        Ok(if self.mean {
-            loss / self.micro as f64
+        // Every rank's losses, in rank order: the loss is summed as one
+        // process would sum its micro-batches'.
+        let mut all_losses = vec![0f32; losses.len() * l.ranks];
+        comm.all_gather(&losses, &mut all_losses)
+            .map_err(comm_err)?;
+        self.comm_s += t0.elapsed().as_secs_f64();
+        let loss: f64 = all_losses.iter().map(|&x| x as f64).sum();
+        // A mean loss over the batch is the mean of the micro-batches'.
+        let parts = self.micro * l.ranks;
+        let scale = if self.mean { 1.0 / parts as f32 } else { 1.0 };
+        acc.iter_mut().for_each(|x| *x *= scale);
+        // 2. The update: of every parameter (dp, one process), or of this
+        //    rank's slice, then the slices all-gathered.
+        if !l.sharded() {
+            let mut grads = State::new();
+            for (p, off, shape) in &l.params {
+                let n: usize = shape.iter().product();
+                grads.insert(
+                    grad_input(p),
+                    HostTensor::from_f32(shape, &acc[*off..off + n]),
+                );
+            }
+            drop(acc);
+            let outs = u.run(state, &grads, ropts)?;
+            u.feed_back(outs, state);
         } else {
-            loss
-        })
+            let mine = if l.scheme == Scheme::Zero2 {
+                acc
+            } else {
+                acc[l.mine()].to_vec()
+            };
+            let mut slice = State::new();
+            slice.insert(
+                SHARD.to_string(),
+                HostTensor::from_f32(&[l.shard], &l.flatten(state, "", l.mine())?),
+            );
+            slice.insert(grad_input(SHARD), HostTensor::from_f32(&[l.shard], &mine));
+            drop(mine);
+            let mut outs = u.run(state, &slice, ropts)?;
+            let i = u.at(&format!("{SHARD}_new"))?;
+            let new = std::mem::replace(&mut outs[i], HostTensor::from_f32(&[], &[0.0]))
+                .to_f32()
+                .ok_or_else(|| Error::new("the updated slice is not float32"))?;
+            u.feed_back(outs, state);
+            let t0 = Instant::now();
+            let mut flat = vec![0f32; l.padded()];
+            comm.all_gather(&new, &mut flat).map_err(comm_err)?;
+            self.comm_s += t0.elapsed().as_secs_f64();
+            l.unflatten(&flat, "", state);
+        }
+        Ok(if self.mean { loss / parts as f64 } else { loss })
     }
 
     /// The loss of `batch` (the size the loss graph was planned for), no
