@@ -73,6 +73,27 @@ enum Cmd {
     Passes,
 }
 
+/// The `graphopt` process: [`main_with_args`] with the process's
+/// arguments, ending quietly (like other Unix tools) when stdout is a
+/// closed pipe (`graphopt optimize ... | head`) instead of panicking in
+/// `println!`.
+pub fn process_main() -> std::process::ExitCode {
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread
+    // starts touches no Rust state.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let code = main_with_args(std::env::args_os());
+    if train::rank_failed() {
+        // A failed rank of an MPI run: the others that failed at the same
+        // point print their line before `mpirun`, seeing this process
+        // exit, ends them.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
 /// Runs the command with these arguments (the first is the program name,
 /// as in `std::env::args_os()`) and returns its exit status: 0 on success,
 /// 1 on an error (one line on stderr: `error: <file>: <what and where>`),
@@ -113,7 +134,10 @@ where
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: {e}");
+            // One write: the lines of several processes (mpirun's ranks)
+            // sharing a stderr do not interleave.
+            let line = format!("error: {e}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             1
         }
     }

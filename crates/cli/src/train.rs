@@ -68,6 +68,17 @@ pub struct Args {
     /// fits wins; `none` only splits the batch (default auto).
     #[arg(long, value_name = "auto|none", requires = "budget")]
     remat: Option<String>,
+    /// Share each batch between the ranks of an MPI launch (`mpirun -np N
+    /// graphopt train ... --distributed dp`): `dp` all-reduces the
+    /// gradients; `zero1` also cuts the optimizer state into one slice per
+    /// rank; `zero2` also reduce-scatters the gradients. --batch is the
+    /// global batch. Needs a graphopt built with `--features mpi`.
+    #[arg(long, value_name = "dp|zero1|zero2")]
+    distributed: Option<String>,
+    /// Seconds a rank waits for the others in one collective before it
+    /// exits with an error (default 300).
+    #[arg(long, value_name = "SECS", requires = "distributed")]
+    comm_timeout: Option<f64>,
     /// Epochs (default: one, when --steps is not given either).
     #[arg(long, conflicts_with = "steps")]
     epochs: Option<usize>,
@@ -106,9 +117,67 @@ pub struct Args {
     json: bool,
 }
 
+/// Set when this process is a rank of a distributed run that failed.
+static RANK_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process is a rank of a distributed run that failed.
+pub fn rank_failed() -> bool {
+    RANK_FAILED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 pub fn run(a: Args) -> graphopt::Result<()> {
+    // A distributed run joins the other ranks before anything else, and
+    // each rank's error names it.
+    let scheme = a
+        .distributed
+        .as_deref()
+        .map(graphopt::distributed::Scheme::parse)
+        .transpose()?;
+    let Some(scheme) = scheme else {
+        return train(a, &graphopt::distributed::World::solo(), None);
+    };
+    graphopt::distributed::require_launch(scheme)?;
+    let timeout = match a.comm_timeout {
+        None => graphopt::distributed::DEFAULT_TIMEOUT,
+        Some(t) if t.is_finite() && t > 0.0 => std::time::Duration::from_secs_f64(t),
+        Some(t) => {
+            return Err(graphopt::Error::new(format!(
+                "--comm-timeout {t}: expected a positive number of seconds"
+            )))
+        }
+    };
+    let world = graphopt::distributed::World::init(timeout)?;
+    let (rank, ranks) = (world.rank(), world.ranks());
+    match train(a, &world, Some(scheme)) {
+        // Finalizes MPI once every rank is done.
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // A failed rank exits at once, without finalizing MPI (which
+            // would wait for ranks still inside a collective): `mpirun`
+            // sees it exit and ends the others.
+            std::mem::forget(world);
+            if ranks > 1 {
+                RANK_FAILED.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            Err(if ranks > 1 {
+                graphopt::Error::with_kind(e.kind(), format!("rank {rank}: {e}"))
+            } else {
+                e
+            })
+        }
+    }
+}
+
+fn train(
+    a: Args,
+    world: &graphopt::distributed::World,
+    scheme: Option<graphopt::distributed::Scheme>,
+) -> graphopt::Result<()> {
+    // Rank 0 writes and prints; the other ranks only report errors.
+    let lead = world.rank() == 0;
     // The library's defaults, overridden by what is given.
     let mut opts = TrainOptions::new(a.batch);
+    opts.distributed = scheme;
     if let Some(l) = &a.loss {
         opts.loss = graphopt::parse_loss(l)?;
     }
@@ -153,10 +222,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     }
     opts.validate()?;
     let mut session = graphopt::load(&a.input)?;
-    session.check_output_path(&a.output)?;
+    if lead {
+        session.check_output_path(&a.output)?;
+    }
     let data = MappedData::open(&a.data)?;
     let eval = a.eval.as_deref().map(MappedData::open).transpose()?;
-    let bar = std::io::stderr().is_terminal() && !a.json;
+    let bar = lead && std::io::stderr().is_terminal() && !a.json;
     let started = Instant::now();
     let mut progress = |r: &graphopt::StepRecord| {
         if !bar {
@@ -178,7 +249,8 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         );
         let _ = err.flush();
     };
-    let result = session.train_with(
+    let result = session.train_on(
+        world.comm(),
         &data,
         eval.as_ref().map(|e| e as &dyn DataSource),
         &opts,
@@ -188,6 +260,9 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         eprintln!();
     }
     let r = result?;
+    if !lead {
+        return Ok(());
+    }
     session.save(&a.output)?;
     if let Some(p) = &a.log {
         graphopt::util::write_atomic(p, r.log_csv().as_bytes())?;
@@ -235,6 +310,26 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 ))
                 .unwrap_or_default()
         );
+    }
+    if let Some(d) = &r.distributed {
+        out += &format!(
+            "ranks: {} ({}, {}), {} examples each per step; rank 0 in collectives {:.3} s\n",
+            d.ranks,
+            d.engine,
+            d.scheme.name(),
+            d.local_batch,
+            d.comm_s
+        );
+        for b in &d.per_rank {
+            out += &format!(
+                "  rank {}: weights {}, optimizer state {}, gradients {}, arenas {}\n",
+                b.rank,
+                human_bytes(b.weights_bytes),
+                human_bytes(b.optimizer_state_bytes),
+                human_bytes(b.gradient_bytes),
+                human_bytes(b.arena_bytes)
+            );
+        }
     }
     if let Some(c) = &r.recompute {
         out += &format!(
