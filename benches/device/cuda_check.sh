@@ -33,6 +33,7 @@ GPU_TESTS=(
   "cuda_gpu cuda_backend"
   "run_models cuda_runs_like_cpu_or_is_refused_in_one_line"
   "run_cmd cuda_and_missing_kernels_are_one_line_errors"
+  "nccl nccl_one_rank_self_test"
 )
 
 if [ "${1:-}" = "--prepare" ]; then
@@ -97,6 +98,15 @@ if ! ldconfig -p | grep -q 'libcublas.so.13' || ! ldconfig -p | grep -q 'libnvrt
   LIBS=$(find "$SITE/nvidia" -maxdepth 3 -type d -name lib 2>/dev/null | tr '\n' ':')
   export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:-}"
   echo "cuBLAS/NVRTC 13 not in ldconfig: LD_LIBRARY_PATH += $LIBS"
+fi
+# NCCL (torch's wheel ships libnccl.so.2; cudarc loads libnccl.so).
+if ! ldconfig -p | grep -q 'libnccl.so '; then
+  NCCL=$(python3 -c 'import site,glob; print(next(iter(glob.glob(site.getsitepackages()[0] + "/nvidia/nccl/lib/libnccl.so*")), ""))')
+  if [ -n "$NCCL" ]; then
+    mkdir -p /tmp/cuda_check/nccl && ln -sf "$NCCL" /tmp/cuda_check/nccl/libnccl.so
+    export LD_LIBRARY_PATH="/tmp/cuda_check/nccl:${LD_LIBRARY_PATH:-}"
+    echo "libnccl.so -> $NCCL"
+  fi
 fi
 step libs 20 bash -c 'for l in libcuda.so.1 libcublas.so.13 libnvrtc.so.13; do python3 -c "import ctypes,sys; ctypes.CDLL(sys.argv[1]); print(sys.argv[1], \"loads\")" $l || echo "$l DOES NOT LOAD"; done'
 

@@ -8,6 +8,8 @@
 //!   was not launched by MPI and for tests.
 //! - [`mpi::Mpi`] (cargo feature `mpi`): OpenMPI or MPICH through the
 //!   `mpi` crate, the world communicator of an `mpirun` launch.
+//! - [`nccl::Nccl`] (cargo feature `cuda`): NCCL between GPUs through
+//!   cudarc, its unique id broadcast over a host [`Collective`].
 //!
 //! Every blocking call runs under a [`Watchdog`]: a call that waits longer
 //! than its timeout (a rank died, or ranks disagree on what to call) ends
@@ -22,6 +24,8 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 
 /// What a collective call refused or failed at.
 #[derive(Debug, thiserror::Error)]
