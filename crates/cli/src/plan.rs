@@ -84,6 +84,15 @@ pub struct Args {
     /// graph input).
     #[arg(long, value_name = "NAME")]
     batch_dim: Option<String>,
+    /// On a training graph (`graphopt grad --optimizer ...`): one rank's
+    /// bytes when --ranks ranks train it under this scheme, as `train
+    /// --distributed` holds them; the batch dim is the global batch (with
+    /// --max-batch: the largest that fits --budget per rank).
+    #[arg(long, value_name = "dp|zero1|zero2", requires = "ranks")]
+    distributed: Option<String>,
+    /// Ranks (devices) sharing the batch, with --distributed.
+    #[arg(long, value_name = "N", requires = "distributed")]
+    ranks: Option<usize>,
     /// Threads of the offset search (default: the machine's; the result is
     /// the same for any count).
     #[arg(long, value_name = "N")]
@@ -118,6 +127,18 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         .as_deref()
         .map(|b| graphopt::util::parse_size(b).map_err(|e| Error::new(format!("--budget {e}"))))
         .transpose()?;
+    if let Some(s) = &a.distributed {
+        let scheme = graphopt::distributed::Scheme::parse(s)?;
+        let ranks = a.ranks.expect("clap requires --ranks");
+        let rp = session.plan_distributed(
+            &req,
+            scheme,
+            ranks,
+            a.batch_dim.as_deref(),
+            budget.filter(|_| a.max_batch),
+        )?;
+        return print_ranks(&input, &rp, a.json);
+    }
     let max_batch = match a.max_batch {
         true => {
             let budget = budget.expect("clap requires --budget");
@@ -378,4 +399,45 @@ fn settings(a: &Args) -> PlanSettings {
 /// `path: error`.
 fn session_err(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::new(format!("{}: {e}", path.display()))
+}
+
+/// `plan --distributed`: one rank's bytes beside the ZeRO arithmetic.
+fn print_ranks(
+    input: &Path,
+    rp: &graphopt::distributed::RankPlan,
+    json: bool,
+) -> graphopt::Result<()> {
+    if json {
+        print_out(&json_text(rp)?);
+        return Ok(());
+    }
+    let b = &rp.per_rank;
+    let psi = rp.param_elements;
+    let mut out = format!(
+        "model: {}\n{} on {} ranks: {}={} ({} per rank){}\n",
+        input.display(),
+        rp.scheme.name(),
+        rp.ranks,
+        rp.batch_dim,
+        rp.batch,
+        rp.rank_batch,
+        rp.budget_bytes
+            .map(|x| format!(", the largest that fits {} per rank", human_bytes(x)))
+            .unwrap_or_default()
+    );
+    out += &format!(
+        "parameters: {psi} ({}); optimizer state on one process: {}\n",
+        human_bytes(psi * 4),
+        human_bytes(rp.state_bytes)
+    );
+    out += &format!(
+        "per rank: weights {}, optimizer state {}, gradients {}, activations {} = {}\n",
+        human_bytes(b.weights_bytes),
+        human_bytes(b.optimizer_state_bytes),
+        human_bytes(b.gradient_bytes),
+        human_bytes(b.arena_bytes),
+        human_bytes(b.total())
+    );
+    print_out(&out);
+    Ok(())
 }

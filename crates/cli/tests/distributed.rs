@@ -410,3 +410,174 @@ fn bad_launches_fail_in_one_line_on_every_rank() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `graphopt ARGS` (the plain command) as JSON; panics on failure.
+fn json_of(args: &[&str]) -> Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_graphopt"))
+        .args(args)
+        .output()
+        .unwrap();
+    let (c, out, err) = text(&o);
+    assert_eq!(c, 0, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn plan_gives_each_rank_its_slices_and_the_largest_batch_per_device() {
+    let dir = tmp("plan");
+    let step = dir.join("cnn_train.onnx");
+    let step_s = step.display().to_string();
+    let model = td("train/digits_cnn.onnx").display().to_string();
+    let (c, _, err) = text(
+        &Command::new(env!("CARGO_BIN_EXE_graphopt"))
+            .args([
+                "grad",
+                &model,
+                "--optimizer",
+                "adamw",
+                "--loss",
+                "cross_entropy",
+                "-o",
+                &step_s,
+            ])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(c, 0, "{err}");
+    // One process's plan at the rank's share of the batch.
+    let one = json_of(&["plan", &step_s, "--dim", "batch=16", "--json"]);
+    let arena16 = one["arena_bytes"].as_u64().unwrap();
+    let weights = one["weights_bytes"].as_u64().unwrap();
+    let psi: u64 = 38282;
+    let slice = psi.div_ceil(2) * 4;
+    let state = 2 * psi * 4 + 8;
+    for (scheme, want_state, want_grads) in [
+        ("dp", state, slice * 2),
+        ("zero1", 2 * slice + 8, slice * 2),
+        ("zero2", 2 * slice + 8, slice),
+    ] {
+        let r = json_of(&[
+            "plan",
+            &step_s,
+            "--distributed",
+            scheme,
+            "--ranks",
+            "2",
+            "--dim",
+            "batch=32",
+            "--json",
+        ]);
+        assert_eq!(r["rank_batch"].as_i64(), Some(16));
+        assert_eq!(r["param_elements"].as_u64(), Some(psi));
+        assert_eq!(r["state_bytes"].as_u64(), Some(state));
+        let b = &r["per_rank"];
+        assert_eq!(b["weights_bytes"].as_u64(), Some(weights), "{scheme}");
+        assert_eq!(
+            b["optimizer_state_bytes"].as_u64(),
+            Some(want_state),
+            "{scheme}"
+        );
+        assert_eq!(b["gradient_bytes"].as_u64(), Some(want_grads), "{scheme}");
+        // The step's arena holds the optimizer state: the rest is the
+        // activations.
+        assert_eq!(b["arena_bytes"].as_u64(), Some(arena16 - state), "{scheme}");
+    }
+    // The largest global batch within 1 MB per rank, on 4 ranks: it fits,
+    // and 4 examples more do not.
+    let budget = 1_000_000u64;
+    let total = |v: &Value| -> u64 {
+        let b = &v["per_rank"];
+        [
+            "weights_bytes",
+            "optimizer_state_bytes",
+            "gradient_bytes",
+            "arena_bytes",
+        ]
+        .iter()
+        .map(|k| b[k].as_u64().unwrap())
+        .sum()
+    };
+    let best = json_of(&[
+        "plan",
+        &step_s,
+        "--distributed",
+        "zero2",
+        "--ranks",
+        "4",
+        "--budget",
+        "1MB",
+        "--max-batch",
+        "--json",
+    ]);
+    let b = best["batch"].as_i64().unwrap();
+    assert!(b > 0 && b % 4 == 0, "{best}");
+    assert!(total(&best) <= budget, "{best}");
+    let next = json_of(&[
+        "plan",
+        &step_s,
+        "--distributed",
+        "zero2",
+        "--ranks",
+        "4",
+        "--dim",
+        &format!("batch={}", b + 4),
+        "--json",
+    ]);
+    assert!(total(&next) > budget, "{next}");
+    // Bad requests: one line each.
+    for (args, want) in [
+        (
+            vec![
+                "--distributed",
+                "zero2",
+                "--ranks",
+                "4",
+                "--dim",
+                "batch=30",
+            ],
+            "error: --dim batch=30: does not split into 4 ranks' equal shares",
+        ),
+        (
+            vec![
+                "--distributed",
+                "zero3",
+                "--ranks",
+                "4",
+                "--dim",
+                "batch=32",
+            ],
+            "error: --distributed zero3: expected dp, zero1 or zero2",
+        ),
+    ] {
+        let mut a = vec!["plan", step_s.as_str()];
+        a.extend(args);
+        let (c, _, err) = text(
+            &Command::new(env!("CARGO_BIN_EXE_graphopt"))
+                .args(&a)
+                .output()
+                .unwrap(),
+        );
+        assert_eq!((c, err.trim()), (1, want));
+    }
+    let (c, _, err) = text(
+        &Command::new(env!("CARGO_BIN_EXE_graphopt"))
+            .args([
+                "plan",
+                &model,
+                "--distributed",
+                "dp",
+                "--ranks",
+                "2",
+                "--dim",
+                "batch=32",
+            ])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(c, 1);
+    assert!(
+        err.contains("not a training step with an optimizer"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
