@@ -391,19 +391,18 @@ impl crate::Session {
     }
 }
 
-/// The launch a `--distributed` run needs, checked before anything loads:
-/// a process `mpirun` started, in a graphopt built with MPI.
-pub fn require_launch(scheme: Scheme) -> Result<()> {
+/// The launch a distributed run (`what`: `--distributed dp`,
+/// `--pipeline`) needs, checked before anything loads: a process `mpirun`
+/// started, in a graphopt built with MPI.
+pub fn require_launch(what: &str) -> Result<()> {
     if !HAS_MPI {
         return Err(Error::unsupported(format!(
-            "--distributed {}: this graphopt was built without MPI: build it with `cargo build --release --features mpi` (README, \"Multiple devices\")",
-            scheme.name()
+            "{what}: this graphopt was built without MPI: build it with `cargo build --release --features mpi` (README, \"Multiple devices\")"
         )));
     }
     if !launched_by_mpi() {
         return Err(Error::new(format!(
-            "--distributed {}: this process was not started by an MPI launcher (run it as: mpirun -np N graphopt train ...)",
-            scheme.name()
+            "{what}: this process was not started by an MPI launcher (run it as: mpirun -np N graphopt train ...)"
         )));
     }
     Ok(())
@@ -524,7 +523,7 @@ mod tests {
         if launched_by_mpi() {
             return;
         }
-        let e = require_launch(Scheme::Dp).unwrap_err().to_string();
+        let e = require_launch("--distributed dp").unwrap_err().to_string();
         if HAS_MPI {
             assert!(e.contains("not started by an MPI launcher"), "{e}");
         } else {

@@ -53,6 +53,7 @@ mod inputs;
 mod inspect;
 mod intervals;
 mod optimize;
+pub mod partition;
 mod plan_json;
 mod precision;
 mod prune;
@@ -117,7 +118,8 @@ pub use torch_policy::{
 };
 pub use train::{
     epoch_permutation, parse_train_remat, train_svg, ArrayData, DataSource, DistRecord, EvalRecord,
-    MappedData, Metric, RecomputeRecord, StepRecord, TrainLength, TrainOptions, TrainReport,
+    MappedData, Metric, PipelineRecord, RecomputeRecord, StageRecord, StepRecord, TrainLength,
+    TrainOptions, TrainReport,
 };
 
 pub use graphopt_autodiff as autodiff;

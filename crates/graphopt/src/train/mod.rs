@@ -61,11 +61,13 @@ mod checkpoint;
 mod data;
 mod dist;
 mod eval;
+mod pipeline;
 mod report;
 mod step;
 
 pub(crate) use data::read_npz;
 pub use data::{epoch_permutation, ArrayData, DataSource, MappedData};
+pub use pipeline::{PipelineRecord, StageRecord};
 pub use report::{train_svg, DistRecord, EvalRecord, RecomputeRecord, StepRecord, TrainReport};
 
 use checkpoint::{
@@ -610,6 +612,7 @@ impl Session {
             micro_batch: opts.batch / micro,
             budget_bytes: opts.budget,
             distributed,
+            pipeline: None,
             recompute,
             planned_bytes,
             donated_bytes,

@@ -75,6 +75,8 @@ pub struct TrainReport {
     pub budget_bytes: Option<u64>,
     /// The ranks, when the run was distributed.
     pub distributed: Option<DistRecord>,
+    /// The stages, when the run was a pipeline.
+    pub pipeline: Option<super::pipeline::PipelineRecord>,
     /// Recomputation, when the budget needed it.
     pub recompute: Option<RecomputeRecord>,
     /// What the step plans for: parameters, optimizer state, gradient
