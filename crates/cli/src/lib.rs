@@ -11,6 +11,7 @@ mod check;
 mod grad;
 mod inspect;
 mod optimize;
+mod partition;
 mod plan;
 mod prune;
 mod quantize;
@@ -54,6 +55,8 @@ enum Cmd {
     Grad(grad::Args),
     /// Memory plan: lower bounds, schedule, arena offsets, max batch.
     Plan(plan::Args),
+    /// Cut a model into pipeline stages for `train --pipeline`.
+    Partition(partition::Args),
     /// Structured pruning: remove whole channels, hidden units and heads.
     Prune(Box<prune::Args>),
     /// Fit a training graph into a memory budget by recomputing forward values.
@@ -117,6 +120,7 @@ where
         Cmd::Inspect { input, json, dims } => inspect::run(&input, json, &dims),
         Cmd::Grad(a) => grad::run(a),
         Cmd::Plan(a) => plan::run(a),
+        Cmd::Partition(a) => partition::run(a),
         Cmd::Run(a) => run::run(a),
         Cmd::Train(a) => train::run(*a),
         Cmd::Remat(a) => remat::run(a),

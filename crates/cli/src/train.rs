@@ -75,9 +75,14 @@ pub struct Args {
     /// global batch. Needs a graphopt built with `--features mpi`.
     #[arg(long, value_name = "dp|zero1|zero2")]
     distributed: Option<String>,
+    /// Train as one stage of the pipeline in DIR (`graphopt partition`):
+    /// `mpirun -np K graphopt train MODEL --pipeline DIR ...`, one rank per
+    /// stage; rank 0 writes the whole trained model.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["distributed", "budget", "checkpoint", "resume", "eval"])]
+    pipeline: Option<PathBuf>,
     /// Seconds a rank waits for the others in one collective before it
     /// exits with an error (default 300).
-    #[arg(long, value_name = "SECS", requires = "distributed")]
+    #[arg(long, value_name = "SECS")]
     comm_timeout: Option<f64>,
     /// Epochs (default: one, when --steps is not given either).
     #[arg(long, conflicts_with = "steps")]
@@ -133,10 +138,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         .as_deref()
         .map(graphopt::distributed::Scheme::parse)
         .transpose()?;
-    let Some(scheme) = scheme else {
-        return train(a, &graphopt::distributed::World::solo(), None);
+    let what = match (scheme, &a.pipeline) {
+        (Some(s), _) => format!("--distributed {}", s.name()),
+        (None, Some(_)) => "--pipeline".to_string(),
+        (None, None) => return train(a, &graphopt::distributed::World::solo(), None),
     };
-    graphopt::distributed::require_launch(scheme)?;
+    graphopt::distributed::require_launch(&what)?;
     let timeout = match a.comm_timeout {
         None => graphopt::distributed::DEFAULT_TIMEOUT,
         Some(t) if t.is_finite() && t > 0.0 => std::time::Duration::from_secs_f64(t),
@@ -148,7 +155,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     };
     let world = graphopt::distributed::World::init(timeout)?;
     let (rank, ranks) = (world.rank(), world.ranks());
-    match train(a, &world, Some(scheme)) {
+    match train(a, &world, scheme) {
         // Finalizes MPI once every rank is done.
         Ok(()) => Ok(()),
         Err(e) => {
@@ -249,13 +256,16 @@ fn train(
         );
         let _ = err.flush();
     };
-    let result = session.train_on(
-        world.comm(),
-        &data,
-        eval.as_ref().map(|e| e as &dyn DataSource),
-        &opts,
-        &mut progress,
-    );
+    let result = match &a.pipeline {
+        Some(dir) => session.train_pipeline(world.comm(), dir, &data, &opts, &mut progress),
+        None => session.train_on(
+            world.comm(),
+            &data,
+            eval.as_ref().map(|e| e as &dyn DataSource),
+            &opts,
+            &mut progress,
+        ),
+    };
     if bar {
         eprintln!();
     }
@@ -328,6 +338,28 @@ fn train(
                 human_bytes(b.optimizer_state_bytes),
                 human_bytes(b.gradient_bytes),
                 human_bytes(b.arena_bytes)
+            );
+        }
+    }
+    if let Some(p) = &r.pipeline {
+        out += &format!(
+            "pipeline: {} stages, {} micro-batches ({}, bubble {:.1}%); rank 0 sending and receiving {:.3} s\n",
+            p.stages,
+            p.micro_batches,
+            p.schedule,
+            p.bubble * 100.0,
+            p.comm_s
+        );
+        for s in &p.per_stage {
+            out += &format!(
+                "  stage {}: {} parameters, weights {}, optimizer state {}, gradients {}, arenas {}, inputs in flight {}\n",
+                s.stage,
+                s.params,
+                human_bytes(s.weights_bytes),
+                human_bytes(s.optimizer_state_bytes),
+                human_bytes(s.gradient_bytes),
+                human_bytes(s.arena_bytes),
+                human_bytes(s.in_flight_bytes)
             );
         }
     }

@@ -581,3 +581,283 @@ fn plan_gives_each_rank_its_slices_and_the_largest_batch_per_device() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// 64 sequences of 16 token ids of gpt2_tiny (vocabulary 256) drawn from a
+/// fixed LCG; the target is the ids shifted by one.
+fn gpt2_data(dir: &Path) -> PathBuf {
+    let (n, s) = (64usize, 16usize);
+    let mut x = 7u64;
+    let ids: Vec<i64> = (0..n * s)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % 256) as i64
+        })
+        .collect();
+    let target: Vec<i64> = (0..n * s)
+        .map(|i| {
+            if i % s + 1 < s {
+                ids[i + 1]
+            } else {
+                ids[i + 1 - s]
+            }
+        })
+        .collect();
+    let t = |v: &[i64]| graphopt::HostTensor {
+        dtype: DType::I64,
+        shape: vec![n, s],
+        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    let arrays: Vec<(String, _)> = [
+        ("input_ids", t(&ids)),
+        ("attention_mask", t(&vec![1; n * s])),
+        ("target", t(&target)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), graphopt::to_tract(&v).unwrap()))
+    .collect();
+    let p = dir.join("gpt2_tiny.train.npz");
+    std::fs::write(&p, graphopt::tract::npz::write(&arrays).unwrap()).unwrap();
+    p
+}
+
+#[test]
+fn pipelines_equal_one_process_with_the_same_micro_batches() {
+    let Some(m) = mpi("pipelines_equal_one_process_with_the_same_micro_batches") else {
+        return;
+    };
+    let dir = tmp("pipeline");
+    let gpt_data = gpt2_data(&dir);
+    // (model, data, options of both partition's plan and train, train's)
+    type Case<'a> = (&'a str, PathBuf, PathBuf, Vec<&'a str>, Vec<&'a str>);
+    let cases: [Case; 2] = [
+        (
+            "digits_cnn",
+            td("train/digits_cnn.onnx"),
+            td("train/digits_cnn.train.npz"),
+            vec!["--target", "y", "--batch", "32", "--optimizer", "adamw"],
+            vec!["--steps", "20"],
+        ),
+        (
+            "gpt2_tiny",
+            td("models/gpt2_tiny.ts14.onnx"),
+            gpt_data,
+            vec![
+                "--batch",
+                "16",
+                "--class-axis",
+                "-1",
+                "--optimizer",
+                "adamw",
+            ],
+            vec!["--steps", "10"],
+        ),
+    ];
+    for (name, model, data, both, extra) in &cases {
+        let model_s = model.display().to_string();
+        for stages in [2usize, 4] {
+            let k = stages.to_string();
+            let cut = dir.join(format!("{name}.{stages}"));
+            let cut_s = cut.display().to_string();
+            let data_s = data.display().to_string();
+            let mut a = vec![
+                "partition",
+                &model_s,
+                "--stages",
+                &k,
+                "-o",
+                &cut_s,
+                "--json",
+                "--data",
+                &data_s,
+            ];
+            a.extend(both.iter());
+            let cut_report = json_of(&a);
+            let manifest = &cut_report["manifest"];
+            let st = manifest["stages"].as_array().unwrap();
+            assert_eq!(st.len(), stages);
+            assert_eq!(manifest["micro_batches"].as_u64(), Some(stages as u64));
+            // Each parameter in one stage; what a stage sends, the next
+            // receives.
+            let mut params: Vec<&str> = st
+                .iter()
+                .flat_map(|s| {
+                    s["params"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|p| p.as_str().unwrap())
+                })
+                .collect();
+            let n = params.len();
+            params.sort();
+            params.dedup();
+            assert_eq!(params.len(), n, "{name}: a parameter in two stages");
+            for w in st.windows(2) {
+                assert_eq!(w[0]["sends"], w[1]["receives"]);
+                assert!(!w[0]["sends"].as_array().unwrap().is_empty());
+            }
+            let base = |out: &str| -> Vec<String> {
+                let mut a = strings(&[
+                    "train",
+                    &model_s,
+                    "--data",
+                    &data.display().to_string(),
+                    "--threads",
+                    "1",
+                    "--no-shuffle",
+                    "-o",
+                    &dir.join(format!("{out}.onnx")).display().to_string(),
+                    "--log",
+                    &dir.join(format!("{out}.csv")).display().to_string(),
+                    "--json",
+                ]);
+                a.extend(strings(both));
+                a.extend(strings(extra));
+                a
+            };
+            let one = format!("{name}{stages}.single");
+            let mut a = base(&one);
+            a.extend(strings(&["--micro-batches", &k]));
+            let o = Command::new(env!("CARGO_BIN_EXE_graphopt"))
+                .args(&a)
+                .output()
+                .unwrap();
+            let (c, _, err) = text(&o);
+            assert_eq!(c, 0, "{a:?}: {err}");
+            let piped = format!("{name}{stages}.pipe");
+            let mut a = base(&piped);
+            a.extend(strings(&["--pipeline", &cut_s]));
+            let (c, out, err, _) = mpirun(m, &vec![a; stages]);
+            assert_eq!(c, 0, "{name} {stages} stages: {err}");
+            let r: Value =
+                serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+            let p = &r["pipeline"];
+            assert_eq!(p["stages"].as_u64(), Some(stages as u64));
+            let per = p["per_stage"].as_array().unwrap();
+            assert_eq!(per.len(), stages);
+            // What each rank held is what `partition --data` planned.
+            let planned = cut_report["planned"].as_array().unwrap();
+            for (i, s) in per.iter().enumerate() {
+                assert_eq!(s["stage"].as_u64(), Some(i as u64));
+                assert!(s["arena_bytes"].as_u64().unwrap() > 0, "{s}");
+                assert_eq!(s, &planned[i], "{name} {stages} stages: stage {i}");
+            }
+            // Measured: the same bits as one process (the stages' kernels
+            // see the same values in the same order, and each parameter's
+            // micro-batch gradients are summed in the same order).
+            let (l1, l) = (
+                losses(&dir.join(format!("{one}.csv"))),
+                losses(&dir.join(format!("{piped}.csv"))),
+            );
+            assert_eq!(l.len(), l1.len());
+            assert_eq!(l, l1, "{name} {stages} stages: losses");
+            let (w1, w) = (
+                weights(&dir.join(format!("{one}.onnx"))),
+                weights(&dir.join(format!("{piped}.onnx"))),
+            );
+            assert_eq!(w, w1, "{name} {stages} stages: trained weights");
+            eprintln!(
+                "{name}, {stages} stages: {} losses and {} tensors as one process",
+                l.len(),
+                w.len()
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_pipelines_fail_in_one_line() {
+    let dir = tmp("bad-pipeline");
+    let model = td("train/digits_cnn.onnx").display().to_string();
+    let cut = dir.join("cut");
+    let cut_s = cut.display().to_string();
+    let run = |args: &[&str]| -> (i32, String) {
+        let (c, _, err) = text(
+            &Command::new(env!("CARGO_BIN_EXE_graphopt"))
+                .args(args)
+                .output()
+                .unwrap(),
+        );
+        (c, err.trim().to_string())
+    };
+    let (c, e) = run(&["partition", &model, "--stages", "50", "-o", &cut_s]);
+    assert_eq!(c, 1);
+    assert!(
+        e.starts_with("error: ")
+            && e.contains("--stages 50: the graph allows at most 9 stages")
+            && !e.contains('\n'),
+        "{e}"
+    );
+    assert!(!cut.exists(), "nothing is written");
+    let (c, e) = run(&[
+        "partition",
+        &model,
+        "--stages",
+        "2",
+        "--schedule",
+        "1f1b",
+        "-o",
+        &cut_s,
+    ]);
+    assert_eq!((c, e.as_str()), (1, "error: --schedule 1f1b: not yet (graphopt runs gpipe: every micro-batch forward, then every one backward)"));
+    // A budget the partition does not meet.
+    let data = td("train/digits_cnn.train.npz").display().to_string();
+    let (c, e) = run(&[
+        "partition",
+        &model,
+        "--stages",
+        "2",
+        "-o",
+        &cut_s,
+        "--data",
+        &data,
+        "--target",
+        "y",
+        "--batch",
+        "32",
+        "--budget",
+        "500KB",
+    ]);
+    assert_eq!(c, 1);
+    assert!(
+        e.starts_with("error: --budget: stage ")
+            && e.contains("more than its 500.00 KB")
+            && !e.contains('\n'),
+        "{e}"
+    );
+    assert!(!cut.exists(), "nothing is written");
+    let (c, e) = run(&["partition", &model, "--stages", "2", "-o", &cut_s]);
+    assert_eq!(c, 0, "{e}");
+    let Some(m) = mpi("bad_pipelines_fail_in_one_line") else {
+        return;
+    };
+    // Three ranks for two stages: every rank says so.
+    let a = strings(&[
+        "train",
+        &model,
+        "--data",
+        &td("train/digits_cnn.train.npz").display().to_string(),
+        "--target",
+        "y",
+        "--batch",
+        "32",
+        "--steps",
+        "2",
+        "--pipeline",
+        &cut_s,
+        "-o",
+        &dir.join("t.onnx").display().to_string(),
+    ]);
+    let (c, _, err, _) = mpirun(m, &vec![a.clone(); 3]);
+    assert_ne!(c, 0);
+    let mut lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    lines.sort();
+    let want: Vec<String> = (0..3)
+        .map(|r| format!("error: rank {r}: --pipeline {cut_s}: 2 stages, but 3 ranks were launched (mpirun -np 2)"))
+        .collect();
+    assert_eq!(lines, want, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
