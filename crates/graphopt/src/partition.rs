@@ -497,7 +497,8 @@ mod tests {
             .zip(c.iter().chain([&cost.len()]))
             .map(|(&a, &b)| cost[a..b].iter().sum())
             .collect();
-        assert_eq!(stages.iter().max(), Some(&8), "{c:?} {stages:?}");
+        // 20 in all over 3 stages, each 5 in its own: 7 at best.
+        assert_eq!(stages.iter().max(), Some(&7), "{c:?} {stages:?}");
         // Cuts only where allowed.
         let mut some = vec![false; cost.len() + 1];
         some[6] = true;

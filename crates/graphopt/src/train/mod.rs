@@ -328,11 +328,7 @@ impl Session {
             )));
         }
         let optimizer = opts.optimizer.build()?;
-        let lr = match optimizer {
-            Optimizer::Sgd { lr, .. } => lr as f64,
-            Optimizer::AdamW { lr, .. } => lr,
-            Optimizer::None => 0.0,
-        };
+        let lr = learning_rate(optimizer);
         // 0. This rank's share of each batch; the ranks agree on the model
         //    and the options or all refuse.
         let (rank, ranks) = (comm.rank(), comm.ranks());
@@ -644,6 +640,15 @@ impl Session {
             threads,
             warnings: std::mem::take(&mut graphs.warnings),
         })
+    }
+}
+
+/// The optimizer's learning rate, as the step log reports it.
+fn learning_rate(o: Optimizer) -> f64 {
+    match o {
+        Optimizer::Sgd { lr, .. } => lr as f64,
+        Optimizer::AdamW { lr, .. } => lr,
+        Optimizer::None => 0.0,
     }
 }
 

@@ -216,7 +216,7 @@ fn backward_graph(
         opts.output.clone()
     } else {
         let g = &mut m.graph;
-        let mut total = None;
+        let mut pairs = Vec::new();
         for name in &info.sends {
             let v = g.value_by_name(name).ok_or_else(|| {
                 Error::new(format!("stage {}: no value '{name}' to send", info.index))
@@ -231,27 +231,9 @@ fn backward_graph(
             }
             let seed = g.fresh_value(&seed_input(name), ty);
             g.inputs.push(seed);
-            let prod = g.fresh_value(&format!("{name}__vjp"), None);
-            g.add_node(NewNode::new("Mul").inputs(&[v, seed]).outputs(&[prod]))?;
-            let r = g.fresh_value(&format!("{name}__vjp_sum"), None);
-            g.add_node(
-                NewNode::new("ReduceSum")
-                    .inputs(&[prod])
-                    .outputs(&[r])
-                    .attr(graphopt_ir::Attribute::new(
-                        "keepdims",
-                        graphopt_ir::AttrValue::Int(0),
-                    )),
-            )?;
-            total = Some(match total {
-                None => r,
-                Some(t) => {
-                    let a = g.fresh_value("vjp_total", None);
-                    g.add_node(NewNode::new("Add").inputs(&[t, r]).outputs(&[a]))?;
-                    a
-                }
-            });
+            pairs.push((v, seed, format!("{name}__vjp")));
         }
+        let total = super::step::dot_sum(g, &pairs, "vjp_total")?;
         let total = total.ok_or_else(|| {
             Error::new(format!(
                 "stage {}: sends no float tensor, so no gradient flows back through it",
@@ -525,11 +507,7 @@ impl Session {
         let last = k + 1 == stages;
         let stage = graphopt_onnx::load(&dir.join(&info.file))?.model;
         let optimizer = opts.optimizer.build()?;
-        let lr = match optimizer {
-            Optimizer::Sgd { lr, .. } => lr as f64,
-            Optimizer::AdamW { lr, .. } => lr,
-            Optimizer::None => 0.0,
-        };
+        let lr = super::learning_rate(optimizer);
         let rows = opts.batch / micro;
         let mean = opts.loss != Loss::Sum;
         let threads = opts

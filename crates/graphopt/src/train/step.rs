@@ -369,9 +369,9 @@ pub(super) fn state_bytes(state: &State) -> u64 {
 /// with respect to `p` is exactly `p__grad`. The update the builder then
 /// emits is the one the fused step has, applied to the given gradient.
 pub(super) fn update_model(params: &[String], state: &State) -> Result<Model> {
-    use graphopt_ir::{Graph, NewNode, Shape, Type};
+    use graphopt_ir::{Graph, Shape, Type};
     let mut g = Graph::new("update");
-    let mut sum = None;
+    let mut pairs = Vec::new();
     for p in params {
         let t = state
             .get(p)
@@ -384,9 +384,28 @@ pub(super) fn update_model(params: &[String], state: &State) -> Result<Model> {
         g.set_initializer(pv, tensor);
         let gv = g.fresh_value(&grad_input(p), Some(ty));
         g.inputs.push(gv);
-        let prod = g.fresh_value(&format!("{p}__prod"), None);
-        g.add_node(NewNode::new("Mul").inputs(&[pv, gv]).outputs(&[prod]))?;
-        let r = g.fresh_value(&format!("{p}__sum"), None);
+        pairs.push((pv, gv, p.clone()));
+    }
+    let sum = dot_sum(&mut g, &pairs, "update__total")?;
+    let y = sum.ok_or_else(|| Error::new("no trainable parameters"))?;
+    g.outputs.push(y);
+    Ok(Model::new(g, 17))
+}
+
+/// `Σ ReduceSum(a · b)` over `pairs` (`(a, b, hint)`: the nodes' values are
+/// named `<hint>__prod` and `<hint>__sum`), one scalar whose gradient with
+/// respect to each `a` is its `b`; `None` without pairs.
+pub(super) fn dot_sum(
+    g: &mut graphopt_ir::Graph,
+    pairs: &[(graphopt_ir::ValueId, graphopt_ir::ValueId, String)],
+    total: &str,
+) -> Result<Option<graphopt_ir::ValueId>> {
+    use graphopt_ir::NewNode;
+    let mut sum = None;
+    for (a, b, hint) in pairs {
+        let prod = g.fresh_value(&format!("{hint}__prod"), None);
+        g.add_node(NewNode::new("Mul").inputs(&[*a, *b]).outputs(&[prod]))?;
+        let r = g.fresh_value(&format!("{hint}__sum"), None);
         g.add_node(
             NewNode::new("ReduceSum")
                 .inputs(&[prod])
@@ -399,15 +418,13 @@ pub(super) fn update_model(params: &[String], state: &State) -> Result<Model> {
         sum = Some(match sum {
             None => r,
             Some(s) => {
-                let a = g.fresh_value("update__total", None);
-                g.add_node(NewNode::new("Add").inputs(&[s, r]).outputs(&[a]))?;
-                a
+                let t = g.fresh_value(total, None);
+                g.add_node(NewNode::new("Add").inputs(&[s, r]).outputs(&[t]))?;
+                t
             }
         });
     }
-    let y = sum.ok_or_else(|| Error::new("no trainable parameters"))?;
-    g.outputs.push(y);
-    Ok(Model::new(g, 17))
+    Ok(sum)
 }
 
 /// The update graph's input for parameter `p`'s accumulated gradient.
