@@ -130,22 +130,14 @@ fn strings(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
 }
 
-/// The digits CNN, AdamW, global batch 32, no shuffling, 20 steps, into
-/// `dir`, with `extra`.
-fn train_args(dir: &Path, name: &str, extra: &[&str]) -> Vec<String> {
+/// `train MODEL --data DATA --threads 1 -o DIR/NAME.onnx --log
+/// DIR/NAME.csv --json EXTRA`.
+fn train_cmd(model: &Path, data: &Path, dir: &Path, name: &str, extra: &[&str]) -> Vec<String> {
     let mut a = strings(&[
         "train",
-        &td("train/digits_cnn.onnx").display().to_string(),
+        &model.display().to_string(),
         "--data",
-        &td("train/digits_cnn.train.npz").display().to_string(),
-        "--target",
-        "y",
-        "--batch",
-        "32",
-        "--steps",
-        "20",
-        "--optimizer",
-        "adamw",
+        &data.display().to_string(),
         "--threads",
         "1",
         "-o",
@@ -156,6 +148,29 @@ fn train_args(dir: &Path, name: &str, extra: &[&str]) -> Vec<String> {
     ]);
     a.extend(strings(extra));
     a
+}
+
+/// The digits CNN, AdamW, global batch 32, 20 steps, into `dir`, with
+/// `extra`.
+fn train_args(dir: &Path, name: &str, extra: &[&str]) -> Vec<String> {
+    let mut e = vec![
+        "--target",
+        "y",
+        "--batch",
+        "32",
+        "--steps",
+        "20",
+        "--optimizer",
+        "adamw",
+    ];
+    e.extend(extra);
+    train_cmd(
+        &td("train/digits_cnn.onnx"),
+        &td("train/digits_cnn.train.npz"),
+        dir,
+        name,
+        &e,
+    )
 }
 
 fn losses(p: &Path) -> Vec<f64> {
@@ -699,23 +714,10 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
                 assert!(!w[0]["sends"].as_array().unwrap().is_empty());
             }
             let base = |out: &str| -> Vec<String> {
-                let mut a = strings(&[
-                    "train",
-                    &model_s,
-                    "--data",
-                    &data.display().to_string(),
-                    "--threads",
-                    "1",
-                    "--no-shuffle",
-                    "-o",
-                    &dir.join(format!("{out}.onnx")).display().to_string(),
-                    "--log",
-                    &dir.join(format!("{out}.csv")).display().to_string(),
-                    "--json",
-                ]);
-                a.extend(strings(both));
-                a.extend(strings(extra));
-                a
+                let mut e = vec!["--no-shuffle"];
+                e.extend(both.iter());
+                e.extend(extra.iter());
+                train_cmd(model, data, &dir, out, &e)
             };
             let one = format!("{name}{stages}.single");
             let mut a = base(&one);
