@@ -17,8 +17,10 @@ pub struct Args {
     /// Micro-batches per batch (default: the stage count).
     #[arg(long, value_name = "M")]
     micro_batches: Option<usize>,
-    /// gpipe (every micro-batch forward, then every one backward).
-    #[arg(long, value_name = "gpipe")]
+    /// gpipe (every micro-batch forward, then every one backward; the
+    /// default) or 1f1b (one forward and one backward in turn: stage k
+    /// keeps at most K - k micro-batches' inputs).
+    #[arg(long, value_name = "gpipe|1f1b")]
     schedule: Option<String>,
     /// Bind a symbolic dim for the FLOPs the cuts balance (NAME=VALUE).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
@@ -129,11 +131,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     }
     let total: u64 = m.stages.iter().map(|s| s.flops).sum::<u64>().max(1);
     let mut out = format!(
-        "{} -> {}/ ({} stages, {} micro-batches, gpipe: bubble {:.1}%)\n",
+        "{} -> {}/ ({} stages, {} micro-batches, {}: bubble {:.1}%)\n",
         a.input.display(),
         a.output.display(),
         m.stages.len(),
         m.micro_batches,
+        m.schedule.name(),
         m.bubble * 100.0
     );
     for s in &m.stages {

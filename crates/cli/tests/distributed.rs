@@ -671,9 +671,15 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
     ];
     for (name, model, data, both, extra) in &cases {
         let model_s = model.display().to_string();
-        for stages in [2usize, 4] {
+        // In-flight bytes per stage of the GPipe run with 4 stages and 4
+        // micro-batches, against 1F1B's with 8.
+        let mut gpipe4: Vec<u64> = Vec::new();
+        for (stages, micro, schedule) in
+            [(2usize, 2usize, "gpipe"), (4, 4, "gpipe"), (4, 8, "1f1b")]
+        {
             let k = stages.to_string();
-            let cut = dir.join(format!("{name}.{stages}"));
+            let mb = micro.to_string();
+            let cut = dir.join(format!("{name}.{stages}.{schedule}"));
             let cut_s = cut.display().to_string();
             let data_s = data.display().to_string();
             let mut a = vec![
@@ -686,13 +692,18 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
                 "--json",
                 "--data",
                 &data_s,
+                "--micro-batches",
+                &mb,
+                "--schedule",
+                schedule,
             ];
             a.extend(both.iter());
             let cut_report = json_of(&a);
             let manifest = &cut_report["manifest"];
             let st = manifest["stages"].as_array().unwrap();
             assert_eq!(st.len(), stages);
-            assert_eq!(manifest["micro_batches"].as_u64(), Some(stages as u64));
+            assert_eq!(manifest["micro_batches"].as_u64(), Some(micro as u64));
+            assert_eq!(manifest["schedule"].as_str(), Some(schedule));
             // Each parameter in one stage; what a stage sends, the next
             // receives.
             let mut params: Vec<&str> = st
@@ -719,16 +730,16 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
                 e.extend(extra.iter());
                 train_cmd(model, data, &dir, out, &e)
             };
-            let one = format!("{name}{stages}.single");
+            let one = format!("{name}{stages}.{schedule}.single");
             let mut a = base(&one);
-            a.extend(strings(&["--micro-batches", &k]));
+            a.extend(strings(&["--micro-batches", &mb]));
             let o = Command::new(env!("CARGO_BIN_EXE_graphopt"))
                 .args(&a)
                 .output()
                 .unwrap();
             let (c, _, err) = text(&o);
             assert_eq!(c, 0, "{a:?}: {err}");
-            let piped = format!("{name}{stages}.pipe");
+            let piped = format!("{name}{stages}.{schedule}.pipe");
             let mut a = base(&piped);
             a.extend(strings(&["--pipeline", &cut_s]));
             let (c, out, err, _) = mpirun(m, &vec![a; stages]);
@@ -746,6 +757,21 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
                 assert!(s["arena_bytes"].as_u64().unwrap() > 0, "{s}");
                 assert_eq!(s, &planned[i], "{name} {stages} stages: stage {i}");
             }
+            let in_flight: Vec<u64> = per
+                .iter()
+                .map(|s| s["in_flight_bytes"].as_u64().unwrap())
+                .collect();
+            match (stages, schedule) {
+                (4, "gpipe") => gpipe4 = in_flight,
+                // 1F1B keeps at most 4 - k of 8 half-size micro-batches:
+                // less than GPipe's 4 whole ones at every stage.
+                (4, _) => {
+                    for (i, (a, b)) in in_flight.iter().zip(&gpipe4).enumerate() {
+                        assert!(a < b, "{name} stage {i}: 1f1b {a}, gpipe {b}");
+                    }
+                }
+                _ => {}
+            }
             // Measured: the same bits as one process (the stages' kernels
             // see the same values in the same order, and each parameter's
             // micro-batch gradients are summed in the same order).
@@ -754,14 +780,14 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
                 losses(&dir.join(format!("{piped}.csv"))),
             );
             assert_eq!(l.len(), l1.len());
-            assert_eq!(l, l1, "{name} {stages} stages: losses");
+            assert_eq!(l, l1, "{name} {stages} stages, {schedule}: losses");
             let (w1, w) = (
                 weights(&dir.join(format!("{one}.onnx"))),
                 weights(&dir.join(format!("{piped}.onnx"))),
             );
-            assert_eq!(w, w1, "{name} {stages} stages: trained weights");
+            assert_eq!(w, w1, "{name} {stages} stages, {schedule}: trained weights");
             eprintln!(
-                "{name}, {stages} stages: {} losses and {} tensors as one process",
+                "{name}, {stages} stages, {schedule}: {} losses and {} tensors as one process",
                 l.len(),
                 w.len()
             );
@@ -800,11 +826,14 @@ fn bad_pipelines_fail_in_one_line() {
         "--stages",
         "2",
         "--schedule",
-        "1f1b",
+        "interleaved",
         "-o",
         &cut_s,
     ]);
-    assert_eq!((c, e.as_str()), (1, "error: --schedule 1f1b: not yet (graphopt runs gpipe: every micro-batch forward, then every one backward)"));
+    assert_eq!(
+        (c, e.as_str()),
+        (1, "error: --schedule interleaved: expected gpipe or 1f1b")
+    );
     // A budget the partition does not meet.
     let data = td("train/digits_cnn.train.npz").display().to_string();
     let (c, e) = run(&[

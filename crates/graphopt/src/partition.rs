@@ -39,20 +39,33 @@ pub const MANIFEST_FORMAT: &str = "graphopt-pipeline/1";
 
 /// How the micro-batches go through the stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
 pub enum Schedule {
-    /// Every micro-batch forward, then every micro-batch backward.
+    /// Every micro-batch forward, then every micro-batch backward: a stage
+    /// keeps the inputs of all M micro-batches.
+    #[serde(rename = "gpipe")]
     Gpipe,
+    /// One forward, one backward in turn after a warm-up (PipeDream-Flush,
+    /// as Megatron-LM runs it): stage k keeps at most `K - k` micro-batches'
+    /// inputs. The same bubble as GPipe.
+    #[serde(rename = "1f1b")]
+    OneFOneB,
 }
 
 impl Schedule {
     pub fn parse(s: &str) -> Result<Schedule> {
         match s.trim().to_ascii_lowercase().as_str() {
             "gpipe" => Ok(Schedule::Gpipe),
-            "1f1b" => Err(Error::unsupported(
-                "--schedule 1f1b: not yet (graphopt runs gpipe: every micro-batch forward, then every one backward)",
-            )),
-            _ => Err(Error::new(format!("--schedule {s}: expected gpipe"))),
+            "1f1b" => Ok(Schedule::OneFOneB),
+            _ => Err(Error::new(format!(
+                "--schedule {s}: expected gpipe or 1f1b"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Gpipe => "gpipe",
+            Schedule::OneFOneB => "1f1b",
         }
     }
 }
@@ -119,7 +132,7 @@ pub struct Manifest {
     pub micro_batches: usize,
     /// The model's outputs (produced by, or passed to, the last stage).
     pub outputs: Vec<String>,
-    /// Idle share of a GPipe step: `(K - 1) / (M + K - 1)`.
+    /// Idle share of a step (GPipe and 1F1B alike): `(K - 1) / (M + K - 1)`.
     pub bubble: f64,
     pub stages: Vec<StageInfo>,
 }

@@ -62,6 +62,17 @@ pub trait Collective {
     fn send(&self, buf: &[u8], to: usize) -> CommResult<()>;
     /// Receives exactly `buf.len()` bytes from rank `from`.
     fn recv(&self, buf: &mut [u8], from: usize) -> CommResult<()>;
+    /// Sends one message that [`Collective::recv_message`] receives.
+    fn send_message(&self, buf: &[u8], to: usize) -> CommResult<()> {
+        self.send(buf, to)
+    }
+    /// Receives the next message from rank `from`, whatever its length.
+    fn recv_message(&self, from: usize) -> CommResult<Vec<u8>>;
+    /// Sends `send` to rank `to` and receives the next message from rank
+    /// `from`, the send not waiting for the receive: two neighbours that
+    /// each send to the other at once do not wait on each other (a
+    /// pipeline's steady state).
+    fn send_recv_message(&self, send: &[u8], to: usize, from: usize) -> CommResult<Vec<u8>>;
     /// Waits until every rank has called it.
     fn barrier(&self) -> CommResult<()>;
 }
@@ -141,6 +152,13 @@ impl Collective for Solo {
     }
     fn recv(&self, _buf: &mut [u8], from: usize) -> CommResult<()> {
         check_peer(1, 0, from, "receive from")
+    }
+    fn recv_message(&self, from: usize) -> CommResult<Vec<u8>> {
+        check_peer(1, 0, from, "receive from").map(|_| Vec::new())
+    }
+    fn send_recv_message(&self, _send: &[u8], to: usize, from: usize) -> CommResult<Vec<u8>> {
+        check_peer(1, 0, to, "send to")?;
+        self.recv_message(from)
     }
     fn barrier(&self) -> CommResult<()> {
         Ok(())

@@ -147,6 +147,31 @@ impl Collective for Mpi {
         Ok(())
     }
 
+    fn recv_message(&self, from: usize) -> CommResult<Vec<u8>> {
+        check_peer(self.ranks, self.rank, from, "receive from")?;
+        let _w = self.watchdog.watch("receive");
+        let (v, _) = self.world.process_at_rank(from as i32).receive_vec::<u8>();
+        Ok(v)
+    }
+
+    fn send_recv_message(&self, send: &[u8], to: usize, from: usize) -> CommResult<Vec<u8>> {
+        check_peer(self.ranks, self.rank, to, "send to")?;
+        check_peer(self.ranks, self.rank, from, "receive from")?;
+        Mpi::count(send.len())?;
+        let _w = self.watchdog.watch("send-receive");
+        // The send is posted first and waited for last, so the receive
+        // goes on while the peer is still receiving.
+        Ok(mpi::request::scope(|scope| {
+            let sent = self
+                .world
+                .process_at_rank(to as i32)
+                .immediate_send(scope, send);
+            let (v, _) = self.world.process_at_rank(from as i32).receive_vec::<u8>();
+            sent.wait();
+            v
+        }))
+    }
+
     fn barrier(&self) -> CommResult<()> {
         let _w = self.watchdog.watch("barrier");
         self.world.barrier();

@@ -231,6 +231,45 @@ impl Collective for Nccl {
             .map_err(|e| nccl_err("receive", e))?;
         self.to_host(&d, buf)
     }
+    /// NCCL has no probe: a message is its 8-byte length, then its bytes.
+    fn send_message(&self, buf: &[u8], to: usize) -> CommResult<()> {
+        self.send(&(buf.len() as u64).to_le_bytes(), to)?;
+        self.send(buf, to)
+    }
+
+    fn recv_message(&self, from: usize) -> CommResult<Vec<u8>> {
+        let mut len = [0u8; 8];
+        self.recv(&mut len, from)?;
+        let mut v = vec![0u8; u64::from_le_bytes(len) as usize];
+        self.recv(&mut v, from)?;
+        Ok(v)
+    }
+
+    fn send_recv_message(&self, send: &[u8], to: usize, from: usize) -> CommResult<Vec<u8>> {
+        check_peer(self.ranks, self.rank, to, "send to")?;
+        check_peer(self.ranks, self.rank, from, "receive from")?;
+        // Each phase in one group, so that both directions progress.
+        let exchange = |out: &[u8], back: usize| -> CommResult<Vec<u8>> {
+            let s = self.to_device(out)?;
+            let mut r = self.to_device(&vec![0u8; back])?;
+            {
+                let _g = self.comm.group();
+                self.comm
+                    .send(&s, to as i32)
+                    .map_err(|e| nccl_err("send", e))?;
+                self.comm
+                    .recv(&mut r, from as i32)
+                    .map_err(|e| nccl_err("receive", e))?;
+            }
+            let mut h = vec![0u8; back];
+            self.to_host(&r, &mut h)?;
+            Ok(h)
+        };
+        let len = exchange(&(send.len() as u64).to_le_bytes(), 8)?;
+        let back = u64::from_le_bytes(len.as_slice().try_into().expect("8 bytes")) as usize;
+        exchange(send, back)
+    }
+
     fn barrier(&self) -> CommResult<()> {
         // An all-reduce of one element: every rank must reach it.
         let mut one = [0f32];

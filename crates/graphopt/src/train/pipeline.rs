@@ -1,8 +1,9 @@
 //! Pipeline training (issue 24): `mpirun -np K graphopt train MODEL
-//! --pipeline DIR`, one stage of [`crate::partition`] per rank, the GPipe
-//! schedule.
+//! --pipeline DIR`, one stage of [`crate::partition`] per rank, under the
+//! manifest's schedule (GPipe or 1F1B, see [`actions`]).
 //!
-//! Each step, with M micro-batches of `batch / M` examples:
+//! Each step, with M micro-batches of `batch / M` examples (the order of
+//! the passes is the schedule's):
 //! 1. forward: for each micro-batch, stage k receives the tensors crossing
 //!    its first cut from rank k - 1 (stage 0 reads only the data), runs
 //!    its stage, sends what crosses its last cut to rank k + 1, and keeps
@@ -20,8 +21,7 @@
 //! their names, types and shapes, behind their length. At the end every
 //! rank sends its trained parameters to rank 0, which writes the model.
 //!
-//! Not yet: the 1F1B schedule, budgets per stage, checkpoints and eval
-//! with a pipeline.
+//! Not yet: checkpoints, eval and budgets with a pipeline.
 
 use super::data::{slice_rows, to_feed, DataSource};
 use super::dist::Layout;
@@ -30,7 +30,7 @@ use super::{epoch_permutation, State, StepRecord, TrainLength, TrainOptions, Tra
 use crate::distributed::{Collective, Scheme};
 use crate::error::{Error, Result};
 use crate::grad::{GradOptions, Loss};
-use crate::partition::{read_manifest, Manifest, StageInfo};
+use crate::partition::{read_manifest, Manifest, Schedule, StageInfo};
 use crate::session::Session;
 use graphopt_autodiff::{GradOptions as AutodiffOptions, Optimizer};
 use graphopt_exec::HostTensor;
@@ -118,21 +118,70 @@ fn decode(b: &[u8]) -> Result<Vec<(String, HostTensor)>> {
     Ok(out)
 }
 
-fn send_tensors(comm: &dyn Collective, to: usize, t: &[(String, HostTensor)]) -> Result<()> {
-    let msg = encode(t);
-    let err = |e: crate::distributed::CommError| Error::runtime(e.0);
-    comm.send(&(msg.len() as u64).to_le_bytes(), to)
-        .map_err(err)?;
-    comm.send(&msg, to).map_err(err)
+/// A rank's messages to its neighbours. A message waits until the rank's
+/// next receive and is sent with it ([`Collective::send_recv_message`]:
+/// the send does not wait for the receive), so that two neighbours sending
+/// to each other at once (1F1B's steady state, GPipe's turn from forward to
+/// backward) never wait on each other.
+#[derive(Default)]
+struct Link {
+    pending: Option<(usize, Vec<u8>)>,
+    seconds: f64,
 }
 
-fn recv_tensors(comm: &dyn Collective, from: usize) -> Result<Vec<(String, HostTensor)>> {
-    let err = |e: crate::distributed::CommError| Error::runtime(e.0);
-    let mut len = [0u8; 8];
-    comm.recv(&mut len, from).map_err(err)?;
-    let mut msg = vec![0u8; u64::from_le_bytes(len) as usize];
-    comm.recv(&mut msg, from).map_err(err)?;
-    decode(&msg)
+impl Link {
+    fn send(&mut self, comm: &dyn Collective, to: usize, t: &[(String, HostTensor)]) -> Result<()> {
+        self.flush(comm)?;
+        self.pending = Some((to, encode(t)));
+        Ok(())
+    }
+
+    fn recv(&mut self, comm: &dyn Collective, from: usize) -> Result<Vec<(String, HostTensor)>> {
+        let c = Instant::now();
+        let msg = match self.pending.take() {
+            Some((to, out)) => comm.send_recv_message(&out, to, from),
+            None => comm.recv_message(from),
+        }
+        .map_err(|e| Error::runtime(e.0))?;
+        self.seconds += c.elapsed().as_secs_f64();
+        decode(&msg)
+    }
+
+    /// Sends what waits (blocking).
+    fn flush(&mut self, comm: &dyn Collective) -> Result<()> {
+        if let Some((to, out)) = self.pending.take() {
+            let c = Instant::now();
+            comm.send_message(&out, to)
+                .map_err(|e| Error::runtime(e.0))?;
+            self.seconds += c.elapsed().as_secs_f64();
+        }
+        Ok(())
+    }
+}
+
+/// Stage `k`'s passes in one step, in order: `(true, m)` the forward of
+/// micro-batch m, `(false, m)` its backward.
+/// - GPipe: every forward, then every backward.
+/// - 1F1B: `K - 1 - k` forwards first (at most M), then one forward and
+///   one backward in turn, then the backwards left: a stage holds at most
+///   `K - k` micro-batches' inputs instead of M.
+fn actions(schedule: Schedule, k: usize, stages: usize, micro: usize) -> Vec<(bool, usize)> {
+    match schedule {
+        Schedule::Gpipe => (0..micro)
+            .map(|m| (true, m))
+            .chain((0..micro).map(|m| (false, m)))
+            .collect(),
+        Schedule::OneFOneB => {
+            let warm = (stages - 1 - k).min(micro);
+            let mut a: Vec<(bool, usize)> = (0..warm).map(|m| (true, m)).collect();
+            for i in 0..micro - warm {
+                a.push((true, warm + i));
+                a.push((false, i));
+            }
+            a.extend((micro - warm..micro).map(|m| (false, m)));
+            a
+        }
+    }
 }
 
 /// A graph planned on first use, at the shapes of its first feed.
@@ -382,7 +431,12 @@ impl Session {
                 .map(|(n, t)| (n.clone(), t.clone()))
                 .collect();
             feed.extend(std::mem::take(&mut received));
-            let in_flight = feed.values().map(|t| t.data.len() as u64).sum::<u64>() * micro as u64;
+            // GPipe keeps every micro-batch's inputs; 1F1B at most K - k.
+            let held = match m.schedule {
+                Schedule::Gpipe => micro,
+                Schedule::OneFOneB => micro.min(m.stages.len() - k),
+            };
+            let in_flight = feed.values().map(|t| t.data.len() as u64).sum::<u64>() * held as u64;
             let spec = specialize(stage, info, &feed)?;
             if !last {
                 let mut fw = Lazy::new(spec.clone());
@@ -535,7 +589,8 @@ impl Session {
         let mut layout: Option<Layout> = None;
         let mut state = State::new();
         let mut log = Vec::new();
-        let mut comm_s = 0.0;
+        let schedule = manifest.schedule;
+        let mut link = Link::default();
         let mut in_flight_peak = 0u64;
         let wants =
             |name: &str| info.data_inputs.iter().any(|d| d == name) || (last && name == "target");
@@ -554,77 +609,83 @@ impl Session {
                 .into_iter()
                 .filter(|(name, _)| wants(name))
                 .collect();
-            // 1. Forward: keep the inputs of each micro-batch.
-            let mut kept: Vec<State> = Vec::with_capacity(micro);
-            for m in 0..micro {
-                let mut feed = slice_rows(&batch, m, rows);
-                if k > 0 {
-                    let c = Instant::now();
-                    feed.extend(recv_tensors(comm, k - 1)?);
-                    comm_s += c.elapsed().as_secs_f64();
-                }
-                match &folded {
-                    None => {
-                        let values: State = info
-                            .static_receives
-                            .iter()
-                            .filter_map(|n| feed.get(n).map(|t| (n.clone(), t.clone())))
-                            .collect();
-                        folded = Some((specialize(&stage, info, &feed)?, values));
-                    }
-                    Some((_, values)) => {
-                        if let Some((n, _)) = values.iter().find(|(n, t)| feed.get(*n) != Some(*t))
-                        {
-                            return Err(Error::runtime(format!(
-                                "stage {k}: '{n}' (a shape value) changed between micro-batches"
-                            )));
-                        }
-                    }
-                }
-                let stage = &folded.as_ref().expect("folded").0;
-                if !last {
-                    let fw = forward.get_or_insert_with(|| Lazy::new(stage.clone()));
-                    let outs = fw.run(self, &state, &feed, data, &ropts)?;
-                    let send: Vec<(String, HostTensor)> = info
-                        .sends
-                        .iter()
-                        .map(|s| {
-                            outs.iter()
-                                .find(|(o, _)| o == s)
-                                .map(|(_, t)| (s.clone(), t.clone()))
-                                .ok_or_else(|| Error::new(format!("stage {k}: no output '{s}'")))
-                        })
-                        .collect::<Result<_>>()?;
-                    let c = Instant::now();
-                    send_tensors(comm, k + 1, &send)?;
-                    comm_s += c.elapsed().as_secs_f64();
-                }
-                kept.push(feed);
-                let held: u64 = kept
-                    .iter()
-                    .flat_map(|f| f.values())
-                    .map(|t| t.data.len() as u64)
-                    .sum();
-                in_flight_peak = in_flight_peak.max(held);
-            }
-            // 2. Backward, micro-batch by micro-batch.
+            // 1. The schedule's forward and backward passes. A rank keeps
+            //    each micro-batch's inputs from its forward to its backward;
+            //    what it sends waits until its next receive, and goes with
+            //    it (`Link`).
+            let mut kept: Vec<Option<State>> = vec![None; micro];
             let mut acc: Vec<f32> = Vec::new();
             let mut losses = Vec::with_capacity(micro);
-            for feed in kept.drain(..) {
-                let mut feed = feed;
+            for (forward_pass, m) in actions(schedule, k, stages, micro) {
+                if forward_pass {
+                    let mut feed = slice_rows(&batch, m, rows);
+                    if k > 0 {
+                        feed.extend(link.recv(comm, k - 1)?);
+                    }
+                    match &folded {
+                        None => {
+                            let values: State = info
+                                .static_receives
+                                .iter()
+                                .filter_map(|n| feed.get(n).map(|t| (n.clone(), t.clone())))
+                                .collect();
+                            folded = Some((specialize(&stage, info, &feed)?, values));
+                        }
+                        Some((_, values)) => {
+                            if let Some((n, _)) =
+                                values.iter().find(|(n, t)| feed.get(*n) != Some(*t))
+                            {
+                                return Err(Error::runtime(format!(
+                                    "stage {k}: '{n}' (a shape value) changed between micro-batches"
+                                )));
+                            }
+                        }
+                    }
+                    let stage = &folded.as_ref().expect("folded").0;
+                    if !last {
+                        let fw = forward.get_or_insert_with(|| Lazy::new(stage.clone()));
+                        let outs = fw.run(self, &state, &feed, data, &ropts)?;
+                        let send: Vec<(String, HostTensor)> = info
+                            .sends
+                            .iter()
+                            .map(|s| {
+                                outs.iter()
+                                    .find(|(o, _)| o == s)
+                                    .map(|(_, t)| (s.clone(), t.clone()))
+                                    .ok_or_else(|| {
+                                        Error::new(format!("stage {k}: no output '{s}'"))
+                                    })
+                            })
+                            .collect::<Result<_>>()?;
+                        link.send(comm, k + 1, &send)?;
+                    }
+                    kept[m] = Some(feed);
+                    let held: u64 = kept
+                        .iter()
+                        .flatten()
+                        .flat_map(|f| f.values())
+                        .map(|t| t.data.len() as u64)
+                        .sum();
+                    in_flight_peak = in_flight_peak.max(held);
+                    continue;
+                }
+                let mut feed = kept[m].take().ok_or_else(|| {
+                    Error::new(format!(
+                        "stage {k}: micro-batch {m} went back before forward"
+                    ))
+                })?;
                 if !last {
-                    let c = Instant::now();
-                    for (name, t) in recv_tensors(comm, k + 1)? {
+                    for (name, t) in link.recv(comm, k + 1)? {
                         feed.insert(seed_input(&name), t);
                     }
-                    comm_s += c.elapsed().as_secs_f64();
                 }
                 if backward.is_none() {
                     let stage = &folded.as_ref().expect("folded").0;
                     let built = StageGraphs::build(stage, info, last, opts, optimizer, &feed)?;
                     state.extend(built.state);
                     layout = Some(Layout::new(Scheme::Dp, 0, 1, &built.params, &state)?);
-                    // From now on the forward reads the trained values.
+                    // From the next forward on, the forward reads the
+                    // trained values.
                     if !last {
                         forward = Some(Lazy::new(params_as_inputs(stage, &built.params)));
                     }
@@ -656,18 +717,13 @@ impl Session {
                         }
                         let gr = get(&format!("{r}_grad"))
                             .cloned()
-                            .unwrap_or_else(|| HostTensor {
-                                dtype: t.dtype,
-                                shape: t.shape.clone(),
-                                data: vec![0u8; t.data.len()],
-                            });
+                            .unwrap_or_else(|| zeros_like(t));
                         back.push((r.clone(), gr));
                     }
-                    let c = Instant::now();
-                    send_tensors(comm, k - 1, &back)?;
-                    comm_s += c.elapsed().as_secs_f64();
+                    link.send(comm, k - 1, &back)?;
                 }
             }
+            link.flush(comm)?;
             // 3. This stage's update.
             let l = layout.as_ref().expect("built");
             let scale = if mean { 1.0 / micro as f32 } else { 1.0 };
@@ -748,7 +804,10 @@ impl Session {
         let mut all = trained.clone();
         if k == 0 {
             for from in 1..stages {
-                let got = recv_tensors(comm, from)?;
+                let got = comm
+                    .recv_message(from)
+                    .map_err(|e| Error::runtime(e.0))
+                    .and_then(|m| decode(&m))?;
                 let rec = got
                     .iter()
                     .find(|(n, _)| n == "__stage")
@@ -773,7 +832,8 @@ impl Session {
                     data: rec,
                 },
             ));
-            send_tensors(comm, 0, &msg)?;
+            comm.send_message(&encode(&msg), 0)
+                .map_err(|e| Error::runtime(e.0))?;
         }
         // Every rank's model gets the weights it trained (rank 0: all).
         let g = &mut self.model.graph;
@@ -789,10 +849,10 @@ impl Session {
         let time_s = t0.elapsed().as_secs_f64();
         let pipeline = PipelineRecord {
             stages,
-            schedule: "gpipe".into(),
+            schedule: schedule.name().into(),
             micro_batches: micro,
             bubble: (stages - 1) as f64 / (micro + stages - 1) as f64,
-            comm_s,
+            comm_s: link.seconds,
             per_stage,
         };
         Ok(TrainReport {
