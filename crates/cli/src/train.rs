@@ -75,6 +75,11 @@ pub struct Args {
     /// global batch. Needs a graphopt built with `--features mpi`.
     #[arg(long, value_name = "dp|zero1|zero2")]
     distributed: Option<String>,
+    /// dp and zero1: the size of a bucket of gradients, each all-reduced as
+    /// soon as the backward pass has made it, while the pass goes on
+    /// (default 25MiB).
+    #[arg(long, value_name = "BYTES", requires = "distributed")]
+    bucket_size: Option<String>,
     /// Train as one stage of the pipeline in DIR (`graphopt partition`):
     /// `mpirun -np K graphopt train MODEL --pipeline DIR ...`, one rank per
     /// stage; rank 0 writes the whole trained model.
@@ -217,6 +222,10 @@ fn train(
     opts.every = a.every.unwrap_or(opts.every);
     opts.resume = a.resume.clone();
     opts.micro_batches = a.micro_batches;
+    if let Some(b) = &a.bucket_size {
+        opts.bucket_bytes = graphopt::util::parse_size(b)
+            .map_err(|e| graphopt::Error::new(format!("--bucket-size {e}")))?;
+    }
     opts.budget = a
         .budget
         .as_deref()
@@ -330,6 +339,12 @@ fn train(
             d.local_batch,
             d.comm_s
         );
+        if d.buckets > 0 {
+            out += &format!(
+                "gradients all-reduced in {} buckets, {} of them started during the backward pass\n",
+                d.buckets, d.buckets_overlapped
+            );
+        }
         for b in &d.per_rank {
             out += &format!(
                 "  rank {}: weights {}, optimizer state {}, gradients {}, arenas {}\n",

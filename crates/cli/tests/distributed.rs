@@ -237,7 +237,12 @@ fn data_parallel_equals_one_process_accumulating_the_same_batch() {
         let params1 = r1["weights_bytes"].as_u64().unwrap();
         for scheme in ["dp", "zero1", "zero2"] {
             let name = format!("{scheme}{ranks}");
-            let app = train_args(&dir, &name, &["--distributed", scheme]);
+            // Buckets of 20 KB: the CNN's gradients make 2.
+            let app = train_args(
+                &dir,
+                &name,
+                &["--distributed", scheme, "--bucket-size", "20KB"],
+            );
             let (c, out, err, _) = mpirun(m, &vec![app; ranks]);
             assert_eq!(c, 0, "{name}: {err}");
             // Rank 0 alone prints and writes.
@@ -246,6 +251,20 @@ fn data_parallel_equals_one_process_accumulating_the_same_batch() {
             let d = &r["distributed"];
             assert_eq!(d["ranks"].as_u64(), Some(ranks as u64), "{name}");
             assert_eq!(d["engine"].as_str(), Some("mpi"));
+            // dp and zero1 all-reduce bucket by bucket, starting during
+            // the backward pass; zero2 reduce-scatters whole.
+            let (buckets, early) = (
+                d["buckets"].as_u64().unwrap(),
+                d["buckets_overlapped"].as_u64().unwrap(),
+            );
+            if scheme == "zero2" {
+                assert_eq!((buckets, early), (0, 0), "{name}");
+            } else {
+                assert!(
+                    buckets >= 2 && early >= 1,
+                    "{name}: {buckets} buckets, {early} early"
+                );
+            }
             let (w, l) = (
                 weights(&dir.join(format!("{name}.onnx"))),
                 losses(&dir.join(format!("{name}.csv"))),

@@ -47,5 +47,5 @@ pub mod tensor;
 
 pub use backend::{Backend, Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
 pub use cpu::CpuBackend;
-pub use executor::{ExecError, Executable, RunOptions, RunStats};
+pub use executor::{ExecError, Executable, ReadOutput, RunOptions, RunStats, StepObserver};
 pub use tensor::HostTensor;

@@ -26,7 +26,7 @@
 
 use crate::error::{Error, Result};
 pub use graphopt_exec::collective::{
-    launched_by_mpi, Collective, CommError, Solo, DEFAULT_TIMEOUT,
+    launched_by_mpi, Collective, CommError, Pending, Solo, DEFAULT_TIMEOUT,
 };
 use serde::Serialize;
 use std::time::Duration;

@@ -48,6 +48,14 @@ pub trait Collective {
     fn engine(&self) -> &'static str;
     /// `buf` becomes the element-wise sum of every rank's `buf`.
     fn all_reduce_sum(&self, buf: &mut [f32]) -> CommResult<()>;
+    /// Starts summing `buf` over the ranks; [`Pending::wait`] gives the
+    /// sum. Calls stay in order: a call made after this one runs after it
+    /// on every rank. By default the sum is made at once (blocking); MPI
+    /// queues it on its thread, so that the caller computes meanwhile.
+    fn all_reduce_sum_start(&self, mut buf: Vec<f32>) -> Box<dyn Pending> {
+        let r = self.all_reduce_sum(&mut buf).map(|_| buf);
+        Box::new(Ready(r))
+    }
     /// `recv` (`send.len() / ranks()` elements) becomes this rank's block
     /// of the element-wise sum of every rank's `send`.
     fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> CommResult<()>;
@@ -75,6 +83,21 @@ pub trait Collective {
     fn send_recv_message(&self, send: &[u8], to: usize, from: usize) -> CommResult<Vec<u8>>;
     /// Waits until every rank has called it.
     fn barrier(&self) -> CommResult<()>;
+}
+
+/// A reduction started by [`Collective::all_reduce_sum_start`].
+pub trait Pending: Send {
+    /// Waits for the sum.
+    fn wait(self: Box<Self>) -> CommResult<Vec<f32>>;
+}
+
+/// A reduction already made.
+pub struct Ready(pub CommResult<Vec<f32>>);
+
+impl Pending for Ready {
+    fn wait(self: Box<Self>) -> CommResult<Vec<f32>> {
+        self.0
+    }
 }
 
 /// Checks the lengths of a reduce-scatter.

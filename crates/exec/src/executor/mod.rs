@@ -30,6 +30,7 @@
 mod bind;
 mod memory;
 mod run;
+pub use run::{ReadOutput, StepObserver};
 
 pub(crate) use bind::{bind, Bound, KernelMaker, Step};
 pub(crate) use memory::Loc;

@@ -11,6 +11,14 @@ use crate::control::OutSlot;
 use crate::tensor::{elem_size, numel, HostTensor};
 use graphopt_ir::DType;
 
+/// What [`Executable::run_observed`] hands its observer after a step:
+/// `read(k)` copies output `k` out of the arena.
+pub type ReadOutput<'a> = dyn Fn(usize) -> Option<HostTensor> + 'a;
+
+/// The observer of [`Executable::run_observed`]: called with the index of
+/// the step just run and a [`ReadOutput`].
+pub type StepObserver<'a> = dyn FnMut(usize, &ReadOutput) + 'a;
+
 impl Executable {
     /// Runs once on `inputs` (the runtime inputs in graph order, with the
     /// planned dtypes and shapes).
@@ -31,8 +39,50 @@ impl Executable {
         opts: &RunOptions,
     ) -> Result<(Vec<HostTensor>, RunStats), ExecError> {
         let given: Vec<Option<&HostTensor>> = inputs.iter().map(|&t| Some(t)).collect();
-        let (outs, stats) = self.run_inner(&given, false, opts)?;
+        let (outs, stats) = self.run_inner(&given, false, opts, None)?;
         Ok((outs.into_iter().flatten().collect(), stats))
+    }
+
+    /// [`Executable::run_borrowed`], calling `after(i, read)` after each
+    /// step `i` of the schedule: `read(k)` copies output `k` out of the
+    /// arena, final once `i` has reached its entry of
+    /// [`Executable::output_ready_steps`]. A training loop hands each
+    /// gradient on while the rest of the backward pass runs.
+    pub fn run_observed(
+        &mut self,
+        inputs: &[&HostTensor],
+        opts: &RunOptions,
+        after: &mut StepObserver,
+    ) -> Result<(Vec<HostTensor>, RunStats), ExecError> {
+        let given: Vec<Option<&HostTensor>> = inputs.iter().map(|&t| Some(t)).collect();
+        let (outs, stats) = self.run_inner(&given, false, opts, Some(after))?;
+        Ok((outs.into_iter().flatten().collect(), stats))
+    }
+
+    /// Per output, the step after which its value is final: the last step
+    /// writing its bytes (`None`: final before the first step, as a weight
+    /// or an input is, or only at the end, as a value of data-dependent
+    /// size is).
+    pub fn output_ready_steps(&self) -> Vec<Option<usize>> {
+        self.outputs
+            .iter()
+            .map(|(_, l, ti)| {
+                let Loc::Arena { offset, .. } = *l else {
+                    return None;
+                };
+                let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+                let hit = |o: usize, len: usize| o < offset + n && offset < o + len;
+                self.steps.iter().rposition(|st| {
+                    st.outputs.iter().flatten().any(|(o, len, _)| hit(*o, *len))
+                        || st.special.as_ref().is_some_and(|sp| {
+                            sp.outputs.iter().flatten().any(|slot| match slot {
+                                OutSlot::Arena { offset: o, len, .. } => hit(*o, *len),
+                                OutSlot::Dynamic { .. } => false,
+                            })
+                        })
+                })
+            })
+            .collect()
     }
 
     /// Runs with the plan's donations kept in the arena: an input given as
@@ -46,7 +96,7 @@ impl Executable {
         inputs: &[Option<&HostTensor>],
         opts: &RunOptions,
     ) -> Result<(Vec<Option<HostTensor>>, RunStats), ExecError> {
-        self.run_inner(inputs, true, opts)
+        self.run_inner(inputs, true, opts, None)
     }
 
     fn run_inner(
@@ -54,6 +104,7 @@ impl Executable {
         inputs: &[Option<&HostTensor>],
         keep_donated: bool,
         opts: &RunOptions,
+        mut after: Option<&mut StepObserver>,
     ) -> Result<(Vec<Option<HostTensor>>, RunStats), ExecError> {
         if inputs.len() != self.inputs.len() {
             return Err(ExecError::Input(format!(
@@ -85,6 +136,7 @@ impl Executable {
         let ws_all = self.workspace.bytes_mut();
         let (staging, ws) = ws_all.split_at_mut(self.staging_bytes);
         let weights = &self.weights;
+        let out_locs = &self.outputs;
         let dyn_store = &mut self.dyn_store;
         dyn_store.iter_mut().for_each(|d| *d = None);
         let mut dyn_live = 0u64;
@@ -244,6 +296,27 @@ impl Executable {
                 if let Some(t) = dyn_store[k].take() {
                     dyn_live -= t.data.len() as u64;
                 }
+            }
+            if let Some(f) = after.as_mut() {
+                let read = |k: usize| -> Option<HostTensor> {
+                    let (_, l, ti) = out_locs.get(k)?;
+                    let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+                    let data = match *l {
+                        // SAFETY: inside the arena; between steps no
+                        // reference into it is alive.
+                        Loc::Arena { offset, .. } => {
+                            unsafe { std::slice::from_raw_parts(base.add(offset), n) }.to_vec()
+                        }
+                        Loc::Weight(w) => weights[w].bytes()[..n].to_vec(),
+                        Loc::Dynamic(_) => return None,
+                    };
+                    Some(HostTensor {
+                        dtype: ti.dtype,
+                        shape: ti.shape.clone(),
+                        data,
+                    })
+                };
+                f(si, &read);
             }
             if opts.poison {
                 for r in &self.poison_after[si] {

@@ -78,6 +78,26 @@ impl Layout {
         self.scheme.shards_state()
     }
 
+    /// Gradient buckets of at least `bytes` each (the last may be less):
+    /// the parameters taken from the last (whose gradients a backward pass
+    /// makes first), each bucket a contiguous range of the flat vector and
+    /// the parameters in it.
+    pub(super) fn buckets(&self, bytes: u64) -> Vec<(Range<usize>, Vec<usize>)> {
+        let want = (bytes / 4).max(1) as usize;
+        let mut out: Vec<(Range<usize>, Vec<usize>)> = Vec::new();
+        for (i, (_, off, shape)) in self.params.iter().enumerate().rev() {
+            let n: usize = shape.iter().product();
+            match out.last_mut() {
+                Some((r, ps)) if r.len() < want => {
+                    r.start = *off;
+                    ps.push(i);
+                }
+                _ => out.push((*off..off + n, vec![i])),
+            }
+        }
+        out
+    }
+
     /// Elements of the gradient accumulator: the whole flat vector, or the
     /// slice under zero2.
     pub(super) fn accumulator_len(&self) -> usize {
@@ -271,6 +291,16 @@ mod tests {
         let back = l0.gather_state(&crate::distributed::Solo, &mine).unwrap();
         assert_eq!(back["a_m"].to_f32().unwrap(), [0.1, 0.2, 0.3, 0.4]);
         assert_eq!(back["b_m"].shape, vec![3]);
+    }
+
+    #[test]
+    fn buckets_are_contiguous_from_the_last_parameter() {
+        let s = state();
+        let names = vec!["a".to_string(), "b".to_string()];
+        let l = Layout::new(Scheme::Dp, 0, 1, &names, &s).unwrap();
+        // b (3 elements) then a (4): 8 bytes a bucket puts each alone.
+        assert_eq!(l.buckets(8), vec![(4..7, vec![1]), (0..4, vec![0])]);
+        assert_eq!(l.buckets(1 << 20), vec![(0..7, vec![1, 0])]);
     }
 
     #[test]

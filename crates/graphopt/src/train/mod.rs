@@ -85,6 +85,9 @@ pub enum TrainLength {
     Steps(usize),
 }
 
+/// The default of [`TrainOptions::bucket_bytes`].
+pub const DEFAULT_BUCKET_BYTES: u64 = 25 << 20;
+
 /// `--remat auto|none` of `train`: whether a budget may use recomputation.
 pub fn parse_train_remat(s: &str) -> Result<bool> {
     match s.trim().to_ascii_lowercase().as_str() {
@@ -167,6 +170,10 @@ pub struct TrainOptions {
     /// global batch; each rank gets `batch / ranks` of its examples, and
     /// `micro_batches` and `budget` apply per rank.
     pub distributed: Option<Scheme>,
+    /// dp and zero1: bytes of a bucket of gradients, all-reduced as soon
+    /// as the backward pass has made all of its gradients, while the rest
+    /// of the pass runs (default 25 MiB, as torch's DDP).
+    pub bucket_bytes: u64,
 }
 
 impl TrainOptions {
@@ -194,6 +201,7 @@ impl TrainOptions {
             budget: None,
             remat: true,
             distributed: None,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
         }
     }
 
@@ -221,6 +229,9 @@ impl TrainOptions {
                     self.batch
                 )));
             }
+        }
+        if self.bucket_bytes == 0 {
+            return Err(Error::new("--bucket-size 0: expected a number of bytes"));
         }
         if self.budget == Some(0) {
             return Err(Error::new("--budget 0: expected a number of bytes"));
@@ -579,6 +590,8 @@ impl Session {
                     ranks,
                     local_batch: local,
                     comm_s: stepper.comm_s,
+                    buckets: stepper.buckets.0,
+                    buckets_overlapped: stepper.buckets.1,
                     per_rank: gather_bytes(comm, &mine)?,
                 })
             }

@@ -50,6 +50,8 @@ pub(super) struct StepGraphs {
     /// Gradients and update as two graphs even without micro-batches (a
     /// distributed run sums the gradients between them).
     pub(super) split: bool,
+    /// Bytes of a gradient bucket (see [`TrainOptions::bucket_bytes`]).
+    pub(super) bucket_bytes: u64,
 }
 
 impl StepGraphs {
@@ -74,6 +76,7 @@ impl StepGraphs {
             warnings: Vec::new(),
             ranks: (Scheme::Dp, 0, 1),
             split: false,
+            bucket_bytes: opts.bucket_bytes,
         }
     }
 
@@ -152,6 +155,8 @@ impl StepGraphs {
                 mean: self.opts.loss != Loss::Sum,
                 restore: None,
                 comm_s: 0.0,
+                bucket_bytes: self.bucket_bytes,
+                buckets: (0, 0),
             });
         }
         if self.grads.is_none() {
@@ -218,6 +223,8 @@ impl StepGraphs {
             mean: self.opts.loss != Loss::Sum,
             restore: None,
             comm_s: 0.0,
+            bucket_bytes: self.bucket_bytes,
+            buckets: (0, 0),
             remat,
         })
     }
@@ -593,6 +600,31 @@ impl Bound {
         Ok(outs)
     }
 
+    /// [`Bound::run`], calling `after` after each step of the schedule
+    /// (see [`Executable::run_observed`]).
+    pub(super) fn run_observed(
+        &mut self,
+        state: &State,
+        batch: &State,
+        ropts: &graphopt_exec::RunOptions,
+        after: &mut graphopt_exec::StepObserver,
+    ) -> Result<Vec<HostTensor>> {
+        let feed =
+            self.inputs
+                .iter()
+                .map(|(name, _)| {
+                    state.get(name).or_else(|| batch.get(name)).ok_or_else(|| {
+                        Error::new(format!("no value for the step's input '{name}'"))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+        let (outs, _) = self
+            .exe
+            .run_observed(&feed, ropts, after)
+            .map_err(|e| Error::runtime(e.to_string()))?;
+        Ok(outs)
+    }
+
     /// The `<name>_new` outputs into `state`.
     pub(super) fn feed_back(&self, outs: Vec<HostTensor>, state: &mut State) {
         for (o, t) in self.outputs.iter().zip(outs) {
@@ -637,6 +669,11 @@ pub(super) struct Stepper {
     pub(super) remat: Option<RematReport>,
     /// Seconds spent in collectives.
     pub(super) comm_s: f64,
+    /// Gradient buckets of the all-reduce (dp, zero1 on several ranks).
+    pub(super) bucket_bytes: u64,
+    /// Buckets of the last step, and how many of them started before the
+    /// gradients' graph finished.
+    pub(super) buckets: (usize, usize),
 }
 
 impl Stepper {
@@ -779,8 +816,30 @@ impl Stepper {
         };
         let mut part = vec![0f32; if whole.is_empty() { 0 } else { l.shard }];
         let mut losses = Vec::with_capacity(self.micro);
+        // dp and zero1 on several ranks: the last micro-batch's gradients
+        // are all-reduced bucket by bucket as the backward pass completes
+        // each (on MPI's thread, while the pass goes on).
+        let overlap = l.scheme != Scheme::Zero2 && l.ranks > 1;
+        let mut pending: Vec<(std::ops::Range<usize>, Box<dyn crate::distributed::Pending>)> =
+            Vec::new();
         for k in 0..self.micro {
             let micro = slice_rows(batch, k, rows);
+            if overlap && k + 1 == self.micro {
+                let (loss, early) = reduce_while_running(
+                    g,
+                    l,
+                    self.bucket_bytes,
+                    state,
+                    &micro,
+                    ropts,
+                    comm,
+                    &mut acc,
+                    &mut pending,
+                )?;
+                losses.push(loss);
+                self.buckets = (pending.len(), early);
+                continue;
+            }
             let mut outs = g.run(state, &micro, ropts)?;
             losses.push(scalar_of(&outs[g.at("loss")?]) as f32);
             let into = if whole.is_empty() {
@@ -806,7 +865,12 @@ impl Stepper {
         }
         drop(whole);
         let t0 = Instant::now();
-        if l.scheme != Scheme::Zero2 {
+        if overlap {
+            for (range, p) in pending {
+                let sum = p.wait().map_err(comm_err)?;
+                acc[range].copy_from_slice(&sum);
+            }
+        } else if l.scheme != Scheme::Zero2 {
             comm.all_reduce_sum(&mut acc).map_err(comm_err)?;
         }
         // Every rank's losses, in rank order: the loss is summed as one
@@ -904,4 +968,113 @@ impl Stepper {
     pub(super) fn loss_rows(&self, batch: usize) -> usize {
         batch / self.micro
     }
+}
+
+/// Runs the gradients' graph on the last micro-batch, adding each
+/// parameter's gradient into `acc` as soon as the step that makes it is
+/// done, and starting the all-reduce of each bucket of `acc` (see
+/// [`Layout::buckets`]) once all its gradients are in: the reductions go on
+/// while the rest of the backward pass runs. Buckets whose gradients are
+/// only complete at the end start then, in bucket order (the same calls in
+/// the same order on every rank: the schedule is the same). Returns the
+/// micro-batch's loss and how many buckets started before the graph
+/// finished.
+#[allow(clippy::too_many_arguments)]
+fn reduce_while_running(
+    g: &mut Bound,
+    l: &Layout,
+    bucket_bytes: u64,
+    state: &State,
+    micro: &State,
+    ropts: &graphopt_exec::RunOptions,
+    comm: &dyn Collective,
+    acc: &mut [f32],
+    pending: &mut Vec<(std::ops::Range<usize>, Box<dyn crate::distributed::Pending>)>,
+) -> Result<(f32, usize)> {
+    let buckets = l.buckets(bucket_bytes);
+    let ready = g.exe.output_ready_steps();
+    // Per parameter: its gradient's output, and its bucket.
+    let mut out_of = Vec::with_capacity(l.params.len());
+    let mut bucket_of = vec![0usize; l.params.len()];
+    for (b, (_, ps)) in buckets.iter().enumerate() {
+        for &p in ps {
+            bucket_of[p] = b;
+        }
+    }
+    let mut at_step: std::collections::HashMap<usize, Vec<usize>> = Default::default();
+    for (pi, (p, _, _)) in l.params.iter().enumerate() {
+        let o = g.at(&format!("{p}_grad"))?;
+        out_of.push(o);
+        if let Some(si) = ready[o] {
+            at_step.entry(si).or_default().push(pi);
+        }
+    }
+    let mut left: Vec<usize> = buckets.iter().map(|b| b.1.len()).collect();
+    let mut done = vec![false; l.params.len()];
+    let mut failed: Option<Error> = None;
+    let add = |pi: usize, t: &HostTensor, acc: &mut [f32]| -> Result<()> {
+        let (p, off, shape) = &l.params[pi];
+        let v = t
+            .to_f32()
+            .ok_or_else(|| Error::unsupported(format!("the gradient of '{p}' is not float32")))?;
+        let n: usize = shape.iter().product();
+        if v.len() != n {
+            return Err(Error::new(format!(
+                "the gradient of '{p}' has {} elements, the parameter {n}",
+                v.len()
+            )));
+        }
+        acc[*off..off + n]
+            .iter_mut()
+            .zip(&v)
+            .for_each(|(a, b)| *a += b);
+        Ok(())
+    };
+    let outs = g.run_observed(state, micro, ropts, &mut |si, read| {
+        let Some(ps) = at_step.get(&si) else { return };
+        for &pi in ps {
+            if failed.is_some() {
+                return;
+            }
+            let r = read(out_of[pi])
+                .ok_or_else(|| Error::new("a gradient is not readable during the run"))
+                .and_then(|t| add(pi, &t, acc));
+            if let Err(e) = r {
+                failed = Some(e);
+                return;
+            }
+            done[pi] = true;
+            let b = bucket_of[pi];
+            left[b] -= 1;
+            if left[b] == 0 {
+                let range = buckets[b].0.clone();
+                pending.push((
+                    range.clone(),
+                    comm.all_reduce_sum_start(acc[range].to_vec()),
+                ));
+            }
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let early = pending.len();
+    // Gradients final only at the end (a weight, an input, a value of
+    // data-dependent size), then the buckets they complete, in order.
+    for pi in 0..l.params.len() {
+        if !done[pi] {
+            add(pi, &outs[out_of[pi]], acc)?;
+            left[bucket_of[pi]] -= 1;
+        }
+    }
+    let started: Vec<std::ops::Range<usize>> = pending.iter().map(|p| p.0.clone()).collect();
+    for (range, _) in &buckets {
+        if !started.contains(range) {
+            pending.push((
+                range.clone(),
+                comm.all_reduce_sum_start(acc[range.clone()].to_vec()),
+            ));
+        }
+    }
+    Ok((scalar_of(&outs[g.at("loss")?]) as f32, early))
 }
