@@ -39,6 +39,10 @@ fn outputs_are_read_as_they_become_final() {
     assert_eq!(seen[0], (ra, 0, vec![0.0, 2.0, 3.0]));
     assert_eq!(seen[1], (rb, 1, vec![-1.0, 6.0, 12.0]));
     for (k, s) in [(0, &seen[0].2), (1, &seen[1].2)] {
-        assert_eq!(&outs[k].to_f32().unwrap(), s, "output {k} read early differs");
+        assert_eq!(
+            &outs[k].to_f32().unwrap(),
+            s,
+            "output {k} read early differs"
+        );
     }
 }

@@ -119,6 +119,22 @@ impl Mpi {
             .map_err(|_| CommError(format!("{what}: the MPI thread ended")))
     }
 
+    /// All-gather of `f32` or bytes.
+    fn gather<T: Equivalence + Send + 'static>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+    ) -> CommResult<()> {
+        check_gather(self.ranks, send.len(), recv.len())?;
+        Mpi::count(send.len())?;
+        let (s, r) = (Raw::of(send), Raw::of_mut(recv));
+        self.call("all-gather", move |w| {
+            // SAFETY: `call` waits for the job (see `Raw`).
+            let (s, r) = unsafe { (s.get(), r.get()) };
+            w.all_gather_into(&s[..], r);
+        })
+    }
+
     fn count(n: usize) -> CommResult<()> {
         if n > i32::MAX as usize {
             return Err(CommError(format!(
@@ -226,25 +242,11 @@ impl Collective for Mpi {
     }
 
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) -> CommResult<()> {
-        check_gather(self.ranks, send.len(), recv.len())?;
-        Mpi::count(send.len())?;
-        let (s, r) = (Raw::of(send), Raw::of_mut(recv));
-        self.call("all-gather", move |w| {
-            // SAFETY: `call` waits for the job (see `Raw`).
-            let (s, r) = unsafe { (s.get(), r.get()) };
-            w.all_gather_into(&s[..], r);
-        })
+        self.gather(send, recv)
     }
 
     fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8]) -> CommResult<()> {
-        check_gather(self.ranks, send.len(), recv.len())?;
-        Mpi::count(send.len())?;
-        let (s, r) = (Raw::of(send), Raw::of_mut(recv));
-        self.call("all-gather", move |w| {
-            // SAFETY: `call` waits for the job (see `Raw`).
-            let (s, r) = unsafe { (s.get(), r.get()) };
-            w.all_gather_into(&s[..], r);
-        })
+        self.gather(send, recv)
     }
 
     fn broadcast(&self, buf: &mut [u8], root: usize) -> CommResult<()> {

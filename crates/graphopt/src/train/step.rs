@@ -577,6 +577,19 @@ impl Bound {
             .ok_or_else(|| Error::new(format!("the training graph has no '{name}' output")))
     }
 
+    /// The inputs, in order, looked up in `state`, then in `batch`.
+    fn feed<'a>(&self, state: &'a State, batch: &'a State) -> Result<Vec<&'a HostTensor>> {
+        self.inputs
+            .iter()
+            .map(|(name, _)| {
+                state
+                    .get(name)
+                    .or_else(|| batch.get(name))
+                    .ok_or_else(|| Error::new(format!("no value for the step's input '{name}'")))
+            })
+            .collect()
+    }
+
     /// Runs on `state` and `batch` (looked up by input name).
     pub(super) fn run(
         &mut self,
@@ -584,15 +597,7 @@ impl Bound {
         batch: &State,
         ropts: &graphopt_exec::RunOptions,
     ) -> Result<Vec<HostTensor>> {
-        let feed =
-            self.inputs
-                .iter()
-                .map(|(name, _)| {
-                    state.get(name).or_else(|| batch.get(name)).ok_or_else(|| {
-                        Error::new(format!("no value for the step's input '{name}'"))
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
+        let feed = self.feed(state, batch)?;
         let (outs, _) = self
             .exe
             .run_borrowed(&feed, ropts)
@@ -609,15 +614,7 @@ impl Bound {
         ropts: &graphopt_exec::RunOptions,
         after: &mut graphopt_exec::StepObserver,
     ) -> Result<Vec<HostTensor>> {
-        let feed =
-            self.inputs
-                .iter()
-                .map(|(name, _)| {
-                    state.get(name).or_else(|| batch.get(name)).ok_or_else(|| {
-                        Error::new(format!("no value for the step's input '{name}'"))
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
+        let feed = self.feed(state, batch)?;
         let (outs, _) = self
             .exe
             .run_observed(&feed, ropts, after)
