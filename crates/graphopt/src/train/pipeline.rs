@@ -327,7 +327,9 @@ fn backward_graph(
 /// their values with the optimizer's initial state.
 struct StageGraphs {
     backward: Model,
-    update: Model,
+    /// `None` for a stage without trainable parameters (only its inputs'
+    /// gradients flow back through it).
+    update: Option<Model>,
     params: Vec<String>,
     state: State,
 }
@@ -353,6 +355,14 @@ impl StageGraphs {
             default: None,
         };
         let (backward, params, mut state) = backward_graph(stage, info, last, opts, &dims)?;
+        if params.is_empty() {
+            return Ok(StageGraphs {
+                backward,
+                update: None,
+                params,
+                state,
+            });
+        }
         let um = update_model(&params, &state)?;
         let mut us = Session::from_model(um);
         let ur = us.grad(&GradOptions {
@@ -373,7 +383,7 @@ impl StageGraphs {
         }
         Ok(StageGraphs {
             backward,
-            update: us.into_model(),
+            update: Some(us.into_model()),
             params,
             state,
         })
@@ -486,7 +496,10 @@ impl Session {
                 gradient_bytes: layout.padded() as u64 * 4,
                 arena_bytes: forward_bytes
                     + plan(&built.backward, &feed)?
-                    + plan(&built.update, &grads)?,
+                    + match &built.update {
+                        Some(u) => plan(u, &grads)?,
+                        None => 0,
+                    },
                 in_flight_bytes: in_flight,
             });
         }
@@ -691,7 +704,7 @@ impl Session {
                     }
                     params = built.params;
                     backward = Some(Lazy::new(built.backward));
-                    update = Some(Lazy::new(built.update));
+                    update = built.update.map(Lazy::new);
                 }
                 let l = layout.as_ref().expect("built");
                 if acc.is_empty() {
@@ -733,8 +746,10 @@ impl Session {
                 let v: Vec<f32> = acc[*off..off + e].iter().map(|x| x * scale).collect();
                 grads.insert(grad_input(p), HostTensor::from_f32(shape, &v));
             }
-            let u = update.as_mut().expect("built");
-            let outs = u.run(self, &state, &grads, data, &ropts)?;
+            let outs = match update.as_mut() {
+                Some(u) => u.run(self, &state, &grads, data, &ropts)?,
+                None => Vec::new(),
+            };
             for (o, t) in outs {
                 if let Some(name) = o.strip_suffix("_new") {
                     if state.contains_key(name) {
