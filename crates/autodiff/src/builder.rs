@@ -10,8 +10,10 @@ fn is_float(g: &Graph, v: ValueId) -> bool {
     g.ty(v).and_then(|t| t.elem()).is_some_and(|d| d.is_float())
 }
 
-/// Which initializers are trained: see [`GradOptions::trainable`].
-fn trainable(g: &Graph, opts: &GradOptions) -> Vec<ValueId> {
+/// Which initializers are trained: see [`GradOptions::trainable`] (with
+/// default options: every float initializer of more than one element but
+/// BatchNormalization's running statistics).
+pub fn trainable(g: &Graph, opts: &GradOptions) -> Vec<ValueId> {
     // BatchNormalization's running mean and variance are buffers, not
     // parameters (torch does not train them): the default leaves them out.
     let buffers: HashSet<ValueId> = g

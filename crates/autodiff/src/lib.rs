@@ -53,7 +53,7 @@ mod cx;
 mod glob;
 pub mod rules;
 
-pub use builder::{build_training_graph, forward_cone};
+pub use builder::{build_training_graph, forward_cone, trainable};
 pub use glob::glob_match;
 
 use graphopt_ir::Model;

@@ -4,7 +4,6 @@
 
 use crate::util::{human_bytes, json_text, print_out};
 use graphopt::partition::{write_partition, PartitionOptions, Schedule};
-use graphopt::DataSource;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -80,48 +79,21 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             if let Some(o) = &a.optimizer {
                 t.optimizer = graphopt::OptimizerSpec::named(o);
             }
-            t.micro_batches = Some(p.manifest.micro_batches);
-            t.validate()?;
+            let budgets = match &a.budget {
+                None => Vec::new(),
+                Some(list) => list
+                    .split(',')
+                    .map(|x| {
+                        graphopt::util::parse_size(x)
+                            .map_err(|e| graphopt::Error::new(format!("--budget {e}")))
+                    })
+                    .collect::<graphopt::Result<Vec<u64>>>()?,
+            };
             let data = graphopt::MappedData::open(d)?;
-            if data.examples() < b {
-                return Err(graphopt::Error::new(format!(
-                    "--batch {b}: {} has only {} examples",
-                    d.display(),
-                    data.examples()
-                )));
-            }
-            let batch = data.gather(&(0..b).collect::<Vec<_>>())?;
-            Some(session.plan_pipeline(&p, batch, &data, &t)?)
+            Some(session.plan_pipeline(&p, &data, &t, &budgets)?)
         }
         _ => None,
     };
-    if let (Some(b), Some(planned)) = (&a.budget, &planned) {
-        let budgets = b
-            .split(',')
-            .map(|x| {
-                graphopt::util::parse_size(x)
-                    .map_err(|e| graphopt::Error::new(format!("--budget {e}")))
-            })
-            .collect::<graphopt::Result<Vec<u64>>>()?;
-        if budgets.len() != 1 && budgets.len() != planned.len() {
-            return Err(graphopt::Error::new(format!(
-                "--budget {b}: give one size, or one per stage ({})",
-                planned.len()
-            )));
-        }
-        for s in planned {
-            let have = budgets[if budgets.len() == 1 { 0 } else { s.stage }];
-            let need = stage_total(s);
-            if need > have {
-                return Err(graphopt::Error::budget(format!(
-                    "--budget: stage {} of this partition plans {}, more than its {} (the cuts balance FLOPs; try more stages or micro-batches)",
-                    s.stage,
-                    human_bytes(need),
-                    human_bytes(have)
-                )));
-            }
-        }
-    }
     write_partition(&p, &a.output)?;
     let m = &p.manifest;
     if a.json {
@@ -155,7 +127,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         out += &format!(
             "  stage {} plans {}: weights {}, optimizer state {}, gradients {}, arenas {}, inputs in flight {}\n",
             s.stage,
-            human_bytes(stage_total(s)),
+            human_bytes(s.total()),
             human_bytes(s.weights_bytes),
             human_bytes(s.optimizer_state_bytes),
             human_bytes(s.gradient_bytes),
@@ -165,8 +137,4 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     }
     print_out(&out);
     Ok(())
-}
-
-fn stage_total(s: &graphopt::StageRecord) -> u64 {
-    s.weights_bytes + s.optimizer_state_bytes + s.gradient_bytes + s.arena_bytes + s.in_flight_bytes
 }

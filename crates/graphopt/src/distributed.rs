@@ -21,8 +21,8 @@
 //!   - `zero2`: as `zero1`, and each micro-batch's gradients are
 //!     reduce-scattered, so a rank accumulates its slice only (ZeRO
 //!     stage 2).
-//! - [`per_rank_bytes`]: the per-rank memory arithmetic of each scheme
-//!   (what `graphopt plan --distributed` prints).
+//! - [`crate::Session::plan_distributed`]: one rank's bytes under a
+//!   scheme (what `graphopt plan --distributed` prints).
 
 use crate::error::{Error, Result};
 pub use graphopt_exec::collective::{
@@ -135,37 +135,6 @@ pub struct RankBytes {
 impl RankBytes {
     pub fn total(&self) -> u64 {
         self.weights_bytes + self.optimizer_state_bytes + self.gradient_bytes + self.arena_bytes
-    }
-}
-
-/// A rank's bytes under `scheme` for `params` parameter bytes and `state`
-/// optimizer-state bytes (whole), `ranks` ranks and an arena of `arena`
-/// bytes: the ZeRO arithmetic with graphopt's plan in place of the
-/// activations. The slices are padded to equal length, so a rank may
-/// hold up to one element per tensor more than `1/ranks`.
-pub fn per_rank_bytes(
-    scheme: Scheme,
-    params: u64,
-    state: u64,
-    ranks: usize,
-    arena: u64,
-) -> RankBytes {
-    let n = ranks.max(1) as u64;
-    let slice = |b: u64| b.div_ceil(n);
-    RankBytes {
-        rank: 0,
-        weights_bytes: params,
-        optimizer_state_bytes: if scheme.shards_state() {
-            slice(state)
-        } else {
-            state
-        },
-        gradient_bytes: if scheme == Scheme::Zero2 {
-            slice(params)
-        } else {
-            params
-        },
-        arena_bytes: arena,
     }
 }
 
@@ -297,7 +266,10 @@ impl crate::Session {
                 .ok_or_else(|| Error::new("the model has no symbolic input dim to share between the ranks (name one with --batch-dim)"))?,
         };
         let n = ranks as u64;
-        let slice = |elems: u64| elems.div_ceil(n) * 4;
+        // Bytes of one rank's slice of `elems` f32 elements, padded as
+        // `train --distributed` pads it.
+        let slice =
+            |elems: u64| graphopt_exec::collective::shard_len(elems as usize, ranks) as u64 * 4;
         // The state and the gradients as train --distributed lays them: the
         // parameters end to end, cut into `ranks` padded slices.
         let per_rank = |sv: &StepValues, weights: u64, arena: u64| -> (u64, RankBytes) {
@@ -496,26 +468,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn schemes_parse_and_slice_the_state() {
+    fn schemes_parse() {
         assert_eq!(Scheme::parse("ZeRO2").unwrap(), Scheme::Zero2);
         assert_eq!(
             Scheme::parse("zero3").unwrap_err().to_string(),
             "--distributed zero3: expected dp, zero1 or zero2"
         );
-        // AdamW: 4Ψ parameters, 8Ψ state, 4Ψ gradients (fp32 throughout).
-        let (p, s) = (4_000, 8_000);
-        let dp = per_rank_bytes(Scheme::Dp, p, s, 4, 0);
-        assert_eq!(dp.total(), 16_000);
-        let z1 = per_rank_bytes(Scheme::Zero1, p, s, 4, 0);
-        assert_eq!(
-            (z1.optimizer_state_bytes, z1.gradient_bytes),
-            (2_000, 4_000)
-        );
-        let z2 = per_rank_bytes(Scheme::Zero2, p, s, 4, 0);
-        assert_eq!(
-            (z2.optimizer_state_bytes, z2.gradient_bytes),
-            (2_000, 1_000)
-        );
+        assert!(!Scheme::Dp.shards_state() && Scheme::Zero1.shards_state());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //!   into K contiguous ranges whose largest forward FLOPs (at the given
 //!   dims, 1 where unbound) is as small as the order allows: a binary
 //!   search on that largest cost, each candidate checked greedily. A cut
-//!   never separates the readers of one float initializer (tied weights),
+//!   never separates the readers of one parameter (tied weights),
 //!   so every parameter lives in one stage.
 //! - **What a stage is.** Its nodes and initializers; its inputs are the
 //!   values earlier stages make that it or a later stage reads (received
@@ -102,8 +102,8 @@ pub struct StageInfo {
     pub nodes: usize,
     /// Forward FLOPs at the partition's dims.
     pub flops: u64,
-    /// Float initializers of more than one element (the trainable ones by
-    /// default) and their bytes.
+    /// The initializers `grad` trains by default
+    /// (`graphopt_autodiff::trainable`), and their bytes.
     pub params: Vec<String>,
     pub param_bytes: u64,
     /// What it receives from the previous stage, in message order.
@@ -186,14 +186,11 @@ impl Session {
             .map(|x| graphopt_passes::remat::cost::node_flops(&bound.graph, x))
             .collect();
         // Cut points: before node p (1..n). Not inside the span of a
-        // float initializer's readers.
+        // parameter's readers (the initializers `grad` trains by default).
         let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &x)| (x, i)).collect();
         let mut allowed = vec![true; n + 1];
-        for &v in g.initializers() {
-            let t = g.initializer(v).expect("an initializer");
-            if !(t.dtype.is_float() && t.numel().is_ok_and(|e| e > 1)) {
-                continue;
-            }
+        let default = graphopt_autodiff::GradOptions::default();
+        for v in graphopt_autodiff::trainable(g, &default) {
             let readers: Vec<usize> = g
                 .uses(v)
                 .iter()
@@ -232,7 +229,6 @@ impl Session {
         };
         let mut made: HashMap<ValueId, usize> = HashMap::new();
         let mut last_read: HashMap<ValueId, usize> = HashMap::new();
-        let mut first_read: HashMap<ValueId, usize> = HashMap::new();
         for &x in &order {
             let s = stage_of[&x];
             for o in g.node(x).outputs().iter().flatten() {
@@ -241,8 +237,6 @@ impl Session {
             for v in reads(x) {
                 let e = last_read.entry(v).or_insert(s);
                 *e = (*e).max(s);
-                let f = first_read.entry(v).or_insert(s);
-                *f = (*f).min(s);
             }
         }
         let outputs: Vec<ValueId> = g.outputs.clone();
@@ -294,19 +288,18 @@ impl Session {
             );
             sg.inputs = ins;
             sg.outputs = sends.clone();
-            let mut params = Vec::new();
-            let mut param_bytes = 0;
             for v in sg.initializers().to_vec() {
                 if sg.uses(v).is_empty() && !sg.outputs.contains(&v) {
                     sg.take_initializer(v);
-                    continue;
-                }
-                let t = sg.initializer(v).expect("an initializer");
-                if t.dtype.is_float() && t.numel().is_ok_and(|e| e > 1) {
-                    params.push(sg.name(v).to_string());
-                    param_bytes += t.nbytes();
                 }
             }
+            let trained = graphopt_autodiff::trainable(sg, &default);
+            let params: Vec<String> = trained.iter().map(|&v| sg.name(v).to_string()).collect();
+            let param_bytes = trained
+                .iter()
+                .filter_map(|&v| sg.initializer(v))
+                .map(|t| t.nbytes())
+                .sum();
             let name = |v: &ValueId| g.name(*v).to_string();
             stages.push(StageInfo {
                 index: s,

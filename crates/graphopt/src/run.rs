@@ -288,6 +288,15 @@ pub fn to_tract(t: &HostTensor) -> Result<TractTensor> {
     Ok(out)
 }
 
+/// The CPU runtime's options for `threads` threads (default: the
+/// runtime's default count), without poisoning.
+pub(crate) fn cpu_run_options(threads: Option<usize>) -> graphopt_exec::RunOptions {
+    graphopt_exec::RunOptions {
+        threads: threads.unwrap_or_else(graphopt_exec::cpu::par::default_threads),
+        poison: false,
+    }
+}
+
 /// Peak resident set size of this process (Linux), in bytes.
 pub fn peak_rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -417,13 +426,8 @@ impl Runner<'_> {
                 (&mut c.1, c.2.clone())
             }
         };
-        let threads = opts
-            .threads
-            .unwrap_or_else(graphopt_exec::cpu::par::default_threads);
-        let ropts = graphopt_exec::RunOptions {
-            threads,
-            poison: false,
-        };
+        let ropts = cpu_run_options(opts.threads);
+        let threads = ropts.threads;
         let mut times: Vec<Duration> = Vec::new();
         let mut outputs = Vec::new();
         let mut dynamic_bytes = 0;

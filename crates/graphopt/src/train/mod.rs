@@ -205,6 +205,31 @@ impl TrainOptions {
         }
     }
 
+    /// Steps per epoch over `n` examples (the last partial batch left
+    /// out), and steps in all.
+    pub fn steps(&self, n: usize) -> (usize, usize) {
+        let per_epoch = n / self.batch.max(1);
+        let total = match self.length {
+            TrainLength::Epochs(e) => e * per_epoch,
+            TrainLength::Steps(s) => s,
+        };
+        (per_epoch, total)
+    }
+
+    /// The examples at positions `within` (of `0..batch`) of step `step`'s
+    /// batch: the epoch's permutation of `n` examples (drawn from `seed`
+    /// and the epoch), or file order without `shuffle`.
+    pub fn batch_order(&self, n: usize, step: usize, within: std::ops::Range<usize>) -> Vec<usize> {
+        let per_epoch = (n / self.batch.max(1)).max(1);
+        let at = (step % per_epoch) * self.batch;
+        let range = at + within.start..at + within.end;
+        if self.shuffle {
+            epoch_permutation(n, self.seed, step / per_epoch)[range].to_vec()
+        } else {
+            range.collect()
+        }
+    }
+
     /// Refuses a zero batch, length or checkpoint interval, zero threads,
     /// an optimizer other than sgd or adamw, and an empty target name.
     pub fn validate(&self) -> Result<()> {
@@ -362,7 +387,6 @@ impl Session {
         // The options of one rank: its share of the batch.
         let lopts = TrainOptions {
             batch: local,
-            micro_batches: opts.micro_batches,
             ..opts.clone()
         };
         let lopts = &lopts;
@@ -403,11 +427,7 @@ impl Session {
             .sum();
 
         // 2. Where to start, and the schedule.
-        let per_epoch = n / opts.batch;
-        let total = match opts.length {
-            TrainLength::Epochs(e) => e * per_epoch,
-            TrainLength::Steps(s) => s,
-        };
+        let (per_epoch, total) = opts.steps(n);
         let mut start = 0usize;
         let mut resumed_from = None;
         if let Some(r) = &opts.resume {
@@ -427,26 +447,16 @@ impl Session {
         if let Some(dir) = &opts.checkpoint {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create", e))?;
         }
+        // This rank's share: the rank-th slice of each batch's order.
         let schedule = |step: usize| -> (usize, Vec<usize>) {
-            let epoch = step / per_epoch;
-            let at = (step % per_epoch) * opts.batch;
-            // This rank's share: the rank-th slice of the batch's order.
-            let at = at + rank * local;
-            let order: Vec<usize> = if opts.shuffle {
-                epoch_permutation(n, opts.seed, epoch)[at..at + local].to_vec()
-            } else {
-                (at..at + local).collect()
-            };
-            (epoch + 1, order)
+            (
+                step / per_epoch + 1,
+                opts.batch_order(n, step, rank * local..(rank + 1) * local),
+            )
         };
 
-        let threads = opts
-            .threads
-            .unwrap_or_else(graphopt_exec::cpu::par::default_threads);
-        let ropts = graphopt_exec::RunOptions {
-            threads,
-            poison: false,
-        };
+        let ropts = crate::run::cpu_run_options(opts.threads);
+        let threads = ropts.threads;
         let mut log = Vec::new();
         let mut evals = Vec::new();
         let mut checkpoints = Vec::new();

@@ -17,19 +17,19 @@
 //!    averaged for a mean loss), with the optimizer's update graph.
 //!
 //! The gradients equal one process's with `--micro-batches M` (the same
-//! micro-batches), within float rounding. Messages are the tensors with
-//! their names, types and shapes, behind their length. At the end every
-//! rank sends its trained parameters to rank 0, which writes the model.
+//! micro-batches), within float rounding. A message is one tensor list
+//! with names, types and shapes ([`encode`]). At the end every rank sends
+//! its trained parameters to rank 0, which writes the model.
 //!
 //! Not yet: checkpoints, eval and budgets with a pipeline.
 
 use super::data::{slice_rows, to_feed, DataSource};
 use super::dist::Layout;
-use super::step::{grad_input, scalar_of, update_model, Bound};
-use super::{epoch_permutation, State, StepRecord, TrainLength, TrainOptions, TrainReport};
+use super::step::{grad_input, scalar_of, update_graph, Bound};
+use super::{State, StepRecord, TrainOptions, TrainReport};
 use crate::distributed::{Collective, Scheme};
 use crate::error::{Error, Result};
-use crate::grad::{GradOptions, Loss};
+use crate::grad::Loss;
 use crate::partition::{read_manifest, Manifest, Schedule, StageInfo};
 use crate::session::Session;
 use graphopt_autodiff::{GradOptions as AutodiffOptions, Optimizer};
@@ -55,6 +55,17 @@ pub struct StageRecord {
     pub in_flight_bytes: u64,
 }
 
+impl StageRecord {
+    /// Everything the stage holds.
+    pub fn total(&self) -> u64 {
+        self.weights_bytes
+            + self.optimizer_state_bytes
+            + self.gradient_bytes
+            + self.arena_bytes
+            + self.in_flight_bytes
+    }
+}
+
 /// A pipelined run.
 #[derive(Clone, Debug, Serialize)]
 pub struct PipelineRecord {
@@ -66,6 +77,10 @@ pub struct PipelineRecord {
     pub comm_s: f64,
     pub per_stage: Vec<StageRecord>,
 }
+
+/// The name under which a rank's [`StageRecord`] (JSON) travels to rank 0
+/// with its trained parameters.
+const STAGE_RECORD: &str = "__stage";
 
 /// The seed input of a sent tensor's gradient.
 fn seed_input(name: &str) -> String {
@@ -94,20 +109,22 @@ fn decode(b: &[u8]) -> Result<Vec<(String, HostTensor)>> {
     let bad = || Error::runtime("a pipeline message is malformed");
     let mut at = 0usize;
     let mut take = |n: usize| -> Result<&[u8]> {
-        let s = b.get(at..at + n).ok_or_else(bad)?;
-        at += n;
+        let end = at.checked_add(n).ok_or_else(bad)?;
+        let s = b.get(at..end).ok_or_else(bad)?;
+        at = end;
         Ok(s)
     };
     let u32_ = |s: &[u8]| u32::from_le_bytes(s.try_into().expect("4 bytes")) as usize;
     let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes")) as usize;
     let count = u32_(take(4)?);
-    let mut out = Vec::with_capacity(count);
+    // Each tensor takes at least 20 bytes: no count claims more.
+    let mut out = Vec::with_capacity(count.min(b.len() / 20));
     for _ in 0..count {
         let len = u32_(take(4)?);
         let name = String::from_utf8(take(len)?.to_vec()).map_err(|_| bad())?;
         let dtype = DType::from_onnx(i32::from_le_bytes(take(4)?.try_into().expect("4 bytes")));
         let rank = u32_(take(4)?);
-        let mut shape = Vec::with_capacity(rank);
+        let mut shape = Vec::with_capacity(rank.min(b.len() / 8));
         for _ in 0..rank {
             shape.push(u64_(take(8)?));
         }
@@ -252,14 +269,14 @@ impl Lazy {
 /// The stage's backward graph: `graphopt grad` of the stage with `Σ
 /// ReduceSum(sent · seed)` as its loss (the last stage: the training
 /// loss), the gradients of its float inputs as outputs. Returns it, the
-/// trainable parameters and their values.
+/// trainable parameters, their values and `grad`'s warnings.
 fn backward_graph(
     stage: &Model,
     info: &StageInfo,
     last: bool,
     opts: &TrainOptions,
     dims: &DimValues,
-) -> Result<(Model, Vec<String>, State)> {
+) -> Result<(Model, Vec<String>, State, Vec<String>)> {
     let mut m = stage.clone();
     let output = if last {
         opts.output.clone()
@@ -294,9 +311,9 @@ fn backward_graph(
         g.outputs = vec![vjp];
         Some("vjp".to_string())
     };
-    let mut s = Session::from_model(m);
-    let r = s.grad(&GradOptions {
-        autodiff: AutodiffOptions {
+    super::step::grad_graph(
+        &m,
+        AutodiffOptions {
             output,
             loss: if last { opts.loss } else { Loss::Sum },
             class_axis: opts.class_axis,
@@ -313,14 +330,8 @@ fn backward_graph(
             input_grads: info.index > 0,
             dropout_train: opts.dropout_train && super::step::has_dropout(&stage.graph),
         },
-        dims: dims.clone(),
-        ..GradOptions::default()
-    })?;
-    let mut state = State::new();
-    for (name, t) in &r.initial_state {
-        state.insert(name.clone(), super::step::host_of(t, name)?);
-    }
-    Ok((s.into_model(), r.params, state))
+        dims,
+    )
 }
 
 /// A stage's backward and update graphs, its trainable parameters, and
@@ -332,6 +343,7 @@ struct StageGraphs {
     update: Option<Model>,
     params: Vec<String>,
     state: State,
+    warnings: Vec<String>,
 }
 
 impl StageGraphs {
@@ -354,38 +366,27 @@ impl StageGraphs {
                 .collect(),
             default: None,
         };
-        let (backward, params, mut state) = backward_graph(stage, info, last, opts, &dims)?;
-        if params.is_empty() {
-            return Ok(StageGraphs {
-                backward,
-                update: None,
-                params,
-                state,
-            });
-        }
-        let um = update_model(&params, &state)?;
-        let mut us = Session::from_model(um);
-        let ur = us.grad(&GradOptions {
-            autodiff: AutodiffOptions {
-                output: None,
-                loss: Loss::Sum,
-                trainable: params.clone(),
+        let (backward, params, mut state, mut warnings) =
+            backward_graph(stage, info, last, opts, &dims)?;
+        // A stage without parameters only passes gradients back.
+        let update = if params.is_empty() {
+            None
+        } else {
+            let base = AutodiffOptions {
                 optimizer,
-                params_as_inputs: true,
                 ..AutodiffOptions::default()
-            },
-            ..GradOptions::default()
-        })?;
-        for (name, t) in &ur.initial_state {
-            if !params.contains(name) {
-                state.insert(name.clone(), super::step::host_of(t, name)?);
-            }
-        }
+            };
+            let (m, optimizer_state, w) = update_graph(&params, &state, &base)?;
+            state.extend(optimizer_state);
+            warnings.extend(w);
+            Some(m)
+        };
         Ok(StageGraphs {
             backward,
-            update: Some(us.into_model()),
+            update,
             params,
             state,
+            warnings,
         })
     }
 }
@@ -401,35 +402,49 @@ fn zeros_like(t: &HostTensor) -> HostTensor {
 
 impl Session {
     /// Each stage's bytes when the pipeline `p` (cut from this session's
-    /// model by [`Session::partition`]) trains on `batch` (one global
-    /// batch, as the data gives it) with `opts`: the graphs the ranks of
-    /// `train --pipeline` build, planned on this process. The forward runs
-    /// once, micro-batch 0 through the stages in turn, to give each stage
-    /// its inputs' shapes and shape values.
+    /// model by [`Session::partition`]) trains on batches of `opts.batch`
+    /// examples of `data` with `opts` (micro-batches: the manifest's
+    /// unless given): the graphs the ranks of `train --pipeline` build,
+    /// planned on this process. The forward runs once, the first
+    /// micro-batch through the stages in turn, to give each stage its
+    /// inputs' shapes and shape values.
+    ///
+    /// `budgets` (one for every stage, or one per stage; none: no check)
+    /// are each stage's device bytes: a stage planning more is a
+    /// [`crate::ErrorKind::Budget`] error naming it.
     pub fn plan_pipeline(
         &self,
         p: &crate::partition::Partition,
-        batch: Vec<(String, HostTensor)>,
         data: &dyn DataSource,
         opts: &TrainOptions,
+        budgets: &[u64],
     ) -> Result<Vec<StageRecord>> {
+        opts.validate()?;
         let m = &p.manifest;
+        if budgets.len() > 1 && budgets.len() != m.stages.len() {
+            return Err(Error::new(format!(
+                "--budget: {} sizes for {} stages: give one size, or one per stage",
+                budgets.len(),
+                m.stages.len()
+            )));
+        }
+        let b = opts.batch;
+        if data.examples() < b {
+            return Err(Error::new(format!(
+                "--batch {b}: {} has only {} examples",
+                data.label(),
+                data.examples()
+            )));
+        }
+        let batch = data.gather(&(0..b).collect::<Vec<_>>())?;
         let micro = opts.micro_batches.unwrap_or(m.micro_batches);
-        let b = batch
-            .first()
-            .map_or(0, |(_, t)| t.shape.first().copied().unwrap_or(0));
-        if micro == 0 || b == 0 || !b.is_multiple_of(micro) {
+        if micro == 0 || !b.is_multiple_of(micro) {
             return Err(Error::new(format!(
                 "--batch {b}: does not split into the pipeline's {micro} micro-batches"
             )));
         }
         let optimizer = opts.optimizer.build()?;
-        let ropts = graphopt_exec::RunOptions {
-            threads: opts
-                .threads
-                .unwrap_or_else(graphopt_exec::cpu::par::default_threads),
-            poison: false,
-        };
+        let ropts = crate::run::cpu_run_options(opts.threads);
         let all = slice_rows(&to_feed(batch, &self.model, opts), 0, b / micro);
         let mut received = State::new();
         let mut out = Vec::new();
@@ -502,6 +517,21 @@ impl Session {
                     },
                 in_flight_bytes: in_flight,
             });
+        }
+        for s in &out {
+            let have = match budgets {
+                [] => continue,
+                [one] => *one,
+                each => each[s.stage],
+            };
+            if s.total() > have {
+                return Err(Error::budget(format!(
+                    "--budget: stage {} of this partition plans {}, more than its {} (the cuts balance FLOPs; try more stages or micro-batches)",
+                    s.stage,
+                    graphopt_plan::human_bytes(s.total()),
+                    graphopt_plan::human_bytes(have)
+                )));
+            }
         }
         Ok(out)
     }
@@ -577,18 +607,9 @@ impl Session {
         let lr = super::learning_rate(optimizer);
         let rows = opts.batch / micro;
         let mean = opts.loss != Loss::Sum;
-        let threads = opts
-            .threads
-            .unwrap_or_else(graphopt_exec::cpu::par::default_threads);
-        let ropts = graphopt_exec::RunOptions {
-            threads,
-            poison: false,
-        };
-        let per_epoch = n / opts.batch;
-        let total = match opts.length {
-            TrainLength::Epochs(e) => e * per_epoch,
-            TrainLength::Steps(s) => s,
-        };
+        let ropts = crate::run::cpu_run_options(opts.threads);
+        let threads = ropts.threads;
+        let (per_epoch, total) = opts.steps(n);
         // The graphs: forward (the stage as written), backward and update
         // (built on the first micro-batch, at its shapes).
         let mut forward: Option<Lazy> = None;
@@ -602,22 +623,14 @@ impl Session {
         let mut layout: Option<Layout> = None;
         let mut state = State::new();
         let mut log = Vec::new();
+        let mut warnings: Vec<String> = Vec::new();
         let schedule = manifest.schedule;
         let mut link = Link::default();
         let mut in_flight_peak = 0u64;
         let wants =
             |name: &str| info.data_inputs.iter().any(|d| d == name) || (last && name == "target");
-        let order_of = |step: usize| -> Vec<usize> {
-            let epoch = step / per_epoch;
-            let at = (step % per_epoch) * opts.batch;
-            if opts.shuffle {
-                epoch_permutation(n, opts.seed, epoch)[at..at + opts.batch].to_vec()
-            } else {
-                (at..at + opts.batch).collect()
-            }
-        };
         for step in 0..total {
-            let raw = data.gather(&order_of(step))?;
+            let raw = data.gather(&opts.batch_order(n, step, 0..opts.batch))?;
             let batch: State = to_feed(raw, &self.model, opts)
                 .into_iter()
                 .filter(|(name, _)| wants(name))
@@ -696,6 +709,7 @@ impl Session {
                     let stage = &folded.as_ref().expect("folded").0;
                     let built = StageGraphs::build(stage, info, last, opts, optimizer, &feed)?;
                     state.extend(built.state);
+                    warnings.extend(built.warnings);
                     layout = Some(Layout::new(Scheme::Dp, 0, 1, &built.params, &state)?);
                     // From the next forward on, the forward reads the
                     // trained values.
@@ -825,22 +839,19 @@ impl Session {
                     .and_then(|m| decode(&m))?;
                 let rec = got
                     .iter()
-                    .find(|(n, _)| n == "__stage")
-                    .map(|(_, t)| t.data.clone())
-                    .unwrap_or_default();
-                per_stage.push(
-                    serde_json::from_slice(&rec).unwrap_or_else(|_| StageRecord {
-                        stage: from,
-                        ..StageRecord::default()
-                    }),
-                );
-                all.extend(got.into_iter().filter(|(n, _)| n != "__stage"));
+                    .find(|(n, _)| n == STAGE_RECORD)
+                    .and_then(|(_, t)| serde_json::from_slice(&t.data).ok())
+                    .ok_or_else(|| {
+                        Error::runtime(format!("rank {from} sent no record of its stage"))
+                    })?;
+                per_stage.push(rec);
+                all.extend(got.into_iter().filter(|(n, _)| n != STAGE_RECORD));
             }
         } else {
             let mut msg = trained;
             let rec = serde_json::to_vec(&mine).map_err(|e| Error::new(e.to_string()))?;
             msg.push((
-                "__stage".into(),
+                STAGE_RECORD.into(),
                 HostTensor {
                     dtype: DType::U8,
                     shape: vec![rec.len()],
@@ -911,7 +922,7 @@ impl Session {
             checkpoints: Vec::new(),
             resumed_from: None,
             threads,
-            warnings: Vec::new(),
+            warnings,
         })
     }
 }
@@ -988,5 +999,10 @@ mod tests {
             decode(&b[..b.len() - 1]).unwrap_err().to_string(),
             "a pipeline message is malformed"
         );
+        // A length near the address space's end is refused, not wrapped.
+        let mut huge = encode(&t[..1]);
+        let at = huge.len() - 8 - 8;
+        huge[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode(&huge).is_err());
     }
 }

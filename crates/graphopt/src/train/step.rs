@@ -80,39 +80,24 @@ impl StepGraphs {
         }
     }
 
-    /// `Session::grad` of `model` with these options; the gradients are
-    /// outputs only without an optimizer.
+    /// [`grad_graph`], keeping its warnings.
     pub(super) fn build(
         &mut self,
         model: &Model,
         opts: AutodiffOptions,
         dims: &DimValues,
     ) -> Result<(Model, Vec<String>, State)> {
-        let mut s = Session::from_model(model.clone());
-        let r = s.grad(&GradOptions {
-            autodiff: opts,
-            dims: dims.clone(),
-            ..GradOptions::default()
-        })?;
-        for w in &r.warnings {
-            if !self.warnings.contains(w) {
-                self.warnings.push(w.clone());
+        let (m, params, state, warnings) = grad_graph(model, opts, dims)?;
+        self.warn(warnings);
+        Ok((m, params, state))
+    }
+
+    fn warn(&mut self, warnings: Vec<String>) {
+        for w in warnings {
+            if !self.warnings.contains(&w) {
+                self.warnings.push(w);
             }
         }
-        let mut state = State::new();
-        for (name, t) in &r.initial_state {
-            state.insert(name.clone(), host_of(t, name)?);
-            // The copy is the step's: the model file's pages under the
-            // value, read once to make it, go back (see
-            // `graphopt_onnx::release_resident`; a value not from a file
-            // is left alone).
-            if let Some(b) = t.raw() {
-                graphopt_onnx::release_resident(b);
-            }
-        }
-        // With an optimizer, `grad` leaves the gradients out of the outputs.
-        let m = s.into_model();
-        Ok((m, r.params, state))
     }
 
     /// The step for `micro` micro-batches, planned for `first`'s shapes.
@@ -174,32 +159,18 @@ impl StepGraphs {
         if self.update.is_none() {
             // Under zero1/zero2 the update steps this rank's slice of the
             // flat parameters, as one parameter.
-            let (um, trainable) = if layout.sharded() {
+            let built = if layout.sharded() {
                 let mut slice = State::new();
                 slice.insert(
                     SHARD.to_string(),
                     HostTensor::from_f32(&[layout.shard], &vec![0.0; layout.shard]),
                 );
-                (
-                    update_model(&[SHARD.to_string()], &slice)?,
-                    vec![SHARD.to_string()],
-                )
+                update_graph(&[SHARD.to_string()], &slice, &self.opts)?
             } else {
-                (update_model(&params, gstate)?, params.clone())
+                update_graph(&params, gstate, &self.opts)?
             };
-            let opts = AutodiffOptions {
-                output: None,
-                loss: Loss::Sum,
-                trainable: trainable.clone(),
-                frozen: Vec::new(),
-                dropout_train: false,
-                ..self.opts.clone()
-            };
-            let (m, _, mut state) = self.build(&um, opts, &DimValues::default())?;
-            // The parameters' values are the gradient graph's: keep the
-            // optimizer state only.
-            state.retain(|k, _| !trainable.contains(k));
-            self.update = Some((m, state));
+            self.warn(built.2);
+            self.update = Some((built.0, built.1));
         }
         let (gm, _, gstate) = self.grads.as_ref().expect("built");
         let (um, ustate) = self.update.as_ref().expect("built");
@@ -368,6 +339,59 @@ fn recomputed(
 /// Bytes of `state`.
 pub(super) fn state_bytes(state: &State) -> u64 {
     state.values().map(|t| t.data.len() as u64).sum()
+}
+
+/// `Session::grad` of `model` with `opts` at `dims`: the graph (the
+/// gradients are outputs only without an optimizer), its trainable
+/// parameters, their values with the optimizer's initial state, and
+/// `grad`'s warnings. Each value is copied out of the model once, and the
+/// model file's pages under it, read to make the copy, go back (see
+/// `graphopt_onnx::release_resident`; a value not from a file is left
+/// alone).
+pub(super) fn grad_graph(
+    model: &Model,
+    opts: AutodiffOptions,
+    dims: &DimValues,
+) -> Result<(Model, Vec<String>, State, Vec<String>)> {
+    let mut s = Session::from_model(model.clone());
+    let r = s.grad(&GradOptions {
+        autodiff: opts,
+        dims: dims.clone(),
+        ..GradOptions::default()
+    })?;
+    let mut state = State::new();
+    for (name, t) in &r.initial_state {
+        state.insert(name.clone(), host_of(t, name)?);
+        if let Some(b) = t.raw() {
+            graphopt_onnx::release_resident(b);
+        }
+    }
+    Ok((s.into_model(), r.params, state, r.warnings))
+}
+
+/// The optimizer of `base` stepping `params` (their values in `values`)
+/// as a graph of its own ([`update_model`] through [`grad_graph`]): the
+/// graph, the optimizer's initial state (the parameters' values left out:
+/// they are the gradient graph's) and `grad`'s warnings.
+pub(super) fn update_graph(
+    params: &[String],
+    values: &State,
+    base: &AutodiffOptions,
+) -> Result<(Model, State, Vec<String>)> {
+    let um = update_model(params, values)?;
+    let opts = AutodiffOptions {
+        output: None,
+        loss: Loss::Sum,
+        trainable: params.to_vec(),
+        frozen: Vec::new(),
+        dropout_train: false,
+        input_grads: false,
+        params_as_inputs: true,
+        ..base.clone()
+    };
+    let (m, _, mut state, warnings) = grad_graph(&um, opts, &DimValues::default())?;
+    state.retain(|k, _| !params.contains(k));
+    Ok((m, state, warnings))
 }
 
 /// The optimizer's update alone, as a model the gradient builder turns into
