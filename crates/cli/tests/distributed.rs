@@ -37,6 +37,16 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
+/// The plain command (no MPI) with `args`: (exit code, stdout, stderr).
+fn plain<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> (i32, String, String) {
+    text(
+        &Command::new(env!("CARGO_BIN_EXE_graphopt"))
+            .args(args)
+            .output()
+            .unwrap(),
+    )
+}
+
 fn text(o: &Output) -> (i32, String, String) {
     (
         o.status.code().unwrap_or(-1),
@@ -209,14 +219,7 @@ fn single(dir: &Path, name: &str, micro: usize, extra: &[&str]) -> Value {
     let m = micro.to_string();
     let mut e = vec!["--micro-batches", &m];
     e.extend(extra);
-    let args = train_args(dir, name, &e);
-    let o = Command::new(env!("CARGO_BIN_EXE_graphopt"))
-        .args(&args)
-        .output()
-        .unwrap();
-    let (c, out, err) = text(&o);
-    assert_eq!(c, 0, "{args:?}: {err}");
-    serde_json::from_str(&out).unwrap()
+    json_of(&train_args(dir, name, &e))
 }
 
 #[test]
@@ -365,12 +368,7 @@ fn bad_launches_fail_in_one_line_on_every_rank() {
     let dir = tmp("bad");
     // The plain command has no MPI.
     let args = train_args(&dir, "x", &["--distributed", "dp"]);
-    let (c, _, err) = text(
-        &Command::new(env!("CARGO_BIN_EXE_graphopt"))
-            .args(&args)
-            .output()
-            .unwrap(),
-    );
+    let (c, _, err) = plain(&args);
     assert_eq!(c, 1);
     assert_eq!(
         err.trim(),
@@ -446,12 +444,8 @@ fn bad_launches_fail_in_one_line_on_every_rank() {
 }
 
 /// `graphopt ARGS` (the plain command) as JSON; panics on failure.
-fn json_of(args: &[&str]) -> Value {
-    let o = Command::new(env!("CARGO_BIN_EXE_graphopt"))
-        .args(args)
-        .output()
-        .unwrap();
-    let (c, out, err) = text(&o);
+fn json_of<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> Value {
+    let (c, out, err) = plain(args);
     assert_eq!(c, 0, "{args:?}: {err}");
     serde_json::from_str(&out).unwrap()
 }
@@ -462,21 +456,16 @@ fn plan_gives_each_rank_its_slices_and_the_largest_batch_per_device() {
     let step = dir.join("cnn_train.onnx");
     let step_s = step.display().to_string();
     let model = td("train/digits_cnn.onnx").display().to_string();
-    let (c, _, err) = text(
-        &Command::new(env!("CARGO_BIN_EXE_graphopt"))
-            .args([
-                "grad",
-                &model,
-                "--optimizer",
-                "adamw",
-                "--loss",
-                "cross_entropy",
-                "-o",
-                &step_s,
-            ])
-            .output()
-            .unwrap(),
-    );
+    let (c, _, err) = plain([
+        "grad",
+        &model,
+        "--optimizer",
+        "adamw",
+        "--loss",
+        "cross_entropy",
+        "-o",
+        &step_s,
+    ]);
     assert_eq!(c, 0, "{err}");
     // One process's plan at the rank's share of the batch.
     let one = json_of(&["plan", &step_s, "--dim", "batch=16", "--json"]);
@@ -585,29 +574,19 @@ fn plan_gives_each_rank_its_slices_and_the_largest_batch_per_device() {
     ] {
         let mut a = vec!["plan", step_s.as_str()];
         a.extend(args);
-        let (c, _, err) = text(
-            &Command::new(env!("CARGO_BIN_EXE_graphopt"))
-                .args(&a)
-                .output()
-                .unwrap(),
-        );
+        let (c, _, err) = plain(&a);
         assert_eq!((c, err.trim()), (1, want));
     }
-    let (c, _, err) = text(
-        &Command::new(env!("CARGO_BIN_EXE_graphopt"))
-            .args([
-                "plan",
-                &model,
-                "--distributed",
-                "dp",
-                "--ranks",
-                "2",
-                "--dim",
-                "batch=32",
-            ])
-            .output()
-            .unwrap(),
-    );
+    let (c, _, err) = plain([
+        "plan",
+        &model,
+        "--distributed",
+        "dp",
+        "--ranks",
+        "2",
+        "--dim",
+        "batch=32",
+    ]);
     assert_eq!(c, 1);
     assert!(
         err.contains("not a training step with an optimizer"),
@@ -771,11 +750,7 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
             let one = format!("{name}{stages}.{schedule}.single");
             let mut a = base(&one);
             a.extend(strings(&["--micro-batches", &mb]));
-            let o = Command::new(env!("CARGO_BIN_EXE_graphopt"))
-                .args(&a)
-                .output()
-                .unwrap();
-            let (c, _, err) = text(&o);
+            let (c, _, err) = plain(&a);
             assert_eq!(c, 0, "{a:?}: {err}");
             let piped = format!("{name}{stages}.{schedule}.pipe");
             let mut a = base(&piped);
@@ -841,12 +816,7 @@ fn bad_pipelines_fail_in_one_line() {
     let cut = dir.join("cut");
     let cut_s = cut.display().to_string();
     let run = |args: &[&str]| -> (i32, String) {
-        let (c, _, err) = text(
-            &Command::new(env!("CARGO_BIN_EXE_graphopt"))
-                .args(args)
-                .output()
-                .unwrap(),
-        );
+        let (c, _, err) = plain(args);
         (c, err.trim().to_string())
     };
     let (c, e) = run(&["partition", &model, "--stages", "50", "-o", &cut_s]);
