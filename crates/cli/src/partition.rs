@@ -43,7 +43,9 @@ pub struct Args {
     #[arg(long, requires = "data")]
     optimizer: Option<String>,
     /// Bytes each stage's device has (one for all, or one per stage,
-    /// comma-separated): a stage that plans more is an error.
+    /// comma-separated): the cuts are chosen so that every stage's plan
+    /// fits (the least slowest stage among those that do); none fitting
+    /// is an error.
     #[arg(long, value_name = "BYTES[,BYTES...]", requires = "data")]
     budget: Option<String>,
     /// The folder of stage files and manifest.json (created).
@@ -64,9 +66,8 @@ pub fn run(a: Args) -> graphopt::Result<()> {
     }
     opts.dims = graphopt::util::parse_dims(&a.dims)?;
     let session = graphopt::load(&a.input)?;
-    let p = session.partition(&opts)?;
     // The plan and the budgets are checked before anything is written.
-    let planned = match (&a.data, a.batch) {
+    let (p, planned) = match (&a.data, a.batch) {
         (Some(d), Some(b)) => {
             let mut t = graphopt::TrainOptions::new(b);
             if let Some(x) = &a.target {
@@ -90,9 +91,10 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                     .collect::<graphopt::Result<Vec<u64>>>()?,
             };
             let data = graphopt::MappedData::open(d)?;
-            Some(session.plan_pipeline(&p, &data, &t, &budgets)?)
+            let (p, planned) = session.partition_within(&opts, &data, &t, &budgets)?;
+            (p, Some(planned))
         }
-        _ => None,
+        _ => (session.partition(&opts)?, None),
     };
     write_partition(&p, &a.output)?;
     let m = &p.manifest;

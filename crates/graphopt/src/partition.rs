@@ -7,7 +7,9 @@
 //!   dims, 1 where unbound) is as small as the order allows: a binary
 //!   search on that largest cost, each candidate checked greedily. A cut
 //!   never separates the readers of one parameter (tied weights),
-//!   so every parameter lives in one stage.
+//!   so every parameter lives in one stage. Under per-device budgets,
+//!   [`Session::partition_within`] (`train/cuts.rs`) picks the least
+//!   slowest stage among the cuts whose every stage fits its device.
 //! - **What a stage is.** Its nodes and initializers; its inputs are the
 //!   values earlier stages make that it or a later stage reads (received
 //!   from the previous stage, in the manifest's order), and the model's
@@ -30,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::session::Session;
 use graphopt_ir::infer::{infer_model, InferOptions};
 use graphopt_ir::{Model, NodeId, ValueId};
+use graphopt_plan::DimValues;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -66,6 +69,15 @@ impl Schedule {
         match self {
             Schedule::Gpipe => "gpipe",
             Schedule::OneFOneB => "1f1b",
+        }
+    }
+
+    /// How many micro-batches' inputs stage `stage` of `stages` keeps at
+    /// once: GPipe all `micro`, 1F1B at most `stages - stage`.
+    pub fn held(self, micro: usize, stages: usize, stage: usize) -> usize {
+        match self {
+            Schedule::Gpipe => micro,
+            Schedule::OneFOneB => micro.min(stages - stage),
         }
     }
 }
@@ -149,6 +161,46 @@ impl Session {
     /// that would separate a parameter's readers) is an error naming the
     /// most it allows.
     pub fn partition(&self, opts: &PartitionOptions) -> Result<Partition> {
+        let c = Cutter::new(self, opts, &DimValues::new(&opts.dims))?;
+        let cuts = c.balanced()?;
+        Ok(c.build(&cuts))
+    }
+}
+
+/// The model in program order, as the cut search sees it: what each node
+/// costs and holds at the partition's dims.
+pub(crate) struct Cutter<'a> {
+    session: &'a Session,
+    opts: PartitionOptions,
+    /// Symbolic types (the stage files keep their dims symbolic).
+    model: Model,
+    order: Vec<NodeId>,
+    /// Forward FLOPs of each node.
+    flops: Vec<u64>,
+    /// `prefix[p]`: FLOPs of the nodes before cut point `p` (1 at least
+    /// each).
+    prefix: Vec<u64>,
+    /// Bytes of each node's float outputs (its activations), summed to
+    /// cut point `p`.
+    act: Vec<u64>,
+    /// Bytes of the parameters whose first reader comes before `p`.
+    param: Vec<u64>,
+    /// `cross[p]`: bytes of the values made before `p` and read at or
+    /// after it (what a stage starting at `p` receives).
+    cross: Vec<u64>,
+    /// The model's data inputs: bytes, first and last reader.
+    data: Vec<(u64, usize, usize)>,
+    /// Cut points (before node `p`, `1..n`) that do not separate the
+    /// readers of one parameter.
+    allowed: Vec<bool>,
+}
+
+impl<'a> Cutter<'a> {
+    pub(crate) fn new(
+        session: &'a Session,
+        opts: &PartitionOptions,
+        dims: &DimValues,
+    ) -> Result<Cutter<'a>> {
         let k = opts.stages;
         if k == 0 {
             return Err(Error::new("--stages 0: expected at least 1"));
@@ -156,65 +208,176 @@ impl Session {
         if opts.micro_batches == 0 {
             return Err(Error::new("--micro-batches 0: expected at least 1"));
         }
-        // Symbolic types for the stage files, bound ones for the FLOPs.
-        let mut model = self.model.clone();
+        let mut model = session.model.clone();
         model
             .graph
             .topo_sort()
-            .map_err(|e| self.err(Error::new(e.to_string())))?;
+            .map_err(|e| session.err(Error::new(e.to_string())))?;
         infer_model(&mut model, &InferOptions::default());
-        let mut bound = model.clone();
-        let mut dims = opts.dims.clone();
-        for d in graphopt_plan::input_dim_names(&model) {
-            if !dims.iter().any(|(n, _)| *n == d) {
-                dims.push((d, 1));
-            }
-        }
-        infer_model(
-            &mut bound,
-            &InferOptions {
-                dims,
-                ..InferOptions::default()
-            },
-        );
-        let g = &model.graph;
+        let (bound, _) = graphopt_plan::bind_model(&model, dims)
+            .map_err(|e| session.err(Error::new(e.to_string())))?;
+        let (g, b) = (&model.graph, &bound.graph);
         let order: Vec<NodeId> = g.nodes().collect();
         let n = order.len();
-        let flops: Vec<u64> = bound
-            .graph
-            .nodes()
-            .map(|x| graphopt_passes::remat::cost::node_flops(&bound.graph, x))
-            .collect();
-        // Cut points: before node p (1..n). Not inside the span of a
-        // parameter's readers (the initializers `grad` trains by default).
         let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &x)| (x, i)).collect();
-        let mut allowed = vec![true; n + 1];
-        let default = graphopt_autodiff::GradOptions::default();
-        for v in graphopt_autodiff::trainable(g, &default) {
-            let readers: Vec<usize> = g
+        let bytes = |v: ValueId| -> u64 {
+            b.ty(v)
+                .and_then(|t| Some((t.elem()?, t.shape()?.numel()?)))
+                .and_then(|(d, numel)| d.storage_bytes(numel))
+                .unwrap_or(0)
+        };
+        let flops: Vec<u64> = order
+            .iter()
+            .map(|&x| graphopt_passes::remat::cost::node_flops(b, x))
+            .collect();
+        let sums = |each: &dyn Fn(usize) -> u64| -> Vec<u64> {
+            std::iter::once(0)
+                .chain((0..n).scan(0u64, |s, i| {
+                    *s += each(i);
+                    Some(*s)
+                }))
+                .collect()
+        };
+        let prefix = sums(&|i| flops[i].max(1));
+        let act = sums(&|i| {
+            g.node(order[i])
+                .outputs()
+                .iter()
+                .flatten()
+                .filter(|&&v| b.ty(v).and_then(|t| t.elem()).is_some_and(|d| d.is_float()))
+                .map(|&v| bytes(v))
+                .sum()
+        });
+        let readers = |v: ValueId| -> Vec<usize> {
+            let mut r: Vec<usize> = g
                 .uses(v)
                 .iter()
                 .filter_map(|u| pos.get(&u.node()).copied())
                 .collect();
-            if let (Some(&lo), Some(&hi)) = (readers.iter().min(), readers.iter().max()) {
+            r.sort_unstable();
+            r
+        };
+        // Cut points: not inside the span of a parameter's readers (the
+        // initializers `grad` trains by default).
+        let mut allowed = vec![true; n + 1];
+        let mut first_read = vec![0u64; n];
+        let default = graphopt_autodiff::GradOptions::default();
+        for v in graphopt_autodiff::trainable(g, &default) {
+            let r = readers(v);
+            if let (Some(&lo), Some(&hi)) = (r.first(), r.last()) {
                 for a in allowed.iter_mut().take(hi + 1).skip(lo + 1) {
                     *a = false;
                 }
+                first_read[lo] += g.initializer(v).map_or(0, |t| t.nbytes());
             }
         }
-        let cuts = balanced_cuts(&flops, &allowed, k).ok_or_else(|| {
-            let most = allowed[1..n].iter().filter(|&&a| a).count() + 1;
-            self.err(Error::new(format!(
+        let param = sums(&|i| first_read[i]);
+        // Values cross the cut points after their maker up to their last
+        // reader (the model's outputs: read after the last stage).
+        let mut diff = vec![0i128; n + 2];
+        for (i, &x) in order.iter().enumerate() {
+            for &v in g.node(x).outputs().iter().flatten() {
+                let last = if g.outputs.contains(&v) {
+                    n
+                } else {
+                    readers(v).last().copied().unwrap_or(i)
+                };
+                if last > i {
+                    diff[i + 1] += bytes(v) as i128;
+                    diff[last + 1] -= bytes(v) as i128;
+                }
+            }
+        }
+        let cross: Vec<u64> = diff[..=n]
+            .iter()
+            .scan(0i128, |s, d| {
+                *s += d;
+                Some(*s as u64)
+            })
+            .collect();
+        let data = g
+            .runtime_inputs()
+            .filter_map(|v| {
+                let r = readers(v);
+                Some((bytes(v), *r.first()?, *r.last()?))
+            })
+            .collect();
+        Ok(Cutter {
+            session,
+            opts: opts.clone(),
+            model,
+            order,
+            flops,
+            prefix,
+            act,
+            param,
+            cross,
+            data,
+            allowed,
+        })
+    }
+
+    /// The cuts whose largest stage has the fewest FLOPs.
+    pub(crate) fn balanced(&self) -> Result<Vec<usize>> {
+        let (k, n) = (self.opts.stages, self.order.len());
+        balanced_cuts(&self.flops, &self.allowed, k).ok_or_else(|| {
+            let most = self.allowed[1..n].iter().filter(|&&a| a).count() + 1;
+            self.session.err(Error::new(format!(
                 "--stages {k}: the graph allows at most {most} stages ({n} nodes; a cut may not separate the readers of one parameter)"
             )))
-        })?;
-        let mut bounds = vec![0];
-        bounds.extend(&cuts);
-        bounds.push(n);
-        let stage_of: HashMap<NodeId, usize> = order
+        })
+    }
+
+    /// The stage ranges of `cuts`: `(start, end)` cut points.
+    pub(crate) fn ranges(&self, cuts: &[usize]) -> Vec<(usize, usize)> {
+        let mut b = vec![0];
+        b.extend(cuts);
+        b.push(self.order.len());
+        b.windows(2).map(|w| (w[0], w[1])).collect()
+    }
+
+    /// What a stage over nodes `a..b` holds besides its arena, by the
+    /// model's types: its parameters' bytes (`per_param` times: weights,
+    /// gradients, optimizer state), and its inputs (received, and the data
+    /// it reads) kept for `held` micro-batches.
+    pub(crate) fn held_bytes(&self, a: usize, b: usize, per_param: f64, held: usize) -> u64 {
+        let data: u64 = self
+            .data
+            .iter()
+            .filter(|&&(_, lo, hi)| lo < b && hi >= a)
+            .map(|&(bytes, _, _)| bytes)
+            .sum();
+        let params = (self.param[b] - self.param[a]) as f64 * per_param;
+        params as u64 + (self.cross[a] + data) * held as u64
+    }
+
+    /// Bytes of the activations nodes `a..b` make.
+    pub(crate) fn activation_bytes(&self, a: usize, b: usize) -> u64 {
+        self.act[b] - self.act[a]
+    }
+
+    /// Bytes of the trainable parameters nodes `a..b` read.
+    pub(crate) fn param_bytes(&self, a: usize, b: usize) -> u64 {
+        self.param[b] - self.param[a]
+    }
+
+    /// The cuts whose largest stage has the fewest FLOPs among those where
+    /// every stage `s` over nodes `a..b` has `fits(a, b, s)`; `None` when
+    /// no cut does. Dynamic programming over the allowed cut points.
+    pub(crate) fn search(&self, fits: &dyn Fn(usize, usize, usize) -> bool) -> Option<Vec<usize>> {
+        fitting_cuts(&self.prefix, &self.allowed, self.opts.stages, fits)
+    }
+
+    /// The stages of `cuts` (see the module doc).
+    pub(crate) fn build(&self, cuts: &[usize]) -> Partition {
+        let k = self.opts.stages;
+        let g = &self.model.graph;
+        let order = &self.order;
+        let ranges = self.ranges(cuts);
+        let stage_of: HashMap<NodeId, usize> = ranges
             .iter()
             .enumerate()
-            .map(|(i, &x)| (x, bounds.partition_point(|&b| b <= i) - 1))
+            .flat_map(|(s, &(a, b))| order[a..b].iter().map(move |&x| (x, s)))
             .collect();
         // Where each value is made (stage) and the last stage that reads
         // it (the model's outputs: read "after" the last stage).
@@ -229,7 +392,7 @@ impl Session {
         };
         let mut made: HashMap<ValueId, usize> = HashMap::new();
         let mut last_read: HashMap<ValueId, usize> = HashMap::new();
-        for &x in &order {
+        for &x in order {
             let s = stage_of[&x];
             for o in g.node(x).outputs().iter().flatten() {
                 made.insert(*o, s);
@@ -244,7 +407,8 @@ impl Session {
             last_read.insert(o, k);
         }
         let data: HashSet<ValueId> = g.runtime_inputs().collect();
-        let fixed = shape_values(g, &order);
+        let fixed = shape_values(g, order);
+        let default = graphopt_autodiff::GradOptions::default();
         let mut stages = Vec::new();
         let mut models = Vec::new();
         // In the model's value order (stable, and the same on every rank).
@@ -254,16 +418,16 @@ impl Session {
                 .filter(|v| last_read.get(v).is_some_and(|&r| r > after))
                 .collect()
         };
-        for s in 0..k {
+        for (s, &(a, b)) in ranges.iter().enumerate() {
             let receives = if s == 0 { Vec::new() } else { crossing(s - 1) };
             let sends = if s + 1 == k {
                 outputs.clone()
             } else {
                 crossing(s)
             };
-            let nodes: Vec<NodeId> = order[bounds[s]..bounds[s + 1]].to_vec();
+            let nodes = &order[a..b];
             let mut reads_here: HashSet<ValueId> = HashSet::new();
-            for &x in &nodes {
+            for &x in nodes {
                 reads_here.extend(reads(x));
             }
             let data_inputs: Vec<ValueId> = g
@@ -275,7 +439,7 @@ impl Session {
                         && (reads_here.contains(v) || (s + 1 == k && outputs.contains(v)))
                 })
                 .collect();
-            let mut m = model.clone();
+            let mut m = self.model.clone();
             let sg = &mut m.graph;
             let drop: Vec<NodeId> = order.iter().copied().filter(|x| stage_of[x] != s).collect();
             sg.remove_nodes(&drop);
@@ -304,8 +468,8 @@ impl Session {
             stages.push(StageInfo {
                 index: s,
                 file: format!("stage_{s}.onnx"),
-                nodes: nodes.len(),
-                flops: nodes.iter().map(|x| flops[pos[x]]).sum(),
+                nodes: b - a,
+                flops: self.flops[a..b].iter().sum(),
                 params,
                 param_bytes,
                 receives: receives.iter().map(name).collect(),
@@ -319,19 +483,19 @@ impl Session {
             });
             models.push(m);
         }
-        let mb = opts.micro_batches;
-        Ok(Partition {
+        let mb = self.opts.micro_batches;
+        Partition {
             manifest: Manifest {
                 format: MANIFEST_FORMAT.into(),
-                model: self.label(),
-                schedule: opts.schedule,
+                model: self.session.label(),
+                schedule: self.opts.schedule,
                 micro_batches: mb,
                 outputs: outputs.iter().map(|v| g.name(*v).to_string()).collect(),
                 bubble: (k - 1) as f64 / (mb + k - 1) as f64,
                 stages,
             },
             models,
-        })
+        }
     }
 }
 
@@ -442,6 +606,61 @@ fn balanced_cuts(cost: &[u64], allowed: &[bool], k: usize) -> Option<Vec<usize>>
     Some(best)
 }
 
+/// K - 1 cut points (each in `1..n`, `allowed`) minimizing the largest
+/// stage cost (`prefix`: the costs summed up to each point) among those
+/// whose every stage `s` over `a..b` has `fits(a, b, s)`; `None` when no
+/// cut does. Dynamic programming over the allowed points, O(K·P²) at worst.
+fn fitting_cuts(
+    prefix: &[u64],
+    allowed: &[bool],
+    k: usize,
+    fits: &dyn Fn(usize, usize, usize) -> bool,
+) -> Option<Vec<usize>> {
+    let n = prefix.len() - 1;
+    let mut pts = vec![0];
+    pts.extend((1..n).filter(|&p| allowed[p]));
+    pts.push(n);
+    let m = pts.len();
+    const NONE: u64 = u64::MAX;
+    // best[s][j]: the least largest stage of s stages over nodes
+    // 0..pts[j]; from[s][j]: where the last of them starts.
+    let mut best = vec![vec![NONE; m]; k + 1];
+    let mut from = vec![vec![0usize; m]; k + 1];
+    best[0][0] = 0;
+    for s in 1..=k {
+        for j in 1..m {
+            if s == k && j + 1 != m {
+                continue;
+            }
+            for i in (0..j).rev() {
+                let c = prefix[pts[j]] - prefix[pts[i]];
+                if c >= best[s][j] {
+                    break; // earlier starts only cost more
+                }
+                let before = best[s - 1][i];
+                if before == NONE || !fits(pts[i], pts[j], s - 1) {
+                    continue;
+                }
+                best[s][j] = before.max(c);
+                from[s][j] = i;
+            }
+        }
+    }
+    if best[k][m - 1] == NONE {
+        return None;
+    }
+    let mut cuts = Vec::new();
+    let mut j = m - 1;
+    for s in (1..=k).rev() {
+        j = from[s][j];
+        if s > 1 {
+            cuts.push(pts[j]);
+        }
+    }
+    cuts.reverse();
+    Some(cuts)
+}
+
 /// Writes `manifest.json` and the stage files into `dir` (created), each
 /// atomically.
 pub fn write_partition(p: &Partition, dir: &Path) -> Result<()> {
@@ -511,5 +730,85 @@ mod tests {
         assert_eq!(balanced_cuts(&cost, &some, 2).unwrap(), [6]);
         assert!(balanced_cuts(&cost, &some, 3).is_none());
         assert!(balanced_cuts(&cost[..2], &all[..3], 3).is_none());
+    }
+
+    /// Every way to cut `0..n` at `k - 1` allowed points.
+    fn every_cut(n: usize, allowed: &[bool], k: usize) -> Vec<Vec<usize>> {
+        if k == 1 {
+            return vec![Vec::new()];
+        }
+        let mut out = Vec::new();
+        for p in 1..n {
+            if allowed[p] {
+                for mut rest in every_cut(n - p, &allowed[p..], k - 1) {
+                    rest.iter_mut().for_each(|c| *c += p);
+                    rest.insert(0, p);
+                    out.push(rest);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn fitting_cuts_are_the_least_slowest_stage_among_those_that_fit() {
+        // Small random cases against every cut: costs, allowed points and
+        // a "memory" per node that each stage's budget bounds.
+        let mut seed = 0x2545f491u64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        let mut found = 0;
+        for _ in 0..400 {
+            let n = 2 + next(9) as usize;
+            let k = 1 + next(4) as usize;
+            let cost: Vec<u64> = (0..n).map(|_| 1 + next(20)).collect();
+            let mem: Vec<u64> = (0..n).map(|_| next(10)).collect();
+            let mut allowed: Vec<bool> = (0..=n).map(|_| next(5) != 0).collect();
+            allowed[0] = true;
+            allowed[n] = true;
+            let budgets: Vec<u64> = (0..k).map(|_| 5 + next(30)).collect();
+            let prefix: Vec<u64> = std::iter::once(0)
+                .chain(cost.iter().scan(0, |s, &c| {
+                    *s += c;
+                    Some(*s)
+                }))
+                .collect();
+            let fits = |a: usize, b: usize, s: usize| mem[a..b].iter().sum::<u64>() <= budgets[s];
+            let slowest = |cuts: &[usize]| -> u64 {
+                let mut b = vec![0];
+                b.extend(cuts);
+                b.push(n);
+                b.windows(2)
+                    .map(|w| prefix[w[1]] - prefix[w[0]])
+                    .max()
+                    .unwrap()
+            };
+            let fitting = |cuts: &[usize]| -> bool {
+                let mut b = vec![0];
+                b.extend(cuts);
+                b.push(n);
+                b.windows(2).enumerate().all(|(s, w)| fits(w[0], w[1], s))
+            };
+            let best = every_cut(n, &allowed, k)
+                .into_iter()
+                .filter(|c| fitting(c))
+                .map(|c| slowest(&c))
+                .min();
+            let got = fitting_cuts(&prefix, &allowed, k, &fits);
+            match (best, &got) {
+                (None, None) => {}
+                (Some(b), Some(c)) => {
+                    assert!(fitting(c), "{c:?} does not fit");
+                    assert_eq!(slowest(c), b, "{cost:?} {mem:?} {budgets:?} {allowed:?}");
+                    found += 1;
+                }
+                _ => panic!("{best:?} vs {got:?}: {cost:?} {mem:?} {budgets:?} {allowed:?}"),
+            }
+        }
+        assert!(found > 100, "{found} cases with an answer");
     }
 }

@@ -36,8 +36,8 @@ pub use intervals::{
 };
 pub use liveness::TensorKind;
 pub use model::{
-    human_bytes, input_dim_names, max_batch, parse_size, plan_model, DimBinding, DimValues,
-    MaxBatch, ModelPlan, ModelPlanError,
+    bind_model, human_bytes, input_dim_names, max_batch, parse_size, plan_model, DimBinding,
+    DimValues, MaxBatch, ModelPlan, ModelPlanError,
 };
 pub use plan::{
     check_graph_plan, default_threads, plan_graph, plan_graph_donating, PeakTensor, Plan,

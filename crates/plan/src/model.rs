@@ -125,6 +125,26 @@ pub fn plan_model(
     dims: &DimValues,
     opts: &PlanOptions,
 ) -> Result<ModelPlan, ModelPlanError> {
+    let (model, bindings) = bind_model(base, dims)?;
+    let donations = if opts.donate {
+        crate::donation::declared_donations(&model)
+    } else {
+        Vec::new()
+    };
+    let plan = crate::plan::plan_graph_donating(&model.graph, opts, &donations)?;
+    Ok(ModelPlan {
+        model,
+        plan,
+        dims: bindings,
+    })
+}
+
+/// Steps 1 and 2 of [`plan_model`]: a copy of the model with its input
+/// dims bound and shapes inferred at `dims`, and the bindings.
+pub fn bind_model(
+    base: &Model,
+    dims: &DimValues,
+) -> Result<(Model, Vec<DimBinding>), ModelPlanError> {
     if let Some((k, v)) = dims.bound.iter().find(|d| d.1 < 0) {
         return Err(ModelPlanError::NegativeDim(k.clone(), *v));
     }
@@ -165,17 +185,7 @@ pub fn plan_model(
             input_defaults: true,
         },
     );
-    let donations = if opts.donate {
-        crate::donation::declared_donations(&model)
-    } else {
-        Vec::new()
-    };
-    let plan = crate::plan::plan_graph_donating(&model.graph, opts, &donations)?;
-    Ok(ModelPlan {
-        model,
-        plan,
-        dims: bindings,
-    })
+    Ok((model, bindings))
 }
 
 /// Sets the shapes `dims.shapes` gives on the graph inputs (their symbolic

@@ -58,6 +58,7 @@ use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 mod checkpoint;
+mod cuts;
 mod data;
 mod dist;
 mod eval;

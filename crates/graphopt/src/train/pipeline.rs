@@ -407,45 +407,20 @@ impl Session {
     /// unless given): the graphs the ranks of `train --pipeline` build,
     /// planned on this process. The forward runs once, the first
     /// micro-batch through the stages in turn, to give each stage its
-    /// inputs' shapes and shape values.
-    ///
-    /// `budgets` (one for every stage, or one per stage; none: no check)
-    /// are each stage's device bytes: a stage planning more is a
-    /// [`crate::ErrorKind::Budget`] error naming it.
+    /// inputs' shapes and shape values. [`Session::partition_within`]
+    /// cuts under per-device budgets.
     pub fn plan_pipeline(
         &self,
         p: &crate::partition::Partition,
         data: &dyn DataSource,
         opts: &TrainOptions,
-        budgets: &[u64],
     ) -> Result<Vec<StageRecord>> {
         opts.validate()?;
         let m = &p.manifest;
-        if budgets.len() > 1 && budgets.len() != m.stages.len() {
-            return Err(Error::new(format!(
-                "--budget: {} sizes for {} stages: give one size, or one per stage",
-                budgets.len(),
-                m.stages.len()
-            )));
-        }
-        let b = opts.batch;
-        if data.examples() < b {
-            return Err(Error::new(format!(
-                "--batch {b}: {} has only {} examples",
-                data.label(),
-                data.examples()
-            )));
-        }
-        let batch = data.gather(&(0..b).collect::<Vec<_>>())?;
         let micro = opts.micro_batches.unwrap_or(m.micro_batches);
-        if micro == 0 || !b.is_multiple_of(micro) {
-            return Err(Error::new(format!(
-                "--batch {b}: does not split into the pipeline's {micro} micro-batches"
-            )));
-        }
+        let all = self.first_micro_batch(data, opts, micro)?;
         let optimizer = opts.optimizer.build()?;
         let ropts = crate::run::cpu_run_options(opts.threads);
-        let all = slice_rows(&to_feed(batch, &self.model, opts), 0, b / micro);
         let mut received = State::new();
         let mut out = Vec::new();
         for (k, (info, stage)) in m.stages.iter().zip(&p.models).enumerate() {
@@ -457,10 +432,7 @@ impl Session {
                 .collect();
             feed.extend(std::mem::take(&mut received));
             // GPipe keeps every micro-batch's inputs; 1F1B at most K - k.
-            let held = match m.schedule {
-                Schedule::Gpipe => micro,
-                Schedule::OneFOneB => micro.min(m.stages.len() - k),
-            };
+            let held = m.schedule.held(micro, m.stages.len(), k);
             let in_flight = feed.values().map(|t| t.data.len() as u64).sum::<u64>() * held as u64;
             let spec = specialize(stage, info, &feed)?;
             if !last {
@@ -518,22 +490,34 @@ impl Session {
                 in_flight_bytes: in_flight,
             });
         }
-        for s in &out {
-            let have = match budgets {
-                [] => continue,
-                [one] => *one,
-                each => each[s.stage],
-            };
-            if s.total() > have {
-                return Err(Error::budget(format!(
-                    "--budget: stage {} of this partition plans {}, more than its {} (the cuts balance FLOPs; try more stages or micro-batches)",
-                    s.stage,
-                    graphopt_plan::human_bytes(s.total()),
-                    graphopt_plan::human_bytes(have)
-                )));
-            }
-        }
         Ok(out)
+    }
+}
+
+impl Session {
+    /// The feed of the first micro-batch of the first batch (`opts.batch`
+    /// examples in `micro` micro-batches): what a pipeline is planned at.
+    pub(crate) fn first_micro_batch(
+        &self,
+        data: &dyn DataSource,
+        opts: &TrainOptions,
+        micro: usize,
+    ) -> Result<State> {
+        let b = opts.batch;
+        if data.examples() < b {
+            return Err(Error::new(format!(
+                "--batch {b}: {} has only {} examples",
+                data.label(),
+                data.examples()
+            )));
+        }
+        if micro == 0 || !b.is_multiple_of(micro) {
+            return Err(Error::new(format!(
+                "--batch {b}: does not split into the pipeline's {micro} micro-batches"
+            )));
+        }
+        let batch = data.gather(&(0..b).collect::<Vec<_>>())?;
+        Ok(slice_rows(&to_feed(batch, &self.model, opts), 0, b / micro))
     }
 }
 
