@@ -24,7 +24,9 @@
 //! wheel's `numpy` dependency without the network. Without that venv the
 //! test is skipped with a note, and fails when `CI=true` or
 //! `GRAPHOPT_REQUIRE_PYTHON=1`. The torch tests skip when torch is not
-//! installed (CI does not install it); that is the one skip allowed.
+//! installed (CI does not install it); that is the one skip allowed,
+//! besides `graphopt.distributed`'s mpirun tests where OpenMPI is not
+//! installed (the wheel is built with `--features mpi` where it is).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -50,19 +52,18 @@ fn text(o: &Output) -> String {
 }
 
 /// Builds the wheel into `dir`; returns its path.
-fn build_wheel(py: &Path, root: &Path, target: &Path, dir: &Path) -> PathBuf {
+fn build_wheel(py: &Path, root: &Path, target: &Path, dir: &Path, mpi: bool) -> PathBuf {
     let _ = std::fs::remove_dir_all(dir);
     let t0 = Instant::now();
     run(Command::new(py)
-        .args([
-            "-m",
-            "maturin",
-            "build",
-            "--profile",
-            "dev",
-            "--quiet",
-            "-m",
-        ])
+        .args(["-m", "maturin", "build", "--profile", "dev", "--quiet"])
+        // MPI stays the system's: not copied into the wheel.
+        .args(if mpi {
+            &["--features", "mpi", "--auditwheel", "skip"][..]
+        } else {
+            &[]
+        })
+        .arg("-m")
         .arg(root.join("crates/python/Cargo.toml"))
         .arg("--out")
         .arg(dir)
@@ -94,7 +95,10 @@ fn python_package() {
     let root = graphopt_testutil::workspace_root();
     let target = graphopt_testutil::target_dir();
     let work = target.join("py-pkg");
-    let wheel = build_wheel(&py, &root, &target, &work.join("wheels"));
+    // With MPI when it is installed (graphopt.distributed's tests run
+    // under mpirun; CI installs OpenMPI and requires them).
+    let mpi = has_mpi();
+    let wheel = build_wheel(&py, &root, &target, &work.join("wheels"), mpi);
 
     // A fresh venv, seeing the pinned venv's packages through a .pth file.
     // Without pip of its own (ensurepip takes ~10 s): the pinned venv's pip
@@ -148,13 +152,25 @@ fn python_package() {
         t0.elapsed().as_secs_f64()
     );
     assert!(out.status.success(), "pytest failed:\n{stdout}\n{stderr}");
-    // Only the torch tests may skip (torch is not a CI requirement).
+    // Only the torch tests may skip (torch is not a CI requirement), and
+    // the MPI ones where MPI is not installed and not required.
     for l in stdout.lines().filter(|l| l.starts_with("SKIPPED")) {
         assert!(
-            l.contains("torch") || l.contains("onnxscript"),
+            l.contains("torch") || l.contains("onnxscript") || (!mpi && l.contains("needs MPI")),
             "a test skipped for a reason other than a missing torch: {l}"
         );
     }
+}
+
+/// Whether OpenMPI's launcher and compiler wrapper are installed (what the
+/// `mpi` feature builds and runs with).
+fn has_mpi() -> bool {
+    ["mpirun", "mpicc"].iter().all(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
 }
 
 /// Features per package (`name version features`) of a `cargo tree`.

@@ -69,7 +69,7 @@ impl Scheme {
 
 /// The communicator of this process's run.
 pub struct World {
-    comm: Box<dyn Collective>,
+    comm: Box<dyn Collective + Send + Sync>,
 }
 
 impl World {

@@ -20,6 +20,7 @@
 
 mod args;
 mod convert;
+mod distributed;
 mod session;
 
 use args::path_arg;
@@ -128,5 +129,6 @@ fn _graphopt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(passes, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    distributed::register(m)?;
     Ok(())
 }

@@ -431,7 +431,8 @@ impl PySession {
                         weight_decay=None, betas=None, eps=None, trainable=None, frozen=None,
                         seed=None, shuffle=true, dropout_train=true, eval=None, metric=None,
                         micro_batches=None, budget=None, remat=None, checkpoint=None,
-                        every=None, resume=None, threads=None))]
+                        every=None, resume=None, threads=None, distributed=None,
+                        bucket_size=None, pipeline=None, comm_timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn train(
         &self,
@@ -463,6 +464,10 @@ impl PySession {
         every: Option<usize>,
         resume: Option<PathBuf>,
         threads: Option<usize>,
+        distributed: Option<&str>,
+        bucket_size: Option<&Bound<'_, PyAny>>,
+        pipeline: Option<PathBuf>,
+        comm_timeout: Option<f64>,
     ) -> PyResult<PySession> {
         if epochs.is_some() && steps.is_some() {
             return Err(gmsg("give epochs or steps, not both"));
@@ -506,16 +511,126 @@ impl PySession {
         opts.every = every.unwrap_or(opts.every);
         opts.resume = resume;
         opts.threads = threads;
+        opts.distributed = distributed
+            .map(graphopt::distributed::Scheme::parse)
+            .transpose()
+            .map_err(gerr)?;
+        if let Some(b) = bucket_size.filter(|b| !b.is_none()) {
+            opts.bucket_bytes = parse_budget(b)?;
+        }
         let data = array_data(data, "data")?;
         let eval = eval
             .filter(|e| !e.is_none())
             .map(|e| array_data(e, "eval"))
             .transpose()?;
+        // A distributed run joins the other ranks first (MPI starts here
+        // unless graphopt.distributed.init() started it).
+        let world = match (&opts.distributed, &pipeline) {
+            (Some(s), _) => Some(format!("train(distributed={:?})", s.name())),
+            (None, Some(_)) => Some("train(pipeline=...)".to_string()),
+            (None, None) => None,
+        }
+        .map(|what| crate::distributed::joined(py, &what, comm_timeout))
+        .transpose()?;
         self.transform(py, "train", move |s| {
             let eval: Option<&dyn DataSource> = eval.as_deref().map(|e| e as &dyn DataSource);
-            let r = s.train(data.as_ref(), eval, &opts)?;
+            let r = match (&world, &pipeline) {
+                (None, _) => s.train(data.as_ref(), eval, &opts),
+                (Some(w), Some(dir)) => {
+                    s.train_pipeline(w.comm(), dir, data.as_ref(), &opts, &mut |_| {})
+                }
+                (Some(w), None) => s.train_on(w.comm(), data.as_ref(), eval, &opts, &mut |_| {}),
+            };
+            let r = match &world {
+                Some(w) => r.map_err(|e| crate::distributed::rank_err(w, e))?,
+                None => r?,
+            };
             to_json(&r)
         })
+    }
+
+    /// Cuts the model into `stages` pipeline stages (`graphopt partition`):
+    /// returns `{"manifest": ..., "planned": ...}` as `partition --json`,
+    /// and writes the stage files and `manifest.json` into `output` when
+    /// given. With `data` and `batch`, each stage's training step is
+    /// planned (with `target`, `loss`, `class_axis`, `optimizer` as in
+    /// `train`), and `budget` (bytes or a size; one for every stage, or a
+    /// list, one per stage) picks the cuts whose slowest stage is least
+    /// among those whose every stage fits.
+    #[pyo3(signature = (stages, output=None, micro_batches=None, schedule=None, dims=None,
+                        data=None, batch=None, target=None, loss=None, class_axis=None,
+                        optimizer=None, budget=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn partition<'py>(
+        &self,
+        py: Python<'py>,
+        stages: usize,
+        output: Option<PathBuf>,
+        micro_batches: Option<usize>,
+        schedule: Option<&str>,
+        dims: Option<&Bound<'py, PyDict>>,
+        data: Option<&Bound<'py, PyAny>>,
+        batch: Option<usize>,
+        target: Option<String>,
+        loss: Option<&str>,
+        class_axis: Option<i64>,
+        optimizer: Option<String>,
+        budget: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut opts = graphopt::partition::PartitionOptions::new(stages);
+        if let Some(m) = micro_batches {
+            opts.micro_batches = m;
+        }
+        if let Some(s) = schedule {
+            opts.schedule = graphopt::partition::Schedule::parse(s).map_err(gerr)?;
+        }
+        opts.dims = dims_arg(dims)?;
+        let budgets: Vec<u64> = match budget.filter(|b| !b.is_none()) {
+            None => Vec::new(),
+            Some(b)
+                if b.is_instance_of::<pyo3::types::PyList>() || b.is_instance_of::<PyTuple>() =>
+            {
+                b.try_iter()?
+                    .map(|x| parse_budget(&x?))
+                    .collect::<PyResult<_>>()?
+            }
+            Some(b) => vec![parse_budget(b)?],
+        };
+        let plan = match (data.filter(|d| !d.is_none()), batch) {
+            (Some(d), Some(b)) => {
+                let mut t = TrainOptions::new(b);
+                t.target = target.unwrap_or(t.target);
+                if let Some(l) = loss {
+                    t.loss = graphopt::parse_loss(l).map_err(gerr)?;
+                }
+                t.class_axis = class_axis.unwrap_or(t.class_axis);
+                if let Some(o) = optimizer {
+                    t.optimizer = OptimizerSpec::named(&o);
+                }
+                Some((array_data(d, "data")?, t))
+            }
+            (None, None) => None,
+            _ => return Err(gmsg("partition: give data and batch together")),
+        };
+        if plan.is_none() && !budgets.is_empty() {
+            return Err(gmsg(
+                "partition: budget needs data and batch (the stages' plans)",
+            ));
+        }
+        let v = self.with(py, move |s| {
+            let (p, planned) = match &plan {
+                Some((data, t)) => {
+                    let (p, r) = s.partition_within(&opts, data.as_ref(), t, &budgets)?;
+                    (p, Some(r))
+                }
+                None => (s.partition(&opts)?, None),
+            };
+            if let Some(dir) = &output {
+                graphopt::partition::write_partition(&p, dir)?;
+            }
+            to_json(&json!({ "manifest": p.manifest, "planned": planned }))
+        })?;
+        to_py(py, &v)
     }
 
     /// Quantizes after the pipeline, in standard ONNX ops only:
@@ -840,6 +955,58 @@ impl PySession {
         let v = self.with(py, move |s| {
             let mb = s.max_batch(&req, batch_dim.as_deref(), budget)?;
             graphopt::max_batch_json(&mb, default_dim, req.verify)
+        })?;
+        to_py(py, &v)
+    }
+
+    /// One rank's bytes for this training graph (`graphopt grad` with an
+    /// optimizer) under `scheme` ("dp" | "zero1" | "zero2") on `ranks`
+    /// ranks, as `plan --distributed S --ranks N --json`: at the global
+    /// batch `dims` binds, or, with `budget` (bytes or a size per device),
+    /// at the largest global batch whose per-rank bytes fit it.
+    #[pyo3(signature = (scheme, ranks, dims=None, batch_dim=None, budget=None, inputs=None,
+                        shapes=None, default_dim=1, alignment=None, reorder=true, strict=false,
+                        verify=false, threads=None, node_budget=None, time_limit=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn plan_distributed<'py>(
+        &self,
+        py: Python<'py>,
+        scheme: &str,
+        ranks: usize,
+        dims: Option<&Bound<'py, PyDict>>,
+        batch_dim: Option<String>,
+        budget: Option<&Bound<'py, PyAny>>,
+        inputs: Option<&Bound<'py, PyAny>>,
+        shapes: Option<&Bound<'py, PyDict>>,
+        default_dim: i64,
+        alignment: Option<u64>,
+        reorder: bool,
+        strict: bool,
+        verify: bool,
+        threads: Option<usize>,
+        node_budget: Option<u64>,
+        time_limit: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let scheme = graphopt::distributed::Scheme::parse(scheme).map_err(gerr)?;
+        let budget = budget
+            .filter(|b| !b.is_none())
+            .map(parse_budget)
+            .transpose()?;
+        let req = self.plan_request(
+            dims,
+            inputs,
+            shapes,
+            default_dim,
+            alignment,
+            reorder,
+            strict,
+            verify,
+            threads,
+            node_budget,
+            time_limit,
+        )?;
+        let v = self.with(py, move |s| {
+            to_json(&s.plan_distributed(&req, scheme, ranks, batch_dim.as_deref(), budget)?)
         })?;
         to_py(py, &v)
     }

@@ -149,6 +149,10 @@ class Session:
         every: int | None = None,
         resume: str | os.PathLike[str] | None = None,
         threads: int | None = None,
+        distributed: Literal["dp", "zero1", "zero2"] | None = None,
+        bucket_size: int | str | None = None,
+        pipeline: str | os.PathLike[str] | None = None,
+        comm_timeout: float | None = None,
     ) -> Session:
         """Trains with graphopt's training step in graphopt's runtime, as ``graphopt
         train``; the new Session holds the trained inference model, its report the step
@@ -157,7 +161,32 @@ class Session:
         an iterable of such dicts (concatenated). Options left None take the library's
         defaults: cross_entropy, target ``target``, class axis 1, sgd, seed 0, one epoch,
         accuracy, a checkpoint every 100 steps. Under ``budget``, ``remat="auto"`` (the
-        default) recomputes forward values where micro-batches alone do not fit."""
+        default) recomputes forward values where micro-batches alone do not fit.
+
+        Under ``mpirun`` (see :mod:`graphopt.distributed`): ``distributed`` trains this
+        rank on its share of each batch (``train --distributed``; gradients all-reduced in
+        buckets of ``bucket_size``, default 25 MiB), ``pipeline`` runs this rank's stage of
+        a :meth:`partition` folder (``train --pipeline``). Errors name the rank."""
+    def partition(
+        self,
+        stages: int,
+        output: str | os.PathLike[str] | None = None,
+        micro_batches: int | None = None,
+        schedule: Literal["gpipe", "1f1b"] | None = None,
+        dims: Dims | None = None,
+        data: str | os.PathLike[str] | Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]] | None = None,
+        batch: int | None = None,
+        target: str | None = None,
+        loss: Literal["sum", "mean", "mse", "l1", "cross_entropy"] | None = None,
+        class_axis: int | None = None,
+        optimizer: Literal["sgd", "adamw"] | None = None,
+        budget: int | str | Sequence[int | str] | None = None,
+    ) -> Report:
+        """Cuts the model into pipeline stages, as ``graphopt partition --json``:
+        ``{"manifest": ..., "planned": ...}``; writes the stage files and
+        ``manifest.json`` into ``output`` when given. With ``data`` and ``batch`` each
+        stage's training step is planned; ``budget`` (one size, or one per stage) picks
+        the cuts whose slowest stage is least among those whose every stage fits."""
     def quantize(
         self,
         mode: Literal["dynamic", "static", "int8-weights", "int4-weights"],
@@ -269,6 +298,27 @@ class Session:
     ) -> Report:
         """The largest batch whose weights + arena fit ``budget`` (bytes or "8GiB"):
         ``plan()``'s dict at that batch plus ``batch_dim``, ``max_batch``, ``budget_bytes``."""
+    def plan_distributed(
+        self,
+        scheme: Literal["dp", "zero1", "zero2"],
+        ranks: int,
+        dims: Dims | None = None,
+        batch_dim: str | None = None,
+        budget: int | str | None = None,
+        inputs: Inputs = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        default_dim: int = 1,
+        alignment: int | None = None,
+        reorder: bool = True,
+        strict: bool = False,
+        verify: bool = False,
+        threads: int | None = None,
+        node_budget: int | None = None,
+        time_limit: float | None = None,
+    ) -> Report:
+        """One rank's bytes for this training graph under a data-parallel scheme, as
+        ``graphopt plan --distributed S --ranks N --json``; with ``budget``, at the
+        largest global batch whose per-rank bytes fit it."""
     def max_batch_remat(
         self,
         budget: int | str,
@@ -345,3 +395,27 @@ def passes() -> list[tuple[str, str]]:
 
 def cli_main(argv: list[str]) -> int:
     """Runs the ``graphopt`` command with ``argv`` (argv[0] the program name); returns its exit status."""
+
+HAS_MPI: bool
+
+class World:
+    """This process's place among the processes ``mpirun`` started (see
+    :mod:`graphopt.distributed`)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def engine(self) -> str: ...
+    def barrier(self) -> None: ...
+    def all_reduce(self, array: npt.ArrayLike) -> np.ndarray:
+        """The sum over the ranks of a float32 array."""
+    def all_gather(self, array: npt.ArrayLike) -> np.ndarray:
+        """Every rank's float32 array, stacked in rank order."""
+    def broadcast(self, array: npt.ArrayLike, root: int = 0) -> np.ndarray:
+        """Rank ``root``'s array (same dtype and shape on every rank)."""
+
+def distributed_init(comm_timeout: float | None = None) -> World: ...
+def distributed_finalize() -> None: ...
+def distributed_launched() -> bool: ...
