@@ -18,9 +18,11 @@
 //!     and cut into `ranks` equal slices, each rank holds the optimizer
 //!     state of its slice only, updates it, and the slices are
 //!     all-gathered (ZeRO stage 1).
-//!   - `zero2`: as `zero1`, and each micro-batch's gradients are
-//!     reduce-scattered, so a rank accumulates its slice only (ZeRO
-//!     stage 2).
+//!   - `zero2`: as `zero1`, and each micro-batch's gradients are reduced
+//!     to the slices' owners (bucket by bucket during the backward pass,
+//!     each piece of a bucket to the rank whose slice holds it: a
+//!     reduce-scatter in buckets), so a rank accumulates its slice only
+//!     (ZeRO stage 2).
 //! - [`crate::Session::plan_distributed`]: one rank's bytes under a
 //!   scheme (what `graphopt plan --distributed` prints).
 

@@ -56,6 +56,17 @@ pub trait Collective {
         let r = self.all_reduce_sum(&mut buf).map(|_| buf);
         Box::new(Ready(r))
     }
+    /// Starts summing `buf` over the ranks into rank `root` (ZeRO-2's
+    /// reduction of a gradient bucket to the rank that owns it): on
+    /// `root`, [`Pending::wait`] gives the sum; elsewhere, whatever is
+    /// left in `buf`. In order with the other calls, as
+    /// [`Collective::all_reduce_sum_start`]. By default an all-reduce
+    /// (every rank gets the sum; twice the traffic); MPI queues
+    /// `MPI_Reduce` on its thread.
+    fn reduce_sum_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
+        let _ = root;
+        self.all_reduce_sum_start(buf)
+    }
     /// `recv` (`send.len() / ranks()` elements) becomes this rank's block
     /// of the element-wise sum of every rank's `send`.
     fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> CommResult<()>;
@@ -85,7 +96,8 @@ pub trait Collective {
     fn barrier(&self) -> CommResult<()>;
 }
 
-/// A reduction started by [`Collective::all_reduce_sum_start`].
+/// A reduction started by [`Collective::all_reduce_sum_start`] or
+/// [`Collective::reduce_sum_start`].
 pub trait Pending: Send {
     /// Waits for the sum.
     fn wait(self: Box<Self>) -> CommResult<Vec<f32>>;

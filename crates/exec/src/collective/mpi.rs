@@ -195,7 +195,7 @@ impl Pending for Queued {
     fn wait(self: Box<Self>) -> CommResult<Vec<f32>> {
         self.0
             .recv()
-            .map_err(|_| CommError("all-reduce: the MPI thread ended".into()))
+            .map_err(|_| CommError("reduction: the MPI thread ended".into()))
     }
 }
 
@@ -223,6 +223,35 @@ impl Collective for Mpi {
         let queued = self.queue("all-reduce", move |w| {
             all_reduce_in_pieces(w, &mut buf);
             let _ = tx.send(buf);
+        });
+        match queued {
+            Ok(()) => Box::new(Queued(rx)),
+            Err(e) => Box::new(super::Ready(Err(e))),
+        }
+    }
+
+    fn reduce_sum_start(&self, buf: Vec<f32>, root: usize) -> Box<dyn Pending> {
+        if root >= self.ranks {
+            return Box::new(super::Ready(Err(CommError(format!(
+                "reduce: root {root}, but there are {} ranks",
+                self.ranks
+            )))));
+        }
+        let (tx, rx) = sync_channel(1);
+        let queued = self.queue("reduce", move |w| {
+            let at = w.process_at_rank(root as i32);
+            if w.rank() as usize == root {
+                let mut sum = vec![0f32; buf.len()];
+                for (s, r) in buf.chunks(PIECE).zip(sum.chunks_mut(PIECE)) {
+                    at.reduce_into_root(s, r, SystemOperation::sum());
+                }
+                let _ = tx.send(sum);
+            } else {
+                for s in buf.chunks(PIECE) {
+                    at.reduce_into(s, SystemOperation::sum());
+                }
+                let _ = tx.send(buf);
+            }
         });
         match queued {
             Ok(()) => Box::new(Queued(rx)),

@@ -59,8 +59,10 @@ pub struct DistRecord {
     /// Seconds this rank spent in collectives (waiting for the others
     /// included).
     pub comm_s: f64,
-    /// Gradient buckets of the last step's all-reduce (dp, zero1), and
-    /// how many started while the backward pass was still running.
+    /// Gradient buckets of the last step's reductions (dp and zero1: the
+    /// last micro-batch's all-reduce; zero2: the last micro-batch's
+    /// reductions to each slice's owner), and how many started while the
+    /// backward pass was still running.
     pub buckets: usize,
     pub buckets_overlapped: usize,
     /// Every rank's bytes, in rank order.

@@ -13,7 +13,14 @@ use graphopt_autodiff::{GradOptions as AutodiffOptions, Optimizer};
 use graphopt_exec::{CpuBackend, Executable, HostTensor};
 use graphopt_ir::{DType, Model, Tensor};
 use graphopt_plan::{human_bytes, DimValues, PlanOptions};
+use std::ops::Range;
 use std::time::Instant;
+
+/// A reduction in flight: the range of the flat gradient vector it sums.
+type Reduction = (Range<usize>, Box<dyn crate::distributed::Pending>);
+
+/// What starts a bucket's reductions: the bucket's range and its values.
+type StartReductions<'a> = &'a dyn Fn(Range<usize>, &[f32]) -> Vec<Reduction>;
 
 pub(super) fn has_dropout(g: &graphopt_ir::Graph) -> bool {
     g.nodes().any(|n| {
@@ -837,14 +844,58 @@ impl Stepper {
         };
         let mut part = vec![0f32; if whole.is_empty() { 0 } else { l.shard }];
         let mut losses = Vec::with_capacity(self.micro);
-        // dp and zero1 on several ranks: the last micro-batch's gradients
-        // are all-reduced bucket by bucket as the backward pass completes
-        // each (on MPI's thread, while the pass goes on).
-        let overlap = l.scheme != Scheme::Zero2 && l.ranks > 1;
-        let mut pending: Vec<(std::ops::Range<usize>, Box<dyn crate::distributed::Pending>)> =
-            Vec::new();
+        // On several ranks, gradients are reduced bucket by bucket as the
+        // backward pass completes each (on MPI's thread, while the pass
+        // goes on): dp and zero1 all-reduce the last micro-batch's; zero2
+        // reduces each micro-batch's, every piece of a bucket to the rank
+        // whose slice holds it.
+        let overlap = l.ranks > 1;
+        let all_reduce = |range: Range<usize>, v: &[f32]| -> Vec<Reduction> {
+            vec![(range, comm.all_reduce_sum_start(v.to_vec()))]
+        };
+        let to_owners = |range: Range<usize>, v: &[f32]| -> Vec<Reduction> {
+            (range.start / l.shard..range.end.div_ceil(l.shard))
+                .map(|owner| {
+                    let piece =
+                        range.start.max(owner * l.shard)..range.end.min((owner + 1) * l.shard);
+                    let at = piece.start - range.start..piece.end - range.start;
+                    (piece, comm.reduce_sum_start(v[at].to_vec(), owner))
+                })
+                .collect()
+        };
+        let mut pending: Vec<Reduction> = Vec::new();
         for k in 0..self.micro {
             let micro = slice_rows(batch, k, rows);
+            if overlap && l.scheme == Scheme::Zero2 {
+                whole.iter_mut().for_each(|x| *x = 0.0);
+                let (loss, early) = reduce_while_running(
+                    g,
+                    l,
+                    self.bucket_bytes,
+                    state,
+                    &micro,
+                    ropts,
+                    &to_owners,
+                    &mut whole,
+                    &mut pending,
+                )?;
+                losses.push(loss);
+                self.buckets = (l.buckets(self.bucket_bytes).len(), early);
+                // This rank's pieces, summed over the ranks, into its slice.
+                let t0 = Instant::now();
+                let mine = l.mine();
+                for (piece, p) in pending.drain(..) {
+                    let sum = p.wait().map_err(comm_err)?;
+                    if mine.contains(&piece.start) {
+                        acc[piece.start - mine.start..piece.end - mine.start]
+                            .iter_mut()
+                            .zip(&sum)
+                            .for_each(|(a, b)| *a += b);
+                    }
+                }
+                self.comm_s += t0.elapsed().as_secs_f64();
+                continue;
+            }
             if overlap && k + 1 == self.micro {
                 let (loss, early) = reduce_while_running(
                     g,
@@ -853,7 +904,7 @@ impl Stepper {
                     state,
                     &micro,
                     ropts,
-                    comm,
+                    &all_reduce,
                     &mut acc,
                     &mut pending,
                 )?;
@@ -991,10 +1042,11 @@ impl Stepper {
     }
 }
 
-/// Runs the gradients' graph on the last micro-batch, adding each
-/// parameter's gradient into `acc` as soon as the step that makes it is
-/// done, and starting the all-reduce of each bucket of `acc` (see
-/// [`Layout::buckets`]) once all its gradients are in: the reductions go on
+/// Runs the gradients' graph on a micro-batch, adding each parameter's
+/// gradient into `acc` as soon as the step that makes it is done, and
+/// starting the reductions `start` gives for each bucket of `acc` (see
+/// [`Layout::buckets`]; an all-reduce of the bucket, or zero2's reduction
+/// of each piece to its owner) once all its gradients are in: they go on
 /// while the rest of the backward pass runs. Buckets whose gradients are
 /// only complete at the end start then, in bucket order (the same calls in
 /// the same order on every rank: the schedule is the same). Returns the
@@ -1008,9 +1060,9 @@ fn reduce_while_running(
     state: &State,
     micro: &State,
     ropts: &graphopt_exec::RunOptions,
-    comm: &dyn Collective,
+    start: StartReductions,
     acc: &mut [f32],
-    pending: &mut Vec<(std::ops::Range<usize>, Box<dyn crate::distributed::Pending>)>,
+    pending: &mut Vec<Reduction>,
 ) -> Result<(f32, usize)> {
     let buckets = l.buckets(bucket_bytes);
     let ready = g.exe.output_ready_steps();
@@ -1031,6 +1083,7 @@ fn reduce_while_running(
         }
     }
     let mut left: Vec<usize> = buckets.iter().map(|b| b.1.len()).collect();
+    let mut started = vec![false; buckets.len()];
     let mut done = vec![false; l.params.len()];
     let mut failed: Option<Error> = None;
     let add = |pi: usize, t: &HostTensor, acc: &mut [f32]| -> Result<()> {
@@ -1069,17 +1122,15 @@ fn reduce_while_running(
             left[b] -= 1;
             if left[b] == 0 {
                 let range = buckets[b].0.clone();
-                pending.push((
-                    range.clone(),
-                    comm.all_reduce_sum_start(acc[range].to_vec()),
-                ));
+                pending.extend(start(range.clone(), &acc[range]));
+                started[b] = true;
             }
         }
     })?;
     if let Some(e) = failed {
         return Err(e);
     }
-    let early = pending.len();
+    let early = started.iter().filter(|&&x| x).count();
     // Gradients final only at the end (a weight, an input, a value of
     // data-dependent size), then the buckets they complete, in order.
     for pi in 0..l.params.len() {
@@ -1088,13 +1139,9 @@ fn reduce_while_running(
             left[bucket_of[pi]] -= 1;
         }
     }
-    let started: Vec<std::ops::Range<usize>> = pending.iter().map(|p| p.0.clone()).collect();
-    for (range, _) in &buckets {
-        if !started.contains(range) {
-            pending.push((
-                range.clone(),
-                comm.all_reduce_sum_start(acc[range.clone()].to_vec()),
-            ));
+    for (b, (range, _)) in buckets.iter().enumerate() {
+        if !started[b] {
+            pending.extend(start(range.clone(), &acc[range.clone()]));
         }
     }
     Ok((scalar_of(&outs[g.at("loss")?]) as f32, early))
