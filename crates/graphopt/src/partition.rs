@@ -188,8 +188,8 @@ pub(crate) struct Cutter<'a> {
     /// `cross[p]`: bytes of the values made before `p` and read at or
     /// after it (what a stage starting at `p` receives).
     cross: Vec<u64>,
-    /// The model's data inputs: bytes, first and last reader.
-    data: Vec<(u64, usize, usize)>,
+    /// The model's data inputs: bytes, and their readers in order.
+    data: Vec<(u64, Vec<usize>)>,
     /// Cut points (before node `p`, `1..n`) that do not separate the
     /// readers of one parameter.
     allowed: Vec<bool>,
@@ -297,10 +297,8 @@ impl<'a> Cutter<'a> {
             .collect();
         let data = g
             .runtime_inputs()
-            .filter_map(|v| {
-                let r = readers(v);
-                Some((bytes(v), *r.first()?, *r.last()?))
-            })
+            .map(|v| (bytes(v), readers(v)))
+            .filter(|(_, r)| !r.is_empty())
             .collect();
         Ok(Cutter {
             session,
@@ -341,14 +339,20 @@ impl<'a> Cutter<'a> {
     /// gradients, optimizer state), and its inputs (received, and the data
     /// it reads) kept for `held` micro-batches.
     pub(crate) fn held_bytes(&self, a: usize, b: usize, per_param: f64, held: usize) -> u64 {
+        let params = (self.param[b] - self.param[a]) as f64 * per_param;
+        params as u64 + self.input_bytes(a, b) * held as u64
+    }
+
+    /// Bytes of one micro-batch's inputs of a stage over nodes `a..b`:
+    /// what it receives, and the data its nodes read.
+    pub(crate) fn input_bytes(&self, a: usize, b: usize) -> u64 {
         let data: u64 = self
             .data
             .iter()
-            .filter(|&&(_, lo, hi)| lo < b && hi >= a)
-            .map(|&(bytes, _, _)| bytes)
+            .filter(|(_, r)| r.get(r.partition_point(|&x| x < a)).is_some_and(|&x| x < b))
+            .map(|(bytes, _)| bytes)
             .sum();
-        let params = (self.param[b] - self.param[a]) as f64 * per_param;
-        params as u64 + (self.cross[a] + data) * held as u64
+        self.cross[a] + data
     }
 
     /// Bytes of the activations nodes `a..b` make.

@@ -14,8 +14,8 @@ use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The process's world: `None` before `init` and after `finalize`;
-/// `Some(None)` once finalized (MPI cannot start twice in one process).
+/// The process's world: `None` before `init`, `Some(None)` once finalized
+/// (MPI cannot start twice in one process).
 static WORLD: Mutex<Option<Option<Arc<World>>>> = Mutex::new(None);
 
 fn timeout_of(seconds: Option<f64>) -> PyResult<Duration> {
@@ -29,28 +29,33 @@ fn timeout_of(seconds: Option<f64>) -> PyResult<Duration> {
 }
 
 /// The world, joined now if this process has not yet (`what` names the
-/// call in errors).
+/// call in errors). The lock is taken with the GIL released, so that a
+/// thread joining (which waits for the other ranks) does not hold up
+/// another thread waiting for the GIL.
 pub(crate) fn joined(py: Python<'_>, what: &str, timeout: Option<f64>) -> PyResult<Arc<World>> {
     let timeout = timeout_of(timeout)?;
-    let mut w = WORLD.lock().unwrap_or_else(|p| p.into_inner());
-    match &*w {
-        Some(Some(world)) => return Ok(world.clone()),
-        Some(None) => {
-            return Err(gmsg(format!(
-                "{what}: graphopt.distributed.finalize() already ended MPI in this process"
-            )))
+    py.detach(|| {
+        let mut w = WORLD.lock().unwrap_or_else(|p| p.into_inner());
+        match &*w {
+            Some(Some(world)) => return Ok(world.clone()),
+            Some(None) => {
+                return Err(graphopt::Error::new(format!(
+                    "{what}: graphopt.distributed.finalize() already ended MPI in this process"
+                )))
+            }
+            None => {}
         }
-        None => {}
-    }
-    if !HAS_MPI {
-        return Err(gerr(graphopt::Error::unsupported(format!(
-            "{what}: this graphopt package was built without MPI: pip install ./crates/python --config-settings=build-args=\"--features mpi --auditwheel skip\" (README, \"Multiple devices\")"
-        ))));
-    }
-    graphopt::distributed::require_launch(what).map_err(gerr)?;
-    let world = Arc::new(py.detach(|| World::init(timeout)).map_err(gerr)?);
-    *w = Some(Some(world.clone()));
-    Ok(world)
+        if !HAS_MPI {
+            return Err(graphopt::Error::unsupported(format!(
+                "{what}: this graphopt package was built without MPI: pip install ./crates/python --config-settings=build-args=\"--features mpi --auditwheel skip\" (README, \"Multiple devices\")"
+            )));
+        }
+        graphopt::distributed::require_launch(what)?;
+        let world = Arc::new(World::init(timeout)?);
+        *w = Some(Some(world.clone()));
+        Ok(world)
+    })
+    .map_err(gerr)
 }
 
 /// A rank's error names it, as the CLI's do.
@@ -64,14 +69,28 @@ pub(crate) fn rank_err(world: &World, e: graphopt::Error) -> graphopt::Error {
 
 /// This process's place among the processes `mpirun` started, with
 /// collectives on numpy arrays. Every rank must make the same calls in
-/// the same order (MPI's rule); each waits at most the timeout given to
-/// `init`, then raises.
+/// the same order (MPI's rule); a call that waits longer than the timeout
+/// given to `init` ends the process with a line naming it (and `mpirun`
+/// the others). It holds no reference to MPI: after `finalize()` its
+/// collectives raise.
 #[pyclass(name = "World", module = "graphopt.distributed", frozen)]
 pub(crate) struct PyWorld {
-    world: Arc<World>,
+    rank: usize,
+    size: usize,
+    engine: &'static str,
 }
 
 impl PyWorld {
+    /// The world for one call (while it runs, `finalize` waits for it).
+    fn world(&self, what: &str) -> PyResult<Arc<World>> {
+        match &*WORLD.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(Some(w)) => Ok(w.clone()),
+            _ => Err(gmsg(format!(
+                "{what}: graphopt.distributed.finalize() already ended MPI in this process"
+            ))),
+        }
+    }
+
     fn f32s(&self, what: &str, a: &Bound<'_, PyAny>) -> PyResult<HostTensor> {
         let t = array_to_tensor(what, a)?;
         if t.dtype != DType::F32 {
@@ -108,19 +127,19 @@ impl PyWorld {
     /// This process's rank (0-based).
     #[getter]
     fn rank(&self) -> usize {
-        self.world.rank()
+        self.rank
     }
 
     /// How many processes `mpirun` started.
     #[getter]
     fn size(&self) -> usize {
-        self.world.ranks()
+        self.size
     }
 
     /// The communication engine ("mpi").
     #[getter]
     fn engine(&self) -> &'static str {
-        self.world.comm().engine()
+        self.engine
     }
 
     fn __repr__(&self) -> String {
@@ -134,7 +153,7 @@ impl PyWorld {
 
     /// Waits for every rank.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        let w = self.world.clone();
+        let w = self.world("barrier")?;
         py.detach(move || w.comm().barrier()).map_err(comm_err)
     }
 
@@ -146,7 +165,7 @@ impl PyWorld {
         array: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = self.f32s("all_reduce", array)?;
-        let w = self.world.clone();
+        let w = self.world("all_reduce")?;
         let shape = t.shape.clone();
         let sum = py
             .detach(move || {
@@ -165,7 +184,7 @@ impl PyWorld {
         array: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = self.f32s("all_gather", array)?;
-        let w = self.world.clone();
+        let w = self.world("all_gather")?;
         let mut shape = vec![w.ranks()];
         shape.extend(&t.shape);
         let all = py
@@ -187,24 +206,27 @@ impl PyWorld {
         array: &Bound<'py, PyAny>,
         root: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        if root >= self.world.ranks() {
+        if root >= self.size {
             return Err(gmsg(format!(
                 "broadcast: root {root}, but there are {} ranks",
-                self.world.ranks()
+                self.size
             )));
         }
         let mut t = array_to_tensor("broadcast", array)?;
-        let w = self.world.clone();
+        let w = self.world("broadcast")?;
         let t = py
             .detach(move || {
-                // The root's size first: a rank whose array differs says
-                // so instead of reading a truncated message.
+                // The root's size first: a rank whose array differs still
+                // takes part (into a buffer of the root's size, so that
+                // every rank makes the same calls), then says so.
                 let mut len = (t.data.len() as u64).to_le_bytes();
                 w.comm().broadcast(&mut len, root)?;
                 let want = u64::from_le_bytes(len);
                 if want != t.data.len() as u64 {
+                    let mut scratch = vec![0u8; want as usize];
+                    w.comm().broadcast(&mut scratch, root)?;
                     return Err(CommError(format!(
-                        "broadcast: rank {root} sends {want} bytes, this rank's array has {}",
+                        "broadcast: rank {root} sent {want} bytes, this rank's array has {}",
                         t.data.len()
                     )));
                 }
@@ -216,13 +238,17 @@ impl PyWorld {
 }
 
 /// Joins the processes `mpirun` started (MPI starts here, once per
-/// process; later calls return the same world). `comm_timeout`: seconds
-/// any collective may wait (default 300) before it raises.
+/// process; later calls return the same world, and their `comm_timeout`
+/// is not used). `comm_timeout`: seconds any collective may wait (default
+/// 300) before it ends the process.
 #[pyfunction(name = "distributed_init")]
 #[pyo3(signature = (comm_timeout=None))]
 pub(crate) fn init(py: Python<'_>, comm_timeout: Option<f64>) -> PyResult<PyWorld> {
+    let w = joined(py, "graphopt.distributed.init", comm_timeout)?;
     Ok(PyWorld {
-        world: joined(py, "graphopt.distributed.init", comm_timeout)?,
+        rank: w.rank(),
+        size: w.ranks(),
+        engine: w.comm().engine(),
     })
 }
 
@@ -244,7 +270,7 @@ pub(crate) fn finalize(py: Python<'_>) {
         }
     };
     // MPI is finalized when the last reference drops (a call in flight on
-    // another thread keeps it until it returns).
+    // another thread keeps it until that call returns).
     py.detach(move || drop(world));
 }
 

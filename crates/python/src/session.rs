@@ -523,6 +523,11 @@ impl PySession {
             .filter(|e| !e.is_none())
             .map(|e| array_data(e, "eval"))
             .transpose()?;
+        if pipeline.is_some() && eval.is_some() {
+            return Err(gerr(graphopt::Error::unsupported(
+                "eval with pipeline: not yet",
+            )));
+        }
         // A distributed run joins the other ranks first (MPI starts here
         // unless graphopt.distributed.init() started it).
         let world = match (&opts.distributed, &pipeline) {

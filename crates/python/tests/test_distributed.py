@@ -73,13 +73,28 @@ def test_collectives_and_data_parallel_training_equal_one_process(tmp_path):
         res["sum"] = world.all_reduce(np.full((2, 2), r + 1, np.float32)).tolist()
         res["gather"] = world.all_gather(np.array([r, 10 * r], np.float32)).tolist()
         res["bcast"] = world.broadcast(np.arange(3, dtype=np.int64) * (r + 7), root=1).tolist()
-        assert dist.init() is not None  # the same world again
+        res["again"] = [dist.init().rank, dist.init().size]  # the same world again
         s = graphopt.load({str(MLP)!r})
         for scheme in ("dp", "zero1", "zero2"):
             t = s.train({str(TRAIN / "digits_mlp.train.npz")!r}, distributed=scheme, **{ARGS!r})
             rep = t.report()["steps"][-1]["report"]
             res[scheme] = {{"losses": [x["loss"] for x in rep["log"]], "dist": rep["distributed"],
                            "w": {{k: v.tolist() for k, v in t.weights().items()}}}}
+        # A size that differs from the root's: every rank still takes part,
+        # this one raises.
+        try:
+            world.broadcast(np.zeros(3 if world.rank == 1 else 4, np.float32), root=1)
+            res["mismatch"] = None
+        except graphopt.GraphoptError as e:
+            res["mismatch"] = str(e)
+        world.barrier()
+        # After finalize, the world's calls raise (MPI is over).
+        dist.finalize()
+        try:
+            world.barrier()
+            res["after"] = None
+        except graphopt.GraphoptError as e:
+            res["after"] = str(e)
         """,
     )
     assert p.returncode == 0, p.stdout + p.stderr
@@ -88,6 +103,12 @@ def test_collectives_and_data_parallel_training_equal_one_process(tmp_path):
         assert res["sum"] == [[3.0, 3.0], [3.0, 3.0]]
         assert res["gather"] == [[0.0, 0.0], [1.0, 10.0]]
         assert res["bcast"] == [0, 8, 16]
+        assert res["again"] == [r, 2]
+        if r == 1:
+            assert res["mismatch"] is None
+        else:
+            assert res["mismatch"] == "broadcast: rank 1 sent 12 bytes, this rank's array has 16"
+        assert res["after"] == "barrier: graphopt.distributed.finalize() already ended MPI in this process"
     # One process summing the same two halves as two micro-batches: the
     # same bits (two ranks add as one process adds two micro-batches).
     one = graphopt.load(str(MLP)).train(str(TRAIN / "digits_mlp.train.npz"), micro_batches=2, **ARGS)
@@ -140,7 +161,11 @@ def test_pipeline_stages_train_as_one_process(tmp_path, cli):
 
 def test_a_failing_rank_names_itself_and_the_others_end(tmp_path):
     # Rank 1 asks for a batch its data does not have: it raises (and does
-    # not finalize); rank 0, waiting in a collective, is ended by mpirun.
+    # not finalize); rank 0, waiting in a collective, is ended by mpirun,
+    # long before its 60 s timeout.
+    import time
+
+    t0 = time.monotonic()
     p, ranks = launch(
         tmp_path,
         2,
@@ -151,9 +176,11 @@ def test_a_failing_rank_names_itself_and_the_others_end(tmp_path):
         """,
         timeout=120,
     )
+    took = time.monotonic() - t0
     assert p.returncode != 0
     assert "rank 1: " in p.stderr and "--batch 100000" in p.stderr, p.stderr
     assert ranks == [None, None]
+    assert took < 30, took
 
 
 def test_outside_mpirun_init_refuses_in_one_line():

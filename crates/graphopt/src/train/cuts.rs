@@ -9,13 +9,15 @@
 //! 2. otherwise a search over every allowed cut ([`Cutter::search`],
 //!    dynamic programming) keeps only stages whose *estimate* fits. A
 //!    stage planned already is estimated at its exact bytes; another at
-//!    its parameters × the bytes each parameter byte costs (weights,
-//!    gradients, optimizer state), plus the inputs it receives or reads
-//!    times the micro-batches it holds ([`Schedule::held`]), plus the bytes
-//!    of the activations its nodes make × the least arena per activation
-//!    byte the stages planned so far showed, or, when more, the bytes of
-//!    the largest stage planned inside it. The estimate leans low, so that
-//!    no cut that fits is ruled out for a guess;
+//!    its parameters × the least bytes per parameter byte (weights,
+//!    gradients, optimizer state) the stages planned so far showed, plus
+//!    the inputs it receives or reads times the micro-batches it holds
+//!    ([`crate::partition::Schedule::held`]), plus the bytes of the activations its nodes
+//!    make × the least arena per activation byte seen; or, when more, the
+//!    weights, state and arenas of the largest stage planned inside it plus
+//!    its own inputs in flight. The estimate leans low, so that a cut that
+//!    fits is not ruled out for a guess (it assumes a stage's arenas do not
+//!    shrink as it grows);
 //! 3. the cuts found are planned exactly, and become exact in the
 //!    estimate; the search runs again until its cuts fit, at most
 //!    [`ROUNDS`] times. Each round plans one more range exactly, so it
@@ -42,46 +44,52 @@ const ROUNDS: usize = 16;
 #[derive(Default)]
 struct Learned {
     /// Bytes a stage holds per byte of its parameters (weights, gradients,
-    /// optimizer state): the same for every stage.
-    per_param: f64,
+    /// optimizer state): the least ratio among the stages planned.
+    per_param: Option<f64>,
     /// The least arena bytes per byte of activations a stage's nodes make
-    /// among the stages planned: the estimate leans low, so that a search
-    /// never rules out a cut that would fit.
+    /// among the stages planned.
     arena: Option<f64>,
-    /// Exact bytes of the stages planned: (start, end, stage).
-    exact: HashMap<(usize, usize, usize), u64>,
+    /// The stages planned, by (start, end, stage): their exact bytes, and
+    /// those without their inputs in flight.
+    exact: HashMap<(usize, usize, usize), (u64, u64)>,
+}
+
+fn least(x: &mut Option<f64>, ratio: f64) {
+    *x = Some(x.map_or(ratio, |x| x.min(ratio)));
 }
 
 impl Learned {
     fn learn(&mut self, c: &Cutter, cuts: &[usize], records: &[StageRecord]) {
         for (&(a, b), r) in c.ranges(cuts).iter().zip(records) {
-            self.exact.insert((a, b, r.stage), r.total());
+            let total = r.total();
+            self.exact
+                .insert((a, b, r.stage), (total, total - r.in_flight_bytes));
             let params = c.param_bytes(a, b);
             if params > 0 {
                 let held = r.weights_bytes + r.optimizer_state_bytes + r.gradient_bytes;
-                self.per_param = self.per_param.max(held as f64 / params as f64);
+                least(&mut self.per_param, held as f64 / params as f64);
             }
             let act = c.activation_bytes(a, b);
             if act > 0 {
-                let ratio = r.arena_bytes as f64 / act as f64;
-                self.arena = Some(self.arena.map_or(ratio, |x| x.min(ratio)));
+                least(&mut self.arena, r.arena_bytes as f64 / act as f64);
             }
         }
     }
 
     fn estimate(&self, c: &Cutter, a: usize, b: usize, stage: usize, held: usize) -> u64 {
-        if let Some(&e) = self.exact.get(&(a, b, stage)) {
+        if let Some(&(e, _)) = self.exact.get(&(a, b, stage)) {
             return e;
         }
-        // A stage holds at least what a stage inside it held.
+        // A stage holds at least the weights, state and arenas of a stage
+        // planned inside it, besides its own inputs in flight.
         let inside = self
             .exact
             .iter()
             .filter(|(&(a2, b2, s2), _)| s2 == stage && a <= a2 && b2 <= b)
-            .map(|(_, &e)| e)
+            .map(|(_, &(_, without))| without + c.input_bytes(a, b) * held as u64)
             .max()
             .unwrap_or(0);
-        let guess = c.held_bytes(a, b, self.per_param, held)
+        let guess = c.held_bytes(a, b, self.per_param.unwrap_or(0.0), held)
             + (c.activation_bytes(a, b) as f64 * self.arena.unwrap_or(0.0)) as u64;
         guess.max(inside)
     }

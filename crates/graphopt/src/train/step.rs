@@ -854,6 +854,9 @@ impl Stepper {
             vec![(range, comm.all_reduce_sum_start(v.to_vec()))]
         };
         let to_owners = |range: Range<usize>, v: &[f32]| -> Vec<Reduction> {
+            if l.shard == 0 {
+                return Vec::new(); // no parameter elements (on every rank)
+            }
             (range.start / l.shard..range.end.div_ceil(l.shard))
                 .map(|owner| {
                     let piece =

@@ -164,9 +164,11 @@ class Session:
         default) recomputes forward values where micro-batches alone do not fit.
 
         Under ``mpirun`` (see :mod:`graphopt.distributed`): ``distributed`` trains this
-        rank on its share of each batch (``train --distributed``; gradients all-reduced in
-        buckets of ``bucket_size``, default 25 MiB), ``pipeline`` runs this rank's stage of
-        a :meth:`partition` folder (``train --pipeline``). Errors name the rank."""
+        rank on its share of each batch (``train --distributed``; gradients reduced in
+        buckets of ``bucket_size``, default 25 MiB: all-reduced under dp and zero1, each
+        piece to its slice's owner under zero2), ``pipeline`` runs this rank's stage of a
+        :meth:`partition` folder (``train --pipeline``; not with ``eval``). Errors name the
+        rank. ``comm_timeout`` applies when this call starts MPI."""
     def partition(
         self,
         stages: int,

@@ -19,14 +19,18 @@ model); ``Session.plan_distributed(scheme, ranks, ...)`` is
 ``plan --distributed``. A distributed ``train`` joins the world itself when
 ``init`` was not called.
 
-The package needs MPI compiled in (``HAS_MPI``)::
+The package needs MPI compiled in (``HAS_MPI``; ``--auditwheel skip`` keeps
+the system's MPI out of the wheel)::
 
-    pip install ./crates/python --config-settings=build-args="--features mpi"
+    pip install ./crates/python --config-settings=build-args="--features mpi --auditwheel skip"
 
 MPI ends with ``finalize()``, which runs at exit after a clean one. A process
 that exits on an uncaught exception does not finalize, so that ``mpirun``
-ends the other ranks at once instead of leaving them waiting; every
-collective also gives up after ``comm_timeout`` seconds (default 300).
+ends the other ranks at once instead of leaving them waiting (a process that
+catches the error and exits with ``sys.exit(1)`` should call ``os._exit(1)``
+instead, for the same reason). A collective that waits longer than
+``comm_timeout`` seconds (default 300) ends its process with a line saying
+which call waited.
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ def _note_failure(kind, value, tb):
 
 
 def _at_exit():
-    if not _failed:
+    # CPython sets sys.last_value (3.12: last_exc) for an uncaught exception
+    # whatever the hook; _failed covers a hook that does not chain.
+    if not (_failed or getattr(sys, "last_value", None) or getattr(sys, "last_exc", None)):
         _finalize()
 
 
