@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -212,3 +213,21 @@ def test_plan_distributed_and_budgeted_partition_equal_the_cli(tmp_path, cli):
     with pytest.raises(graphopt.GraphoptError, match="no cut into 2 stages fits"):
         graphopt.load(str(CNN)).partition(2, data=str(TRAIN / "digits_cnn.train.npz"), batch=32,
                                           target="y", budget="100KB")
+
+
+def test_the_readme_example_runs_under_mpirun(tmp_path):
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    example = [b for b in blocks if b.startswith("import graphopt, graphopt.distributed as dist")]
+    assert len(example) == 1, "the README's graphopt.distributed example moved"
+    out = tmp_path / "trained.onnx"
+    script = tmp_path / "readme.py"
+    script.write_text(example[0].replace('"trained.onnx"', repr(str(out))))
+    cmd = [mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, str(script)]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # Rank 0 wrote the trained model; it differs from the untrained one.
+    trained = graphopt.load(str(out)).weights()
+    before = graphopt.load(str(MLP)).weights()
+    assert trained.keys() == before.keys()
+    assert any(not np.array_equal(trained[k], before[k]) for k in before)
