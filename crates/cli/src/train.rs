@@ -149,17 +149,8 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         (None, None) => return train(a, &graphopt::distributed::World::solo(), None),
     };
     graphopt::distributed::require_launch(&what)?;
-    let timeout = match a.comm_timeout {
-        None => graphopt::distributed::DEFAULT_TIMEOUT,
-        Some(t) if t.is_finite() && t > 0.0 => std::time::Duration::from_secs_f64(t),
-        Some(t) => {
-            return Err(graphopt::Error::new(format!(
-                "--comm-timeout {t}: expected a positive number of seconds"
-            )))
-        }
-    };
+    let timeout = graphopt::distributed::comm_timeout(a.comm_timeout, "--comm-timeout")?;
     let world = graphopt::distributed::World::init(timeout)?;
-    let (rank, ranks) = (world.rank(), world.ranks());
     match train(a, &world, scheme) {
         // Finalizes MPI once every rank is done.
         Ok(()) => Ok(()),
@@ -167,15 +158,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             // A failed rank exits at once, without finalizing MPI (which
             // would wait for ranks still inside a collective): `mpirun`
             // sees it exit and ends the others.
-            std::mem::forget(world);
-            if ranks > 1 {
+            if world.ranks() > 1 {
                 RANK_FAILED.store(true, std::sync::atomic::Ordering::SeqCst);
             }
-            Err(if ranks > 1 {
-                graphopt::Error::with_kind(e.kind(), format!("rank {rank}: {e}"))
-            } else {
-                e
-            })
+            let e = world.rank_error(e);
+            std::mem::forget(world);
+            Err(e)
         }
     }
 }

@@ -639,6 +639,14 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
     };
     let dir = tmp("pipeline");
     let gpt_data = gpt2_data(&dir);
+    let gpt_opts = vec![
+        "--batch",
+        "16",
+        "--class-axis",
+        "-1",
+        "--optimizer",
+        "adamw",
+    ];
     // (model, data, options of both partition's plan and train, train's)
     type Case<'a> = (&'a str, PathBuf, PathBuf, Vec<&'a str>, Vec<&'a str>);
     let cases: [Case; 3] = [
@@ -653,14 +661,7 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
             "gpt2_tiny",
             td("models/gpt2_tiny.ts14.onnx"),
             gpt_data.clone(),
-            vec![
-                "--batch",
-                "16",
-                "--class-axis",
-                "-1",
-                "--optimizer",
-                "adamw",
-            ],
+            gpt_opts.clone(),
             vec!["--steps", "10"],
         ),
         // The dynamo export ties the LM head to the embedding: the only cut
@@ -669,14 +670,7 @@ fn pipelines_equal_one_process_with_the_same_micro_batches() {
             "gpt2_tiny_dynamo",
             td("models/gpt2_tiny.dynamo18.onnx"),
             gpt_data.clone(),
-            vec![
-                "--batch",
-                "16",
-                "--class-axis",
-                "-1",
-                "--optimizer",
-                "adamw",
-            ],
+            gpt_opts,
             vec!["--steps", "4"],
         ),
     ];

@@ -103,6 +103,16 @@ impl World {
         }
     }
 
+    /// `e` naming this rank when there are several (`rank 1: ...`), as
+    /// every front end reports a rank's error.
+    pub fn rank_error(&self, e: Error) -> Error {
+        if self.ranks() > 1 {
+            Error::with_kind(e.kind(), format!("rank {}: {e}", self.rank()))
+        } else {
+            e
+        }
+    }
+
     pub fn comm(&self) -> &dyn Collective {
         self.comm.as_ref()
     }
@@ -113,6 +123,18 @@ impl World {
 
     pub fn ranks(&self) -> usize {
         self.comm.ranks()
+    }
+}
+
+/// The collectives' timeout from seconds (`--comm-timeout`; `None`:
+/// [`DEFAULT_TIMEOUT`]); `what` names the option in the error.
+pub fn comm_timeout(seconds: Option<f64>, what: &str) -> Result<Duration> {
+    match seconds {
+        None => Ok(DEFAULT_TIMEOUT),
+        Some(t) if t.is_finite() && t > 0.0 => Ok(Duration::from_secs_f64(t)),
+        Some(t) => Err(Error::new(format!(
+            "{what} {t}: expected a positive number of seconds"
+        ))),
     }
 }
 

@@ -7,33 +7,22 @@
 
 use crate::convert::{array_to_tensor, tensor_to_array};
 use crate::{gerr, gmsg};
-use graphopt::distributed::{CommError, World, DEFAULT_TIMEOUT, HAS_MPI};
+use graphopt::distributed::{CommError, World, HAS_MPI};
 use graphopt::ir::DType;
 use graphopt::HostTensor;
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 /// The process's world: `None` before `init`, `Some(None)` once finalized
 /// (MPI cannot start twice in one process).
 static WORLD: Mutex<Option<Option<Arc<World>>>> = Mutex::new(None);
-
-fn timeout_of(seconds: Option<f64>) -> PyResult<Duration> {
-    match seconds {
-        None => Ok(DEFAULT_TIMEOUT),
-        Some(t) if t.is_finite() && t > 0.0 => Ok(Duration::from_secs_f64(t)),
-        Some(t) => Err(gmsg(format!(
-            "comm_timeout {t}: expected a positive number of seconds"
-        ))),
-    }
-}
 
 /// The world, joined now if this process has not yet (`what` names the
 /// call in errors). The lock is taken with the GIL released, so that a
 /// thread joining (which waits for the other ranks) does not hold up
 /// another thread waiting for the GIL.
 pub(crate) fn joined(py: Python<'_>, what: &str, timeout: Option<f64>) -> PyResult<Arc<World>> {
-    let timeout = timeout_of(timeout)?;
+    let timeout = graphopt::distributed::comm_timeout(timeout, "comm_timeout").map_err(gerr)?;
     py.detach(|| {
         let mut w = WORLD.lock().unwrap_or_else(|p| p.into_inner());
         match &*w {
@@ -56,15 +45,6 @@ pub(crate) fn joined(py: Python<'_>, what: &str, timeout: Option<f64>) -> PyResu
         Ok(world)
     })
     .map_err(gerr)
-}
-
-/// A rank's error names it, as the CLI's do.
-pub(crate) fn rank_err(world: &World, e: graphopt::Error) -> graphopt::Error {
-    if world.ranks() > 1 {
-        graphopt::Error::with_kind(e.kind(), format!("rank {}: {e}", world.rank()))
-    } else {
-        e
-    }
 }
 
 /// This process's place among the processes `mpirun` started, with

@@ -547,7 +547,7 @@ impl PySession {
                 (Some(w), None) => s.train_on(w.comm(), data.as_ref(), eval, &opts, &mut |_| {}),
             };
             let r = match &world {
-                Some(w) => r.map_err(|e| crate::distributed::rank_err(w, e))?,
+                Some(w) => r.map_err(|e| w.rank_error(e))?,
                 None => r?,
             };
             to_json(&r)

@@ -835,20 +835,19 @@ impl Stepper {
         let comm_err = |e: crate::distributed::CommError| Error::runtime(e.0);
         // 1. The micro-batches' gradients summed into the flat vector (or,
         //    under zero2, each micro-batch's reduce-scattered into this
-        //    rank's slice).
+        //    rank's slice). Gradients are reduced bucket by bucket as the
+        //    backward pass completes each (on MPI's thread, while the pass
+        //    goes on): zero2 reduces each micro-batch's, every piece of a
+        //    bucket to the rank whose slice holds it; dp and zero1, on
+        //    several ranks, all-reduce the last micro-batch's (one process
+        //    accumulating micro-batches has nothing to reduce).
         let mut acc = vec![0f32; l.accumulator_len()];
         let mut whole = if l.scheme == Scheme::Zero2 {
             vec![0f32; l.padded()]
         } else {
             Vec::new()
         };
-        let mut part = vec![0f32; if whole.is_empty() { 0 } else { l.shard }];
         let mut losses = Vec::with_capacity(self.micro);
-        // On several ranks, gradients are reduced bucket by bucket as the
-        // backward pass completes each (on MPI's thread, while the pass
-        // goes on): dp and zero1 all-reduce the last micro-batch's; zero2
-        // reduces each micro-batch's, every piece of a bucket to the rank
-        // whose slice holds it.
         let overlap = l.ranks > 1;
         let all_reduce = |range: Range<usize>, v: &[f32]| -> Vec<Reduction> {
             vec![(range, comm.all_reduce_sum_start(v.to_vec()))]
@@ -869,9 +868,9 @@ impl Stepper {
         let mut pending: Vec<Reduction> = Vec::new();
         for k in 0..self.micro {
             let micro = slice_rows(batch, k, rows);
-            if overlap && l.scheme == Scheme::Zero2 {
+            if l.scheme == Scheme::Zero2 {
                 whole.iter_mut().for_each(|x| *x = 0.0);
-                let (loss, early) = reduce_while_running(
+                let (loss, buckets) = reduce_while_running(
                     g,
                     l,
                     self.bucket_bytes,
@@ -883,7 +882,7 @@ impl Stepper {
                     &mut pending,
                 )?;
                 losses.push(loss);
-                self.buckets = (l.buckets(self.bucket_bytes).len(), early);
+                self.buckets = buckets;
                 // This rank's pieces, summed over the ranks, into its slice.
                 let t0 = Instant::now();
                 let mine = l.mine();
@@ -900,7 +899,7 @@ impl Stepper {
                 continue;
             }
             if overlap && k + 1 == self.micro {
-                let (loss, early) = reduce_while_running(
+                let (loss, buckets) = reduce_while_running(
                     g,
                     l,
                     self.bucket_bytes,
@@ -912,41 +911,25 @@ impl Stepper {
                     &mut pending,
                 )?;
                 losses.push(loss);
-                self.buckets = (pending.len(), early);
+                self.buckets = buckets;
                 continue;
             }
             let mut outs = g.run(state, &micro, ropts)?;
             losses.push(scalar_of(&outs[g.at("loss")?]) as f32);
-            let into = if whole.is_empty() {
-                &mut acc
-            } else {
-                whole.iter_mut().for_each(|x| *x = 0.0);
-                &mut whole
-            };
-            l.add_grads(into, &mut |p| {
+            l.add_grads(&mut acc, &mut |p| {
                 let i = g.at(&format!("{p}_grad"))?;
                 Ok(std::mem::replace(
                     &mut outs[i],
                     HostTensor::from_f32(&[], &[0.0]),
                 ))
             })?;
-            if !whole.is_empty() {
-                let t0 = Instant::now();
-                comm.reduce_scatter_sum(&whole, &mut part)
-                    .map_err(comm_err)?;
-                self.comm_s += t0.elapsed().as_secs_f64();
-                acc.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
-            }
         }
         drop(whole);
         let t0 = Instant::now();
-        if overlap {
-            for (range, p) in pending {
-                let sum = p.wait().map_err(comm_err)?;
-                acc[range].copy_from_slice(&sum);
-            }
-        } else if l.scheme != Scheme::Zero2 {
-            comm.all_reduce_sum(&mut acc).map_err(comm_err)?;
+        // dp and zero1's all-reduces (zero2's are in already).
+        for (range, p) in pending {
+            let sum = p.wait().map_err(comm_err)?;
+            acc[range].copy_from_slice(&sum);
         }
         // Every rank's losses, in rank order: the loss is summed as one
         // process would sum its micro-batches'.
@@ -1053,8 +1036,8 @@ impl Stepper {
 /// while the rest of the backward pass runs. Buckets whose gradients are
 /// only complete at the end start then, in bucket order (the same calls in
 /// the same order on every rank: the schedule is the same). Returns the
-/// micro-batch's loss and how many buckets started before the graph
-/// finished.
+/// micro-batch's loss, and the buckets and how many of them started before
+/// the graph finished.
 #[allow(clippy::too_many_arguments)]
 fn reduce_while_running(
     g: &mut Bound,
@@ -1066,7 +1049,7 @@ fn reduce_while_running(
     start: StartReductions,
     acc: &mut [f32],
     pending: &mut Vec<Reduction>,
-) -> Result<(f32, usize)> {
+) -> Result<(f32, (usize, usize))> {
     let buckets = l.buckets(bucket_bytes);
     let ready = g.exe.output_ready_steps();
     // Per parameter: its gradient's output, and its bucket.
@@ -1147,5 +1130,8 @@ fn reduce_while_running(
             pending.extend(start(range.clone(), &acc[range.clone()]));
         }
     }
-    Ok((scalar_of(&outs[g.at("loss")?]) as f32, early))
+    Ok((
+        scalar_of(&outs[g.at("loss")?]) as f32,
+        (buckets.len(), early),
+    ))
 }
