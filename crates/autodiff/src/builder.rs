@@ -241,6 +241,7 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
     }
     let grads_out: Vec<ValueId> = outs[1..=params.len()].to_vec();
     let mut state_inputs = Vec::new();
+    let opt_start = added.len();
     match opts.optimizer {
         Optimizer::None => {}
         Optimizer::Sgd { lr, weight_decay } => {
@@ -298,6 +299,7 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
         }
     }
     infer_model(&mut m, &InferOptions::default());
+    let updates: Vec<NodeId> = added[opt_start..].to_vec();
     let added: HashSet<NodeId> = added.into_iter().collect();
     if fold_uniform_expands(&mut m.graph, &added) {
         dce(&mut m.graph);
@@ -315,6 +317,8 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
         g.take_initializer(v);
         g.remove_value(v);
     }
+    let held: HashSet<ValueId> = params.iter().chain(&state_inputs).copied().collect();
+    schedule_updates(&mut m.graph, &updates, &held)?;
     let forward_nodes = forward_cone(&m.graph).len();
     let backward_nodes = m.graph.node_count() - forward_nodes;
     let names = |vs: &[ValueId]| vs.iter().map(|&v| m.graph.name(v).to_string()).collect();
@@ -332,6 +336,76 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
         dropout_train,
         model: m,
     })
+}
+
+/// Places each optimizer node (`updates`) right after the last node it
+/// depends on, and after every other reader of the parameters and state
+/// (`held`) it reads, instead of after the whole backward pass: each
+/// parameter's update then runs as soon as its gradient is complete, the
+/// gradient dies there, and `<p>_new` may still overwrite `<p>` (nothing
+/// reads `<p>` after it). Program order is what the planner, `remat` and
+/// the runtimes start from, so the gradients are never alive together.
+///
+/// ```text
+/// before: dW2 = ..; dW1 = ..; W2_new = W2 - lr*dW2; W1_new = W1 - lr*dW1
+/// after:  dW2 = ..; W2_new = W2 - lr*dW2; dW1 = ..; W1_new = W1 - lr*dW1
+/// ```
+fn schedule_updates(g: &mut Graph, updates: &[NodeId], held: &HashSet<ValueId>) -> Result<()> {
+    let order: Vec<NodeId> = g.order().to_vec();
+    let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let moving: HashSet<NodeId> = updates
+        .iter()
+        .copied()
+        .filter(|n| pos.contains_key(n))
+        .collect();
+    if moving.is_empty() {
+        return Ok(());
+    }
+    // The position of the node each moving node goes right after (None:
+    // the start). Program order is topological, so a moving producer's
+    // slot is known before its readers'.
+    let mut slot: HashMap<NodeId, Option<usize>> = HashMap::new();
+    for &n in &order {
+        if !moving.contains(&n) {
+            continue;
+        }
+        let node = g.node(n);
+        let mut s: Option<usize> = None;
+        for &v in node.inputs().iter().flatten().chain(node.captures()) {
+            if let Some((p, _)) = g.producer(v) {
+                let ps = if moving.contains(&p) {
+                    slot[&p]
+                } else {
+                    pos.get(&p).copied()
+                };
+                s = s.max(ps);
+            } else if held.contains(&v) {
+                for u in g.uses(v) {
+                    if !moving.contains(&u.node()) {
+                        s = s.max(pos.get(&u.node()).copied());
+                    }
+                }
+            }
+        }
+        slot.insert(n, s);
+    }
+    let mut after: Vec<Vec<NodeId>> = vec![Vec::new(); order.len()];
+    let mut new = Vec::with_capacity(order.len());
+    for &n in &order {
+        match slot.get(&n) {
+            Some(Some(s)) => after[*s].push(n),
+            Some(None) => new.push(n),
+            None => {}
+        }
+    }
+    for (i, &n) in order.iter().enumerate() {
+        if !moving.contains(&n) {
+            new.push(n);
+        }
+        new.append(&mut after[i]);
+    }
+    g.set_order(new)
+        .map_err(|e| GradError::Invalid(format!("ordering the optimizer's updates: {e}")))
 }
 
 /// Switches every Dropout of the main graph to training mode: its
