@@ -748,26 +748,32 @@ fn build_loss(
             let mut td = yd.clone();
             td.remove(ca as usize);
             let t = add_target(cx, Some(Type::tensor(DType::I64, Some(Shape::new(td)))))?;
-            let lsm = cx.op("LogSoftmax", &[y], vec![int_attr("axis", ca)])?;
+            // loss = mean(logsumexp(y) - y[target]), written so that no
+            // tensor of y's size lives beside y: y - max(y) and its Exp
+            // are elementwise, and the planner runs them in place over y
+            // (once y[target] is read); LogSoftmax would hold a second
+            // copy of y (the logits of a language model: 411 MB for GPT-2
+            // at 8 x 256).
+            let axis = || int_attr("axis", ca);
             let tu = cx.unsqueeze(t, &[ca])?;
-            let picked = cx.op("GatherElements", &[lsm, tu], vec![int_attr("axis", ca)])?;
-            let m = cx.op("ReduceMean", &[picked], vec![kd0()])?;
-            let l = cx.op("Neg", &[m], vec![])?;
-            // d loss / d y = (softmax(y) - onehot(target)) / numel(target)
-            let p = cx.op("Exp", &[lsm], vec![])?;
-            let s = cx.shape_of(y)?;
-            let ax = cx.const_i64(&[ca])?;
-            let depth = cx.op("Gather", &[s, ax], vec![int_attr("axis", 0)])?;
-            let vals = match dt {
-                DType::F64 => {
-                    let raw: Vec<u8> = [0f64, 1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-                    graphopt_ir::Tensor::from_raw(dt, vec![2], raw.into())?
-                }
-                _ => graphopt_ir::Tensor::from_f32(vec![2], &[0.0, 1.0])?,
-            };
-            let vals = cx.constant("onehot_values", vals);
-            let oh = cx.op("OneHot", &[t, depth, vals], vec![int_attr("axis", ca)])?;
-            let diff = cx.op("Sub", &[p, oh], vec![])?;
+            let picked = cx.op("GatherElements", &[y, tu], vec![axis()])?;
+            let mx = cx.reduce_max(y, &[ca], true)?;
+            let shifted = cx.op("Sub", &[y, mx], vec![])?;
+            let e = cx.op("Exp", &[shifted], vec![])?;
+            let sum = cx.reduce_sum(e, &[ca], true)?;
+            let log_sum = cx.op("Log", &[sum], vec![])?;
+            let lse = cx.op("Add", &[log_sum, mx], vec![])?;
+            let nll = cx.op("Sub", &[lse, picked], vec![])?;
+            let l = cx.op("ReduceMean", &[nll], vec![kd0()])?;
+            // d loss / d y = (softmax(y) - onehot(target)) / numel(target),
+            // without a one-hot tensor as large as y: the softmax (in place
+            // over the saved Exp) less one where the target points, a
+            // ScatterElements that the planner also runs in place.
+            let p = cx.op("Div", &[e, sum], vec![])?;
+            let picked_p = cx.op("GatherElements", &[p, tu], vec![axis()])?;
+            let one = cx.scalar(dt, 1.0)?;
+            let less_one = cx.op("Sub", &[picked_p, one], vec![])?;
+            let diff = cx.op("ScatterElements", &[p, tu, less_one], vec![axis()])?;
             let n = cx.numel_f(t, dt)?;
             (l, cx.op("Div", &[diff, n], vec![])?)
         }

@@ -279,6 +279,17 @@ impl<'a> Cx<'a> {
         }
     }
 
+    /// `ReduceMax(x, axes)`; opset-aware (axes an input from 18 on).
+    pub fn reduce_max(&mut self, x: ValueId, axes: &[i64], keepdims: bool) -> Result<ValueId> {
+        let kd = int_attr("keepdims", keepdims as i64);
+        if self.opset >= 18 {
+            let a = self.const_i64(axes)?;
+            self.op("ReduceMax", &[x, a], vec![kd])
+        } else {
+            self.op("ReduceMax", &[x], vec![ints_attr("axes", axes), kd])
+        }
+    }
+
     pub fn unsqueeze(&mut self, x: ValueId, axes: &[i64]) -> Result<ValueId> {
         if self.opset >= 13 {
             let a = self.const_i64(axes)?;

@@ -6,7 +6,11 @@
 //! 2. MaxPool's gradient holds one input-sized tensor: its zeros, the
 //!    ScatterElements that adds the output gradient into them (planned in
 //!    place) and the Reshape to the input's shape (a view) share one
-//!    buffer.
+//!    buffer;
+//! 3. cross-entropy holds the logits' size once: its forward (y - max,
+//!    Exp) and its gradient (softmax, the ScatterElements that takes one
+//!    off at the targets, the division by the count) all run in place over
+//!    the logits' buffer, with no LogSoftmax copy and no one-hot tensor.
 
 use graphopt::plan::{DimValues, PlanOptions};
 use graphopt::{AutodiffOptions, GradOptions, Loss, Session};
@@ -164,5 +168,52 @@ fn max_pool_backward_holds_one_input_sized_tensor() {
             .map(|t| t.offset)
             .collect();
         assert_eq!(live_input_sized.len(), 1, "{name}");
+    }
+}
+
+#[test]
+fn cross_entropy_holds_the_logits_once() {
+    for name in ["gpt2_tiny.ts14", "gpt2_tiny.dynamo18"] {
+        let mut s = graphopt::load(model(name)).unwrap();
+        s.grad(&GradOptions {
+            autodiff: AutodiffOptions {
+                loss: Loss::CrossEntropy,
+                class_axis: -1,
+                ..AutodiffOptions::default()
+            },
+            ..GradOptions::default()
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mp = planned(&s, &[3, 5]);
+        let (g, plan) = (&mp.model.graph, &mp.plan);
+        let logits = g.value_by_name("logits").unwrap();
+        let ld = known_dims(g, logits).unwrap();
+        // The logits and the loss's values of their shape.
+        let mut big = vec![logits];
+        big.extend(
+            g.nodes()
+                .filter(|&n| g.node(n).name.starts_with("grad/loss"))
+                .filter_map(|n| g.node(n).output(0))
+                .filter(|&v| known_dims(g, v).is_some_and(|d| d == ld)),
+        );
+        assert!(big.len() >= 5, "{name}: {} logits-sized values", big.len());
+        for op in ["LogSoftmax", "OneHot"] {
+            assert!(
+                g.nodes().all(|n| g.node(n).op_type != op),
+                "{name}: the loss has a {op}"
+            );
+        }
+        let most = (0..plan.schedule.len())
+            .map(|t| {
+                plan.tensors
+                    .iter()
+                    .filter(|x| big.contains(&x.value) && x.first <= t && t <= x.last)
+                    .map(|x| x.offset)
+                    .collect::<std::collections::BTreeSet<u64>>()
+                    .len()
+            })
+            .max()
+            .unwrap();
+        assert_eq!(most, 1, "{name}: logits-sized buffers live at once");
     }
 }
