@@ -10,7 +10,9 @@
 //! 3. cross-entropy holds the logits' size once: its forward (y - max,
 //!    Exp) and its gradient (softmax, the ScatterElements that takes one
 //!    off at the targets, the division by the count) all run in place over
-//!    the logits' buffer, with no LogSoftmax copy and no one-hot tensor.
+//!    the logits' buffer, with no LogSoftmax copy and no one-hot tensor;
+//! 4. a weight's gradients copy neither the weight nor the activation
+//!    transposed (Gemm's transA/transB read them in place).
 
 use graphopt::plan::{DimValues, PlanOptions};
 use graphopt::{AutodiffOptions, GradOptions, Loss, Session};
@@ -215,5 +217,62 @@ fn cross_entropy_holds_the_logits_once() {
             .max()
             .unwrap();
         assert_eq!(most, 1, "{name}: logits-sized buffers live at once");
+    }
+}
+
+/// 4. A weight's gradients read the weight and the activation where they
+///    are: `dA = Gemm(dY, W, transB=1)` and `dW = Gemm(A, dY, transA=1)`,
+///    with no transposed copy of either (one Transpose per weight and one
+///    activation-sized Transpose per product before).
+#[test]
+fn weight_gradients_transpose_nothing() {
+    // gpt2's Conv1D layers export as Gemm (whose rule already used
+    // transA/transB); its LM head is a MatMul.
+    for (name, least) in [("gpt2_tiny.ts14", 1), ("bert_tiny.ts14", 12)] {
+        let mut s = graphopt::load(model(name)).unwrap();
+        let r = s
+            .grad(&GradOptions {
+                autodiff: AutodiffOptions {
+                    loss: Loss::Sum,
+                    params_as_inputs: true,
+                    ..AutodiffOptions::default()
+                },
+                ..GradOptions::default()
+            })
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let g = &s.model().graph;
+        let is_param = |v| r.params.iter().any(|p| p == g.name(v));
+        let weights = g
+            .nodes()
+            .filter(|&n| g.node(n).op_type == "MatMul")
+            .filter(|&n| g.node(n).input(1).is_some_and(is_param))
+            .count();
+        let transposed: Vec<String> = g
+            .nodes()
+            .filter(|&n| g.node(n).op_type == "Transpose")
+            .filter(|&n| g.node(n).input(0).is_some_and(is_param))
+            .map(|n| g.node(n).name.clone())
+            .collect();
+        let gemm_t = |attr: &str| {
+            g.nodes()
+                .filter(|&n| g.node(n).op_type == "Gemm")
+                .filter(|&n| g.node(n).attr_int(attr) == Some(1))
+                .count()
+        };
+        assert!(weights >= least, "{name}: {weights} MatMuls with a weight");
+        assert!(
+            transposed.is_empty(),
+            "{name}: weights transposed: {transposed:?}"
+        );
+        assert!(
+            gemm_t("transA") >= weights,
+            "{name}: {} dW Gemms",
+            gemm_t("transA")
+        );
+        assert!(
+            gemm_t("transB") >= weights,
+            "{name}: {} dA Gemms",
+            gemm_t("transB")
+        );
     }
 }

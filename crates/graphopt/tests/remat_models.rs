@@ -40,7 +40,7 @@ fn run(m: &graphopt::ir::Model, inputs: &[TractTensor]) -> Vec<TractTensor> {
 fn remat_keeps_tract_outputs_bit_identical() {
     for (name, strategy, pct, seq) in [
         ("gpt2_tiny.ts14", RematStrategy::Auto, 90.0, 8),
-        ("bert_tiny.ts14", RematStrategy::Sqrt, 90.0, 64),
+        ("bert_tiny.ts14", RematStrategy::Fast, 70.0, 64),
     ] {
         let mut s = train(name);
         let before = s.model().clone();
@@ -103,10 +103,13 @@ fn remat_keeps_tract_outputs_bit_identical() {
         assert_eq!(a.len(), b.len());
         // Recomputation repeats the same ops on the same inputs, and in
         // onnxruntime every output is bit-identical (tests-py/
-        // remat_models.py). tract's own graph optimizer rewrites the two
-        // graphs differently (bert_tiny's gradients under sqrt moved by up
-        // to 6.7e-7 relative L2; gpt2_tiny's not at all), so here the loss
-        // must be bit-identical and each gradient within 2e-6.
+        // remat_models.py). tract's own graph optimizer may rewrite the
+        // two graphs differently (it moved bert_tiny's gradients under
+        // sqrt by up to 6.7e-7 relative L2; under fast, and gpt2_tiny's,
+        // not at all), so here the loss must be bit-identical and each
+        // gradient within 2e-6. (bert_tiny runs `fast`: since its weight
+        // gradients read the activations in place (Gemm), sqrt's and
+        // per-block's checkpoint sets are above store-all on it.)
         assert_eq!(a[0], b[0], "{name}: the loss differs after remat");
         let names: Vec<String> = (0..a.len()).map(|k| format!("output {k}")).collect();
         let tol = graphopt::tract::compare::Tolerance::default();

@@ -5,7 +5,12 @@
 //!   reduced back over the batch axes it was broadcast on. When `B` is a
 //!   2-D weight of known width, `dB = reshape(A, [-1, K])ᵀ · reshape(dY, [-1, N])`
 //!   sums the batch inside one product instead of materializing a
-//!   per-batch `[.., K, N]` tensor.
+//!   per-batch `[.., K, N]` tensor. In float32, both products with a 2-D
+//!   weight are Gemms whose transposes are attributes (`dA =
+//!   Gemm(dY, B, transB=1)`, `dB = Gemm(A, dY, transA=1)`, over rows
+//!   flattened by views), so neither the weight nor the activation is
+//!   copied transposed: `Transpose(A)` was an activation-sized copy on every
+//!   step, `Transpose(B)` a weight-sized one (154 MB for GPT-2's LM head).
 //!
 //!   When `dY` is uniform, the scalar `s` everywhere ([`Cx::uniform`]: the
 //!   sum and mean losses on a language model's logits), the products
@@ -24,7 +29,7 @@
 use super::{dy, out_dims};
 use crate::cx::{float_attr, int_attr, Cx};
 use crate::Result;
-use graphopt_ir::{Dim, ValueId};
+use graphopt_ir::{DType, Dim, ValueId};
 
 type Grads = Result<Vec<Option<ValueId>>>;
 
@@ -49,6 +54,9 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         cx.dims(b).unwrap_or_default(),
     );
     let mut out = vec![None, None];
+    // Gemm (2-D, transposes as attributes) where every runtime has it:
+    // float32. Other types transpose and multiply.
+    let f32 = cx.dtype(a)? == DType::F32 && cx.dtype(b)? == DType::F32;
     let uniform = cx.uniform(d);
     // Dims equal and known (static or the same symbol).
     let same = |x: &[Dim], y: &[Dim]| x == y && !x.contains(&Dim::Unknown);
@@ -60,11 +68,29 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         let g = cx.op("Mul", &[u, s], vec![])?;
         out[0] = Some(cx.expand_like(g, a)?);
     } else if cx.need(0) {
-        let bt = cx.transpose(b, &swap_last(rb))?;
-        let g = cx.op("MatMul", &[d, bt], vec![])?;
-        let mut gd = yd[..ry - 2].to_vec();
-        gd.extend_from_slice(&ad[ra - 2..]);
-        out[0] = Some(cx.unbroadcast(g, &gd, a)?);
+        let n = yd[ry - 1].known();
+        out[0] = Some(match (rb, n) {
+            // A 2-D weight: one Gemm reads it transposed (transB), with no
+            // transposed copy, over dY's rows flattened (views).
+            (2, Some(n)) if f32 => {
+                if ra == 2 {
+                    gemm_t(cx, d, b, false, true)?
+                } else {
+                    let sn = cx.const_i64(&[-1, n])?;
+                    let d2 = cx.reshape(d, sn)?;
+                    let g = gemm_t(cx, d2, b, false, true)?;
+                    let sa = cx.shape_of(a)?;
+                    cx.reshape(g, sa)?
+                }
+            }
+            _ => {
+                let bt = cx.transpose(b, &swap_last(rb))?;
+                let g = cx.op("MatMul", &[d, bt], vec![])?;
+                let mut gd = yd[..ry - 2].to_vec();
+                gd.extend_from_slice(&ad[ra - 2..]);
+                cx.unbroadcast(g, &gd, a)?
+            }
+        });
     }
     let b_axes: Option<Vec<i64>> = if rb == 2 {
         Some((0..ra as i64 - 1).collect())
@@ -82,13 +108,18 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         let k = ad[ra - 1].known();
         let n = yd[ry - 1].known();
         out[1] = Some(match (rb, k, n) {
+            (2, _, _) if ra == 2 && f32 => gemm_t(cx, a, d, true, false)?,
             (2, Some(k), Some(n)) if ra > 2 => {
                 let sk = cx.const_i64(&[-1, k])?;
                 let sn = cx.const_i64(&[-1, n])?;
                 let a2 = cx.reshape(a, sk)?;
                 let d2 = cx.reshape(d, sn)?;
-                let at = cx.transpose(a2, &[1, 0])?;
-                cx.op("MatMul", &[at, d2], vec![])?
+                if f32 {
+                    gemm_t(cx, a2, d2, true, false)?
+                } else {
+                    let at = cx.transpose(a2, &[1, 0])?;
+                    cx.op("MatMul", &[at, d2], vec![])?
+                }
             }
             _ => {
                 let at = cx.transpose(a, &swap_last(ra))?;
@@ -100,6 +131,16 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         });
     }
     Ok(out)
+}
+
+/// `Gemm(x, y)` with `transA`/`transB`: the transposed operand is read in
+/// place, never copied.
+fn gemm_t(cx: &mut Cx, x: ValueId, y: ValueId, ta: bool, tb: bool) -> Result<ValueId> {
+    cx.op(
+        "Gemm",
+        &[x, y],
+        vec![int_attr("transA", ta as i64), int_attr("transB", tb as i64)],
+    )
 }
 
 pub fn gemm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
