@@ -20,7 +20,8 @@ peak RSS is its own:
 
 * torch: `model(x)`, the loss, `backward()`, `optimizer.step()` for
   `--steps` steps on random data; step time is the median of the steps
-  after the first; peak RSS is the process's (`ru_maxrss`).
+  after the first; peak RSS is the process's (`VmHWM`; a child's
+  `ru_maxrss` starts at its parent's high-water mark on Linux).
 * graphopt: the model exported with the TorchScript exporter (opset 17,
   cached in benches/models/), the same random data as an npz, then
   `graphopt train --steps N --batch B --no-shuffle --threads T --json`;
@@ -51,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -116,7 +116,12 @@ def torch_child(name: str, steps: int, threads: int, batch: int | None = None) -
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM, not ru_maxrss: on Linux a child's ru_maxrss starts at its
+    # parent's high-water mark (kept across fork and exec), and the parent
+    # has exported the model, so ru_maxrss reported the parent's peak
+    # whenever it was the larger (gpt2: 4.8 GB). VmHWM is this process's.
+    rss = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+               if line.startswith("VmHWM:"))
     print(json.dumps({"step_s": statistics.median(times[1:]), "peak_rss": rss, "loss0": None}))
 
 
