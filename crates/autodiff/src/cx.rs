@@ -257,37 +257,38 @@ impl<'a> Cx<'a> {
         Ok(s)
     }
 
-    /// `ReduceSum(x, axes)`; opset-aware (axes an input from 13 on).
+    /// `op(x, axes)` for a reduction whose axes are an attribute before
+    /// opset `input_from` and an input from it on.
+    fn reduce(
+        &mut self,
+        op: &str,
+        input_from: i64,
+        x: ValueId,
+        axes: &[i64],
+        keepdims: bool,
+    ) -> Result<ValueId> {
+        let kd = int_attr("keepdims", keepdims as i64);
+        if self.opset >= input_from {
+            let a = self.const_i64(axes)?;
+            self.op(op, &[x, a], vec![kd])
+        } else {
+            self.op(op, &[x], vec![ints_attr("axes", axes), kd])
+        }
+    }
+
+    /// `ReduceSum(x, axes)` (axes an input from opset 13 on).
     pub fn reduce_sum(&mut self, x: ValueId, axes: &[i64], keepdims: bool) -> Result<ValueId> {
-        let kd = int_attr("keepdims", keepdims as i64);
-        if self.opset >= 13 {
-            let a = self.const_i64(axes)?;
-            self.op("ReduceSum", &[x, a], vec![kd])
-        } else {
-            self.op("ReduceSum", &[x], vec![ints_attr("axes", axes), kd])
-        }
+        self.reduce("ReduceSum", 13, x, axes, keepdims)
     }
 
-    /// `ReduceMean(x, axes)`; opset-aware (axes an input from 18 on).
+    /// `ReduceMean(x, axes)` (axes an input from opset 18 on).
     pub fn reduce_mean(&mut self, x: ValueId, axes: &[i64], keepdims: bool) -> Result<ValueId> {
-        let kd = int_attr("keepdims", keepdims as i64);
-        if self.opset >= 18 {
-            let a = self.const_i64(axes)?;
-            self.op("ReduceMean", &[x, a], vec![kd])
-        } else {
-            self.op("ReduceMean", &[x], vec![ints_attr("axes", axes), kd])
-        }
+        self.reduce("ReduceMean", 18, x, axes, keepdims)
     }
 
-    /// `ReduceMax(x, axes)`; opset-aware (axes an input from 18 on).
+    /// `ReduceMax(x, axes)` (axes an input from opset 18 on).
     pub fn reduce_max(&mut self, x: ValueId, axes: &[i64], keepdims: bool) -> Result<ValueId> {
-        let kd = int_attr("keepdims", keepdims as i64);
-        if self.opset >= 18 {
-            let a = self.const_i64(axes)?;
-            self.op("ReduceMax", &[x, a], vec![kd])
-        } else {
-            self.op("ReduceMax", &[x], vec![ints_attr("axes", axes), kd])
-        }
+        self.reduce("ReduceMax", 18, x, axes, keepdims)
     }
 
     pub fn unsqueeze(&mut self, x: ValueId, axes: &[i64]) -> Result<ValueId> {
