@@ -272,6 +272,8 @@ def main() -> int:
             res["goals"] = goals(res)
         with open(a.from_json, "w") as f:
             json.dump(saved, f, indent=1)
+        if not a.from_json.endswith(".json"):
+            raise SystemExit(f"--from-json {a.from_json}: not a .json file")
         write_md(a.from_json[:-len(".json")], saved["models"], saved["meta"].get("optimizer"))
         return 0
     if a.out is None:
@@ -291,8 +293,8 @@ def main() -> int:
         print(table(name, res), flush=True)
     # `optimal` as the reference on the small training graphs it can run on.
     for name, dims in SMALL.items():
-        if not a.small:
-            break
+        if not a.small or a.optimizer:
+            break  # (they are `grad`'s graphs without an optimizer: remat.md has them)
         print(f"{name}:", flush=True)
         train = os.path.join(MODELS_DIR, f"{name}.remat.train.onnx")
         if not os.path.exists(train):

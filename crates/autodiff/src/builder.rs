@@ -340,7 +340,8 @@ pub fn build_training_graph(model: &Model, opts: &GradOptions) -> Result<Trainin
 
 /// Places each optimizer node (`updates`) right after the last node it
 /// depends on, and after every other reader of the parameters and state
-/// (`held`) it reads, instead of after the whole backward pass: each
+/// (`held`) it reads (one that only other optimizer nodes read goes with
+/// the first of them), instead of after the whole backward pass: each
 /// parameter's update then runs as soon as its gradient is complete, the
 /// gradient dies there, and `<p>_new` may still overwrite `<p>` (nothing
 /// reads `<p>` after it). Program order is what the planner, `remat` and
@@ -389,6 +390,29 @@ fn schedule_updates(g: &mut Graph, updates: &[NodeId], held: &HashSet<ValueId>) 
         }
         slot.insert(n, s);
     }
+    // A moving node that only other moving nodes read goes with the first
+    // of them, not earlier: AdamW's `β1·m`, `β2·v` and `(1 - lr·wd)·p` read
+    // only state or the parameter, and placed as early as they may run they
+    // would hold a parameter-sized tensor from the start (or the
+    // parameter's last forward reader) to the gradient. Readers come later
+    // in program order, so they are settled first, and each only delays.
+    for &n in order.iter().rev() {
+        if !moving.contains(&n) {
+            continue;
+        }
+        let outs: Vec<ValueId> = g.node(n).outputs().iter().flatten().copied().collect();
+        if outs.iter().any(|&o| g.is_output(o)) {
+            continue;
+        }
+        let readers: Vec<NodeId> = outs
+            .iter()
+            .flat_map(|&o| g.uses(o).iter().map(|u| u.node()))
+            .collect();
+        if !readers.is_empty() && readers.iter().all(|r| moving.contains(r)) {
+            let first = readers.iter().map(|r| slot[r]).min().expect("not empty");
+            slot.insert(n, first);
+        }
+    }
     let mut after: Vec<Vec<NodeId>> = vec![Vec::new(); order.len()];
     let mut new = Vec::with_capacity(order.len());
     for &n in &order {
@@ -403,6 +427,23 @@ fn schedule_updates(g: &mut Graph, updates: &[NodeId], held: &HashSet<ValueId>) 
             new.push(n);
         }
         new.append(&mut after[i]);
+    }
+    // Every producer before its readers (set_order checks only that each
+    // node is listed once).
+    let at: HashMap<NodeId, usize> = new.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    for (i, &n) in new.iter().enumerate() {
+        let node = g.node(n);
+        for &v in node.inputs().iter().flatten().chain(node.captures()) {
+            if let Some((p, _)) = g.producer(v) {
+                if at.get(&p).is_some_and(|&j| j >= i) {
+                    return Err(GradError::Invalid(format!(
+                        "ordering the optimizer's updates put node '{}' before its input '{}'",
+                        node.name,
+                        g.name(v)
+                    )));
+                }
+            }
+        }
     }
     g.set_order(new)
         .map_err(|e| GradError::Invalid(format!("ordering the optimizer's updates: {e}")))
@@ -762,8 +803,9 @@ fn build_loss(
             let e = cx.op("Exp", &[shifted], vec![])?;
             let sum = cx.reduce_sum(e, &[ca], true)?;
             let log_sum = cx.op("Log", &[sum], vec![])?;
-            let lse = cx.op("Add", &[log_sum, mx], vec![])?;
-            let nll = cx.op("Sub", &[lse, picked], vec![])?;
+            // log_sum - (y[target] - max), as torch rounds it: both small.
+            let picked_shifted = cx.op("Sub", &[picked, mx], vec![])?;
+            let nll = cx.op("Sub", &[log_sum, picked_shifted], vec![])?;
             let l = cx.op("ReduceMean", &[nll], vec![kd0()])?;
             // d loss / d y = (softmax(y) - onehot(target)) / numel(target),
             // without a one-hot tensor as large as y: the softmax (in place

@@ -18,11 +18,15 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Relative difference of losses and parameters from one process after
-/// 20 AdamW steps. Measured: 0 with 2 ranks (the same sums), at most
-/// 9.6e-7 (parameters) and 5.3e-8 (losses) with 4, where the ranks' sum
-/// is grouped ((g0+g1)+(g2+g3)) and the micro-batches' in order; the
-/// issue's bound is 1e-5.
-const REL: f64 = 3e-6;
+/// 20 AdamW steps. Measured: 0 with 2 ranks (the same sums); with 4, where
+/// the ranks' sum is grouped ((g0+g1)+(g2+g3)) and the micro-batches' in
+/// order, at most 5.3e-8 (losses) and 7.2e-7 (parameters; dp, zero1) or
+/// 5.5e-6 (zero2, whose owners sum the pieces in another order still).
+/// AdamW divides by sqrt(v), so where a gradient is near zero its noise
+/// shows whole: the zero2 figure was 9.6e-7 before cross-entropy's and
+/// MatMul's gradients were rewritten (other ops, same math), and moves
+/// with any change of rounding. The bound is the issue's.
+const REL: f64 = 1e-5;
 
 fn td(p: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -242,37 +242,56 @@ fn weight_gradients_transpose_nothing() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let g = &s.model().graph;
         let is_param = |v| r.params.iter().any(|p| p == g.name(v));
-        let weights = g
+        let matmuls: Vec<_> = g
             .nodes()
             .filter(|&n| g.node(n).op_type == "MatMul")
             .filter(|&n| g.node(n).input(1).is_some_and(is_param))
-            .count();
-        let transposed: Vec<String> = g
-            .nodes()
-            .filter(|&n| g.node(n).op_type == "Transpose")
-            .filter(|&n| g.node(n).input(0).is_some_and(is_param))
-            .map(|n| g.node(n).name.clone())
             .collect();
-        let gemm_t = |attr: &str| {
-            g.nodes()
-                .filter(|&n| g.node(n).op_type == "Gemm")
-                .filter(|&n| g.node(n).attr_int(attr) == Some(1))
-                .count()
+        assert!(
+            matmuls.len() >= least,
+            "{name}: {} MatMuls with a weight",
+            matmuls.len()
+        );
+        // A value and the views of it made by Reshape.
+        let with_views = |v| {
+            let mut vs = vec![v];
+            vs.extend(
+                g.uses(v)
+                    .iter()
+                    .map(|u| u.node())
+                    .filter(|&n| g.node(n).op_type == "Reshape")
+                    .filter_map(|n| g.node(n).output(0)),
+            );
+            vs
         };
-        assert!(weights >= least, "{name}: {weights} MatMuls with a weight");
-        assert!(
-            transposed.is_empty(),
-            "{name}: weights transposed: {transposed:?}"
-        );
-        assert!(
-            gemm_t("transA") >= weights,
-            "{name}: {} dW Gemms",
-            gemm_t("transA")
-        );
-        assert!(
-            gemm_t("transB") >= weights,
-            "{name}: {} dA Gemms",
-            gemm_t("transB")
-        );
+        let reads = |op: &str, slot: usize, attr: &str, vs: &[graphopt::ir::ValueId]| {
+            g.nodes().any(|n| {
+                let d = g.node(n);
+                d.op_type == op
+                    && d.input(slot).is_some_and(|v| vs.contains(&v))
+                    && (attr.is_empty() || d.attr_int(attr) == Some(1))
+            })
+        };
+        for &mm in &matmuls {
+            let (a, w) = (g.node(mm).input(0).unwrap(), g.node(mm).input(1).unwrap());
+            let label = &g.node(mm).name;
+            let av = with_views(a);
+            assert!(
+                reads("Gemm", 1, "transB", &[w]),
+                "{name}: {label}: no dA Gemm"
+            );
+            assert!(
+                reads("Gemm", 0, "transA", &av),
+                "{name}: {label}: no dW Gemm"
+            );
+            assert!(
+                !reads("Transpose", 0, "", &[w]),
+                "{name}: {label}: weight transposed"
+            );
+            assert!(
+                !reads("Transpose", 0, "", &av),
+                "{name}: {label}: activation transposed"
+            );
+        }
     }
 }

@@ -58,6 +58,18 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     // float32. Other types transpose and multiply.
     let f32 = cx.dtype(a)? == DType::F32 && cx.dtype(b)? == DType::F32;
     let uniform = cx.uniform(d);
+    // dY's rows flattened to [-1, N] (a view), made once for both products.
+    let n = yd[ry - 1].known();
+    let mut flat = None;
+    let mut flat_d = |cx: &mut Cx, n: i64| -> Result<ValueId> {
+        if let Some(v) = flat {
+            return Ok(v);
+        }
+        let sn = cx.const_i64(&[-1, n])?;
+        let v = cx.reshape(d, sn)?;
+        flat = Some(v);
+        Ok(v)
+    };
     // Dims equal and known (static or the same symbol).
     let same = |x: &[Dim], y: &[Dim]| x == y && !x.contains(&Dim::Unknown);
     if let Some(s) =
@@ -68,20 +80,15 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         let g = cx.op("Mul", &[u, s], vec![])?;
         out[0] = Some(cx.expand_like(g, a)?);
     } else if cx.need(0) {
-        let n = yd[ry - 1].known();
         out[0] = Some(match (rb, n) {
             // A 2-D weight: one Gemm reads it transposed (transB), with no
             // transposed copy, over dY's rows flattened (views).
+            (2, _) if f32 && ra == 2 => gemm_t(cx, d, b, false, true)?,
             (2, Some(n)) if f32 => {
-                if ra == 2 {
-                    gemm_t(cx, d, b, false, true)?
-                } else {
-                    let sn = cx.const_i64(&[-1, n])?;
-                    let d2 = cx.reshape(d, sn)?;
-                    let g = gemm_t(cx, d2, b, false, true)?;
-                    let sa = cx.shape_of(a)?;
-                    cx.reshape(g, sa)?
-                }
+                let d2 = flat_d(cx, n)?;
+                let g = gemm_t(cx, d2, b, false, true)?;
+                let sa = cx.shape_of(a)?;
+                cx.reshape(g, sa)?
             }
             _ => {
                 let bt = cx.transpose(b, &swap_last(rb))?;
@@ -106,14 +113,12 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         out[1] = Some(cx.expand_like(g, b)?);
     } else if cx.need(1) {
         let k = ad[ra - 1].known();
-        let n = yd[ry - 1].known();
         out[1] = Some(match (rb, k, n) {
             (2, _, _) if ra == 2 && f32 => gemm_t(cx, a, d, true, false)?,
             (2, Some(k), Some(n)) if ra > 2 => {
                 let sk = cx.const_i64(&[-1, k])?;
-                let sn = cx.const_i64(&[-1, n])?;
                 let a2 = cx.reshape(a, sk)?;
-                let d2 = cx.reshape(d, sn)?;
+                let d2 = flat_d(cx, n)?;
                 if f32 {
                     gemm_t(cx, a2, d2, true, false)?
                 } else {
