@@ -254,7 +254,14 @@ fn train(
         let _ = err.flush();
     };
     let result = match &a.pipeline {
-        Some(dir) => session.train_pipeline(world.comm(), dir, &data, &opts, &mut progress),
+        Some(dir) => session.train_pipeline(
+            world.comm(),
+            dir,
+            &data,
+            eval.as_ref().map(|e| e as &dyn DataSource),
+            &opts,
+            &mut progress,
+        ),
         None => session.train_on(
             world.comm(),
             &data,

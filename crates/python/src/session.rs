@@ -523,11 +523,6 @@ impl PySession {
             .filter(|e| !e.is_none())
             .map(|e| array_data(e, "eval"))
             .transpose()?;
-        if pipeline.is_some() && eval.is_some() {
-            return Err(gerr(graphopt::Error::unsupported(
-                "eval with pipeline: not yet",
-            )));
-        }
         // A distributed run joins the other ranks first (MPI starts here
         // unless graphopt.distributed.init() started it).
         let world = match (&opts.distributed, &pipeline) {
@@ -542,7 +537,7 @@ impl PySession {
             let r = match (&world, &pipeline) {
                 (None, _) => s.train(data.as_ref(), eval, &opts),
                 (Some(w), Some(dir)) => {
-                    s.train_pipeline(w.comm(), dir, data.as_ref(), &opts, &mut |_| {})
+                    s.train_pipeline(w.comm(), dir, data.as_ref(), eval, &opts, &mut |_| {})
                 }
                 (Some(w), None) => s.train_on(w.comm(), data.as_ref(), eval, &opts, &mut |_| {}),
             };

@@ -524,17 +524,20 @@ impl Session {
 impl Session {
     /// Trains the session's model (the whole model: rank 0 writes it back)
     /// as one stage of the pipeline in `dir` ([`crate::partition`]), this
-    /// process being rank `comm.rank()` = stage. See the module doc.
+    /// process being rank `comm.rank()` = stage. See the module doc. An
+    /// `eval` set, like a budget or checkpoints, is refused (not yet).
     pub fn train_pipeline(
         &mut self,
         comm: &dyn Collective,
         dir: &Path,
         data: &dyn DataSource,
+        eval: Option<&dyn DataSource>,
         opts: &TrainOptions,
         progress: &mut dyn FnMut(&StepRecord),
     ) -> Result<TrainReport> {
         opts.validate()?;
         for (set, what) in [
+            (eval.is_some(), "--eval"),
             (opts.budget.is_some(), "--budget"),
             (opts.checkpoint.is_some(), "--checkpoint"),
             (opts.resume.is_some(), "--resume"),
@@ -958,6 +961,53 @@ fn params_as_inputs(stage: &Model, params: &[String]) -> Model {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a pipeline does not do yet is refused before anything is
+    /// read or run (the folder does not exist), one line each.
+    #[test]
+    fn eval_budget_and_checkpoints_are_refused_with_a_pipeline() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/train/digits_mlp.onnx");
+        let data = crate::train::ArrayData::new(
+            vec![("x".to_string(), HostTensor::from_f32(&[1, 1], &[0.0]))],
+            "data",
+        )
+        .unwrap();
+        let comm = graphopt_exec::collective::Solo;
+        let base = TrainOptions::new(1);
+        let with = |f: &dyn Fn(&mut TrainOptions)| {
+            let mut o = base.clone();
+            f(&mut o);
+            o
+        };
+        let cases: [(TrainOptions, bool, &str); 3] = [
+            (base.clone(), true, "--eval with --pipeline: not yet"),
+            (
+                with(&|o| o.budget = Some(1 << 20)),
+                false,
+                "--budget with --pipeline: not yet",
+            ),
+            (
+                with(&|o| o.checkpoint = Some("ck".into())),
+                false,
+                "--checkpoint with --pipeline: not yet",
+            ),
+        ];
+        for (opts, eval, want) in cases {
+            let mut s = crate::load(&path).unwrap();
+            let e = s
+                .train_pipeline(
+                    &comm,
+                    Path::new("no-such-folder"),
+                    &data,
+                    eval.then_some(&data as &dyn DataSource),
+                    &opts,
+                    &mut |_| {},
+                )
+                .unwrap_err();
+            assert_eq!(e.to_string(), want);
+        }
+    }
 
     #[test]
     fn messages_round_trip_and_refuse_truncation() {
