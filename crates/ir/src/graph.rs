@@ -916,7 +916,9 @@ impl Graph {
         }
     }
 
-    /// Replaces program order (a schedule). It must list every live node once.
+    /// Replaces program order (a schedule). It must list every live node
+    /// once, each after the producers of the values it reads (inputs and
+    /// subgraph captures).
     pub fn set_order(&mut self, order: Vec<NodeId>) -> Result<(), IrError> {
         let mut seen = vec![false; self.nodes.len()];
         for &n in &order {
@@ -928,6 +930,22 @@ impl Graph {
         }
         if order.len() != self.order.len() {
             return Err(IrError::new("schedule does not list every node"));
+        }
+        let mut placed = vec![false; self.nodes.len()];
+        for &n in &order {
+            let d = self.node(n);
+            for &v in d.inputs().iter().flatten().chain(d.captures()) {
+                if let Some((p, _)) = self.producer(v) {
+                    if !placed[p.index()] {
+                        return Err(IrError::new(format!(
+                            "schedule puts node '{}' before the producer of its input '{}'",
+                            d.name,
+                            self.name(v)
+                        )));
+                    }
+                }
+            }
+            placed[n.index()] = true;
         }
         self.order.set(&order);
         Ok(())

@@ -300,9 +300,27 @@ mod tests {
 
     #[test]
     fn rejects_out_of_order_nodes() {
-        let (mut g, ..) = small();
-        let order: Vec<_> = g.nodes().rev().collect();
-        g.set_order(order).unwrap();
+        // small() with its two nodes added the other way round (set_order
+        // refuses such an order).
+        let mut g = Graph::new("g");
+        let x = g
+            .add_value("x", Some(Type::known(DType::F32, &[2])))
+            .unwrap();
+        g.inputs.push(x);
+        let y = g.add_value("y", None).unwrap();
+        let z = g.add_value("z", None).unwrap();
+        g.add_node(NewNode::new("Relu").name("r2").inputs(&[y]).outputs(&[z]))
+            .unwrap();
+        g.add_node(NewNode::new("Relu").name("r1").inputs(&[x]).outputs(&[y]))
+            .unwrap();
+        g.outputs.push(z);
+        let (mut s, ..) = small();
+        let rev: Vec<_> = s.nodes().rev().collect();
+        let e = s.set_order(rev).unwrap_err().to_string();
+        assert!(
+            e.contains("schedule puts node 'r2' before the producer of its input 'y'"),
+            "{e}"
+        );
         let e = verify_graph(&g, &[]).unwrap_err().to_string();
         assert!(
             e.contains("node 'r2' (Relu) reads 'y' before it is defined"),
