@@ -186,19 +186,30 @@ fn losses_match_finite_differences() {
             }
             _ => {}
         }
-        let (l, checks) =
-            graphopt::grad_check(&train.model, &train.params, &inputs, 1e-2, 64).unwrap();
-        assert!(l.is_finite(), "{loss:?}: loss {l}");
-        for c in checks {
-            eprintln!("{loss:?}: {}: rel_l2 {:.2e}", c.name, c.rel_l2);
-            assert!(
-                c.rel_l2 <= LOSS_BOUND,
-                "{loss:?}: {} rel_l2 {:.3e}",
-                c.name,
-                c.rel_l2
-            );
-        }
+        loss_grads_match(&format!("{loss:?}"), &train, &inputs);
     }
+}
+
+/// The training graph's gradients against central differences, each
+/// within [`LOSS_BOUND`], with a finite loss; returns the loss.
+fn loss_grads_match(
+    label: &str,
+    train: &graphopt::autodiff::TrainingGraph,
+    inputs: &[TractTensor],
+) -> f64 {
+    let (l, checks) = graphopt::grad_check(&train.model, &train.params, inputs, 1e-2, 64).unwrap();
+    assert!(l.is_finite(), "{label}: loss {l}");
+    assert!(!checks.is_empty(), "{label}: nothing checked");
+    for c in checks {
+        eprintln!("{label}: {}: rel_l2 {:.2e}", c.name, c.rel_l2);
+        assert!(
+            c.rel_l2 <= LOSS_BOUND,
+            "{label}: {} rel_l2 {:.3e}",
+            c.name,
+            c.rel_l2
+        );
+    }
+    l
 }
 
 #[test]
@@ -929,19 +940,9 @@ g ({ty}[2,3,4] x) => ({ty}[2,3,4] y)
             let mut inputs = graphopt::tract::sample_inputs(&model, &[], 1, 3).unwrap();
             let tshape: &[usize] = if axis == 1 { &[2, 4] } else { &[2, 3] };
             inputs.push(TractTensor::from_shape(tshape, &target).unwrap());
-            let (l, checks) =
-                graphopt::grad_check(&train.model, &train.params, &inputs, 1e-2, 64).unwrap();
-            assert!(l.is_finite() && l > 0.0, "{ty} axis {axis}: loss {l}");
-            assert!(!checks.is_empty());
-            for c in checks {
-                eprintln!("{ty} axis {axis}: {}: rel_l2 {:.2e}", c.name, c.rel_l2);
-                assert!(
-                    c.rel_l2 <= LOSS_BOUND,
-                    "{ty} axis {axis}: {} rel_l2 {:.3e}",
-                    c.name,
-                    c.rel_l2
-                );
-            }
+            let label = format!("{ty} axis {axis}");
+            let l = loss_grads_match(&label, &train, &inputs);
+            assert!(l > 0.0, "{label}: loss {l}");
         }
     }
 }

@@ -56,7 +56,11 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let mut out = vec![None, None];
     // Gemm (2-D, transposes as attributes) where every runtime has it:
     // float32. Other types transpose and multiply.
-    let f32 = cx.dtype(a)? == DType::F32 && cx.dtype(b)? == DType::F32;
+    // (An operand of unknown type keeps the general products: this rule
+    // needs no types otherwise.)
+    let f32 = [a, b]
+        .iter()
+        .all(|&v| cx.dtype(v).is_ok_and(|t| t == DType::F32));
     let uniform = cx.uniform(d);
     // dY's rows flattened to [-1, N] (a view), made once for both products.
     let n = yd[ry - 1].known();
@@ -83,10 +87,10 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
         out[0] = Some(match (rb, n) {
             // A 2-D weight: one Gemm reads it transposed (transB), with no
             // transposed copy, over dY's rows flattened (views).
-            (2, _) if f32 && ra == 2 => gemm_t(cx, d, b, false, true)?,
+            (2, _) if f32 && ra == 2 => gemm_t(cx, d, b, false, true, None)?,
             (2, Some(n)) if f32 => {
                 let d2 = flat_d(cx, n)?;
-                let g = gemm_t(cx, d2, b, false, true)?;
+                let g = gemm_t(cx, d2, b, false, true, None)?;
                 let sa = cx.shape_of(a)?;
                 cx.reshape(g, sa)?
             }
@@ -114,13 +118,13 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     } else if cx.need(1) {
         let k = ad[ra - 1].known();
         out[1] = Some(match (rb, k, n) {
-            (2, _, _) if ra == 2 && f32 => gemm_t(cx, a, d, true, false)?,
+            (2, _, _) if ra == 2 && f32 => gemm_t(cx, a, d, true, false, None)?,
             (2, Some(k), Some(n)) if ra > 2 => {
                 let sk = cx.const_i64(&[-1, k])?;
                 let a2 = cx.reshape(a, sk)?;
                 let d2 = flat_d(cx, n)?;
                 if f32 {
-                    gemm_t(cx, a2, d2, true, false)?
+                    gemm_t(cx, a2, d2, true, false, None)?
                 } else {
                     let at = cx.transpose(a2, &[1, 0])?;
                     cx.op("MatMul", &[at, d2], vec![])?
@@ -138,14 +142,19 @@ pub fn matmul(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     Ok(out)
 }
 
-/// `Gemm(x, y)` with `transA`/`transB`: the transposed operand is read in
-/// place, never copied.
-fn gemm_t(cx: &mut Cx, x: ValueId, y: ValueId, ta: bool, tb: bool) -> Result<ValueId> {
-    cx.op(
-        "Gemm",
-        &[x, y],
-        vec![int_attr("transA", ta as i64), int_attr("transB", tb as i64)],
-    )
+/// `Gemm(x, y)` with `transA`/`transB` (and `alpha` when given): the
+/// transposed operand is read in place, never copied.
+fn gemm_t(
+    cx: &mut Cx,
+    x: ValueId,
+    y: ValueId,
+    ta: bool,
+    tb: bool,
+    alpha: Option<f32>,
+) -> Result<ValueId> {
+    let mut attrs: Vec<_> = alpha.map(|a| float_attr("alpha", a)).into_iter().collect();
+    attrs.extend([int_attr("transA", ta as i64), int_attr("transB", tb as i64)]);
+    cx.op("Gemm", &[x, y], attrs)
 }
 
 pub fn gemm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
@@ -156,15 +165,7 @@ pub fn gemm(cx: &mut Cx, dys: &[Option<ValueId>]) -> Grads {
     let alpha = cx.attr_float("alpha", 1.0);
     let beta = cx.attr_float("beta", 1.0);
     let gemm = |cx: &mut Cx, x: ValueId, y: ValueId, t1: bool, t2: bool| {
-        cx.op(
-            "Gemm",
-            &[x, y],
-            vec![
-                float_attr("alpha", alpha),
-                int_attr("transA", t1 as i64),
-                int_attr("transB", t2 as i64),
-            ],
-        )
+        gemm_t(cx, x, y, t1, t2, Some(alpha))
     };
     let mut out = vec![None, None, None];
     if cx.need(0) {
