@@ -277,6 +277,12 @@ mod tests {
     use crate::{DType, NewNode, Type};
 
     fn small() -> (Graph, ValueId, ValueId, ValueId) {
+        small_added(false)
+    }
+
+    /// x -> r1 -> y -> r2 -> z, its nodes added in that order, or the other
+    /// way round (out of order) when `reversed`.
+    fn small_added(reversed: bool) -> (Graph, ValueId, ValueId, ValueId) {
         let mut g = Graph::new("g");
         let x = g
             .add_value("x", Some(Type::known(DType::F32, &[2])))
@@ -284,10 +290,16 @@ mod tests {
         g.inputs.push(x);
         let y = g.add_value("y", None).unwrap();
         let z = g.add_value("z", None).unwrap();
-        g.add_node(NewNode::new("Relu").name("r1").inputs(&[x]).outputs(&[y]))
-            .unwrap();
-        g.add_node(NewNode::new("Relu").name("r2").inputs(&[y]).outputs(&[z]))
-            .unwrap();
+        let mut nodes = [
+            NewNode::new("Relu").name("r1").inputs(&[x]).outputs(&[y]),
+            NewNode::new("Relu").name("r2").inputs(&[y]).outputs(&[z]),
+        ];
+        if reversed {
+            nodes.reverse();
+        }
+        for n in nodes {
+            g.add_node(n).unwrap();
+        }
         g.outputs.push(z);
         (g, x, y, z)
     }
@@ -300,20 +312,8 @@ mod tests {
 
     #[test]
     fn rejects_out_of_order_nodes() {
-        // small() with its two nodes added the other way round (set_order
-        // refuses such an order).
-        let mut g = Graph::new("g");
-        let x = g
-            .add_value("x", Some(Type::known(DType::F32, &[2])))
-            .unwrap();
-        g.inputs.push(x);
-        let y = g.add_value("y", None).unwrap();
-        let z = g.add_value("z", None).unwrap();
-        g.add_node(NewNode::new("Relu").name("r2").inputs(&[y]).outputs(&[z]))
-            .unwrap();
-        g.add_node(NewNode::new("Relu").name("r1").inputs(&[x]).outputs(&[y]))
-            .unwrap();
-        g.outputs.push(z);
+        // (set_order refuses such an order; adding nodes does not.)
+        let (mut g, ..) = small_added(true);
         let (mut s, ..) = small();
         let rev: Vec<_> = s.nodes().rev().collect();
         let e = s.set_order(rev).unwrap_err().to_string();
