@@ -74,6 +74,9 @@ impl Pool {
         col_major: bool,
     ) {
         let g = &self.g;
+        if self.max && idx.is_none() && self.max_plane(plane, out) {
+            return;
+        }
         for oy in 0..g.oh {
             for ox in 0..g.ow {
                 let mut arg = 0usize;
@@ -121,6 +124,53 @@ impl Pool {
                 };
             }
         }
+    }
+}
+
+impl Pool {
+    /// MaxPool of one plane without indices: per output row, one pass per
+    /// window tap over the outputs whose tap falls inside the image (no
+    /// bounds test per element, no branch per element). A window with no
+    /// element inside the image gives -inf, as in [`Self::plane`]. False
+    /// when the plane holds a NaN: [`Self::plane`] then redoes it (a NaN
+    /// in a window wins there).
+    fn max_plane(&self, plane: &[f32], out: &mut [f32]) -> bool {
+        let g = &self.g;
+        let mut nan = false;
+        for (oy, row) in out.chunks_mut(g.ow.max(1)).enumerate().take(g.oh) {
+            row.fill(f32::NEG_INFINITY);
+            for ki in 0..g.kh {
+                let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+                if iy < 0 || iy as usize >= g.h {
+                    continue;
+                }
+                let src = &plane[iy as usize * g.w..][..g.w];
+                for kj in 0..g.kw {
+                    // ox with 0 <= ox·sw + kj·dw - pw < w.
+                    let off = (kj * g.dw) as isize - g.pw as isize;
+                    let lo = if off >= 0 {
+                        0
+                    } else {
+                        (-off as usize).div_ceil(g.sw)
+                    };
+                    let hi = if (g.w as isize) <= off {
+                        0
+                    } else {
+                        ((g.w as isize - off) as usize).div_ceil(g.sw).min(g.ow)
+                    };
+                    if lo >= hi {
+                        continue;
+                    }
+                    let first = (lo * g.sw) as isize + off;
+                    let taps = src[first as usize..].iter().step_by(g.sw);
+                    for (o, &v) in row[lo..hi].iter_mut().zip(taps) {
+                        nan |= v.is_nan();
+                        *o = if v > *o { v } else { *o };
+                    }
+                }
+            }
+        }
+        !nan
     }
 }
 
