@@ -7,6 +7,38 @@
 
 use std::time::Instant;
 
+/// The runtime's own kernel (crates/exec/src/cpu/gemm.rs), compiled here as is.
+#[allow(dead_code)]
+#[path = "../../../crates/exec/src/cpu/gemm.rs"]
+mod ours;
+
+fn ours_cols(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
+    let blocks = n.div_ceil(64);
+    let t = threads.clamp(1, blocks);
+    let per = blocks.div_ceil(t) * 64;
+    let cp = c.as_mut_ptr() as usize;
+    let run = |c0: usize, cols: usize| unsafe {
+        ours::sgemm(m, k, cols, 1.0, a.as_ptr(), (k, 1), b.as_ptr().add(c0), (n, 1), 0.0, (cp as *mut f32).add(c0), n)
+    };
+    std::thread::scope(|s| {
+        let mut c0 = 0;
+        while c0 < n { let w = per.min(n - c0); let run = &run; s.spawn(move || run(c0, w)); c0 += w; }
+    });
+}
+
+fn ours_rows(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
+    let t = threads.clamp(1, m.div_ceil(64));
+    let rows = m.div_ceil(t).div_ceil(64) * 64;
+    let run = |r0: usize, rows: usize, c: &mut [f32]| unsafe {
+        ours::sgemm(rows, k, n, 1.0, a.as_ptr().add(r0 * k), (k, 1), b.as_ptr(), (n, 1), 0.0, c.as_mut_ptr(), n)
+    };
+    if t == 1 { run(0, m, c); return; }
+    std::thread::scope(|s| {
+        let mut rest = c; let mut r0 = 0;
+        while r0 < m { let r = rows.min(m - r0); let (mine, tail) = rest.split_at_mut(r * n); rest = tail; let run = &run; s.spawn(move || run(r0, r, mine)); r0 += r; }
+    });
+}
+
 fn mm_rows(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
     let t = threads.clamp(1, m);
     let rows = m.div_ceil(t);
@@ -48,6 +80,10 @@ fn main() {
         ("r50 1x1 l1", 256, 64, 3136),
         ("r50 3x3 l4", 512, 4608, 49),
         ("r50 1x1 l4", 2048, 512, 49),
+        ("r50 3x3 l3", 256, 2304, 196),
+        ("r50 1x1 l3 up", 1024, 256, 196),
+        ("r50 1x1 l3 down", 256, 1024, 196),
+        ("r50 3x3 l2", 128, 1152, 784),
         ("r50 fc b1", 1, 2048, 1000),
         ("bert b1 qkv", 128, 768, 768),
         ("bert b1 ffn1", 128, 768, 3072),
@@ -59,18 +95,40 @@ fn main() {
         ("r18 bwd dW 3x3", 64, 12544 * 16 / 16, 576),
     ];
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-    println!("| shape | M K N | mm 1t GF/s | mm rows 2t | mm threading-feat 2t | gemm 1t | gemm rayon 2t |");
+    let only_ours = std::env::var_os("ONLY_OURS").is_some();
+    println!("| shape | M K N | mm 1t GF/s | mm rows 2t | mm threading-feat 2t | gemm 1t | gemm rayon 2t | graphopt 1t | graphopt rows 2t |");
     for &(name, m, k, n) in shapes {
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) * 0.1).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) * 0.1).collect();
         let mut c = vec![0f32; m * n];
         let fl = 2.0 * (m * k * n) as f64;
+        let mut want = vec![0f32; m * n];
+        mm_single(m, k, n, &a, &b, &mut want);
+        ours_rows(m, k, n, &a, &b, &mut c, 2);
+        let err = want.iter().zip(&c).map(|(x, y)| ((x - y) / x.abs().max(1.0)).abs()).fold(0f32, f32::max);
+        assert!(err < 1e-4, "{name}: graphopt's gemm is off by {err}");
+        let t6 = time(|| ours_rows(m, k, n, &a, &b, &mut c, 1), fl);
+        let t7 = time(|| ours_rows(m, k, n, &a, &b, &mut c, 2), fl);
+        let g = |t: f64| fl / t / 1e9;
+        if std::env::var_os("AB").is_some() {
+            let (mut x, mut y) = (f64::MAX, f64::MAX);
+            for _ in 0..6 {
+                x = x.min(time(|| mm_single(m, k, n, &a, &b, &mut c), fl));
+                y = y.min(time(|| ours_rows(m, k, n, &a, &b, &mut c, 1), fl));
+            }
+            println!("| {name} | {m} {k} {n} | mm {:.1} | ours {:.1} | {:.2}x |", g(x), g(y), x / y);
+            continue;
+        }
+        if only_ours {
+            let t8 = time(|| ours_cols(m, k, n, &a, &b, &mut c, 2), fl);
+            println!("| {name} | {m} {k} {n} | {:.1} | {:.1} | {:.1} |", g(t6), g(t7), g(t8));
+            continue;
+        }
         let t1 = time(|| mm_single(m, k, n, &a, &b, &mut c), fl);
         let t2 = time(|| mm_rows(m, k, n, &a, &b, &mut c, 2), fl);
         let t3 = time(|| mm_single(m, k, n, &a, &b, &mut c), fl);
         let t4 = time(|| gemm_crate(m, k, n, &a, &b, &mut c, gemm::Parallelism::None), fl);
         let t5 = pool.install(|| time(|| gemm_crate(m, k, n, &a, &b, &mut c, gemm::Parallelism::Rayon(2)), fl));
-        let g = |t: f64| fl / t / 1e9;
-        println!("| {name} | {m} {k} {n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", g(t1), g(t2), g(t3), g(t4), g(t5));
+        println!("| {name} | {m} {k} {n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |", g(t1), g(t2), g(t3), g(t4), g(t5), g(t6), g(t7));
     }
 }

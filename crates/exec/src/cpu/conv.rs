@@ -10,7 +10,7 @@
 //!   image or batch size.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::matmul::{sgemm, sgemm_into, SendPtr};
+use crate::cpu::matmul::{own_for_cols, sgemm, sgemm_into_with, sgemm_with, SendPtr};
 use crate::cpu::par;
 use crate::tensor::cast_mut;
 use graphopt_ir::DType;
@@ -305,7 +305,14 @@ fn fold_layout(m: usize, k: usize, ohw: usize, n: usize) -> (usize, usize) {
 
 /// Output columns per im2col tile for `k` unfolded rows.
 fn tile_cols(k: usize, ohw: usize) -> usize {
-    let cols = (TILE_BYTES / 4 / k.max(1)) / MIN_TILE_COLS * MIN_TILE_COLS;
+    let fit = TILE_BYTES / 4 / k.max(1);
+    if ohw <= fit {
+        // One tile: the GEMM splits its rows across threads. (Rounding
+        // down to whole tiles of 16 would cut 49 columns into 48 and 1,
+        // and give each thread one of those.)
+        return ohw.max(1);
+    }
+    let cols = fit / MIN_TILE_COLS * MIN_TILE_COLS;
     cols.max(MIN_TILE_COLS).min(ohw.max(1))
 }
 
@@ -325,6 +332,9 @@ struct Conv {
     direct: bool,
     /// Workspace tile slots ([`tile_slots`], fixed when the kernel is made).
     slots: usize,
+    /// Multiply on graphopt's kernel ([`own_for_cols`] of the output
+    /// positions), on every path but the folded one.
+    own: bool,
 }
 
 impl Conv {
@@ -500,7 +510,8 @@ impl Kernel for Conv {
                 let yg = &mut yi[gi * mg * ohw..][..mg * ohw];
                 if self.direct {
                     let xg = &xi[gi * cg * ohw..][..cg * ohw];
-                    sgemm(
+                    sgemm_with(
+                        self.own,
                         mg,
                         k,
                         ohw,
@@ -536,7 +547,8 @@ impl Kernel for Conv {
                             // SAFETY: columns p0..p0+pt of the mg rows of
                             // `yg` (row stride ohw) are this part's alone.
                             unsafe {
-                                sgemm_into(
+                                sgemm_into_with(
+                                    self.own,
                                     mg,
                                     k,
                                     pt,
@@ -558,7 +570,8 @@ impl Kernel for Conv {
                         let p0 = j * tile;
                         let pt = tile.min(ohw - p0);
                         im2col_cols(g, xi, gi * cg, cg, p0, pt, col);
-                        sgemm(
+                        sgemm_with(
+                            self.own,
                             mg,
                             k,
                             pt,
@@ -593,6 +606,7 @@ pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         bias: ctx.inputs.get(2).is_some_and(|b| b.is_some()),
         direct,
         slots,
+        own: own_for_cols(ohw),
     }))
 }
 

@@ -1,5 +1,7 @@
 //! MatMul (batched, numpy broadcasting of the batch dims) and Gemm, on
 //! `matrixmultiply::sgemm` (strided operands, so transposes cost nothing).
+//! Convolutions with few output positions per image use graphopt's own
+//! kernel instead ([`own_for_cols`], [`super::gemm`]).
 //! Work splits across the pool ([`par`]) by batch, or by rows (or column
 //! blocks) of one large product.
 
@@ -10,9 +12,52 @@ use graphopt_ir::DType;
 
 /// `c[m×n] = alpha · a[m×k] · b[k×n] + beta · c` with element strides
 /// `(row, col)` per operand, split over row or column blocks on `threads`
-/// threads, each block one [`sgemm_into`].
+/// threads, each block one [`sgemm_into_with`].
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    sa: (usize, usize),
+    b: &[f32],
+    sb: (usize, usize),
+    beta: f32,
+    c: &mut [f32],
+    rsc: usize,
+    threads: usize,
+) {
+    sgemm_with(false, m, k, n, alpha, a, sa, b, sb, beta, c, rsc, threads)
+}
+
+/// Products of at most this many columns may run on graphopt's own kernel
+/// ([`own_for_cols`]).
+const OWN_MAX_COLS: usize = 64;
+
+/// Whether a convolution with `cols` output positions per image multiplies
+/// on graphopt's kernel ([`super::gemm`]): with few columns, the weight is
+/// the large operand, and matrixmultiply would repack it on every call
+/// (measured in benches/README.md, "GEMM candidates"). The choice is made
+/// once per node, not per call, so that every tiling and thread split of
+/// the node's product sums each element the same way.
+pub(crate) fn own_for_cols(cols: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        cols <= OWN_MAX_COLS && super::gemm::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = cols;
+        false
+    }
+}
+
+/// [`sgemm`] on graphopt's kernel when `own` (see [`own_for_cols`]; a
+/// strided `a` is packed then), else on matrixmultiply.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_with(
+    own: bool,
     m: usize,
     k: usize,
     n: usize,
@@ -58,7 +103,8 @@ pub fn sgemm(
         } else {
             (&a[r0 * rsa..], &b[c0 * csb..])
         };
-        sgemm_into(
+        sgemm_into_with(
+            own,
             rows,
             k,
             cols,
@@ -87,7 +133,8 @@ pub fn sgemm(
     });
 }
 
-/// One-thread `c = alpha · a · b + beta · c` into a raw output, for the
+/// One-thread `c = alpha · a · b + beta · c` into a raw output, on
+/// graphopt's kernel when `own` ([`own_for_cols`]), else matrixmultiply, for the
 /// parts of a split product that each own a block of a shared output
 /// (`k = 0`: `c = beta · c`, the operands unread).
 ///
@@ -96,7 +143,8 @@ pub fn sgemm(
 /// no other thread reads or writes during the call (the operands' lengths
 /// are checked).
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn sgemm_into(
+pub(crate) unsafe fn sgemm_into_with(
+    own: bool,
     m: usize,
     k: usize,
     n: usize,
@@ -127,6 +175,28 @@ pub(crate) unsafe fn sgemm_into(
         a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb,
         "gemm operand too short"
     );
+    #[cfg(target_arch = "x86_64")]
+    if own && super::gemm::available() {
+        // SAFETY: operands checked above; `c` is the caller's promise.
+        unsafe {
+            super::gemm::sgemm(
+                m,
+                k,
+                n,
+                alpha,
+                a.as_ptr(),
+                (rsa, csa),
+                b.as_ptr(),
+                (rsb, csb),
+                beta,
+                c,
+                rsc,
+            )
+        };
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = own;
     // SAFETY: operands checked above; `c` is the caller's promise.
     unsafe {
         matrixmultiply::sgemm(

@@ -14,6 +14,8 @@
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
+#[cfg(target_arch = "x86_64")]
+mod gemm;
 pub mod loss;
 pub mod lowp;
 pub mod matmul;

@@ -44,7 +44,7 @@
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{conv_layout, im2col, Window};
-use crate::cpu::matmul::{gemm_bias, sgemm};
+use crate::cpu::matmul::{gemm_bias, own_for_cols, sgemm, sgemm_with};
 use crate::lower::{GROUPS_ATTR, WEIGHT_SHAPE_ATTR};
 use crate::tensor::{cast_mut, nibble, numel};
 use graphopt_ir::DType;
@@ -571,7 +571,9 @@ impl Kernel for Conv {
                     let ob = block.min(mg - o0);
                     let w = &mut wblk[..ob * k];
                     self.p.decode(cb, idx, (gi * mg + o0) * k, w);
-                    sgemm(
+                    // The same kernel as the plain Conv (bitwise equal).
+                    sgemm_with(
+                        own_for_cols(ohw),
                         ob,
                         k,
                         ohw,

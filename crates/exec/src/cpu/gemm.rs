@@ -1,0 +1,428 @@
+//! graphopt's own f32 GEMM for x86-64 with AVX2 and FMA: a 6×16
+//! register-blocked micro-kernel that reads the left operand where it
+//! lies and packs only the right one.
+//!
+//! `c[m×n] = alpha · a[m×k] · b[k×n] + beta · c`, one thread (the caller
+//! splits the product, [`super::matmul::sgemm`]).
+//!
+//! Why not only `matrixmultiply`: it packs both operands on every call.
+//! In an NCHW convolution the left operand is the weight (`Cout × Cin·k²`)
+//! and the right one the unfolded image; deep in a network the image is
+//! small (7×7) and the weight large (512 × 4608), so repacking the weight
+//! costs as much as multiplying. Here a row-major `a` is read in place by
+//! broadcasts; a strided one is packed per 72×256 block. `b` is packed
+//! per 256-row panel into 16-column slivers, zero-padded at the edge.
+//!
+//! The loops (BLIS's order): column panels of `NC`, depth blocks of
+//! [`KC`] (`b`'s panel packed once per block), row blocks of `MC`, then
+//! 16-column slivers (one stays in L1 while the rows stream past it) and
+//! 6-row micro-tiles.
+//!
+//! Every element is summed the same way whatever the split: its `k`
+//! products in order, in blocks of [`KC`], each block's sum scaled by
+//! `alpha` and added to `c` (the first block to `beta · c`). Splitting
+//! rows or columns across threads, or a caller walking `k` in tiles of
+//! [`KC`] with `beta = 1` after the first, gives the same bits.
+//!
+//! Before:
+//! ```text
+//! matrixmultiply::sgemm(512, 4608, 49, ..)   // packs 9.4 MB of weight per call
+//! ```
+//! After:
+//! ```text
+//! gemm::sgemm(512, 4608, 49, ..)             // packs 0.9 MB of image
+//! ```
+
+#![allow(clippy::too_many_arguments)]
+
+use std::cell::RefCell;
+
+/// Rows of a micro-tile.
+const MR: usize = 6;
+/// Columns of a micro-tile (two AVX vectors).
+const NR: usize = 16;
+/// Depth of a packed block: every element's sum is split at multiples of
+/// it (the fused palette kernels tile `k` by the same 256).
+pub(crate) const KC: usize = 256;
+/// Rows of `a` per block (a multiple of [`MR`]).
+const MC: usize = 96;
+/// Columns of `b` per packed panel (a multiple of [`NR`]).
+const NC: usize = 256;
+
+thread_local! {
+    /// Packing buffers, one pair per thread, reused across calls: `b`'s
+    /// panel (at most `KC × NC` floats) and a strided `a`'s block.
+    static BUFS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Whether this CPU runs [`sgemm`].
+pub(crate) fn available() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
+/// One-thread `c = alpha · a · b + beta · c` (`beta = 0`: `c` is not
+/// read). `k` must be at least 1.
+///
+/// # Safety
+/// [`available`] must be true. `a` holds `m × k` elements at strides
+/// `(rsa, csa)`, `b` holds `k × n` at `(rsb, csb)`, and `c` holds `m`
+/// rows of `n` at row stride `rsc`, which nothing else touches during the
+/// call.
+pub(crate) unsafe fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    (rsa, csa): (usize, usize),
+    b: *const f32,
+    (rsb, csb): (usize, usize),
+    beta: f32,
+    c: *mut f32,
+    rsc: usize,
+) {
+    debug_assert!(available() && k > 0);
+    BUFS.with(|bufs| {
+        let (bp, ap) = &mut *bufs.borrow_mut();
+        let panel = KC * n.min(NC).div_ceil(NR) * NR;
+        if bp.len() < panel {
+            bp.resize(panel, 0.0);
+        }
+        let pack_a = csa != 1;
+        if pack_a && ap.len() < MC * KC {
+            ap.resize(MC * KC, 0.0);
+        }
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            for pc in (0..k).step_by(KC) {
+                let kc = KC.min(k - pc);
+                // SAFETY (all below): offsets stay inside the operands the
+                // caller vouched for; the buffers were sized above.
+                unsafe { pack_b(kc, nc, b.add(pc * rsb + jc * csb), rsb, csb, bp) };
+                let (al, be) = if pc == 0 { (alpha, beta) } else { (alpha, 1.0) };
+                for ic in (0..m).step_by(MC) {
+                    let mc = MC.min(m - ic);
+                    let (ablk, lda) = if pack_a {
+                        unsafe { pack_rows(mc, kc, a.add(ic * rsa + pc * csa), rsa, csa, ap) };
+                        (ap.as_ptr(), kc)
+                    } else {
+                        (unsafe { a.add(ic * rsa + pc) }, rsa)
+                    };
+                    for jr in (0..nc).step_by(NR) {
+                        let nr = NR.min(nc - jr);
+                        let sliver = unsafe { bp.as_ptr().add(jr * kc) };
+                        for ir in (0..mc).step_by(MR) {
+                            let rows = MR.min(mc - ir);
+                            let t = Tile {
+                                kc,
+                                a: unsafe { ablk.add(ir * lda) },
+                                lda,
+                                b: sliver,
+                                c: unsafe { c.add((ic + ir) * rsc + jc + jr) },
+                                rsc,
+                                nr,
+                                alpha: al,
+                                beta: be,
+                            };
+                            unsafe {
+                                match rows {
+                                    6 => micro::<6>(&t),
+                                    5 => micro::<5>(&t),
+                                    4 => micro::<4>(&t),
+                                    3 => micro::<3>(&t),
+                                    2 => micro::<2>(&t),
+                                    _ => micro::<1>(&t),
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Packs `kc × nc` of `b` into slivers of [`NR`] columns: sliver `s`
+/// holds row `p`'s 16 columns at `s·NR·kc + p·NR`, zeros past `nc`.
+unsafe fn pack_b(kc: usize, nc: usize, b: *const f32, rsb: usize, csb: usize, out: &mut [f32]) {
+    for (s, j0) in (0..nc).step_by(NR).enumerate() {
+        let w = NR.min(nc - j0);
+        let dst = &mut out[s * NR * kc..(s + 1) * NR * kc];
+        for p in 0..kc {
+            let row = &mut dst[p * NR..p * NR + NR];
+            // SAFETY: row p, columns j0..j0+w of b (the caller's bounds).
+            unsafe {
+                let src = b.add(p * rsb + j0 * csb);
+                if csb == 1 {
+                    std::ptr::copy_nonoverlapping(src, row.as_mut_ptr(), w);
+                } else {
+                    for (j, r) in row[..w].iter_mut().enumerate() {
+                        *r = *src.add(j * csb);
+                    }
+                }
+            }
+            row[w..].fill(0.0);
+        }
+    }
+}
+
+/// Packs `mc × kc` of a strided `a` row-major (row `i` at `i·kc`).
+unsafe fn pack_rows(mc: usize, kc: usize, a: *const f32, rsa: usize, csa: usize, out: &mut [f32]) {
+    for p in 0..kc {
+        for i in 0..mc {
+            // SAFETY: element (i, p) of the block (the caller's bounds).
+            out[i * kc + p] = unsafe { *a.add(i * rsa + p * csa) };
+        }
+    }
+}
+
+/// One micro-tile's operands: `R` rows of `a` (row stride `lda`, `kc`
+/// contiguous elements each), a packed sliver of `b`, and where the
+/// `R × nr` results go.
+struct Tile {
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    c: *mut f32,
+    rsc: usize,
+    nr: usize,
+    alpha: f32,
+    beta: f32,
+}
+
+/// `R × 16` results of `kc` rank-1 updates, kept in `2R` registers, then
+/// `c = alpha · acc + beta · c` (the same arithmetic on every column,
+/// edge columns included).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn micro<const R: usize>(t: &Tile) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    // SAFETY: `a` has R rows of kc at stride lda, `b` kc rows of NR.
+    unsafe {
+        let mut bp = t.b;
+        for p in 0..t.kc {
+            let b0 = _mm256_loadu_ps(bp);
+            let b1 = _mm256_loadu_ps(bp.add(8));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*t.a.add(i * t.lda + p));
+                row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+            }
+            bp = bp.add(NR);
+        }
+        let alpha = _mm256_set1_ps(t.alpha);
+        let beta = _mm256_set1_ps(t.beta);
+        for (i, row) in acc.iter().enumerate() {
+            let c = t.c.add(i * t.rsc);
+            let mut vals = [0f32; NR];
+            for (h, v) in row.iter().enumerate() {
+                let mut v = *v;
+                if t.alpha != 1.0 {
+                    v = _mm256_mul_ps(v, alpha);
+                }
+                if t.nr == NR {
+                    let out = c.add(8 * h);
+                    if t.beta == 1.0 {
+                        v = _mm256_add_ps(v, _mm256_loadu_ps(out));
+                    } else if t.beta != 0.0 {
+                        v = _mm256_fmadd_ps(beta, _mm256_loadu_ps(out), v);
+                    }
+                    _mm256_storeu_ps(out, v);
+                } else {
+                    _mm256_storeu_ps(vals.as_mut_ptr().add(8 * h), v);
+                }
+            }
+            if t.nr < NR {
+                for (j, &v) in vals[..t.nr].iter().enumerate() {
+                    let out = &mut *c.add(j);
+                    *out = if t.beta == 1.0 {
+                        v + *out
+                    } else if t.beta != 0.0 {
+                        t.beta.mul_add(*out, v)
+                    } else {
+                        v
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn fill(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// `alpha · a · b + beta · c` in f64, `a` at strides `sa`.
+    #[allow(clippy::too_many_arguments)]
+    fn naive(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: f32,
+        a: &[f32],
+        sa: (usize, usize),
+        b: &[f32],
+        beta: f32,
+        c: &[f32],
+    ) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0f64;
+                for p in 0..k {
+                    s += a[i * sa.0 + p * sa.1] as f64 * b[p * n + j] as f64;
+                }
+                let old = if beta == 0.0 {
+                    0.0
+                } else {
+                    beta as f64 * c[i * n + j] as f64
+                };
+                out[i * n + j] = (alpha as f64 * s + old) as f32;
+            }
+        }
+        out
+    }
+
+    fn run(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: f32,
+        a: &[f32],
+        sa: (usize, usize),
+        b: &[f32],
+        beta: f32,
+        c: &mut [f32],
+    ) {
+        // SAFETY: the operands hold what the strides say; `c` is m × n.
+        unsafe {
+            sgemm(
+                m,
+                k,
+                n,
+                alpha,
+                a.as_ptr(),
+                sa,
+                b.as_ptr(),
+                (n, 1),
+                beta,
+                c.as_mut_ptr(),
+                n,
+            )
+        }
+    }
+
+    /// Edge sizes (partial micro-tiles, several depth blocks, several row
+    /// blocks and column panels), row-major and transposed `a`, and every
+    /// alpha/beta case, against an f64 product.
+    #[test]
+    fn matches_a_naive_product() {
+        if !available() {
+            return;
+        }
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (7, 3, 17),
+            (13, 300, 49),
+            (75, 513, 530),
+            (6, 256, 16),
+            (2, 700, 5),
+        ] {
+            for &(alpha, beta) in &[(1.0, 0.0), (1.0, 1.0), (0.3, 0.0), (0.7, -1.5)] {
+                let a = fill(m * k, 1);
+                let b = fill(k * n, 2);
+                let c0 = fill(m * n, 3);
+                for sa in [(k, 1), (1, m)] {
+                    let want = naive(m, k, n, alpha, &a, sa, &b, beta, &c0);
+                    let mut c = c0.clone();
+                    if beta == 0.0 {
+                        // beta = 0 never reads c.
+                        c.fill(f32::NAN);
+                    }
+                    run(m, k, n, alpha, &a, sa, &b, beta, &mut c);
+                    for (x, y) in c.iter().zip(&want) {
+                        assert!(
+                            (x - y).abs() <= 2e-6 * (k as f32).sqrt() * 4.0,
+                            "{m}x{k}x{n} alpha {alpha} beta {beta} {sa:?}: {x} vs {y}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows and columns computed in separate calls (as the thread split
+    /// does), and `k` walked in tiles of KC with beta = 1 (as the palette
+    /// kernels do), give the bits of one call.
+    #[test]
+    fn splits_give_the_same_bits() {
+        if !available() {
+            return;
+        }
+        let (m, k, n) = (70, 600, 45);
+        let (a, b) = (fill(m * k, 4), fill(k * n, 5));
+        let mut whole = vec![0f32; m * n];
+        run(m, k, n, 1.0, &a, (k, 1), &b, 0.0, &mut whole);
+        let mut parts = vec![0f32; m * n];
+        for (r0, r1) in [(0, 13), (13, 64), (64, 70)] {
+            for (c0, c1) in [(0, 16), (16, 45)] {
+                // SAFETY: rows r0..r1, columns c0..c1 of the operands.
+                unsafe {
+                    sgemm(
+                        r1 - r0,
+                        k,
+                        c1 - c0,
+                        1.0,
+                        a.as_ptr().add(r0 * k),
+                        (k, 1),
+                        b.as_ptr().add(c0),
+                        (n, 1),
+                        0.0,
+                        parts.as_mut_ptr().add(r0 * n + c0),
+                        n,
+                    )
+                }
+            }
+        }
+        assert_eq!(whole, parts);
+        let mut tiled = vec![0f32; m * n];
+        for k0 in (0..k).step_by(KC) {
+            let kt = KC.min(k - k0);
+            // SAFETY: columns k0..k0+kt of a, rows k0..k0+kt of b.
+            unsafe {
+                sgemm(
+                    m,
+                    kt,
+                    n,
+                    1.0,
+                    a.as_ptr().add(k0),
+                    (k, 1),
+                    b.as_ptr().add(k0 * n),
+                    (n, 1),
+                    if k0 == 0 { 0.0 } else { 1.0 },
+                    tiled.as_mut_ptr(),
+                    n,
+                )
+            }
+        }
+        assert_eq!(whole, tiled);
+    }
+}
