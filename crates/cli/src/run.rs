@@ -45,6 +45,10 @@ pub struct Args {
     /// they would overwrite (by default `<p>_new` is written over `<p>`).
     #[arg(long)]
     no_donate: bool,
+    /// Time every node: print where the timed runs' time went, per op type
+    /// and for the slowest nodes (CPU).
+    #[arg(long)]
+    profile: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -68,6 +72,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         threads: a.threads,
         allow_non_finite: a.allow_non_finite,
         donate: !a.no_donate,
+        profile: a.profile,
         tamper: None,
     };
     let r = session.run(&opts)?;
@@ -193,7 +198,42 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         for (n, t) in r.output_names.iter().zip(&r.outputs) {
             s += &format!("output      {n}: {:?} {:?}\n", t.dtype, t.shape);
         }
+        if let Some(p) = &r.profile {
+            s += &profile_text(p);
+        }
         print_out(&s);
     }
     r.outcome()
+}
+
+/// The profile as a table: op types, then the slowest nodes.
+fn profile_text(p: &graphopt::Profile) -> String {
+    let mut s = format!(
+        "\nprofile     {:.3} ms in the nodes per run (mean of the timed runs)\n",
+        p.nodes_ms
+    );
+    s += &format!(
+        "  {:<28} {:>6} {:>10} {:>7}\n",
+        "op", "nodes", "ms", "share"
+    );
+    for o in &p.ops {
+        s += &format!(
+            "  {:<28} {:>6} {:>10.3} {:>6.1}%\n",
+            o.op,
+            o.nodes,
+            o.ms,
+            100.0 * o.share
+        );
+    }
+    s += "  slowest nodes\n";
+    for n in &p.nodes {
+        s += &format!(
+            "  {:<48} {:<14} {:>10.3} {:>6.1}%\n",
+            n.node,
+            n.op,
+            n.ms,
+            100.0 * n.share
+        );
+    }
+    s
 }

@@ -1,4 +1,4 @@
-//! `graphopt run`: JSON report, `-o OUT.npz`, `--poison`, palettized
+//! `graphopt run`: JSON report, `-o OUT.npz`, `--poison`, `--profile`, palettized
 //! weights (resident bytes, fused readers), If/Loop with a
 //! dynamic value reported, and one-line refusals (`--device cuda`, an op
 //! without a kernel).
@@ -221,4 +221,55 @@ fn palettized_weights_are_reported_resident_and_fused() {
         text.contains("palette     B: decoded whole by its plain nodes (read by Transpose)"),
         "{text}"
     );
+}
+
+/// `--profile`: every node is timed; the op types' times add up to the
+/// nodes' total (shares to 1), which the run's latency bounds; Conv dominates
+/// a ResNet; the slowest nodes come first. The text report prints the
+/// table; with `--device cuda` it is a one-line refusal.
+#[test]
+fn profile_says_where_the_time_went() {
+    let o = bin()
+        .arg("run")
+        .arg(model("resnet_tiny.ts14.onnx"))
+        .args(["--profile", "--threads", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = &j["profile"];
+    let ops = p["ops"].as_array().unwrap();
+    let total = p["nodes_ms"].as_f64().unwrap();
+    // One timed run: its nodes ran inside its latency.
+    assert!(total > 0.0 && total <= j["latency_best_ms"].as_f64().unwrap());
+    let sum: f64 = ops.iter().map(|o| o["ms"].as_f64().unwrap()).sum();
+    let shares: f64 = ops.iter().map(|o| o["share"].as_f64().unwrap()).sum();
+    assert!((sum - total).abs() <= 1e-6 * total.max(1.0) && (shares - 1.0).abs() < 1e-9);
+    assert_eq!(ops[0]["op"], "Conv", "{ops:?}");
+    let nodes = p["nodes"].as_array().unwrap();
+    assert!(!nodes.is_empty());
+    for w in nodes.windows(2) {
+        assert!(w[0]["ms"].as_f64() >= w[1]["ms"].as_f64());
+    }
+    let text = bin()
+        .arg("run")
+        .arg(model("resnet_tiny.ts14.onnx"))
+        .arg("--profile")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("profile ") && text.contains("slowest nodes"),
+        "{text}"
+    );
+    let cuda = bin()
+        .arg("run")
+        .arg(model("resnet_tiny.ts14.onnx"))
+        .args(["--profile", "--device", "cuda"])
+        .output()
+        .unwrap();
+    assert!(!cuda.status.success());
+    let err = String::from_utf8_lossy(&cuda.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--profile"), "{err}");
 }

@@ -108,8 +108,8 @@ pub use remat::{
 };
 pub use remat_svg::{remat_svg, remat_sweep_svg};
 pub use run::{
-    cuda_unavailable, peak_rss_bytes, to_host, to_tract, CudaReport, Device, PoisonReport,
-    RunOptions, RunReport, Runner,
+    cuda_unavailable, peak_rss_bytes, to_host, to_tract, CudaReport, Device, NodeTime, OpTime,
+    PoisonReport, Profile, RunOptions, RunReport, Runner,
 };
 pub use session::{load, PlanRequest, PlanSettings, SaveOptions, Session};
 pub use torch_policy::{

@@ -87,6 +87,9 @@ pub struct RunOptions {
     /// in the arena, so parameters and optimizer state are held once.
     /// Default true; false plans the outputs apart.
     pub donate: bool,
+    /// Time every node (CPU): [`RunReport::profile`] says where the timed
+    /// runs' time went, per op type and for the slowest nodes.
+    pub profile: bool,
     /// Test hook: edits the plan before it runs, to plant a planner bug
     /// and show that the poison check fails. Not for production use.
     #[doc(hidden)]
@@ -104,6 +107,7 @@ impl Default for RunOptions {
             threads: None,
             allow_non_finite: false,
             donate: true,
+            profile: false,
             tamper: None,
         }
     }
@@ -188,6 +192,96 @@ pub struct RunReport {
     /// Device figures of a `Device::Cuda` run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda: Option<CudaReport>,
+    /// Where the time went, when [`RunOptions::profile`] asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Profile>,
+}
+
+/// Where a run's time went: the mean over the timed runs of each node's
+/// wall time, summed per op type ([`RunOptions::profile`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct Profile {
+    /// Per op type, slowest first.
+    pub ops: Vec<OpTime>,
+    /// The slowest nodes (at most [`Profile::NODES`]), slowest first.
+    pub nodes: Vec<NodeTime>,
+    /// Sum of all the nodes' times (ms); the rest of the latency is the
+    /// runtime's own (copying inputs in and outputs out).
+    pub nodes_ms: f64,
+}
+
+/// One op type's time in a [`Profile`].
+#[derive(Clone, Debug, Serialize)]
+pub struct OpTime {
+    pub op: String,
+    /// Nodes of this type.
+    pub nodes: usize,
+    pub ms: f64,
+    /// Of [`Profile::nodes_ms`].
+    pub share: f64,
+}
+
+/// One node's time in a [`Profile`].
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeTime {
+    pub node: String,
+    pub op: String,
+    pub ms: f64,
+    /// Of [`Profile::nodes_ms`].
+    pub share: f64,
+}
+
+impl Profile {
+    /// Slowest nodes listed.
+    pub const NODES: usize = 15;
+
+    /// From the steps' `(op, node)` and their nanoseconds summed over
+    /// `runs` runs.
+    fn new(steps: &[(String, String)], nanos: &[u64], runs: usize) -> Profile {
+        let ms = |ns: u64| ns as f64 / 1e6 / runs.max(1) as f64;
+        let total: u64 = nanos.iter().sum();
+        let share = |ns: u64| {
+            if total == 0 {
+                0.0
+            } else {
+                ns as f64 / total as f64
+            }
+        };
+        let mut by_op: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+        for ((op, _), &ns) in steps.iter().zip(nanos) {
+            let e = by_op.entry(op).or_default();
+            e.0 += 1;
+            e.1 += ns;
+        }
+        let mut ops: Vec<OpTime> = by_op
+            .into_iter()
+            .map(|(op, (n, ns))| OpTime {
+                op: op.to_string(),
+                nodes: n,
+                ms: ms(ns),
+                share: share(ns),
+            })
+            .collect();
+        // Stable: equal times keep the op types' alphabetical order.
+        ops.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+        let mut order: Vec<usize> = (0..steps.len().min(nanos.len())).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(nanos[i]));
+        let nodes = order
+            .into_iter()
+            .take(Self::NODES)
+            .map(|i| NodeTime {
+                node: steps[i].1.clone(),
+                op: steps[i].0.clone(),
+                ms: ms(nanos[i]),
+                share: share(nanos[i]),
+            })
+            .collect();
+        Profile {
+            ops,
+            nodes,
+            nodes_ms: ms(total),
+        }
+    }
 }
 
 impl RunReport {
@@ -431,6 +525,7 @@ impl Runner<'_> {
         let mut times: Vec<Duration> = Vec::new();
         let mut outputs = Vec::new();
         let mut dynamic_bytes = 0;
+        let mut step_nanos: Vec<u64> = Vec::new();
         for _ in 0..opts.repeat {
             let t0 = Instant::now();
             let (o, st) = exe
@@ -439,7 +534,14 @@ impl Runner<'_> {
             times.push(t0.elapsed());
             outputs = o;
             dynamic_bytes = st.dynamic_peak_bytes;
+            step_nanos.resize(st.step_nanos.len(), 0);
+            for (sum, ns) in step_nanos.iter_mut().zip(&st.step_nanos) {
+                *sum += ns;
+            }
         }
+        let profile = opts
+            .profile
+            .then(|| Profile::new(&exe.step_ops(), &step_nanos, times.len()));
         let output_names = exe.output_names();
         let poison = if opts.poison {
             let (o, stats) = exe
@@ -495,6 +597,7 @@ impl Runner<'_> {
             peak_rss_bytes: peak_rss_bytes(),
             poison,
             cuda: None,
+            profile,
         })
     }
 }
@@ -581,5 +684,6 @@ fn run_cuda(
         peak_rss_bytes: peak_rss_bytes(),
         poison: None,
         cuda: Some(cuda),
+        profile: None,
     })
 }

@@ -289,6 +289,11 @@ impl RunOptions {
         if let Some(n) = self.threads {
             run_threads("--threads", n)?;
         }
+        if self.profile && self.device == crate::run::Device::Cuda {
+            return Err(Error::new(
+                "--profile times the CPU runtime's kernels; it is not available with --device cuda",
+            ));
+        }
         dims(&self.dims)
     }
 }

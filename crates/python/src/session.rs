@@ -1042,12 +1042,13 @@ impl PySession {
     /// path, or None for seeded random inputs) and returns the outputs by
     /// name as numpy arrays that view the runtime's memory. With
     /// `return_report=True`, returns `(outputs, report)`, the report being
-    /// `graphopt run --json`'s. `device="cuda"` runs on the CUDA backend
+    /// `graphopt run --json`'s (with `profile=True`, its `profile`: time
+    /// per op type and the slowest nodes). `device="cuda"` runs on the CUDA backend
     /// (built, not yet run on a GPU); without a GPU it raises GraphoptError
     /// with the CLI's message.
     #[pyo3(signature = (inputs=None, device="cpu", dims=None, repeat=1, poison=false,
                         threads=None, seed=7, return_report=false, allow_non_finite=false,
-                        donate=None))]
+                        donate=None, profile=false))]
     #[allow(clippy::too_many_arguments)]
     fn run<'py>(
         &self,
@@ -1062,6 +1063,7 @@ impl PySession {
         return_report: bool,
         allow_non_finite: bool,
         donate: Option<bool>,
+        profile: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let device = Device::parse(device).map_err(gerr)?;
         let dims = dims_arg(dims)?;
@@ -1074,6 +1076,7 @@ impl PySession {
             threads,
             allow_non_finite,
             donate: donate.unwrap_or(RunOptions::default().donate),
+            profile,
             tamper: None,
         };
         let mut r = self.with(py, move |s| {

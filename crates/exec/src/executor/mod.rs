@@ -102,6 +102,10 @@ pub struct RunStats {
     /// outside the arena (a nested run's peak is added to what was live
     /// around it).
     pub dynamic_peak_bytes: u64,
+    /// Wall time of each step of the schedule, in nanoseconds ([`Executable::step_ops`]
+    /// names them; an aliased view takes next to none, an If or Loop
+    /// counts its nested runs). Always measured: two clock reads a step.
+    pub step_nanos: Vec<u64>,
 }
 
 /// A model bound to a plan and a backend, ready to run.
@@ -207,6 +211,15 @@ impl Executable {
             .iter()
             .filter(|s| !s.skip && s.special.is_none() && s.op == op)
             .count()
+    }
+
+    /// `(op type, node name)` of each step of the schedule, in the order
+    /// of [`RunStats::step_nanos`].
+    pub fn step_ops(&self) -> Vec<(String, String)> {
+        self.steps
+            .iter()
+            .map(|s| (s.op.clone(), s.name.clone()))
+            .collect()
     }
 
     /// Arena bytes as the plan sized it.

@@ -344,6 +344,7 @@ class Session:
         return_report: Literal[False] = False,
         allow_non_finite: bool = False,
         donate: bool | None = None,
+        profile: bool = False,
     ) -> dict[str, np.ndarray]: ...
     @overload
     def run(
@@ -359,6 +360,7 @@ class Session:
         return_report: Literal[True],
         allow_non_finite: bool = False,
         donate: bool | None = None,
+        profile: bool = False,
     ) -> tuple[dict[str, np.ndarray], Report]: ...
     def check(
         self,
