@@ -464,22 +464,23 @@ fn gemm_alpha_empty_k_and_empty_conv_outputs() {
 #[test]
 fn small_output_convolutions_and_max_pooling_without_indices() {
     // 7x7 outputs (49 columns) on graphopt's own GEMM: a 3x3 whose
-    // unfolded image is one tile (K = 2,304: the old 16-column rounding
-    // cut 49 columns into 48 and 1), a strided one, and a 1x1 whose 200
-    // rows split across threads. MaxPool without indices takes the
+    // unfolded image is one tile (K = 4,608 fits 56 columns: the old
+    // 16-column rounding cut 49 columns into 48 and 1, one tile per
+    // thread), a strided one, and a 1x1 whose 200 rows split across
+    // threads. MaxPool without indices takes the
     // branch-free path; with indices the general one, which must agree.
-    let x = t(&[1, 256, 7, 7], 21);
-    let w3 = t(&[200, 256, 3, 3], 22);
-    let w1 = t(&[200, 256, 1, 1], 23);
+    let x = t(&[1, 512, 7, 7], 21);
+    let w3 = t(&[200, 512, 3, 3], 22);
+    let w1 = t(&[200, 512, 1, 1], 23);
     let b = t(&[200], 24);
-    let xs = t(&[1, 256, 14, 14], 25);
+    let xs = t(&[1, 512, 14, 14], 25);
     let mut img = data(2 * 8 * 29 * 29, 26);
     img[100] = f32::NAN;
     let img = HostTensor::from_f32(&[2, 8, 29, 29], &img);
     let outs = same_bits_at_every_thread_count(
         r#"<ir_version: 8, opset_import: ["" : 17]>
-        g (float[1,256,7,7] x, float[200,256,3,3] w3, float[200,256,1,1] w1, float[200] b,
-           float[1,256,14,14] xs, float[2,8,29,29] img)
+        g (float[1,512,7,7] x, float[200,512,3,3] w3, float[200,512,1,1] w1, float[200] b,
+           float[1,512,14,14] xs, float[2,8,29,29] img)
           => (float[1,200,7,7] a, float[1,200,7,7] p, float[1,200,7,7] s,
               float[2,8,15,15] mp, float[2,8,15,15] mpi, int64[2,8,15,15] mi) {
           a = Conv <pads = [1,1,1,1]> (x, w3, b)
@@ -501,19 +502,19 @@ fn small_output_convolutions_and_max_pooling_without_indices() {
     let (xv, bv) = (f(&x), f(&b));
     close(
         &outs[0],
-        &conv_ref(&xv, (1, 256, 7, 7), &f(&w3), (200, 3, 3), &bv, 1, 1, 1),
+        &conv_ref(&xv, (1, 512, 7, 7), &f(&w3), (200, 3, 3), &bv, 1, 1, 1),
         "7x7 3x3",
     );
     close(
         &outs[1],
-        &conv_ref(&xv, (1, 256, 7, 7), &f(&w1), (200, 1, 1), &bv, 1, 1, 0),
+        &conv_ref(&xv, (1, 512, 7, 7), &f(&w1), (200, 1, 1), &bv, 1, 1, 0),
         "7x7 1x1",
     );
     close(
         &outs[2],
         &conv_ref(
             &f(&xs),
-            (1, 256, 14, 14),
+            (1, 512, 14, 14),
             &f(&w3),
             (200, 3, 3),
             &bv,

@@ -6,8 +6,10 @@
 //! - other shapes unfold one group of one image in tiles of output
 //!   columns (im2col, at most [`TILE_BYTES`] per tile) and multiply each
 //!   tile into its columns of the output; threads take whole tiles, each in
-//!   its own workspace slot. The workspace is a few tiles, whatever the
-//!   image or batch size.
+//!   its own workspace slot (an image that fits one tile is one tile, whose
+//!   GEMM splits its rows across threads). The workspace is a few tiles,
+//!   whatever the image or batch size. Convolutions of at most 64 output
+//!   positions multiply on graphopt's own kernel ([`own_for_cols`]).
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::matmul::{own_for_cols, sgemm, sgemm_into_with, sgemm_with, SendPtr};

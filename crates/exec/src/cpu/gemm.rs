@@ -10,7 +10,7 @@
 //! and the right one the unfolded image; deep in a network the image is
 //! small (7×7) and the weight large (512 × 4608), so repacking the weight
 //! costs as much as multiplying. Here a row-major `a` is read in place by
-//! broadcasts; a strided one is packed per 72×256 block. `b` is packed
+//! broadcasts; a strided one is packed per block of `MC` × 256. `b` is packed
 //! per 256-row panel into 16-column slivers, zero-padded at the edge.
 //!
 //! The loops (BLIS's order): column panels of `NC`, depth blocks of
@@ -343,6 +343,7 @@ mod tests {
             (7, 3, 17),
             (13, 300, 49),
             (75, 513, 530),
+            (200, 300, 20),
             (6, 256, 16),
             (2, 700, 5),
         ] {

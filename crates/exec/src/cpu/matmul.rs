@@ -79,8 +79,8 @@ pub(crate) fn sgemm_with(
     // rows when `a` has more rows than `b` has columns (each part then
     // repacks the smaller `b`), else the columns (in blocks of 64). Either
     // way every element's sum is the one a single call makes.
-    // Row parts start at multiples of 64 (whole micro-kernel tiles), so
-    // which rows fall in edge tiles (rounded differently when alpha is not
+    // Row parts start at multiples of 64 (whole tiles of matrixmultiply's
+    // micro-kernel), so which rows fall in edge tiles (rounded differently when alpha is not
     // 1) does not depend on the thread count.
     let by_rows = par::parts(m.div_ceil(64), threads, 1);
     let by_cols = par::parts(n.div_ceil(64), threads, 1);

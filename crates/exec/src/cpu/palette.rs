@@ -571,7 +571,8 @@ impl Kernel for Conv {
                     let ob = block.min(mg - o0);
                     let w = &mut wblk[..ob * k];
                     self.p.decode(cb, idx, (gi * mg + o0) * k, w);
-                    // The same kernel as the plain Conv (bitwise equal).
+                    // The kernel the plain Conv picks on its unfolded
+                    // paths (bitwise equal to it there).
                     sgemm_with(
                         own_for_cols(ohw),
                         ob,
