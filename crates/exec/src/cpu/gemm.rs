@@ -102,7 +102,13 @@ pub(crate) unsafe fn sgemm(
                 let kc = KC.min(k - pc);
                 // SAFETY (all below): offsets stay inside the operands the
                 // caller vouched for; the buffers were sized above.
-                unsafe { pack_b(kc, nc, b.add(pc * rsb + jc * csb), rsb, csb, bp) };
+                let bblk = unsafe { b.add(pc * rsb + jc * csb) };
+                // One row block reads each sliver from L1 after its first
+                // micro-tile: read a row-major `b` in place (full slivers)
+                // rather than copy it. Several row blocks reuse a packed
+                // panel from L2.
+                let in_place = csb == 1 && m <= MC;
+                unsafe { pack_b(kc, nc, bblk, rsb, csb, bp, in_place) };
                 let (al, be) = if pc == 0 { (alpha, beta) } else { (alpha, 1.0) };
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
@@ -114,7 +120,11 @@ pub(crate) unsafe fn sgemm(
                     };
                     for jr in (0..nc).step_by(NR) {
                         let nr = NR.min(nc - jr);
-                        let sliver = unsafe { bp.as_ptr().add(jr * kc) };
+                        let (sliver, ldb) = if in_place && nr == NR {
+                            (unsafe { bblk.add(jr) }, rsb)
+                        } else {
+                            (unsafe { bp.as_ptr().add(jr * kc) }, NR)
+                        };
                         for ir in (0..mc).step_by(MR) {
                             let rows = MR.min(mc - ir);
                             let t = Tile {
@@ -122,6 +132,7 @@ pub(crate) unsafe fn sgemm(
                                 a: unsafe { ablk.add(ir * lda) },
                                 lda,
                                 b: sliver,
+                                ldb,
                                 c: unsafe { c.add((ic + ir) * rsc + jc + jr) },
                                 rsc,
                                 nr,
@@ -147,17 +158,33 @@ pub(crate) unsafe fn sgemm(
 }
 
 /// Packs `kc × nc` of `b` into slivers of [`NR`] columns: sliver `s`
-/// holds row `p`'s 16 columns at `s·NR·kc + p·NR`, zeros past `nc`.
-unsafe fn pack_b(kc: usize, nc: usize, b: *const f32, rsb: usize, csb: usize, out: &mut [f32]) {
+/// holds row `p`'s 16 columns at `s·NR·kc + p·NR`, zeros past `nc`
+/// (`edge_only`: only the last, partial sliver).
+unsafe fn pack_b(
+    kc: usize,
+    nc: usize,
+    b: *const f32,
+    rsb: usize,
+    csb: usize,
+    out: &mut [f32],
+    edge_only: bool,
+) {
     for (s, j0) in (0..nc).step_by(NR).enumerate() {
         let w = NR.min(nc - j0);
+        if edge_only && w == NR {
+            continue;
+        }
         let dst = &mut out[s * NR * kc..(s + 1) * NR * kc];
         for p in 0..kc {
             let row = &mut dst[p * NR..p * NR + NR];
             // SAFETY: row p, columns j0..j0+w of b (the caller's bounds).
             unsafe {
                 let src = b.add(p * rsb + j0 * csb);
-                if csb == 1 {
+                if csb == 1 && w == NR {
+                    // A fixed-size copy (two vector moves), not a memcpy call.
+                    row.copy_from_slice(&*(src as *const [f32; NR]));
+                    continue;
+                } else if csb == 1 {
                     std::ptr::copy_nonoverlapping(src, row.as_mut_ptr(), w);
                 } else {
                     for (j, r) in row[..w].iter_mut().enumerate() {
@@ -181,13 +208,15 @@ unsafe fn pack_rows(mc: usize, kc: usize, a: *const f32, rsa: usize, csa: usize,
 }
 
 /// One micro-tile's operands: `R` rows of `a` (row stride `lda`, `kc`
-/// contiguous elements each), a packed sliver of `b`, and where the
-/// `R × nr` results go.
+/// contiguous elements each), `kc` rows of 16 elements of `b` (row stride
+/// `ldb`: a packed sliver, or `b` itself), and where the `R × nr` results
+/// go.
 struct Tile {
     kc: usize,
     a: *const f32,
     lda: usize,
     b: *const f32,
+    ldb: usize,
     c: *mut f32,
     rsc: usize,
     nr: usize,
@@ -202,7 +231,8 @@ struct Tile {
 unsafe fn micro<const R: usize>(t: &Tile) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    // SAFETY: `a` has R rows of kc at stride lda, `b` kc rows of NR.
+    // SAFETY: `a` has R rows of kc at stride lda, `b` kc rows of NR at
+    // stride ldb.
     unsafe {
         let mut bp = t.b;
         for p in 0..t.kc {
@@ -213,7 +243,7 @@ unsafe fn micro<const R: usize>(t: &Tile) {
                 row[0] = _mm256_fmadd_ps(av, b0, row[0]);
                 row[1] = _mm256_fmadd_ps(av, b1, row[1]);
             }
-            bp = bp.add(NR);
+            bp = bp.add(t.ldb);
         }
         let alpha = _mm256_set1_ps(t.alpha);
         let beta = _mm256_set1_ps(t.beta);
