@@ -137,6 +137,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             }
         );
         s += &format!("workspace   {}\n", human_bytes(r.workspace_bytes));
+        if r.fused_activations > 0 {
+            s += &format!(
+                "fused       {} Relu/Clip node(s) applied by the Conv before them\n",
+                r.fused_activations
+            );
+        }
         if r.subgraph_arena_bytes > 0 {
             s += &format!(
                 "subgraphs   {} (nested arenas and workspaces: If/Loop/Scan bodies, nodes run alone)\n",

@@ -246,6 +246,10 @@ fn profile_says_where_the_time_went() {
     let shares: f64 = ops.iter().map(|o| o["share"].as_f64().unwrap()).sum();
     assert!((sum - total).abs() <= 1e-6 * total.max(1.0) && (shares - 1.0).abs() < 1e-9);
     assert_eq!(ops[0]["op"], "Conv", "{ops:?}");
+    // resnet_tiny's Relus after a Conv run inside it; those after an Add
+    // stay steps of their own.
+    assert!(j["fused_activations"].as_u64().unwrap() > 0);
+    assert!(ops.iter().any(|o| o["op"] == "Relu"), "{ops:?}");
     let nodes = p["nodes"].as_array().unwrap();
     assert!(!nodes.is_empty());
     for w in nodes.windows(2) {

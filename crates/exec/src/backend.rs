@@ -77,6 +77,62 @@ pub trait Kernel: Send + Sync {
     }
     /// Computes the outputs.
     fn run(&self, io: &mut KernelIo) -> Result<(), String>;
+    /// The activation this kernel is, if it is one the executor can fuse
+    /// into its producer ([`Kernel::fuse_activation`]). A Clip whose
+    /// bounds are inputs reports its attribute bounds, and the executor
+    /// takes constant bound inputs in their place.
+    fn activation(&self) -> Option<Activation> {
+        None
+    }
+    /// Apply `act` to output 0 as part of computing it (while it is in
+    /// cache); true when the kernel does. The executor then skips the
+    /// activation's own step, which the plan had put in place over this
+    /// output.
+    fn fuse_activation(&mut self, _act: Activation) -> bool {
+        false
+    }
+}
+
+/// An elementwise activation fused into the kernel that produces its
+/// input ([`Kernel::fuse_activation`]): the same arithmetic as its own
+/// kernel, so a fused output has the same bits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// `x > 0 ? x : 0` (the CPU Relu kernel's arithmetic).
+    Relu,
+    /// `NaN ? x : min(max(x, lo), hi)` (the CPU Clip kernel's).
+    Clip { lo: f32, hi: f32 },
+}
+
+impl Activation {
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::Relu => {
+                if x > 0.0 {
+                    x
+                } else {
+                    0.0
+                }
+            }
+            Activation::Clip { lo, hi } => {
+                if x.is_nan() {
+                    x
+                } else {
+                    x.max(lo).min(hi)
+                }
+            }
+        }
+    }
+    /// [`Activation::apply`] to every element.
+    pub fn apply_all(self, xs: &mut [f32]) {
+        match self {
+            Activation::Relu => xs.iter_mut().for_each(|x| *x = Activation::Relu.apply(*x)),
+            Activation::Clip { lo, hi } => xs
+                .iter_mut()
+                .for_each(|x| *x = Activation::Clip { lo, hi }.apply(*x)),
+        }
+    }
 }
 
 /// Where an input's elements are.

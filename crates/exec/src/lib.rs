@@ -45,7 +45,7 @@ mod executor;
 pub mod lower;
 pub mod tensor;
 
-pub use backend::{Backend, Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
+pub use backend::{Activation, Backend, Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
 pub use cpu::CpuBackend;
 pub use executor::{ExecError, Executable, ReadOutput, RunOptions, RunStats, StepObserver};
 pub use tensor::HostTensor;

@@ -186,6 +186,9 @@ pub struct RunReport {
     /// reader the kernels do not cover).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub palette_kept: Vec<(String, String)>,
+    /// Relu/Clip nodes applied by the Conv that produces their input (CPU;
+    /// their own steps skipped, the plan unchanged).
+    pub fused_activations: usize,
     /// Peak resident set of this process (Linux `VmHWM`), if known.
     pub peak_rss_bytes: Option<u64>,
     pub poison: Option<PoisonReport>,
@@ -594,6 +597,7 @@ impl Runner<'_> {
             palette_fused_nodes: lowering.fused,
             palette_decoded_bytes: lowering.decoded_bytes,
             palette_kept: lowering.kept,
+            fused_activations: exe.fused_activations(),
             peak_rss_bytes: peak_rss_bytes(),
             poison,
             cuda: None,
@@ -681,6 +685,7 @@ fn run_cuda(
         palette_fused_nodes: 0,
         palette_decoded_bytes: 0,
         palette_kept: Vec::new(),
+        fused_activations: 0,
         peak_rss_bytes: peak_rss_bytes(),
         poison: None,
         cuda: Some(cuda),

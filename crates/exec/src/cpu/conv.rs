@@ -11,7 +11,7 @@
 //!   whatever the image or batch size. Convolutions of at most 64 output
 //!   positions multiply on graphopt's own kernel ([`own_for_cols`]).
 
-use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::backend::{Activation, Kernel, KernelIo, NodeCtx};
 use crate::cpu::matmul::{own_for_cols, sgemm, sgemm_into_with, sgemm_with, SendPtr};
 use crate::cpu::par;
 use crate::tensor::cast_mut;
@@ -337,6 +337,9 @@ struct Conv {
     /// Multiply on graphopt's kernel ([`own_for_cols`] of the output
     /// positions), on every path but the folded one.
     own: bool,
+    /// A Relu or Clip fused in ([`Kernel::fuse_activation`]): applied to
+    /// each tile, plane or block of output once it is final.
+    act: Option<Activation>,
 }
 
 impl Conv {
@@ -435,6 +438,9 @@ impl Conv {
                             for (d, &v) in dst.iter_mut().zip(&t[m * cols + jj * ohw..][..ohw]) {
                                 *d = v + bias;
                             }
+                            if let Some(act) = self.act {
+                                act.apply_all(dst);
+                            }
                         }
                     }
                 });
@@ -444,6 +450,10 @@ impl Conv {
 }
 
 impl Kernel for Conv {
+    fn fuse_activation(&mut self, act: Activation) -> bool {
+        self.act = Some(act);
+        true
+    }
     fn workspace_bytes(&self) -> usize {
         if self.folded() {
             let (t, col) = self.fold_floats();
@@ -485,6 +495,9 @@ impl Kernel for Conv {
                         bias,
                         out,
                     );
+                    if let Some(act) = self.act {
+                        act.apply_all(out);
+                    }
                 }
             });
             return Ok(());
@@ -527,6 +540,12 @@ impl Kernel for Conv {
                         ohw,
                         threads,
                     );
+                    if let Some(act) = self.act {
+                        let min_rows = par::MIN_ELEMS.div_ceil(ohw.max(1));
+                        par::for_chunks_mut(threads, yg, ohw.max(1), min_rows, |_, part| {
+                            act.apply_all(part)
+                        });
+                    }
                     continue;
                 }
                 let t = threads.min(slots).min(tiles);
@@ -564,6 +583,18 @@ impl Kernel for Conv {
                                     ohw,
                                 )
                             };
+                            if let Some(act) = self.act {
+                                for r in 0..mg {
+                                    // SAFETY: row r's columns p0..p0+pt,
+                                    // this part's (as above).
+                                    act.apply_all(unsafe {
+                                        std::slice::from_raw_parts_mut(
+                                            yp.get().add(r * ohw + p0),
+                                            pt,
+                                        )
+                                    });
+                                }
+                            }
                         }
                     });
                 } else {
@@ -587,6 +618,11 @@ impl Kernel for Conv {
                             ohw,
                             threads,
                         );
+                        if let Some(act) = self.act {
+                            for r in 0..mg {
+                                act.apply_all(&mut yg[r * ohw + p0..][..pt]);
+                            }
+                        }
                     }
                 }
             }
@@ -609,6 +645,7 @@ pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         direct,
         slots,
         own: own_for_cols(ohw),
+        act: None,
     }))
 }
 

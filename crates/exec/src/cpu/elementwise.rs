@@ -6,7 +6,7 @@
 //! written, and an in-place input has the output's shape, so the indices
 //! agree). Ops changing the dtype (comparisons) get staging instead.
 
-use crate::backend::{Data, In, Kernel, KernelIo, NodeCtx};
+use crate::backend::{Activation, Data, In, Kernel, KernelIo, NodeCtx};
 use crate::cpu::par;
 use crate::tensor::{cast, cast_mut, numel, sign4, strides, Elem};
 use graphopt_ir::DType;
@@ -853,6 +853,22 @@ impl Kernel for UnaryF64 {
     }
 }
 
+/// Relu on f32 ([`Activation::Relu`]'s arithmetic), fusable into the
+/// kernel that produces its input.
+struct Relu;
+
+impl Kernel for Relu {
+    fn in_place(&self) -> bool {
+        true
+    }
+    fn activation(&self) -> Option<Activation> {
+        Some(Activation::Relu)
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        Unary(|x: f32| Activation::Relu.apply(x)).run(io)
+    }
+}
+
 /// Clip on f32: bounds from the attributes (opset < 11) or the optional
 /// inputs 1 and 2 (scalars, read at run time).
 struct Clip {
@@ -863,6 +879,12 @@ struct Clip {
 impl Kernel for Clip {
     fn in_place(&self) -> bool {
         true
+    }
+    fn activation(&self) -> Option<Activation> {
+        Some(Activation::Clip {
+            lo: self.lo,
+            hi: self.hi,
+        })
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         // A bound the plan put under the (then one-element) output is
@@ -882,7 +904,7 @@ impl Kernel for Clip {
             }
         };
         let (lo, hi) = (bound(1, self.lo)?, bound(2, self.hi)?);
-        Unary(move |x: f32| if x.is_nan() { x } else { x.max(lo).min(hi) }).run(io)
+        Unary(move |x: f32| Activation::Clip { lo, hi }.apply(x)).run(io)
     }
 }
 
@@ -1230,7 +1252,7 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "Sin" => Box::new(Unary(f32::sin)),
         "Cos" => Box::new(Unary(f32::cos)),
         "Sigmoid" => Box::new(Unary(|x: f32| 1.0 / (1.0 + (-x).exp()))),
-        "Relu" => Box::new(Unary(|x: f32| if x > 0.0 { x } else { 0.0 })),
+        "Relu" => Box::new(Relu),
         "LeakyRelu" => {
             let a = attr_f(ctx, "alpha", 0.01);
             Box::new(Unary(move |x: f32| if x >= 0.0 { x } else { a * x }))

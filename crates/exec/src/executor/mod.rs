@@ -28,6 +28,7 @@
 //! - this file: the errors, options and figures, and [`Executable`] itself.
 
 mod bind;
+mod fuse;
 mod memory;
 mod run;
 pub use run::{ReadOutput, StepObserver};
@@ -111,6 +112,8 @@ pub struct RunStats {
 /// A model bound to a plan and a backend, ready to run.
 pub struct Executable {
     steps: Vec<Step<Box<dyn Kernel>>>,
+    /// Relu/Clip steps applied by their producer ([`fuse`]).
+    fused_activations: usize,
     arena: Aligned,
     planned_arena: u64,
     workspace: Aligned,
@@ -146,7 +149,8 @@ impl Executable {
     /// touching the plan's `dynamic_values` become nested programs
     /// (`crate::control`).
     pub fn new(model: &Model, plan: &Plan, backend: &dyn Backend) -> Result<Executable, ExecError> {
-        let b = bind(model, plan, &HostMaker(backend))?;
+        let mut b = bind(model, plan, &HostMaker(backend))?;
+        let fused_activations = fuse::fuse_activations(&mut b.steps, &b.weights);
         let mut donated = Vec::new();
         for (i, o) in &plan.donated {
             let ii = b.inputs.iter().position(|x| &x.0 == i);
@@ -185,6 +189,7 @@ impl Executable {
             dyn_store: vec![None; b.dyn_names.len()],
             dyn_names: b.dyn_names,
             dyn_free_after: b.dyn_free_after,
+            fused_activations,
         })
     }
 
@@ -211,6 +216,12 @@ impl Executable {
             .iter()
             .filter(|s| !s.skip && s.special.is_none() && s.op == op)
             .count()
+    }
+
+    /// Relu and Clip nodes applied by the Conv that produces their input,
+    /// their own steps skipped (the plan unchanged).
+    pub fn fused_activations(&self) -> usize {
+        self.fused_activations
     }
 
     /// `(op type, node name)` of each step of the schedule, in the order
