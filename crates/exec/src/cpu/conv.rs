@@ -200,7 +200,7 @@ fn im2col_rows(
 
 /// The output columns `lo..hi` whose input column `ox·sw + kj·dw - pw`
 /// lies inside the image (the others read padding).
-fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
+pub(crate) fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
     let shift = kj * g.dw;
     // ox·sw + shift >= pw
     let lo = g.pw.saturating_sub(shift).div_ceil(g.sw);

@@ -287,18 +287,7 @@ unsafe fn micro<const R: usize>(t: &Tile) {
 mod tests {
     use super::*;
 
-    /// Deterministic values in [-1, 1).
-    fn fill(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use graphopt_testutil::uniform as fill;
 
     /// `alpha · a · b + beta · c` in f64, `a` at strides `sa`.
     #[allow(clippy::too_many_arguments)]

@@ -2,7 +2,7 @@
 //! pads, strides, dilations, count_include_pad) and GlobalAveragePool / GlobalMaxPool.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::conv::{window, Window};
+use crate::cpu::conv::{valid_cols, window, Window};
 use crate::cpu::par;
 use graphopt_ir::DType;
 
@@ -146,23 +146,12 @@ impl Pool {
                 }
                 let src = &plane[iy as usize * g.w..][..g.w];
                 for kj in 0..g.kw {
-                    // ox with 0 <= ox·sw + kj·dw - pw < w.
-                    let off = (kj * g.dw) as isize - g.pw as isize;
-                    let lo = if off >= 0 {
-                        0
-                    } else {
-                        (-off as usize).div_ceil(g.sw)
-                    };
-                    let hi = if (g.w as isize) <= off {
-                        0
-                    } else {
-                        ((g.w as isize - off) as usize).div_ceil(g.sw).min(g.ow)
-                    };
+                    let (lo, hi) = valid_cols(g, kj);
                     if lo >= hi {
                         continue;
                     }
-                    let first = (lo * g.sw) as isize + off;
-                    let taps = src[first as usize..].iter().step_by(g.sw);
+                    let first = lo * g.sw + kj * g.dw - g.pw;
+                    let taps = src[first..].iter().step_by(g.sw);
                     for (o, &v) in row[lo..hi].iter_mut().zip(taps) {
                         nan |= v.is_nan();
                         *o = if v > *o { v } else { *o };
