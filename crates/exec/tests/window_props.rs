@@ -144,12 +144,17 @@ proptest! {
         let (ph, pw) = if r == 1 { (0, g.pads[0]) } else { (g.pads[0], g.pads[1]) };
         let (oh, ow) = p(&out_sp, 1);
         let mut want = vec![0f64; g.n * m * oh * ow];
+        // Depthwise planes sum in f32 in (ki, kj) order after the bias,
+        // as the kernel does (stride 2 included, through its phased rows):
+        // the same bits.
+        let mut want32 = vec![0f32; g.n * m * oh * ow];
         for ni in 0..g.n {
             for mi in 0..m {
                 let gi = mi / g.mg;
                 for oy in 0..oh {
                     for ox in 0..ow {
                         let mut acc = bv[mi] as f64;
+                        let mut acc32 = bv[mi];
                         for ci in 0..g.cg {
                             for ki in 0..kh {
                                 for kj in 0..kw {
@@ -161,15 +166,20 @@ proptest! {
                                     let xval = xv[((ni * c + gi * g.cg + ci) * h + iy as usize) * w + ix as usize];
                                     let wval = wv[((mi * g.cg + ci) * kh + ki) * kw + kj];
                                     acc += xval as f64 * wval as f64;
+                                    acc32 += xval * wval;
                                 }
                             }
                         }
                         want[((ni * m + mi) * oh + oy) * ow + ox] = acc;
+                        want32[((ni * m + mi) * oh + oy) * ow + ox] = acc32;
                     }
                 }
             }
         }
         close(&got, &want)?;
+        if g.cg == 1 && g.mg == 1 && g.group > 1 {
+            prop_assert!(got.iter().zip(&want32).all(|(a, b)| a.to_bits() == b.to_bits()), "depthwise bits");
+        }
     }
 
     #[test]

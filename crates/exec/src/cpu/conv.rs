@@ -216,29 +216,133 @@ pub(crate) fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
 /// One depthwise output plane: `out = bias + Σ w[ki,kj] · x[shifted]`,
 /// accumulated in place over the kernel taps (no unfolding); on AVX2
 /// lanes where the CPU has them (the same operations in the same order,
-/// no FMA contraction: the same bits).
+/// no FMA contraction: the same bits). A strided plane is first copied
+/// with each row's columns grouped by their remainder mod the stride
+/// ([`phase_rows`]), so that every tap reads a contiguous run: the same
+/// elements, so the same bits as a strided read.
 fn depthwise_plane(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
+    if g.sw > 1 {
+        PHASED.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.resize(g.h * g.w, 0.0);
+            depthwise_dispatch(g, x, Some(&mut buf), w, bias, out);
+        });
+    } else {
+        depthwise_dispatch(g, x, None, w, bias, out);
+    }
+}
+
+thread_local! {
+    /// One plane of a strided depthwise convolution, phased ([`phase_rows`]).
+    static PHASED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `x`'s rows with their columns `p, p + sw, ...` for each phase `p` in
+/// turn (phase `p` holds `ceil((w - p) / sw)` columns), into `buf`
+/// (`h · w` long). Indexed, to compile inside the caller's features.
+#[inline(always)]
+fn phase_rows(g: &Window, x: &[f32], buf: &mut [f32]) {
+    for r in 0..g.h {
+        let (dst, src) = (&mut buf[r * g.w..][..g.w], &x[r * g.w..][..g.w]);
+        if g.sw == 2 {
+            let (even, odd) = dst.split_at_mut(g.w.div_ceil(2));
+            for i in 0..g.w / 2 {
+                even[i] = src[2 * i];
+                odd[i] = src[2 * i + 1];
+            }
+            if g.w % 2 == 1 {
+                even[g.w / 2] = src[g.w - 1];
+            }
+            continue;
+        }
+        let mut at = 0;
+        for p in 0..g.sw.min(g.w) {
+            for v in src[p..].iter().step_by(g.sw) {
+                dst[at] = *v;
+                at += 1;
+            }
+        }
+    }
+}
+
+/// [`depthwise_body`] on `x`, phased into `phased` first when given.
+fn depthwise_dispatch(
+    g: &Window,
+    x: &[f32],
+    phased: Option<&mut [f32]>,
+    w: &[f32],
+    bias: f32,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { depthwise_plane_avx2(g, x, w, bias, out) };
+        unsafe { depthwise_plane_avx2(g, x, phased, w, bias, out) };
         return;
     }
-    depthwise_body(g, x, w, bias, out);
+    depthwise_phased(g, x, phased, w, bias, out);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn depthwise_plane_avx2(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
-    depthwise_body(g, x, w, bias, out);
+unsafe fn depthwise_plane_avx2(
+    g: &Window,
+    x: &[f32],
+    phased: Option<&mut [f32]>,
+    w: &[f32],
+    bias: f32,
+    out: &mut [f32],
+) {
+    depthwise_phased(g, x, phased, w, bias, out);
 }
 
-/// [`depthwise_plane`]'s loops: indexed, so they compile inside the
-/// caller's target features (iterator adaptors would be separate
-/// functions without them).
+#[inline(always)]
+fn depthwise_phased(
+    g: &Window,
+    x: &[f32],
+    phased: Option<&mut [f32]>,
+    w: &[f32],
+    bias: f32,
+    out: &mut [f32],
+) {
+    match phased {
+        Some(buf) => {
+            phase_rows(g, x, buf);
+            depthwise_body(g, buf, w, bias, out);
+        }
+        None => depthwise_body(g, x, w, bias, out),
+    }
+}
+
+/// [`depthwise_plane`]'s loops on `x` as it is (stride 1) or phased:
+/// indexed, so they compile inside the caller's target features (iterator
+/// adaptors would be separate functions without them).
 #[inline(always)]
 fn depthwise_body(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
     out.fill(bias);
+    // Per column tap: the output columns it reaches inside the image, and
+    // where their inputs start in a (phased) row.
+    let mut cols = [(0usize, 0usize, 0usize); 16];
+    let mut heap = Vec::new();
+    let cols: &mut [(usize, usize, usize)] = if g.kw <= 16 {
+        &mut cols[..g.kw]
+    } else {
+        heap.resize(g.kw, (0, 0, 0));
+        &mut heap
+    };
+    for (kj, c) in cols.iter_mut().enumerate() {
+        let (lo, hi) = valid_cols(g, kj);
+        let first = if lo < hi {
+            lo * g.sw + kj * g.dw - g.pw
+        } else {
+            0
+        };
+        // Phase `first % sw` starts after the columns of the phases
+        // before it (`ceil((w - q) / sw)` each).
+        let (p, base) = (first % g.sw, first / g.sw);
+        let start = (0..p).map(|q| (g.w - q).div_ceil(g.sw)).sum::<usize>() + base;
+        *c = (lo, hi, start);
+    }
     // Output row by output row (it stays in L1 across the taps), each
     // element adding its taps in (ki, kj) order.
     for oy in 0..g.oh {
@@ -249,25 +353,16 @@ fn depthwise_body(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) 
                 continue;
             }
             let src = &x[iy as usize * g.w..][..g.w];
-            for kj in 0..g.kw {
-                let wv = w[ki * g.kw + kj];
-                let (lo, hi) = valid_cols(g, kj);
+            for (kj, &(lo, hi, start)) in cols.iter().enumerate() {
                 if lo >= hi {
                     continue;
                 }
+                let wv = w[ki * g.kw + kj];
                 let dst = &mut row[lo..hi];
-                let first = lo * g.sw + kj * g.dw - g.pw;
                 let n = dst.len();
-                if g.sw == 1 {
-                    let src = &src[first..first + n];
-                    for i in 0..n {
-                        dst[i] += wv * src[i];
-                    }
-                } else {
-                    let src = &src[first..first + (n - 1) * g.sw + 1];
-                    for i in 0..n {
-                        dst[i] += wv * src[i * g.sw];
-                    }
+                let src = &src[start..start + n];
+                for i in 0..n {
+                    dst[i] += wv * src[i];
                 }
             }
         }
