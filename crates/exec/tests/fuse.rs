@@ -122,7 +122,48 @@ fn opset6_clip_attributes_fuse_and_shared_or_computed_inputs_do_not() {
           lo = Neg (lo0)
           c = Clip (z, lo)
         }"#,
-        &[x, w, HostTensor::from_f32(&[], &[0.1])],
+        &[x.clone(), w.clone(), HostTensor::from_f32(&[], &[0.1])],
     );
     assert_eq!(n, 0);
+    // `y` read by an Add scheduled between the Conv and the Relu, which
+    // the plan may still put in place over `y` (its last reader): the Add
+    // must see `y` before the Relu, so no fusion, and the sum is Conv + x'.
+    let q = t(&[1, 6, 18, 18], 13);
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,4,20,20] x, float[6,4,3,3] w, float[1,6,18,18] q) => (float[1,6,18,18] s, float[1,6,18,18] r) {
+          y = Conv (x, w)
+          s = Add (y, q)
+          r = Relu (y)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    assert_eq!(exe.fused_activations(), 0);
+    drop(exe);
+    let (outs, _) = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,4,20,20] x, float[6,4,3,3] w, float[1,6,18,18] q) => (float[1,6,18,18] s, float[1,6,18,18] r) {
+          y = Conv (x, w)
+          s = Add (y, q)
+          r = Relu (y)
+        }"#,
+        &[x.clone(), w.clone(), q.clone()],
+    );
+    let f = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let (s, r, qv) = (f(&outs[0]), f(&outs[1]), q.to_f32().unwrap());
+    // Where the Conv is negative, Relu gives 0 and the Add must still
+    // see the negative value: s - q < 0 there.
+    let negative = s
+        .iter()
+        .zip(&qv)
+        .zip(&r)
+        .filter(|((s, q), r)| **r == 0.0 && *s - *q < -1e-6)
+        .count();
+    assert!(negative > 0, "the Add saw the activated Conv");
 }

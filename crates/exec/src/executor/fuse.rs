@@ -17,6 +17,7 @@
 use super::bind::Step;
 use super::memory::{Loc, Weight};
 use crate::backend::{Activation, Kernel};
+use crate::control::OutSlot;
 use graphopt_ir::DType;
 
 /// Fuses what it can; returns how many activations were fused.
@@ -31,13 +32,22 @@ pub(crate) fn fuse_activations(steps: &mut [Step<Box<dyn Kernel>>], weights: &[W
         };
         let (offset, len) = (*offset, *len);
         let hit = |o: usize, l: usize| o < offset + len && offset < o + l;
-        // The producer: the last step before j writing these bytes.
+        // The producer: the last step before j writing these bytes (an
+        // If/Loop or a node run alone lists its writes apart).
         let Some(i) = (0..j).rev().find(|&i| {
             steps[i]
                 .outputs
                 .iter()
                 .flatten()
                 .any(|(o, l, _)| hit(*o, *l))
+                || steps[i].special.as_ref().is_some_and(|sp| {
+                    sp.outputs.iter().flatten().any(|slot| match slot {
+                        OutSlot::Arena {
+                            offset: o, len: l, ..
+                        } => hit(*o, *l),
+                        OutSlot::Dynamic { .. } => false,
+                    })
+                })
         }) else {
             continue;
         };
