@@ -529,6 +529,7 @@ impl Runner<'_> {
         let mut outputs = Vec::new();
         let mut dynamic_bytes = 0;
         let mut step_nanos: Vec<u64> = Vec::new();
+        exe.set_profile(opts.profile);
         for _ in 0..opts.repeat {
             let t0 = Instant::now();
             let (o, st) = exe
@@ -545,6 +546,7 @@ impl Runner<'_> {
         let profile = opts
             .profile
             .then(|| Profile::new(&exe.step_ops(), &step_nanos, times.len()));
+        exe.set_profile(false);
         let output_names = exe.output_names();
         let poison = if opts.poison {
             let (o, stats) = exe

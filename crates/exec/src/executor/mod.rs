@@ -105,7 +105,8 @@ pub struct RunStats {
     pub dynamic_peak_bytes: u64,
     /// Wall time of each step of the schedule, in nanoseconds ([`Executable::step_ops`]
     /// names them; an aliased view takes next to none, an If or Loop
-    /// counts its nested runs). Always measured: two clock reads a step.
+    /// counts its nested runs). Only when [`Executable::set_profile`] is on;
+    /// empty otherwise (no clock is read).
     pub step_nanos: Vec<u64>,
 }
 
@@ -114,6 +115,8 @@ pub struct Executable {
     steps: Vec<Step<Box<dyn Kernel>>>,
     /// Relu/Clip steps applied by their producer ([`fuse`]).
     fused_activations: usize,
+    /// Time each step ([`RunStats::step_nanos`]).
+    profile: bool,
     arena: Aligned,
     planned_arena: u64,
     workspace: Aligned,
@@ -190,6 +193,7 @@ impl Executable {
             dyn_names: b.dyn_names,
             dyn_free_after: b.dyn_free_after,
             fused_activations,
+            profile: false,
         })
     }
 
@@ -222,6 +226,12 @@ impl Executable {
     /// their own steps skipped (the plan unchanged).
     pub fn fused_activations(&self) -> usize {
         self.fused_activations
+    }
+
+    /// Whether runs time each step into [`RunStats::step_nanos`] (off by
+    /// default: a run then reads no clock per step).
+    pub fn set_profile(&mut self, on: bool) {
+        self.profile = on;
     }
 
     /// `(op type, node name)` of each step of the schedule, in the order

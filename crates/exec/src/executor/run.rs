@@ -140,9 +140,12 @@ impl Executable {
         let dyn_store = &mut self.dyn_store;
         dyn_store.iter_mut().for_each(|d| *d = None);
         let mut dyn_live = 0u64;
-        stats.step_nanos = vec![0; self.steps.len()];
+        if self.profile {
+            stats.step_nanos = vec![0; self.steps.len()];
+        }
+        let profile = self.profile;
         for (si, step) in self.steps.iter_mut().enumerate() {
-            let started = std::time::Instant::now();
+            let started = profile.then(std::time::Instant::now);
             if let Some(sp) = step.special.as_mut() {
                 let kerr = |msg: String| ExecError::Kernel {
                     op: step.op.clone(),
@@ -294,7 +297,9 @@ impl Executable {
                 })?;
                 stats.kernels_run += 1;
             }
-            stats.step_nanos[si] = started.elapsed().as_nanos() as u64;
+            if let Some(t) = started {
+                stats.step_nanos[si] = t.elapsed().as_nanos() as u64;
+            }
             for &k in &self.dyn_free_after[si] {
                 if let Some(t) = dyn_store[k].take() {
                     dyn_live -= t.data.len() as u64;
