@@ -18,7 +18,7 @@ fn ours_cols(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], 
     let per = blocks.div_ceil(t) * 64;
     let cp = c.as_mut_ptr() as usize;
     let run = |c0: usize, cols: usize| unsafe {
-        ours::sgemm(m, k, cols, 1.0, a.as_ptr(), (k, 1), b.as_ptr().add(c0), (n, 1), 0.0, (cp as *mut f32).add(c0), n)
+        ours::sgemm(m, k, cols, 1.0, a.as_ptr(), k, b.as_ptr().add(c0), (n, 1), 0.0, (cp as *mut f32).add(c0), n)
     };
     std::thread::scope(|s| {
         let mut c0 = 0;
@@ -30,7 +30,7 @@ fn ours_rows(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], 
     let t = threads.clamp(1, m.div_ceil(64));
     let rows = m.div_ceil(t).div_ceil(64) * 64;
     let run = |r0: usize, rows: usize, c: &mut [f32]| unsafe {
-        ours::sgemm(rows, k, n, 1.0, a.as_ptr().add(r0 * k), (k, 1), b.as_ptr(), (n, 1), 0.0, c.as_mut_ptr(), n)
+        ours::sgemm(rows, k, n, 1.0, a.as_ptr().add(r0 * k), k, b.as_ptr(), (n, 1), 0.0, c.as_mut_ptr(), n)
     };
     if t == 1 { run(0, m, c); return; }
     std::thread::scope(|s| {

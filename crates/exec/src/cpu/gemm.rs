@@ -9,8 +9,8 @@
 //! In an NCHW convolution the left operand is the weight (`Cout × Cin·k²`)
 //! and the right one the unfolded image; deep in a network the image is
 //! small (7×7) and the weight large (512 × 4608), so repacking the weight
-//! costs as much as multiplying. Here a row-major `a` is read in place by
-//! broadcasts; a strided one is packed per block of `MC` × 256. `b` is packed
+//! costs as much as multiplying. Here the row-major `a` is read in place by
+//! broadcasts (a strided `a` goes to matrixmultiply). `b` is packed
 //! per 256-row panel into 16-column slivers, zero-padded at the edge.
 //!
 //! The loops (BLIS's order): column panels of `NC`, depth blocks of
@@ -50,9 +50,9 @@ const MC: usize = 96;
 const NC: usize = 256;
 
 thread_local! {
-    /// Packing buffers, one pair per thread, reused across calls: `b`'s
-    /// panel (at most `KC × NC` floats) and a strided `a`'s block.
-    static BUFS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// `b`'s packed panel (at most `KC × NC` floats), one per thread,
+    /// reused across calls.
+    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Whether this CPU runs [`sgemm`].
@@ -68,8 +68,8 @@ pub(crate) fn available() -> bool {
 /// read). `k` must be at least 1.
 ///
 /// # Safety
-/// [`available`] must be true. `a` holds `m × k` elements at strides
-/// `(rsa, csa)`, `b` holds `k × n` at `(rsb, csb)`, and `c` holds `m`
+/// [`available`] must be true. `a` holds `m` rows of `k` contiguous
+/// elements at row stride `lda`, `b` holds `k × n` at `(rsb, csb)`, and `c` holds `m`
 /// rows of `n` at row stride `rsc`, which nothing else touches during the
 /// call.
 pub(crate) unsafe fn sgemm(
@@ -78,7 +78,7 @@ pub(crate) unsafe fn sgemm(
     n: usize,
     alpha: f32,
     a: *const f32,
-    (rsa, csa): (usize, usize),
+    lda: usize,
     b: *const f32,
     (rsb, csb): (usize, usize),
     beta: f32,
@@ -86,15 +86,11 @@ pub(crate) unsafe fn sgemm(
     rsc: usize,
 ) {
     debug_assert!(available() && k > 0);
-    BUFS.with(|bufs| {
-        let (bp, ap) = &mut *bufs.borrow_mut();
+    PANEL.with(|bp| {
+        let bp = &mut *bp.borrow_mut();
         let panel = KC * n.min(NC).div_ceil(NR) * NR;
         if bp.len() < panel {
             bp.resize(panel, 0.0);
-        }
-        let pack_a = csa != 1;
-        if pack_a && ap.len() < MC * KC {
-            ap.resize(MC * KC, 0.0);
         }
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
@@ -112,12 +108,7 @@ pub(crate) unsafe fn sgemm(
                 let (al, be) = if pc == 0 { (alpha, beta) } else { (alpha, 1.0) };
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
-                    let (ablk, lda) = if pack_a {
-                        unsafe { pack_rows(mc, kc, a.add(ic * rsa + pc * csa), rsa, csa, ap) };
-                        (ap.as_ptr(), kc)
-                    } else {
-                        (unsafe { a.add(ic * rsa + pc) }, rsa)
-                    };
+                    let ablk = unsafe { a.add(ic * lda + pc) };
                     for jr in (0..nc).step_by(NR) {
                         let nr = NR.min(nc - jr);
                         let (sliver, ldb) = if in_place && nr == NR {
@@ -193,16 +184,6 @@ unsafe fn pack_b(
                 }
             }
             row[w..].fill(0.0);
-        }
-    }
-}
-
-/// Packs `mc × kc` of a strided `a` row-major (row `i` at `i·kc`).
-unsafe fn pack_rows(mc: usize, kc: usize, a: *const f32, rsa: usize, csa: usize, out: &mut [f32]) {
-    for p in 0..kc {
-        for i in 0..mc {
-            // SAFETY: element (i, p) of the block (the caller's bounds).
-            out[i * kc + p] = unsafe { *a.add(i * rsa + p * csa) };
         }
     }
 }
@@ -339,7 +320,7 @@ mod tests {
                 n,
                 alpha,
                 a.as_ptr(),
-                sa,
+                sa.0,
                 b.as_ptr(),
                 (n, 1),
                 beta,
@@ -350,8 +331,8 @@ mod tests {
     }
 
     /// Edge sizes (partial micro-tiles, several depth blocks, several row
-    /// blocks and column panels), row-major and transposed `a`, and every
-    /// alpha/beta case, against an f64 product.
+    /// blocks and column panels), `a`'s rows contiguous or at a longer
+    /// stride, and every alpha/beta case, against an f64 product.
     #[test]
     fn matches_a_naive_product() {
         if !available() {
@@ -367,10 +348,10 @@ mod tests {
             (2, 700, 5),
         ] {
             for &(alpha, beta) in &[(1.0, 0.0), (1.0, 1.0), (0.3, 0.0), (0.7, -1.5)] {
-                let a = fill(m * k, 1);
+                let a = fill(m * (k + 3), 1);
                 let b = fill(k * n, 2);
                 let c0 = fill(m * n, 3);
-                for sa in [(k, 1), (1, m)] {
+                for sa in [(k, 1), (k + 3, 1)] {
                     let want = naive(m, k, n, alpha, &a, sa, &b, beta, &c0);
                     let mut c = c0.clone();
                     if beta == 0.0 {
@@ -412,7 +393,7 @@ mod tests {
                         c1 - c0,
                         1.0,
                         a.as_ptr().add(r0 * k),
-                        (k, 1),
+                        k,
                         b.as_ptr().add(c0),
                         (n, 1),
                         0.0,
@@ -434,7 +415,7 @@ mod tests {
                     n,
                     1.0,
                     a.as_ptr().add(k0),
-                    (k, 1),
+                    k,
                     b.as_ptr().add(k0 * n),
                     (n, 1),
                     if k0 == 0 { 0.0 } else { 1.0 },

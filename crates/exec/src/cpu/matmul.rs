@@ -53,8 +53,8 @@ pub(crate) fn own_for_cols(cols: usize) -> bool {
     }
 }
 
-/// [`sgemm`] on graphopt's kernel when `own` (see [`own_for_cols`]; a
-/// strided `a` is packed then), else on matrixmultiply.
+/// [`sgemm`] on graphopt's kernel when `own` (see [`own_for_cols`]) and `a`
+/// has contiguous rows, else on matrixmultiply.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm_with(
     own: bool,
@@ -176,7 +176,7 @@ pub(crate) unsafe fn sgemm_into_with(
         "gemm operand too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if own && super::gemm::available() {
+    if own && csa == 1 && super::gemm::available() {
         // SAFETY: operands checked above; `c` is the caller's promise.
         unsafe {
             super::gemm::sgemm(
@@ -185,7 +185,7 @@ pub(crate) unsafe fn sgemm_into_with(
                 n,
                 alpha,
                 a.as_ptr(),
-                (rsa, csa),
+                rsa,
                 b.as_ptr(),
                 (rsb, csb),
                 beta,
