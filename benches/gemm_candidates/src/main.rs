@@ -3,6 +3,7 @@
 //! threads (the runtime's split), with its own `threading` feature
 //! (`MATMUL_NUM_THREADS`), and the `gemm` crate on one thread and on a
 //! 2-thread rayon pool. GFLOP/s, best of 5, row-major operands.
+//! `GEMV=1`: the one-row products instead ([`gemv_rows`]).
 //! Results and how to read them: benches/README.md.
 
 use std::time::Instant;
@@ -74,7 +75,70 @@ fn time<F: FnMut()>(mut f: F, flops: f64) -> f64 {
     best
 }
 
+/// `GEMV=1`: one-row products (a batch-1 classifier, a decoding step) with
+/// `b` row-major (`[k, n]`, MatMul) and transposed (`[n, k]`, Gemm with
+/// transB = 1): matrixmultiply and `gemm` on one thread against
+/// graphopt's matrix-vector kernel on one thread and split into two
+/// column halves on two std threads, best of 6 x 5, interleaved.
+fn gemv_rows() {
+    let shapes: &[(&str, usize, usize)] = &[
+        ("r50 fc b1", 2048, 1000),
+        ("mobilenet_v2 fc b1", 1280, 1000),
+        ("decode m=1", 768, 3072),
+        ("gpt2 decode lm head", 768, 50257),
+    ];
+    println!("| shape | K N | b | mm 1t | gemm 1t | graphopt 1t | graphopt 2t | graphopt 2t / mm 1t |");
+    for &(name, k, n) in shapes {
+        let a: Vec<f32> = (0..k).map(|i| ((i * 7 % 13) as f32) * 0.1).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) * 0.1).collect();
+        let mut c = vec![0f32; n];
+        let fl = 2.0 * (k * n) as f64;
+        let g = |t: f64| fl / t / 1e9;
+        for (layout, (rsb, csb)) in [("[k,n]", (n, 1)), ("[n,k]", (1, k))] {
+            let mm = |c: &mut [f32]| unsafe {
+                matrixmultiply::sgemm(1, k, n, 1.0, a.as_ptr(), k as isize, 1, b.as_ptr(), rsb as isize, csb as isize, 0.0, c.as_mut_ptr(), n as isize, 1)
+            };
+            let gm = |c: &mut [f32]| unsafe {
+                gemm::gemm(1, n, k, c.as_mut_ptr(), 1, n as isize, false, a.as_ptr(), 1, k as isize, b.as_ptr(), csb as isize, rsb as isize, 0.0f32, 1.0f32, false, false, false, gemm::Parallelism::None)
+            };
+            let ours = |c: &mut [f32], threads: usize| {
+                let half = if threads > 1 { n.div_ceil(128) * 64 } else { n };
+                let cp = c.as_mut_ptr() as usize;
+                let run = |j0: usize, cols: usize| unsafe {
+                    ours::gemv(k, cols, 1.0, a.as_ptr(), b.as_ptr().add(j0 * csb), (rsb, csb), 0.0, (cp as *mut f32).add(j0))
+                };
+                if threads == 1 {
+                    run(0, n);
+                    return;
+                }
+                std::thread::scope(|s| {
+                    let run = &run;
+                    s.spawn(move || run(half, n - half));
+                    run(0, half);
+                });
+            };
+            let mut want = vec![0f32; n];
+            mm(&mut want);
+            ours(&mut c, 2);
+            let err = want.iter().zip(&c).map(|(x, y)| ((x - y) / x.abs().max(1.0)).abs()).fold(0f32, f32::max);
+            assert!(err < 1e-4, "{name}: graphopt's gemv is off by {err}");
+            let mut t = [f64::MAX; 4];
+            for _ in 0..6 {
+                t[0] = t[0].min(time(|| mm(&mut c), fl));
+                t[1] = t[1].min(time(|| gm(&mut c), fl));
+                t[2] = t[2].min(time(|| ours(&mut c, 1), fl));
+                t[3] = t[3].min(time(|| ours(&mut c, 2), fl));
+            }
+            println!("| {name} | {k} {n} | {layout} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}x |", g(t[0]), g(t[1]), g(t[2]), g(t[3]), t[0] / t[3]);
+        }
+    }
+}
+
 fn main() {
+    if std::env::var_os("GEMV").is_some() {
+        gemv_rows();
+        return;
+    }
     let shapes: &[(&str, usize, usize, usize)] = &[
         ("r50 3x3 l1 w*col", 64, 576, 3136),
         ("r50 1x1 l1", 256, 64, 3136),

@@ -59,6 +59,8 @@ struct Case {
     group: Option<usize>,
     /// 8 (uint8 indices) or 4 (uint4, opset 21).
     bits: u32,
+    /// MatMul and Gemm: `x` is one row (the matrix-vector kernel).
+    one_row: bool,
 }
 
 /// A fixture: the palettized model, the reference (decoded weights as a
@@ -155,6 +157,14 @@ fn fixture(c: Case) -> Fixture {
     // Shapes cross the fused kernels' tiles: K = 300 > 256 rows per tile,
     // N = 260 > 256 columns per tile, 70 > 64 output channels per block.
     let spec = match c.op {
+        Op::MatMul if c.one_row => Spec {
+            w: vec![300, 260],
+            x: vec![1, 300],
+            y: vec![1, 260],
+            reader: "y = MatMul (x, W)".into(),
+            extra: String::new(),
+            ids: None,
+        },
         Op::MatMul => Spec {
             w: vec![300, 260],
             x: vec![2, 3, 300],
@@ -165,8 +175,8 @@ fn fixture(c: Case) -> Fixture {
         },
         Op::Gemm => Spec {
             w: vec![260, 300],
-            x: vec![3, 300],
-            y: vec![3, 260],
+            x: vec![if c.one_row { 1 } else { 3 }, 300],
+            y: vec![if c.one_row { 1 } else { 3 }, 260],
             reader: "y = Gemm <transB: int = 1, alpha: float = 0.5, beta: float = 2.0> (x, W, bias)"
                 .into(),
             extra: bias(260, 77),
@@ -189,7 +199,10 @@ fn fixture(c: Case) -> Fixture {
             ids: Some(vec![0, 499, -1, 7, 7, 250, 3, 1, 2, 3, 4, -500, 5, 6]),
         },
     };
-    let seed = (c.op as u64) * 10 + c.bits as u64 + c.group.map_or(0, |g| g as u64 * 1000);
+    let seed = (c.op as u64) * 10
+        + c.bits as u64
+        + c.group.map_or(0, |g| g as u64 * 1000)
+        + c.one_row as u64 * 100;
     build(&spec, c.group, c.bits, seed)
 }
 
@@ -204,7 +217,20 @@ fn cases() -> Vec<Case> {
         };
         for group in [None, Some(g)] {
             for bits in [8, 4] {
-                v.push(Case { op, group, bits });
+                v.push(Case {
+                    op,
+                    group,
+                    bits,
+                    one_row: false,
+                });
+            }
+            if matches!(op, Op::MatMul | Op::Gemm) {
+                v.push(Case {
+                    op,
+                    group,
+                    bits: 8,
+                    one_row: true,
+                });
             }
         }
     }

@@ -534,3 +534,51 @@ fn small_output_convolutions_and_max_pooling_without_indices() {
     assert_eq!(bits(&outs[3]), bits(&outs[4]));
     assert!(outs[3].iter().any(|v| v.is_nan()) && outs[3][15 * 15..].iter().all(|v| !v.is_nan()));
 }
+
+#[test]
+fn one_row_products_on_the_matrix_vector_kernel() {
+    // M = 1: a classifier's Gemm (transB = 1, the weight [N, K], alpha and
+    // a bias), a decoding MatMul ([K, N] row-major) and a batched MatMul
+    // of one-row matrices; K crosses the 256-deep blocks, N several
+    // 64-column parts.
+    let x = t(&[1, 700], 71);
+    let w = t(&[300, 700], 72);
+    let bias = t(&[300], 73);
+    let wm = t(&[700, 300], 74);
+    let xb = t(&[4, 1, 700], 75);
+    let outs = same_bits_at_every_thread_count(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,700] x, float[300,700] w, float[300] bias, float[700,300] wm, float[4,1,700] xb)
+          => (float[1,300] y, float[1,300] z, float[4,1,300] v) {
+          y = Gemm <transB = 1, alpha = 0.5> (x, w, bias)
+          z = MatMul (x, wm)
+          v = MatMul (xb, wm)
+        }"#,
+        &[x.clone(), w.clone(), bias.clone(), wm.clone(), xb.clone()],
+    );
+    let (xv, wv, bv, wmv, xbv) = (
+        x.to_f32().unwrap(),
+        w.to_f32().unwrap(),
+        bias.to_f32().unwrap(),
+        wm.to_f32().unwrap(),
+        xb.to_f32().unwrap(),
+    );
+    let dot = |a: &[f32], b: &dyn Fn(usize) -> f32| -> f64 {
+        (0..700).map(|k| a[k] as f64 * b(k) as f64).sum()
+    };
+    let mut worst = 0f64;
+    for j in 0..300 {
+        let want = [
+            0.5 * dot(&xv, &|k| wv[j * 700 + k]) + bv[j] as f64,
+            dot(&xv, &|k| wmv[k * 300 + j]),
+        ];
+        for (o, want) in want.into_iter().enumerate() {
+            worst = worst.max((outs[o][j] as f64 - want).abs() / (1.0 + want.abs()));
+        }
+        for i in 0..4 {
+            let want = dot(&xbv[i * 700..], &|k| wmv[k * 300 + j]);
+            worst = worst.max((outs[2][i * 300 + j] as f64 - want).abs() / (1.0 + want.abs()));
+        }
+    }
+    assert!(worst <= 1e-6, "worst relative error {worst:e}");
+}

@@ -6,12 +6,12 @@
 //!
 //! Two f32 operands whose every label is a batch, left, right or summed
 //! one (no label summed over one operand alone) run as a batched GEMM
-//! ([`sgemm`]) on packed copies; anything else (one or three operands,
+//! ([`product`]) on packed copies; anything else (one or three operands,
 //! f64, integers) runs as one loop nest over every label (output labels
 //! outermost), each product accumulated into its output element.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::matmul::sgemm;
+use crate::cpu::matmul::product;
 use crate::tensor::{cast, cast_mut, numel, strides, Elem};
 use graphopt_ir::DType;
 use std::ops::{Add, Mul};
@@ -353,7 +353,7 @@ impl Einsum {
                 .zip(pa.chunks(m * k))
                 .zip(pb.chunks(k * n))
             {
-                sgemm(m, k, n, 1.0, a, (k, 1), b, (n, 1), 0.0, c, n, threads);
+                product(m, k, n, 1.0, a, (k, 1), b, (n, 1), 0.0, c, n, threads);
             }
         }
         // Output strides per label (a label repeated in the output: its

@@ -148,6 +148,199 @@ pub(crate) unsafe fn sgemm(
     })
 }
 
+/// One-thread `c[n] = alpha · a[k] · b[k×n] + beta · c`: one row of `a`
+/// (contiguous) times `b`, read where it lies (`beta = 0`: `c` is not
+/// read). `k` must be at least 1.
+///
+/// With a unit row stride (`rsb = 1`: column `j` of `b` is contiguous, as
+/// in a Gemm with `transB = 1`, a classifier's weight) each element is a
+/// dot product ([`dots`]); otherwise (`csb = 1`) the rows of `b` are
+/// streamed and scaled into accumulators ([`axpys`]), the sums [`sgemm`]
+/// makes for one row, bit for bit. Both sum each element in blocks of
+/// [`KC`] with [`sgemm`]'s epilogue, so a caller walking `k` in tiles of
+/// [`KC`] with `beta = 1` after the first, or splitting the columns, gets
+/// the same bits.
+///
+/// # Safety
+/// [`available`] must be true; `rsb == 1 || csb == 1`. `a` holds `k`
+/// elements, `b` holds `k × n` at `(rsb, csb)`, and `c` holds `n`
+/// elements that nothing else touches during the call.
+pub(crate) unsafe fn gemv(
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    (rsb, csb): (usize, usize),
+    beta: f32,
+    c: *mut f32,
+) {
+    debug_assert!(available() && k > 0 && (rsb == 1 || csb == 1));
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        if rsb == 1 {
+            dots(k, n, alpha, a, b, csb, beta, c)
+        } else {
+            axpys(k, n, alpha, a, b, rsb, beta, c)
+        }
+    }
+}
+
+/// Columns per accumulator block of [`axpys`] (8 KiB, in L1).
+const AXPY_COLS: usize = 2048;
+
+/// `c = alpha · a · b + beta · c` for a row-major `b` (row stride `rsb`):
+/// per block of [`AXPY_COLS`] columns and [`KC`] rows, each row of `b` is
+/// read once, contiguously, and `a[p] · b[p, j]` added to accumulator `j`
+/// by a fused multiply-add, in row order: the arithmetic of [`micro`] for
+/// one row (each element's products in order from zero, then the same
+/// epilogue), with the accumulators in L1 instead of registers, so long
+/// rows stream instead of being read as 16-column slivers a page apart.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpys(
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    rsb: usize,
+    beta: f32,
+    c: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [0f32; AXPY_COLS];
+    for j0 in (0..n).step_by(AXPY_COLS) {
+        let w = AXPY_COLS.min(n - j0);
+        let vw = w / 8 * 8;
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let be = if pc == 0 { beta } else { 1.0 };
+            let acc = &mut acc[..w];
+            acc.fill(0.0);
+            // SAFETY: rows pc..pc+kc, columns j0..j0+w of b and elements
+            // j0..j0+w of c (the caller's bounds); `acc` holds w.
+            unsafe {
+                for p in pc..pc + kc {
+                    let ap = *a.add(p);
+                    let av = _mm256_set1_ps(ap);
+                    let row = b.add(p * rsb + j0);
+                    let accp = acc.as_mut_ptr();
+                    let mut j = 0;
+                    while j < vw {
+                        let v = _mm256_fmadd_ps(
+                            av,
+                            _mm256_loadu_ps(row.add(j)),
+                            _mm256_loadu_ps(accp.add(j)),
+                        );
+                        _mm256_storeu_ps(accp.add(j), v);
+                        j += 8;
+                    }
+                    for j in vw..w {
+                        *accp.add(j) = ap.mul_add(*row.add(j), *accp.add(j));
+                    }
+                }
+                for (j, &v) in acc.iter().enumerate() {
+                    let v = if alpha != 1.0 { v * alpha } else { v };
+                    let out = &mut *c.add(j0 + j);
+                    *out = if be == 1.0 {
+                        v + *out
+                    } else if be != 0.0 {
+                        be.mul_add(*out, v)
+                    } else {
+                        v
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// `c[j] = alpha · (a · b[j·csb ..][..k]) + beta · c[j]` for `j < n`, four
+/// columns at a time (each column's arithmetic is the same in a group of
+/// four as alone): per block of [`KC`], 16 products at a time into two
+/// vectors, their lanes summed in a fixed order, the block's last `kc % 16`
+/// products added one by one, then the epilogue of [`micro`]'s edge
+/// columns.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots(
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    csb: usize,
+    beta: f32,
+    c: *mut f32,
+) {
+    let mut j = 0;
+    // SAFETY (both): columns j.. of b and elements j.. of c, inside what
+    // the caller vouched for.
+    while j + 4 <= n {
+        unsafe { dot_cols::<4>(k, alpha, a, b.add(j * csb), csb, beta, c.add(j)) };
+        j += 4;
+    }
+    while j < n {
+        unsafe { dot_cols::<1>(k, alpha, a, b.add(j * csb), csb, beta, c.add(j)) };
+        j += 1;
+    }
+}
+
+/// [`dots`] for `C` adjacent columns.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_cols<const C: usize>(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    csb: usize,
+    beta: f32,
+    c: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    for pc in (0..k).step_by(KC) {
+        let kc = KC.min(k - pc);
+        let be = if pc == 0 { beta } else { 1.0 };
+        // SAFETY: elements pc..pc+kc of a and of each column (the
+        // caller's bounds), c[0..C].
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); 2]; C];
+            let mut p = 0;
+            while p + 16 <= kc {
+                let a0 = _mm256_loadu_ps(a.add(pc + p));
+                let a1 = _mm256_loadu_ps(a.add(pc + p + 8));
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let col = b.add(i * csb + pc + p);
+                    acc[0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(col), acc[0]);
+                    acc[1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(col.add(8)), acc[1]);
+                }
+                p += 16;
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                let v = _mm256_add_ps(acc[0], acc[1]);
+                let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+                let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+                let mut s = _mm_cvtss_f32(h);
+                let col = b.add(i * csb + pc);
+                for q in p..kc {
+                    s = (*a.add(pc + q)).mul_add(*col.add(q), s);
+                }
+                if alpha != 1.0 {
+                    s *= alpha;
+                }
+                let out = &mut *c.add(i);
+                *out = if be == 1.0 {
+                    s + *out
+                } else if be != 0.0 {
+                    be.mul_add(*out, s)
+                } else {
+                    s
+                };
+            }
+        }
+    }
+}
+
 /// Packs `kc × nc` of `b` into slivers of [`NR`] columns: sliver `s`
 /// holds row `p`'s 16 columns at `s·NR·kc + p·NR`, zeros past `nc`
 /// (`edge_only`: only the last, partial sliver).
@@ -425,5 +618,137 @@ mod tests {
             }
         }
         assert_eq!(whole, tiled);
+    }
+
+    /// `gemv` on `b` `[k × n]` stored row-major (`transposed`: as `[n × k]`,
+    /// a Gemm with transB = 1).
+    fn run_gemv(
+        k: usize,
+        n: usize,
+        alpha: f32,
+        a: &[f32],
+        b: &[f32],
+        transposed: bool,
+        beta: f32,
+        c: &mut [f32],
+    ) {
+        let sb = if transposed { (1, k) } else { (n, 1) };
+        // SAFETY: `a` holds k, `b` k × n at `sb`, `c` n.
+        unsafe {
+            gemv(
+                k,
+                n,
+                alpha,
+                a.as_ptr(),
+                b.as_ptr(),
+                sb,
+                beta,
+                c.as_mut_ptr(),
+            )
+        }
+    }
+
+    /// Both layouts of `b`, sizes around the 16-wide and 4-column blocks
+    /// and several depth blocks, every alpha/beta case, against an f64
+    /// product.
+    #[test]
+    fn gemv_matches_a_naive_product() {
+        if !available() {
+            return;
+        }
+        for &(k, n) in &[
+            (1, 1),
+            (15, 3),
+            (16, 4),
+            (17, 5),
+            (300, 37),
+            (600, 130),
+            (2048, 9),
+            (300, AXPY_COLS + 52),
+        ] {
+            for &(alpha, beta) in &[(1.0, 0.0), (1.0, 1.0), (0.3, 0.0), (0.7, -1.5)] {
+                let a = fill(k, 11);
+                let b = fill(k * n, 12);
+                let c0 = fill(n, 13);
+                let want = naive(1, k, n, alpha, &a, (k, 1), &b, beta, &c0);
+                // The same matrix as [n × k].
+                let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                for (bm, transposed) in [(&b, false), (&bt, true)] {
+                    let mut c = c0.clone();
+                    if beta == 0.0 {
+                        c.fill(f32::NAN);
+                    }
+                    run_gemv(k, n, alpha, &a, bm, transposed, beta, &mut c);
+                    for (x, y) in c.iter().zip(&want) {
+                        assert!(
+                            (x - y).abs() <= 2e-6 * (k as f32).sqrt() * 4.0,
+                            "{k}x{n} transposed {transposed} alpha {alpha} beta {beta}: {x} vs {y}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Columns computed in separate calls, and `k` walked in tiles of KC
+    /// with beta = 1 (as the palette kernels do), give the bits of one call,
+    /// in both layouts.
+    #[test]
+    fn gemv_splits_give_the_same_bits() {
+        if !available() {
+            return;
+        }
+        for (k, n, transposed) in [
+            (700, 45, false),
+            (700, 45, true),
+            (300, AXPY_COLS + 52, false),
+        ] {
+            let a = fill(k, 14);
+            let b = fill(k * n, 15);
+            let sb = if transposed { (1, k) } else { (n, 1) };
+            let mut whole = vec![0f32; n];
+            run_gemv(k, n, 1.0, &a, &b, transposed, 0.0, &mut whole);
+            let mut parts = vec![0f32; n];
+            for (c0, c1) in [(0, 5), (5, 21), (21, 45)] {
+                // SAFETY: columns c0..c1 of b and c.
+                unsafe {
+                    gemv(
+                        k,
+                        c1 - c0,
+                        1.0,
+                        a.as_ptr(),
+                        b.as_ptr().add(c0 * sb.1),
+                        sb,
+                        0.0,
+                        parts.as_mut_ptr().add(c0),
+                    )
+                }
+            }
+            assert_eq!(whole, parts, "transposed {transposed}");
+            let mut tiled = vec![0f32; n];
+            for k0 in (0..k).step_by(KC) {
+                let kt = KC.min(k - k0);
+                // SAFETY: elements k0..k0+kt of a and of each column.
+                unsafe {
+                    gemv(
+                        kt,
+                        n,
+                        1.0,
+                        a.as_ptr().add(k0),
+                        b.as_ptr().add(k0 * sb.0),
+                        sb,
+                        if k0 == 0 { 0.0 } else { 1.0 },
+                        tiled.as_mut_ptr(),
+                    )
+                }
+            }
+            assert_eq!(whole, tiled, "transposed {transposed}");
+            if !transposed {
+                // A row-major b: the sums of a one-row sgemm.
+                let mut one = vec![0f32; n];
+                run(1, k, n, 1.0, &a, (k, 1), &b, 0.0, &mut one);
+                assert_eq!(whole, one, "{k}x{n}: one-row sgemm");
+            }
+        }
     }
 }

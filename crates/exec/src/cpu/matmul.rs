@@ -1,7 +1,9 @@
 //! MatMul (batched, numpy broadcasting of the batch dims) and Gemm, on
 //! `matrixmultiply::sgemm` (strided operands, so transposes cost nothing).
 //! Convolutions with few output positions per image use graphopt's own
-//! kernel instead ([`own_for_cols`], [`super::gemm`]).
+//! kernel instead ([`own_for_cols`], [`super::gemm`]), and so does a
+//! MatMul or Gemm of one row ([`product`]: a batch-1 classifier, a
+//! decoding step).
 //! Work splits across the pool ([`par`]) by batch, or by rows (or column
 //! blocks) of one large product.
 
@@ -29,6 +31,102 @@ pub fn sgemm(
     threads: usize,
 ) {
     sgemm_with(false, m, k, n, alpha, a, sa, b, sb, beta, c, rsc, threads)
+}
+
+/// A matrix-product node's whole product, with [`sgemm`]'s arguments: one
+/// row (`m = 1`) runs as a matrix-vector product ([`gemv`]), which reads
+/// `b` once where it lies, where matrixmultiply packs all of `b` for the
+/// one row (3-5 against 15-23 GFLOP/s, benches/README.md "GEMM
+/// candidates"); anything else, or where [`gemv`] does not apply, runs as
+/// [`sgemm`]. The choice rests on the node's shape only, so every split of
+/// one node's product sums each element the same way.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn product(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    sa: (usize, usize),
+    b: &[f32],
+    sb: (usize, usize),
+    beta: f32,
+    c: &mut [f32],
+    rsc: usize,
+    threads: usize,
+) {
+    if m == 1 && gemv(k, n, alpha, a, sa.1, b, sb, beta, c, threads) {
+        return;
+    }
+    sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, rsc, threads)
+}
+
+/// `c[n] = alpha · a[k] · b[k×n] + beta · c` for one row `a` (element
+/// stride `csa`) on graphopt's kernel ([`super::gemm::gemv`]), split by
+/// blocks of 64 columns on `threads` threads; false, with nothing done,
+/// where that kernel does not apply: not x86-64 with AVX2 and FMA, `k = 0`,
+/// `a` strided, or `b` with neither a unit row nor a unit column stride.
+/// Each element's sum is its own, so any column split gives the same bits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemv(
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    csa: usize,
+    b: &[f32],
+    (rsb, csb): (usize, usize),
+    beta: f32,
+    c: &mut [f32],
+    threads: usize,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if k == 0 || csa != 1 || (rsb != 1 && csb != 1) || !super::gemm::available() {
+            return false;
+        }
+        if n == 0 {
+            return true;
+        }
+        assert!(
+            a.len() >= k && b.len() > (k - 1) * rsb + (n - 1) * csb && c.len() >= n,
+            "gemv operand too short"
+        );
+        let blocks = n.div_ceil(64);
+        let t = if n * k < 1 << 16 {
+            1
+        } else {
+            par::parts(blocks, threads, 1)
+        };
+        let c = SendPtr(c.as_mut_ptr());
+        par::for_parts(threads, t, |p| {
+            let r = par::range(blocks, t, p);
+            let (j0, j1) = (r.start * 64, (r.end * 64).min(n));
+            if j0 >= j1 {
+                return;
+            }
+            // SAFETY: lengths asserted above; part p writes columns j0..j1
+            // of `c` only.
+            unsafe {
+                super::gemm::gemv(
+                    k,
+                    j1 - j0,
+                    alpha,
+                    a.as_ptr(),
+                    b.as_ptr().add(j0 * csb),
+                    (rsb, csb),
+                    beta,
+                    c.get().add(j0),
+                )
+            }
+        });
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (k, n, alpha, a, csa, b, rsb, csb, beta, c, threads);
+        false
+    }
 }
 
 /// Products of at most this many columns may run on graphopt's own kernel
@@ -332,7 +430,7 @@ impl Kernel for MatMul {
         }
         // Batch `i` into `c` on `t` threads.
         let one = |i: usize, c: &mut [f32], t: usize| {
-            sgemm(
+            product(
                 m,
                 k,
                 n,
@@ -405,7 +503,7 @@ impl Kernel for Gemm {
         let sa = if self.trans_a { (1, m) } else { (k, 1) };
         let sb = if self.trans_b { (1, k) } else { (n, 1) };
         let beta = gemm_bias(o, c, self.c.as_deref(), self.beta, m, n);
-        sgemm(m, k, n, self.alpha, a, sa, b, sb, beta, o, n, threads);
+        product(m, k, n, self.alpha, a, sa, b, sb, beta, o, n, threads);
         Ok(())
     }
 }
@@ -447,4 +545,50 @@ pub fn gemm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         b: b.shape.clone(),
         c,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use graphopt_testutil::uniform as fill;
+
+    /// One row takes the matrix-vector kernel, in both layouts of `b` and
+    /// at any thread count: the bits of a direct one-thread call.
+    #[test]
+    fn one_row_runs_on_the_matrix_vector_kernel() {
+        #[cfg(target_arch = "x86_64")]
+        if super::super::gemm::available() {
+            let (k, n) = (700, 300);
+            let (a, b) = (fill(k, 1), fill(k * n, 2));
+            for sb in [(n, 1), (1, k)] {
+                let mut direct = vec![0f32; n];
+                // SAFETY: a holds k, b k × n at sb, direct n.
+                unsafe {
+                    super::super::gemm::gemv(
+                        k,
+                        n,
+                        1.0,
+                        a.as_ptr(),
+                        b.as_ptr(),
+                        sb,
+                        0.0,
+                        direct.as_mut_ptr(),
+                    )
+                };
+                let mut mm = vec![0f32; n];
+                sgemm(1, k, n, 1.0, &a, (k, 1), &b, sb, 0.0, &mut mm, n, 1);
+                if sb.0 == 1 {
+                    // Dot products sum in lanes, matrixmultiply in order:
+                    // the bits tell which ran. (With a row-major `b` the
+                    // two sum alike, in blocks of 256.)
+                    assert_ne!(mm, direct, "the check cannot tell the kernels apart");
+                }
+                for threads in [1, 2, 3] {
+                    let mut c = vec![0f32; n];
+                    product(1, k, n, 1.0, &a, (k, 1), &b, sb, 0.0, &mut c, n, threads);
+                    assert_eq!(c, direct, "{sb:?}, {threads} threads");
+                }
+            }
+        }
+    }
 }

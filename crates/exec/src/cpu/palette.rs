@@ -16,7 +16,9 @@
 //!   the first K tile). [`TILE_K`] is `matrixmultiply`'s own depth block
 //!   (`kc` = 256 for f32), so every output element sums the same partial
 //!   products in the same order as the unfused MatMul: results are bitwise
-//!   equal to the decoded weights'.
+//!   equal to the decoded weights'. One row of `A` (`M = 1`) takes the
+//!   plain node's matrix-vector kernel ([`crate::cpu::matmul::product`]),
+//!   which also sums in blocks of 256 and so is bitwise equal too.
 //! - `PaletteGemm(A, codebook, indices, C?)`: the same tiles, `transB=1`
 //!   decoding each tile from rows of `W` `[N, K]` (contiguous runs of K) and
 //!   handing `sgemm` the transposed strides; the bias as Gemm writes it
@@ -44,7 +46,7 @@
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{conv_layout, im2col, Window};
-use crate::cpu::matmul::{gemm_bias, own_for_cols, sgemm, sgemm_with};
+use crate::cpu::matmul::{gemm_bias, gemv, own_for_cols, product, sgemm_with};
 use crate::lower::{GROUPS_ATTR, WEIGHT_SHAPE_ATTR};
 use crate::tensor::{cast_mut, nibble, numel};
 use graphopt_ir::DType;
@@ -270,7 +272,7 @@ fn tiled_gemm(
             if gemm_threads > 1 {
                 // SAFETY: one thread owns all of `c` here.
                 let c = unsafe { std::slice::from_raw_parts_mut(c0.0, m * n) };
-                sgemm(
+                product(
                     m,
                     kt,
                     nt,
@@ -285,6 +287,15 @@ fn tiled_gemm(
                     gemm_threads,
                 );
                 continue;
+            }
+            if m == 1 {
+                // SAFETY: columns n0..n0+nt of the one row of `c` are this
+                // thread's alone.
+                let c = unsafe { std::slice::from_raw_parts_mut(c0.0.add(n0), nt) };
+                // The kernel the plain node's `product` takes for one row.
+                if gemv(kt, nt, alpha, &a[k0 * sa.1..], sa.1, w, sb, beta, c, 1) {
+                    continue;
+                }
             }
             // SAFETY: `a` holds the m × kk operand (asserted above), `w`
             // the kt × nt tile at strides `sb`, `c` m rows of n; this call

@@ -9,11 +9,11 @@
 //! use them). Any output may be omitted.
 //!
 //! Per direction the input projection of every step is one GEMM
-//! (`X · Wᵀ`, [`sgemm`]); each step then multiplies the state by `Rᵀ`
+//! (`X · Wᵀ`, [`product`]); each step then multiplies the state by `Rᵀ`
 //! (one GEMM over the batch) and applies the gates.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::matmul::sgemm;
+use crate::cpu::matmul::product;
 use graphopt_ir::{AttrValue, DType};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -325,7 +325,7 @@ impl Kernel for Rnn {
             let bd = bias.map_or(&zeros[..], |b| &b[d * 2 * gh..(d + 1) * 2 * gh]);
             let (wb, rb) = bd.split_at(gh);
             // Input projections of every step: X · Wᵀ + biases.
-            sgemm(
+            product(
                 seq * bat,
                 inp,
                 gh,
@@ -374,7 +374,7 @@ impl Kernel for Rnn {
                 } else {
                     gh
                 };
-                sgemm(
+                product(
                     bat,
                     hid,
                     n,
@@ -439,7 +439,7 @@ impl Kernel for Rnn {
                 }
                 if self.cell == Cell::Gru && !self.linear_before_reset {
                     // (r ⊙ H) · Rₕᵀ, then the candidate and the update.
-                    sgemm(
+                    product(
                         bat,
                         hid,
                         hid,
