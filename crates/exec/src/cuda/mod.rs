@@ -51,7 +51,7 @@ impl KernelMaker for CudaBackend {
         "cuda"
     }
     fn has_op(&self, domain: &str, op_type: &str) -> bool {
-        (domain.is_empty() || domain == "ai.onnx") && ops::OPS.contains(&op_type)
+        ops::has_op(domain, op_type)
     }
     fn make(&self, ctx: &NodeCtx) -> Result<NodePlan, String> {
         if let Some(t) = ctx

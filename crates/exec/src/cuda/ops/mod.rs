@@ -6,8 +6,8 @@
 //! the launches in order on one stream.
 //!
 //! Layout: this file holds the plan types ([`NodePlan`], [`Launch`],
-//! [`Gemm`], [`Arg`]), the op list [`OPS`], the helpers every family
-//! uses, and [`plan_node`], the one dispatch from op type to family. Each
+//! [`Gemm`], [`Arg`]), the op table [`KERNELS`] (its supported-op check and dispatch
+//! both read it), the helpers every family uses, and [`plan_node`]. Each
 //! family has its own file, named as in `crate::cpu` and in
 //! `super::codegen` (whose kernels it launches): `elementwise`, `reduce`
 //! (with Softmax), `norm`, `matmul` (MatMul, Gemm), `conv`, `pool`,
@@ -112,80 +112,6 @@ pub struct NodePlan {
     pub in_place: bool,
 }
 
-/// Ops the CUDA backend has kernels for (some only for some dtypes).
-pub const OPS: &[&str] = &[
-    "Abs",
-    "Add",
-    "And",
-    "AveragePool",
-    "BatchNormalization",
-    "Cast",
-    "Ceil",
-    "Clip",
-    "Concat",
-    "Constant",
-    "ConstantOfShape",
-    "Conv",
-    "Cos",
-    "Div",
-    "Equal",
-    "Erf",
-    "Exp",
-    "Expand",
-    "Flatten",
-    "Floor",
-    "Gather",
-    "GatherND",
-    "Gelu",
-    "Gemm",
-    "GlobalAveragePool",
-    "GlobalMaxPool",
-    "Greater",
-    "GreaterOrEqual",
-    "HardSigmoid",
-    "HardSwish",
-    "Identity",
-    "LayerNormalization",
-    "LeakyRelu",
-    "Less",
-    "LessOrEqual",
-    "Log",
-    "LogSoftmax",
-    "MatMul",
-    "Max",
-    "MaxPool",
-    "Min",
-    "Mod",
-    "Mul",
-    "Neg",
-    "Not",
-    "Or",
-    "Pow",
-    "Range",
-    "Reciprocal",
-    "ReduceMax",
-    "ReduceMean",
-    "ReduceMin",
-    "ReduceSum",
-    "Relu",
-    "Reshape",
-    "Shape",
-    "Sigmoid",
-    "Sin",
-    "Slice",
-    "Softmax",
-    "Split",
-    "Sqrt",
-    "Squeeze",
-    "Sub",
-    "Sum",
-    "Tanh",
-    "Transpose",
-    "Unsqueeze",
-    "Where",
-    "Xor",
-];
-
 /// Grid size of a grid-stride kernel over `n` elements.
 fn grid_for(n: usize, per_block: usize) -> [u32; 3] {
     let blocks = n.div_ceil(per_block.max(1)).clamp(1, 1 << 20);
@@ -264,107 +190,264 @@ fn upload(data: Vec<u8>) -> NodePlan {
     }
 }
 
-/// The device work of one node (its op already known to be in [`OPS`]).
+/// Makes the device work of one node, or says in one line why not.
+pub type Maker = fn(&NodeCtx) -> Result<NodePlan, String>;
+
+/// One op of the CUDA backend: its name, the default-domain opsets it is
+/// registered for (`since..=until`, `None` open) and its planner. The
+/// planners check element types themselves (the generated kernels take
+/// what [`codegen::compute`] maps).
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub op: &'static str,
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+    pub make: Maker,
+}
+
+const fn k(op: &'static str, make: Maker) -> Entry {
+    Entry {
+        op,
+        since: None,
+        until: None,
+        make,
+    }
+}
+
+impl Entry {
+    fn serves(&self, v: i64) -> bool {
+        self.since.is_none_or(|s| v >= s) && self.until.is_none_or(|u| v <= u)
+    }
+}
+
+fn copy_op(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    let out = ctx.outputs.first().ok_or("no output")?;
+    Ok(NodePlan {
+        launches: vec![Launch::Copy {
+            src: Arg::In(0),
+            dst: Arg::Out(0),
+            bytes: numel(&out.shape) * es(out.dtype)?,
+        }],
+        ..Default::default()
+    })
+}
+
+fn shape_op(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    let s = &ctx.input(0)?.shape;
+    let r = s.len() as i64;
+    let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let start = clampi(ctx.node.attr_int("start").unwrap_or(0));
+    let end = clampi(ctx.node.attr_int("end").unwrap_or(r));
+    Ok(upload(
+        s[start..end.max(start)]
+            .iter()
+            .flat_map(|&d| (d as i64).to_le_bytes())
+            .collect(),
+    ))
+}
+
+fn constant(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    let a = ctx.node.attributes.first().ok_or("no value")?;
+    let v = match &a.value {
+        AttrValue::Tensor(t) => t.raw().ok_or("string value")?.to_vec(),
+        AttrValue::Float(f) => f.to_le_bytes().to_vec(),
+        AttrValue::Int(i) => i.to_le_bytes().to_vec(),
+        AttrValue::Floats(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        AttrValue::Ints(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        _ => return Err(format!("Constant {} is not implemented", a.name)),
+    };
+    Ok(upload(v))
+}
+
+fn constant_of_shape(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    let out = ctx.outputs.first().ok_or("no output")?;
+    let v = match ctx.node.attr_tensor("value") {
+        Some(t) => t.raw().ok_or("string value")?.to_vec(),
+        None => 0f32.to_le_bytes().to_vec(),
+    };
+    let n = numel(&out.shape);
+    if n == 0 {
+        return Ok(NodePlan::default());
+    }
+    let src = codegen::fill(&v, n)?;
+    Ok(one(
+        src,
+        grid_for(n, BLOCK as usize),
+        BLOCK,
+        vec![Arg::Out(0)],
+    ))
+}
+
+fn range(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    let out = ctx.outputs.first().ok_or("no output")?;
+    let n = numel(&out.shape);
+    if n == 0 {
+        return Ok(NodePlan::default());
+    }
+    let src = codegen::range(out.dtype, n)?;
+    Ok(one(
+        src,
+        grid_for(n, BLOCK as usize),
+        BLOCK,
+        vec![Arg::In(0), Arg::In(2), Arg::Out(0)],
+    ))
+}
+
+fn split(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    concat(ctx, true)
+}
+
+fn concat_op(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    concat(ctx, false)
+}
+
+fn max_pool(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    pool(ctx, true)
+}
+
+fn average_pool(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    pool(ctx, false)
+}
+
+fn global_average_pool(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    global_pool(ctx, false)
+}
+
+fn global_max_pool(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    global_pool(ctx, true)
+}
+
+fn softmax_op(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    softmax(ctx, false)
+}
+
+fn log_softmax(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    softmax(ctx, true)
+}
+
+/// A family planner that reads the op name (an empty output needs no
+/// launch).
+fn family(
+    ctx: &NodeCtx,
+    plan: fn(&NodeCtx) -> Result<Option<NodePlan>, String>,
+) -> Result<NodePlan, String> {
+    let out = ctx.outputs.first().ok_or("no output")?;
+    if numel(&out.shape) == 0 {
+        return Ok(NodePlan::default());
+    }
+    plan(ctx)?.ok_or_else(|| {
+        format!(
+            "{} is not an op of its CUDA family (the table and the family disagree)",
+            ctx.node.op_type
+        )
+    })
+}
+
+fn reduction(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    family(ctx, reduce)
+}
+
+fn ew(ctx: &NodeCtx) -> Result<NodePlan, String> {
+    family(ctx, elementwise)
+}
+
+/// Every op of the CUDA backend: [`super::CudaBackend`]'s supported-op
+/// check and [`plan_node`]'s dispatch both read this table (and nothing
+/// else). To add an op: its planner in the family's file, one line here.
+pub const KERNELS: &[Entry] = &[
+    k("Abs", ew),
+    k("Add", ew),
+    k("And", ew),
+    k("AveragePool", average_pool),
+    k("BatchNormalization", ew),
+    k("Cast", ew),
+    k("Ceil", ew),
+    k("Clip", ew),
+    k("Concat", concat_op),
+    k("Constant", constant),
+    k("ConstantOfShape", constant_of_shape),
+    k("Conv", conv),
+    k("Cos", ew),
+    k("Div", ew),
+    k("Equal", ew),
+    k("Erf", ew),
+    k("Exp", ew),
+    k("Expand", ew),
+    k("Flatten", copy_op),
+    k("Floor", ew),
+    k("Gather", gather),
+    k("GatherND", gather_nd),
+    k("Gelu", ew),
+    k("Gemm", gemm),
+    k("GlobalAveragePool", global_average_pool),
+    k("GlobalMaxPool", global_max_pool),
+    k("Greater", ew),
+    k("GreaterOrEqual", ew),
+    k("HardSigmoid", ew),
+    k("HardSwish", ew),
+    k("Identity", copy_op),
+    k("LayerNormalization", layer_norm),
+    k("LeakyRelu", ew),
+    k("Less", ew),
+    k("LessOrEqual", ew),
+    k("Log", ew),
+    k("LogSoftmax", log_softmax),
+    k("MatMul", matmul),
+    k("Max", ew),
+    k("MaxPool", max_pool),
+    k("Min", ew),
+    k("Mod", ew),
+    k("Mul", ew),
+    k("Neg", ew),
+    k("Not", ew),
+    k("Or", ew),
+    k("Pow", ew),
+    k("Range", range),
+    k("Reciprocal", ew),
+    k("ReduceMax", reduction),
+    k("ReduceMean", reduction),
+    k("ReduceMin", reduction),
+    k("ReduceSum", reduction),
+    k("Relu", ew),
+    k("Reshape", copy_op),
+    k("Shape", shape_op),
+    k("Sigmoid", ew),
+    k("Sin", ew),
+    k("Slice", slice),
+    k("Softmax", softmax_op),
+    k("Split", split),
+    k("Sqrt", ew),
+    k("Squeeze", copy_op),
+    k("Sub", ew),
+    k("Sum", ew),
+    k("Tanh", ew),
+    k("Transpose", transpose),
+    k("Unsqueeze", copy_op),
+    k("Where", ew),
+    k("Xor", ew),
+];
+
+/// Whether [`KERNELS`] has the op.
+pub fn has_op(domain: &str, op_type: &str) -> bool {
+    (domain.is_empty() || domain == "ai.onnx") && KERNELS.iter().any(|e| e.op == op_type)
+}
+
+/// The device work of one node: its [`KERNELS`] entry's planner.
 pub fn plan_node(ctx: &NodeCtx) -> Result<NodePlan, String> {
     let d = &ctx.node.domain;
     if !(d.is_empty() || d == "ai.onnx") {
         return Err("custom-domain ops have no kernels".into());
     }
     let op = ctx.node.op_type.as_str();
-    let out = ctx.outputs.first().ok_or("no output")?;
-    let copy = |bytes: usize| NodePlan {
-        launches: vec![Launch::Copy {
-            src: Arg::In(0),
-            dst: Arg::Out(0),
-            bytes,
-        }],
-        ..Default::default()
-    };
-    match op {
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" => {
-            return Ok(copy(numel(&out.shape) * es(out.dtype)?))
-        }
-        "Shape" => {
-            let s = &ctx.input(0)?.shape;
-            let r = s.len() as i64;
-            let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-            let start = clampi(ctx.node.attr_int("start").unwrap_or(0));
-            let end = clampi(ctx.node.attr_int("end").unwrap_or(r));
-            return Ok(upload(
-                s[start..end.max(start)]
-                    .iter()
-                    .flat_map(|&d| (d as i64).to_le_bytes())
-                    .collect(),
-            ));
-        }
-        "Constant" => {
-            let a = ctx.node.attributes.first().ok_or("no value")?;
-            let v = match &a.value {
-                AttrValue::Tensor(t) => t.raw().ok_or("string value")?.to_vec(),
-                AttrValue::Float(f) => f.to_le_bytes().to_vec(),
-                AttrValue::Int(i) => i.to_le_bytes().to_vec(),
-                AttrValue::Floats(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                AttrValue::Ints(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                _ => return Err(format!("Constant {} is not implemented", a.name)),
-            };
-            return Ok(upload(v));
-        }
-        "ConstantOfShape" => {
-            let v = match ctx.node.attr_tensor("value") {
-                Some(t) => t.raw().ok_or("string value")?.to_vec(),
-                None => 0f32.to_le_bytes().to_vec(),
-            };
-            let n = numel(&out.shape);
-            if n == 0 {
-                return Ok(NodePlan::default());
-            }
-            let src = codegen::fill(&v, n)?;
-            return Ok(one(
-                src,
-                grid_for(n, BLOCK as usize),
-                BLOCK,
-                vec![Arg::Out(0)],
-            ));
-        }
-        "Range" => {
-            let n = numel(&out.shape);
-            if n == 0 {
-                return Ok(NodePlan::default());
-            }
-            let src = codegen::range(out.dtype, n)?;
-            return Ok(one(
-                src,
-                grid_for(n, BLOCK as usize),
-                BLOCK,
-                vec![Arg::In(0), Arg::In(2), Arg::Out(0)],
-            ));
-        }
-        "Transpose" => return transpose(ctx),
-        "Slice" => return slice(ctx),
-        "Concat" => return concat(ctx, false),
-        "Split" => return concat(ctx, true),
-        "Gather" => return gather(ctx),
-        "GatherND" => return gather_nd(ctx),
-        "MatMul" => return matmul(ctx),
-        "Gemm" => return gemm(ctx),
-        "Conv" => return conv(ctx),
-        "MaxPool" => return pool(ctx, true),
-        "AveragePool" => return pool(ctx, false),
-        "GlobalAveragePool" => return global_pool(ctx, false),
-        "GlobalMaxPool" => return global_pool(ctx, true),
-        "Softmax" => return softmax(ctx, false),
-        "LogSoftmax" => return softmax(ctx, true),
-        "LayerNormalization" => return layer_norm(ctx),
-        _ => {}
+    ctx.outputs.first().ok_or("no output")?;
+    let mut of_op = KERNELS.iter().filter(|e| e.op == op).peekable();
+    if of_op.peek().is_none() {
+        return Err("no CUDA kernel for this op yet".into());
     }
-    if numel(&out.shape) == 0 {
-        return Ok(NodePlan::default());
-    }
-    if let Some(p) = reduce(ctx)? {
-        return Ok(p);
-    }
-    if let Some(p) = elementwise(ctx)? {
-        return Ok(p);
-    }
-    Err("no CUDA kernel for this op yet".into())
+    let all: Vec<&Entry> = of_op.collect();
+    let e = all
+        .iter()
+        .find(|e| e.serves(ctx.opset))
+        .ok_or_else(|| format!("{op} at opset {} has no CUDA kernel", ctx.opset))?;
+    (e.make)(ctx)
 }
