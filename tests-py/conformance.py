@@ -32,8 +32,8 @@ Prints per-class counts and failing case names; the final line is
 Per-case details go to DIR/results.json.
 
 `--exec` checks graphopt's own runtime instead (the per-op kernel tests):
-every node case whose ops all have CPU kernels (the `OPS` list of
-crates/exec/src/cpu/mod.rs) runs as `graphopt run CASE.onnx --inputs IN.npz
+every node case whose ops all have CPU kernels (the `KERNELS` table of
+crates/exec/src/cpu/registry.rs) runs as `graphopt run CASE.onnx --inputs IN.npz
 -o OUT.npz --poison`, and its outputs must match the case's expected outputs
 at the case's rtol/atol. Classes there:
   pass   ran, poison clean, outputs match
@@ -41,7 +41,7 @@ at the case's rtol/atol. Classes there:
          case in EXEC_KNOWN_FAILURES that no longer fails (remove it: the
          list is exact)
   xfail  fails, and EXEC_KNOWN_FAILURES says why
-  skip   an op without a kernel ("no kernel": from the OPS list, or the
+  skip   an op without a kernel ("no kernel": not in the table, or the
          one-line refusal of `graphopt run` for a dtype or attribute the
          kernel lacks, or for Scan before opset 9; If, Loop and Scan run
          when every op of their bodies has a kernel), a subgraph of another
@@ -50,6 +50,9 @@ at the case's rtol/atol. Classes there:
          whose size the runtime cannot plan even at run time (a float
          Range whose length depends on computed values)
 It ends with the list of ops that have CPU kernels and their pass counts.
+After a full run (no -k), every op of the table must have a passing case or
+an entry in EXEC_UNTESTED_OPS that says why not (exact: a listed op that
+passes is a failure too).
 """
 from __future__ import annotations
 
@@ -376,17 +379,28 @@ _EXEC_SKIPS = [
 
 
 def cpu_kernel_ops() -> list[str]:
-    """The OPS list of the CPU backend, read from its source."""
-    path = os.path.join(REPO, "crates", "exec", "src", "cpu", "mod.rs")
+    """The default-domain ops of the CPU backend's kernel table (`KERNELS` in
+    crates/exec/src/cpu/registry.rs), read from its source: the op name that
+    opens each `widen(` or `as_is(` entry."""
+    path = os.path.join(REPO, "crates", "exec", "src", "cpu", "registry.rs")
     with open(path) as f:
-        m = re.search(r"pub const OPS: &\[&str\] = &\[(.*?)\];", f.read(), re.S)
-    if not m:
-        raise SystemExit(f"no `pub const OPS` list in {path}")
-    return re.findall(r'"(\w+)"', m.group(1))
+        m = re.search(r"pub const KERNELS: &\[Entry\] = &\[(.*?)\n\];", f.read(), re.S)
+    ops = re.findall(r'\b(?:widen|as_is)\(\s*"(\w+)"', m.group(1)) if m else []
+    if not ops:
+        raise SystemExit(f"no `pub const KERNELS` table with widen(\"Op\", ...) entries in {path}")
+    return ops
+
+
+# Ops of the CPU kernel table that no passing node case covers, and why.
+# Exact, as EXEC_KNOWN_FAILURES: after a full --exec run, an op of the table
+# without a passing case and not listed here is a failure, and so is a listed
+# op that has one (remove it) or that is not in the table.
+EXEC_UNTESTED_OPS: dict[str, str] = {
+}
 
 
 # Ops the runtime runs as nested programs (crates/exec/src/control.rs), not
-# kernels of the OPS list.
+# kernels of the table.
 CONTROL_OPS = ["If", "Loop", "Scan"]
 
 
@@ -497,8 +511,9 @@ def run_exec_case(idx: int) -> dict:
                 "reason": f"harness error: {type(e).__name__}: {e}"[:300]}
 
 
-def exec_summary(results: list, kernel_ops: list[str]) -> int:
-    """Applies EXEC_KNOWN_FAILURES (exactly), prints the per-op table; returns the failure count."""
+def exec_summary(results: list, kernel_ops: list[str], table_ops: list[str]) -> int:
+    """Applies EXEC_KNOWN_FAILURES and EXEC_UNTESTED_OPS (exactly), prints the per-op
+    table; returns the failure count."""
     names = {r["name"] for r in results}
     for r in results:
         known = EXEC_KNOWN_FAILURES.get(r["name"])
@@ -517,6 +532,21 @@ def exec_summary(results: list, kernel_ops: list[str]) -> int:
         for op in r.get("ops", []):
             if op in per_op:
                 per_op[op][r["cls"]] += 1
+    if not CFG.get("filtered"):
+        # Every op of the kernel table has a passing node case, or a stated
+        # reason in EXEC_UNTESTED_OPS (the list is exact).
+        for op in table_ops:
+            why, passed = EXEC_UNTESTED_OPS.get(op), per_op[op]["pass"]
+            if not passed and why is None:
+                results.append({"name": f"[op {op}]", "cls": "fail", "ops": [],
+                                "reason": f"{op} is in the CPU kernel table but no node case passes: "
+                                          "add one or an EXEC_UNTESTED_OPS entry saying why"})
+            elif passed and why is not None:
+                results.append({"name": f"[op {op}]", "cls": "fail", "ops": [],
+                                "reason": f"in EXEC_UNTESTED_OPS but {passed} node case(s) pass: remove it"})
+        for stale in sorted(set(EXEC_UNTESTED_OPS) - set(table_ops)):
+            results.append({"name": f"[op {stale}]", "cls": "fail", "ops": [],
+                            "reason": "in EXEC_UNTESTED_OPS but not in the CPU kernel table: remove it"})
     counts = Counter(r["cls"] for r in results)
     fails = [r for r in results if r["cls"] == "fail"]
     if fails:
@@ -602,7 +632,9 @@ def main():
     if args.exec:
         if suites != ("node",):
             raise SystemExit("--exec runs the node suite only")
-        cfg.update(kernel_ops=cpu_kernel_ops() + CONTROL_OPS, filtered=bool(args.filter), list_skips=args.list_skips)
+        table_ops = cpu_kernel_ops()
+        cfg.update(kernel_ops=table_ops + CONTROL_OPS, table_ops=table_ops, filtered=bool(args.filter),
+                   list_skips=args.list_skips)
     work = run_exec_case if args.exec else run_case
     _init_worker(cfg)
     results = []
@@ -623,7 +655,7 @@ def main():
     t_run = time.perf_counter() - t_run
     results.sort(key=lambda r: r["name"])
     if args.exec:
-        nfail = exec_summary(results, cfg["kernel_ops"])
+        nfail = exec_summary(results, cfg["kernel_ops"], cfg["table_ops"])
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump({"graphopt": graphopt, "onnx": onnx.__version__, "cases": results}, f, indent=1)
         if not args.out:
