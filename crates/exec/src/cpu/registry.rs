@@ -450,7 +450,10 @@ pub const KERNELS: &[Entry] = &[
     as_is("Transpose", Types::Of(BYTES), data),
     as_is("Trilu", Types::Of(BYTES), data),
     as_is("Unsqueeze", Types::Any, data),
-    widen("Upsample", FLOAT64, resize::resize),
+    // Upsample-1 took height_scale / width_scale attributes, which the
+    // kernel does not read (it takes Upsample-7's scales attribute and
+    // the scales input of Upsample-9 and -10).
+    widen("Upsample", FLOAT64, resize::resize).opsets(Some(7), None),
     widen("Where", BOOLS, elementwise::where_),
     widen("Xor", BOOLS, binary),
     palette_op("PaletteConv"),
@@ -614,6 +617,12 @@ mod tests {
         assert_eq!(
             find(T, "", "Other", 13).unwrap_err(),
             "no kernel for this op yet"
+        );
+        let n = node("", "Upsample");
+        let e = made(CpuBackend.kernel(&ctx(&n, 6, DType::F32, 2))).unwrap();
+        assert_eq!(
+            e,
+            "Upsample at opset 6 has no kernel (kernels for opsets 7..)"
         );
     }
 }
