@@ -6,8 +6,9 @@
 //! the launches in order on one stream.
 //!
 //! Layout: this file holds the plan types ([`NodePlan`], [`Launch`],
-//! [`Gemm`], [`Arg`]), the op table [`KERNELS`] (its supported-op check and dispatch
-//! both read it), the helpers every family uses, and [`plan_node`]. Each
+//! [`Gemm`], [`Arg`]), the op table [`KERNELS`] (the supported-op check
+//! and [`plan_node`]'s dispatch both read it), the helpers every family
+//! uses, and the planners of the small ops. Each
 //! family has its own file, named as in `crate::cpu` and in
 //! `super::codegen` (whose kernels it launches): `elementwise`, `reduce`
 //! (with Softmax), `norm`, `matmul` (MatMul, Gemm), `conv`, `pool`,
@@ -326,7 +327,9 @@ fn log_softmax(ctx: &NodeCtx) -> Result<NodePlan, String> {
 }
 
 /// A family planner that reads the op name (an empty output needs no
-/// launch).
+/// launch). The family answers `None` for an input count it has no kernel
+/// for (And with 3 inputs), or for an op it does not know (which the
+/// table tests rule out).
 fn family(
     ctx: &NodeCtx,
     plan: fn(&NodeCtx) -> Result<Option<NodePlan>, String>,
@@ -337,8 +340,9 @@ fn family(
     }
     plan(ctx)?.ok_or_else(|| {
         format!(
-            "{} is not an op of its CUDA family (the table and the family disagree)",
-            ctx.node.op_type
+            "{} with {} inputs has no CUDA kernel",
+            ctx.node.op_type,
+            ctx.inputs.len()
         )
     })
 }
@@ -450,4 +454,70 @@ pub fn plan_node(ctx: &NodeCtx) -> Result<NodePlan, String> {
         .find(|e| e.serves(ctx.opset))
         .ok_or_else(|| format!("{op} at opset {} has no CUDA kernel", ctx.opset))?;
     (e.make)(ctx)
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+    use crate::backend::TensorInfo;
+    use graphopt_ir::{Graph, NewNode, NodeData};
+
+    fn node(op: &str) -> NodeData {
+        let mut g = Graph::new("g");
+        let n = g.add_node(NewNode::new(op)).expect("a node without inputs");
+        g.node(n).clone()
+    }
+
+    fn ctx(n: &NodeData) -> NodeCtx<'_> {
+        let t = TensorInfo {
+            dtype: DType::F32,
+            shape: vec![2, 2],
+        };
+        NodeCtx {
+            node: n,
+            opset: 17,
+            inputs: vec![Some(t.clone()); 2],
+            outputs: vec![t.clone(), t],
+            constants: vec![None; 2],
+        }
+    }
+
+    #[test]
+    fn one_entry_per_op_and_dispatch_reaches_every_planner() {
+        for (i, e) in KERNELS.iter().enumerate() {
+            assert!(
+                KERNELS[i + 1..].iter().all(|o| o.op != e.op),
+                "{} twice",
+                e.op
+            );
+            assert!(has_op("", e.op) && has_op("ai.onnx", e.op), "{}", e.op);
+            let n = node(e.op);
+            let c = ctx(&n);
+            // The planner may refuse the made-up node (or panic on it),
+            // but its family takes every op of the table with 2 inputs.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plan_node(&c)));
+            if let Ok(Err(why)) = r {
+                assert!(
+                    !why.contains("inputs has no CUDA kernel"),
+                    "{}: {why}",
+                    e.op
+                );
+            }
+        }
+        assert!(
+            KERNELS.windows(2).all(|w| w[0].op < w[1].op),
+            "not in name order"
+        );
+    }
+
+    #[test]
+    fn an_op_outside_the_table_has_no_cuda_kernel() {
+        assert!(!has_op("", "NoSuchOp"));
+        assert!(!has_op("com.example", "Relu"));
+        let n = node("NoSuchOp");
+        assert_eq!(
+            plan_node(&ctx(&n)).unwrap_err(),
+            "no CUDA kernel for this op yet"
+        );
+    }
 }
