@@ -81,7 +81,9 @@ fn geom() -> impl Strategy<Value = Geom> {
                 prop_oneof![Just((1usize, 0usize)), Just((2, 0)), Just((0, 1))],
                 1usize..=3,
                 1usize..=3,
-                proptest::collection::vec(1usize..=9, rank),
+                // Sizes up to 9, and 33-45 (the depthwise kernel's
+                // blocks of 32 and 8 columns).
+                proptest::collection::vec(prop_oneof![1usize..=9, 33usize..=45], rank),
                 proptest::collection::vec(1usize..=3, rank),
                 proptest::collection::vec(1usize..=3, rank),
                 proptest::collection::vec(1usize..=2, rank),
