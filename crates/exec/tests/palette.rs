@@ -157,10 +157,12 @@ fn fixture(c: Case) -> Fixture {
     // Shapes cross the fused kernels' tiles: K = 300 > 256 rows per tile,
     // N = 260 > 256 columns per tile, 70 > 64 output channels per block.
     let spec = match c.op {
+        // One row: N = 257 leaves a last column tile one column wide
+        // (its tile strides look transposed, the layout must not change).
         Op::MatMul if c.one_row => Spec {
-            w: vec![300, 260],
+            w: vec![300, 257],
             x: vec![1, 300],
-            y: vec![1, 260],
+            y: vec![1, 257],
             reader: "y = MatMul (x, W)".into(),
             extra: String::new(),
             ids: None,
@@ -173,10 +175,19 @@ fn fixture(c: Case) -> Fixture {
             extra: String::new(),
             ids: None,
         },
+        Op::Gemm if c.one_row => Spec {
+            w: vec![257, 300],
+            x: vec![1, 300],
+            y: vec![1, 257],
+            reader: "y = Gemm <transB: int = 1, alpha: float = 0.5, beta: float = 2.0> (x, W, bias)"
+                .into(),
+            extra: bias(257, 77),
+            ids: None,
+        },
         Op::Gemm => Spec {
             w: vec![260, 300],
-            x: vec![if c.one_row { 1 } else { 3 }, 300],
-            y: vec![if c.one_row { 1 } else { 3 }, 260],
+            x: vec![3, 300],
+            y: vec![3, 260],
             reader: "y = Gemm <transB: int = 1, alpha: float = 0.5, beta: float = 2.0> (x, W, bias)"
                 .into(),
             extra: bias(260, 77),

@@ -152,9 +152,10 @@ pub(crate) unsafe fn sgemm(
 /// (contiguous) times `b`, read where it lies (`beta = 0`: `c` is not
 /// read). `k` must be at least 1.
 ///
-/// With a unit row stride (`rsb = 1`: column `j` of `b` is contiguous, as
-/// in a Gemm with `transB = 1`, a classifier's weight) each element is a
-/// dot product ([`dots`]); otherwise (`csb = 1`) the rows of `b` are
+/// With a unit row stride and a longer column stride (`rsb = 1 < csb`:
+/// column `j` of `b` is contiguous, as in a Gemm with `transB = 1`, a
+/// classifier's weight) each element is a dot product ([`dots`]);
+/// otherwise (`csb = 1`, one column or not) the rows of `b` are
 /// streamed and scaled into accumulators ([`axpys`]), the sums [`sgemm`]
 /// makes for one row, bit for bit. Both sum each element in blocks of
 /// [`KC`] with [`sgemm`]'s epilogue, so a caller walking `k` in tiles of
@@ -178,7 +179,7 @@ pub(crate) unsafe fn gemv(
     debug_assert!(available() && k > 0 && (rsb == 1 || csb == 1));
     // SAFETY: the caller's promise, passed on.
     unsafe {
-        if rsb == 1 {
+        if rsb == 1 && csb != 1 {
             dots(k, n, alpha, a, b, csb, beta, c)
         } else {
             axpys(k, n, alpha, a, b, rsb, beta, c)
@@ -494,6 +495,17 @@ mod tests {
         out
     }
 
+    /// `got` within the f32 rounding of sums of `k` products of `want`.
+    fn close(got: &[f32], want: &[f32], k: usize, what: impl Fn() -> String) {
+        for (x, y) in got.iter().zip(want) {
+            assert!(
+                (x - y).abs() <= 2e-6 * (k as f32).sqrt() * 4.0,
+                "{}: {x} vs {y}",
+                what()
+            );
+        }
+    }
+
     fn run(
         m: usize,
         k: usize,
@@ -552,12 +564,9 @@ mod tests {
                         c.fill(f32::NAN);
                     }
                     run(m, k, n, alpha, &a, sa, &b, beta, &mut c);
-                    for (x, y) in c.iter().zip(&want) {
-                        assert!(
-                            (x - y).abs() <= 2e-6 * (k as f32).sqrt() * 4.0,
-                            "{m}x{k}x{n} alpha {alpha} beta {beta} {sa:?}: {x} vs {y}"
-                        );
-                    }
+                    close(&c, &want, k, || {
+                        format!("{m}x{k}x{n} alpha {alpha} beta {beta} {sa:?}")
+                    });
                 }
             }
         }
@@ -679,12 +688,9 @@ mod tests {
                         c.fill(f32::NAN);
                     }
                     run_gemv(k, n, alpha, &a, bm, transposed, beta, &mut c);
-                    for (x, y) in c.iter().zip(&want) {
-                        assert!(
-                            (x - y).abs() <= 2e-6 * (k as f32).sqrt() * 4.0,
-                            "{k}x{n} transposed {transposed} alpha {alpha} beta {beta}: {x} vs {y}"
-                        );
-                    }
+                    close(&c, &want, k, || {
+                        format!("{k}x{n} transposed {transposed} alpha {alpha} beta {beta}")
+                    });
                 }
             }
         }
