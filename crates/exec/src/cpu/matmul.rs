@@ -445,7 +445,15 @@ impl Kernel for MatMul {
                 t,
             )
         };
-        if nb >= threads && threads > 1 && nb > 1 {
+        if nb > 1
+            && ob.iter().all(|&o| o == 0)
+            && oa.iter().enumerate().all(|(i, &o)| o == i * m * k)
+        {
+            // One weight for every batch, `a`'s batches one after another:
+            // one product of all the rows (as the palette kernels make it),
+            // the weight packed once per part instead of once per batch.
+            product(nb * m, k, n, 1.0, a, (k, 1), b, (n, 1), 0.0, o, n, threads);
+        } else if nb >= threads && threads > 1 && nb > 1 {
             par::for_chunks_mut(threads, o, m * n, 1, |first, chunk| {
                 for (j, c) in chunk.chunks_mut(m * n).enumerate() {
                     one(first + j, c, 1);
