@@ -470,6 +470,37 @@ mod tests {
     use crate::lower::PALETTE_OPS;
     use graphopt_ir::{Graph, NewNode, NodeData};
 
+    /// `tests-py/conformance.py` reads the default-domain ops from this
+    /// file's source: the op name of each line of [`KERNELS`] that starts
+    /// with `widen("` or `as_is("`. That rule must find every such entry,
+    /// in order (an entry written another way would escape the node-test
+    /// check).
+    #[test]
+    fn the_conformance_script_reads_every_default_domain_op() {
+        let src = include_str!("registry.rs");
+        let start = src
+            .find("pub const KERNELS: &[Entry] = &[")
+            .expect("the table");
+        let table = &src[start..];
+        let table = &table[..table.find("\n];").expect("its end")];
+        let read: Vec<&str> = table
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim_start();
+                let rest = l
+                    .strip_prefix("widen(\"")
+                    .or_else(|| l.strip_prefix("as_is(\""))?;
+                rest.split('"').next()
+            })
+            .collect();
+        let want: Vec<&str> = KERNELS
+            .iter()
+            .filter(|e| e.domain.is_empty())
+            .map(|e| e.op)
+            .collect();
+        assert_eq!(read, want);
+    }
+
     fn node(domain: &str, op: &str) -> NodeData {
         let mut g = Graph::new("g");
         let n = g
