@@ -44,6 +44,7 @@ pub mod cuda;
 mod executor;
 pub mod lower;
 pub mod tensor;
+mod values;
 
 pub use backend::{Activation, Backend, Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
 pub use cpu::CpuBackend;

@@ -10,7 +10,7 @@
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::par;
 use crate::tensor::{cast, cast_mut, elem_size, numel, strides};
-use graphopt_ir::{AttrValue, DType};
+use graphopt_ir::DType;
 
 /// `dst[i] = src[base + Σ idx_d · st_d]` over every index of `out`, in
 /// elements of `es` bytes.
@@ -472,37 +472,15 @@ impl Kernel for Fill {
 }
 
 fn shape_op(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    let s = &ctx.input(0)?.shape;
-    let r = s.len() as i64;
-    let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-    let start = clampi(ctx.node.attr_int("start").unwrap_or(0));
-    let end = clampi(ctx.node.attr_int("end").unwrap_or(r));
-    let v: Vec<u8> = s[start..end.max(start)]
-        .iter()
-        .flat_map(|&d| (d as i64).to_le_bytes())
-        .collect();
-    Ok(Box::new(Fill(v)))
+    Ok(Box::new(Fill(crate::values::shape(ctx)?)))
 }
 
 fn constant_of_shape(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    let v = match ctx.node.attr_tensor("value") {
-        Some(t) => t.raw().ok_or("string value")?.to_vec(),
-        None => 0f32.to_le_bytes().to_vec(),
-    };
-    Ok(Box::new(Fill(v)))
+    Ok(Box::new(Fill(crate::values::fill_value(ctx)?)))
 }
 
 fn constant(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    let a = ctx.node.attributes.first().ok_or("no value")?;
-    let v = match &a.value {
-        AttrValue::Tensor(t) => t.raw().ok_or("string value")?.to_vec(),
-        AttrValue::Float(f) => f.to_le_bytes().to_vec(),
-        AttrValue::Int(i) => i.to_le_bytes().to_vec(),
-        AttrValue::Floats(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        AttrValue::Ints(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        _ => return Err(format!("Constant {} is not implemented", a.name)),
-    };
-    Ok(Box::new(Fill(v)))
+    Ok(Box::new(Fill(crate::values::constant(ctx)?)))
 }
 
 struct Range(DType);

@@ -31,7 +31,7 @@ use crate::backend::NodeCtx;
 use crate::tensor::{elem_size, numel};
 use conv::conv;
 use elementwise::elementwise;
-use graphopt_ir::{AttrValue, DType};
+use graphopt_ir::DType;
 use matmul::{gemm, matmul};
 use norm::layer_norm;
 use pool::{global_pool, pool};
@@ -234,38 +234,16 @@ fn copy_op(ctx: &NodeCtx) -> Result<NodePlan, String> {
 }
 
 fn shape_op(ctx: &NodeCtx) -> Result<NodePlan, String> {
-    let s = &ctx.input(0)?.shape;
-    let r = s.len() as i64;
-    let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-    let start = clampi(ctx.node.attr_int("start").unwrap_or(0));
-    let end = clampi(ctx.node.attr_int("end").unwrap_or(r));
-    Ok(upload(
-        s[start..end.max(start)]
-            .iter()
-            .flat_map(|&d| (d as i64).to_le_bytes())
-            .collect(),
-    ))
+    Ok(upload(crate::values::shape(ctx)?))
 }
 
 fn constant(ctx: &NodeCtx) -> Result<NodePlan, String> {
-    let a = ctx.node.attributes.first().ok_or("no value")?;
-    let v = match &a.value {
-        AttrValue::Tensor(t) => t.raw().ok_or("string value")?.to_vec(),
-        AttrValue::Float(f) => f.to_le_bytes().to_vec(),
-        AttrValue::Int(i) => i.to_le_bytes().to_vec(),
-        AttrValue::Floats(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        AttrValue::Ints(f) => f.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        _ => return Err(format!("Constant {} is not implemented", a.name)),
-    };
-    Ok(upload(v))
+    Ok(upload(crate::values::constant(ctx)?))
 }
 
 fn constant_of_shape(ctx: &NodeCtx) -> Result<NodePlan, String> {
     let out = ctx.outputs.first().ok_or("no output")?;
-    let v = match ctx.node.attr_tensor("value") {
-        Some(t) => t.raw().ok_or("string value")?.to_vec(),
-        None => 0f32.to_le_bytes().to_vec(),
-    };
+    let v = crate::values::fill_value(ctx)?;
     let n = numel(&out.shape);
     if n == 0 {
         return Ok(NodePlan::default());

@@ -1,7 +1,7 @@
 //! Data movement: Transpose, Slice (constant or run-time starts), Concat
 //! and Split as strided copies, Gather and GatherND. (Views, Shape,
 //! Constant, ConstantOfShape and Range are a copy, an upload or one small
-//! kernel each, planned inline in [`super::plan_node`].)
+//! kernel each, planned by their own functions in [`super`]'s table.)
 
 use super::{const_ints, es, grid_for, norm_axis, one, Arg, Launch, NodePlan};
 use crate::backend::{NodeCtx, TensorInfo};
