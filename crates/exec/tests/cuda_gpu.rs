@@ -13,7 +13,10 @@
 //! Each case runs three times on the device: op by op (the first run, which
 //! captures a CUDA graph) and twice replaying the graph; every run must
 //! match the CPU backend, and the replays must equal the first run bit for
-//! bit (same kernels, same order).
+//! bit (same kernels, same order). Built with the `cuda` feature (the
+//! default) only.
+
+#![cfg(feature = "cuda")]
 
 use graphopt_exec::cuda::{unavailable, CudaExecutable};
 use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};

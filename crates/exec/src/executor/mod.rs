@@ -33,7 +33,9 @@ mod memory;
 mod run;
 pub use run::{ReadOutput, StepObserver};
 
-pub(crate) use bind::{bind, Bound, KernelMaker, Step};
+#[cfg(feature = "cuda")]
+pub(crate) use bind::Bound;
+pub(crate) use bind::{bind, KernelMaker, Step};
 pub(crate) use memory::Loc;
 
 use crate::backend::{Backend, Kernel, TensorInfo};
