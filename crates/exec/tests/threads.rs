@@ -110,7 +110,7 @@ fn close(got: &[f32], want: &[f32], what: &str) {
 fn convolutions_tiled_depthwise_grouped_and_1x1() {
     // 3x3 pad 1 on 4 channels at 130x130: k = 36, tiles of 7,280 columns,
     // 3 tiles per image; stride 2; depthwise stride 1 and 2; groups of 4
-    // channels; and a 1x1 (plain GEMM).
+    // channels; and a 1x1 (plain GEMM, in output tiles), also with a Relu.
     let x = t(&[2, 8, 130, 130], 1);
     let w3 = t(&[16, 8, 3, 3], 2);
     let w3s = t(&[8, 8, 3, 3], 3);
@@ -123,13 +123,16 @@ fn convolutions_tiled_depthwise_grouped_and_1x1() {
         g (float[2,8,130,130] x, float[16,8,3,3] w3, float[8,8,3,3] w3s, float[8,1,3,3] wd,
            float[8,4,3,3] wg, float[16,8,1,1] w1, float[16] b16, float[8] b8)
           => (float[2,16,130,130] a, float[2,8,65,65] s, float[2,8,130,130] d,
-              float[2,8,65,65] ds, float[2,8,130,130] gr, float[2,16,130,130] p) {
+              float[2,8,65,65] ds, float[2,8,130,130] gr, float[2,16,130,130] p,
+              float[2,16,130,130] pr) {
           a = Conv <pads = [1,1,1,1]> (x, w3, b16)
           s = Conv <pads = [1,1,1,1], strides = [2,2]> (x, w3s, b8)
           d = Conv <pads = [1,1,1,1], group = 8> (x, wd, b8)
           ds = Conv <pads = [1,1,1,1], strides = [2,2], group = 8> (x, wd, b8)
           gr = Conv <pads = [1,1,1,1], group = 2> (x, wg, b8)
           p = Conv (x, w1, b16)
+          q = Conv (x, w1, b16)
+          pr = Relu (q)
         }"#,
         &[
             x.clone(),
@@ -175,6 +178,10 @@ fn convolutions_tiled_depthwise_grouped_and_1x1() {
         &conv_ref(&xv, xs, &f(&w1), (16, 1, 1), &f(&b16), 1, 1, 0),
         "1x1",
     );
+    // The 1x1 runs in output tiles (16 + 8 channels: 2,688 columns, 7
+    // tiles), the Relu fused into each.
+    let relu: Vec<f32> = outs[5].iter().map(|&v| v.max(0.0)).collect();
+    assert!(outs[6] == relu, "1x1 with a fused Relu");
 }
 
 #[test]

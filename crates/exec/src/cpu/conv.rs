@@ -421,6 +421,12 @@ fn tile_slots(tiles: usize) -> usize {
     cores.clamp(1, 16).min(tiles.max(1))
 }
 
+/// Bytes of a 1x1 convolution's output tile ([`Conv::direct_tiled`]).
+const DIRECT_TILE_BYTES: usize = 256 << 10;
+/// 1x1 convolutions with weights of at most this many elements per group
+/// run in output tiles (larger weights would be repacked per tile).
+const DIRECT_TILE_MAX_WEIGHTS: usize = 1 << 16;
+
 struct Conv {
     g: Window,
     m: usize,
@@ -438,6 +444,78 @@ struct Conv {
 }
 
 impl Conv {
+    /// Output columns per tile of a 1x1 convolution run in tiles
+    /// ([`Conv::direct_tiled`]), or None to run it whole: at least four
+    /// tiles of at least 64 columns, and weights small enough to repack
+    /// per tile.
+    fn direct_tile_cols(&self) -> Option<usize> {
+        if !self.direct || self.own {
+            return None;
+        }
+        let (mg, k, ohw) = (self.m / self.group, self.k(), self.g.oh * self.g.ow);
+        let cols = (DIRECT_TILE_BYTES / 4 / (mg + k).max(1)) / 64 * 64;
+        (mg * k <= DIRECT_TILE_MAX_WEIGHTS && cols >= 64 && ohw >= 4 * cols).then_some(cols)
+    }
+
+    /// One group of a 1x1 convolution in tiles of `cols` output columns,
+    /// split across threads: each tile's bias, product and fused activation
+    /// while the tile is in cache, instead of three passes over the whole
+    /// output (the bias fill, the product reading it back, the
+    /// activation). Each element gets the arithmetic of the whole product
+    /// (a column split changes no sum), so the bits of the untiled path.
+    fn direct_tiled(
+        &self,
+        cols: usize,
+        wg: &[f32],
+        xg: &[f32],
+        bias: Option<&[f32]>,
+        yg: &mut [f32],
+        threads: usize,
+    ) {
+        let (mg, k, ohw) = (self.m / self.group, self.k(), self.g.oh * self.g.ow);
+        let tiles = ohw.div_ceil(cols);
+        let t = par::parts(tiles, threads, 1);
+        let yp = SendPtr(yg.as_mut_ptr());
+        par::for_parts(threads, t, |p| {
+            for j in par::range(tiles, t, p) {
+                let p0 = j * cols;
+                let pt = cols.min(ohw - p0);
+                for r in 0..mg {
+                    // SAFETY: columns p0..p0+pt of the mg rows of `yg`
+                    // (row stride ohw) are this part's alone.
+                    let row =
+                        unsafe { std::slice::from_raw_parts_mut(yp.get().add(r * ohw + p0), pt) };
+                    row.fill(bias.map_or(0.0, |b| b[r]));
+                }
+                // SAFETY: as above.
+                unsafe {
+                    sgemm_into_with(
+                        false,
+                        mg,
+                        k,
+                        pt,
+                        1.0,
+                        wg,
+                        (k, 1),
+                        &xg[p0..],
+                        (ohw, 1),
+                        1.0,
+                        yp.get().add(p0),
+                        ohw,
+                    )
+                };
+                if let Some(act) = self.act {
+                    for r in 0..mg {
+                        // SAFETY: as above.
+                        act.apply_all(unsafe {
+                            std::slice::from_raw_parts_mut(yp.get().add(r * ohw + p0), pt)
+                        });
+                    }
+                }
+            }
+        });
+    }
+
     /// One output channel per input channel: the direct kernel.
     fn depthwise(&self) -> bool {
         !self.direct && self.group == self.g.c && self.m == self.group
@@ -607,6 +685,16 @@ impl Kernel for Conv {
         for n in 0..g.n {
             let xi = &x[n * g.c * hw..][..g.c * hw];
             let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
+            if let Some(cols) = self.direct_tile_cols() {
+                for gi in 0..self.group {
+                    let bg = b.map(|b| &b[gi * mg..][..mg]);
+                    let wg = &w[gi * mg * k..][..mg * k];
+                    let xg = &xi[gi * cg * ohw..][..cg * ohw];
+                    let yg = &mut yi[gi * mg * ohw..][..mg * ohw];
+                    self.direct_tiled(cols, wg, xg, bg, yg, threads);
+                }
+                continue;
+            }
             match b {
                 Some(b) => {
                     for (m, plane) in yi.chunks_mut(ohw.max(1)).enumerate() {
