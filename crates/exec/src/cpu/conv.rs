@@ -421,6 +421,18 @@ fn tile_slots(tiles: usize) -> usize {
     cores.clamp(1, 16).min(tiles.max(1))
 }
 
+/// `act` on columns `p0..p0 + pt` of `rows` rows of `y` (row stride `ohw`).
+///
+/// # Safety
+/// Those elements lie in `y`'s allocation, and no other thread touches
+/// them during the call.
+unsafe fn act_cols(act: Activation, y: SendPtr, rows: usize, ohw: usize, p0: usize, pt: usize) {
+    for r in 0..rows {
+        // SAFETY: the caller's promise.
+        act.apply_all(unsafe { std::slice::from_raw_parts_mut(y.get().add(r * ohw + p0), pt) });
+    }
+}
+
 /// Bytes of a 1x1 convolution's output tile ([`Conv::direct_tiled`]).
 const DIRECT_TILE_BYTES: usize = 256 << 10;
 /// 1x1 convolutions with weights of at most this many elements per group
@@ -505,12 +517,8 @@ impl Conv {
                     )
                 };
                 if let Some(act) = self.act {
-                    for r in 0..mg {
-                        // SAFETY: as above.
-                        act.apply_all(unsafe {
-                            std::slice::from_raw_parts_mut(yp.get().add(r * ohw + p0), pt)
-                        });
-                    }
+                    // SAFETY: as above.
+                    unsafe { act_cols(act, yp, mg, ohw, p0, pt) };
                 }
             }
         });
@@ -767,16 +775,9 @@ impl Kernel for Conv {
                                 )
                             };
                             if let Some(act) = self.act {
-                                for r in 0..mg {
-                                    // SAFETY: row r's columns p0..p0+pt,
-                                    // this part's (as above).
-                                    act.apply_all(unsafe {
-                                        std::slice::from_raw_parts_mut(
-                                            yp.get().add(r * ohw + p0),
-                                            pt,
-                                        )
-                                    });
-                                }
+                                // SAFETY: columns p0..p0+pt of the mg
+                                // rows, this part's (as above).
+                                unsafe { act_cols(act, yp, mg, ohw, p0, pt) };
                             }
                         }
                     });
