@@ -242,14 +242,7 @@ unsafe fn axpys(
                 }
                 for (j, &v) in acc.iter().enumerate() {
                     let v = if alpha != 1.0 { v * alpha } else { v };
-                    let out = &mut *c.add(j0 + j);
-                    *out = if be == 1.0 {
-                        v + *out
-                    } else if be != 0.0 {
-                        be.mul_add(*out, v)
-                    } else {
-                        v
-                    };
+                    finish(v, be, &mut *c.add(j0 + j));
                 }
             }
         }
@@ -329,14 +322,7 @@ unsafe fn dot_cols<const C: usize>(
                 if alpha != 1.0 {
                     s *= alpha;
                 }
-                let out = &mut *c.add(i);
-                *out = if be == 1.0 {
-                    s + *out
-                } else if be != 0.0 {
-                    be.mul_add(*out, s)
-                } else {
-                    s
-                };
+                finish(s, be, &mut *c.add(i));
             }
         }
     }
@@ -399,6 +385,23 @@ struct Tile {
     beta: f32,
 }
 
+/// One element's epilogue, `out = v + beta · out` for a block sum `v`
+/// already scaled by alpha: `v + out` when `beta = 1`, one fused
+/// multiply-add otherwise, `v` (out unread) when `beta = 0`. [`micro`]'s
+/// full-width columns do the same in vectors; the one-row kernels
+/// ([`axpys`], [`dot_cols`]) and the edge columns call this, so every path
+/// ends a block alike (what keeps the palette tiles bitwise equal).
+#[inline(always)]
+fn finish(v: f32, beta: f32, out: &mut f32) {
+    *out = if beta == 1.0 {
+        v + *out
+    } else if beta != 0.0 {
+        beta.mul_add(*out, v)
+    } else {
+        v
+    };
+}
+
 /// `R × 16` results of `kc` rank-1 updates, kept in `2R` registers, then
 /// `c = alpha · acc + beta · c` (the same arithmetic on every column,
 /// edge columns included).
@@ -444,14 +447,7 @@ unsafe fn micro<const R: usize>(t: &Tile) {
             }
             if t.nr < NR {
                 for (j, &v) in vals[..t.nr].iter().enumerate() {
-                    let out = &mut *c.add(j);
-                    *out = if t.beta == 1.0 {
-                        v + *out
-                    } else if t.beta != 0.0 {
-                        t.beta.mul_add(*out, v)
-                    } else {
-                        v
-                    };
+                    finish(v, t.beta, &mut *c.add(j));
                 }
             }
         }
