@@ -216,3 +216,70 @@ g (float[4] p, float[4] g) => (float[4] p_new, float[4] dx)
         "{bad}"
     );
 }
+
+/// An SGD step whose update is inside the weight gradient's Gemm
+/// (`w_new = Gemm(x, dy, w, alpha = -lr, transA = 1)`, as
+/// `fuse_gemm_update` writes it): planned in place over `w` at the Gemm
+/// (its `Over(2)` rule), kept in the arena across runs, it gives the bits
+/// of the same step planned without donation; `release_scratch` between
+/// runs hands back the intermediates and leaves the weight alone.
+#[test]
+fn a_gemm_accumulates_its_update_in_place_over_the_donated_weight() {
+    let text = r#"<ir_version: 8, opset_import: ["" : 17]>
+g (float[32,64] x, float[32,64] dy, float[64,64] w) => (float[32,64] y, float[64,64] w_new) {
+  y = MatMul (x, w)
+  w_new = Gemm <alpha: float = -0.01, transA: int = 1> (x, dy, w)
+}"#;
+    let mut m = graphopt_text::parse_model(text).unwrap();
+    set_donations(&mut m, &[("w".to_string(), "w_new".to_string())]);
+    let planned = |donate: bool| {
+        let opts = PlanOptions {
+            donate,
+            ..PlanOptions::default()
+        };
+        plan_model(&m, &DimValues::default(), &opts).unwrap()
+    };
+    let (mp, apart) = (planned(true), planned(false));
+    check_graph_plan(&mp.model.graph, &mp.plan).unwrap();
+    assert_eq!(
+        mp.plan.donated,
+        vec![("w".to_string(), "w_new".to_string())]
+    );
+    assert!(
+        mp.plan.aliases.iter().any(|a| a.op_type == "Gemm"),
+        "{:?}",
+        mp.plan.aliases
+    );
+    assert_eq!(offset(&mp.plan, "w"), offset(&mp.plan, "w_new"));
+    let ro = RunOptions {
+        threads: 2,
+        poison: false,
+    };
+    let fill = |n: usize, seed: u32| -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32
+                    / (1u32 << 24) as f32
+                    - 0.5
+            })
+            .collect()
+    };
+    let x = HostTensor::from_f32(&[32, 64], &fill(2048, 1));
+    let mut w = HostTensor::from_f32(&[64, 64], &fill(4096, 2));
+    let w0 = w.clone();
+    let mut kept = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let mut fed = Executable::new(&apart.model, &apart.plan, &CpuBackend).unwrap();
+    for step in 0..3u32 {
+        let dy = HostTensor::from_f32(&[32, 64], &fill(2048, 10 + step));
+        let (outs, _) = fed.run(&[x.clone(), dy.clone(), w.clone()], &ro).unwrap();
+        let feed_w = (step == 0).then_some(&w0);
+        let (k, _) = kept
+            .run_donated(&[Some(&x), Some(&dy), feed_w], &ro)
+            .unwrap();
+        assert_eq!(k[0].as_ref(), Some(&outs[0]), "step {step}: y");
+        w = outs[1].clone();
+        kept.release_scratch();
+        assert_eq!(kept.read_input("w").as_ref(), Some(&w), "step {step}: w");
+    }
+    assert_ne!(w, w0);
+}

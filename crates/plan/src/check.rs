@@ -108,7 +108,7 @@ pub fn check_plan(
         let rule = crate::inplace::inplace_rule(&a.op_type);
         let legal = match rule {
             crate::InPlace::View => o.size <= i.size,
-            crate::InPlace::Elementwise | crate::InPlace::Update => {
+            crate::InPlace::Elementwise | crate::InPlace::Over(_) => {
                 o.size == i.size && i.upper == a.at + 1 && o.lower == a.at
             }
             crate::InPlace::None => false,
@@ -127,7 +127,7 @@ pub fn check_plan(
             )));
             continue;
         }
-        if matches!(rule, crate::InPlace::Elementwise | crate::InPlace::Update) {
+        if matches!(rule, crate::InPlace::Elementwise | crate::InPlace::Over(_)) {
             // Overwriting: nothing else in these bytes may be read later.
             for (k, t) in bufs.iter().enumerate() {
                 if k != a.input

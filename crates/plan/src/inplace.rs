@@ -10,12 +10,17 @@
 //!    node and has exactly the output's size (in ONNX default domain ops
 //!    each output element depends only on the same element of the inputs,
 //!    so overwriting while reading is safe).
-//! 3. `Update` ops (ScatterElements, ScatterND) may write output 0 over
-//!    input 0 (`data`) when it dies at the node, has exactly the output's
-//!    size (the output is `data`'s shape and type) and no other input slot
-//!    reads the same value: the output is `data` with some positions
-//!    updated, and the updates and indices are other buffers, so the
-//!    kernel need not copy `data` at all.
+//! 3. `Over(k)` ops may write output 0 over input `k` when it dies at the
+//!    node, has exactly the output's size and no other input slot reads
+//!    the same value:
+//!    - ScatterElements and ScatterND over input 0 (`data`): the output is
+//!      `data` with some positions updated, and the updates and indices are
+//!      other buffers, so the kernel need not copy `data` at all;
+//!    - Gemm over input 2 (`C`): `Y = alpha·A·B + beta·C` reads each
+//!      element of C once, for the same element of Y, and A and B are
+//!      other buffers; an accumulation `C += A·B` (a training step's
+//!      `W_new = W - lr·Aᵀ·dY`, see `fuse_gemm_update`) then needs no
+//!      second C-sized buffer.
 //! 4. Everything else gets fresh storage.
 
 /// How an op's output may share an input's storage.
@@ -25,9 +30,9 @@ pub enum InPlace {
     View,
     /// Output 0 may overwrite a same-sized input that dies here.
     Elementwise,
-    /// Output 0 may overwrite input 0 (only) when it is same-sized, dies
+    /// Output 0 may overwrite input `k` (only) when it is same-sized, dies
     /// here and is read by no other input slot of the node.
-    Update,
+    Over(usize),
     /// Output gets its own buffer.
     None,
 }
@@ -108,6 +113,9 @@ const ELEMENTWISE_OPS: &[&str] = &[
 /// Ops whose output 0 is input 0 with some positions updated.
 const UPDATE_OPS: &[&str] = &["ScatterElements", "ScatterND"];
 
+/// Ops whose output 0 accumulates onto input 2 element by element.
+const ACCUMULATE_OPS: &[&str] = &["Gemm"];
+
 /// The in-place rule of an op (default ONNX domain spelling).
 pub fn inplace_rule(op_type: &str) -> InPlace {
     if VIEW_OPS.contains(&op_type) {
@@ -115,7 +123,9 @@ pub fn inplace_rule(op_type: &str) -> InPlace {
     } else if ELEMENTWISE_OPS.contains(&op_type) {
         InPlace::Elementwise
     } else if UPDATE_OPS.contains(&op_type) {
-        InPlace::Update
+        InPlace::Over(0)
+    } else if ACCUMULATE_OPS.contains(&op_type) {
+        InPlace::Over(2)
     } else {
         InPlace::None
     }
@@ -130,8 +140,9 @@ mod tests {
         assert_eq!(inplace_rule("Reshape"), InPlace::View);
         assert_eq!(inplace_rule("Relu"), InPlace::Elementwise);
         assert_eq!(inplace_rule("Conv"), InPlace::None);
-        assert_eq!(inplace_rule("ScatterND"), InPlace::Update);
-        assert_eq!(inplace_rule("ScatterElements"), InPlace::Update);
+        assert_eq!(inplace_rule("ScatterND"), InPlace::Over(0));
+        assert_eq!(inplace_rule("ScatterElements"), InPlace::Over(0));
+        assert_eq!(inplace_rule("Gemm"), InPlace::Over(2));
         assert_eq!(inplace_rule("Scatter"), InPlace::None);
         assert!(
             ELEMENTWISE_OPS.windows(2).all(|w| w[0] < w[1]),

@@ -227,7 +227,11 @@ pub fn liveness_donating(
                             Some("sizes differ")
                         } else if s.last > pos || t.last > pos {
                             Some("the input is read after the output is written")
-                        } else if reads_here && !(k == 0 && rule == InPlace::Elementwise) {
+                        } else if reads_here
+                            && !(k == 0
+                                && (rule == InPlace::Elementwise
+                                    || matches!(rule, InPlace::Over(j) if over_input(d, j) == Some(iv))))
+                        {
                             Some("the output's producer reads the input and cannot write in place")
                         } else {
                             in_place_donation = reads_here && t.last == pos;
@@ -269,14 +273,12 @@ pub fn liveness_donating(
                     .flatten()
                     .filter_map(|i| slot[i.index()])
                     .find(|&it| dies_here(&tensors[it], &storages, tensors[ot].size, pos));
-            } else if k == 0 && rule == InPlace::Update {
-                // Input 0 only, and not when another slot reads it too
-                // (the kernel would read updates it is overwriting).
-                let data = d.input(0);
-                let shared = d.inputs()[1..].iter().any(|i| i.is_some() && *i == data);
-                host = data.and_then(|i| slot[i.index()]).filter(|&it| {
-                    !shared && dies_here(&tensors[it], &storages, tensors[ot].size, pos)
-                });
+            } else if let (0, InPlace::Over(j)) = (k, rule) {
+                // Input j only, and not when another slot reads it too
+                // (the kernel would read values it is overwriting).
+                host = over_input(d, j)
+                    .and_then(|i| slot[i.index()])
+                    .filter(|&it| dies_here(&tensors[it], &storages, tensors[ot].size, pos));
             }
             match host {
                 Some(it) => {
@@ -304,6 +306,20 @@ pub fn liveness_donating(
         weights_bytes,
         unknown,
     })
+}
+
+/// Input `j` of `d`, when no other input slot (nor a subgraph capture)
+/// reads the same value: the host an [`InPlace::Over`] rule may write
+/// output 0 over.
+pub fn over_input(d: &graphopt_ir::NodeData, j: usize) -> Option<ValueId> {
+    let v = d.input(j)?;
+    let shared = d
+        .inputs()
+        .iter()
+        .enumerate()
+        .any(|(i, x)| i != j && *x == Some(v))
+        || d.captures().contains(&v);
+    (!shared).then_some(v)
 }
 
 /// Whether tensor `t` may give its storage to a `size`-byte output of the

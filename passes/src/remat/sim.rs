@@ -35,9 +35,17 @@
 use crate::remat::cost::node_flops;
 use graphopt_ir::{Graph, NodeId, ValueId};
 use graphopt_plan::inplace::{inplace_rule, InPlace};
-use graphopt_plan::liveness::value_size;
+use graphopt_plan::liveness::{over_input, value_size};
 
 const INF: usize = usize::MAX;
+
+/// The input an [`InPlace::Over`] rule lets `d`'s output 0 overwrite.
+fn over_host(d: &graphopt_ir::NodeData) -> Option<ValueId> {
+    match inplace_rule(&d.op_type) {
+        InPlace::Over(j) => over_input(d, j),
+        _ => None,
+    }
+}
 
 const RANDOM: &[&str] = &[
     "RandomNormal",
@@ -57,9 +65,9 @@ pub(crate) struct SNode {
     pub view: bool,
     /// Output 0 may take over a same-sized input's storage that dies here.
     pub elementwise: bool,
-    /// Output 0 may take over input 0's storage (kept first in `ins`) if
-    /// same-sized and dying here: a Scatter whose `data` no other input
-    /// slot reads (the planner's update rule).
+    /// Output 0 may take over one input's storage (kept first in `ins`) if
+    /// same-sized and dying here: a Scatter's `data` or a Gemm's `C` that
+    /// no other input slot reads (the planner's `Over` rule).
     pub update: bool,
     pub forward: bool,
     pub flops: u64,
@@ -173,10 +181,7 @@ impl Problem {
             nodes.push(SNode {
                 view: default && inplace_rule(&d.op_type) == InPlace::View && d.input(0).is_some(),
                 elementwise: default && inplace_rule(&d.op_type) == InPlace::Elementwise,
-                update: default
-                    && inplace_rule(&d.op_type) == InPlace::Update
-                    && d.input(0).is_some()
-                    && d.inputs()[1..].iter().all(|&v| v != d.input(0)),
+                update: default && over_host(d).is_some(),
                 forward: cone.contains(&n) || last_fwd.is_some_and(|l| i < l),
                 ins,
                 outs,
@@ -186,10 +191,18 @@ impl Problem {
                 }),
             });
         }
-        // The view's and the update's host must be input 0: keep it first.
+        // The view's and the update's host must be first.
         for (i, &n) in order.iter().enumerate() {
-            if nodes[i].view || nodes[i].update {
-                let v0 = dense[g.node(n).input(0).expect("checked").index()];
+            let d = g.node(n);
+            let host = if nodes[i].update {
+                over_host(d)
+            } else if nodes[i].view {
+                d.input(0)
+            } else {
+                None
+            };
+            if let Some(h) = host {
+                let v0 = dense[h.index()];
                 let ins = &mut nodes[i].ins;
                 if let Some(k) = ins.iter().position(|&x| x == v0) {
                     ins.swap(0, k);

@@ -7,7 +7,7 @@
 //! Work splits across the pool ([`par`]) by batch, or by rows (or column
 //! blocks) of one large product.
 
-use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::backend::{Data, Kernel, KernelIo, NodeCtx};
 use crate::cpu::par;
 use crate::tensor::{numel, strides};
 use graphopt_ir::DType;
@@ -494,11 +494,18 @@ struct Gemm {
 }
 
 impl Kernel for Gemm {
+    /// `C` may be in the output's storage (the plan's `Over(2)` pair): the
+    /// product then accumulates onto it, `Y = alpha·A·B + beta·Y`.
+    fn in_place(&self) -> bool {
+        true
+    }
+
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let (a, b) = (io.input(0)?.f32()?, io.input(1)?.f32()?);
+        let in_place = self.c.is_some() && matches!(io.input(2)?.data, Data::Output0);
         let c = match &self.c {
-            Some(_) => Some(io.input(2)?.f32()?),
-            None => None,
+            Some(_) if !in_place => Some(io.input(2)?.f32()?),
+            _ => None,
         };
         let threads = io.threads;
         let o = io.outputs[0].f32()?;
@@ -510,7 +517,20 @@ impl Kernel for Gemm {
         let n = if self.trans_b { self.b[0] } else { self.b[1] };
         let sa = if self.trans_a { (1, m) } else { (k, 1) };
         let sb = if self.trans_b { (1, k) } else { (n, 1) };
-        let beta = gemm_bias(o, c, self.c.as_deref(), self.beta, m, n);
+        // In place, `o` holds C already (same shape, as the plan requires):
+        // scaled as `gemm_bias` would write it, so both give the same bits.
+        let beta = if in_place {
+            if self.beta != 1.0 && self.beta != 0.0 {
+                o.iter_mut().for_each(|x| *x *= self.beta);
+            }
+            if self.beta == 0.0 {
+                0.0
+            } else {
+                1.0
+            }
+        } else {
+            gemm_bias(o, c, self.c.as_deref(), self.beta, m, n)
+        };
         product(m, k, n, self.alpha, a, sa, b, sb, beta, o, n, threads);
         Ok(())
     }

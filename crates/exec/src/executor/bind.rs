@@ -449,12 +449,9 @@ pub(crate) fn bind<M: KernelMaker>(
                         .filter(|&k| d.input(k) == Some(h))
                         .collect();
                 }
-                // Output 0 over input 0 only, read by no other slot.
-                InPlace::Update
-                    if d.input(0) == Some(h)
-                        && (1..d.inputs().len()).all(|k| d.input(k) != Some(h)) =>
-                {
-                    in_place = vec![0];
+                // Output 0 over input j only, read by no other slot.
+                InPlace::Over(j) if graphopt_plan::liveness::over_input(d, j) == Some(h) => {
+                    in_place = vec![j];
                 }
                 _ => {
                     return Err(ExecError::BadPlan(format!(
