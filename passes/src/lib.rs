@@ -191,6 +191,7 @@ passes! {
     fold_shapes::FoldShapes => "replaces Shape/Gather/Concat chains whose values are known from shape inference by constants",
     fuse_conv_bn::FuseConvBn => "folds BatchNormalization and per-channel Mul/Add after Conv, a bias Add after ConvTranspose, and a scalar Mul before either into the weights",
     fuse_gelu::FuseGelu => "replaces decomposed GELU (erf and tanh forms) by Gelu (opset >= 20)",
+    fuse_gemm_update::FuseGemmUpdate => "a scaled Gemm added to a same-shaped value becomes the Gemm's C (SGD's W - lr·dW: the gradient is never held)",
     fuse_layer_norm::FuseLayerNorm => "replaces decomposed LayerNorm by LayerNormalization (opset >= 17)",
     fuse_matmul_add::FuseMatmulAdd => "MatMul followed by a bias Add becomes Gemm where Gemm's rules allow",
     fuse_parallel_matmul::FuseParallelMatmul => "three or more MatMuls on one input with constant weights become one MatMul on concatenated weights + Split",
@@ -282,6 +283,8 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(fuse_layer_norm::FuseLayerNorm),
         Box::new(fuse_gelu::FuseGelu),
         Box::new(fuse_matmul_add::FuseMatmulAdd),
+        // After fuse_matmul_add, whose Gemms have a C and are left alone.
+        Box::new(fuse_gemm_update::FuseGemmUpdate),
         // Last, to sweep what the passes before it left unused (the
         // fixed-point loop runs dedup and cse again on fused weights).
         Box::new(dce::Dce),
