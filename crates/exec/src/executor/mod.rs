@@ -316,6 +316,35 @@ impl Executable {
         Ok(())
     }
 
+    /// Hands back the arena's pages that hold no given input: the last
+    /// run's intermediates and outputs. A training loop calls it before it
+    /// takes its parameters out ([`Executable::take_input`]), so that no
+    /// copy is ever held beside the step's scratch. The next run writes
+    /// them again.
+    pub fn release_scratch(&mut self) {
+        let mut keep: Vec<(usize, usize)> = (0..self.inputs.len())
+            .filter(|&k| self.primed[k])
+            .map(|k| {
+                let (_, off, ti) = &self.inputs[k];
+                let n = crate::tensor::numel(&ti.shape)
+                    * crate::tensor::elem_size(ti.dtype).unwrap_or(1);
+                (*off, off + n)
+            })
+            .collect();
+        keep.sort_unstable();
+        let mut at = 0;
+        for (start, end) in keep {
+            if start > at {
+                self.arena.discard(at..start);
+            }
+            at = at.max(end);
+        }
+        let len = self.arena.bytes().len();
+        if at < len {
+            self.arena.discard(at..len);
+        }
+    }
+
     /// [`Executable::read_input`], then its bytes in the arena are given
     /// up (zeroed, their pages handed back): a training loop taking its
     /// trained parameters out at the end holds each once, in the arena or

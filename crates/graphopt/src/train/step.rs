@@ -591,6 +591,7 @@ impl Bound {
     /// not held twice.
     pub(super) fn take(&mut self, mut state: State) -> State {
         if self.kept {
+            self.exe.release_scratch();
             for name in &self.donated {
                 if let Some(t) = self.exe.take_input(name) {
                     state.insert(name.clone(), t);
