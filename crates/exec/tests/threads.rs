@@ -199,7 +199,7 @@ fn products_elementwise_reductions_softmax_and_pooling() {
            float[160] row, float[2,16,64,64] img, float[1,16,1,1] ch)
           => (float[4,96,200] mm, float[4,96,96] bmm, float[4,96,160] e, float[4,96,160] sm,
               float[4,1,160] r0, float[4,96,1] r2, float[1,96,1] r02, float[2,16,64,64] bc,
-              float[2,16,32,32] mp, int64[2,16,32,32] mi, float[2,16,64,64] ln) {
+              float[2,16,32,32] mp, int64[2,16,32,32] mi, float[2,16,64,64] ln, float[16] rb) {
           mm = MatMul (a, w)
           bmm = MatMul (a, bm)
           s = Add (a, bias)
@@ -212,10 +212,26 @@ fn products_elementwise_reductions_softmax_and_pooling() {
           bc = Mul (img, ch)
           mp, mi = MaxPool <kernel_shape = [3,3], pads = [1,1,1,1], strides = [2,2]> (bc)
           ln = Sqrt (bc)
+          rb = ReduceSum <axes = [0, 2, 3], keepdims = 0> (bc)
         }"#,
         &[a, w, bm, bias, row, img, ch],
     );
-    assert_eq!(outs.len(), 11);
+    assert_eq!(outs.len(), 12);
+    // A bias gradient's reduction (kept axes between reduced ones): each
+    // channel's sum in index order, the serial loop's bits.
+    let bc = &outs[7];
+    let want: Vec<f32> = (0..16)
+        .map(|c| {
+            let mut acc = 0f32;
+            for n in 0..2 {
+                for &v in &bc[(n * 16 + c) * 4096..][..4096] {
+                    acc += v;
+                }
+            }
+            acc
+        })
+        .collect();
+    assert_eq!(outs[11], want);
 }
 
 #[test]
@@ -274,9 +290,11 @@ fn conv_transpose_in_row_tiles() {
 fn folded_convolutions_of_small_outputs_in_a_batch() {
     // Weights of at least 65,536 elements and small outputs in a batch:
     // 14x14 outputs of 4 images in runs of 3 and 1 (unfolded rows in 3
-    // tiles), a 1x1 at 7x7 (4 images in one run), and a weight-gradient
-    // shape: a 26x26 kernel over 28x28 images (3x3 outputs, K = 5,408
-    // unfolded rows in 3 tiles).
+    // tiles), a 1x1 at 7x7 (4 images in one run), weight-gradient
+    // shapes: a 26x26 kernel over 28x28 images (3x3 outputs, K = 5,408
+    // unfolded rows in 3 tiles) and a 10x10 one over 12x12 images padded
+    // by 1 (5x5 outputs), and 6x20 outputs (rows of more than 16 columns,
+    // copied whole).
     let x = t(&[4, 128, 14, 14], 31);
     let w = t(&[64, 128, 3, 3], 32);
     let x7 = t(&[4, 256, 7, 7], 33);
@@ -284,14 +302,20 @@ fn folded_convolutions_of_small_outputs_in_a_batch() {
     let xg = t(&[16, 8, 28, 28], 35);
     let wg = t(&[32, 8, 26, 26], 36);
     let (b64, b256) = (t(&[64], 37), t(&[256], 38));
+    let xw = t(&[2, 128, 6, 20], 39);
+    let (xp, wp) = (t(&[8, 16, 12, 12], 40), t(&[64, 16, 10, 10], 41));
     let outs = same_bits_at_every_thread_count(
         r#"<ir_version: 8, opset_import: ["" : 17]>
         g (float[4,128,14,14] x, float[64,128,3,3] w, float[4,256,7,7] x7, float[256,256,1,1] w1,
-           float[16,8,28,28] xg, float[32,8,26,26] wg, float[64] b64, float[256] b256)
-          => (float[4,64,14,14] a, float[4,256,7,7] p, float[16,32,3,3] d) {
+           float[16,8,28,28] xg, float[32,8,26,26] wg, float[64] b64, float[256] b256,
+           float[2,128,6,20] xw, float[8,16,12,12] xp, float[64,16,10,10] wp)
+          => (float[4,64,14,14] a, float[4,256,7,7] p, float[16,32,3,3] d, float[2,64,6,20] e,
+              float[8,64,5,5] dp) {
           a = Conv <pads = [1,1,1,1]> (x, w, b64)
           p = Conv (x7, w1, b256)
           d = Conv (xg, wg)
+          e = Conv <pads = [1,1,1,1]> (xw, w, b64)
+          dp = Conv <pads = [1,1,1,1]> (xp, wp)
         }"#,
         &[
             x.clone(),
@@ -302,6 +326,9 @@ fn folded_convolutions_of_small_outputs_in_a_batch() {
             wg.clone(),
             b64.clone(),
             b256.clone(),
+            xw.clone(),
+            xp.clone(),
+            wp.clone(),
         ],
     );
     let f = |t: &HostTensor| t.to_f32().unwrap();
@@ -347,6 +374,34 @@ fn folded_convolutions_of_small_outputs_in_a_batch() {
             0,
         ),
         "weight-gradient shape",
+    );
+    close(
+        &outs[4],
+        &conv_ref(
+            &f(&xp),
+            (8, 16, 12, 12),
+            &f(&wp),
+            (64, 10, 10),
+            &[0f32; 64],
+            1,
+            1,
+            1,
+        ),
+        "padded weight-gradient shape",
+    );
+    close(
+        &outs[3],
+        &conv_ref(
+            &f(&xw),
+            (2, 128, 6, 20),
+            &f(&w),
+            (64, 3, 3),
+            &f(&b64),
+            1,
+            1,
+            1,
+        ),
+        "folded 6x20",
     );
 }
 

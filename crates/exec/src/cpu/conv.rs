@@ -159,40 +159,61 @@ pub fn im2col_cols(
 }
 
 /// Rows `r0..r0 + rows` of the unfolded matrix of [`im2col`] (row
-/// `r = (c·kh + ki)·kw + kj`, channels from `c0`), all `OH·OW` columns, into
-/// `col` at row stride `rs` (row `r` at `(r - r0)·rs`).
-fn im2col_rows(
+/// `r = (c·kh + ki)·kw + kj`, channels from `c0`) for images `n0..n0 + ni`
+/// of the batch `x` side by side: image `j`'s `OH·OW` columns at `j·OH·OW`
+/// of each row, rows at stride `rs` in `col` (the folded path's tile).
+/// Rows outer: a row's window (channel, tap, valid columns) is worked out
+/// once for all the images, by counters rather than divisions, and runs of
+/// a few columns (a weight gradient's 3x3 output) are copied in place
+/// rather than through `memcpy`.
+#[allow(clippy::too_many_arguments)]
+fn im2col_rows_fold(
     g: &Window,
     x: &[f32],
+    (n0, ni): (usize, usize),
     c0: usize,
     r0: usize,
     rows: usize,
     col: &mut [f32],
     rs: usize,
 ) {
-    let ohw = g.oh * g.ow;
-    for r in r0..r0 + rows {
-        let (c, ki, kj) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
-        let plane = &x[(c0 + c) * g.h * g.w..][..g.h * g.w];
-        let dst = &mut col[(r - r0) * rs..][..ohw];
+    let (ohw, hw) = (g.oh * g.ow, g.h * g.w);
+    let (mut c, mut ki, mut kj) = (r0 / (g.kh * g.kw), (r0 / g.kw) % g.kh, r0 % g.kw);
+    for r in 0..rows {
         let (lo, hi) = valid_cols(g, kj);
+        let row = &mut col[r * rs..][..ni * ohw];
         for oy in 0..g.oh {
-            let d = &mut dst[oy * g.ow..][..g.ow];
             let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
             if iy < 0 || iy as usize >= g.h || lo >= hi {
-                d.fill(0.0);
+                for j in 0..ni {
+                    row[j * ohw + oy * g.ow..][..g.ow].fill(0.0);
+                }
                 continue;
             }
-            let src = &plane[iy as usize * g.w..][..g.w];
-            d[..lo].fill(0.0);
-            d[hi..].fill(0.0);
             let first = lo * g.sw + kj * g.dw - g.pw;
-            if g.sw == 1 {
-                d[lo..hi].copy_from_slice(&src[first..first + hi - lo]);
-            } else {
-                for (i, v) in d[lo..hi].iter_mut().enumerate() {
-                    *v = src[first + i * g.sw];
+            let at = (c0 + c) * hw + iy as usize * g.w + first;
+            for j in 0..ni {
+                let d = &mut row[j * ohw + oy * g.ow..][..g.ow];
+                d[..lo].fill(0.0);
+                d[hi..].fill(0.0);
+                let src = &x[(n0 + j) * g.c * hw + at..];
+                let d = &mut d[lo..hi];
+                if g.sw == 1 && d.len() > 16 {
+                    d.copy_from_slice(&src[..d.len()]);
+                } else {
+                    for (i, v) in d.iter_mut().enumerate() {
+                        *v = src[i * g.sw];
+                    }
                 }
+            }
+        }
+        kj += 1;
+        if kj == g.kw {
+            kj = 0;
+            ki += 1;
+            if ki == g.kh {
+                ki = 0;
+                c += 1;
             }
         }
     }
@@ -563,7 +584,7 @@ impl Conv {
     ) {
         let g = &self.g;
         let (cg, mg, k) = (g.c / self.group, self.m / self.group, self.k());
-        let (ohw, hw) = (g.oh * g.ow, g.h * g.w);
+        let ohw = g.oh * g.ow;
         let (imgs, rows) = fold_layout(mg, k, ohw, g.n);
         let (t_len, _) = self.fold_floats();
         let (t, col) = ws.split_at_mut(t_len);
@@ -578,18 +599,7 @@ impl Conv {
                     let min_rows = par::MIN_ELEMS.div_ceil(cols.max(1));
                     par::for_chunks_mut(threads, tile, cols.max(1), min_rows, |first, part| {
                         let nrows = part.len() / cols.max(1);
-                        for j in 0..ni {
-                            let xi = &x[(n0 + j) * g.c * hw..][..g.c * hw];
-                            im2col_rows(
-                                g,
-                                xi,
-                                gi * cg,
-                                r0 + first,
-                                nrows,
-                                &mut part[j * ohw..],
-                                cols,
-                            );
-                        }
+                        im2col_rows_fold(g, x, (n0, ni), gi * cg, r0 + first, nrows, part, cols);
                     });
                     let beta = if r0 == 0 { 0.0 } else { 1.0 };
                     sgemm(
