@@ -157,6 +157,23 @@ impl Reduce {
                     });
                 }
             }
+        } else if let Some((outer, mid, inner)) = kept_block(&self.shape, &kd) {
+            // The kept axes are one contiguous run between reduced ones (a
+            // convolution's bias gradient: [N, C, H, W] over 0, 2, 3): x is
+            // [outer, mid, inner] and o [mid]. Outputs split across
+            // threads; each adds its inputs in increasing index order, the
+            // bits of the serial loop below.
+            let min = par::MIN_ELEMS.div_ceil((outer * inner).max(1));
+            par::for_chunks_mut(io.threads, o, 1, min, |first, part| {
+                for (c, acc) in part.iter_mut().enumerate() {
+                    let j = first + c;
+                    for a in 0..outer {
+                        for &v in &x[(a * mid + j) * inner..][..inner] {
+                            *acc = step(*acc, v, j);
+                        }
+                    }
+                }
+            });
         } else {
             for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| {
                 o[j] = step(o[j], x[i], j);
@@ -335,6 +352,33 @@ fn one_block(shape: &[usize], kept: &[usize]) -> Option<(usize, usize, usize)> {
     let first = reduced.iter().position(|&r| r)?;
     let last = reduced.iter().rposition(|&r| r)?;
     if (first..=last).any(|d| !reduced[d] && shape[d] != 1) {
+        return None;
+    }
+    let p = |r: &[usize]| r.iter().product::<usize>();
+    Some((
+        p(&shape[..first]),
+        p(&shape[first..=last]),
+        p(&shape[last + 1..]),
+    ))
+}
+
+/// `(outer, mid, inner)` when the axes `x` (shape `shape`) keeps (`kept`:
+/// the shape with 1 on reduced axes) are one contiguous run with every
+/// other axis reduced, so that `x` is `[outer, mid, inner]` and the output
+/// `[mid]`.
+fn kept_block(shape: &[usize], kept: &[usize]) -> Option<(usize, usize, usize)> {
+    if shape.len() != kept.len() {
+        return None;
+    }
+    // Axes of extent 1 belong to either side.
+    let kept_axis: Vec<bool> = shape
+        .iter()
+        .zip(kept)
+        .map(|(&s, &k)| s != 1 && k != 1)
+        .collect();
+    let first = kept_axis.iter().position(|&k| k)?;
+    let last = kept_axis.iter().rposition(|&k| k)?;
+    if (first..=last).any(|d| !kept_axis[d] && shape[d] != 1) {
         return None;
     }
     let p = |r: &[usize]| r.iter().product::<usize>();
