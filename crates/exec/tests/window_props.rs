@@ -243,3 +243,126 @@ proptest! {
         close(&got, &want)?;
     }
 }
+
+/// MaxPool's values and Indices (both storage orders) against the naive
+/// loop of its definition: taps in row-major window order, the first
+/// strict maximum wins, a NaN wins over numbers, a window wholly in the
+/// padding gives -inf at index `p·H·W`. Values are coarse (ties are
+/// common) with -inf and NaN now and then, so the tap passes' fallback
+/// and their first-maximum rule are both exercised; bits must match.
+fn maxpool_case(g: &Geom, order: usize, special: usize, seed: u64) -> Result<(), TestCaseError> {
+    let r = g.sp.len();
+    let c = g.group * g.cg;
+    let out_sp: Vec<isize> = (0..r)
+        .map(|i| {
+            let span = g.d[i] * (g.k[i] - 1) + 1;
+            (g.sp[i] + g.pads[i] + g.pads[r + i]) as isize - span as isize
+        })
+        .collect();
+    prop_assume!(out_sp.iter().all(|&x| x >= 0));
+    // Pads smaller than the kernel, as ONNX requires.
+    prop_assume!((0..r).all(|i| g.pads[i] < g.k[i] && g.pads[r + i] < g.k[i]));
+    let out_sp: Vec<usize> = (0..r).map(|i| out_sp[i] as usize / g.s[i] + 1).collect();
+    let xs: Vec<usize> = [vec![g.n, c], g.sp.clone()].concat();
+    let ys: Vec<usize> = [vec![g.n, c], out_sp.clone()].concat();
+    let text = format!(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[{}] x) => (float[{}] y, int64[{}] i) {{
+          y, i = MaxPool <kernel_shape = [{}], pads = [{}], strides = [{}], dilations = [{}], storage_order = {order}> (x)
+        }}"#,
+        dims(&xs),
+        dims(&ys),
+        dims(&ys),
+        dims(&g.k),
+        dims(&g.pads),
+        dims(&g.s),
+        dims(&g.d)
+    );
+    let mut xv: Vec<f32> = data(xs.iter().product(), seed)
+        .iter()
+        .map(|v| (v * 4.0).round() / 4.0)
+        .collect();
+    if special > 0 {
+        let at = (seed as usize * 7919) % xv.len();
+        xv[at] = if special == 1 {
+            f32::NEG_INFINITY
+        } else {
+            f32::NAN
+        };
+    }
+    let m = graphopt_text::parse_model(&text).expect("generated model parses");
+    let mp = match plan_model(&m, &DimValues::default(), &PlanOptions::default()) {
+        Ok(p) => p,
+        Err(e) => panic!("{e}\n{text}"),
+    };
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).expect("kernel made");
+    let x = HostTensor::from_f32(&xs, &xv);
+    let p = |v: &[usize], one: usize| if r == 1 { (one, v[0]) } else { (v[0], v[1]) };
+    let ((h, w), (kh, kw), (sh, sw), (dh, dw)) = (p(&g.sp, 1), p(&g.k, 1), p(&g.s, 1), p(&g.d, 1));
+    let (ph, pw) = if r == 1 {
+        (0, g.pads[0])
+    } else {
+        (g.pads[0], g.pads[1])
+    };
+    let (oh, ow) = p(&out_sp, 1);
+    let (mut wy, mut wi) = (Vec::new(), Vec::new());
+    for plane in 0..g.n * c {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let (mut acc, mut arg, mut cnt) = (f32::NEG_INFINITY, 0usize, 0);
+                for ki in 0..kh {
+                    for kj in 0..kw {
+                        let iy = (oy * sh + ki * dh) as isize - ph as isize;
+                        let ix = (ox * sw + kj * dw) as isize - pw as isize;
+                        if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                            continue;
+                        }
+                        let (iy, ix) = (iy as usize, ix as usize);
+                        let v = xv[plane * h * w + iy * w + ix];
+                        if v > acc || (v.is_nan() && !acc.is_nan()) || cnt == 0 {
+                            acc = v;
+                            arg = if order == 1 { ix * h + iy } else { iy * w + ix };
+                        }
+                        cnt += 1;
+                    }
+                }
+                wy.push(acc.to_bits());
+                wi.push((plane * h * w + arg) as i64);
+            }
+        }
+    }
+    for threads in [1, 3] {
+        let (o, _) = exe
+            .run(
+                std::slice::from_ref(&x),
+                &RunOptions {
+                    threads,
+                    poison: true,
+                },
+            )
+            .expect("runs");
+        let gy: Vec<u32> = o[0]
+            .data
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let gi: Vec<i64> = o[1]
+            .data
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        prop_assert_eq!(&gy, &wy, "values, {} threads\n{}", threads, text);
+        prop_assert_eq!(&gi, &wi, "indices, {} threads\n{}", threads, text);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+
+    #[test]
+    fn maxpool_and_its_indices_match_a_naive_loop(g in geom(), order in 0usize..=1, special in 0usize..=3, seed in 0u64..1000) {
+        // special: 0 or 3 plain, 1 one -inf, 2 one NaN.
+        maxpool_case(&g, order, special % 3, seed)?;
+    }
+}

@@ -74,7 +74,7 @@ impl Pool {
         col_major: bool,
     ) {
         let g = &self.g;
-        if self.max && idx.is_none() && self.max_plane(plane, out) {
+        if self.max && self.max_plane(plane, out, idx.as_deref_mut(), p, col_major) {
             return;
         }
         for oy in 0..g.oh {
@@ -128,17 +128,35 @@ impl Pool {
 }
 
 impl Pool {
-    /// MaxPool of one plane without indices: per output row, one pass per
-    /// window tap over the outputs whose tap falls inside the image (no
-    /// bounds test per element, no branch per element). A window with no
-    /// element inside the image gives -inf, as in [`Self::plane`]. False
-    /// when the plane holds a NaN: [`Self::plane`] then redoes it (a NaN
-    /// in a window wins there).
-    fn max_plane(&self, plane: &[f32], out: &mut [f32]) -> bool {
+    /// MaxPool of one plane (number `p` of `N·C`): per output row, one
+    /// pass per window tap over the outputs whose tap falls inside the
+    /// image (no bounds test per element, no branch per element), with
+    /// the flat index of each new maximum when `idx` asks. Taps go in the
+    /// order of [`Self::plane`] and only a strictly greater value wins, so
+    /// the first maximum's index is kept, as there. A window with no
+    /// element inside the image gives -inf (index `p·H·W`), as there.
+    /// False when the plane holds a NaN, or with indices a -inf (which
+    /// must win an all -inf window's first tap): [`Self::plane`] then
+    /// redoes it (a NaN in a window wins there).
+    fn max_plane(
+        &self,
+        plane: &[f32],
+        out: &mut [f32],
+        mut idx: Option<&mut [i64]>,
+        p: usize,
+        col_major: bool,
+    ) -> bool {
         let g = &self.g;
-        let mut nan = false;
+        let base = (p * g.h * g.w) as i64;
+        let mut odd = false;
+        // With indices: the winning tap (ki·kw + kj + 1; 0 for none) of
+        // each output of the row, turned into flat indices once the row is
+        // done (a narrow select per tap instead of an index computed and
+        // stored per tap).
+        let mut won: Vec<u32> = vec![0; if idx.is_some() { g.ow } else { 0 }];
         for (oy, row) in out.chunks_mut(g.ow.max(1)).enumerate().take(g.oh) {
             row.fill(f32::NEG_INFINITY);
+            won.fill(0);
             for ki in 0..g.kh {
                 let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
                 if iy < 0 || iy as usize >= g.h {
@@ -152,14 +170,41 @@ impl Pool {
                     }
                     let first = lo * g.sw + kj * g.dw - g.pw;
                     let taps = src[first..].iter().step_by(g.sw);
-                    for (o, &v) in row[lo..hi].iter_mut().zip(taps) {
-                        nan |= v.is_nan();
-                        *o = if v > *o { v } else { *o };
+                    if idx.is_none() {
+                        for (o, &v) in row[lo..hi].iter_mut().zip(taps) {
+                            odd |= v.is_nan();
+                            *o = if v > *o { v } else { *o };
+                        }
+                        continue;
+                    }
+                    let tap = (ki * g.kw + kj + 1) as u32;
+                    for ((o, t), &v) in row[lo..hi].iter_mut().zip(&mut won[lo..hi]).zip(taps) {
+                        odd |= v.is_nan() || v == f32::NEG_INFINITY;
+                        let better = v > *o;
+                        *o = if better { v } else { *o };
+                        *t = if better { tap } else { *t };
                     }
                 }
             }
+            if let Some(ix) = idx.as_deref_mut() {
+                for (ox, (i, &t)) in ix[oy * g.ow..][..g.ow].iter_mut().zip(&won).enumerate() {
+                    *i = match t {
+                        0 => base,
+                        t => {
+                            let (ki, kj) = ((t as usize - 1) / g.kw, (t as usize - 1) % g.kw);
+                            let iy = oy * g.sh + ki * g.dh - g.ph;
+                            let ix = ox * g.sw + kj * g.dw - g.pw;
+                            base + if col_major {
+                                ix * g.h + iy
+                            } else {
+                                iy * g.w + ix
+                            } as i64
+                        }
+                    };
+                }
+            }
         }
-        !nan
+        !odd
     }
 }
 
