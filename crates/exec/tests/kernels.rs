@@ -1180,3 +1180,23 @@ fn a_zero_point_shorter_than_its_scales_is_refused_before_running() {
         );
     }
 }
+
+/// ConstantOfShape fills its whole output with the value's bytes: zeros
+/// (one memset), and a non-zero value over a size that is no power of two
+/// (the doubled copies' last, partial round).
+#[test]
+fn constant_of_shape_fills_every_element() {
+    let outs = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[3,1000,7] x) => (float[3,1000,7] z, float[3,1000,7] o) {
+          s = Shape (x)
+          z0 = ConstantOfShape (s)
+          z = Add (z0, x)
+          o0 = ConstantOfShape <value = float[1] {2.5}> (s)
+          o = Add (o0, x)
+        }"#,
+        &[HostTensor::from_f32(&[3, 1000, 7], &[1.0; 21000])],
+    );
+    assert!(outs[0].iter().all(|&v| v == 1.0));
+    assert!(outs[1].iter().all(|&v| v == 3.5));
+}
