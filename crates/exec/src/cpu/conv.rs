@@ -11,7 +11,7 @@
 //!   whatever the image or batch size. Convolutions of at most 64 output
 //!   positions multiply on graphopt's own kernel ([`own_for_cols`]).
 
-use crate::backend::{Activation, Kernel, KernelIo, NodeCtx};
+use crate::backend::{Activation, Data, In, Kernel, KernelIo, NodeCtx};
 use crate::cpu::matmul::{own_for_cols, sgemm, sgemm_into_with, sgemm_with, SendPtr};
 use crate::cpu::par;
 use crate::tensor::cast_mut;
@@ -1079,6 +1079,41 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let (sh, sw) = pick(&u(&s), 1);
     let (dh, dw) = pick(&u(&dl), 1);
     let (ph, pw) = pick(&begin, 0);
+    let bias = ctx.inputs.get(2).is_some_and(|b| b.is_some());
+    if (sh, sw) == (1, 1) && ph <= dh * (kh - 1) && pw <= dw * (kw - 1) {
+        let g = Window {
+            n: x.shape[0],
+            c,
+            h,
+            w: wd,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh: 1,
+            sw: 1,
+            dh,
+            dw,
+            ph: dh * (kh - 1) - ph,
+            pw: dw * (kw - 1) - pw,
+        };
+        let ohw = oh * ow;
+        let k = c / group * kh * kw;
+        let direct = kh == 1 && kw == 1 && g.ph == 0 && g.pw == 0 && oh == h && ow == wd;
+        return Ok(Box::new(Flipped {
+            wshape: [vec![m, c / group], w.shape[2..].to_vec()].concat(),
+            conv: Conv {
+                slots: tile_slots(ohw.div_ceil(tile_cols(k, ohw))),
+                own: own_for_cols(ohw),
+                g,
+                m,
+                group,
+                bias,
+                direct,
+                act: None,
+            },
+        }));
+    }
     Ok(Box::new(Transposed {
         n: x.shape[0],
         c,
@@ -1096,6 +1131,66 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         ph,
         pw,
         group,
-        bias: ctx.inputs.get(2).is_some_and(|b| b.is_some()),
+        bias,
     }))
+}
+
+/// A ConvTranspose of stride 1 run as the Conv it equals: the same input,
+/// the weight with its channel axes swapped (per group) and its taps
+/// reversed, and begin pads `d·(k - 1) - p`. `W'[g·M/g + o, i, a, b] =
+/// W[g·C/g + i, o, kh-1-a, kw-1-b]` is written into the workspace on each
+/// run (the weight may be a runtime input, as in a training step's input
+/// gradient); the product is then a Conv's (K = C/g·kh·kw, the output
+/// positions as columns) instead of `Wᵀ·X` with K = C/g and a col2im
+/// scatter of `M/g·kh·kw` rows.
+struct Flipped {
+    conv: Conv,
+    /// The equivalent Conv's weight shape, `[M, C/g, kh(, kw)]`.
+    wshape: Vec<usize>,
+}
+
+impl Flipped {
+    fn weight_floats(&self) -> usize {
+        self.wshape.iter().product()
+    }
+}
+
+impl Kernel for Flipped {
+    fn workspace_bytes(&self) -> usize {
+        (self.weight_floats() * 4).next_multiple_of(64) + self.conv.workspace_bytes()
+    }
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let w = io.input(1)?.f32()?;
+        let ws = std::mem::take(&mut io.workspace);
+        let (wbuf, rest) = ws.split_at_mut((self.weight_floats() * 4).next_multiple_of(64));
+        let flipped: &mut [f32] = cast_mut(&mut wbuf[..self.weight_floats() * 4]);
+        let (m, cg) = (self.wshape[0], self.wshape[1]);
+        let group = self.conv.group;
+        let (mg, taps) = (m / group, self.conv.g.kh * self.conv.g.kw);
+        for gi in 0..group {
+            for i in 0..cg {
+                for o in 0..mg {
+                    let src = &w[((gi * cg + i) * mg + o) * taps..][..taps];
+                    let dst = &mut flipped[((gi * mg + o) * cg + i) * taps..][..taps];
+                    for (d, &v) in dst.iter_mut().zip(src.iter().rev()) {
+                        *d = v;
+                    }
+                }
+            }
+        }
+        let flipped: &[u8] = &wbuf[..self.weight_floats() * 4];
+        let mut inputs = io.inputs.clone();
+        inputs[1] = Some(In {
+            dtype: DType::F32,
+            shape: &self.wshape,
+            data: Data::Bytes(flipped),
+        });
+        let mut inner = KernelIo {
+            inputs,
+            outputs: std::mem::take(&mut io.outputs),
+            workspace: rest,
+            threads: io.threads,
+        };
+        self.conv.run(&mut inner)
+    }
 }
