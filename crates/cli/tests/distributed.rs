@@ -908,7 +908,7 @@ fn bad_pipelines_fail_in_one_line() {
     assert_eq!(c, 1);
     assert!(
         e.starts_with("error: ")
-            && e.contains(": --budget 500.00 KB: no cut into 2 stages fits (the FLOPs-balanced cuts plan 824.84 KB / 1.32 MB per stage)")
+            && e.contains(": --budget 500.00 KB: no cut into 2 stages fits (the FLOPs-balanced cuts plan 880.13 KB / 1.32 MB per stage)")
             && !e.contains('\n'),
         "{e}"
     );

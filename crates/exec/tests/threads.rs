@@ -645,3 +645,81 @@ fn one_row_products_on_the_matrix_vector_kernel() {
     // Measured 4.6e-6 (f32 sums of 700 products against f64).
     assert!(worst <= 1.5e-5, "worst relative error {worst:e}");
 }
+
+/// ConvTranspose by its definition (stride 1, pads `p`), f64 sums.
+#[allow(clippy::too_many_arguments)]
+fn conv_transpose_ref(
+    x: &[f32],
+    (n, c, h, w): (usize, usize, usize, usize),
+    wt: &[f32],
+    (mg, k): (usize, usize),
+    b: &[f32],
+    group: usize,
+    p: usize,
+) -> Vec<f32> {
+    let (oh, ow) = (h + k - 1 - 2 * p, w + k - 1 - 2 * p);
+    let (cg, m) = (c / group, mg * group);
+    let mut y = vec![0f64; n * m * oh * ow];
+    for ni in 0..n {
+        for ci in 0..c {
+            let g = ci / cg;
+            for iy in 0..h {
+                for ix in 0..w {
+                    let xv = x[((ni * c + ci) * h + iy) * w + ix] as f64;
+                    for mo in 0..mg {
+                        for ki in 0..k {
+                            for kj in 0..k {
+                                let (oy, ox) = (
+                                    (iy + ki) as isize - p as isize,
+                                    (ix + kj) as isize - p as isize,
+                                );
+                                if oy < 0 || ox < 0 || oy >= oh as isize || ox >= ow as isize {
+                                    continue;
+                                }
+                                let wv = wt[((ci * mg + mo) * k + ki) * k + kj] as f64;
+                                y[((ni * m + g * mg + mo) * oh + oy as usize) * ow
+                                    + ox as usize] += xv * wv;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    y.iter()
+        .enumerate()
+        .map(|(i, &v)| (v + b[(i / (oh * ow)) % m] as f64) as f32)
+        .collect()
+}
+
+#[test]
+fn stride_one_conv_transpose_runs_as_a_flipped_conv() {
+    // Stride 1 with a weight under 1 MB runs as a Conv on the flipped
+    // weight: with a bias, on the folded path (4 images of 10x10 outputs,
+    // 64 x 1,152 weights), and in 2 groups.
+    let x = t(&[4, 128, 10, 10], 51);
+    let w = t(&[128, 64, 3, 3], 52);
+    let w2 = t(&[128, 32, 3, 3], 53);
+    let b = t(&[64], 54);
+    let outs = same_bits_at_every_thread_count(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[4,128,10,10] x, float[128,64,3,3] w, float[128,32,3,3] w2, float[64] b)
+          => (float[4,64,10,10] y, float[4,64,10,10] y2) {
+          y = ConvTranspose <pads = [1,1,1,1]> (x, w, b)
+          y2 = ConvTranspose <pads = [1,1,1,1], group = 2> (x, w2, b)
+        }"#,
+        &[x.clone(), w.clone(), w2.clone(), b.clone()],
+    );
+    let f = |t: &HostTensor| t.to_f32().unwrap();
+    let dims = (4, 128, 10, 10);
+    close(
+        &outs[0],
+        &conv_transpose_ref(&f(&x), dims, &f(&w), (64, 3), &f(&b), 1, 1),
+        "flipped",
+    );
+    close(
+        &outs[1],
+        &conv_transpose_ref(&f(&x), dims, &f(&w2), (32, 3), &f(&b), 2, 1),
+        "flipped, 2 groups",
+    );
+}

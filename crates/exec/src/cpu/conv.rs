@@ -1014,7 +1014,8 @@ impl Transposed {
 /// output_padding, output_shape, auto_pad) as GEMM + col2im: per image,
 /// group and tile of input rows, `Wᵀ · X` into the workspace (at most
 /// [`TILE_BYTES`], one row at least), then scatter-added into the output,
-/// output channels split across threads.
+/// output channels split across threads. Stride 1 with a weight of at most
+/// [`FLIP_MAX_WEIGHT_BYTES`] runs as the Conv it equals ([`Flipped`]).
 pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let (x, w) = (ctx.input(0)?, ctx.input(1)?);
     if x.dtype != DType::F32 {
@@ -1080,7 +1081,12 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let (dh, dw) = pick(&u(&dl), 1);
     let (ph, pw) = pick(&begin, 0);
     let bias = ctx.inputs.get(2).is_some_and(|b| b.is_some());
-    if (sh, sw) == (1, 1) && ph <= dh * (kh - 1) && pw <= dw * (kw - 1) {
+    let flipped_bytes = w.shape.iter().product::<usize>() * 4;
+    if (sh, sw) == (1, 1)
+        && ph <= dh * (kh - 1)
+        && pw <= dw * (kw - 1)
+        && flipped_bytes <= FLIP_MAX_WEIGHT_BYTES
+    {
         let g = Window {
             n: x.shape[0],
             c,
@@ -1134,6 +1140,12 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         bias,
     }))
 }
+
+/// The largest weight a stride-1 ConvTranspose flips into its workspace
+/// ([`Flipped`]); larger ones run as GEMM + col2im, which needs no copy of
+/// the weight (resnet18's 512-channel 3x3 weight is 9.4 MB, and the
+/// workspace is held beside the arena).
+const FLIP_MAX_WEIGHT_BYTES: usize = 1 << 20;
 
 /// A ConvTranspose of stride 1 run as the Conv it equals: the same input,
 /// the weight with its channel axes swapped (per group) and its taps
