@@ -340,45 +340,31 @@ impl Kernel for Softmax {
 /// (the shape with 1 on reduced axes) are one contiguous run, so that
 /// `x` is `[outer, len, inner]` and the output `[outer, inner]`.
 fn one_block(shape: &[usize], kept: &[usize]) -> Option<(usize, usize, usize)> {
-    if shape.len() != kept.len() {
-        return None;
-    }
-    // Axes of extent 1 belong to either side.
-    let reduced: Vec<bool> = shape
-        .iter()
-        .zip(kept)
-        .map(|(&s, &k)| s != 1 && k == 1)
-        .collect();
-    let first = reduced.iter().position(|&r| r)?;
-    let last = reduced.iter().rposition(|&r| r)?;
-    if (first..=last).any(|d| !reduced[d] && shape[d] != 1) {
-        return None;
-    }
-    let p = |r: &[usize]| r.iter().product::<usize>();
-    Some((
-        p(&shape[..first]),
-        p(&shape[first..=last]),
-        p(&shape[last + 1..]),
-    ))
+    contiguous(shape, kept, true)
 }
 
-/// `(outer, mid, inner)` when the axes `x` (shape `shape`) keeps (`kept`:
-/// the shape with 1 on reduced axes) are one contiguous run with every
-/// other axis reduced, so that `x` is `[outer, mid, inner]` and the output
-/// `[mid]`.
+/// `(outer, mid, inner)` when the axes `x` keeps are one contiguous run
+/// with every other axis reduced, so that `x` is `[outer, mid, inner]` and
+/// the output `[mid]`.
 fn kept_block(shape: &[usize], kept: &[usize]) -> Option<(usize, usize, usize)> {
+    contiguous(shape, kept, false)
+}
+
+/// `shape` as `[outer, run, inner]`, where `run` spans the axes that are
+/// reduced (`reduced`) or kept (`!reduced`), when those are contiguous.
+fn contiguous(shape: &[usize], kept: &[usize], reduced: bool) -> Option<(usize, usize, usize)> {
     if shape.len() != kept.len() {
         return None;
     }
     // Axes of extent 1 belong to either side.
-    let kept_axis: Vec<bool> = shape
+    let inside: Vec<bool> = shape
         .iter()
         .zip(kept)
-        .map(|(&s, &k)| s != 1 && k != 1)
+        .map(|(&s, &k)| s != 1 && (k == 1) == reduced)
         .collect();
-    let first = kept_axis.iter().position(|&k| k)?;
-    let last = kept_axis.iter().rposition(|&k| k)?;
-    if (first..=last).any(|d| !kept_axis[d] && shape[d] != 1) {
+    let first = inside.iter().position(|&r| r)?;
+    let last = inside.iter().rposition(|&r| r)?;
+    if (first..=last).any(|d| !inside[d] && shape[d] != 1) {
         return None;
     }
     let p = |r: &[usize]| r.iter().product::<usize>();
