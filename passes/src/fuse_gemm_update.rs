@@ -13,7 +13,8 @@
 //! Conditions:
 //! 1. the Gemm has no `C` and its output is read by the `Mul` (or the
 //!    `Add`/`Sub`) alone, as is the `Mul`'s; neither is a graph output;
-//! 2. `s` is a one-element constant;
+//! 2. `s` is a one-element constant of rank at most 2 (so `s·G` has G's
+//!    shape);
 //! 3. the element type is float32, float16 or bfloat16 (Gemm's `alpha` is
 //!    a float32 attribute: float64's scale would be rounded);
 //! 4. `P` has the Gemm output's type and exactly its shape (known dims, or
@@ -137,7 +138,8 @@ fn match_update(g: &Graph, t: &TypedGraph, gemm: NodeId) -> Option<Update> {
         let m = g.node(next);
         let other = other_input(g, next, prod)?;
         let s = const_tensor(g, other)?;
-        if s.dtype != elem || s.numel().ok()? != 1 {
+        // One element, of rank at most 2: `G·s` keeps G's shape.
+        if s.dtype != elem || s.numel().ok()? != 1 || s.dims.len() > 2 {
             return None;
         }
         scale = s.to_f64_vec()?.first().copied()?;
