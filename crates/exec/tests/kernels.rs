@@ -1183,10 +1183,11 @@ fn a_zero_point_shorter_than_its_scales_is_refused_before_running() {
 
 /// ConstantOfShape fills its whole output with the value's bytes: zeros
 /// (one memset), and a non-zero value over a size that is no power of two
-/// (the doubled copies' last, partial round).
+/// (the doubled copies' last, partial round). Run twice: after the first
+/// run the dead fills hold poison, which the second must overwrite.
 #[test]
 fn constant_of_shape_fills_every_element() {
-    let outs = run(
+    let m = graphopt_text::parse_model(
         r#"<ir_version: 8, opset_import: ["" : 17]>
         g (float[3,1000,7] x) => (float[3,1000,7] z, float[3,1000,7] o) {
           s = Shape (x)
@@ -1195,8 +1196,24 @@ fn constant_of_shape_fills_every_element() {
           o0 = ConstantOfShape <value = float[1] {2.5}> (s)
           o = Add (o0, x)
         }"#,
-        &[HostTensor::from_f32(&[3, 1000, 7], &[1.0; 21000])],
-    );
-    assert!(outs[0].iter().all(|&v| v == 1.0));
-    assert!(outs[1].iter().all(|&v| v == 3.5));
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let opts = RunOptions {
+        threads: 2,
+        poison: true,
+    };
+    let x = HostTensor::from_f32(&[3, 1000, 7], &[1.0; 21000]);
+    for run in 0..2 {
+        let (out, _) = exe.run(std::slice::from_ref(&x), &opts).unwrap();
+        assert!(
+            out[0].to_f32().unwrap().iter().all(|&v| v == 1.0),
+            "run {run}"
+        );
+        assert!(
+            out[1].to_f32().unwrap().iter().all(|&v| v == 3.5),
+            "run {run}"
+        );
+    }
 }
