@@ -19,8 +19,9 @@
 //! 1. the input is a runtime graph input and the output a graph output;
 //! 2. both are tensors of one element type and size;
 //! 3. no node reads the input after the output's producer, and the
-//!    producer reads it only if it may write in place
-//!    ([`crate::inplace_rule`] elementwise).
+//!    producer reads it only if it may write in place over it
+//!    ([`crate::inplace_rule`]: elementwise, or the input is the one an
+//!    `Over` rule names, a Scatter's `data` or a Gemm's `C`).
 //!
 //! Pairs that fail are planned apart and listed with why in
 //! [`crate::Plan::donations_refused`].

@@ -26,7 +26,8 @@
 //! liveness counts it (graph inputs from step 0, graph outputs to the end,
 //! weights outside the arena, views sharing their input's storage,
 //! elementwise outputs taking over a same-sized input that dies there,
-//! Scatter outputs taking over their `data` input likewise), as the
+//! Scatter outputs taking over their `data` input and Gemm outputs their
+//! `C` likewise), as the
 //! planner counts the same order.
 //!
 //! [`Problem::lower_bound`] bounds the simulated peak of every completion
