@@ -632,6 +632,23 @@ mod tests {
                 1e-7,
             ),
             (
+                // C dies at the Gemm and has Y's shape: Y is planned over
+                // it (`Over(2)`) and the Gemm accumulates in place.
+                text_case(
+                    r#"<ir_version: 8, opset_import: ["" : 17]>
+            g (float[4,3] a, float[4,5] b, float[3,5] c0) => (float[3,5] y) {
+              c = Relu (c0)
+              y = Gemm <transA = 1, alpha = -0.5, beta = 2.0> (a, b, c)
+            }"#,
+                    vec![
+                        t(F32, &[4, 3], 14),
+                        t(F32, &[4, 5], 15),
+                        t(F32, &[3, 5], 16),
+                    ],
+                ),
+                2.5e-7,
+            ),
+            (
                 text_case(
                     r#"<ir_version: 8, opset_import: ["" : 17]>
             g (float[2,4,7,6] x, float[6,2,3,3] w, float[6] b) => (float[2,6,3,8] y) {
@@ -708,8 +725,15 @@ mod tests {
                 8e-3,
             ),
         ];
+        // The in-place Gemm case is planned in place (not staged).
+        let (_, gemm_over_c, _, _) = &cases[3].0;
+        assert!(
+            gemm_over_c.plan.aliases.iter().any(|a| a.op_type == "Gemm"),
+            "{:?}",
+            gemm_over_c.plan.aliases
+        );
         // Measured (2026-11-30): 0, 1.0e-7, 3.3e-8, 1.4e-7, 0, 1.5e-8, and 0
-        // for fp16 and bf16 (the same fp32 arithmetic rounded once; their
+        // (the Gemm over its C, added 2026-12-04: 7.8e-8) for fp16 and bf16 (the same fp32 arithmetic rounded once; their
         // bounds are one rounding step).
         let errs = check_all(&cases);
         eprintln!("fixture max relative errors against the CPU backend: {errs:?}");

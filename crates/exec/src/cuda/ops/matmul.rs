@@ -206,6 +206,11 @@ pub(super) fn gemm(ctx: &NodeCtx) -> Result<NodePlan, String> {
     let mut p = NodePlan::default();
     let mut beta_eff = 0.0;
     if let Some(Some(c)) = ctx.inputs.get(2) {
+        // C of Y's shape may be Y itself (the plan's `Over(2)` pair: an SGD
+        // update accumulated onto the weight): the copy below then reads
+        // and writes each element at one address, and the GEMM reads Y as
+        // C, so nothing need be staged.
+        p.in_place = c.shape == y.shape;
         if beta != 0.0 {
             // Y = C broadcast, then the GEMM accumulates onto it.
             let src = codegen::elementwise("expand", &y.shape, y.dtype, &[ew_in(c)], "v0")?;
