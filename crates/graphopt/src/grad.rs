@@ -239,6 +239,7 @@ impl Session {
         let autodiff = self.prefold(&opts.autodiff)?;
         let train = build_training_graph(&self.model, &autodiff)
             .map_err(|e| self.err(Error::new(e.to_string())))?;
+        let split_ties = transposed_copies(&self.model.graph, &train.params);
         let before = std::mem::replace(&mut self.model, train.model);
         if opts.autodiff.optimizer != graphopt_autodiff::Optimizer::None && !opts.keep_grads {
             // The gradients feed the updates only: not outputs, so each
@@ -410,6 +411,14 @@ impl Session {
                  training=torch.onnx.TrainingMode.TRAINING) or from a module in train mode)"
                     .into(),
             );
+        }
+        for (a, b) in split_ties {
+            warnings.push(format!(
+                "parameters '{a}' and '{b}' hold the same values transposed: a weight torch \
+                 ties (an LM head and its embedding) that the exporter's constant folding \
+                 wrote twice; they train as two parameters here, where torch trains one \
+                 (export with do_constant_folding=False to keep the Transpose, and the tie)"
+            ));
         }
         Ok(GradReport {
             dropout_train: train.dropout_train,
@@ -609,4 +618,47 @@ pub fn grad_check(
         });
     }
     Ok((loss, checks))
+}
+
+/// Pairs of trainable 2-D float parameters where one holds exactly the
+/// other's values transposed (bit for bit, and not one value throughout):
+/// a tie that the TorchScript exporter's constant folding split, writing
+/// `Transpose(E)` (GPT-2's and BERT's LM heads, over their embeddings) as
+/// a second initializer. Compared from the first element on, so unequal
+/// pairs cost one comparison.
+fn transposed_copies(g: &graphopt_ir::Graph, params: &[String]) -> Vec<(String, String)> {
+    let mats: Vec<(&String, &Tensor)> = params
+        .iter()
+        .filter_map(|p| {
+            let t = g.initializer(g.value_by_name(p)?)?;
+            (t.dims.len() == 2 && t.dtype.is_float() && t.raw().is_some()).then_some((p, t))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (i, &(pa, a)) in mats.iter().enumerate() {
+        for &(pb, b) in &mats[i + 1..] {
+            if a.dtype == b.dtype
+                && a.dims[0] == b.dims[1]
+                && a.dims[1] == b.dims[0]
+                && transposed(a, b)
+            {
+                out.push((pa.clone(), pb.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Whether 2-D `b` is `a` transposed, bit for bit, with `a` not one value
+/// throughout (zeros and ones are equal to their transposes by chance).
+fn transposed(a: &Tensor, b: &Tensor) -> bool {
+    let (Some(ab), Some(bb)) = (a.raw(), b.raw()) else {
+        return false;
+    };
+    let (r, c) = (a.dims[0] as usize, a.dims[1] as usize);
+    let es = ab.len() / (r * c).max(1);
+    if es == 0 || ab.len() != bb.len() || ab.chunks(es).all(|x| x == &ab[..es]) {
+        return false;
+    }
+    (0..r).all(|i| (0..c).all(|j| ab[(i * c + j) * es..][..es] == bb[(j * r + i) * es..][..es]))
 }

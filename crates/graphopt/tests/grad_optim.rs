@@ -549,3 +549,40 @@ fn sgd_updates_of_matmul_weights_run_inside_their_gradient_gemm() {
     assert!(worst_tract <= FUSED_SGD_BOUND, "tract: {worst_tract:e}");
     assert!(worst_ours <= FUSED_SGD_BOUND, "runtime: {worst_ours:e}");
 }
+
+/// A parameter that is exactly another one transposed (a tied LM head the
+/// exporter's constant folding wrote twice) is named in a warning; a
+/// different matrix, and a pair of all-zero matrices, are not.
+#[test]
+fn a_parameter_that_is_another_transposed_is_named_as_a_split_tie() {
+    let text = |wt: &str| {
+        format!(
+            r#"<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3] x) => (float[2,3] y, float[2,2] z)
+  <float[3,4] w = {{1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0}},
+   float[4,3] wt = {{{wt}}},
+   float[2,2] z1 = {{0.0, 0.0, 0.0, 0.0}}, float[2,2] z2 = {{0.0, 0.0, 0.0, 0.0}}> {{
+  h = MatMul (x, w)
+  y = MatMul (h, wt)
+  a = MatMul (x, w)
+  s = Slice (a, st, en)
+  st = Constant <value = int64[1] {{0}}> ()
+  en = Constant <value = int64[1] {{2}}> ()
+  b = MatMul (s, z1)
+  z = MatMul (b, z2)
+}}"#
+        )
+    };
+    let warnings = |wt: &str| {
+        let mut s = Session::from_model(parse_model(&text(wt)).unwrap());
+        s.grad(&GradOptions::default()).unwrap().warnings
+    };
+    let tied = warnings("1.0, 5.0, 9.0, 2.0, 6.0, 10.0, 3.0, 7.0, 11.0, 4.0, 8.0, 12.0");
+    assert_eq!(tied.len(), 1, "{tied:?}");
+    assert!(
+        tied[0].starts_with("parameters 'w' and 'wt' hold the same values transposed"),
+        "{tied:?}"
+    );
+    let apart = warnings("1.0, 5.0, 9.0, 2.0, 6.0, 10.0, 3.0, 7.0, 11.0, 4.0, 8.0, 12.5");
+    assert!(apart.is_empty(), "{apart:?}");
+}
