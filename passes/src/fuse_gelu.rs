@@ -30,7 +30,7 @@
 //! ```
 
 use crate::pattern::{
-    const_tensor, is_op, only_use, replace_nodes, walk_typed, TypedGraph,
+    const_tensor, is_op, only_use, other_input, replace_nodes, walk_typed, TypedGraph,
 };
 use crate::{Pass, PassContext, PassError, PassStats};
 use graphopt_ir::{AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, ValueId};
@@ -252,22 +252,6 @@ fn mul_by(g: &Graph, t: &TypedGraph, n: NodeId, c: f64) -> Option<ValueId> {
         Some(i0)
     } else if is_coeff(g, t, i0, c, i1) {
         Some(i1)
-    } else {
-        None
-    }
-}
-
-/// The input of two-input node `n` that is not `v`.
-fn other_input(g: &Graph, n: NodeId, v: ValueId) -> Option<ValueId> {
-    let d = g.node(n);
-    if d.inputs().len() != 2 {
-        return None;
-    }
-    let (i0, i1) = (d.input(0)?, d.input(1)?);
-    if i0 == v {
-        Some(i1)
-    } else if i1 == v {
-        Some(i0)
     } else {
         None
     }

@@ -48,7 +48,7 @@
 //! ```
 
 use crate::pattern::{
-    const_ints, const_tensor, is_op, only_use, replace_nodes, walk_typed, TypedGraph,
+    const_ints, const_tensor, is_op, only_use, other_input, replace_nodes, walk_typed, TypedGraph,
 };
 use crate::{Pass, PassContext, PassError, PassStats};
 use graphopt_ir::{AttrValue, Attribute, DType, Graph, Model, NewNode, NodeId, Tensor, ValueId};
@@ -288,21 +288,6 @@ fn scalar_is(g: &Graph, v: ValueId, want: f64) -> bool {
     const_tensor(g, v)
         .and_then(|c| c.to_f64_vec())
         .is_some_and(|x| x.len() == 1 && x[0] == want)
-}
-
-fn other_input(g: &Graph, n: NodeId, v: ValueId) -> Option<ValueId> {
-    let d = g.node(n);
-    if d.inputs().len() != 2 {
-        return None;
-    }
-    let (i0, i1) = (d.input(0)?, d.input(1)?);
-    if i0 == v {
-        Some(i1)
-    } else if i1 == v {
-        Some(i0)
-    } else {
-        None
-    }
 }
 
 #[cfg(test)]

@@ -59,6 +59,23 @@ pub(crate) fn only_use(g: &Graph, v: ValueId) -> Option<NodeId> {
     }
 }
 
+/// The input of two-input node `n` that is not `v` (`v` itself when both
+/// are; None when neither is).
+pub(crate) fn other_input(g: &Graph, n: NodeId, v: ValueId) -> Option<ValueId> {
+    let d = g.node(n);
+    if d.inputs().len() != 2 {
+        return None;
+    }
+    let (i0, i1) = (d.input(0)?, d.input(1)?);
+    if i0 == v {
+        Some(i1)
+    } else if i1 == v {
+        Some(i0)
+    } else {
+        None
+    }
+}
+
 /// The node producing `v` if it is a default-domain `op`.
 pub(crate) fn producer_op(g: &Graph, v: ValueId, op: &str) -> Option<NodeId> {
     let (p, _) = g.producer(v)?;
