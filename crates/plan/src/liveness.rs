@@ -229,8 +229,7 @@ pub fn liveness_donating(
                             Some("the input is read after the output is written")
                         } else if reads_here
                             && !(k == 0
-                                && (rule == InPlace::Elementwise
-                                    || matches!(rule, InPlace::Over(j) if over_input(d, j) == Some(iv))))
+                                && (rule == InPlace::Elementwise || over_host(d) == Some(iv)))
                         {
                             Some("the output's producer reads the input and cannot write in place")
                         } else {
@@ -273,10 +272,10 @@ pub fn liveness_donating(
                     .flatten()
                     .filter_map(|i| slot[i.index()])
                     .find(|&it| dies_here(&tensors[it], &storages, tensors[ot].size, pos));
-            } else if let (0, InPlace::Over(j)) = (k, rule) {
-                // Input j only, and not when another slot reads it too
-                // (the kernel would read values it is overwriting).
-                host = over_input(d, j)
+            } else if k == 0 {
+                // The rule's input only, and not when another slot reads it
+                // too (the kernel would read values it is overwriting).
+                host = over_host(d)
                     .and_then(|i| slot[i.index()])
                     .filter(|&it| dies_here(&tensors[it], &storages, tensors[ot].size, pos));
             }
@@ -308,10 +307,17 @@ pub fn liveness_donating(
     })
 }
 
-/// Input `j` of `d`, when no other input slot (nor a subgraph capture)
-/// reads the same value: the host an [`InPlace::Over`] rule may write
-/// output 0 over.
-pub fn over_input(d: &graphopt_ir::NodeData, j: usize) -> Option<ValueId> {
+/// The input a default-domain node's [`InPlace::Over`] rule lets its
+/// output 0 overwrite: input `j` of `Over(j)`, when no other input slot
+/// (nor a subgraph capture) reads the same value. The planner, the
+/// executors' binding and `remat`'s simulator all ask this.
+pub fn over_host(d: &graphopt_ir::NodeData) -> Option<ValueId> {
+    if !is_default_domain(&d.domain) {
+        return None;
+    }
+    let InPlace::Over(j) = inplace_rule(&d.op_type) else {
+        return None;
+    };
     let v = d.input(j)?;
     let shared = d
         .inputs()

@@ -36,17 +36,9 @@
 use crate::remat::cost::node_flops;
 use graphopt_ir::{Graph, NodeId, ValueId};
 use graphopt_plan::inplace::{inplace_rule, InPlace};
-use graphopt_plan::liveness::{over_input, value_size};
+use graphopt_plan::liveness::{over_host, value_size};
 
 const INF: usize = usize::MAX;
-
-/// The input an [`InPlace::Over`] rule lets `d`'s output 0 overwrite.
-fn over_host(d: &graphopt_ir::NodeData) -> Option<ValueId> {
-    match inplace_rule(&d.op_type) {
-        InPlace::Over(j) => over_input(d, j),
-        _ => None,
-    }
-}
 
 const RANDOM: &[&str] = &[
     "RandomNormal",
@@ -182,7 +174,7 @@ impl Problem {
             nodes.push(SNode {
                 view: default && inplace_rule(&d.op_type) == InPlace::View && d.input(0).is_some(),
                 elementwise: default && inplace_rule(&d.op_type) == InPlace::Elementwise,
-                update: default && over_host(d).is_some(),
+                update: over_host(d).is_some(),
                 forward: cone.contains(&n) || last_fwd.is_some_and(|l| i < l),
                 ins,
                 outs,

@@ -450,7 +450,7 @@ pub(crate) fn bind<M: KernelMaker>(
                         .collect();
                 }
                 // Output 0 over input j only, read by no other slot.
-                InPlace::Over(j) if graphopt_plan::liveness::over_input(d, j) == Some(h) => {
+                InPlace::Over(j) if graphopt_plan::liveness::over_host(d) == Some(h) => {
                     in_place = vec![j];
                 }
                 _ => {
