@@ -517,20 +517,7 @@ impl Kernel for Gemm {
         let n = if self.trans_b { self.b[0] } else { self.b[1] };
         let sa = if self.trans_a { (1, m) } else { (k, 1) };
         let sb = if self.trans_b { (1, k) } else { (n, 1) };
-        // In place, `o` holds C already (same shape, as the plan requires):
-        // scaled as `gemm_bias` would write it, so both give the same bits.
-        let beta = if in_place {
-            if self.beta != 1.0 && self.beta != 0.0 {
-                o.iter_mut().for_each(|x| *x *= self.beta);
-            }
-            if self.beta == 0.0 {
-                0.0
-            } else {
-                1.0
-            }
-        } else {
-            gemm_bias(o, c, self.c.as_deref(), self.beta, m, n)
-        };
+        let beta = gemm_bias(o, c, self.c.as_deref(), self.beta, m, n);
         product(m, k, n, self.alpha, a, sa, b, sb, beta, o, n, threads);
         Ok(())
     }
@@ -538,6 +525,8 @@ impl Kernel for Gemm {
 
 /// Gemm's bias: `o = beta·C` broadcast to `[m, n]` (C of shape `cs`), and
 /// the beta the product then accumulates with (1, or 0 without a bias).
+/// `c` None with a shape `cs` is C already in `o` (the plan's in-place
+/// pair, C of `o`'s shape): scaled there, the same bits.
 pub(crate) fn gemm_bias(
     o: &mut [f32],
     c: Option<&[f32]>,
@@ -547,10 +536,17 @@ pub(crate) fn gemm_bias(
     n: usize,
 ) -> f32 {
     match (c, cs) {
-        (Some(c), Some(cs)) if beta != 0.0 => {
+        (_, Some(_)) if beta == 0.0 => 0.0,
+        (Some(c), Some(cs)) => {
             crate::cpu::elementwise::for_each_bcast(&[m, n], [cs], |i, [ic]| {
                 o[i] = beta * c[ic];
             });
+            1.0
+        }
+        (None, Some(_)) => {
+            if beta != 1.0 {
+                o.iter_mut().for_each(|x| *x *= beta);
+            }
             1.0
         }
         _ => 0.0,

@@ -732,9 +732,10 @@ mod tests {
             "{:?}",
             gemm_over_c.plan.aliases
         );
-        // Measured (2026-11-30): 0, 1.0e-7, 3.3e-8, 1.4e-7, 0, 1.5e-8, and 0
-        // (the Gemm over its C, added 2026-12-04: 7.8e-8) for fp16 and bf16 (the same fp32 arithmetic rounded once; their
-        // bounds are one rounding step).
+        // Measured, in case order: 0, 1.0e-7, 3.3e-8, 7.8e-8 (the Gemm over
+        // its C, 2026-12-04), 1.4e-7, 0, 1.5e-8, and 0 for fp16 and bf16
+        // (2026-11-30; fp16 and bf16 are the same fp32 arithmetic rounded
+        // once, their bounds one rounding step).
         let errs = check_all(&cases);
         eprintln!("fixture max relative errors against the CPU backend: {errs:?}");
     }

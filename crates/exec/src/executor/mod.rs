@@ -288,12 +288,13 @@ impl Executable {
     pub fn donated_bytes(&self) -> u64 {
         self.donated
             .iter()
-            .map(|&(i, _)| {
-                let t = &self.inputs[i].2;
-                (crate::tensor::numel(&t.shape) * crate::tensor::elem_size(t.dtype).unwrap_or(1))
-                    as u64
-            })
+            .map(|&(i, _)| self.input_bytes(i) as u64)
             .sum()
+    }
+    /// Bytes of runtime input `k` (the plan's inputs, in order).
+    fn input_bytes(&self, k: usize) -> usize {
+        let t = &self.inputs[k].2;
+        crate::tensor::numel(&t.shape) * crate::tensor::elem_size(t.dtype).unwrap_or(1)
     }
     /// Runtime input `name`'s place in the plan's inputs.
     fn input_index(&self, name: &str) -> Option<usize> {
@@ -324,12 +325,7 @@ impl Executable {
     pub fn release_scratch(&mut self) {
         let mut keep: Vec<(usize, usize)> = (0..self.inputs.len())
             .filter(|&k| self.primed[k])
-            .map(|k| {
-                let (_, off, ti) = &self.inputs[k];
-                let n = crate::tensor::numel(&ti.shape)
-                    * crate::tensor::elem_size(ti.dtype).unwrap_or(1);
-                (*off, off + n)
-            })
+            .map(|k| (self.inputs[k].1, self.inputs[k].1 + self.input_bytes(k)))
             .collect();
         keep.sort_unstable();
         let mut at = 0;
@@ -366,7 +362,7 @@ impl Executable {
             return None;
         }
         let (_, off, ti) = &self.inputs[k];
-        let n = crate::tensor::numel(&ti.shape) * crate::tensor::elem_size(ti.dtype).unwrap_or(1);
+        let n = self.input_bytes(k);
         Some(HostTensor {
             dtype: ti.dtype,
             shape: ti.shape.clone(),
