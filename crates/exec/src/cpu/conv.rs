@@ -38,6 +38,21 @@ pub struct Window {
     pub pw: usize,
 }
 
+impl Window {
+    /// A 1x1 window of stride 1 without padding: a convolution over it is
+    /// a plain GEMM (no unfolding).
+    pub(crate) fn plain_1x1(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.sh == 1
+            && self.sw == 1
+            && self.ph == 0
+            && self.pw == 0
+            && self.oh == self.h
+            && self.ow == self.w
+    }
+}
+
 /// Reads kernel size, strides, dilations and pads of a Conv or pooling
 /// node with input `[N, C, (H,) W]` and output `[N, M, (OH,) OW]`.
 pub fn window(ctx: &NodeCtx, kernel: &[usize]) -> Result<Window, String> {
@@ -505,7 +520,7 @@ impl Conv {
         yg: &mut [f32],
         threads: usize,
     ) {
-        let (mg, k, ohw) = (self.m / self.group, self.k(), self.g.oh * self.g.ow);
+        let (mg, ohw) = (self.m / self.group, self.g.oh * self.g.ow);
         let tiles = ohw.div_ceil(cols);
         let t = par::parts(tiles, threads, 1);
         let yp = SendPtr(yg.as_mut_ptr());
@@ -521,28 +536,48 @@ impl Conv {
                     row.fill(bias.map_or(0.0, |b| b[r]));
                 }
                 // SAFETY: as above.
-                unsafe {
-                    sgemm_into_with(
-                        false,
-                        mg,
-                        k,
-                        pt,
-                        1.0,
-                        wg,
-                        (k, 1),
-                        &xg[p0..],
-                        (ohw, 1),
-                        1.0,
-                        yp.get().add(p0),
-                        ohw,
-                    )
-                };
-                if let Some(act) = self.act {
-                    // SAFETY: as above.
-                    unsafe { act_cols(act, yp, mg, ohw, p0, pt) };
-                }
+                unsafe { self.tile_product(wg, &xg[p0..], (ohw, 1), yp, p0, pt) };
             }
         });
+    }
+
+    /// One tile of output columns `p0..p0 + pt` (the group's `mg` rows of
+    /// `y`, row stride `OH·OW`): `y += Wg · B` for `B` the tile's `k × pt`
+    /// operand at strides `sb`, then the fused activation while the tile
+    /// is in cache. The 1x1 output tiles and the im2col tiles share it.
+    ///
+    /// # Safety
+    /// Those columns of `y` are the caller's alone during the call.
+    unsafe fn tile_product(
+        &self,
+        wg: &[f32],
+        b: &[f32],
+        sb: (usize, usize),
+        y: SendPtr,
+        p0: usize,
+        pt: usize,
+    ) {
+        let (mg, k, ohw) = (self.m / self.group, self.k(), self.g.oh * self.g.ow);
+        // SAFETY: the caller's promise.
+        unsafe {
+            sgemm_into_with(
+                self.own,
+                mg,
+                k,
+                pt,
+                1.0,
+                wg,
+                (k, 1),
+                b,
+                sb,
+                1.0,
+                y.get().add(p0),
+                ohw,
+            );
+            if let Some(act) = self.act {
+                act_cols(act, y, mg, ohw, p0, pt);
+            }
+        }
     }
 
     /// One output channel per input channel: the direct kernel.
@@ -768,27 +803,7 @@ impl Kernel for Conv {
                             im2col_cols(g, xi, gi * cg, cg, p0, pt, col);
                             // SAFETY: columns p0..p0+pt of the mg rows of
                             // `yg` (row stride ohw) are this part's alone.
-                            unsafe {
-                                sgemm_into_with(
-                                    self.own,
-                                    mg,
-                                    k,
-                                    pt,
-                                    1.0,
-                                    wg,
-                                    (k, 1),
-                                    col,
-                                    (pt, 1),
-                                    1.0,
-                                    yp.get().add(p0),
-                                    ohw,
-                                )
-                            };
-                            if let Some(act) = self.act {
-                                // SAFETY: columns p0..p0+pt of the mg
-                                // rows, this part's (as above).
-                                unsafe { act_cols(act, yp, mg, ohw, p0, pt) };
-                            }
+                            unsafe { self.tile_product(wg, col, (pt, 1), yp, p0, pt) };
                         }
                     });
                 } else {
@@ -827,20 +842,29 @@ impl Kernel for Conv {
 
 pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let w = ctx.input(1)?;
-    let (g, m, group, direct) = conv_layout(ctx, &w.shape)?;
-    let k = g.c / group * g.kh * g.kw;
-    let ohw = g.oh * g.ow;
-    let slots = tile_slots(ohw.div_ceil(tile_cols(k, ohw)));
-    Ok(Box::new(Conv {
-        g,
-        m,
-        group,
-        bias: ctx.inputs.get(2).is_some_and(|b| b.is_some()),
-        direct,
-        slots,
-        own: own_for_cols(ohw),
-        act: None,
-    }))
+    let (g, m, group, _) = conv_layout(ctx, &w.shape)?;
+    let bias = ctx.inputs.get(2).is_some_and(|b| b.is_some());
+    Ok(Box::new(Conv::new(g, m, group, bias)))
+}
+
+impl Conv {
+    /// The kernel for window `g` with `m` output channels in `group`
+    /// groups: the 1x1 direct path, the tile slots and the product kernel
+    /// follow from the geometry.
+    fn new(g: Window, m: usize, group: usize, bias: bool) -> Conv {
+        let k = g.c / group * g.kh * g.kw;
+        let ohw = g.oh * g.ow;
+        Conv {
+            slots: tile_slots(ohw.div_ceil(tile_cols(k, ohw))),
+            own: own_for_cols(ohw),
+            direct: g.plain_1x1(),
+            g,
+            m,
+            group,
+            bias,
+            act: None,
+        }
+    }
 }
 
 /// A Conv's window for a weight of shape `w` (`[M, C/group, k...]`), `M`,
@@ -863,14 +887,7 @@ pub(crate) fn conv_layout(
     if group == 0 || !g.c.is_multiple_of(group) || !m.is_multiple_of(group) || w[1] * group != g.c {
         return Err(format!("bad group {group} for {} channels", g.c));
     }
-    let direct = g.kh == 1
-        && g.kw == 1
-        && g.sh == 1
-        && g.sw == 1
-        && g.ph == 0
-        && g.pw == 0
-        && g.oh == g.h
-        && g.ow == g.w;
+    let direct = g.plain_1x1();
     Ok((g, m, group, direct))
 }
 
@@ -1103,21 +1120,9 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
             ph: dh * (kh - 1) - ph,
             pw: dw * (kw - 1) - pw,
         };
-        let ohw = oh * ow;
-        let k = c / group * kh * kw;
-        let direct = kh == 1 && kw == 1 && g.ph == 0 && g.pw == 0 && oh == h && ow == wd;
         return Ok(Box::new(Flipped {
             wshape: [vec![m, c / group], w.shape[2..].to_vec()].concat(),
-            conv: Conv {
-                slots: tile_slots(ohw.div_ceil(tile_cols(k, ohw))),
-                own: own_for_cols(ohw),
-                g,
-                m,
-                group,
-                bias,
-                direct,
-                act: None,
-            },
+            conv: Conv::new(g, m, group, bias),
         }));
     }
     Ok(Box::new(Transposed {
