@@ -55,16 +55,32 @@ fn same_bits_at_every_thread_count(text: &str, inputs: &[HostTensor]) -> Vec<Vec
 #[allow(clippy::too_many_arguments)]
 fn conv_ref(
     x: &[f32],
+    xs: (usize, usize, usize, usize),
+    wt: &[f32],
+    ws: (usize, usize, usize),
+    b: &[f32],
+    group: usize,
+    stride: usize,
+    pad: usize,
+) -> Vec<f32> {
+    conv_ref_dilated(x, xs, wt, ws, b, group, stride, 1, pad)
+}
+
+/// [`conv_ref`] with dilation `dil`.
+#[allow(clippy::too_many_arguments)]
+fn conv_ref_dilated(
+    x: &[f32],
     (n, c, h, w): (usize, usize, usize, usize),
     wt: &[f32],
     (m, kh, kw): (usize, usize, usize),
     b: &[f32],
     group: usize,
     stride: usize,
+    dil: usize,
     pad: usize,
 ) -> Vec<f32> {
-    let oh = (h + 2 * pad - kh) / stride + 1;
-    let ow = (w + 2 * pad - kw) / stride + 1;
+    let oh = (h + 2 * pad - dil * (kh - 1) - 1) / stride + 1;
+    let ow = (w + 2 * pad - dil * (kw - 1) - 1) / stride + 1;
     let (cg, mg) = (c / group, m / group);
     let mut y = vec![0f32; n * m * oh * ow];
     for ni in 0..n {
@@ -76,8 +92,8 @@ fn conv_ref(
                     for ci in 0..cg {
                         for ki in 0..kh {
                             for kj in 0..kw {
-                                let iy = (oy * stride + ki) as isize - pad as isize;
-                                let ix = (ox * stride + kj) as isize - pad as isize;
+                                let iy = (oy * stride + ki * dil) as isize - pad as isize;
+                                let ix = (ox * stride + kj * dil) as isize - pad as isize;
                                 if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
                                     continue;
                                 }
@@ -403,6 +419,74 @@ fn folded_convolutions_of_small_outputs_in_a_batch() {
         ),
         "folded 6x20",
     );
+}
+
+#[test]
+fn wide_kernels_over_small_outputs_unfold_by_output_column() {
+    // Kernels wider than the output (weight gradients: Conv(Xᵀ, dYᵀ)) on
+    // the folded path unfold by output column: one dilated as resnet's
+    // first conv's gradient (a 10x10 output of a 14x14 kernel, K = 1,568
+    // unfolded rows in 3 tiles), a strided one padded by 1, and two
+    // groups.
+    let x1 = t(&[5, 8, 30, 30], 51);
+    let w1 = t(&[64, 8, 14, 14], 52);
+    let x2 = t(&[4, 8, 30, 30], 53);
+    let w2 = t(&[64, 8, 12, 12], 54);
+    let x3 = t(&[3, 16, 20, 20], 55);
+    let w3 = t(&[128, 8, 18, 18], 56);
+    let outs = same_bits_at_every_thread_count(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[5,8,30,30] x1, float[64,8,14,14] w1, float[4,8,30,30] x2,
+           float[64,8,12,12] w2, float[3,16,20,20] x3, float[128,8,18,18] w3)
+          => (float[5,64,10,10] a, float[4,64,11,11] b, float[3,128,3,3] c) {
+          a = Conv <dilations = [2,2], pads = [3,3,3,3]> (x1, w1)
+          b = Conv <strides = [2,2], pads = [1,1,1,1]> (x2, w2)
+          c = Conv <group = 2> (x3, w3)
+        }"#,
+        &[
+            x1.clone(),
+            w1.clone(),
+            x2.clone(),
+            w2.clone(),
+            x3.clone(),
+            w3.clone(),
+        ],
+    );
+    let f = |t: &HostTensor| t.to_f32().unwrap();
+    let want = conv_ref_dilated(
+        &f(&x1),
+        (5, 8, 30, 30),
+        &f(&w1),
+        (64, 14, 14),
+        &[0.0; 64],
+        1,
+        1,
+        2,
+        3,
+    );
+    close(&outs[0], &want, "dilated");
+    let want = conv_ref(
+        &f(&x2),
+        (4, 8, 30, 30),
+        &f(&w2),
+        (64, 12, 12),
+        &[0.0; 64],
+        1,
+        2,
+        1,
+    );
+    close(&outs[1], &want, "strided");
+    let want = conv_ref(
+        &f(&x3),
+        (3, 16, 20, 20),
+        &f(&w3),
+        (128, 18, 18),
+        &[0.0; 128],
+        2,
+        1,
+        0,
+    );
+    close(&outs[2], &want, "grouped");
 }
 
 #[test]

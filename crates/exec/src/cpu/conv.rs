@@ -234,6 +234,77 @@ fn im2col_rows_fold(
     }
 }
 
+/// The transpose of [`im2col_rows_fold`]'s tile: for each output column
+/// (image `j` of `n0..n0 + ni`, output pixel `p`) in turn, its unfolded
+/// rows `r0..r0 + rows` side by side, at `j·OH·OW + p` times `rows` in
+/// `col`. A row's taps of one kernel row are one run along the input row,
+/// so a wide kernel over a small output (a weight gradient's `dYᵀ` over a
+/// 3x3 output) copies runs of the kernel's width from one image, where
+/// [`im2col_rows_fold`] copies runs of the output's width from every image
+/// in turn.
+fn im2row_fold(
+    g: &Window,
+    x: &[f32],
+    (n0, ni): (usize, usize),
+    c0: usize,
+    (r0, rows): (usize, usize),
+    first: usize,
+    col: &mut [f32],
+) {
+    let (ohw, hw) = (g.oh * g.ow, g.h * g.w);
+    for (q, dst) in col.chunks_mut(rows).enumerate() {
+        let q = first + q;
+        let (j, p) = (q / ohw, q % ohw);
+        debug_assert!(j < ni);
+        let (oy, ox) = (p / g.ow, p % g.ow);
+        let img = &x[(n0 + j) * g.c * hw..][..g.c * hw];
+        // Taps kj in lo..hi read inside the row: ox·sw + kj·dw - pw in 0..w.
+        let base = (ox * g.sw) as isize - g.pw as isize;
+        let lo = if base >= 0 { 0 } else { (-base) as usize }
+            .div_ceil(g.dw)
+            .min(g.kw);
+        let hi = if base >= g.w as isize {
+            0
+        } else {
+            ((g.w as isize - 1 - base) as usize / g.dw + 1).min(g.kw)
+        }
+        .max(lo);
+        let (mut c, mut ki, mut kj) = (r0 / (g.kh * g.kw), (r0 / g.kw) % g.kh, r0 % g.kw);
+        let mut at = 0;
+        while at < rows {
+            let run = (g.kw - kj).min(rows - at);
+            let d = &mut dst[at..at + run];
+            let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+            if iy < 0 || iy as usize >= g.h {
+                d.fill(0.0);
+            } else {
+                let src = &img[(c0 + c) * hw + iy as usize * g.w..][..g.w];
+                let (a, b) = (lo.clamp(kj, kj + run) - kj, hi.clamp(kj, kj + run) - kj);
+                d[..a].fill(0.0);
+                d[b.max(a)..].fill(0.0);
+                if a < b {
+                    let from = (base + ((kj + a) * g.dw) as isize) as usize;
+                    let d = &mut d[a..b];
+                    if g.dw == 1 {
+                        d.copy_from_slice(&src[from..from + d.len()]);
+                    } else {
+                        for (i, v) in d.iter_mut().enumerate() {
+                            *v = src[from + i * g.dw];
+                        }
+                    }
+                }
+            }
+            at += run;
+            kj = 0;
+            ki += 1;
+            if ki == g.kh {
+                ki = 0;
+                c += 1;
+            }
+        }
+    }
+}
+
 /// The output columns `lo..hi` whose input column `ox·sw + kj·dw - pw`
 /// lies inside the image (the others read padding).
 pub(crate) fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
@@ -257,26 +328,40 @@ pub(crate) fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
 /// ([`phase_rows`]), so that every tap reads a contiguous run: the same
 /// elements, so the same bits as a strided read.
 fn depthwise_plane(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
-    if g.sw > 1 {
-        PHASED.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            buf.resize(g.h * g.w, 0.0);
-            depthwise_dispatch(g, x, Some(&mut buf), w, bias, out);
-        });
-    } else {
-        depthwise_dispatch(g, x, None, w, bias, out);
-    }
+    phased_plane(g, x, |x| {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            unsafe { depthwise_plane_avx2(g, x, w, bias, out) };
+            return;
+        }
+        depthwise_body(g, x, w, bias, out);
+    });
 }
 
 thread_local! {
-    /// One plane of a strided depthwise convolution, phased ([`phase_rows`]).
+    /// One plane of a strided window op, phased ([`phase_rows`]).
     static PHASED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` on plane `x` ([H, W]) as it is (stride 1), or phased into this
+/// thread's buffer ([`phase_rows`]): then each window tap of a row reads a
+/// contiguous run, at the start [`tap_runs`] gives.
+pub(crate) fn phased_plane<R>(g: &Window, x: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
+    if g.sw == 1 {
+        return f(x);
+    }
+    PHASED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.resize(g.h * g.w, 0.0);
+        phase_rows(g, x, &mut buf);
+        f(&buf)
+    })
 }
 
 /// `x`'s rows with their columns `p, p + sw, ...` for each phase `p` in
 /// turn (phase `p` holds `ceil((w - p) / sw)` columns), into `buf`
-/// (`h · w` long). Indexed, to compile inside the caller's features.
-#[inline(always)]
+/// (`h · w` long).
 fn phase_rows(g: &Window, x: &[f32], buf: &mut [f32]) {
     for r in 0..g.h {
         let (dst, src) = (&mut buf[r * g.w..][..g.w], &x[r * g.w..][..g.w]);
@@ -301,53 +386,31 @@ fn phase_rows(g: &Window, x: &[f32], buf: &mut [f32]) {
     }
 }
 
-/// [`depthwise_body`] on `x`, phased into `phased` first when given.
-fn depthwise_dispatch(
-    g: &Window,
-    x: &[f32],
-    phased: Option<&mut [f32]>,
-    w: &[f32],
-    bias: f32,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { depthwise_plane_avx2(g, x, phased, w, bias, out) };
-        return;
+/// Per column tap `kj`: the output columns `lo..hi` it reaches inside the
+/// image ([`valid_cols`]), and where their inputs start in a row phased
+/// by [`phased_plane`] (in the row itself at stride 1), into `runs`
+/// (`kw` long).
+#[inline(always)]
+pub(crate) fn tap_runs(g: &Window, runs: &mut [(usize, usize, usize)]) {
+    for (kj, c) in runs.iter_mut().enumerate() {
+        let (lo, hi) = valid_cols(g, kj);
+        let first = if lo < hi {
+            lo * g.sw + kj * g.dw - g.pw
+        } else {
+            0
+        };
+        // Phase `first % sw` starts after the columns of the phases
+        // before it (`ceil((w - q) / sw)` each).
+        let (p, base) = (first % g.sw, first / g.sw);
+        let start = (0..p).map(|q| (g.w - q).div_ceil(g.sw)).sum::<usize>() + base;
+        *c = (lo, hi, start);
     }
-    depthwise_phased(g, x, phased, w, bias, out);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn depthwise_plane_avx2(
-    g: &Window,
-    x: &[f32],
-    phased: Option<&mut [f32]>,
-    w: &[f32],
-    bias: f32,
-    out: &mut [f32],
-) {
-    depthwise_phased(g, x, phased, w, bias, out);
-}
-
-#[inline(always)]
-fn depthwise_phased(
-    g: &Window,
-    x: &[f32],
-    phased: Option<&mut [f32]>,
-    w: &[f32],
-    bias: f32,
-    out: &mut [f32],
-) {
-    match phased {
-        Some(buf) => {
-            phase_rows(g, x, buf);
-            depthwise_body(g, buf, w, bias, out);
-        }
-        None => depthwise_body(g, x, w, bias, out),
-    }
+unsafe fn depthwise_plane_avx2(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
+    depthwise_body(g, x, w, bias, out);
 }
 
 /// [`depthwise_plane`]'s loops on `x` as it is (stride 1) or phased:
@@ -366,19 +429,7 @@ fn depthwise_body(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) 
         heap.resize(g.kw, (0, 0, 0));
         &mut heap
     };
-    for (kj, c) in cols.iter_mut().enumerate() {
-        let (lo, hi) = valid_cols(g, kj);
-        let first = if lo < hi {
-            lo * g.sw + kj * g.dw - g.pw
-        } else {
-            0
-        };
-        // Phase `first % sw` starts after the columns of the phases
-        // before it (`ceil((w - q) / sw)` each).
-        let (p, base) = (first % g.sw, first / g.sw);
-        let start = (0..p).map(|q| (g.w - q).div_ceil(g.sw)).sum::<usize>() + base;
-        *c = (lo, hi, start);
-    }
+    tap_runs(g, cols);
     // Output row by output row (it stays in L1 across the taps), each
     // element adding its taps in (ki, kj) order.
     for oy in 0..g.oh {
@@ -432,6 +483,8 @@ fn fold_layout(m: usize, k: usize, ohw: usize, n: usize) -> (usize, usize) {
         .div_ceil(ohw)
         .min(FOLD_OUT_BYTES / 4 / (m * ohw).max(1))
         .clamp(1, n.max(1));
+    // Even runs: 64 images at 57 a run would leave a last run of 7.
+    let imgs = n.max(1).div_ceil(n.max(1).div_ceil(imgs));
     let rows = (TILE_BYTES / 4 / (imgs * ohw)).clamp(1, k.max(1));
     (imgs, rows)
 }
@@ -595,12 +648,78 @@ impl Conv {
             && (1..=FOLD_MAX_COLS).contains(&(self.g.oh * self.g.ow))
             && self.m / self.group * self.k() >= FOLD_MIN_WEIGHTS
     }
+    /// The folded path unfolds by output column ([`im2row_fold`]) when
+    /// the kernel is wider than the output, so that its runs are the
+    /// longer ones.
+    fn by_rows(&self) -> bool {
+        self.g.kw > self.g.ow
+    }
     /// Workspace floats of the folded path: the output block, then the
     /// tile of unfolded rows.
     fn fold_floats(&self) -> (usize, usize) {
         let (ohw, mg) = (self.g.oh * self.g.ow, self.m / self.group);
         let (imgs, rows) = fold_layout(mg, self.k(), ohw, self.g.n);
         (mg * imgs * ohw, rows * imgs * ohw)
+    }
+
+    /// The folded path's product for group `gi` and images `n0..n0 + ni`
+    /// unfolded by rows ([`im2row_fold`]): `Tᵀ[ni·ohw × mg] = Σ tile ·
+    /// Wgᵀ` over tiles of `rows` unfolded rows, the tile read in place.
+    /// Each thread owns a range of `Tᵀ`'s rows and the same rows of every
+    /// tile, and unfolds and multiplies them in turn, with no barrier
+    /// between tiles; each element's sum is the same for any split (its
+    /// `k` in tiles of `rows`, each in blocks of the GEMM's depth).
+    #[allow(clippy::too_many_arguments)]
+    fn fold_by_rows(
+        &self,
+        x: &[f32],
+        wg: &[f32],
+        (gi, n0, ni): (usize, usize, usize),
+        rows: usize,
+        tile: &mut [f32],
+        tt: &mut [f32],
+        threads: usize,
+    ) {
+        let g = &self.g;
+        let (cg, mg, k) = (g.c / self.group, self.m / self.group, self.k());
+        let cols = ni * g.oh * g.ow;
+        let t = par::parts(
+            cols,
+            threads,
+            par::MIN_ELEMS.div_ceil(rows.min(k) * mg).max(1),
+        );
+        let (tp, tq) = (SendPtr(tile.as_mut_ptr()), SendPtr(tt.as_mut_ptr()));
+        par::for_parts(threads, t, |p| {
+            let q = par::range(cols, t, p);
+            for r0 in (0..k).step_by(rows) {
+                let rt = rows.min(k - r0);
+                // SAFETY: part p alone owns rows q of every tile (at the
+                // tile's row stride rt, within `tile`'s rows·cols) and
+                // rows q of Tᵀ; both buffers outlive the parts.
+                let part = unsafe {
+                    std::slice::from_raw_parts_mut(tp.get().add(q.start * rt), q.len() * rt)
+                };
+                im2row_fold(g, x, (n0, ni), gi * cg, (r0, rt), q.start, part);
+                let beta = if r0 == 0 { 0.0 } else { 1.0 };
+                // SAFETY: as above.
+                unsafe {
+                    sgemm_into_with(
+                        true,
+                        q.len(),
+                        rt,
+                        mg,
+                        1.0,
+                        part,
+                        (rt, 1),
+                        &wg[r0..],
+                        (1, k),
+                        beta,
+                        tq.get().add(q.start * mg),
+                        mg,
+                    )
+                };
+            }
+        });
     }
 
     /// The folded path: per group and run of `imgs` images, `T[mg ×
@@ -628,31 +747,41 @@ impl Conv {
             for n0 in (0..g.n).step_by(imgs) {
                 let ni = imgs.min(g.n - n0);
                 let cols = ni * ohw;
-                for r0 in (0..k).step_by(rows) {
-                    let rt = rows.min(k - r0);
-                    let tile = &mut col[..rt * cols];
-                    let min_rows = par::MIN_ELEMS.div_ceil(cols.max(1));
-                    par::for_chunks_mut(threads, tile, cols.max(1), min_rows, |first, part| {
-                        let nrows = part.len() / cols.max(1);
-                        im2col_rows_fold(g, x, (n0, ni), gi * cg, r0 + first, nrows, part, cols);
-                    });
-                    let beta = if r0 == 0 { 0.0 } else { 1.0 };
-                    sgemm(
-                        mg,
-                        rt,
-                        cols,
-                        1.0,
-                        &wg[r0..],
-                        (k, 1),
-                        tile,
-                        (cols, 1),
-                        beta,
-                        &mut t[..mg * cols],
-                        cols,
-                        threads,
-                    );
+                let by_rows = self.by_rows();
+                let tt = &mut t[..mg * cols];
+                if by_rows {
+                    let tile = &mut col[..rows.min(k) * cols];
+                    self.fold_by_rows(x, wg, (gi, n0, ni), rows, tile, tt, threads);
+                } else {
+                    for r0 in (0..k).step_by(rows) {
+                        let rt = rows.min(k - r0);
+                        let tile = &mut col[..rt * cols];
+                        let min_rows = par::MIN_ELEMS.div_ceil(cols.max(1));
+                        par::for_chunks_mut(threads, tile, cols.max(1), min_rows, |first, part| {
+                            let nrows = part.len() / cols.max(1);
+                            let (c0, r) = (gi * cg, r0 + first);
+                            im2col_rows_fold(g, x, (n0, ni), c0, r, nrows, part, cols);
+                        });
+                        let beta = if r0 == 0 { 0.0 } else { 1.0 };
+                        let (wr, sw) = (&wg[r0..], (k, 1));
+                        sgemm(
+                            mg,
+                            rt,
+                            cols,
+                            1.0,
+                            wr,
+                            sw,
+                            tile,
+                            (cols, 1),
+                            beta,
+                            tt,
+                            cols,
+                            threads,
+                        );
+                    }
                 }
-                // T's row m holds channel m of each image, ohw apiece.
+                // T's row m holds channel m of each image, ohw apiece
+                // (transposed when unfolded by rows).
                 let out = &mut y[n0 * self.m * ohw..][..ni * self.m * ohw];
                 let t = &t[..mg * cols];
                 par::for_chunks_mut(threads, out, self.m * ohw, 1, |first, part| {
@@ -661,8 +790,14 @@ impl Conv {
                         for m in 0..mg {
                             let bias = b.map_or(0.0, |b| b[gi * mg + m]);
                             let dst = &mut img[(gi * mg + m) * ohw..][..ohw];
-                            for (d, &v) in dst.iter_mut().zip(&t[m * cols + jj * ohw..][..ohw]) {
-                                *d = v + bias;
+                            for (p, d) in dst.iter_mut().enumerate() {
+                                let q = jj * ohw + p;
+                                *d = bias
+                                    + if by_rows {
+                                        t[q * mg + m]
+                                    } else {
+                                        t[m * cols + q]
+                                    };
                             }
                             if let Some(act) = self.act {
                                 act.apply_all(dst);
