@@ -2,7 +2,7 @@
 //! pads, strides, dilations, count_include_pad) and GlobalAveragePool / GlobalMaxPool.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::conv::{valid_cols, window, Window};
+use crate::cpu::conv::{phased_plane, tap_runs, window, Window};
 use crate::cpu::par;
 use graphopt_ir::DType;
 
@@ -130,8 +130,9 @@ impl Pool {
 impl Pool {
     /// MaxPool of one plane (number `p` of `N·C`): per output row, one
     /// pass per window tap over the outputs whose tap falls inside the
-    /// image (no bounds test per element, no branch per element), with
-    /// the flat index of each new maximum when `idx` asks. Taps go in the
+    /// image (no bounds test per element, no branch per element), each
+    /// tap a contiguous run of a row ([`phased_plane`] for strides), with
+    /// the winning tap of each output when `idx` asks. Taps go in the
     /// order of [`Self::plane`] and only a strictly greater value wins, so
     /// the first maximum's index is kept, as there. A window with no
     /// element inside the image gives -inf (index `p·H·W`), as there.
@@ -142,70 +143,109 @@ impl Pool {
         &self,
         plane: &[f32],
         out: &mut [f32],
-        mut idx: Option<&mut [i64]>,
+        idx: Option<&mut [i64]>,
         p: usize,
         col_major: bool,
     ) -> bool {
         let g = &self.g;
-        let base = (p * g.h * g.w) as i64;
-        let mut odd = false;
-        // With indices: the winning tap (ki·kw + kj + 1; 0 for none) of
-        // each output of the row, turned into flat indices once the row is
-        // done (a narrow select per tap instead of an index computed and
-        // stored per tap).
-        let mut won: Vec<u32> = vec![0; if idx.is_some() { g.ow } else { 0 }];
-        for (oy, row) in out.chunks_mut(g.ow.max(1)).enumerate().take(g.oh) {
-            row.fill(f32::NEG_INFINITY);
-            won.fill(0);
-            for ki in 0..g.kh {
-                let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
-                if iy < 0 || iy as usize >= g.h {
+        let mut runs = vec![(0, 0, 0); g.kw];
+        tap_runs(g, &mut runs);
+        phased_plane(g, plane, |src| {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above).
+                return unsafe { max_rows_avx2(g, src, &runs, out, idx, p, col_major) };
+            }
+            max_rows(g, src, &runs, out, idx, p, col_major)
+        })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_rows_avx2(
+    g: &Window,
+    src: &[f32],
+    runs: &[(usize, usize, usize)],
+    out: &mut [f32],
+    idx: Option<&mut [i64]>,
+    p: usize,
+    col_major: bool,
+) -> bool {
+    max_rows(g, src, runs, out, idx, p, col_major)
+}
+
+/// [`Pool::max_plane`]'s loops over the (phased) plane `src`, indexed so
+/// that they compile inside the caller's target features.
+#[inline(always)]
+fn max_rows(
+    g: &Window,
+    src: &[f32],
+    runs: &[(usize, usize, usize)],
+    out: &mut [f32],
+    mut idx: Option<&mut [i64]>,
+    p: usize,
+    col_major: bool,
+) -> bool {
+    let base = (p * g.h * g.w) as i64;
+    let mut odd = false;
+    // With indices: the winning tap (ki·kw + kj + 1; 0 for none) of each
+    // output of the row, turned into flat indices once the row is done
+    // (a narrow select per tap instead of an index computed and stored
+    // per tap). Tap t's element of output (oy, ox) lies at `origin(oy,
+    // ox) + off[t]` (row- or column-major), so no division turns it back.
+    let mut won: Vec<u32> = vec![0; if idx.is_some() { g.ow } else { 0 }];
+    let (rs, cs) = if col_major { (1, g.h) } else { (g.w, 1) };
+    let off: Vec<i64> = (0..g.kh * g.kw)
+        .map(|t| ((t / g.kw * g.dh) * rs + (t % g.kw * g.dw) * cs) as i64)
+        .collect();
+    for (oy, row) in out.chunks_mut(g.ow.max(1)).enumerate().take(g.oh) {
+        row.fill(f32::NEG_INFINITY);
+        won.fill(0);
+        for ki in 0..g.kh {
+            let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+            if iy < 0 || iy as usize >= g.h {
+                continue;
+            }
+            let line = &src[iy as usize * g.w..][..g.w];
+            for (kj, &(lo, hi, start)) in runs.iter().enumerate() {
+                if lo >= hi {
                     continue;
                 }
-                let src = &plane[iy as usize * g.w..][..g.w];
-                for kj in 0..g.kw {
-                    let (lo, hi) = valid_cols(g, kj);
-                    if lo >= hi {
-                        continue;
+                let n = hi - lo;
+                let (dst, taps) = (&mut row[lo..hi], &line[start..start + n]);
+                if idx.is_none() {
+                    for i in 0..n {
+                        let v = taps[i];
+                        odd |= v.is_nan();
+                        dst[i] = if v > dst[i] { v } else { dst[i] };
                     }
-                    let first = lo * g.sw + kj * g.dw - g.pw;
-                    let taps = src[first..].iter().step_by(g.sw);
-                    if idx.is_none() {
-                        for (o, &v) in row[lo..hi].iter_mut().zip(taps) {
-                            odd |= v.is_nan();
-                            *o = if v > *o { v } else { *o };
-                        }
-                        continue;
-                    }
-                    let tap = (ki * g.kw + kj + 1) as u32;
-                    for ((o, t), &v) in row[lo..hi].iter_mut().zip(&mut won[lo..hi]).zip(taps) {
-                        odd |= v.is_nan() || v == f32::NEG_INFINITY;
-                        let better = v > *o;
-                        *o = if better { v } else { *o };
-                        *t = if better { tap } else { *t };
-                    }
+                    continue;
                 }
-            }
-            if let Some(ix) = idx.as_deref_mut() {
-                for (ox, (i, &t)) in ix[oy * g.ow..][..g.ow].iter_mut().zip(&won).enumerate() {
-                    *i = match t {
-                        0 => base,
-                        t => {
-                            let (ki, kj) = ((t as usize - 1) / g.kw, (t as usize - 1) % g.kw);
-                            let iy = oy * g.sh + ki * g.dh - g.ph;
-                            let ix = ox * g.sw + kj * g.dw - g.pw;
-                            base + if col_major {
-                                ix * g.h + iy
-                            } else {
-                                iy * g.w + ix
-                            } as i64
-                        }
-                    };
+                let tap = (ki * g.kw + kj + 1) as u32;
+                let won = &mut won[lo..hi];
+                for i in 0..n {
+                    let v = taps[i];
+                    odd |= v.is_nan() || v == f32::NEG_INFINITY;
+                    let better = v > dst[i];
+                    dst[i] = if better { v } else { dst[i] };
+                    won[i] = if better { tap } else { won[i] };
                 }
             }
         }
-        !odd
+        if let Some(ix) = idx.as_deref_mut() {
+            let y0 = (oy * g.sh) as i64 - g.ph as i64;
+            for (ox, (i, &t)) in ix[oy * g.ow..][..g.ow].iter_mut().zip(&won).enumerate() {
+                let x0 = (ox * g.sw) as i64 - g.pw as i64;
+                let origin = y0 * rs as i64 + x0 * cs as i64;
+                *i = match t {
+                    0 => base,
+                    t => base + origin + off[t as usize - 1],
+                };
+            }
+        }
     }
+    !odd
 }
 
 pub fn pool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
