@@ -245,12 +245,31 @@ fn binary_to<T: Elem, U: Elem>(
     let o: &mut [U] = cast_mut(out.data);
     let n = o.len();
     if (sa.len() == n || sa.len() == 1) && (sb.len() == n || sb.len() == 1) && n > 0 {
-        // Full-size or scalar operands: chunks across threads.
+        // Full-size or scalar operands: chunks across threads, one plain
+        // loop per layout (which the compiler vectorizes).
         let (fa, fb) = (sa.len() == n, sb.len() == n);
         par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, part| {
-            for (j, v) in part.iter_mut().enumerate() {
-                let i = first + j;
-                *v = f(sa[if fa { i } else { 0 }], sb[if fb { i } else { 0 }]);
+            let m = part.len();
+            match (fa, fb) {
+                (true, true) => {
+                    let (a, b) = (&sa[first..first + m], &sb[first..first + m]);
+                    for j in 0..m {
+                        part[j] = f(a[j], b[j]);
+                    }
+                }
+                (true, false) => {
+                    let (a, y) = (&sa[first..first + m], sb[0]);
+                    for j in 0..m {
+                        part[j] = f(a[j], y);
+                    }
+                }
+                (false, true) => {
+                    let (x, b) = (sa[0], &sb[first..first + m]);
+                    for j in 0..m {
+                        part[j] = f(x, b[j]);
+                    }
+                }
+                (false, false) => part.fill(f(sa[0], sb[0])),
             }
         });
         return Ok(());
@@ -304,17 +323,17 @@ impl Kernel for Binary {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         use Bin::*;
         let op = self.op;
+        // One closure per comparison (not a match per element), so the
+        // loops vectorize.
         macro_rules! cmp {
             ($t:ty) => {
-                binary_to::<$t, u8>(io, |x, y| {
-                    (match op {
-                        Equal => x == y,
-                        Less => x < y,
-                        Greater => x > y,
-                        LessEq => x <= y,
-                        _ => x >= y,
-                    }) as u8
-                })
+                match op {
+                    Equal => binary_to::<$t, u8>(io, |x, y| (x == y) as u8),
+                    Less => binary_to::<$t, u8>(io, |x, y| (x < y) as u8),
+                    Greater => binary_to::<$t, u8>(io, |x, y| (x > y) as u8),
+                    LessEq => binary_to::<$t, u8>(io, |x, y| (x <= y) as u8),
+                    _ => binary_to::<$t, u8>(io, |x, y| (x >= y) as u8),
+                }
             };
         }
         match (self.dtype, op) {
@@ -729,6 +748,90 @@ fn variadic(ctx: &NodeCtx, op: Bin) -> Result<Box<dyn Kernel>, String> {
     Ok(Box::new(Variadic { op, dtype: d, mean }))
 }
 
+/// Where one branch of a [`select_part`] comes from.
+#[derive(Clone, Copy)]
+enum Pick<'a, T> {
+    /// The output itself (the branch is in place).
+    Out,
+    /// One value for every element.
+    One(T),
+    /// One value per element.
+    All(&'a [T]),
+}
+
+/// A branch of `Where` for elements `first..first + m`: in place (`None`),
+/// a scalar, or full-size.
+fn pick<T: Copy>(s: Option<&[T]>, first: usize, m: usize) -> Pick<'_, T> {
+    match s {
+        None => Pick::Out,
+        Some(s) if s.len() == 1 => Pick::One(s[0]),
+        Some(s) => Pick::All(&s[first..first + m]),
+    }
+}
+
+/// `o[j] = if c[j] != 0 { x } else { y }` for branches laid out as
+/// [`Pick`]s: one plain loop per layout, which the compiler vectorizes.
+fn select_part<T: Copy>(c: &[u8], x: Pick<T>, y: Pick<T>, o: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        unsafe { select_avx2(c, x, y, o) };
+        return;
+    }
+    select_body(c, x, y, o);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn select_avx2<T: Copy>(c: &[u8], x: Pick<T>, y: Pick<T>, o: &mut [T]) {
+    select_body(c, x, y, o);
+}
+
+/// [`select_part`]'s loops, indexed so that they compile inside the
+/// caller's target features.
+#[inline(always)]
+fn select_body<T: Copy>(c: &[u8], x: Pick<T>, y: Pick<T>, o: &mut [T]) {
+    use Pick::*;
+    let n = o.len();
+    // Every slice cut to `n`, so that no bounds check stays in the loop.
+    let c = &c[..n];
+    macro_rules! sel {
+        (|$j:ident| $a:expr, $b:expr) => {
+            for $j in 0..n {
+                // Both branches read first: a select, not a branch.
+                let (x, y) = ($a, $b);
+                o[$j] = if c[$j] != 0 { x } else { y };
+            }
+        };
+    }
+    match (x, y) {
+        (All(a), All(b)) => {
+            let (a, b) = (&a[..n], &b[..n]);
+            sel!(|j| a[j], b[j])
+        }
+        (All(a), One(v)) => {
+            let a = &a[..n];
+            sel!(|j| a[j], v)
+        }
+        (One(v), All(b)) => {
+            let b = &b[..n];
+            sel!(|j| v, b[j])
+        }
+        (One(v), One(w)) => sel!(|j| v, w),
+        (Out, All(b)) => {
+            let b = &b[..n];
+            sel!(|j| o[j], b[j])
+        }
+        (Out, One(w)) => sel!(|j| o[j], w),
+        (All(a), Out) => {
+            let a = &a[..n];
+            sel!(|j| a[j], o[j])
+        }
+        (One(v), Out) => sel!(|j| v, o[j]),
+        (Out, Out) => {}
+    }
+}
+
 /// `Where(cond, x, y)`; x or y may be in place.
 struct Where {
     dtype: DType,
@@ -762,19 +865,23 @@ fn where_t<T: Elem>(io: &mut KernelIo) -> Result<(), String> {
     let full_or_one = |s: &[usize]| numel(s) == n || numel(s) == 1;
     if full_or_one(c.shape) && full_or_one(x.shape) && full_or_one(y.shape) {
         // Every operand full-size or a scalar (ReLU's backward mask):
-        // chunks across threads, in-place operands read from the output.
-        let at = |s: Option<&[T]>, o: T, i: usize| match s {
-            None => o,
-            Some(s) if s.len() == 1 => s[0],
-            Some(s) => s[i],
-        };
+        // chunks across threads, in-place operands read from the output,
+        // one plain loop per layout ([`select_part`]).
         let cfull = sc.len() == n;
         par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, part| {
-            for (j, v) in part.iter_mut().enumerate() {
-                let i = first + j;
-                let cond = sc[if cfull { i } else { 0 }] != 0;
-                *v = if cond { at(sx, *v, i) } else { at(sy, *v, i) };
+            let m = part.len();
+            if !cfull {
+                // One condition for all: the chunk is x's or y's.
+                let (pick, _) = if sc[0] != 0 { (sx, sy) } else { (sy, sx) };
+                match pick {
+                    None => {}
+                    Some(s) if s.len() == 1 => part.fill(s[0]),
+                    Some(s) => part.copy_from_slice(&s[first..first + m]),
+                }
+                return;
             }
+            let (px, py) = (pick(sx, first, m), pick(sy, first, m));
+            select_part(&sc[first..first + m], px, py, part);
         });
         return Ok(());
     }
