@@ -146,6 +146,15 @@ impl Kernel for ScatterElements {
         let idx = io.input(1)?.ints()?;
         let u = io.input(2)?.bytes()?;
         let o = &mut io.outputs[0].data;
+        if self.upd.len() == 1 && self.dtype == DType::F32 && self.r == Reduction::Add {
+            // A flat f32 scatter-add (MaxPool's gradient through its
+            // Indices): one typed loop, no per-element dispatch.
+            let (o, u): (&mut [f32], &[f32]) = (cast_mut(o), cast(u));
+            for (&i, &v) in idx.iter().zip(u) {
+                o[index(i, self.data[0])?] += v;
+            }
+            return Ok(());
+        }
         let ds = strides(&self.data);
         let rank = self.upd.len();
         let mut pos = vec![0usize; rank];
