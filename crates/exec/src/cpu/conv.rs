@@ -693,11 +693,13 @@ impl Conv {
             let q = par::range(cols, t, p);
             for r0 in (0..k).step_by(rows) {
                 let rt = rows.min(k - r0);
-                // SAFETY: part p alone owns rows q of every tile (at the
-                // tile's row stride rt, within `tile`'s rows·cols) and
-                // rows q of Tᵀ; both buffers outlive the parts.
+                // SAFETY: part p alone owns floats q.start·rows ..
+                // q.end·rows of `tile` (its rows of every tile, at the
+                // tile's row stride rt <= rows: a fixed region, as the
+                // parts move from tile to tile unsynchronized) and rows q
+                // of Tᵀ; both buffers outlive the parts.
                 let part = unsafe {
-                    std::slice::from_raw_parts_mut(tp.get().add(q.start * rt), q.len() * rt)
+                    std::slice::from_raw_parts_mut(tp.get().add(q.start * rows), q.len() * rt)
                 };
                 im2row_fold(g, x, (n0, ni), gi * cg, (r0, rt), q.start, part);
                 let beta = if r0 == 0 { 0.0 } else { 1.0 };
