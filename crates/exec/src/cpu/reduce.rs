@@ -4,7 +4,7 @@
 //! LogSoftmax (per-axis since opset 13, over the flattened tail before).
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::elementwise::for_each_bcast;
+use crate::cpu::elementwise::{exp_slice, for_each_bcast};
 use crate::cpu::par;
 use crate::tensor::{cast, cast_mut, Elem};
 use graphopt_ir::DType;
@@ -100,84 +100,26 @@ impl Reduce {
             _ => 0.0,
         };
         o.fill(init);
-        let step = |acc: f32, v: f32, j: usize| -> f32 {
-            match op {
-                Red::Max => {
-                    if v > acc || v.is_nan() {
-                        v
-                    } else {
-                        acc
-                    }
-                }
-                Red::Min => {
-                    if v < acc || v.is_nan() {
-                        v
-                    } else {
-                        acc
-                    }
-                }
-                Red::Prod => acc * v,
-                Red::L1 => acc + v.abs(),
-                Red::L2 | Red::SumSquare => acc + v * v,
-                Red::LogSumExp => acc + (v - shift[j]).exp(),
-                Red::Mean | Red::Sum | Red::LogSum => acc + v,
+        // One closure per op (not a match per element), so that each op's
+        // loops vectorize.
+        let threads = io.threads;
+        let sh = self.shape.as_slice();
+        let nan_wins = |pick: bool, v: f32, acc: f32| if pick || v.is_nan() { v } else { acc };
+        let max = |a: f32, v: f32| nan_wins(v > a, v, a);
+        let min = |a: f32, v: f32| nan_wins(v < a, v, a);
+        let (add, mul) = (|a: f32, b: f32| a + b, |a: f32, b: f32| a * b);
+        let f = (sh, kd.as_slice(), x, &mut *o, threads);
+        match op {
+            Red::Max => accumulate(f, move |a, v, _| max(a, v), max),
+            Red::Min => accumulate(f, move |a, v, _| min(a, v), min),
+            Red::Prod => accumulate(f, |a, v, _| a * v, mul),
+            Red::L1 => accumulate(f, |a, v, _| a + v.abs(), add),
+            Red::L2 | Red::SumSquare => accumulate(f, |a, v, _| a + v * v, add),
+            Red::LogSumExp => {
+                let shift = &shift;
+                accumulate(f, |a, v, j| a + (v - shift[j]).exp(), add)
             }
-        };
-        if let Some((outer, len, inner)) = one_block(&self.shape, &kd) {
-            // The reduced axes are one contiguous run: x is [outer, len,
-            // inner] and o [outer, inner]. Outputs split across threads;
-            // each still adds its inputs in increasing index order, so the
-            // bits are those of the serial loop below.
-            let threads = io.threads;
-            let min = par::MIN_ELEMS.div_ceil((len * inner).max(1));
-            if outer >= threads || inner < 64 {
-                par::for_chunks_mut(threads, o, inner.max(1), min, |first, part| {
-                    for (a, orow) in part.chunks_mut(inner.max(1)).enumerate() {
-                        let xa = &x[(first + a) * len * inner..][..len * inner];
-                        for b in 0..len {
-                            let xr = &xa[b * inner..][..inner];
-                            for (c, (acc, &v)) in orow.iter_mut().zip(xr).enumerate() {
-                                *acc = step(*acc, v, (first + a) * inner + c);
-                            }
-                        }
-                    }
-                });
-            } else {
-                for a in 0..outer {
-                    let xa = &x[a * len * inner..][..len * inner];
-                    let orow = &mut o[a * inner..][..inner];
-                    let min_cols = par::MIN_ELEMS.div_ceil(len.max(1));
-                    par::for_chunks_mut(threads, orow, 1, min_cols, |c0, part| {
-                        for b in 0..len {
-                            let xr = &xa[b * inner + c0..][..part.len()];
-                            for (c, (acc, &v)) in part.iter_mut().zip(xr).enumerate() {
-                                *acc = step(*acc, v, a * inner + c0 + c);
-                            }
-                        }
-                    });
-                }
-            }
-        } else if let Some((outer, mid, inner)) = kept_block(&self.shape, &kd) {
-            // The kept axes are one contiguous run between reduced ones (a
-            // convolution's bias gradient: [N, C, H, W] over 0, 2, 3): x is
-            // [outer, mid, inner] and o [mid]. Outputs split across
-            // threads; each adds its inputs in increasing index order, the
-            // bits of the serial loop below.
-            let min = par::MIN_ELEMS.div_ceil((outer * inner).max(1));
-            par::for_chunks_mut(io.threads, o, 1, min, |first, part| {
-                for (c, acc) in part.iter_mut().enumerate() {
-                    let j = first + c;
-                    for a in 0..outer {
-                        for &v in &x[(a * mid + j) * inner..][..inner] {
-                            *acc = step(*acc, v, j);
-                        }
-                    }
-                }
-            });
-        } else {
-            for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| {
-                o[j] = step(o[j], x[i], j);
-            });
+            Red::Mean | Red::Sum | Red::LogSum => accumulate(f, |a, v, _| a + v, add),
         }
         match op {
             Red::Mean => {
@@ -309,6 +251,10 @@ impl Kernel for Softmax {
             |first, part| {
                 for (j, y) in part.chunks_mut(block).enumerate() {
                     let x = &x[(first + j) * len * inner..][..len * inner];
+                    if inner == 1 {
+                        softmax_row(x, y, self.log);
+                        continue;
+                    }
                     for i in 0..inner {
                         let at = |k: usize| k * inner + i;
                         let mut m = f32::NEG_INFINITY;
@@ -334,6 +280,138 @@ impl Kernel for Softmax {
         );
         Ok(())
     }
+}
+
+/// Softmax (or LogSoftmax) of one contiguous row `x` into `y`: the max
+/// and the sum in [`fold_row`]'s lanes, eˣ by [`exp_slice`], so every
+/// pass vectorizes.
+fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
+    let max = |a: f32, v: f32| if v > a || v.is_nan() { v } else { a };
+    let m = fold_row(f32::NEG_INFINITY, x, max, max);
+    let y = &mut y[..x.len()];
+    for (y, &v) in y.iter_mut().zip(x) {
+        *y = v - m;
+    }
+    exp_slice(None, y);
+    let add = |a: f32, b: f32| a + b;
+    let s = fold_row(0.0, y, add, add);
+    if log {
+        // log softmax = x - m - ln Σ e^(x - m).
+        let ls = s.ln();
+        for (y, &v) in y.iter_mut().zip(x) {
+            *y = v - m - ls;
+        }
+    } else {
+        y.iter_mut().for_each(|v| *v /= s);
+    }
+}
+
+/// What [`accumulate`] folds: `x`'s shape, the kept-dims shape, `x`, the
+/// output, threads.
+type Fold<'a> = (&'a [usize], &'a [usize], &'a [f32], &'a mut [f32], usize);
+
+/// Folds `x` into `o` (filled with the op's identity) with `step(acc, v,
+/// j)` for output `j`; `merge` joins two partial folds. Every output's
+/// fold is the same whatever the thread count:
+/// - reduced axes last (`inner = 1`, a row per output): [`fold_row`]'s
+///   fixed lanes;
+/// - otherwise each output folds its inputs in increasing index order.
+fn accumulate(
+    (shape, kd, x, o, threads): Fold,
+    step: impl Fn(f32, f32, usize) -> f32 + Sync + Copy,
+    merge: impl Fn(f32, f32) -> f32 + Sync + Copy,
+) {
+    if let Some((outer, len, inner)) = one_block(shape, kd) {
+        // The reduced axes are one contiguous run: x is [outer, len,
+        // inner] and o [outer, inner]. Outputs split across threads.
+        let min = par::MIN_ELEMS.div_ceil((len * inner).max(1));
+        if inner == 1 {
+            par::for_chunks_mut(threads, o, 1, min, |first, part| {
+                for (a, acc) in part.iter_mut().enumerate() {
+                    let j = first + a;
+                    *acc = fold_row(*acc, &x[j * len..][..len], |a, v| step(a, v, j), merge);
+                }
+            });
+        } else if outer >= threads || inner < 64 {
+            par::for_chunks_mut(threads, o, inner.max(1), min, |first, part| {
+                for (a, orow) in part.chunks_mut(inner.max(1)).enumerate() {
+                    let xa = &x[(first + a) * len * inner..][..len * inner];
+                    for b in 0..len {
+                        let xr = &xa[b * inner..][..inner];
+                        for (c, (acc, &v)) in orow.iter_mut().zip(xr).enumerate() {
+                            *acc = step(*acc, v, (first + a) * inner + c);
+                        }
+                    }
+                }
+            });
+        } else {
+            for a in 0..outer {
+                let xa = &x[a * len * inner..][..len * inner];
+                let orow = &mut o[a * inner..][..inner];
+                let min_cols = par::MIN_ELEMS.div_ceil(len.max(1));
+                par::for_chunks_mut(threads, orow, 1, min_cols, |c0, part| {
+                    for b in 0..len {
+                        let xr = &xa[b * inner + c0..][..part.len()];
+                        for (c, (acc, &v)) in part.iter_mut().zip(xr).enumerate() {
+                            *acc = step(*acc, v, a * inner + c0 + c);
+                        }
+                    }
+                });
+            }
+        }
+    } else if let Some((outer, mid, inner)) = kept_block(shape, kd) {
+        // The kept axes are one contiguous run between reduced ones (a
+        // convolution's bias gradient: [N, C, H, W] over 0, 2, 3): x is
+        // [outer, mid, inner] and o [mid]. Outputs split across threads.
+        let min = par::MIN_ELEMS.div_ceil((outer * inner).max(1));
+        par::for_chunks_mut(threads, o, 1, min, |first, part| {
+            for (c, acc) in part.iter_mut().enumerate() {
+                let j = first + c;
+                for a in 0..outer {
+                    for &v in &x[(a * mid + j) * inner..][..inner] {
+                        *acc = step(*acc, v, j);
+                    }
+                }
+            }
+        });
+    } else {
+        for_each_bcast(shape, [kd], |i, [j]| {
+            o[j] = step(o[j], x[i], j);
+        });
+    }
+}
+
+/// Lanes of [`fold_row`].
+const LANES: usize = 16;
+
+/// `init` folded with every element of the row `x` by `step`: element `i`
+/// into lane `i % 16` while whole groups of 16 remain (lanes start at
+/// `init`, the identity), the lanes then merged into one in order, then
+/// the rest folded in. Sixteen independent folds vectorize where one
+/// serial fold cannot; the order depends on the row's length only.
+#[inline(always)]
+fn fold_row(
+    init: f32,
+    x: &[f32],
+    step: impl Fn(f32, f32) -> f32,
+    merge: impl Fn(f32, f32) -> f32,
+) -> f32 {
+    let mut lanes = [init; LANES];
+    let groups = x.chunks_exact(LANES);
+    let rest = groups.remainder();
+    for g in groups {
+        for i in 0..LANES {
+            lanes[i] = step(lanes[i], g[i]);
+        }
+    }
+    let mut acc = init;
+    for l in lanes {
+        acc = merge(acc, l);
+    }
+    for &v in rest {
+        acc = step(acc, v);
+    }
+    acc
 }
 
 /// `(outer, len, inner)` when the axes `x` (shape `shape`) loses to `kept`
