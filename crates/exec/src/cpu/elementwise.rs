@@ -111,6 +111,18 @@ enum Src<'a> {
     Strided(&'a [f32], usize, usize),
 }
 
+impl<'a> Src<'a> {
+    /// Columns `c0..c0 + n` of this row's operand.
+    fn cols(self, c0: usize, n: usize) -> Src<'a> {
+        match self {
+            Src::Out => Src::Out,
+            Src::Row(r) => Src::Row(&r[c0..c0 + n]),
+            Src::Bcast(v) => Src::Bcast(v),
+            Src::Strided(s, first, step) => Src::Strided(s, first + c0 * step, step),
+        }
+    }
+}
+
 /// One row of `out = f(a, b)`: the common layouts as plain loops the
 /// compiler vectorizes, the rest by index.
 fn binary_row(o: &mut [f32], a: Src, b: Src, f: impl Fn(f32, f32) -> f32 + Copy) {
@@ -222,6 +234,16 @@ fn binary_f32(io: &mut KernelIo, f: impl Fn(f32, f32) -> f32 + Copy + Sync) -> R
     let r = dims.len() - 1;
     let inner = dims[r];
     let src = |s, st: &[usize], row| row_src(s, st, &dims, row);
+    if r == 0 {
+        // One row (same-shape operands merge into one): columns split
+        // across threads instead.
+        let (a, b) = (src(sa, &st_a, 0), src(sb, &st_b, 0));
+        par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, part| {
+            let n = part.len();
+            binary_row(part, a.cols(first, n), b.cols(first, n), f);
+        });
+        return Ok(());
+    }
     let min_rows = par::MIN_ELEMS.div_ceil(inner);
     par::for_chunks_mut(threads, o, inner, min_rows, |first, part| {
         for (j, row) in part.chunks_mut(inner).enumerate() {
