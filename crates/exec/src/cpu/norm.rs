@@ -3,6 +3,8 @@
 //! BatchNormalization in inference mode.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
+use crate::cpu::par;
+use crate::cpu::reduce::fold_row;
 use crate::tensor::cast_mut;
 use graphopt_ir::DType;
 
@@ -21,23 +23,47 @@ impl Kernel for LayerNorm {
             None => None,
         };
         let (rows, cols) = (self.rows, self.cols);
+        let threads = io.threads;
+        // Rows split across threads; each row's mean and variance fold in
+        // `fold_row`'s fixed lanes, so its bits do not depend on the split.
         let mut stats = vec![(0f32, 0f32); rows];
-        {
-            let y = io.outputs[0].f32()?;
-            for r in 0..rows {
-                let xr = &x[r * cols..][..cols];
-                let mean = xr.iter().sum::<f32>() / cols as f32;
-                let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
-                let inv = 1.0 / (var + self.eps).sqrt();
-                stats[r] = (mean, inv);
-                let yr = &mut y[r * cols..][..cols];
-                for c in 0..cols {
-                    let s = scale[if scale.len() == 1 { 0 } else { c }];
-                    let b = bias.map_or(0.0, |b| b[if b.len() == 1 { 0 } else { c }]);
-                    yr[c] = (xr[c] - mean) * inv * s + b;
-                }
+        let min_rows = par::MIN_ELEMS.div_ceil(cols.max(1));
+        let add = |a: f32, b: f32| a + b;
+        par::for_chunks_mut(threads, &mut stats, 1, min_rows, |first, part| {
+            for (j, st) in part.iter_mut().enumerate() {
+                let xr = &x[(first + j) * cols..][..cols];
+                let mean = fold_row(0.0, xr, add, add) / cols as f32;
+                let sq = |a: f32, v: f32| a + (v - mean) * (v - mean);
+                let var = fold_row(0.0, xr, sq, add) / cols as f32;
+                *st = (mean, 1.0 / (var + self.eps).sqrt());
             }
-        }
+        });
+        // Scale and bias as whole rows, so the last pass is one plain loop.
+        let full = |v: &[f32]| -> Vec<f32> {
+            if v.len() == 1 {
+                vec![v[0]; cols]
+            } else {
+                v[..cols].to_vec()
+            }
+        };
+        let (scale, bias) = (full(scale), bias.map_or_else(|| vec![0.0; cols], full));
+        let y = io.outputs[0].f32()?;
+        par::for_chunks_mut(
+            threads,
+            &mut y[..rows * cols],
+            cols.max(1),
+            min_rows,
+            |first, part| {
+                for (j, yr) in part.chunks_mut(cols.max(1)).enumerate() {
+                    let r = first + j;
+                    let (mean, inv) = stats[r];
+                    let xr = &x[r * cols..][..cols];
+                    for c in 0..yr.len() {
+                        yr[c] = (xr[c] - mean) * inv * scale[c] + bias[c];
+                    }
+                }
+            },
+        );
         for (k, out) in io.outputs.iter_mut().enumerate().skip(1) {
             let o: &mut [f32] = cast_mut(out.data);
             for (r, v) in o.iter_mut().enumerate() {

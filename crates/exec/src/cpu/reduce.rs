@@ -390,7 +390,7 @@ const LANES: usize = 16;
 /// the rest folded in. Sixteen independent folds vectorize where one
 /// serial fold cannot; the order depends on the row's length only.
 #[inline(always)]
-fn fold_row(
+pub(crate) fn fold_row(
     init: f32,
     x: &[f32],
     step: impl Fn(f32, f32) -> f32,
