@@ -1079,6 +1079,68 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
+/// A unary f32 kernel `$kernel` (in place where the plan says so) whose
+/// loop inlines the branch-free `$f`, so that it vectorizes: chunks across
+/// threads, each through `$slice(x, o)` (`x = None`: in place), which runs
+/// on AVX2 lanes where the CPU has them (the same operations, no FMA, so
+/// the same bits), else SSE2's. The loops are indexed, so that they
+/// compile inside the AVX2 function's target features.
+macro_rules! lanes_kernel {
+    ($(#[$doc:meta])* $kernel:ident, $slice:ident, $f:ident) => {
+        $(#[$doc])*
+        struct $kernel;
+
+        impl Kernel for $kernel {
+            fn in_place(&self) -> bool {
+                true
+            }
+            fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+                let x = io.input(0)?;
+                let sx = slice::<f32>(&x);
+                let threads = io.threads;
+                let o = io.outputs[0].f32()?;
+                par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, o| match sx {
+                    Some(s) => $slice(Some(&s[first..first + o.len()]), o),
+                    None => $slice(None, o),
+                });
+                Ok(())
+            }
+        }
+
+        #[allow(dead_code)]
+        pub(crate) fn $slice(x: Option<&[f32]>, o: &mut [f32]) {
+            #[inline(always)]
+            fn body(x: Option<&[f32]>, o: &mut [f32]) {
+                match x {
+                    Some(s) => {
+                        let s = &s[..o.len()];
+                        for i in 0..o.len() {
+                            o[i] = $f(s[i]);
+                        }
+                    }
+                    None => {
+                        for v in o {
+                            *v = $f(*v);
+                        }
+                    }
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2")]
+            unsafe fn avx2(x: Option<&[f32]>, o: &mut [f32]) {
+                body(x, o);
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above).
+                unsafe { avx2(x, o) };
+                return;
+            }
+            body(x, o);
+        }
+    };
+}
+
 /// erf(x) on f32 without branches (so a loop over a tensor vectorizes),
 /// within 2 ulp of the f64 reference the tests hold (`erf64`):
 /// its two pieces in f32 arithmetic, the Taylor series to x¹⁹
@@ -1172,66 +1234,12 @@ fn erf64(x: f64) -> f64 {
     f64::from_bits((x.to_bits() & nan) | (r.to_bits() & !nan))
 }
 
-/// Erf on f32: its own loop (not [`Unary`]'s closure call per element)
-/// around the inlined, branch-free [`erf`], so it vectorizes.
-struct Erf;
-
-impl Kernel for Erf {
-    fn in_place(&self) -> bool {
-        true
-    }
-    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?;
-        let sx = slice::<f32>(&x);
-        let threads = io.threads;
-        let o = io.outputs[0].f32()?;
-        par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, o| match sx {
-            Some(s) => erf_slice(Some(&s[first..first + o.len()]), o),
-            None => erf_slice(None, o),
-        });
-        Ok(())
-    }
-}
-
-/// `o = erf(x)` (`x = None`: in place), on AVX2 lanes where the CPU has
-/// them (the same operations, no FMA, so the same bits), else the
-/// baseline SSE2 ones.
-fn erf_slice(x: Option<&[f32]>, o: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { erf_slice_avx2(x, o) };
-        return;
-    }
-    erf_loop(x, o);
-}
-
-/// Plain indexed loops (iterator adaptors would be separate functions,
-/// compiled without the caller's target features).
-#[inline(always)]
-fn erf_loop(x: Option<&[f32]>, o: &mut [f32]) {
-    match x {
-        Some(s) => {
-            let s = &s[..o.len()];
-            for i in 0..o.len() {
-                o[i] = erf(s[i]);
-            }
-        }
-        None => {
-            for v in o {
-                *v = erf(*v);
-            }
-        }
-    }
-}
-
-/// [`erf_loop`] compiled for AVX2 (8 lanes). No FMA: contracting the
-/// multiply-adds would change the bits from the baseline loop's.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn erf_slice_avx2(x: Option<&[f32]>, o: &mut [f32]) {
-    erf_loop(x, o);
-}
+lanes_kernel!(
+    /// Erf on f32: its own loop around the inlined, branch-free [`erf`].
+    Erf,
+    erf_slice,
+    erf
+);
 
 /// eˣ for x ≤ 1 (below -700 it returns e⁻⁷⁰⁰, which is 0 next to what
 /// erf adds it to) to about 1e-15, without branches or libm: x = n·ln 2 + r,
@@ -1303,61 +1311,42 @@ pub fn exp_f32(x: f32) -> f32 {
     y * pow2(h) * pow2(ni - h)
 }
 
-/// Exp on f32: its own loop around the inlined, branch-free [`exp_f32`],
-/// so it vectorizes.
-struct Exp;
+lanes_kernel!(
+    /// Exp on f32: its own loop around the inlined, branch-free [`exp_f32`].
+    Exp,
+    exp_slice,
+    exp_f32
+);
 
-impl Kernel for Exp {
-    fn in_place(&self) -> bool {
-        true
-    }
-    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?;
-        let sx = slice::<f32>(&x);
-        let threads = io.threads;
-        let o = io.outputs[0].f32()?;
-        par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, o| match sx {
-            Some(s) => exp_slice(Some(&s[first..first + o.len()]), o),
-            None => exp_slice(None, o),
-        });
-        Ok(())
-    }
-}
-
-/// `o = exp(x)` (`x = None`: in place), on AVX2 lanes where the CPU has
-/// them (the same operations, no FMA, so the same bits), else SSE2's.
-pub(crate) fn exp_slice(x: Option<&[f32]>, o: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        unsafe { exp_slice_avx2(x, o) };
-        return;
-    }
-    exp_loop(x, o);
-}
-
+/// tanh(x) on f32 without branches (so a loop over a tensor vectorizes),
+/// within 1 ulp of f64's (test: `tanh_f32_is_within_one_ulp`): Cephes'
+/// tanhf, an odd polynomial below |x| = 0.625 and `1 - 2 / (e^2|x| + 1)`
+/// with [`exp_f32`] above. NaN passes through.
 #[inline(always)]
-fn exp_loop(x: Option<&[f32]>, o: &mut [f32]) {
-    match x {
-        Some(s) => {
-            let s = &s[..o.len()];
-            for i in 0..o.len() {
-                o[i] = exp_f32(s[i]);
-            }
-        }
-        None => {
-            for v in o {
-                *v = exp_f32(*v);
-            }
-        }
-    }
+pub fn tanh_f32(x: f32) -> f32 {
+    let z = x.abs();
+    let z2 = x * x;
+    let p = -5.704_988_7e-3;
+    let p = p * z2 + 2.063_909e-2;
+    let p = p * z2 - 5.373_971_6e-2;
+    let p = p * z2 + 1.333_144_2e-1;
+    let p = p * z2 - 3.333_328e-1;
+    let small = p * z2 * z + z;
+    let large = 1.0 - 2.0 / (exp_f32(2.0 * z) + 1.0);
+    let small_side = ((z < 0.625) as u32).wrapping_neg();
+    let r = f32::from_bits((small.to_bits() & small_side) | (large.to_bits() & !small_side))
+        .copysign(x);
+    let nan = (x.is_nan() as u32).wrapping_neg();
+    f32::from_bits((x.to_bits() & nan) | (r.to_bits() & !nan))
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn exp_slice_avx2(x: Option<&[f32]>, o: &mut [f32]) {
-    exp_loop(x, o);
-}
+lanes_kernel!(
+    /// Tanh on f32: its own loop around the inlined, branch-free
+    /// [`tanh_f32`].
+    Tanh,
+    tanh_slice,
+    tanh_f32
+);
 
 fn attr_f(ctx: &NodeCtx, name: &str, d: f32) -> f32 {
     ctx.node.attr_float(name).unwrap_or(d)
@@ -1452,7 +1441,7 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         // Closures, not fn items: each kernel inlines its function, so the
         // loop vectorizes.
         "Erf" => Box::new(Erf),
-        "Tanh" => Box::new(Unary(f32::tanh)),
+        "Tanh" => Box::new(Tanh),
         "Tan" => Box::new(Unary(f32::tan)),
         "Asin" => Box::new(Unary(f32::asin)),
         "Acos" => Box::new(Unary(f32::acos)),
@@ -1875,6 +1864,31 @@ mod tests {
         assert!(erf(f32::NAN).is_nan());
         assert_eq!(erf(f32::INFINITY), 1.0);
         assert_eq!(erf(-1e30), -1.0);
+    }
+
+    #[test]
+    fn tanh_f32_is_within_one_ulp() {
+        let ulps = |got: f32, want: f32| (got.to_bits() as i64 - want.to_bits() as i64).abs();
+        let mut worst = (0, 0.0);
+        let mut x = -10.0f32;
+        while x <= 10.0 {
+            let e = ulps(tanh_f32(x), (x as f64).tanh() as f32);
+            if e > worst.0 {
+                worst = (e, x);
+            }
+            x += 0.000_21;
+        }
+        for x in [1e-30f32, 1e-6, -1e-3, 0.624_999, 0.625, 0.625_001, 50.0] {
+            let e = ulps(tanh_f32(x), (x as f64).tanh() as f32);
+            if e > worst.0 {
+                worst = (e, x);
+            }
+        }
+        assert!(worst.0 <= 1, "worst error {} ulps at {}", worst.0, worst.1);
+        assert!(tanh_f32(f32::NAN).is_nan());
+        assert_eq!(tanh_f32(f32::INFINITY), 1.0);
+        assert_eq!(tanh_f32(f32::NEG_INFINITY), -1.0);
+        assert_eq!(tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
     }
 
     #[test]
