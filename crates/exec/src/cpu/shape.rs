@@ -291,12 +291,19 @@ impl Kernel for Concat {
                     return Err(bad(l, self.outer * p));
                 }
             }
-            for o in 0..self.outer {
-                let mut at = o * total;
-                for (k, &p) in self.parts.iter().enumerate() {
-                    io.outputs[k].data[o * p..(o + 1) * p].copy_from_slice(&x[at..at + p]);
-                    at += p;
-                }
+            // Each output's rows split across threads.
+            let threads = io.threads;
+            let mut at = 0;
+            for (k, &p) in self.parts.iter().enumerate() {
+                let min_rows = (par::MIN_ELEMS * 4).div_ceil(p.max(1));
+                let out = &mut io.outputs[k].data[..self.outer * p];
+                par::for_chunks_mut(threads, out, p.max(1), min_rows, |first, part| {
+                    for (j, row) in part.chunks_exact_mut(p.max(1)).enumerate() {
+                        let from = (first + j) * total + at;
+                        row.copy_from_slice(&x[from..from + p]);
+                    }
+                });
+                at += p;
             }
         } else {
             let ins: Vec<&[u8]> = (0..self.parts.len())
@@ -311,13 +318,19 @@ impl Kernel for Concat {
             if y.len() < self.outer * total {
                 return Err(bad(y.len(), self.outer * total));
             }
-            for o in 0..self.outer {
-                let mut at = o * total;
-                for (k, &p) in self.parts.iter().enumerate() {
-                    y[at..at + p].copy_from_slice(&ins[k][o * p..(o + 1) * p]);
-                    at += p;
+            // Output rows split across threads.
+            let min_rows = (par::MIN_ELEMS * 4).div_ceil(total.max(1));
+            let y = &mut y[..self.outer * total];
+            par::for_chunks_mut(io.threads, y, total.max(1), min_rows, |first, part| {
+                for (j, row) in part.chunks_exact_mut(total.max(1)).enumerate() {
+                    let o = first + j;
+                    let mut at = 0;
+                    for (k, &p) in self.parts.iter().enumerate() {
+                        row[at..at + p].copy_from_slice(&ins[k][o * p..(o + 1) * p]);
+                        at += p;
+                    }
                 }
-            }
+            });
         }
         Ok(())
     }
