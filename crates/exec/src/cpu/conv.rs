@@ -537,7 +537,9 @@ struct Conv {
     /// Workspace tile slots ([`tile_slots`], fixed when the kernel is made).
     slots: usize,
     /// Multiply on graphopt's kernel ([`own_for_cols`] of the output
-    /// positions), on every path but the folded one.
+    /// positions), on every path but the folded one (whose im2col tiles
+    /// multiply on matrixmultiply, and whose by-rows tiles always on
+    /// graphopt's kernel, [`Conv::fold_by_rows`]).
     own: bool,
     /// A Relu or Clip fused in ([`Kernel::fuse_activation`]): applied to
     /// each tile, plane or block of output once it is final.
@@ -727,7 +729,9 @@ impl Conv {
     /// The folded path: per group and run of `imgs` images, `T[mg ×
     /// imgs·ohw] = Wg · [col(img 0) | col(img 1) | ...]` accumulated over
     /// tiles of unfolded rows (each tile unfolded for all the run's images,
-    /// rows split across threads), then scattered into the images' output
+    /// rows split across threads), or its transpose unfolded by output
+    /// column when the kernel is wider than the output
+    /// ([`Conv::fold_by_rows`]), then scattered into the images' output
     /// planes with the bias.
     fn run_folded(
         &self,

@@ -4,7 +4,7 @@
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::par;
-use crate::cpu::reduce::fold_row;
+use crate::cpu::reduce::{add, fold_row};
 use crate::tensor::cast_mut;
 use graphopt_ir::DType;
 
@@ -28,7 +28,6 @@ impl Kernel for LayerNorm {
         // `fold_row`'s fixed lanes, so its bits do not depend on the split.
         let mut stats = vec![(0f32, 0f32); rows];
         let min_rows = par::MIN_ELEMS.div_ceil(cols.max(1));
-        let add = |a: f32, b: f32| a + b;
         par::for_chunks_mut(threads, &mut stats, 1, min_rows, |first, part| {
             for (j, st) in part.iter_mut().enumerate() {
                 let xr = &x[(first + j) * cols..][..cols];
@@ -93,6 +92,12 @@ pub fn layer_norm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let sn: usize = s.shape.iter().product();
     if sn != cols && sn != 1 {
         return Err("a scale that is not the normalized shape is not implemented".into());
+    }
+    if let Some(Some(b)) = ctx.inputs.get(2) {
+        let bn: usize = b.shape.iter().product();
+        if bn != cols && bn != 1 {
+            return Err("a bias that is not the normalized shape is not implemented".into());
+        }
     }
     Ok(Box::new(LayerNorm {
         rows: x.shape[..axis].iter().product(),

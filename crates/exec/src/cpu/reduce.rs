@@ -104,10 +104,9 @@ impl Reduce {
         // loops vectorize.
         let threads = io.threads;
         let sh = self.shape.as_slice();
-        let nan_wins = |pick: bool, v: f32, acc: f32| if pick || v.is_nan() { v } else { acc };
-        let max = |a: f32, v: f32| nan_wins(v > a, v, a);
-        let min = |a: f32, v: f32| nan_wins(v < a, v, a);
-        let (add, mul) = (|a: f32, b: f32| a + b, |a: f32, b: f32| a * b);
+        let min = |a: f32, v: f32| if v < a || v.is_nan() { v } else { a };
+        let mul = |a: f32, b: f32| a * b;
+        let (max, add) = (nan_max, add);
         let f = (sh, kd.as_slice(), x, &mut *o, threads);
         match op {
             Red::Max => accumulate(f, move |a, v, _| max(a, v), max),
@@ -286,14 +285,12 @@ impl Kernel for Softmax {
 /// and the sum in [`fold_row`]'s lanes, eˣ by [`exp_slice`], so every
 /// pass vectorizes.
 fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
-    let max = |a: f32, v: f32| if v > a || v.is_nan() { v } else { a };
-    let m = fold_row(f32::NEG_INFINITY, x, max, max);
+    let m = fold_row(f32::NEG_INFINITY, x, nan_max, nan_max);
     let y = &mut y[..x.len()];
     for (y, &v) in y.iter_mut().zip(x) {
         *y = v - m;
     }
     exp_slice(None, y);
-    let add = |a: f32, b: f32| a + b;
     let s = fold_row(0.0, y, add, add);
     if log {
         // log softmax = x - m - ln Σ e^(x - m).
@@ -378,6 +375,23 @@ fn accumulate(
         for_each_bcast(shape, [kd], |i, [j]| {
             o[j] = step(o[j], x[i], j);
         });
+    }
+}
+
+/// `a + b`, a fold step of sums.
+#[inline(always)]
+pub(crate) fn add(a: f32, b: f32) -> f32 {
+    a + b
+}
+
+/// The larger of `a` and `v`, a NaN in `v` winning (and kept once in `a`):
+/// ReduceMax's fold step.
+#[inline(always)]
+fn nan_max(a: f32, v: f32) -> f32 {
+    if v > a || v.is_nan() {
+        v
+    } else {
+        a
     }
 }
 
