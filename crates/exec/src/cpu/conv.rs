@@ -434,23 +434,38 @@ fn depthwise_body(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) 
     // element adding its taps in (ki, kj) order.
     for oy in 0..g.oh {
         let row = &mut out[oy * g.ow..][..g.ow];
-        for ki in 0..g.kh {
-            let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
-            if iy < 0 || iy as usize >= g.h {
-                continue;
+        row_taps(g, x, cols, oy, |ki, kj, lo, src| {
+            let wv = w[ki * g.kw + kj];
+            let dst = &mut row[lo..lo + src.len()];
+            for i in 0..src.len() {
+                dst[i] += wv * src[i];
             }
-            let src = &x[iy as usize * g.w..][..g.w];
-            for (kj, &(lo, hi, start)) in cols.iter().enumerate() {
-                if lo >= hi {
-                    continue;
-                }
-                let wv = w[ki * g.kw + kj];
-                let dst = &mut row[lo..hi];
-                let n = dst.len();
-                let src = &src[start..start + n];
-                for i in 0..n {
-                    dst[i] += wv * src[i];
-                }
+        });
+    }
+}
+
+/// Each window tap of output row `oy` over the (phased) plane `x`, in
+/// (ki, kj) order: `f(ki, kj, lo, taps)` with the tap's inputs for output
+/// columns `lo..lo + taps.len()` (those inside the image; `runs` from
+/// [`tap_runs`]), a contiguous run. Taps whose row or columns lie wholly
+/// in the padding are skipped.
+#[inline(always)]
+pub(crate) fn row_taps(
+    g: &Window,
+    x: &[f32],
+    runs: &[(usize, usize, usize)],
+    oy: usize,
+    mut f: impl FnMut(usize, usize, usize, &[f32]),
+) {
+    for ki in 0..g.kh {
+        let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+        if iy < 0 || iy as usize >= g.h {
+            continue;
+        }
+        let line = &x[iy as usize * g.w..][..g.w];
+        for (kj, &(lo, hi, start)) in runs.iter().enumerate() {
+            if lo < hi {
+                f(ki, kj, lo, &line[start..start + hi - lo]);
             }
         }
     }

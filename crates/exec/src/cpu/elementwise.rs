@@ -1181,10 +1181,17 @@ pub fn erf(x: f32) -> f32 {
                                         + t * (-0.822_152_23 + t * 0.170_872_77)))))))),
     );
     let large = (1.0 - erfc).min(1.0);
-    // Selections by bit masks, not branches (NaN passes through).
-    let small_side = ((z < SMALL) as u32).wrapping_neg();
-    let r = f32::from_bits((small.to_bits() & small_side) | (large.to_bits() & !small_side))
-        .copysign(x);
+    odd_select(x, z < SMALL, small, large)
+}
+
+/// An odd function's value at `x` from its two pieces at |x|: `small`
+/// where `use_small`, else `large`, with `x`'s sign; NaN where `x` is.
+/// Selections by bit masks, not branches, so that a loop over a tensor
+/// vectorizes.
+#[inline(always)]
+fn odd_select(x: f32, use_small: bool, small: f32, large: f32) -> f32 {
+    let m = (use_small as u32).wrapping_neg();
+    let r = f32::from_bits((small.to_bits() & m) | (large.to_bits() & !m)).copysign(x);
     let nan = (x.is_nan() as u32).wrapping_neg();
     f32::from_bits((x.to_bits() & nan) | (r.to_bits() & !nan))
 }
@@ -1336,11 +1343,7 @@ pub fn tanh_f32(x: f32) -> f32 {
     let p = p * z2 - 3.333_328e-1;
     let small = p * z2 * z + z;
     let large = 1.0 - 2.0 / (exp_f32(2.0 * z) + 1.0);
-    let small_side = ((z < 0.625) as u32).wrapping_neg();
-    let r = f32::from_bits((small.to_bits() & small_side) | (large.to_bits() & !small_side))
-        .copysign(x);
-    let nan = (x.is_nan() as u32).wrapping_neg();
-    f32::from_bits((x.to_bits() & nan) | (r.to_bits() & !nan))
+    odd_select(x, z < 0.625, small, large)
 }
 
 lanes_kernel!(

@@ -2,7 +2,7 @@
 //! pads, strides, dilations, count_include_pad) and GlobalAveragePool / GlobalMaxPool.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::conv::{phased_plane, tap_runs, window, Window};
+use crate::cpu::conv::{phased_plane, row_taps, tap_runs, window, Window};
 use crate::cpu::par;
 use graphopt_ir::DType;
 
@@ -202,37 +202,28 @@ fn max_rows(
     for (oy, row) in out.chunks_mut(g.ow.max(1)).enumerate().take(g.oh) {
         row.fill(f32::NEG_INFINITY);
         won.fill(0);
-        for ki in 0..g.kh {
-            let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
-            if iy < 0 || iy as usize >= g.h {
-                continue;
-            }
-            let line = &src[iy as usize * g.w..][..g.w];
-            for (kj, &(lo, hi, start)) in runs.iter().enumerate() {
-                if lo >= hi {
-                    continue;
-                }
-                let n = hi - lo;
-                let (dst, taps) = (&mut row[lo..hi], &line[start..start + n]);
-                if idx.is_none() {
-                    for i in 0..n {
-                        let v = taps[i];
-                        odd |= v.is_nan();
-                        dst[i] = if v > dst[i] { v } else { dst[i] };
-                    }
-                    continue;
-                }
-                let tap = (ki * g.kw + kj + 1) as u32;
-                let won = &mut won[lo..hi];
+        let with_idx = idx.is_some();
+        row_taps(g, src, runs, oy, |ki, kj, lo, taps| {
+            let n = taps.len();
+            let dst = &mut row[lo..lo + n];
+            if !with_idx {
                 for i in 0..n {
                     let v = taps[i];
-                    odd |= v.is_nan() || v == f32::NEG_INFINITY;
-                    let better = v > dst[i];
-                    dst[i] = if better { v } else { dst[i] };
-                    won[i] = if better { tap } else { won[i] };
+                    odd |= v.is_nan();
+                    dst[i] = if v > dst[i] { v } else { dst[i] };
                 }
+                return;
             }
-        }
+            let tap = (ki * g.kw + kj + 1) as u32;
+            let won = &mut won[lo..lo + n];
+            for i in 0..n {
+                let v = taps[i];
+                odd |= v.is_nan() || v == f32::NEG_INFINITY;
+                let better = v > dst[i];
+                dst[i] = if better { v } else { dst[i] };
+                won[i] = if better { tap } else { won[i] };
+            }
+        });
         if let Some(ix) = idx.as_deref_mut() {
             let y0 = (oy * g.sh) as i64 - g.ph as i64;
             for (ox, (i, &t)) in ix[oy * g.ow..][..g.ow].iter_mut().zip(&won).enumerate() {
