@@ -1354,6 +1354,47 @@ lanes_kernel!(
     tanh_f32
 );
 
+/// The logistic function `1 / (1 + e⁻ˣ)` with [`exp_f32`].
+#[inline(always)]
+fn sigmoid_f32(x: f32) -> f32 {
+    1.0 / (1.0 + exp_f32(-x))
+}
+
+lanes_kernel!(
+    /// Sigmoid on f32, around the inlined [`sigmoid_f32`].
+    Sigmoid,
+    sigmoid_slice,
+    sigmoid_f32
+);
+
+/// GELU, `x/2 · (1 + erf(x/√2))`, with [`erf`].
+#[inline(always)]
+fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// GELU's tanh approximation, `x/2 · (1 + tanh(√(2/π) (x + 0.044715 x³)))`,
+/// with [`tanh_f32`].
+#[inline(always)]
+fn gelu_tanh(x: f32) -> f32 {
+    let k = (2.0f32 / std::f32::consts::PI).sqrt();
+    0.5 * x * (1.0 + tanh_f32(k * (x + 0.044715 * x * x * x)))
+}
+
+lanes_kernel!(
+    /// Gelu (`approximate="none"`) on f32, around the inlined [`gelu_erf`].
+    GeluErf,
+    gelu_erf_slice,
+    gelu_erf
+);
+
+lanes_kernel!(
+    /// Gelu (`approximate="tanh"`) on f32, around the inlined [`gelu_tanh`].
+    GeluTanh,
+    gelu_tanh_slice,
+    gelu_tanh
+);
+
 fn attr_f(ctx: &NodeCtx, name: &str, d: f32) -> f32 {
     ctx.node.attr_float(name).unwrap_or(d)
 }
@@ -1508,7 +1549,7 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         }
         "Sin" => Box::new(Unary(f32::sin)),
         "Cos" => Box::new(Unary(f32::cos)),
-        "Sigmoid" => Box::new(Unary(|x: f32| 1.0 / (1.0 + exp_f32(-x)))),
+        "Sigmoid" => Box::new(Sigmoid),
         "Relu" => Box::new(Relu),
         "LeakyRelu" => {
             let a = attr_f(ctx, "alpha", 0.01);
@@ -1521,17 +1562,9 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "HardSwish" => Box::new(Unary(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0))),
         "Gelu" => {
             if ctx.node.attr_str("approximate") == Some("tanh") {
-                Box::new(Unary(|x: f32| {
-                    0.5 * x
-                        * (1.0
-                            + tanh_f32(
-                                (2.0f32 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x),
-                            ))
-                }))
+                Box::new(GeluTanh)
             } else {
-                Box::new(Unary(|x: f32| {
-                    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
-                }))
+                Box::new(GeluErf)
             }
         }
         "Clip" => Box::new(Clip {
