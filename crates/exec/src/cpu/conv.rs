@@ -258,17 +258,8 @@ fn im2row_fold(
         debug_assert!(j < ni);
         let (oy, ox) = (p / g.ow, p % g.ow);
         let img = &x[(n0 + j) * g.c * hw..][..g.c * hw];
-        // Taps kj in lo..hi read inside the row: ox·sw + kj·dw - pw in 0..w.
         let base = (ox * g.sw) as isize - g.pw as isize;
-        let lo = if base >= 0 { 0 } else { (-base) as usize }
-            .div_ceil(g.dw)
-            .min(g.kw);
-        let hi = if base >= g.w as isize {
-            0
-        } else {
-            ((g.w as isize - 1 - base) as usize / g.dw + 1).min(g.kw)
-        }
-        .max(lo);
+        let (lo, hi) = valid_taps(g, ox);
         let (mut c, mut ki, mut kj) = (r0 / (g.kh * g.kw), (r0 / g.kw) % g.kh, r0 % g.kw);
         let mut at = 0;
         while at < rows {
@@ -303,6 +294,24 @@ fn im2row_fold(
             }
         }
     }
+}
+
+/// The column taps `lo..hi` of output column `ox` whose input column
+/// `ox·sw + kj·dw - pw` lies inside the image: [`valid_cols`] the other
+/// way round (a tap's valid outputs there, an output's valid taps here).
+fn valid_taps(g: &Window, ox: usize) -> (usize, usize) {
+    let base = (ox * g.sw) as isize - g.pw as isize;
+    // kj·dw >= -base
+    let lo = if base >= 0 { 0 } else { (-base) as usize }
+        .div_ceil(g.dw)
+        .min(g.kw);
+    // kj·dw <= w - 1 - base
+    let hi = if base >= g.w as isize {
+        0
+    } else {
+        ((g.w as isize - 1 - base) as usize / g.dw + 1).min(g.kw)
+    };
+    (lo, hi.max(lo))
 }
 
 /// The output columns `lo..hi` whose input column `ox·sw + kj·dw - pw`
@@ -802,7 +811,9 @@ impl Conv {
                     }
                 }
                 // T's row m holds channel m of each image, ohw apiece
-                // (transposed when unfolded by rows).
+                // (transposed when unfolded by rows): element (m, q) at
+                // m·sm + q·sq.
+                let (sm, sq) = if by_rows { (1, mg) } else { (cols, 1) };
                 let out = &mut y[n0 * self.m * ohw..][..ni * self.m * ohw];
                 let t = &t[..mg * cols];
                 par::for_chunks_mut(threads, out, self.m * ohw, 1, |first, part| {
@@ -812,13 +823,7 @@ impl Conv {
                             let bias = b.map_or(0.0, |b| b[gi * mg + m]);
                             let dst = &mut img[(gi * mg + m) * ohw..][..ohw];
                             for (p, d) in dst.iter_mut().enumerate() {
-                                let q = jj * ohw + p;
-                                *d = bias
-                                    + if by_rows {
-                                        t[q * mg + m]
-                                    } else {
-                                        t[m * cols + q]
-                                    };
+                                *d = bias + t[m * sm + (jj * ohw + p) * sq];
                             }
                             if let Some(act) = self.act {
                                 act.apply_all(dst);
@@ -1050,22 +1055,10 @@ pub(crate) fn conv_layout(
 /// ConvTranspose's geometry: input `[N, C, H, W]`, output `[N, M, OH, OW]`
 /// (from shape inference), kernel `[C, M/group, kh, kw]`.
 struct Transposed {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
+    /// Input `[N, C, H, W]`, output `[N, M, OH, OW]`; its pads are at the
+    /// start of each *output* dim.
+    g: Window,
     m: usize,
-    oh: usize,
-    ow: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    dh: usize,
-    dw: usize,
-    /// Padding at the start of each output dim.
-    ph: usize,
-    pw: usize,
     group: usize,
     bias: bool,
 }
@@ -1074,14 +1067,14 @@ impl Transposed {
     /// Input rows per tile: the tile's `Wᵀ · X` columns stay within
     /// [`TILE_BYTES`] (at least one row).
     fn tile_rows(&self) -> usize {
-        let k = self.m / self.group * self.kh * self.kw;
-        (tile_cols(k, self.h * self.w) / self.w.max(1)).clamp(1, self.h.max(1))
+        let k = self.m / self.group * self.g.kh * self.g.kw;
+        (tile_cols(k, self.g.h * self.g.w) / self.g.w.max(1)).clamp(1, self.g.h.max(1))
     }
 }
 
 impl Kernel for Transposed {
     fn workspace_bytes(&self) -> usize {
-        (self.m / self.group) * self.kh * self.kw * self.tile_rows() * self.w * 4
+        (self.m / self.group) * self.g.kh * self.g.kw * self.tile_rows() * self.g.w * 4
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.f32()?;
@@ -1094,14 +1087,14 @@ impl Kernel for Transposed {
         let threads = io.threads;
         let col: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
         let y = io.outputs[0].f32()?;
-        let (cg, mg) = (self.c / self.group, self.m / self.group);
-        let taps = self.kh * self.kw;
+        let (cg, mg) = (self.g.c / self.group, self.m / self.group);
+        let taps = self.g.kh * self.g.kw;
         let k = mg * taps;
-        let hw = self.h * self.w;
-        let ohw = self.oh * self.ow;
+        let hw = self.g.h * self.g.w;
+        let ohw = self.g.oh * self.g.ow;
         let rows = self.tile_rows();
-        for n in 0..self.n {
-            let xi = &x[n * self.c * hw..][..self.c * hw];
+        for n in 0..self.g.n {
+            let xi = &x[n * self.g.c * hw..][..self.g.c * hw];
             let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
             match b {
                 Some(b) => {
@@ -1115,11 +1108,11 @@ impl Kernel for Transposed {
                 let wg = &w[gi * cg * k..][..cg * k];
                 let xg = &xi[gi * cg * hw..][..cg * hw];
                 let yg = &mut yi[gi * mg * ohw..][..mg * ohw];
-                for iy0 in (0..self.h).step_by(rows) {
+                for iy0 in (0..self.g.h).step_by(rows) {
                     // col[k × pt] = Wgᵀ · Xg[:, input rows iy0..iy1],
                     // Wg = w[gi] as [cg × k].
-                    let iy1 = (iy0 + rows).min(self.h);
-                    let pt = (iy1 - iy0) * self.w;
+                    let iy1 = (iy0 + rows).min(self.g.h);
+                    let pt = (iy1 - iy0) * self.g.w;
                     let col = &mut col[..k * pt];
                     sgemm(
                         k,
@@ -1128,7 +1121,7 @@ impl Kernel for Transposed {
                         1.0,
                         wg,
                         (1, k),
-                        &xg[iy0 * self.w..],
+                        &xg[iy0 * self.g.w..],
                         (hw, 1),
                         0.0,
                         col,
@@ -1142,7 +1135,7 @@ impl Kernel for Transposed {
                         for (j, plane) in planes.chunks_mut(ohw.max(1)).enumerate() {
                             let m = m0 + j;
                             for t in 0..taps {
-                                let (ki, kj) = (t / self.kw, t % self.kw);
+                                let (ki, kj) = (t / self.g.kw, t % self.g.kw);
                                 let row = &col[(m * taps + t) * pt..][..pt];
                                 self.scatter_row(row, iy0, iy1, ki, kj, plane);
                             }
@@ -1168,14 +1161,14 @@ impl Transposed {
         plane: &mut [f32],
     ) {
         for iy in iy0..iy1 {
-            let oy = (iy * self.sh + ki * self.dh) as isize - self.ph as isize;
-            if oy < 0 || oy as usize >= self.oh {
+            let oy = (iy * self.g.sh + ki * self.g.dh) as isize - self.g.ph as isize;
+            if oy < 0 || oy as usize >= self.g.oh {
                 continue;
             }
-            let dst = &mut plane[oy as usize * self.ow..][..self.ow];
-            for (ix, &v) in row[(iy - iy0) * self.w..][..self.w].iter().enumerate() {
-                let ox = (ix * self.sw + kj * self.dw) as isize - self.pw as isize;
-                if ox >= 0 && (ox as usize) < self.ow {
+            let dst = &mut plane[oy as usize * self.g.ow..][..self.g.ow];
+            for (ix, &v) in row[(iy - iy0) * self.g.w..][..self.g.w].iter().enumerate() {
+                let ox = (ix * self.g.sw + kj * self.g.dw) as isize - self.g.pw as isize;
+                if ox >= 0 && (ox as usize) < self.g.ow {
                     dst[ox as usize] += v;
                 }
             }
@@ -1254,39 +1247,11 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let (dh, dw) = pick(&u(&dl), 1);
     let (ph, pw) = pick(&begin, 0);
     let bias = ctx.inputs.get(2).is_some_and(|b| b.is_some());
-    let flipped_bytes = w.shape.iter().product::<usize>() * 4;
-    if (sh, sw) == (1, 1)
-        && ph <= dh * (kh - 1)
-        && pw <= dw * (kw - 1)
-        && flipped_bytes <= FLIP_MAX_WEIGHT_BYTES
-    {
-        let g = Window {
-            n: x.shape[0],
-            c,
-            h,
-            w: wd,
-            oh,
-            ow,
-            kh,
-            kw,
-            sh: 1,
-            sw: 1,
-            dh,
-            dw,
-            ph: dh * (kh - 1) - ph,
-            pw: dw * (kw - 1) - pw,
-        };
-        return Ok(Box::new(Flipped {
-            wshape: [vec![m, c / group], w.shape[2..].to_vec()].concat(),
-            conv: Conv::new(g, m, group, bias),
-        }));
-    }
-    Ok(Box::new(Transposed {
+    let g = Window {
         n: x.shape[0],
         c,
         h,
         w: wd,
-        m,
         oh,
         ow,
         kh,
@@ -1297,9 +1262,25 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         dw,
         ph,
         pw,
-        group,
-        bias,
-    }))
+    };
+    let flipped_bytes = w.shape.iter().product::<usize>() * 4;
+    if (sh, sw) == (1, 1)
+        && ph <= dh * (kh - 1)
+        && pw <= dw * (kw - 1)
+        && flipped_bytes <= FLIP_MAX_WEIGHT_BYTES
+    {
+        // The equal Conv's begin pads are on its input: `d·(k - 1) - p`.
+        let g = Window {
+            ph: dh * (kh - 1) - ph,
+            pw: dw * (kw - 1) - pw,
+            ..g
+        };
+        return Ok(Box::new(Flipped {
+            wshape: [vec![m, c / group], w.shape[2..].to_vec()].concat(),
+            conv: Conv::new(g, m, group, bias),
+        }));
+    }
+    Ok(Box::new(Transposed { g, m, group, bias }))
 }
 
 /// The largest weight a stride-1 ConvTranspose flips into its workspace
