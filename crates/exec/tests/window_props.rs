@@ -60,6 +60,12 @@ fn close(got: &[f32], want: &[f64]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Position `o·s + k·d - p` of a window tap (output `o`, tap `k`, stride
+/// `s`, dilation `d`, begin pad `p`) when it lies in `0..n`.
+fn tap(o: usize, k: usize, s: usize, d: usize, p: usize, n: usize) -> Option<usize> {
+    (o * s + k * d).checked_sub(p).filter(|&i| i < n)
+}
+
 #[derive(Debug, Clone)]
 struct Geom {
     n: usize,
@@ -160,12 +166,10 @@ proptest! {
                         for ci in 0..g.cg {
                             for ki in 0..kh {
                                 for kj in 0..kw {
-                                    let iy = (oy * sh + ki * dh) as isize - ph as isize;
-                                    let ix = (ox * sw + kj * dw) as isize - pw as isize;
-                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                    let (Some(iy), Some(ix)) = (tap(oy, ki, sh, dh, ph, h), tap(ox, kj, sw, dw, pw, w)) else {
                                         continue;
-                                    }
-                                    let xval = xv[((ni * c + gi * g.cg + ci) * h + iy as usize) * w + ix as usize];
+                                    };
+                                    let xval = xv[((ni * c + gi * g.cg + ci) * h + iy) * w + ix];
                                     let wval = wv[((mi * g.cg + ci) * kh + ki) * kw + kj];
                                     acc += xval as f64 * wval as f64;
                                     acc32 += xval * wval;
@@ -226,13 +230,11 @@ proptest! {
                             let mi = gi * g.mg + mj;
                             for ki in 0..kh {
                                 for kj in 0..kw {
-                                    let oy = (iy * sh + ki * dh) as isize - ph as isize;
-                                    let ox = (ix * sw + kj * dw) as isize - pw as isize;
-                                    if oy < 0 || ox < 0 || oy >= oh as isize || ox >= ow as isize {
+                                    let (Some(oy), Some(ox)) = (tap(iy, ki, sh, dh, ph, oh), tap(ix, kj, sw, dw, pw, ow)) else {
                                         continue;
-                                    }
+                                    };
                                     let wval = wv[((ci * g.mg + mj) * kh + ki) * kw + kj] as f64;
-                                    want[((ni * m + mi) * oh + oy as usize) * ow + ox as usize] += xval * wval;
+                                    want[((ni * m + mi) * oh + oy) * ow + ox] += xval * wval;
                                 }
                             }
                         }
@@ -312,12 +314,11 @@ fn maxpool_case(g: &Geom, order: usize, special: usize, seed: u64) -> Result<(),
                 let (mut acc, mut arg, mut cnt) = (f32::NEG_INFINITY, 0usize, 0);
                 for ki in 0..kh {
                     for kj in 0..kw {
-                        let iy = (oy * sh + ki * dh) as isize - ph as isize;
-                        let ix = (ox * sw + kj * dw) as isize - pw as isize;
-                        if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                        let (Some(iy), Some(ix)) =
+                            (tap(oy, ki, sh, dh, ph, h), tap(ox, kj, sw, dw, pw, w))
+                        else {
                             continue;
-                        }
-                        let (iy, ix) = (iy as usize, ix as usize);
+                        };
                         let v = xv[plane * h * w + iy * w + ix];
                         if v > acc || (v.is_nan() && !acc.is_nan()) || cnt == 0 {
                             acc = v;
