@@ -13,6 +13,11 @@ struct Pool {
     /// MaxPool's Indices output: 0 row-major, 1 column-major (`None`: not
     /// asked for).
     indices: Option<i64>,
+    /// The column taps' runs ([`tap_runs`]), fixed by the window.
+    runs: Vec<(usize, usize, usize)>,
+    /// Tap `t`'s flat offset from its window's origin in the Indices'
+    /// storage order ([`max_rows`]).
+    offsets: Vec<i64>,
 }
 
 impl Kernel for Pool {
@@ -148,15 +153,14 @@ impl Pool {
         col_major: bool,
     ) -> bool {
         let g = &self.g;
-        let mut runs = vec![(0, 0, 0); g.kw];
-        tap_runs(g, &mut runs);
+        let taps = (&self.runs[..], &self.offsets[..]);
         phased_plane(g, plane, |src| {
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2 (checked just above).
-                return unsafe { max_rows_avx2(g, src, &runs, out, idx, p, col_major) };
+                return unsafe { max_rows_avx2(g, src, taps, out, idx, p, col_major) };
             }
-            max_rows(g, src, &runs, out, idx, p, col_major)
+            max_rows(g, src, taps, out, idx, p, col_major)
         })
     }
 }
@@ -166,14 +170,18 @@ impl Pool {
 unsafe fn max_rows_avx2(
     g: &Window,
     src: &[f32],
-    runs: &[(usize, usize, usize)],
+    taps: Taps,
     out: &mut [f32],
     idx: Option<&mut [i64]>,
     p: usize,
     col_major: bool,
 ) -> bool {
-    max_rows(g, src, runs, out, idx, p, col_major)
+    max_rows(g, src, taps, out, idx, p, col_major)
 }
+
+/// A window's column-tap runs and its taps' index offsets
+/// ([`Pool::runs`], [`Pool::offsets`]).
+type Taps<'a> = (&'a [(usize, usize, usize)], &'a [i64]);
 
 /// [`Pool::max_plane`]'s loops over the (phased) plane `src`, indexed so
 /// that they compile inside the caller's target features.
@@ -181,7 +189,7 @@ unsafe fn max_rows_avx2(
 fn max_rows(
     g: &Window,
     src: &[f32],
-    runs: &[(usize, usize, usize)],
+    (runs, off): Taps,
     out: &mut [f32],
     mut idx: Option<&mut [i64]>,
     p: usize,
@@ -195,10 +203,7 @@ fn max_rows(
     // per tap). Tap t's element of output (oy, ox) lies at `origin(oy,
     // ox) + off[t]` (row- or column-major), so no division turns it back.
     let mut won: Vec<u32> = vec![0; if idx.is_some() { g.ow } else { 0 }];
-    let (rs, cs) = if col_major { (1, g.h) } else { (g.w, 1) };
-    let off: Vec<i64> = (0..g.kh * g.kw)
-        .map(|t| ((t / g.kw * g.dh) * rs + (t % g.kw * g.dw) * cs) as i64)
-        .collect();
+    let (rs, cs) = storage_strides(g, col_major);
     for (oy, row) in out.chunks_mut(g.ow.max(1)).enumerate().take(g.oh) {
         row.fill(f32::NEG_INFINITY);
         won.fill(0);
@@ -257,12 +262,31 @@ pub fn pool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         .iter()
         .map(|&k| k as usize)
         .collect();
+    let g = window(ctx, &ks)?;
+    let mut runs = vec![(0, 0, 0); g.kw];
+    tap_runs(&g, &mut runs);
+    let (rs, cs) = storage_strides(&g, indices == Some(1));
+    let offsets = (0..g.kh * g.kw)
+        .map(|t| ((t / g.kw * g.dh) * rs + (t % g.kw * g.dw) * cs) as i64)
+        .collect();
     Ok(Box::new(Pool {
-        g: window(ctx, &ks)?,
+        g,
         max,
         include_pad: ctx.node.attr_int("count_include_pad") == Some(1),
         indices,
+        runs,
+        offsets,
     }))
+}
+
+/// An input plane's (row, column) strides in MaxPool's Indices: row-major,
+/// or column-major (`storage_order = 1`).
+fn storage_strides(g: &Window, col_major: bool) -> (usize, usize) {
+    if col_major {
+        (1, g.h)
+    } else {
+        (g.w, 1)
+    }
 }
 
 struct Global {
