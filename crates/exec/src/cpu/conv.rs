@@ -179,8 +179,9 @@ pub fn im2col_cols(
 /// of each row, rows at stride `rs` in `col` (the folded path's tile).
 /// Rows outer: a row's window (channel, tap, valid columns) is worked out
 /// once for all the images, by counters rather than divisions, and runs of
-/// a few columns (a weight gradient's 3x3 output) are copied in place
-/// rather than through `memcpy`.
+/// a few columns (a 7x7 output's rows) are copied in place rather than
+/// through `memcpy`. Kernels wider than the output unfold the other way
+/// ([`im2row_fold`]).
 #[allow(clippy::too_many_arguments)]
 fn im2col_rows_fold(
     g: &Window,
