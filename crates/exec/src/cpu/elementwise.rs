@@ -950,17 +950,29 @@ impl<F: Fn(f32) -> f32 + Send + Sync> Kernel for Unary<F> {
         true
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?;
-        let sx = slice::<f32>(&x);
-        let threads = io.threads;
-        let o = io.outputs[0].f32()?;
         let f = &self.0;
-        par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, o| match sx {
-            Some(s) => o.iter_mut().zip(&s[first..]).for_each(|(o, &v)| *o = f(v)),
+        unary_chunks(io, |x, o| match x {
+            Some(s) => o.iter_mut().zip(s).for_each(|(o, &v)| *o = f(v)),
             None => o.iter_mut().for_each(|o| *o = f(*o)),
-        });
-        Ok(())
+        })
     }
+}
+
+/// A unary f32 kernel's run: the output in chunks across threads, each
+/// `chunk(x, o)` with its elements of the input (`None`: in place, `o`
+/// holds them).
+fn unary_chunks(
+    io: &mut KernelIo,
+    chunk: impl Fn(Option<&[f32]>, &mut [f32]) + Sync,
+) -> Result<(), String> {
+    let x = io.input(0)?;
+    let sx = slice::<f32>(&x);
+    let threads = io.threads;
+    let o = io.outputs[0].f32()?;
+    par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, o| {
+        chunk(sx.map(|s| &s[first..first + o.len()]), o)
+    });
+    Ok(())
 }
 
 /// A unary f64 function (the few that optimizers and double node tests
@@ -1096,15 +1108,7 @@ macro_rules! lanes_kernel {
                 true
             }
             fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-                let x = io.input(0)?;
-                let sx = slice::<f32>(&x);
-                let threads = io.threads;
-                let o = io.outputs[0].f32()?;
-                par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, o| match sx {
-                    Some(s) => $slice(Some(&s[first..first + o.len()]), o),
-                    None => $slice(None, o),
-                });
-                Ok(())
+                unary_chunks(io, $slice)
             }
         }
 
