@@ -44,7 +44,10 @@ const NR: usize = 16;
 /// Depth of a packed block: every element's sum is split at multiples of
 /// it (the fused palette kernels tile `k` by the same 256).
 pub(crate) const KC: usize = 256;
-/// Rows of `a` per block (a multiple of [`MR`]).
+/// Rows of a micro-tile of the AVX-512 kernel ([`micro_wide`]), whose
+/// tiles are 32 columns wide (two slivers).
+const MR_WIDE: usize = 12;
+/// Rows of `a` per block (a multiple of [`MR`] and [`MR_WIDE`]).
 const MC: usize = 96;
 /// Columns of `b` per packed panel (a multiple of [`NR`]).
 const NC: usize = 256;
@@ -53,6 +56,15 @@ thread_local! {
     /// `b`'s packed panel (at most `KC × NC` floats), one per thread,
     /// reused across calls.
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether this CPU has AVX-512F, for [`micro_wide`]: the same products
+/// and sums as [`micro`], per element, so the same bits, with twice the
+/// registers (12 × 32 tiles instead of 6 × 16).
+fn wide() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
 }
 
 /// Whether this CPU runs [`sgemm`].
@@ -85,7 +97,31 @@ pub(crate) unsafe fn sgemm(
     c: *mut f32,
     rsc: usize,
 ) {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { sgemm_on(wide(), m, k, n, alpha, a, lda, b, (rsb, csb), beta, c, rsc) }
+}
+
+/// [`sgemm`] on the AVX-512 kernel ([`micro_wide`]) where `wide`, else on
+/// the AVX2 one ([`micro`]): the same bits either way.
+///
+/// # Safety
+/// As [`sgemm`]'s, and `wide` only where the CPU has AVX-512F.
+unsafe fn sgemm_on(
+    wide: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    (rsb, csb): (usize, usize),
+    beta: f32,
+    c: *mut f32,
+    rsc: usize,
+) {
     debug_assert!(available() && k > 0);
+    let (mr, step) = if wide { (MR_WIDE, 2 * NR) } else { (MR, NR) };
     PANEL.with(|bp| {
         let bp = &mut *bp.borrow_mut();
         let panel = KC * n.min(NC).div_ceil(NR) * NR;
@@ -109,37 +145,35 @@ pub(crate) unsafe fn sgemm(
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
                     let ablk = unsafe { a.add(ic * lda + pc) };
-                    for jr in (0..nc).step_by(NR) {
-                        let nr = NR.min(nc - jr);
-                        let (sliver, ldb) = if in_place && nr == NR {
+                    // Sliver `jr`'s 16 columns: `b` itself (row stride rsb)
+                    // or the packed panel (stride NR).
+                    let sliver = |jr: usize| {
+                        if in_place && nc - jr >= NR {
                             (unsafe { bblk.add(jr) }, rsb)
                         } else {
                             (unsafe { bp.as_ptr().add(jr * kc) }, NR)
-                        };
-                        for ir in (0..mc).step_by(MR) {
-                            let rows = MR.min(mc - ir);
+                        }
+                    };
+                    for jr in (0..nc).step_by(step) {
+                        let nr = step.min(nc - jr);
+                        let (b, ldb) = sliver(jr);
+                        let (b1, ldb1) = if nr > NR { sliver(jr + NR) } else { (b, ldb) };
+                        for ir in (0..mc).step_by(mr) {
                             let t = Tile {
                                 kc,
                                 a: unsafe { ablk.add(ir * lda) },
                                 lda,
-                                b: sliver,
+                                b,
                                 ldb,
+                                b1,
+                                ldb1,
                                 c: unsafe { c.add((ic + ir) * rsc + jc + jr) },
                                 rsc,
                                 nr,
                                 alpha: al,
                                 beta: be,
                             };
-                            unsafe {
-                                match rows {
-                                    6 => micro::<6>(&t),
-                                    5 => micro::<5>(&t),
-                                    4 => micro::<4>(&t),
-                                    3 => micro::<3>(&t),
-                                    2 => micro::<2>(&t),
-                                    _ => micro::<1>(&t),
-                                }
-                            }
+                            unsafe { tile(&t, mr.min(mc - ir), wide) }
                         }
                     }
                 }
@@ -331,6 +365,12 @@ unsafe fn dot_cols<const C: usize>(
 /// Packs `kc × nc` of `b` into slivers of [`NR`] columns: sliver `s`
 /// holds row `p`'s 16 columns at `s·NR·kc + p·NR`, zeros past `nc`
 /// (`edge_only`: only the last, partial sliver).
+///
+/// A row-major `b` is read row by row (each row's `nc` columns in one
+/// contiguous run, which the hardware prefetcher streams from memory: a
+/// weight read sliver by sliver touches a new page per row and waited on
+/// memory for a third of a batch-1 BERT product's time); other strides
+/// sliver by sliver.
 unsafe fn pack_b(
     kc: usize,
     nc: usize,
@@ -340,6 +380,28 @@ unsafe fn pack_b(
     out: &mut [f32],
     edge_only: bool,
 ) {
+    let full = nc / NR;
+    if csb == 1 {
+        let first = if edge_only { full } else { 0 };
+        for p in 0..kc {
+            // SAFETY: row p, columns ..nc of b (the caller's bounds).
+            let src = unsafe { b.add(p * rsb) };
+            for s in first..full {
+                let row = &mut out[s * NR * kc + p * NR..][..NR];
+                // A fixed-size copy (two vector moves), not a memcpy call.
+                // SAFETY: columns s·NR..(s+1)·NR < nc of row p.
+                row.copy_from_slice(unsafe { &*(src.add(s * NR) as *const [f32; NR]) });
+            }
+            let w = nc - full * NR;
+            if w > 0 {
+                let row = &mut out[full * NR * kc + p * NR..][..NR];
+                // SAFETY: the last w columns of row p.
+                unsafe { std::ptr::copy_nonoverlapping(src.add(full * NR), row.as_mut_ptr(), w) };
+                row[w..].fill(0.0);
+            }
+        }
+        return;
+    }
     for (s, j0) in (0..nc).step_by(NR).enumerate() {
         let w = NR.min(nc - j0);
         if edge_only && w == NR {
@@ -351,16 +413,8 @@ unsafe fn pack_b(
             // SAFETY: row p, columns j0..j0+w of b (the caller's bounds).
             unsafe {
                 let src = b.add(p * rsb + j0 * csb);
-                if csb == 1 && w == NR {
-                    // A fixed-size copy (two vector moves), not a memcpy call.
-                    row.copy_from_slice(&*(src as *const [f32; NR]));
-                    continue;
-                } else if csb == 1 {
-                    std::ptr::copy_nonoverlapping(src, row.as_mut_ptr(), w);
-                } else {
-                    for (j, r) in row[..w].iter_mut().enumerate() {
-                        *r = *src.add(j * csb);
-                    }
+                for (j, r) in row[..w].iter_mut().enumerate() {
+                    *r = *src.add(j * csb);
                 }
             }
             row[w..].fill(0.0);
@@ -378,6 +432,10 @@ struct Tile {
     lda: usize,
     b: *const f32,
     ldb: usize,
+    /// The next sliver (columns 16..32 of a wide tile), at row stride
+    /// `ldb1`; [`micro`] does not read it.
+    b1: *const f32,
+    ldb1: usize,
     c: *mut f32,
     rsc: usize,
     nr: usize,
@@ -400,6 +458,108 @@ fn finish(v: f32, beta: f32, out: &mut f32) {
     } else {
         v
     };
+}
+
+/// The micro-tile of `rows` rows at `t`: [`micro_wide`] where `wide`,
+/// else [`micro`].
+#[inline(always)]
+unsafe fn tile(t: &Tile, rows: usize, wide: bool) {
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        if wide {
+            if t.nr > NR {
+                match rows {
+                    12 => micro_wide::<12, 2>(t),
+                    11 => micro_wide::<11, 2>(t),
+                    10 => micro_wide::<10, 2>(t),
+                    9 => micro_wide::<9, 2>(t),
+                    8 => micro_wide::<8, 2>(t),
+                    7 => micro_wide::<7, 2>(t),
+                    6 => micro_wide::<6, 2>(t),
+                    5 => micro_wide::<5, 2>(t),
+                    4 => micro_wide::<4, 2>(t),
+                    3 => micro_wide::<3, 2>(t),
+                    2 => micro_wide::<2, 2>(t),
+                    _ => micro_wide::<1, 2>(t),
+                }
+            } else {
+                match rows {
+                    12 => micro_wide::<12, 1>(t),
+                    11 => micro_wide::<11, 1>(t),
+                    10 => micro_wide::<10, 1>(t),
+                    9 => micro_wide::<9, 1>(t),
+                    8 => micro_wide::<8, 1>(t),
+                    7 => micro_wide::<7, 1>(t),
+                    6 => micro_wide::<6, 1>(t),
+                    5 => micro_wide::<5, 1>(t),
+                    4 => micro_wide::<4, 1>(t),
+                    3 => micro_wide::<3, 1>(t),
+                    2 => micro_wide::<2, 1>(t),
+                    _ => micro_wide::<1, 1>(t),
+                }
+            }
+        } else {
+            match rows {
+                6 => micro::<6>(t),
+                5 => micro::<5>(t),
+                4 => micro::<4>(t),
+                3 => micro::<3>(t),
+                2 => micro::<2>(t),
+                _ => micro::<1>(t),
+            }
+        }
+    }
+}
+
+/// [`micro`] on AVX-512: `R × 16W` results (`W` slivers, `t.b` then
+/// `t.b1`) in `RW` registers of 16 lanes. Each element is the same chain
+/// of fused multiply-adds from zero and the same epilogue as in
+/// [`micro`] (the edge columns masked instead of finished one by one, the
+/// same arithmetic), so the two kernels give the same bits.
+#[target_feature(enable = "avx512f")]
+unsafe fn micro_wide<const R: usize, const W: usize>(t: &Tile) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); W]; R];
+    // SAFETY: `a` has R rows of kc at stride lda; `b` (and `b1` when W
+    // is 2) kc rows of NR at strides ldb (ldb1).
+    unsafe {
+        let (mut bp0, mut bp1) = (t.b, t.b1);
+        for p in 0..t.kc {
+            let mut bv = [_mm512_setzero_ps(); W];
+            bv[0] = _mm512_loadu_ps(bp0);
+            if W == 2 {
+                bv[W - 1] = _mm512_loadu_ps(bp1);
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*t.a.add(i * t.lda + p));
+                for (r, b) in row.iter_mut().zip(&bv) {
+                    *r = _mm512_fmadd_ps(av, *b, *r);
+                }
+            }
+            bp0 = bp0.add(t.ldb);
+            bp1 = bp1.add(t.ldb1);
+        }
+        let alpha = _mm512_set1_ps(t.alpha);
+        let beta = _mm512_set1_ps(t.beta);
+        for (i, row) in acc.iter().enumerate() {
+            let c = t.c.add(i * t.rsc);
+            for (h, v) in row.iter().enumerate() {
+                let lanes = t.nr.saturating_sub(NR * h).min(NR);
+                let mask: __mmask16 = if lanes == NR { !0 } else { (1u16 << lanes) - 1 };
+                let out = c.add(NR * h);
+                let mut v = *v;
+                if t.alpha != 1.0 {
+                    v = _mm512_mul_ps(v, alpha);
+                }
+                if t.beta == 1.0 {
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
+                } else if t.beta != 0.0 {
+                    v = _mm512_fmadd_ps(beta, _mm512_maskz_loadu_ps(mask, out), v);
+                }
+                _mm512_mask_storeu_ps(out, mask, v);
+            }
+        }
+    }
 }
 
 /// `R × 16` results of `kc` rank-1 updates, kept in `2R` registers, then
@@ -563,6 +723,64 @@ mod tests {
                     close(&c, &want, k, || {
                         format!("{m}x{k}x{n} alpha {alpha} beta {beta} {sa:?}")
                     });
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 kernel gives the AVX2 kernel's bits, on edge tiles
+    /// (rows under 12 and 6, a last sliver of 1-31 columns, one or two
+    /// slivers wide), `b` read in place (m <= MC) or packed, both strides
+    /// of `b`, and every alpha/beta case. (Where the CPU lacks AVX-512 only
+    /// the AVX2 kernel runs, and this has nothing to compare.)
+    #[test]
+    fn wide_kernel_gives_the_avx2_bits() {
+        if !available() || !wide() {
+            return;
+        }
+        for &(m, k, n) in &[
+            (1, 5, 1),
+            (13, 300, 49),
+            (25, 70, 17),
+            (100, 513, 530),
+            (12, 256, 32),
+            (96, 40, 47),
+            (7, 600, 33),
+        ] {
+            for &(alpha, beta) in &[(1.0, 0.0), (1.0, 1.0), (0.3, 0.0), (0.7, -1.5)] {
+                let a = fill(m * k, 6);
+                let b = fill(k * n, 7);
+                let c0 = fill(m * n, 8);
+                for sb in [(n, 1), (1, k)] {
+                    let mut got = [c0.clone(), c0.clone()];
+                    for (wide, c) in [false, true].into_iter().zip(&mut got) {
+                        // SAFETY: the operands hold what the strides say; the
+                        // CPU has AVX-512F (checked above).
+                        unsafe {
+                            sgemm_on(
+                                wide,
+                                m,
+                                k,
+                                n,
+                                alpha,
+                                a.as_ptr(),
+                                k,
+                                b.as_ptr(),
+                                sb,
+                                beta,
+                                c.as_mut_ptr(),
+                                n,
+                            )
+                        }
+                    }
+                    let same = got[0]
+                        .iter()
+                        .zip(&got[1])
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{m}x{k}x{n} alpha {alpha} beta {beta} b strides {sb:?}"
+                    );
                 }
             }
         }
