@@ -8,11 +8,11 @@
 //!   tile into its columns of the output; threads take whole tiles, each in
 //!   its own workspace slot (an image that fits one tile is one tile, whose
 //!   GEMM splits its rows across threads). The workspace is a few tiles,
-//!   whatever the image or batch size. Convolutions of at most 64 output
-//!   positions multiply on graphopt's own kernel ([`own_for_cols`]).
+//!   whatever the image or batch size. Convolutions multiply on graphopt's
+//!   own kernel ([`own_kernel`]) where the CPU runs it.
 
 use crate::backend::{Activation, Data, In, Kernel, KernelIo, NodeCtx};
-use crate::cpu::matmul::{own_for_cols, sgemm, sgemm_into_with, sgemm_with, SendPtr};
+use crate::cpu::matmul::{own_kernel, sgemm, sgemm_into_with, sgemm_with, SendPtr};
 use crate::cpu::par;
 use crate::tensor::cast_mut;
 use graphopt_ir::DType;
@@ -561,10 +561,10 @@ struct Conv {
     direct: bool,
     /// Workspace tile slots ([`tile_slots`], fixed when the kernel is made).
     slots: usize,
-    /// Multiply on graphopt's kernel ([`own_for_cols`] of the output
-    /// positions), on every path but the folded one (whose im2col tiles
-    /// multiply on matrixmultiply, and whose by-rows tiles always on
-    /// graphopt's kernel, [`Conv::fold_by_rows`]).
+    /// Multiply on graphopt's kernel ([`own_kernel`]), on every path but
+    /// the folded one (whose im2col tiles multiply on matrixmultiply, and
+    /// whose by-rows tiles always on graphopt's kernel,
+    /// [`Conv::fold_by_rows`]).
     own: bool,
     /// A Relu or Clip fused in ([`Kernel::fuse_activation`]): applied to
     /// each tile, plane or block of output once it is final.
@@ -1018,7 +1018,7 @@ impl Conv {
         let ohw = g.oh * g.ow;
         Conv {
             slots: tile_slots(ohw.div_ceil(tile_cols(k, ohw))),
-            own: own_for_cols(ohw),
+            own: own_kernel(),
             direct: g.plain_1x1(),
             g,
             m,

@@ -1,9 +1,8 @@
 //! MatMul (batched, numpy broadcasting of the batch dims) and Gemm, on
 //! `matrixmultiply::sgemm` (strided operands, so transposes cost nothing).
-//! Convolutions with few output positions per image use graphopt's own
-//! kernel instead ([`own_for_cols`], [`super::gemm`]), and so does a
-//! MatMul or Gemm of one row ([`product`]: a batch-1 classifier, a
-//! decoding step).
+//! Convolutions use graphopt's own kernel instead ([`own_kernel`],
+//! [`super::gemm`]), and so does a MatMul or Gemm of one row
+//! ([`product`]: a batch-1 classifier, a decoding step).
 //! Work splits across the pool ([`par`]) by batch, or by rows (or column
 //! blocks) of one large product.
 
@@ -129,29 +128,27 @@ pub(crate) fn gemv(
     }
 }
 
-/// Products of at most this many columns may run on graphopt's own kernel
-/// ([`own_for_cols`]).
-const OWN_MAX_COLS: usize = 64;
-
-/// Whether a convolution with `cols` output positions per image multiplies
-/// on graphopt's kernel ([`super::gemm`]): with few columns, the weight is
-/// the large operand, and matrixmultiply would repack it on every call
-/// (measured in benches/README.md, "GEMM candidates"). The choice is made
-/// once per node, not per call, so that every tiling and thread split of
-/// the node's product sums each element the same way.
-pub(crate) fn own_for_cols(cols: usize) -> bool {
+/// Whether a convolution multiplies on graphopt's kernel
+/// ([`super::gemm`]): wherever the CPU runs it. It reads the weight (the
+/// left operand) in place where matrixmultiply repacks it on every call,
+/// and on AVX-512 it runs 12x32 tiles (benches/README.md, "GEMM
+/// candidates": resnet50 at batch 1 and 8 and mobilenet_v2 at batch 8
+/// went 4-9% faster than on matrixmultiply beyond 64 output positions,
+/// where only the smaller convolutions used to run on it). The choice is
+/// made once per node, not per call, so that every tiling and thread
+/// split of the node's product sums each element the same way.
+pub(crate) fn own_kernel() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        cols <= OWN_MAX_COLS && super::gemm::available()
+        super::gemm::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = cols;
         false
     }
 }
 
-/// [`sgemm`] on graphopt's kernel when `own` (see [`own_for_cols`]) and `a`
+/// [`sgemm`] on graphopt's kernel when `own` (see [`own_kernel`]) and `a`
 /// has contiguous rows, else on matrixmultiply.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm_with(
@@ -232,7 +229,7 @@ pub(crate) fn sgemm_with(
 }
 
 /// One-thread `c = alpha · a · b + beta · c` into a raw output, on
-/// graphopt's kernel when `own` ([`own_for_cols`]), else matrixmultiply, for the
+/// graphopt's kernel when `own` ([`own_kernel`]), else matrixmultiply, for the
 /// parts of a split product that each own a block of a shared output
 /// (`k = 0`: `c = beta · c`, the operands unread).
 ///

@@ -46,7 +46,7 @@
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{conv_layout, im2col, Window};
-use crate::cpu::matmul::{gemm_bias, gemv, own_for_cols, product, sgemm_with};
+use crate::cpu::matmul::{gemm_bias, gemv, own_kernel, product, sgemm_with};
 use crate::lower::{GROUPS_ATTR, WEIGHT_SHAPE_ATTR};
 use crate::tensor::{cast_mut, nibble, numel};
 use graphopt_ir::DType;
@@ -585,7 +585,7 @@ impl Kernel for Conv {
                     // The kernel the plain Conv picks on its unfolded
                     // paths (bitwise equal to it there).
                     sgemm_with(
-                        own_for_cols(ohw),
+                        own_kernel(),
                         ob,
                         k,
                         ohw,
