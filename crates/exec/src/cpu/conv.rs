@@ -331,22 +331,70 @@ pub(crate) fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
 }
 
 /// One depthwise output plane: `out = bias + Σ w[ki,kj] · x[shifted]`,
-/// accumulated in place over the kernel taps (no unfolding); on AVX2
-/// lanes where the CPU has them (the same operations in the same order,
-/// no FMA contraction: the same bits). A strided plane is first copied
-/// with each row's columns grouped by their remainder mod the stride
-/// ([`phase_rows`]), so that every tap reads a contiguous run: the same
-/// elements, so the same bits as a strided read.
+/// each element's taps in (ki, kj) order from the bias, each a fused
+/// multiply-add. The plane is first copied with its padding written out
+/// as zeros ([`padded_plane`]), so every tap of every output lies inside
+/// and a padded tap adds `w·0`, as the operator's definition reads; a
+/// strided plane is then copied with each row's columns grouped by their
+/// remainder mod the stride ([`phase_rows`]), so that every tap reads a
+/// contiguous run. On AVX2 with FMA the sums run in registers
+/// ([`depthwise_plane_avx2`]), elsewhere tap by tap over each output row
+/// ([`depthwise_body`]): the same operations in the same order, so the
+/// same bits.
 fn depthwise_plane(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
-    phased_plane(g, x, |x| {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            unsafe { depthwise_plane_avx2(g, x, w, bias, out) };
-            return;
-        }
-        depthwise_body(g, x, w, bias, out);
+    padded_plane(g, x, |g, x| {
+        phased_plane(g, x, |x| {
+            #[cfg(target_arch = "x86_64")]
+            if super::gemm::available() {
+                // SAFETY: the CPU has AVX2 and FMA (checked just above).
+                unsafe { depthwise_plane_avx2(g, x, w, bias, out) };
+                return;
+            }
+            depthwise_body(g, x, w, bias, out);
+        })
     });
+}
+
+thread_local! {
+    /// One plane with its padding written out ([`padded_plane`]).
+    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `f` on plane `x` ([H, W]) and its window as they are (no padding), or
+/// on a copy in this thread's buffer holding exactly the rows and columns
+/// the window reads, padding as zeros, with a window of no padding over
+/// it: every tap of every output then lies inside.
+fn padded_plane<R>(g: &Window, x: &[f32], f: impl FnOnce(&Window, &[f32]) -> R) -> R {
+    let h2 = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+    let w2 = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
+    if g.ph == 0 && g.pw == 0 && h2 <= g.h && w2 <= g.w {
+        return f(g, x);
+    }
+    let g2 = Window {
+        h: h2,
+        w: w2,
+        ph: 0,
+        pw: 0,
+        ..*g
+    };
+    PADDED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        buf.resize(h2 * w2, 0.0);
+        // Columns c2 of the copy read x's column c2 - pw where it exists.
+        let c_lo = g.pw.min(w2);
+        let c_hi = (g.pw + g.w).min(w2);
+        for r2 in 0..h2 {
+            let Some(r) = r2.checked_sub(g.ph).filter(|&r| r < g.h) else {
+                continue;
+            };
+            if c_lo < c_hi {
+                buf[r2 * w2 + c_lo..r2 * w2 + c_hi]
+                    .copy_from_slice(&x[r * g.w + c_lo - g.pw..][..c_hi - c_lo]);
+            }
+        }
+        f(&g2, &buf)
+    })
 }
 
 thread_local! {
@@ -417,10 +465,117 @@ pub(crate) fn tap_runs(g: &Window, runs: &mut [(usize, usize, usize)]) {
     }
 }
 
+/// Taps of a kernel whose weights [`depthwise_plane_avx2`] keeps in
+/// registers (up to 7x7).
+const DW_REG_TAPS: usize = 49;
+
+/// [`depthwise_body`] on AVX2, output-stationary, for a window whose taps
+/// all lie inside (as [`padded_plane`] makes it): each run of 8 output
+/// columns sums its taps in a register, `acc = fma(w, x, acc)` in (ki, kj)
+/// order from the bias, with four runs side by side so that the sums'
+/// chains overlap; a row's last run of under 8 is masked. The same operations in the same order as
+/// [`depthwise_body`], so the same bits.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn depthwise_plane_avx2(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
-    depthwise_body(g, x, w, bias, out);
+    use std::arch::x86_64::*;
+    let taps = g.kh * g.kw;
+    if taps > DW_REG_TAPS || g.kw > 16 {
+        depthwise_body(g, x, w, bias, out);
+        return;
+    }
+    let mut runs = [(0usize, 0usize, 0usize); 16];
+    let runs = &mut runs[..g.kw];
+    tap_runs(g, runs);
+    let inside = runs.iter().all(|&(lo, hi, _)| lo == 0 && hi == g.ow)
+        && g.ph == 0
+        && (g.oh - 1) * g.sh + (g.kh - 1) * g.dh < g.h;
+    if !inside {
+        depthwise_body(g, x, w, bias, out);
+        return;
+    }
+    // Tap t's input for output (oy, ox) is at oy·sh·w + ox + off[t].
+    let mut off = [0usize; DW_REG_TAPS];
+    let mut wv = [_mm256_setzero_ps(); DW_REG_TAPS];
+    for ki in 0..g.kh {
+        for (kj, &(_, _, start)) in runs.iter().enumerate() {
+            let t = ki * g.kw + kj;
+            off[t] = ki * g.dh * g.w + start;
+            wv[t] = _mm256_set1_ps(w[t]);
+        }
+    }
+    let (off, wv) = (&off[..taps], &wv[..taps]);
+    let bv = _mm256_set1_ps(bias);
+    let xp = x.as_ptr();
+    let op = out.as_mut_ptr();
+    let full_runs = g.ow / 8;
+    let tail = g.ow % 8;
+    let lanes: [i32; 8] = std::array::from_fn(|i| if i < tail { -1 } else { 0 });
+    // SAFETY: loads `lanes` (8 i32).
+    let mask = unsafe { _mm256_loadu_si256(lanes.as_ptr() as *const __m256i) };
+    // (output offset, input offset) of each full run, row by row.
+    let run_at = |r: usize| {
+        let (oy, q) = (r / full_runs, r % full_runs);
+        (oy * g.ow + 8 * q, oy * g.sh * g.w + 8 * q)
+    };
+    let n = full_runs * g.oh;
+    let mut r = 0;
+    // SAFETY (loads and stores below): every tap of every output lies in
+    // x (checked above), and the outputs of a run in its row of `out`.
+    while r + 4 <= n {
+        let at = [run_at(r), run_at(r + 1), run_at(r + 2), run_at(r + 3)];
+        let mut acc = [bv; 4];
+        for (&o, &wt) in off.iter().zip(wv) {
+            for (a, &(_, xb)) in acc.iter_mut().zip(&at) {
+                let v = unsafe { _mm256_loadu_ps(xp.add(xb + o)) };
+                *a = _mm256_fmadd_ps(wt, v, *a);
+            }
+        }
+        for (a, &(ob, _)) in acc.iter().zip(&at) {
+            unsafe { _mm256_storeu_ps(op.add(ob), *a) };
+        }
+        r += 4;
+    }
+    for r in r..n {
+        let (ob, xb) = run_at(r);
+        let mut acc = bv;
+        for (&o, &wt) in off.iter().zip(wv) {
+            let v = unsafe { _mm256_loadu_ps(xp.add(xb + o)) };
+            acc = _mm256_fmadd_ps(wt, v, acc);
+        }
+        unsafe { _mm256_storeu_ps(op.add(ob), acc) };
+    }
+    if tail > 0 {
+        for oy in 0..g.oh {
+            let (ob, xb) = (oy * g.ow + 8 * full_runs, oy * g.sh * g.w + 8 * full_runs);
+            let mut acc = bv;
+            for (&o, &wt) in off.iter().zip(wv) {
+                let v = unsafe { _mm256_maskload_ps(xp.add(xb + o), mask) };
+                acc = _mm256_fmadd_ps(wt, v, acc);
+            }
+            unsafe { _mm256_maskstore_ps(op.add(ob), mask, acc) };
+        }
+    }
+}
+
+/// One output row of [`depthwise_body`].
+fn depthwise_row(
+    g: &Window,
+    x: &[f32],
+    w: &[f32],
+    bias: f32,
+    runs: &[(usize, usize, usize)],
+    oy: usize,
+    row: &mut [f32],
+) {
+    row.fill(bias);
+    row_taps(g, x, runs, oy, |ki, kj, lo, src| {
+        let wv = w[ki * g.kw + kj];
+        let dst = &mut row[lo..lo + src.len()];
+        for i in 0..src.len() {
+            dst[i] = wv.mul_add(src[i], dst[i]);
+        }
+    });
 }
 
 /// [`depthwise_plane`]'s loops on `x` as it is (stride 1) or phased:
@@ -428,7 +583,6 @@ unsafe fn depthwise_plane_avx2(g: &Window, x: &[f32], w: &[f32], bias: f32, out:
 /// adaptors would be separate functions without them).
 #[inline(always)]
 fn depthwise_body(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) {
-    out.fill(bias);
     // Per column tap: the output columns it reaches inside the image, and
     // where their inputs start in a (phased) row.
     let mut cols = [(0usize, 0usize, 0usize); 16];
@@ -443,14 +597,7 @@ fn depthwise_body(g: &Window, x: &[f32], w: &[f32], bias: f32, out: &mut [f32]) 
     // Output row by output row (it stays in L1 across the taps), each
     // element adding its taps in (ki, kj) order.
     for oy in 0..g.oh {
-        let row = &mut out[oy * g.ow..][..g.ow];
-        row_taps(g, x, cols, oy, |ki, kj, lo, src| {
-            let wv = w[ki * g.kw + kj];
-            let dst = &mut row[lo..lo + src.len()];
-            for i in 0..src.len() {
-                dst[i] += wv * src[i];
-            }
-        });
+        depthwise_row(g, x, w, bias, cols, oy, &mut out[oy * g.ow..][..g.ow]);
     }
 }
 
