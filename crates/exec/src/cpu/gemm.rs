@@ -35,6 +35,7 @@
 
 #![allow(clippy::too_many_arguments)]
 
+use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
 use std::cell::RefCell;
 
 /// Rows of a micro-tile.
@@ -362,6 +363,13 @@ unsafe fn dot_cols<const C: usize>(
     }
 }
 
+/// Rows ahead of the one being packed that [`pack_b`] prefetches (8 was
+/// the best of 2, 4, 8 and 16 on BERT-base and GPT-2 at batch 1:
+/// benches/README.md, "Prefetching the weight").
+const PREFETCH_ROWS: usize = 8;
+/// `f32`s per 64-byte cache line.
+const LINE: usize = 16;
+
 /// Packs `kc × nc` of `b` into slivers of [`NR`] columns: sliver `s`
 /// holds row `p`'s 16 columns at `s·NR·kc + p·NR`, zeros past `nc`
 /// (`edge_only`: only the last, partial sliver).
@@ -369,8 +377,10 @@ unsafe fn dot_cols<const C: usize>(
 /// A row-major `b` is read row by row (each row's `nc` columns in one
 /// contiguous run, which the hardware prefetcher streams from memory: a
 /// weight read sliver by sliver touches a new page per row and waited on
-/// memory for a third of a batch-1 BERT product's time); other strides
-/// sliver by sliver.
+/// memory for a third of a batch-1 BERT product's time), with the row
+/// [`PREFETCH_ROWS`] ahead asked for while one is copied: a weight comes
+/// from memory, and each row's run is a new stream the hardware
+/// prefetcher has not yet seen; other strides sliver by sliver.
 unsafe fn pack_b(
     kc: usize,
     nc: usize,
@@ -386,6 +396,14 @@ unsafe fn pack_b(
         for p in 0..kc {
             // SAFETY: row p, columns ..nc of b (the caller's bounds).
             let src = unsafe { b.add(p * rsb) };
+            if p + PREFETCH_ROWS < kc {
+                let ahead = b.wrapping_add((p + PREFETCH_ROWS) * rsb);
+                for j in (first * NR..nc).step_by(LINE) {
+                    // SAFETY: a prefetch reads nothing and never faults
+                    // (the address lies in row p + PREFETCH_ROWS of b).
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j) as *const i8) };
+                }
+            }
             for s in first..full {
                 let row = &mut out[s * NR * kc + p * NR..][..NR];
                 // A fixed-size copy (two vector moves), not a memcpy call.

@@ -1,8 +1,10 @@
 //! MatMul (batched, numpy broadcasting of the batch dims) and Gemm, on
-//! `matrixmultiply::sgemm` (strided operands, so transposes cost nothing).
-//! Convolutions use graphopt's own kernel instead ([`own_kernel`],
-//! [`super::gemm`]), and so does a MatMul or Gemm of one row
-//! ([`product`]: a batch-1 classifier, a decoding step).
+//! graphopt's own kernel ([`own_kernel`], [`super::gemm`]) where the CPU
+//! runs it and the left operand has contiguous rows, else on
+//! `matrixmultiply::sgemm` (strided operands, so transposes cost nothing);
+//! a product of one row ([`product`]: a batch-1 classifier, a decoding
+//! step) runs on graphopt's matrix-vector kernel. Convolutions multiply on
+//! graphopt's kernel too.
 //! Work splits across the pool ([`par`]) by batch, or by rows (or column
 //! blocks) of one large product.
 
@@ -37,8 +39,11 @@ pub fn sgemm(
 /// `b` once where it lies, where matrixmultiply packs all of `b` for the
 /// one row (3-5 against 15-23 GFLOP/s, benches/README.md "GEMM
 /// candidates"); anything else, or where [`gemv`] does not apply, runs as
-/// [`sgemm`]. The choice rests on the node's shape only, so every split of
-/// one node's product sums each element the same way.
+/// [`sgemm_with`] on graphopt's kernel where [`own_kernel`] (BERT-base
+/// and GPT-2 at batch 1 went 5-8% faster than on matrixmultiply with
+/// the weight's rows prefetched: benches/README.md, "Prefetching the
+/// weight"). The choice rests on the node's shape and the CPU only, so
+/// every split of one node's product sums each element the same way.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn product(
     m: usize,
@@ -57,7 +62,21 @@ pub(crate) fn product(
     if m == 1 && gemv(k, n, alpha, a, sa.1, b, sb, beta, c, threads) {
         return;
     }
-    sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, rsc, threads)
+    sgemm_with(
+        own_kernel(),
+        m,
+        k,
+        n,
+        alpha,
+        a,
+        sa,
+        b,
+        sb,
+        beta,
+        c,
+        rsc,
+        threads,
+    )
 }
 
 /// `c[n] = alpha · a[k] · b[k×n] + beta · c` for one row `a` (element

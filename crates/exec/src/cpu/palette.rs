@@ -13,10 +13,11 @@
 //!   batch dims flattened, `W` is shared) times tiles of `W` of
 //!   [`TILE_K`] rows × [`TILE_N`] columns, decoded into the workspace, each
 //!   tile's product accumulated into the output (`sgemm`'s beta = 1 after
-//!   the first K tile). [`TILE_K`] is `matrixmultiply`'s own depth block
-//!   (`kc` = 256 for f32), so every output element sums the same partial
-//!   products in the same order as the unfused MatMul: results are bitwise
-//!   equal to the decoded weights'. One row of `A` (`M = 1`) takes the
+//!   the first K tile), on the kernel the unfused MatMul takes. [`TILE_K`]
+//!   is that kernel's depth block (256: graphopt's `KC`, and
+//!   `matrixmultiply`'s `kc` for f32), so every output element sums the
+//!   same partial products in the same order as the unfused MatMul:
+//!   results are bitwise equal to the decoded weights'. One row of `A` (`M = 1`) takes the
 //!   plain node's matrix-vector kernel ([`crate::cpu::matmul::product`]),
 //!   which also sums in blocks of 256 and so is bitwise equal too.
 //! - `PaletteGemm(A, codebook, indices, C?)`: the same tiles, `transB=1`
@@ -46,13 +47,14 @@
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{conv_layout, im2col, Window};
-use crate::cpu::matmul::{gemm_bias, gemv, own_kernel, product, sgemm_with};
+use crate::cpu::matmul::{gemm_bias, gemv, own_kernel, product, sgemm_into_with, sgemm_with};
 use crate::lower::{GROUPS_ATTR, WEIGHT_SHAPE_ATTR};
 use crate::tensor::{cast_mut, nibble, numel};
 use graphopt_ir::DType;
 
-/// Rows of `W` (the reduction dim) per MatMul/Gemm tile: `matrixmultiply`'s
-/// f32 depth block, so that tiles add up in the unfused product's order.
+/// Rows of `W` (the reduction dim) per MatMul/Gemm tile: the f32 depth
+/// block of graphopt's kernel and of `matrixmultiply`, so that tiles add
+/// up in the unfused product's order.
 pub const TILE_K: usize = 256;
 /// Columns of `W` per MatMul/Gemm tile.
 pub const TILE_N: usize = 256;
@@ -297,26 +299,23 @@ fn tiled_gemm(
                     continue;
                 }
             }
-            // SAFETY: `a` holds the m × kk operand (asserted above), `w`
-            // the kt × nt tile at strides `sb`, `c` m rows of n; this call
-            // writes columns n0..n0+nt of each row only, and no other
-            // thread writes those columns.
+            // SAFETY: `c` holds m rows of n; this call writes columns
+            // n0..n0+nt of each row only, and no other thread writes those
+            // columns. The kernel the plain node's `product` takes.
             unsafe {
-                matrixmultiply::sgemm(
+                sgemm_into_with(
+                    own_kernel(),
                     m,
                     kt,
                     nt,
                     alpha,
-                    a.as_ptr().add(k0 * sa.1),
-                    sa.0 as isize,
-                    sa.1 as isize,
-                    w.as_ptr(),
-                    sb.0 as isize,
-                    sb.1 as isize,
+                    &a[k0 * sa.1..],
+                    sa,
+                    w,
+                    sb,
                     beta,
                     c0.0.add(n0),
-                    n as isize,
-                    1,
+                    n,
                 );
             }
         }
