@@ -9,7 +9,8 @@
 //!   its own workspace slot (an image that fits one tile is one tile, whose
 //!   GEMM splits its rows across threads). The workspace is a few tiles,
 //!   whatever the image or batch size. Convolutions multiply on graphopt's
-//!   own kernel ([`own_kernel`]) where the CPU runs it.
+//!   own kernel ([`own_kernel`]) where the CPU runs it, but for the folded
+//!   path's im2col tiles and ConvTranspose, which stay on matrixmultiply.
 
 use crate::backend::{Activation, Data, In, Kernel, KernelIo, NodeCtx};
 use crate::cpu::matmul::{own_kernel, sgemm, sgemm_into_with, sgemm_with, SendPtr};
@@ -467,6 +468,7 @@ pub(crate) fn tap_runs(g: &Window, runs: &mut [(usize, usize, usize)]) {
 
 /// Taps of a kernel whose weights [`depthwise_plane_avx2`] keeps in
 /// registers (up to 7x7).
+#[cfg(target_arch = "x86_64")]
 const DW_REG_TAPS: usize = 49;
 
 /// [`depthwise_body`] on AVX2, output-stationary, for a window whose taps
@@ -558,7 +560,9 @@ unsafe fn depthwise_plane_avx2(g: &Window, x: &[f32], w: &[f32], bias: f32, out:
     }
 }
 
-/// One output row of [`depthwise_body`].
+/// One output row of [`depthwise_body`] (inlined, so that inside
+/// [`depthwise_plane_avx2`]'s fallback `mul_add` is the FMA instruction).
+#[inline(always)]
 fn depthwise_row(
     g: &Window,
     x: &[f32],
@@ -1494,5 +1498,68 @@ impl Kernel for Flipped {
             threads: io.threads,
         };
         self.conv.run(&mut inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`depthwise_plane`] (AVX2 registers where the CPU has them) against
+    /// the generic loops ([`depthwise_body`]) on the same padded, phased
+    /// plane: the same bits, on row tails (output widths not a multiple
+    /// of 8), strides, dilations, and a kernel too wide for the registers.
+    #[test]
+    fn depthwise_avx2_and_generic_give_the_same_bits() {
+        // (h, w, kh, kw, stride, dilation, pad)
+        let cases = [
+            (13, 13, 3, 3, 1, 1, 1),
+            (21, 30, 3, 3, 2, 1, 1),
+            (17, 19, 5, 5, 2, 1, 2),
+            (12, 12, 7, 7, 1, 2, 3),
+            (9, 45, 1, 31, 1, 1, 15),
+            (6, 5, 3, 3, 1, 1, 0),
+        ];
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (h, w, kh, kw, s, d, p) in cases {
+            let out = |n: usize, k: usize| (n + 2 * p - d * (k - 1) - 1) / s + 1;
+            let g = Window {
+                n: 1,
+                c: 1,
+                h,
+                w,
+                oh: out(h, kh),
+                ow: out(w, kw),
+                kh,
+                kw,
+                sh: s,
+                sw: s,
+                dh: d,
+                dw: d,
+                ph: p,
+                pw: p,
+            };
+            let x: Vec<f32> = (0..h * w).map(|_| next()).collect();
+            let wt: Vec<f32> = (0..kh * kw).map(|_| next()).collect();
+            let bias = next();
+            let mut got = vec![0f32; g.oh * g.ow];
+            depthwise_plane(&g, &x, &wt, bias, &mut got);
+            let mut want = vec![f32::NAN; g.oh * g.ow];
+            padded_plane(&g, &x, |g2, x2| {
+                phased_plane(g2, x2, |x3| depthwise_body(g2, x3, &wt, bias, &mut want))
+            });
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{h}x{w} kernel {kh}x{kw} stride {s} dilation {d} pad {p}"
+            );
+        }
     }
 }

@@ -1,9 +1,10 @@
 //! graphopt's own f32 GEMM for x86-64 with AVX2 and FMA: a 6×16
-//! register-blocked micro-kernel that reads the left operand where it
-//! lies and packs only the right one.
+//! register-blocked micro-kernel (12×32 where the CPU has AVX-512F, the
+//! same sums per element) that reads the left operand where it lies and
+//! packs only the right one.
 //!
 //! `c[m×n] = alpha · a[m×k] · b[k×n] + beta · c`, one thread (the caller
-//! splits the product, [`super::matmul::sgemm`]).
+//! splits the product, [`super::matmul::sgemm_with`]).
 //!
 //! Why not only `matrixmultiply`: it packs both operands on every call.
 //! In an NCHW convolution the left operand is the weight (`Cout × Cin·k²`)
@@ -15,8 +16,8 @@
 //!
 //! The loops (BLIS's order): column panels of `NC`, depth blocks of
 //! [`KC`] (`b`'s panel packed once per block), row blocks of `MC`, then
-//! 16-column slivers (one stays in L1 while the rows stream past it) and
-//! 6-row micro-tiles.
+//! 16-column slivers (one stays in L1 while the rows stream past it; two
+//! side by side on AVX-512) and 6-row micro-tiles (12 on AVX-512).
 //!
 //! Every element is summed the same way whatever the split: its `k`
 //! products in order, in blocks of [`KC`], each block's sum scaled by
@@ -363,9 +364,11 @@ unsafe fn dot_cols<const C: usize>(
     }
 }
 
-/// Rows ahead of the one being packed that [`pack_b`] prefetches (8 was
-/// the best of 2, 4, 8 and 16 on BERT-base and GPT-2 at batch 1:
-/// benches/README.md, "Prefetching the weight").
+/// Rows ahead of the one being packed that [`pack_b`] prefetches: on
+/// BERT-base at batch 1, 2, 4 and 8 rows took 141.1, 140.3 and 138.1 ms
+/// against 148.8 without; on GPT-2, 8 and 16 took 204.8 and 202.5 against
+/// 211.0 (within this machine's noise of each other; benches/README.md,
+/// "Prefetching the weight").
 const PREFETCH_ROWS: usize = 8;
 /// `f32`s per 64-byte cache line.
 const LINE: usize = 16;
@@ -554,8 +557,9 @@ unsafe fn micro_wide<const R: usize, const W: usize>(t: &Tile) {
                     *r = _mm512_fmadd_ps(av, *b, *r);
                 }
             }
-            bp0 = bp0.add(t.ldb);
-            bp1 = bp1.add(t.ldb1);
+            // (Past the last row after the last step: never read.)
+            bp0 = bp0.wrapping_add(t.ldb);
+            bp1 = bp1.wrapping_add(t.ldb1);
         }
         let alpha = _mm512_set1_ps(t.alpha);
         let beta = _mm512_set1_ps(t.beta);
@@ -599,7 +603,8 @@ unsafe fn micro<const R: usize>(t: &Tile) {
                 row[0] = _mm256_fmadd_ps(av, b0, row[0]);
                 row[1] = _mm256_fmadd_ps(av, b1, row[1]);
             }
-            bp = bp.add(t.ldb);
+            // (Past the last row after the last step: never read.)
+            bp = bp.wrapping_add(t.ldb);
         }
         let alpha = _mm256_set1_ps(t.alpha);
         let beta = _mm256_set1_ps(t.beta);
@@ -754,6 +759,9 @@ mod tests {
     #[test]
     fn wide_kernel_gives_the_avx2_bits() {
         if !available() || !wide() {
+            eprintln!(
+                "wide_kernel_gives_the_avx2_bits: no AVX-512F on this CPU, nothing to compare"
+            );
             return;
         }
         for &(m, k, n) in &[

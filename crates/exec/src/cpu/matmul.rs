@@ -40,7 +40,7 @@ pub fn sgemm(
 /// one row (3-5 against 15-23 GFLOP/s, benches/README.md "GEMM
 /// candidates"); anything else, or where [`gemv`] does not apply, runs as
 /// [`sgemm_with`] on graphopt's kernel where [`own_kernel`] (BERT-base
-/// and GPT-2 at batch 1 went 5-8% faster than on matrixmultiply with
+/// and GPT-2 at batch 1 went about 5% faster than on matrixmultiply with
 /// the weight's rows prefetched: benches/README.md, "Prefetching the
 /// weight"). The choice rests on the node's shape and the CPU only, so
 /// every split of one node's product sums each element the same way.

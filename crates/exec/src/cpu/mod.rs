@@ -3,8 +3,9 @@
 //! op family; fp16/bf16 nodes run them on widened copies ([`lowp`]).
 //! Threads: one pool per thread count ([`par`]) serves every kernel, with
 //! static splits, so outputs are bit-identical at any thread count. GEMMs
-//! split by batch, rows or column blocks ([`matmul::sgemm`], which also
-//! carries Conv, ConvTranspose and the gate products of LSTM / GRU / RNN);
+//! split by batch, rows or column blocks ([`matmul::sgemm_with`], which
+//! also carries Conv, ConvTranspose and the gate products of LSTM / GRU /
+//! RNN);
 //! Conv tiles split across threads, depthwise planes, elementwise rows,
 //! Softmax blocks, pooling planes and single-run reductions too. The rest
 //! run on one thread. The fused nodes of palettized weights

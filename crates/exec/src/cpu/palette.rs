@@ -36,7 +36,8 @@
 //!
 //! Threads: MatMul and Gemm give each thread its own column blocks of `W`
 //! (decoded and multiplied there) when `N` spans several blocks, else
-//! `sgemm` splits rows; Conv's GEMMs split rows.
+//! the product splits by rows or columns as the plain node's does
+//! ([`crate::cpu::matmul::product`]); Conv's GEMMs split rows.
 //!
 //! Workspace: one tile (`TILE_K × TILE_N` floats, 256 KiB) per thread, for
 //! up to [`MAX_TILE_THREADS`] threads (the machine's parallelism when the
@@ -229,8 +230,9 @@ unsafe impl Sync for SendPtr {}
 /// `a` has strides `sa` (column `k0` starts at `k0 · sa.1`). `ws` holds
 /// one or more tile buffers: with several threads and several column
 /// blocks of [`TILE_N`], each thread decodes and multiplies its own column
-/// blocks; otherwise the blocks go one after another and `sgemm` splits
-/// rows. Either way each output element adds its K tiles in order.
+/// blocks; otherwise the blocks go one after another and each block's
+/// product splits across threads as [`product`] splits it. Either way
+/// each output element adds its K tiles in order.
 #[allow(clippy::too_many_arguments)]
 fn tiled_gemm(
     m: usize,
