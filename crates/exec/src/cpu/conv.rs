@@ -728,7 +728,7 @@ impl Conv {
     /// tiles of at least 64 columns, and weights small enough to repack
     /// per tile.
     fn direct_tile_cols(&self) -> Option<usize> {
-        if !self.direct || self.own {
+        if !self.direct {
             return None;
         }
         let (mg, k, ohw) = (self.m / self.group, self.k(), self.g.oh * self.g.ow);
