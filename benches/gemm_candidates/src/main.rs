@@ -13,6 +13,19 @@ use std::time::Instant;
 #[path = "../../../crates/exec/src/cpu/gemm.rs"]
 mod ours;
 
+/// `run(c0, cols)` on one thread per block of `per` columns of `n`.
+fn split_cols(n: usize, per: usize, run: impl Fn(usize, usize) + Sync) {
+    std::thread::scope(|s| {
+        let mut c0 = 0;
+        while c0 < n {
+            let w = per.min(n - c0);
+            let run = &run;
+            s.spawn(move || run(c0, w));
+            c0 += w;
+        }
+    });
+}
+
 fn ours_cols(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
     let blocks = n.div_ceil(64);
     let t = threads.clamp(1, blocks);
@@ -33,15 +46,7 @@ fn ours_cols(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], 
             n,
         )
     };
-    std::thread::scope(|s| {
-        let mut c0 = 0;
-        while c0 < n {
-            let w = per.min(n - c0);
-            let run = &run;
-            s.spawn(move || run(c0, w));
-            c0 += w;
-        }
-    });
+    split_cols(n, per, run);
 }
 
 fn ours_rows(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], threads: usize) {
@@ -371,15 +376,7 @@ fn mm_cols(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], th
             1,
         )
     };
-    std::thread::scope(|s| {
-        let mut c0 = 0;
-        while c0 < n {
-            let w = per.min(n - c0);
-            let run = &run;
-            s.spawn(move || run(c0, w));
-            c0 += w;
-        }
-    });
+    split_cols(n, per, run);
 }
 fn main() {
     if std::env::var_os("COLD").is_some() {

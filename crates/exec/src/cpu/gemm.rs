@@ -645,6 +645,16 @@ mod tests {
 
     /// `alpha · a · b + beta · c` in f64, `a` at strides `sa`.
     #[allow(clippy::too_many_arguments)]
+    /// The epilogue's cases: alpha 1 or not, beta 0, 1 or other.
+    const ALPHA_BETA: [(f32, f32); 4] = [(1.0, 0.0), (1.0, 1.0), (0.3, 0.0), (0.7, -1.5)];
+
+    /// Each shape `(m, k, n)` with each of [`ALPHA_BETA`].
+    fn cases(shapes: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize, f32, f32)> {
+        let each =
+            |&(m, k, n): &(usize, usize, usize)| ALPHA_BETA.map(|(al, be)| (m, k, n, al, be));
+        shapes.iter().flat_map(each).collect()
+    }
+
     fn naive(
         m: usize,
         k: usize,
@@ -722,7 +732,7 @@ mod tests {
         if !available() {
             return;
         }
-        for &(m, k, n) in &[
+        let shapes = [
             (1, 1, 1),
             (7, 3, 17),
             (13, 300, 49),
@@ -730,23 +740,22 @@ mod tests {
             (200, 300, 20),
             (6, 256, 16),
             (2, 700, 5),
-        ] {
-            for &(alpha, beta) in &[(1.0, 0.0), (1.0, 1.0), (0.3, 0.0), (0.7, -1.5)] {
-                let a = fill(m * (k + 3), 1);
-                let b = fill(k * n, 2);
-                let c0 = fill(m * n, 3);
-                for sa in [(k, 1), (k + 3, 1)] {
-                    let want = naive(m, k, n, alpha, &a, sa, &b, beta, &c0);
-                    let mut c = c0.clone();
-                    if beta == 0.0 {
-                        // beta = 0 never reads c.
-                        c.fill(f32::NAN);
-                    }
-                    run(m, k, n, alpha, &a, sa, &b, beta, &mut c);
-                    close(&c, &want, k, || {
-                        format!("{m}x{k}x{n} alpha {alpha} beta {beta} {sa:?}")
-                    });
+        ];
+        for (m, k, n, alpha, beta) in cases(&shapes) {
+            let a = fill(m * (k + 3), 1);
+            let b = fill(k * n, 2);
+            let c0 = fill(m * n, 3);
+            for sa in [(k, 1), (k + 3, 1)] {
+                let want = naive(m, k, n, alpha, &a, sa, &b, beta, &c0);
+                let mut c = c0.clone();
+                if beta == 0.0 {
+                    // beta = 0 never reads c.
+                    c.fill(f32::NAN);
                 }
+                run(m, k, n, alpha, &a, sa, &b, beta, &mut c);
+                close(&c, &want, k, || {
+                    format!("{m}x{k}x{n} alpha {alpha} beta {beta} {sa:?}")
+                });
             }
         }
     }
@@ -764,7 +773,7 @@ mod tests {
             );
             return;
         }
-        for &(m, k, n) in &[
+        let shapes = [
             (1, 5, 1),
             (13, 300, 49),
             (25, 70, 17),
@@ -772,42 +781,41 @@ mod tests {
             (12, 256, 32),
             (96, 40, 47),
             (7, 600, 33),
-        ] {
-            for &(alpha, beta) in &[(1.0, 0.0), (1.0, 1.0), (0.3, 0.0), (0.7, -1.5)] {
-                let a = fill(m * k, 6);
-                let b = fill(k * n, 7);
-                let c0 = fill(m * n, 8);
-                for sb in [(n, 1), (1, k)] {
-                    let mut got = [c0.clone(), c0.clone()];
-                    for (wide, c) in [false, true].into_iter().zip(&mut got) {
-                        // SAFETY: the operands hold what the strides say; the
-                        // CPU has AVX-512F (checked above).
-                        unsafe {
-                            sgemm_on(
-                                wide,
-                                m,
-                                k,
-                                n,
-                                alpha,
-                                a.as_ptr(),
-                                k,
-                                b.as_ptr(),
-                                sb,
-                                beta,
-                                c.as_mut_ptr(),
-                                n,
-                            )
-                        }
+        ];
+        for (m, k, n, alpha, beta) in cases(&shapes) {
+            let a = fill(m * k, 6);
+            let b = fill(k * n, 7);
+            let c0 = fill(m * n, 8);
+            for sb in [(n, 1), (1, k)] {
+                let mut got = [c0.clone(), c0.clone()];
+                for (wide, c) in [false, true].into_iter().zip(&mut got) {
+                    // SAFETY: the operands hold what the strides say; the
+                    // CPU has AVX-512F (checked above).
+                    unsafe {
+                        sgemm_on(
+                            wide,
+                            m,
+                            k,
+                            n,
+                            alpha,
+                            a.as_ptr(),
+                            k,
+                            b.as_ptr(),
+                            sb,
+                            beta,
+                            c.as_mut_ptr(),
+                            n,
+                        )
                     }
-                    let same = got[0]
-                        .iter()
-                        .zip(&got[1])
-                        .all(|(x, y)| x.to_bits() == y.to_bits());
-                    assert!(
-                        same,
-                        "{m}x{k}x{n} alpha {alpha} beta {beta} b strides {sb:?}"
-                    );
                 }
+                let same = got[0]
+                    .iter()
+                    .zip(&got[1])
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{m}x{k}x{n} alpha {alpha} beta {beta} b strides {sb:?}"
+                );
             }
         }
     }
@@ -915,7 +923,7 @@ mod tests {
             (2048, 9),
             (300, AXPY_COLS + 52),
         ] {
-            for &(alpha, beta) in &[(1.0, 0.0), (1.0, 1.0), (0.3, 0.0), (0.7, -1.5)] {
+            for &(alpha, beta) in &ALPHA_BETA {
                 let a = fill(k, 11);
                 let b = fill(k * n, 12);
                 let c0 = fill(n, 13);
