@@ -481,53 +481,31 @@ fn finish(v: f32, beta: f32, out: &mut f32) {
     };
 }
 
-/// The micro-tile of `rows` rows at `t`: [`micro_wide`] where `wide`,
-/// else [`micro`].
+/// The micro-tile of `rows` rows at `t`: [`micro_wide`] (one sliver or
+/// two) where `wide`, else [`micro`].
 #[inline(always)]
 unsafe fn tile(t: &Tile, rows: usize, wide: bool) {
+    // `rows` (at most the kernel's tile height) as the const parameter.
+    macro_rules! by_rows {
+        ($f:ident; $($r:literal)*) => {
+            match rows {
+                $($r => $f::<$r>(t),)*
+                _ => $f::<1>(t),
+            }
+        };
+        ($f:ident, $w:literal; $($r:literal)*) => {
+            match rows {
+                $($r => $f::<$r, $w>(t),)*
+                _ => $f::<1, $w>(t),
+            }
+        };
+    }
     // SAFETY: the caller's promise, passed on.
     unsafe {
-        if wide {
-            if t.nr > NR {
-                match rows {
-                    12 => micro_wide::<12, 2>(t),
-                    11 => micro_wide::<11, 2>(t),
-                    10 => micro_wide::<10, 2>(t),
-                    9 => micro_wide::<9, 2>(t),
-                    8 => micro_wide::<8, 2>(t),
-                    7 => micro_wide::<7, 2>(t),
-                    6 => micro_wide::<6, 2>(t),
-                    5 => micro_wide::<5, 2>(t),
-                    4 => micro_wide::<4, 2>(t),
-                    3 => micro_wide::<3, 2>(t),
-                    2 => micro_wide::<2, 2>(t),
-                    _ => micro_wide::<1, 2>(t),
-                }
-            } else {
-                match rows {
-                    12 => micro_wide::<12, 1>(t),
-                    11 => micro_wide::<11, 1>(t),
-                    10 => micro_wide::<10, 1>(t),
-                    9 => micro_wide::<9, 1>(t),
-                    8 => micro_wide::<8, 1>(t),
-                    7 => micro_wide::<7, 1>(t),
-                    6 => micro_wide::<6, 1>(t),
-                    5 => micro_wide::<5, 1>(t),
-                    4 => micro_wide::<4, 1>(t),
-                    3 => micro_wide::<3, 1>(t),
-                    2 => micro_wide::<2, 1>(t),
-                    _ => micro_wide::<1, 1>(t),
-                }
-            }
-        } else {
-            match rows {
-                6 => micro::<6>(t),
-                5 => micro::<5>(t),
-                4 => micro::<4>(t),
-                3 => micro::<3>(t),
-                2 => micro::<2>(t),
-                _ => micro::<1>(t),
-            }
+        match (wide, t.nr > NR) {
+            (true, true) => by_rows!(micro_wide, 2; 12 11 10 9 8 7 6 5 4 3 2),
+            (true, false) => by_rows!(micro_wide, 1; 12 11 10 9 8 7 6 5 4 3 2),
+            (false, _) => by_rows!(micro; 6 5 4 3 2),
         }
     }
 }
@@ -643,8 +621,6 @@ mod tests {
 
     use graphopt_testutil::uniform as fill;
 
-    /// `alpha · a · b + beta · c` in f64, `a` at strides `sa`.
-    #[allow(clippy::too_many_arguments)]
     /// The epilogue's cases: alpha 1 or not, beta 0, 1 or other.
     const ALPHA_BETA: [(f32, f32); 4] = [(1.0, 0.0), (1.0, 1.0), (0.3, 0.0), (0.7, -1.5)];
 
@@ -655,6 +631,8 @@ mod tests {
         shapes.iter().flat_map(each).collect()
     }
 
+    /// `alpha · a · b + beta · c` in f64, `a` at strides `sa`.
+    #[allow(clippy::too_many_arguments)]
     fn naive(
         m: usize,
         k: usize,
