@@ -40,6 +40,46 @@ pub struct Window {
 }
 
 impl Window {
+    /// The window of input `[N, C, (H,) W]` over output spatial dims
+    /// `out_sp`, from per-dim kernel sizes, strides, dilations and begin
+    /// pads (1-D windows as 2-D ones of height 1).
+    fn new(
+        x: &[usize],
+        out_sp: &[usize],
+        kernel: &[usize],
+        strides: &[usize],
+        dilations: &[usize],
+        begin: &[usize],
+    ) -> Window {
+        let one_d = x.len() == 3;
+        let pick = |v: &[usize], one: usize| {
+            if one_d {
+                (one, v[0])
+            } else {
+                (v[0], v[1])
+            }
+        };
+        let ((h, w), (oh, ow)) = (pick(&x[2..], 1), pick(out_sp, 1));
+        let ((kh, kw), (sh, sw)) = (pick(kernel, 1), pick(strides, 1));
+        let ((dh, dw), (ph, pw)) = (pick(dilations, 1), pick(begin, 0));
+        Window {
+            n: x[0],
+            c: x[1],
+            h,
+            w,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh,
+            sw,
+            dh,
+            dw,
+            ph,
+            pw,
+        }
+    }
+
     /// A 1x1 window of stride 1 without padding: a convolution over it is
     /// a plain GEMM (no unfolding).
     pub(crate) fn plain_1x1(&self) -> bool {
@@ -93,29 +133,7 @@ pub fn window(ctx: &NodeCtx, kernel: &[usize]) -> Result<Window, String> {
         "VALID" => begin = vec![0; sp],
         _ => {}
     }
-    let pick = |v: &[usize], one: usize| if sp == 1 { (one, v[0]) } else { (v[0], v[1]) };
-    let (h, w) = pick(in_sp, 1);
-    let (oh, ow) = pick(out_sp, 1);
-    let (kh, kw) = pick(kernel, 1);
-    let (sh, sw) = pick(&s, 1);
-    let (dh, dw) = pick(&dl, 1);
-    let (ph, pw) = pick(&begin, 0);
-    Ok(Window {
-        n: x.shape[0],
-        c: x.shape[1],
-        h,
-        w,
-        oh,
-        ow,
-        kh,
-        kw,
-        sh,
-        sw,
-        dh,
-        dw,
-        ph,
-        pw,
-    })
+    Ok(Window::new(&x.shape, out_sp, kernel, &s, &dl, &begin))
 }
 
 /// Unfolds channels `c0..c0+cg` of one image `x` ([C, H, W]) into `col`
@@ -1390,31 +1408,17 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     if y.shape[1] != m {
         return Err(format!("output channels {} != {m}", y.shape[1]));
     }
-    let pick = |v: &[usize], one: usize| if sp == 1 { (one, v[0]) } else { (v[0], v[1]) };
     let u = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
-    let (h, wd) = pick(&x.shape[2..], 1);
-    let (oh, ow) = pick(&y.shape[2..], 1);
-    let (kh, kw) = pick(&w.shape[2..], 1);
-    let (sh, sw) = pick(&u(&s), 1);
-    let (dh, dw) = pick(&u(&dl), 1);
-    let (ph, pw) = pick(&begin, 0);
+    let g = Window::new(
+        &x.shape,
+        &y.shape[2..],
+        &w.shape[2..],
+        &u(&s),
+        &u(&dl),
+        &begin,
+    );
+    let (kh, kw, sh, sw, dh, dw, ph, pw) = (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw);
     let bias = ctx.inputs.get(2).is_some_and(|b| b.is_some());
-    let g = Window {
-        n: x.shape[0],
-        c,
-        h,
-        w: wd,
-        oh,
-        ow,
-        kh,
-        kw,
-        sh,
-        sw,
-        dh,
-        dw,
-        ph,
-        pw,
-    };
     let flipped_bytes = w.shape.iter().product::<usize>() * 4;
     if (sh, sw) == (1, 1)
         && ph <= dh * (kh - 1)
