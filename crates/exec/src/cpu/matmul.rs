@@ -147,15 +147,15 @@ pub(crate) fn gemv(
     }
 }
 
-/// Whether a convolution multiplies on graphopt's kernel
-/// ([`super::gemm`]): wherever the CPU runs it. It reads the weight (the
-/// left operand) in place where matrixmultiply repacks it on every call,
-/// and on AVX-512 it runs 12x32 tiles (benches/README.md, "GEMM
-/// candidates": resnet50 at batch 1 and 8 and mobilenet_v2 at batch 8
-/// went 4-9% faster than on matrixmultiply beyond 64 output positions,
-/// where only the smaller convolutions used to run on it). The choice is
-/// made once per node, not per call, so that every tiling and thread
-/// split of the node's product sums each element the same way.
+/// Whether a convolution, MatMul or Gemm multiplies on graphopt's kernel
+/// ([`super::gemm`]): wherever the CPU runs it. In a convolution it reads
+/// the weight (the left operand) in place where matrixmultiply repacks it
+/// on every call; on AVX-512 it runs 12x32 tiles (benches/README.md,
+/// "AVX-512 tiles": resnet50 and mobilenet_v2 at batch 1 and 8 went 3-9%
+/// faster than with matrixmultiply beyond 64 output positions, BERT-base
+/// and GPT-2 at batch 1 about 5% with the weight prefetched). The choice
+/// depends on the CPU only, so every tiling and thread split of a node's
+/// product sums each element the same way.
 pub(crate) fn own_kernel() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -17,8 +17,8 @@
 //!   is that kernel's depth block (256: graphopt's `KC`, and
 //!   `matrixmultiply`'s `kc` for f32), so every output element sums the
 //!   same partial products in the same order as the unfused MatMul:
-//!   results are bitwise equal to the decoded weights'. One row of `A` (`M = 1`) takes the
-//!   plain node's matrix-vector kernel ([`crate::cpu::matmul::product`]),
+//!   results are bitwise equal to the decoded weights'. One row of `A`
+//!   (`M = 1`) takes the plain node's matrix-vector kernel ([`crate::cpu::matmul::product`]),
 //!   which also sums in blocks of 256 and so is bitwise equal too.
 //! - `PaletteGemm(A, codebook, indices, C?)`: the same tiles, `transB=1`
 //!   decoding each tile from rows of `W` `[N, K]` (contiguous runs of K) and
