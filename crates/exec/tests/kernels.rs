@@ -483,6 +483,76 @@ fn fp16_nodes_compute_in_f32_and_round_once() {
     assert_eq!(out[1].to_f32().unwrap(), want);
 }
 
+/// Cast between float32 and float16/bfloat16 (the conversions split
+/// across threads) gives `half`'s round-to-nearest-even values, element by
+/// element: ties, subnormals, overflow to infinity, infinities, signed
+/// zeros and NaN, in a tensor long enough to be split.
+#[test]
+fn casts_between_f32_and_f16_or_bf16_round_to_nearest_even() {
+    use half::{bf16, f16};
+    let special = [
+        0.0f32,
+        -0.0,
+        1.0 + 1.0 / 2048.0, // an f16 tie, to even
+        1.0 + 3.0 / 2048.0, // an f16 tie, to even (up)
+        1.0 + 1.0 / 256.0,  // a bf16 tie
+        65504.0,
+        65520.0, // rounds to f16 infinity
+        1e-7,    // an f16 subnormal
+        -3e-8,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+    ];
+    let n = 200_000;
+    let mut x: Vec<f32> = data(n, 31).iter().map(|v| v * 70000.0).collect();
+    x[..special.len()].copy_from_slice(&special);
+    x[n - special.len()..].copy_from_slice(&special);
+    let m = graphopt_text::parse_model(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[200000] x) => (float16[200000] h, bfloat16[200000] b, float[200000] hw, float[200000] bw) {
+          h = Cast <to = 10> (x)
+          b = Cast <to = 16> (x)
+          hw = Cast <to = 1> (h)
+          bw = Cast <to = 1> (b)
+        }"#,
+    )
+    .unwrap();
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let opts = RunOptions {
+        threads: 2,
+        poison: true,
+    };
+    let (out, _) = exe.run(&[HostTensor::from_f32(&[n], &x)], &opts).unwrap();
+    let bits = |t: &HostTensor| -> Vec<u16> {
+        t.data
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect()
+    };
+    let (h, b) = (bits(&out[0]), bits(&out[1]));
+    for (i, &v) in x.iter().enumerate() {
+        let (wh, wb) = (f16::from_f32(v), bf16::from_f32(v));
+        if v.is_nan() {
+            assert!(f16::from_bits(h[i]).is_nan() && bf16::from_bits(b[i]).is_nan());
+            continue;
+        }
+        assert_eq!(h[i], wh.to_bits(), "f16 of {v} (element {i})");
+        assert_eq!(b[i], wb.to_bits(), "bf16 of {v} (element {i})");
+    }
+    let (hw, bw) = (out[2].to_f32().unwrap(), out[3].to_f32().unwrap());
+    for i in 0..n {
+        let (wh, wb) = (
+            f16::from_bits(h[i]).to_f32(),
+            bf16::from_bits(b[i]).to_f32(),
+        );
+        assert!(hw[i].to_bits() == wh.to_bits() || (wh.is_nan() && hw[i].is_nan()));
+        assert!(bw[i].to_bits() == wb.to_bits() || (wb.is_nan() && bw[i].is_nan()));
+    }
+}
+
 #[test]
 fn dynamic_quantize_and_matmul_integer_follow_the_onnx_examples() {
     // DynamicQuantizeLinear's example in the ONNX operator docs.

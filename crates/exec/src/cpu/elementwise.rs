@@ -1692,12 +1692,28 @@ fn int_to_index(from: DType, to: DType, b: &[u8], o: &mut [u8]) -> bool {
 
 impl Kernel for Cast {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let threads = io.threads;
         let x = io.input(0)?;
         let b = x.bytes()?;
         let o = &mut io.outputs[0];
         if self.from == self.to {
             o.data.copy_from_slice(b);
             return Ok(());
+        }
+        // fp16/bf16 to and from f32 as the widened nodes convert (split
+        // across threads, F16C where the CPU has it; the same values as
+        // the f64 path: widening is exact, narrowing rounds to nearest
+        // even either way).
+        match (self.from, self.to) {
+            (DType::F16 | DType::BF16, DType::F32) => {
+                super::lowp::widen(threads, self.from, b, cast_mut(o.data));
+                return Ok(());
+            }
+            (DType::F32, DType::F16 | DType::BF16) => {
+                super::lowp::narrow(threads, self.to, cast(b), o.data);
+                return Ok(());
+            }
+            _ => {}
         }
         if int_to_index(self.from, self.to, b, o.data) {
             return Ok(());

@@ -46,7 +46,7 @@ const CONVERT_MIN: usize = 1 << 16;
 
 /// `dst = f32(src)`, split across threads; fp16 by `half`'s slice
 /// conversion (F16C instructions where the CPU has them).
-fn widen(threads: usize, d: DType, src: &[u8], dst: &mut [f32]) {
+pub(crate) fn widen(threads: usize, d: DType, src: &[u8], dst: &mut [f32]) {
     let s: &[u16] = cast(src);
     par::for_chunks_mut(threads, dst, 1, CONVERT_MIN, |first, part| {
         let bits = &s[first..first + part.len()];
@@ -59,7 +59,7 @@ fn widen(threads: usize, d: DType, src: &[u8], dst: &mut [f32]) {
 }
 
 /// `dst = round(src)` to fp16 or bf16, split across threads.
-fn narrow(threads: usize, d: DType, src: &[f32], dst: &mut [u8]) {
+pub(crate) fn narrow(threads: usize, d: DType, src: &[f32], dst: &mut [u8]) {
     let o: &mut [u16] = cast_mut(dst);
     par::for_chunks_mut(threads, o, 1, CONVERT_MIN, |first, part| {
         let src = &src[first..first + part.len()];
