@@ -120,8 +120,16 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 human_bytes(r.palette_decoded_bytes)
             );
         }
+        if r.quantized_weights > 0 {
+            s += &format!(
+                "quantized   {} integer weight(s) decoded per tile in {} fused node(s): {} of float32 weights never materialized\n",
+                r.quantized_weights,
+                r.quantized_fused_nodes,
+                human_bytes(r.quantized_decoded_bytes)
+            );
+        }
         for (w, why) in &r.palette_kept {
-            s += &format!("palette     {w}: decoded whole by its plain nodes ({why})\n");
+            s += &format!("coded       {w}: decoded whole by its plain nodes ({why})\n");
         }
         s += &format!(
             "arena       {} planned, {} allocated{}\n",

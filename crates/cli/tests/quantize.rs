@@ -348,8 +348,75 @@ fn int4_weights_run_in_graphopt_runtime_as_their_folded_weights() {
         let a = s.run(&opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         let b = folded.run(&opts).unwrap();
         assert!(!a.outputs.is_empty());
+        // Every blocked 2-D (MatMul, Gemm) weight decoded per tile in its
+        // reader's kernel (a Conv's keeps its DequantizeLinear).
+        let matrices = ranks.iter().filter(|&&r| r == 2).count();
+        assert!(
+            matrices > 0
+                && a.quantized_weights == matrices
+                && a.quantized_fused_nodes >= a.quantized_weights,
+            "{name}: {} of {matrices} weights fused",
+            a.quantized_weights,
+        );
         for ((n, x), (_, y)) in a.named_outputs().zip(b.named_outputs()) {
             assert!(x.data == y.data, "{name}: output {n} differs");
+        }
+    }
+}
+
+/// The int8 modes' weights (`DequantizeLinear` of int8 or uint8 constants,
+/// per channel) run fused into their MatMul, Gemm and Gather readers in
+/// graphopt's runtime (decoded per tile, never whole in the arena) with the
+/// bits of the same model with every weight folded to float32.
+#[test]
+fn int8_weights_run_fused_as_their_folded_weights() {
+    use graphopt::QuantizeMode as M;
+    for (name, mode) in [
+        ("bert_tiny.ts14", M::Int8Weights),
+        ("bert_tiny.ts14", M::Dynamic),
+        ("bert_tiny.ts14", M::Static),
+        ("mobilenet_v3_small.ts14", M::Int8Weights),
+        ("mobilenet_v3_small.ts14", M::Static),
+    ] {
+        let mut s = graphopt::load(model(&format!("{name}.onnx"))).unwrap();
+        s.quantize(&graphopt::QuantizeOptions {
+            max_error: None,
+            measure: false,
+            ..graphopt::QuantizeOptions::new(mode)
+        })
+        .unwrap();
+        let g = &s.model().graph;
+        // Integer weights, but those read by a Conv (which keep their
+        // DequantizeLinear: see `graphopt_exec::lower`).
+        let weights = g
+            .nodes()
+            .map(|n| g.node(n))
+            .filter(|d| d.op_type == "DequantizeLinear" && g.initializer(d.input(0).unwrap()).is_some())
+            .filter(|d| !g.uses(d.output(0).unwrap()).iter().any(|u| matches!(u, graphopt::ir::Use::Input { node, .. } if g.node(*node).op_type == "Conv")))
+            .count();
+        assert!(weights > 0, "{name} {mode:?}: no integer weight");
+        let folded =
+            graphopt::Session::from_model(graphopt::dequantize_constants(s.model()).unwrap());
+        let opts = graphopt::RunOptions {
+            inputs: graphopt::Inputs::Npz(model(&format!("{name}.inputs.npz"))),
+            ..Default::default()
+        };
+        let a = s.run(&opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let b = folded.run(&opts).unwrap();
+        assert_eq!(
+            a.quantized_weights, weights,
+            "{name} {mode:?}: fused weights (kept: {:?})",
+            a.palette_kept
+        );
+        // Weights outside the arena, as the folded model's initializers.
+        assert!(
+            a.arena_planned_bytes <= b.arena_planned_bytes,
+            "{name} {mode:?}: arena {} B fused, {} B folded",
+            a.arena_planned_bytes,
+            b.arena_planned_bytes
+        );
+        for ((n, x), (_, y)) in a.named_outputs().zip(b.named_outputs()) {
+            assert!(x.data == y.data, "{name} {mode:?}: output {n} differs");
         }
     }
 }

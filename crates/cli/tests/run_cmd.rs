@@ -218,7 +218,7 @@ fn palettized_weights_are_reported_resident_and_fused() {
         "{text}"
     );
     assert!(
-        text.contains("palette     B: decoded whole by its plain nodes (read by Transpose)"),
+        text.contains("coded       B: decoded whole by its plain nodes (read by Transpose)"),
         "{text}"
     );
 }

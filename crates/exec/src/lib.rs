@@ -30,11 +30,13 @@
 //! fp16/bf16 nodes run the fp32 kernels on widened copies
 //! ([`cpu::lowp`]).
 //!
-//! Palettized weights (codebook + uint8/uint4 indices, issue 23): run as
-//! written, the decode chain materializes the weight in the arena;
-//! [`lower::lower_palette`], applied to a copy of the model before it is
-//! planned for the CPU backend, fuses each reader (MatMul, Gemm, Conv,
-//! Gather) into a node that decodes tiles in its kernel ([`cpu::palette`]).
+//! Coded weights (a palette: codebook + uint8/uint4 indices, issue 23; or
+//! an integer weight: DequantizeLinear of constant int8/uint8/int4/uint4,
+//! as `--quantize` writes): run as written, the decode chain materializes
+//! the weight in the arena in float32; [`lower::lower_coded`], applied to a
+//! copy of the model before it is planned for the CPU backend, fuses each
+//! reader (MatMul, Gemm, Conv, Gather) into a node that decodes tiles in
+//! its kernel ([`cpu::coded`]).
 
 pub mod backend;
 pub mod collective;

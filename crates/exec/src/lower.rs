@@ -1,5 +1,6 @@
-//! Lowering a model for the CPU backend before it is planned: palettized
-//! weights (issue 23) decoded per tile inside the kernels that read them.
+//! Lowering a model for the CPU backend before it is planned: coded
+//! weights (palettes, issue 23; integers with scales, issue 20) decoded per
+//! tile inside the kernels that read them.
 //!
 //! A palettized float32 weight `W` of shape `S` is stored as a float32
 //! codebook and packed indices (uint8, or uint4 at opset 21), decoded in
@@ -13,10 +14,15 @@
 //!              W = Reshape (f, shape)                           shape = S
 //! ```
 //!
-//! Run as written, the arena holds the int32 indices (4 bytes an element)
-//! and the decoded weight (4 more). [`lower_palette`] rewrites each reader
-//! of `W` into a node of domain [`PALETTE_DOMAIN`] that reads the codebook
-//! and the packed indices themselves, and removes the chain:
+//! An integer weight is what `--quantize` writes (and onnxruntime's
+//! quantizers): `W = DequantizeLinear(q, scale, zero_point?)` with constant
+//! int8/uint8/int4/uint4 `q`, per-tensor, per-axis or blocked scales, the
+//! scale a constant or a `Cast` to float32 of a float16/bfloat16 constant.
+//!
+//! Run as written, the arena holds the decoded float32 weight (and, for a
+//! palette, the int32 indices). [`lower_coded`] rewrites each reader of `W`
+//! into a node of domain [`CODED_DOMAIN`] that reads the stored data
+//! itself, and removes the chain:
 //!
 //! | reader                    | fused node                                  |
 //! |---------------------------|---------------------------------------------|
@@ -25,26 +31,34 @@
 //! | `Conv(X, W, B?)`          | `PaletteConv(X, codebook, indices, B?)`     |
 //! | `Gather(W, ids)`, axis 0  | `PaletteGather(codebook, indices, ids)`     |
 //!
+//! and for an integer weight the same readers but Conv as `DequantMatMul(A,
+//! q, scale, zero_point?)`, `DequantGemm(A, q, scale, zero_point?, C?)` and
+//! `DequantGather(q, scale, zero_point?, ids)` (an absent zero point is an
+//! empty slot). An integer weight read by a Conv keeps its chain (see
+//! `DEQUANT_OPS` for why), silently.
+//!
 //! The fused node keeps the reader's name, outputs and attributes, and adds
-//! `palette_weight_shape` (`S`) and `palette_groups` (`[ng, -1]`, `ng = 1`
-//! per tensor). The kernels are in [`crate::cpu::palette`].
+//! `palette_weight_shape` (`S`), and `palette_groups` (`[ng, -1]`, `ng = 1`
+//! per tensor) or `dequant_axis` and `dequant_block_size` (0: not
+//! blocked). The kernels are in [`crate::cpu::coded`].
 //!
 //! How the planner sees it: shape inference has no rule for a custom
 //! domain, but it types a call to a model-local function by inferring its
 //! body. So the lowering also adds one function per fused op, whose body is
 //! the op's exact ONNX meaning (Cast, Reshape of codebook and indices to
-//! `[ng, -1]`, GatherElements, Reshape to `S`, then the reader, attributes
-//! passed by reference): `plan_model` infers the fused node's output at the
+//! `[ng, -1]`, GatherElements, Reshape to `S`; or Cast of the scale and
+//! DequantizeLinear; then the reader, attributes passed by reference): `plan_model` infers the fused node's output at the
 //! bound dims like any other node, and plans one tensor for it and none for
 //! the chain. The IR and the planner know nothing of palettes; the lowered
 //! model is still a valid ONNX model (a runtime without the kernels could
 //! inline the functions).
 //!
-//! A weight is fused only when the codebook, the indices (and the shape)
-//! are initializers that are not graph inputs, `W` is no graph output and
+//! A weight is fused only when the codebook, the indices (and the shape),
+//! or `q`, the scale and the zero point, are initializers that are not
+//! graph inputs, `W` is no graph output and
 //! every reader of `W` is one of the table's (reading it only in that
 //! slot); otherwise its chain is left to the plain nodes and
-//! [`PaletteLowering::kept`] says why. Only the main graph is lowered
+//! [`CodedLowering::kept`] says why. Only the main graph is lowered
 //! (If/Loop bodies run as written). Apply this to a copy of the model, and
 //! only for the CPU backend: the CUDA backend has no kernels for these ops
 //! and runs the chain as written.
@@ -55,22 +69,52 @@ use graphopt_ir::{
 };
 
 /// The domain of the fused nodes (internal to graphopt's CPU runtime).
-pub const PALETTE_DOMAIN: &str = "graphopt.exec";
-/// The fused ops, by the reader they replace.
-pub const PALETTE_OPS: &[&str] = &[
+pub const CODED_DOMAIN: &str = "graphopt.exec";
+/// The fused ops of palettes, by the reader they replace: MatMul, Gemm,
+/// Conv, Gather.
+const PALETTE_OPS: [Option<&str>; 4] = [
+    Some("PaletteMatMul"),
+    Some("PaletteGemm"),
+    Some("PaletteConv"),
+    Some("PaletteGather"),
+];
+/// The fused ops of integer weights, likewise. A Conv's integer weight is
+/// left to DequantizeLinear and the plain Conv: one conv's weight is small
+/// (at most 9.4 MB in ResNet-50, and it dies at its reader), and the
+/// plain Conv's kernels (1×1 tiles, depthwise, output tiles) are both
+/// faster than the fused kernel's im2col blocks and summed in another
+/// order, so a fused Conv would neither save much nor give the same bits.
+const DEQUANT_OPS: [Option<&str>; 4] = [
+    Some("DequantMatMul"),
+    Some("DequantGemm"),
+    None,
+    Some("DequantGather"),
+];
+/// Every fused op.
+pub const CODED_OPS: &[&str] = &[
     "PaletteMatMul",
     "PaletteGemm",
     "PaletteConv",
     "PaletteGather",
+    "DequantMatMul",
+    "DequantGemm",
+    "DequantGather",
 ];
+/// The names' prefixes: the op that follows is the reader's.
+pub const PALETTE_PREFIX: &str = "Palette";
+pub const DEQUANT_PREFIX: &str = "Dequant";
 /// Attribute: the decoded weight's shape `S`.
 pub const WEIGHT_SHAPE_ATTR: &str = "palette_weight_shape";
 /// Attribute: `[ng, -1]`, codebooks and indices as rows of groups.
 pub const GROUPS_ATTR: &str = "palette_groups";
+/// Attribute: DequantizeLinear's `axis` (the reader may have its own).
+pub const DEQUANT_AXIS_ATTR: &str = "dequant_axis";
+/// Attribute: DequantizeLinear's `block_size` (0: not blocked).
+pub const DEQUANT_BLOCK_ATTR: &str = "dequant_block_size";
 
-/// What [`lower_palette`] did.
+/// What [`lower_coded`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PaletteLowering {
+pub struct CodedLowering {
     /// Palettized weights whose decode chain was removed.
     pub weights: usize,
     /// Fused nodes made (one per reader of those weights).
@@ -78,19 +122,51 @@ pub struct PaletteLowering {
     /// Bytes of the float32 weights no longer decoded whole (4 per
     /// element), the int32 indices aside (4 more per element).
     pub decoded_bytes: u64,
-    /// Palettized weights left to the plain nodes, and why.
+    /// Integer weights (DequantizeLinear of constants) whose chain was
+    /// removed.
+    pub integer_weights: usize,
+    /// Fused nodes made for them.
+    pub integer_fused: usize,
+    /// Bytes of their float32 weights no longer decoded whole.
+    pub integer_decoded_bytes: u64,
+    /// Coded weights left to the plain nodes, and why.
     pub kept: Vec<(String, String)>,
+}
+
+/// What a decode chain reads.
+enum Source {
+    Palette {
+        codebook: ValueId,
+        indices: ValueId,
+        groups: i64,
+    },
+    Integer {
+        q: ValueId,
+        /// A float32, float16 or bfloat16 constant (a Cast's input).
+        scale: ValueId,
+        zero_point: Option<ValueId>,
+        axis: i64,
+        block: i64,
+    },
 }
 
 /// A decode chain found in the graph.
 struct Chain {
-    codebook: ValueId,
-    indices: ValueId,
+    source: Source,
     /// `S`.
     shape: Vec<i64>,
-    groups: i64,
-    /// Cast, then Gather or GatherElements, then Reshape (per group).
+    /// The chain's nodes, its last (the one making `W`) first.
     nodes: Vec<NodeId>,
+}
+
+impl Chain {
+    /// The fused ops, in [`PALETTE_OPS`]' order.
+    fn ops(&self) -> &'static [Option<&'static str>; 4] {
+        match self.source {
+            Source::Palette { .. } => &PALETTE_OPS,
+            Source::Integer { .. } => &DEQUANT_OPS,
+        }
+    }
 }
 
 fn default_domain(d: &str) -> bool {
@@ -114,7 +190,8 @@ fn cast_of_indices(g: &Graph, v: ValueId) -> Option<(NodeId, ValueId)> {
 }
 
 /// The chain that produces `w`, if it is a palette decode with constant
-/// codebook and indices.
+/// codebook and indices, or a DequantizeLinear of constants
+/// ([`integer_chain`]).
 fn chain(g: &Graph, w: ValueId) -> Option<Chain> {
     let (n, _) = g.producer(w)?;
     let d = g.node(n);
@@ -132,10 +209,12 @@ fn chain(g: &Graph, w: ValueId) -> Option<Chain> {
             let (cast, idx) = cast_of_indices(g, d.input(1)?)?;
             let shape = g.constant(idx)?.dims.clone();
             Some(Chain {
-                codebook: cb,
-                indices: idx,
+                source: Source::Palette {
+                    codebook: cb,
+                    indices: idx,
+                    groups: 1,
+                },
                 shape,
-                groups: 1,
                 nodes: vec![n, cast],
             })
         }
@@ -164,15 +243,81 @@ fn chain(g: &Graph, w: ValueId) -> Option<Chain> {
             }
             let shape = reshape_target(&it.dims, &s, allowzero)?;
             Some(Chain {
-                codebook: cb,
-                indices: idx,
+                source: Source::Palette {
+                    codebook: cb,
+                    indices: idx,
+                    groups: cbt.dims[0],
+                },
                 shape,
-                groups: cbt.dims[0],
                 nodes: vec![n, ge, cast],
             })
         }
+        "DequantizeLinear" => integer_chain(g, n),
         _ => None,
     }
+}
+
+/// The chain of `DequantizeLinear` node `n`, if its `q`, scale (or the
+/// float16/bfloat16 constant a Cast makes it of) and zero point are
+/// constants of a layout the kernels read.
+fn integer_chain(g: &Graph, n: NodeId) -> Option<Chain> {
+    let d = g.node(n);
+    let q = d.input(0)?;
+    let qt = g.constant(q)?;
+    if !matches!(qt.dtype, DType::I8 | DType::U8 | DType::I4 | DType::U4) {
+        return None;
+    }
+    let mut nodes = vec![n];
+    let mut scale = d.input(1)?;
+    let st = match g.constant(scale) {
+        Some(t) if t.dtype == DType::F32 => t,
+        Some(_) => return None,
+        None => {
+            let (c, _) = g.producer(scale)?;
+            let cd = g.node(c);
+            if cd.op_type != "Cast"
+                || !default_domain(&cd.domain)
+                || cd.attr_int("to") != Some(DType::F32.to_onnx() as i64)
+            {
+                return None;
+            }
+            scale = cd.input(0)?;
+            nodes.push(c);
+            let t = g.constant(scale)?;
+            if !matches!(t.dtype, DType::F16 | DType::BF16 | DType::F32) {
+                return None;
+            }
+            t
+        }
+    };
+    let zero_point = d.input(2);
+    if let Some(z) = zero_point {
+        let zt = g.constant(z)?;
+        if zt.dtype != qt.dtype || zt.dims != st.dims {
+            return None;
+        }
+    }
+    let axis = d.attr_int("axis").unwrap_or(1);
+    let block = d.attr_int("block_size").unwrap_or(0);
+    // The layout the kernel takes (a node it would refuse stays plain,
+    // where DequantizeLinear's kernel says why).
+    let dims: Vec<usize> = qt.dims.iter().map(|&x| x.max(0) as usize).collect();
+    let sdims: Vec<usize> = st.dims.iter().map(|&x| x.max(0) as usize).collect();
+    crate::cpu::quant::scale_axis(&dims, &sdims, axis, block.max(0) as usize, "").ok()?;
+    if block < 0 {
+        return None;
+    }
+    Some(Chain {
+        source: Source::Integer {
+            q,
+            scale,
+            zero_point,
+            axis,
+            block,
+        },
+        shape: qt.dims.clone(),
+        nodes,
+    })
 }
 
 /// Reshape's output shape for input dims `from` and target `to` (0 copies
@@ -205,7 +350,9 @@ fn reshape_target(from: &[i64], to: &[i64], allowzero: bool) -> Option<Vec<i64>>
 }
 
 /// The fused op for reader `n` of `w`, or why there is none.
-fn fused_op(g: &Graph, n: NodeId, w: ValueId, rank: usize) -> Result<&'static str, String> {
+fn fused_op(g: &Graph, n: NodeId, w: ValueId, c: &Chain) -> Result<&'static str, String> {
+    let rank = c.shape.len();
+    let ops = c.ops();
     let d = g.node(n);
     let why = || match d.name.as_str() {
         "" => format!("read by {}", d.qualified_op()),
@@ -218,41 +365,41 @@ fn fused_op(g: &Graph, n: NodeId, w: ValueId, rank: usize) -> Result<&'static st
         .filter(|&k| d.input(k) == Some(w))
         .collect();
     let (op, slot) = match d.op_type.as_str() {
-        "MatMul" if rank == 2 => ("PaletteMatMul", 1),
-        "Gemm" if rank == 2 => ("PaletteGemm", 1),
-        "Conv" if rank == 3 || rank == 4 => ("PaletteConv", 1),
+        "MatMul" if rank == 2 => (ops[0], 1),
+        "Gemm" if rank == 2 => (ops[1], 1),
+        "Conv" if rank == 3 || rank == 4 => (ops[2], 1),
         "Gather" if rank >= 1 => {
             let a = d.attr_int("axis").unwrap_or(0);
             if a != 0 && a != -(rank as i64) {
                 return Err(format!("{} (axis {a})", why()));
             }
-            ("PaletteGather", 0)
+            (ops[3], 0)
         }
         _ => return Err(why()),
     };
     if slots != [slot] {
         return Err(format!("{} in input slot(s) {slots:?}", why()));
     }
-    Ok(op)
+    op.ok_or_else(why)
 }
 
-/// A copy of `m` lowered by [`lower_palette`] (tensor data is shared, so
+/// A copy of `m` lowered by [`lower_coded`] (tensor data is shared, so
 /// the copy costs the graph's structure): what the CPU runner and the
 /// reference engine plan, once per model.
-pub fn lowered_copy(m: &Model) -> (Model, PaletteLowering) {
+pub fn lowered_copy(m: &Model) -> (Model, CodedLowering) {
     let mut copy = m.clone();
     // Sparse weights (`graphopt prune --unstructured`) are held dense.
     copy.graph.densify_sparse_initializers();
-    let r = lower_palette(&mut copy);
+    let r = lower_coded(&mut copy);
     (copy, r)
 }
 
-/// Rewrites, in the main graph of `m`, every reader of a palettized
-/// weight into a fused node (see the module docs) and removes the decode
+/// Rewrites, in the main graph of `m`, every reader of a palettized or
+/// integer weight into a fused node (see the module docs) and removes the decode
 /// chains; adds the fused ops' functions and the domain's opset import.
-/// Returns what it did; a model without palettized weights is unchanged.
-pub fn lower_palette(m: &mut Model) -> PaletteLowering {
-    let mut report = PaletteLowering::default();
+/// Returns what it did; a model without coded weights is unchanged.
+pub fn lower_coded(m: &mut Model) -> CodedLowering {
+    let mut report = CodedLowering::default();
     let g = &mut m.graph;
     let candidates: Vec<ValueId> = g
         .order()
@@ -286,9 +433,14 @@ pub fn lower_palette(m: &mut Model) -> PaletteLowering {
                 }
             }
         }
+        // An integer weight read by a Conv stays as written (DEQUANT_OPS).
+        let conv = |&r: &NodeId| g.node(r).op_type == "Conv" && default_domain(&g.node(r).domain);
+        if matches!(c.source, Source::Integer { .. }) && readers.iter().any(conv) {
+            continue;
+        }
         let mut ops = Vec::new();
         for &r in &readers {
-            match fused_op(g, r, w, c.shape.len()) {
+            match fused_op(g, r, w, &c) {
                 Ok(op) => ops.push(op),
                 Err(e) => refused = Some(e),
             }
@@ -320,22 +472,32 @@ pub fn lower_palette(m: &mut Model) -> PaletteLowering {
                 g.remove_value(o);
             }
         }
-        report.weights += 1;
-        report.fused += readers.len();
-        report.decoded_bytes += c.shape.iter().product::<i64>().max(0) as u64 * 4;
+        let bytes = c.shape.iter().product::<i64>().max(0) as u64 * 4;
+        match c.source {
+            Source::Palette { .. } => {
+                report.weights += 1;
+                report.fused += readers.len();
+                report.decoded_bytes += bytes;
+            }
+            Source::Integer { .. } => {
+                report.integer_weights += 1;
+                report.integer_fused += readers.len();
+                report.integer_decoded_bytes += bytes;
+            }
+        }
     }
     if used_ops.is_empty() {
         return report;
     }
     let opset = m.onnx_opset().unwrap_or(18);
     for op in used_ops {
-        if m.function(PALETTE_DOMAIN, op).is_none() {
+        if m.function(CODED_DOMAIN, op).is_none() {
             m.functions.push(function(op, opset));
         }
     }
-    if m.opset(PALETTE_DOMAIN).is_none() {
+    if m.opset(CODED_DOMAIN).is_none() {
         m.opset_imports.push(OpsetImport {
-            domain: PALETTE_DOMAIN.into(),
+            domain: CODED_DOMAIN.into(),
             version: 1,
         });
     }
@@ -345,37 +507,65 @@ pub fn lower_palette(m: &mut Model) -> PaletteLowering {
 /// Replaces reader `r` by the fused node `op`.
 fn fuse(g: &mut Graph, r: NodeId, op: &str, c: &Chain) {
     let d = g.node(r).clone();
-    let (cb, idx) = (Some(c.codebook), Some(c.indices));
-    let mut inputs: Vec<Option<ValueId>> = match op {
-        "PaletteGather" => vec![cb, idx, d.input(1)],
-        _ => vec![d.input(0), cb, idx],
-    };
-    if matches!(op, "PaletteGemm" | "PaletteConv") {
-        if let Some(b) = d.input(2) {
-            inputs.push(Some(b));
-        }
-    }
+    let ours = [
+        WEIGHT_SHAPE_ATTR,
+        GROUPS_ATTR,
+        DEQUANT_AXIS_ATTR,
+        DEQUANT_BLOCK_ATTR,
+    ];
     let mut attributes: Vec<Attribute> = d
         .attributes
         .iter()
-        .filter(|a| a.name != WEIGHT_SHAPE_ATTR && a.name != GROUPS_ATTR)
+        .filter(|a| !ours.contains(&a.name.as_str()))
         .cloned()
         .collect();
     attributes.push(Attribute::new(
         WEIGHT_SHAPE_ATTR,
         AttrValue::Ints(c.shape.clone()),
     ));
-    attributes.push(Attribute::new(
-        GROUPS_ATTR,
-        AttrValue::Ints(vec![c.groups, -1]),
-    ));
+    // The weight's data slots, and the attributes that read them.
+    let data: Vec<Option<ValueId>> = match c.source {
+        Source::Palette {
+            codebook,
+            indices,
+            groups,
+        } => {
+            attributes.push(Attribute::new(
+                GROUPS_ATTR,
+                AttrValue::Ints(vec![groups, -1]),
+            ));
+            vec![Some(codebook), Some(indices)]
+        }
+        Source::Integer {
+            q,
+            scale,
+            zero_point,
+            axis,
+            block,
+        } => {
+            attributes.push(Attribute::new(DEQUANT_AXIS_ATTR, AttrValue::Int(axis)));
+            attributes.push(Attribute::new(DEQUANT_BLOCK_ATTR, AttrValue::Int(block)));
+            vec![Some(q), Some(scale), zero_point]
+        }
+    };
+    let gather = op.ends_with("Gather");
+    let mut inputs: Vec<Option<ValueId>> = if gather { vec![] } else { vec![d.input(0)] };
+    inputs.extend(data);
+    // What followed the weight: Gather's ids, Gemm's C or Conv's B.
+    let rest = if gather { d.input(1) } else { d.input(2) };
+    if rest.is_some() {
+        inputs.push(rest);
+    }
+    while inputs.last() == Some(&None) {
+        inputs.pop();
+    }
     for k in 0..d.outputs().len() {
         g.set_output(r, k, None);
     }
     let new = NewNode {
         name: d.name.clone(),
         op_type: op.to_string(),
-        domain: PALETTE_DOMAIN.to_string(),
+        domain: CODED_DOMAIN.to_string(),
         inputs,
         outputs: d.outputs().to_vec(),
         attributes,
@@ -405,122 +595,154 @@ fn function(op: &str, opset: i64) -> Function {
     fn val(b: &mut Graph, n: &str) -> ValueId {
         b.add_value(n, None).expect("fresh body")
     }
-    let formals: &[&str] = match op {
-        "PaletteMatMul" => &["A", "codebook", "indices"],
-        "PaletteGemm" => &["A", "codebook", "indices", "C"],
-        "PaletteConv" => &["X", "codebook", "indices", "B"],
-        _ => &["codebook", "indices", "ids"],
-    };
-    let f: Vec<ValueId> = formals.iter().map(|n| val(&mut b, n)).collect();
-    let v = |b: &Graph, n: &str| b.value_by_name(n).expect("formal");
-    let (cb, idx) = (v(&b, "codebook"), v(&b, "indices"));
-    let names = ["i", "groups", "cb2", "i2", "flat", "shape", "W", "Y"];
-    let [i, groups, cb2, i2, flat, shape, w, y] = names.map(|n| val(&mut b, n));
     fn add(b: &mut Graph, node: NewNode) {
         b.add_node(node).expect("well-formed body");
     }
-    add(
-        &mut b,
-        NewNode::new("Cast")
-            .inputs(&[idx])
-            .outputs(&[i])
-            .attr(Attribute::new(
-                "to",
-                AttrValue::Int(DType::I32.to_onnx() as i64),
+    let palette = op.starts_with(PALETTE_PREFIX);
+    let reader = op
+        .trim_start_matches(PALETTE_PREFIX)
+        .trim_start_matches(DEQUANT_PREFIX);
+    let data: &[&str] = if palette {
+        &["codebook", "indices"]
+    } else {
+        &["q", "scale", "zero_point"]
+    };
+    // The reader's inputs, the weight's data in its slot.
+    let mut formals: Vec<&str> = match reader {
+        "Gather" => vec![],
+        "Conv" => vec!["X"],
+        _ => vec!["A"],
+    };
+    formals.extend(data);
+    formals.push(match reader {
+        "Gather" => "ids",
+        "Gemm" => "C",
+        "Conv" => "B",
+        _ => "",
+    });
+    formals.retain(|n| !n.is_empty());
+    let f: Vec<ValueId> = formals.iter().map(|n| val(&mut b, n)).collect();
+    let v = |b: &Graph, n: &str| b.value_by_name(n).expect("formal");
+    let [w, y] = ["W", "Y"].map(|n| val(&mut b, n));
+    if palette {
+        let (cb, idx) = (v(&b, "codebook"), v(&b, "indices"));
+        let names = ["i", "groups", "cb2", "i2", "flat", "shape"];
+        let [i, groups, cb2, i2, flat, shape] = names.map(|n| val(&mut b, n));
+        add(
+            &mut b,
+            NewNode::new("Cast")
+                .inputs(&[idx])
+                .outputs(&[i])
+                .attr(Attribute::new(
+                    "to",
+                    AttrValue::Int(DType::I32.to_onnx() as i64),
+                )),
+        );
+        add(
+            &mut b,
+            NewNode::new("Constant").outputs(&[groups]).attr(attr_ref(
+                "value_ints",
+                GROUPS_ATTR,
+                AttrKind::Ints,
             )),
-    );
-    add(
-        &mut b,
-        NewNode::new("Constant").outputs(&[groups]).attr(attr_ref(
-            "value_ints",
-            GROUPS_ATTR,
-            AttrKind::Ints,
-        )),
-    );
-    add(
-        &mut b,
-        NewNode::new("Reshape")
-            .inputs(&[cb, groups])
-            .outputs(&[cb2]),
-    );
-    add(
-        &mut b,
-        NewNode::new("Reshape").inputs(&[i, groups]).outputs(&[i2]),
-    );
-    add(
-        &mut b,
-        NewNode::new("GatherElements")
-            .inputs(&[cb2, i2])
-            .outputs(&[flat])
-            .attr(Attribute::new("axis", AttrValue::Int(1))),
-    );
-    add(
-        &mut b,
-        NewNode::new("Constant").outputs(&[shape]).attr(attr_ref(
-            "value_ints",
-            WEIGHT_SHAPE_ATTR,
-            AttrKind::Ints,
-        )),
-    );
-    add(
-        &mut b,
-        NewNode::new("Reshape").inputs(&[flat, shape]).outputs(&[w]),
-    );
-    let reader = match op {
-        "PaletteMatMul" => NewNode::new("MatMul").inputs(&[f[0], w]),
-        "PaletteGemm" => {
-            let mut n = NewNode::new("Gemm").inputs(&[f[0], w, f[3]]);
-            for (a, k) in [
+        );
+        add(
+            &mut b,
+            NewNode::new("Reshape")
+                .inputs(&[cb, groups])
+                .outputs(&[cb2]),
+        );
+        add(
+            &mut b,
+            NewNode::new("Reshape").inputs(&[i, groups]).outputs(&[i2]),
+        );
+        add(
+            &mut b,
+            NewNode::new("GatherElements")
+                .inputs(&[cb2, i2])
+                .outputs(&[flat])
+                .attr(Attribute::new("axis", AttrValue::Int(1))),
+        );
+        add(
+            &mut b,
+            NewNode::new("Constant").outputs(&[shape]).attr(attr_ref(
+                "value_ints",
+                WEIGHT_SHAPE_ATTR,
+                AttrKind::Ints,
+            )),
+        );
+        add(
+            &mut b,
+            NewNode::new("Reshape").inputs(&[flat, shape]).outputs(&[w]),
+        );
+    } else {
+        let (q, sc, zp) = (v(&b, "q"), v(&b, "scale"), v(&b, "zero_point"));
+        let s32 = val(&mut b, "scale_f32");
+        add(
+            &mut b,
+            NewNode::new("Cast")
+                .inputs(&[sc])
+                .outputs(&[s32])
+                .attr(Attribute::new(
+                    "to",
+                    AttrValue::Int(DType::F32.to_onnx() as i64),
+                )),
+        );
+        add(
+            &mut b,
+            NewNode::new("DequantizeLinear")
+                .inputs(&[q, s32, zp])
+                .outputs(&[w])
+                .attr(attr_ref("axis", DEQUANT_AXIS_ATTR, AttrKind::Int))
+                .attr(attr_ref("block_size", DEQUANT_BLOCK_ATTR, AttrKind::Int)),
+        );
+    }
+    let first = v(&b, formals[0]);
+    let last = v(&b, formals[formals.len() - 1]);
+    let (node, passed): (NewNode, &[(&str, AttrKind)]) = match reader {
+        "MatMul" => (NewNode::new("MatMul").inputs(&[first, w]), &[]),
+        "Gemm" => (
+            NewNode::new("Gemm").inputs(&[first, w, last]),
+            &[
                 ("alpha", AttrKind::Float),
                 ("beta", AttrKind::Float),
                 ("transA", AttrKind::Int),
                 ("transB", AttrKind::Int),
-            ] {
-                n = n.attr(attr_ref(a, a, k));
-            }
-            n
-        }
-        "PaletteConv" => {
-            let mut n = NewNode::new("Conv").inputs(&[f[0], w, f[3]]);
-            for (a, k) in [
+            ],
+        ),
+        "Conv" => (
+            NewNode::new("Conv").inputs(&[first, w, last]),
+            &[
                 ("auto_pad", AttrKind::String),
                 ("dilations", AttrKind::Ints),
                 ("group", AttrKind::Int),
                 ("kernel_shape", AttrKind::Ints),
                 ("pads", AttrKind::Ints),
                 ("strides", AttrKind::Ints),
-            ] {
-                n = n.attr(attr_ref(a, a, k));
-            }
-            n
-        }
-        _ => {
-            NewNode::new("Gather")
-                .inputs(&[w, f[2]])
-                .attr(attr_ref("axis", "axis", AttrKind::Int))
-        }
+            ],
+        ),
+        _ => (
+            NewNode::new("Gather").inputs(&[w, last]),
+            &[("axis", AttrKind::Int)],
+        ),
     };
-    add(&mut b, reader.outputs(&[y]));
+    let node = passed
+        .iter()
+        .fold(node, |n, &(a, k)| n.attr(attr_ref(a, a, k)));
+    add(&mut b, node.outputs(&[y]));
     b.inputs = f;
     b.outputs = vec![y];
-    let mut attributes = vec![WEIGHT_SHAPE_ATTR.to_string(), GROUPS_ATTR.to_string()];
-    let optional: &[&str] = match op {
-        "PaletteGemm" => &["alpha", "beta", "transA", "transB"],
-        "PaletteConv" => &[
-            "auto_pad",
-            "dilations",
-            "group",
-            "kernel_shape",
-            "pads",
-            "strides",
-        ],
-        "PaletteGather" => &["axis"],
-        _ => &[],
-    };
-    attributes.extend(optional.iter().map(|s| s.to_string()));
+    let mut attributes = vec![WEIGHT_SHAPE_ATTR.to_string()];
+    if palette {
+        attributes.push(GROUPS_ATTR.to_string());
+    } else {
+        attributes.push(DEQUANT_AXIS_ATTR.to_string());
+        attributes.push(DEQUANT_BLOCK_ATTR.to_string());
+    }
+    attributes.extend(passed.iter().map(|(a, _)| a.to_string()));
     Function {
         name: op.to_string(),
-        domain: PALETTE_DOMAIN.to_string(),
+        domain: CODED_DOMAIN.to_string(),
         overload: String::new(),
         attributes,
         attribute_defaults: Vec::new(),
@@ -529,8 +751,8 @@ fn function(op: &str, opset: i64) -> Function {
             version: opset,
         }],
         doc_string: format!(
-            "graphopt's CPU runtime: {} of a palettized weight, decoded per tile in the kernel",
-            op.trim_start_matches("Palette")
+            "graphopt's CPU runtime: {reader} of a {} weight, decoded per tile in the kernel",
+            if palette { "palettized" } else { "quantized" }
         ),
         metadata_props: Vec::new(),
         body: b,

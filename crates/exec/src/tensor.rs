@@ -100,8 +100,9 @@ pub fn elem_size(d: DType) -> Option<usize> {
 }
 
 /// Whether `d` is stored packed, two elements per byte (uint4, int4):
-/// such initializers are read in place by Cast and the palette kernels
-/// ([`crate::cpu::palette`]) only; no kernel writes them.
+/// such initializers are read in place by Cast, DequantizeLinear and the
+/// coded-weight kernels ([`crate::cpu::coded`]) only; no kernel writes
+/// them.
 pub fn is_packed4(d: DType) -> bool {
     matches!(d, DType::U4 | DType::I4)
 }

@@ -10,12 +10,12 @@
 //! on):
 //! - as written (the plain Cast/Gather/GatherElements/Reshape kernels,
 //!   uint4 initializers included): bitwise equal to the reference;
-//! - lowered by [`graphopt_exec::lower::lower_palette`] (the fused kernels
-//!   of `cpu::palette`): bitwise equal to the reference, the fused node
+//! - lowered by [`graphopt_exec::lower::lower_coded`] (the fused kernels
+//!   of `cpu::coded`): bitwise equal to the reference, the fused node
 //!   counted in the executable's steps, and the planned arena smaller than
 //!   the unfused one by at least the decoded weight's bytes.
 
-use graphopt_exec::lower::{lower_palette, PaletteLowering};
+use graphopt_exec::lower::{lower_coded, CodedLowering};
 use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
 use graphopt_ir::Model;
 use graphopt_plan::{plan_model, DimValues, ModelPlan, PlanOptions};
@@ -292,9 +292,9 @@ fn fused_op(op: Op) -> &'static str {
     }
 }
 
-fn lowered(m: &Model) -> (Model, PaletteLowering) {
+fn lowered(m: &Model) -> (Model, CodedLowering) {
     let mut m = m.clone();
-    let r = lower_palette(&mut m);
+    let r = lower_coded(&mut m);
     graphopt_ir::verify::verify_model(&m).expect("the lowered model verifies");
     (m, r)
 }

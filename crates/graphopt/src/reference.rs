@@ -7,8 +7,8 @@
 //! A [`Reference`] holds one model and the extra values to return after
 //! its outputs, and keeps one compiled plan per input shapes, so a model
 //! run on several batches of one shape is planned once. The runtime plans
-//! a copy lowered by `graphopt_exec::lower::lower_palette` (palettized
-//! weights decoded in their readers' kernels; a weight asked for as an
+//! a copy lowered by `graphopt_exec::lower::lower_coded` (palettized and
+//! integer weights decoded in their readers' kernels; a weight asked for as an
 //! extra value keeps its plain decode chain).
 
 use crate::check::as_declared;

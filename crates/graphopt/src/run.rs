@@ -14,10 +14,15 @@
 //! Palettized weights (a float32 codebook and uint8/uint4 indices decoded
 //! by Cast + Gather, or Cast + GatherElements + Reshape per group; issue
 //! 23) stay packed: on the CPU the [`Runner`] plans a copy of the model
-//! lowered by [`graphopt_exec::lower::lower_palette`], whose MatMul, Gemm,
+//! lowered by [`graphopt_exec::lower::lower_coded`], whose MatMul, Gemm,
 //! Conv and Gather readers decode tiles in their kernels, so the arena
 //! holds neither the decoded weights nor their int32 indices
 //! (`palettized_weights`, `palette_fused_nodes`, `palette_decoded_bytes`).
+//! So do integer weights (`DequantizeLinear` of constant int8/uint8/int4/
+//! uint4 weights, what `--quantize` writes): the readers decode tiles of
+//! the weight as DequantizeLinear would, and the arena never holds it in
+//! float32 (`quantized_weights`, `quantized_fused_nodes`,
+//! `quantized_decoded_bytes`).
 //! `weights_bytes` is the resident weights: the initializers as stored
 //! (packed indices and codebooks), read in place.
 //!
@@ -31,7 +36,7 @@
 use crate::error::{Error, Result};
 use crate::inputs::Inputs;
 use crate::session::Session;
-use graphopt_exec::lower::{lowered_copy, PaletteLowering};
+use graphopt_exec::lower::{lowered_copy, CodedLowering};
 use graphopt_exec::{CpuBackend, Executable, HostTensor};
 use graphopt_ir::{DType, Model};
 use graphopt_plan::{DimBinding, DimValues, Plan, PlanOptions};
@@ -182,8 +187,15 @@ pub struct RunReport {
     pub palette_fused_nodes: usize,
     /// Bytes those weights would take decoded to float32 (not allocated).
     pub palette_decoded_bytes: u64,
-    /// Palettized weights left to the plain decode nodes, and why (a
-    /// reader the kernels do not cover).
+    /// Integer weights (DequantizeLinear of constants) whose every reader
+    /// decodes tiles in its kernel (CPU only): never whole in float32.
+    pub quantized_weights: usize,
+    /// The fused nodes doing it.
+    pub quantized_fused_nodes: usize,
+    /// Bytes those weights would take decoded to float32 (not allocated).
+    pub quantized_decoded_bytes: u64,
+    /// Palettized or integer weights left to the plain decode nodes, and
+    /// why (a reader the kernels do not cover).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub palette_kept: Vec<(String, String)>,
     /// Relu/Clip nodes applied by the Conv that produces their input (CPU;
@@ -429,7 +441,7 @@ pub struct Runner<'s> {
     session: &'s Session,
     /// The model lowered for the CPU backend (palettized weights decoded
     /// in their readers' kernels), made on the first CPU run.
-    lowered: Option<(Model, PaletteLowering)>,
+    lowered: Option<(Model, CodedLowering)>,
     cache: Vec<(PlanKey, Executable, Vec<DimBinding>)>,
 }
 
@@ -598,6 +610,9 @@ impl Runner<'_> {
             palettized_weights: lowering.weights,
             palette_fused_nodes: lowering.fused,
             palette_decoded_bytes: lowering.decoded_bytes,
+            quantized_weights: lowering.integer_weights,
+            quantized_fused_nodes: lowering.integer_fused,
+            quantized_decoded_bytes: lowering.integer_decoded_bytes,
             palette_kept: lowering.kept,
             fused_activations: exe.fused_activations(),
             peak_rss_bytes: peak_rss_bytes(),
@@ -610,7 +625,7 @@ impl Runner<'_> {
 
 /// [`Runner::run`] on the CUDA backend: plan, bind and compile, run
 /// `repeat` times (graph replay after the first), report. The model as
-/// written: `lower_palette` is for the CPU backend's kernels only.
+/// written: `lower_coded` is for the CPU backend's kernels only.
 fn run_cuda(
     session: &Session,
     opts: &RunOptions,
@@ -686,6 +701,9 @@ fn run_cuda(
         palettized_weights: 0,
         palette_fused_nodes: 0,
         palette_decoded_bytes: 0,
+        quantized_weights: 0,
+        quantized_fused_nodes: 0,
+        quantized_decoded_bytes: 0,
         palette_kept: Vec::new(),
         fused_activations: 0,
         peak_rss_bytes: peak_rss_bytes(),

@@ -8,11 +8,12 @@
 //! RNN);
 //! Conv tiles split across threads, depthwise planes, elementwise rows,
 //! Softmax blocks, pooling planes and single-run reductions too. The rest
-//! run on one thread. The fused nodes of palettized weights
-//! (domain [`crate::lower::PALETTE_DOMAIN`]) have their kernels in
-//! [`palette`]. Which kernel serves which node: the one table of
+//! run on one thread. The fused nodes of palettized and integer weights
+//! (domain [`crate::lower::CODED_DOMAIN`]) have their kernels in
+//! [`coded`]. Which kernel serves which node: the one table of
 //! [`registry`].
 
+pub mod coded;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
@@ -22,7 +23,6 @@ pub mod loss;
 pub mod lowp;
 pub mod matmul;
 pub mod norm;
-pub mod palette;
 pub mod par;
 pub mod pool;
 pub mod quant;

@@ -183,82 +183,73 @@ fn zero_point_matches_scale(ctx: &NodeCtx, op: &str) -> Result<(), String> {
 pub fn dequantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     zero_point_matches_scale(ctx, "DequantizeLinear")?;
     let block = ctx.node.attr_int("block_size").unwrap_or(0);
-    if block > 0 {
-        return blocked_dequantize(ctx, block as usize);
-    }
-    let (inner, len) = scale_layout(ctx, "DequantizeLinear")?;
-    Ok(Box::new(Dequantize {
-        inner,
-        len,
-        block: 0,
-    }))
+    let block =
+        usize::try_from(block).map_err(|_| format!("DequantizeLinear: block_size {block}"))?;
+    let axis = ctx.node.attr_int("axis").unwrap_or(1);
+    let (x, s) = (ctx.input(0)?, ctx.input(1)?);
+    let (inner, len) = scale_axis(&x.shape, &s.shape, axis, block, "DequantizeLinear")?;
+    Ok(Box::new(Dequantize { inner, len, block }))
 }
 
-/// Blocked scales: the scale has x's rank and shape, except `axis`, where
-/// it has `ceil(len / block)`.
-fn blocked_dequantize(ctx: &NodeCtx, block: usize) -> Result<Box<dyn Kernel>, String> {
-    let x = ctx.input(0)?;
-    let s = ctx.input(1)?;
-    let r = x.shape.len() as i64;
-    let mut axis = ctx.node.attr_int("axis").unwrap_or(1);
-    if axis < 0 {
-        axis += r;
-    }
-    let ok = (0..r).contains(&axis)
-        && s.shape.len() == x.shape.len()
-        && x.shape
-            .iter()
-            .zip(&s.shape)
-            .enumerate()
-            .all(|(d, (&xd, &sd))| {
-                if d == axis as usize {
+/// Where the scales of a tensor of shape `x` lie, as DequantizeLinear reads
+/// them (`op` names the reader in errors): elements per index of `axis`
+/// and its length, `(1, 1)` for one scale. Per axis, the scales are 1-D
+/// with `axis`'s length; blocked (`block > 0`, opset 21), they have `x`'s
+/// rank and shape except `ceil(len / block)` along `axis`.
+pub(crate) fn scale_axis(
+    x: &[usize],
+    s: &[usize],
+    axis: i64,
+    block: usize,
+    op: &str,
+) -> Result<(usize, usize), String> {
+    let r = x.len() as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if block > 0 {
+        let ok = (0..r).contains(&a)
+            && s.len() == x.len()
+            && x.iter().zip(s).enumerate().all(|(d, (&xd, &sd))| {
+                if d == a as usize {
                     sd == xd.div_ceil(block)
                 } else {
                     sd == xd
                 }
             });
-    if !ok {
-        return Err(format!(
-            "DequantizeLinear: scales of shape {:?} are not blocks of {block} along axis {axis} of {:?}",
-            s.shape, x.shape
-        ));
+        if !ok {
+            return Err(format!(
+                "{op}: scales of shape {s:?} are not blocks of {block} along axis {axis} of {x:?}"
+            ));
+        }
+        return Ok((strides(x)[a as usize], x[a as usize]));
     }
-    let axis = axis as usize;
-    Ok(Box::new(Dequantize {
-        inner: strides(&x.shape)[axis],
-        len: x.shape[axis],
-        block,
-    }))
-}
-
-/// Per-tensor or per-axis scale: elements per index of the axis and its
-/// length (1 for per-tensor), as DequantizeLinear and QuantizeLinear read
-/// `axis` (default 1; blocked scales are refused).
-fn scale_layout(ctx: &NodeCtx, op: &str) -> Result<(usize, usize), String> {
-    let x = ctx.input(0)?;
-    let s = ctx.input(1)?;
-    let len: usize = s.shape.iter().product();
+    let len: usize = s.iter().product();
     if len <= 1 {
         return Ok((1, 1));
     }
-    if s.shape.len() != 1 || ctx.node.attr_int("block_size").unwrap_or(0) != 0 {
+    if s.len() != 1 {
         return Err(format!(
             "{op}: only per-tensor and per-axis scales are implemented"
         ));
     }
-    let r = x.shape.len() as i64;
-    let mut axis = ctx.node.attr_int("axis").unwrap_or(1);
-    if axis < 0 {
-        axis += r;
-    }
-    if !(0..r).contains(&axis) || x.shape[axis as usize] != len {
+    if !(0..r).contains(&a) || x[a as usize] != len {
         return Err(format!(
-            "{op}: {len} scales do not match axis {axis} of shape {:?}",
-            x.shape
+            "{op}: {len} scales do not match axis {a} of shape {x:?}"
         ));
     }
-    let axis = axis as usize;
-    Ok((strides(&x.shape)[axis], len))
+    Ok((strides(x)[a as usize], len))
+}
+
+/// Per-tensor or per-axis scale: elements per index of the axis and its
+/// length (1 for per-tensor), as QuantizeLinear reads `axis` (default 1;
+/// blocked scales are refused).
+fn scale_layout(ctx: &NodeCtx, op: &str) -> Result<(usize, usize), String> {
+    if ctx.node.attr_int("block_size").unwrap_or(0) != 0 {
+        return Err(format!(
+            "{op}: only per-tensor and per-axis scales are implemented"
+        ));
+    }
+    let axis = ctx.node.attr_int("axis").unwrap_or(1);
+    scale_axis(&ctx.input(0)?.shape, &ctx.input(1)?.shape, axis, 0, op)
 }
 
 struct Quantize {

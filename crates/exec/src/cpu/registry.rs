@@ -33,11 +33,11 @@
 //! the new op needs a passing node case (or an exemption with a reason).
 
 use super::{
-    conv, einsum, elementwise, loss, matmul, norm, palette, pool, quant, reduce, resize, rnn,
+    coded, conv, einsum, elementwise, loss, matmul, norm, pool, quant, reduce, resize, rnn,
     scatter, shape, signal,
 };
 use crate::backend::{Kernel, NodeCtx};
-use crate::lower::PALETTE_DOMAIN;
+use crate::lower::CODED_DOMAIN;
 use crate::tensor::is_packed4;
 use graphopt_ir::DType;
 
@@ -63,14 +63,14 @@ pub enum Low {
     /// ([`super::lowp::via_f32`]).
     Widen,
     /// The maker gets the node as it is (byte-generic data movement,
-    /// Cast, the palette kernels).
+    /// Cast, the coded-weight kernels).
     AsIs,
 }
 
 /// One registered kernel.
 #[derive(Clone, Copy, Debug)]
 pub struct Entry {
-    /// `""` for the default ONNX domain, else e.g. [`PALETTE_DOMAIN`].
+    /// `""` for the default ONNX domain, else e.g. [`CODED_DOMAIN`].
     pub domain: &'static str,
     pub op: &'static str,
     /// Default-domain opsets the entry serves, `since..=until`; `None`
@@ -112,18 +112,19 @@ pub const fn as_is(op: &'static str, types: Types, make: Maker) -> Entry {
     }
 }
 
-/// A fused node of palettized weights ([`palette`]): f32 activations or
-/// codebook as input 0, packed 4-bit indices allowed.
-const fn palette_op(op: &'static str) -> Entry {
+/// A fused node of a coded weight ([`coded`]): f32 activations or
+/// codebook as input 0 (`types`), packed 4-bit indices or integers
+/// allowed.
+const fn coded_op(op: &'static str, types: Types) -> Entry {
     Entry {
-        domain: PALETTE_DOMAIN,
+        domain: CODED_DOMAIN,
         op,
         since: None,
         until: None,
-        types: Types::Of(&[DType::F32]),
+        types,
         low: Low::AsIs,
         packed4: true,
-        make: palette::kernel,
+        make: coded::kernel,
     }
 }
 
@@ -164,7 +165,7 @@ impl Entry {
                 .map(|e| e.op)
                 .collect();
             return Err(format!(
-                "packed 4-bit (uint4/int4) inputs are read only by {} (and the palette kernels)",
+                "packed 4-bit (uint4/int4) inputs are read only by {} (and the coded-weight kernels)",
                 readers.join(", ")
             ));
         }
@@ -312,7 +313,7 @@ const QINTS4: &[DType] = &[U8, I8, U16, I16, I32, DType::U4, DType::I4];
 const RANGE: &[DType] = &[F32, I64, I32];
 
 /// Every kernel of the CPU backend, default-domain ops by name, then the
-/// palette domain's fused ops.
+/// coded-weight domain's fused ops.
 pub const KERNELS: &[Entry] = &[
     widen("Abs", SIGNED, unary),
     widen("Acos", FLOAT, unary),
@@ -456,10 +457,14 @@ pub const KERNELS: &[Entry] = &[
     widen("Upsample", FLOAT64, resize::resize).opsets(Some(7), None),
     widen("Where", BOOLS, elementwise::where_),
     widen("Xor", BOOLS, binary),
-    palette_op("PaletteConv"),
-    palette_op("PaletteGather"),
-    palette_op("PaletteGemm"),
-    palette_op("PaletteMatMul"),
+    // Input 0 is the integer weight (its maker checks it).
+    coded_op("DequantGather", Types::Any),
+    coded_op("DequantGemm", Types::Of(&[F32])),
+    coded_op("DequantMatMul", Types::Of(&[F32])),
+    coded_op("PaletteConv", Types::Of(&[F32])),
+    coded_op("PaletteGather", Types::Of(&[F32])),
+    coded_op("PaletteGemm", Types::Of(&[F32])),
+    coded_op("PaletteMatMul", Types::Of(&[F32])),
 ];
 
 #[cfg(test)]
@@ -467,7 +472,7 @@ mod tests {
     use super::*;
     use crate::backend::{Backend, TensorInfo};
     use crate::cpu::CpuBackend;
-    use crate::lower::PALETTE_OPS;
+    use crate::lower::CODED_OPS;
     use graphopt_ir::{Graph, NewNode, NodeData};
 
     /// `tests-py/conformance.py` reads the default-domain ops from this
@@ -566,14 +571,14 @@ mod tests {
                 }
             }
         }
-        let palette: Vec<&str> = KERNELS
+        let coded: Vec<&str> = KERNELS
             .iter()
-            .filter(|e| e.domain == PALETTE_DOMAIN)
+            .filter(|e| e.domain == CODED_DOMAIN)
             .map(|e| e.op)
             .collect();
-        let mut want = PALETTE_OPS.to_vec();
+        let mut want = CODED_OPS.to_vec();
         want.sort_unstable();
-        assert_eq!(palette, want);
+        assert_eq!(coded, want);
         let names: Vec<&str> = ops().collect();
         assert!(names.windows(2).all(|w| w[0] < w[1]), "not in name order");
     }
@@ -588,7 +593,7 @@ mod tests {
         assert!(!CpuBackend.has_op("com.example", "Relu"));
         let e = made(CpuBackend.kernel(&ctx(&n, 17, DType::F32, 1))).unwrap();
         assert_eq!(e, "custom-domain ops have no kernels");
-        let n = node(PALETTE_DOMAIN, "Relu");
+        let n = node(CODED_DOMAIN, "Relu");
         let e = made(CpuBackend.kernel(&ctx(&n, 17, DType::F32, 1))).unwrap();
         assert_eq!(e, "no kernel for this op yet");
     }

@@ -1,38 +1,53 @@
-//! Palettized weights decoded per tile inside the kernels that read them
-//! (issue 23): the fused nodes [`crate::lower::lower_palette`] makes.
+//! Coded weights decoded per tile inside the kernels that read them: the
+//! fused nodes [`crate::lower::lower_coded`] makes. A coded weight `W`
+//! (shape `S`, `numel` elements, float32 once decoded) is stored in one of
+//! two ways ([`Code`]), and never exists whole in the arena:
 //!
-//! A palettized float32 weight `W` (shape `S`, `numel` elements) is a
-//! float32 codebook of `ng` groups of `k` entries and one index per element
-//! (uint8, or uint4 packed two per byte, low nibble first). Groups are `ng`
-//! equal runs of `W`'s flat (row-major) elements, so element `f` is
-//! `codebook[(f / (numel / ng)) * k + index[f]]`; `ng = 1` is one codebook
-//! for the tensor. The codebook and indices are weights (read in place);
-//! `W` and the int32 indices never exist whole:
+//! - **A palette** (issue 23): a float32 codebook of `ng` groups of `k`
+//!   entries and one index per element (uint8, or uint4 packed two per
+//!   byte, low nibble first). Groups are `ng` equal runs of `W`'s flat
+//!   (row-major) elements, so element `f` is
+//!   `codebook[(f / (numel / ng)) * k + index[f]]`; `ng = 1` is one
+//!   codebook for the tensor. Nodes `Palette*(…, codebook, indices, …)`.
+//! - **Integers with scales** (issue 20, what `--quantize` writes): `W =
+//!   DequantizeLinear(q, scale, zero_point?)` with `q` int8, uint8, int4 or
+//!   uint4, per-tensor, per-axis or blocked (opset 21's `block_size`)
+//!   float32, float16 or bfloat16 scales (a float16 scale is what
+//!   `--quantize int4-weights` casts to float32 before its
+//!   DequantizeLinear; the cast is exact, so decoding from float16 gives
+//!   the same floats). Element `f` is `(q[f] - zp[c]) as f32 · scale[c]`,
+//!   `c` its scale's index: DequantizeLinear's kernel's formula, so the
+//!   decoded tiles hold the bits it would write. Nodes `Dequant*(…, q,
+//!   scale, zero_point?, …)`, with `dequant_axis` and `dequant_block_size`.
 //!
-//! - `PaletteMatMul(A, codebook, indices)`, `W` `[K, N]`: `A`'s rows (all
-//!   batch dims flattened, `W` is shared) times tiles of `W` of
-//!   [`TILE_K`] rows × [`TILE_N`] columns, decoded into the workspace, each
-//!   tile's product accumulated into the output (`sgemm`'s beta = 1 after
-//!   the first K tile), on the kernel the unfused MatMul takes. [`TILE_K`]
-//!   is that kernel's depth block (256: graphopt's `KC`, and
-//!   `matrixmultiply`'s `kc` for f32), so every output element sums the
-//!   same partial products in the same order as the unfused MatMul:
-//!   results are bitwise equal to the decoded weights'. One row of `A`
-//!   (`M = 1`) takes the plain node's matrix-vector kernel ([`crate::cpu::matmul::product`]),
-//!   which also sums in blocks of 256 and so is bitwise equal too.
-//! - `PaletteGemm(A, codebook, indices, C?)`: the same tiles, `transB=1`
-//!   decoding each tile from rows of `W` `[N, K]` (contiguous runs of K) and
-//!   handing `sgemm` the transposed strides; the bias as Gemm writes it
-//!   (`beta·C`, then every tile accumulates).
-//! - `PaletteConv(X, codebook, indices, B?)`, `W` `[M, C/group, (kh,) kw]`:
-//!   im2col per image and group as [`crate::cpu::conv`] does, then blocks
-//!   of [`BLOCK_CHANNELS`] output channels: each block's weights (contiguous
-//!   rows of `W`) decoded into the workspace and multiplied into those
-//!   channels' rows (splitting GEMM rows does not change any sum, so this
-//!   too is bitwise equal). A block is decoded once per image and group, a
-//!   small cost next to its GEMM (`1 / (OH·OW)` of it).
-//! - `PaletteGather(codebook, indices, ids)`, axis 0: only the gathered
-//!   rows are decoded, straight into the output.
+//! The kernels, one per reader (the weight's data slots sit where the
+//! reader had `W`; what followed it comes after them):
+//!
+//! - `*MatMul(A, W…)`, `W` `[K, N]`: `A`'s rows (all batch dims flattened,
+//!   `W` is shared) times tiles of `W` of [`TILE_K`] rows × [`TILE_N`]
+//!   columns, decoded into the workspace, each tile's product accumulated
+//!   into the output (`sgemm`'s beta = 1 after the first K tile), on the
+//!   kernel the unfused MatMul takes. [`TILE_K`] is that kernel's depth
+//!   block (256: graphopt's `KC`, and `matrixmultiply`'s `kc` for f32), so
+//!   every output element sums the same partial products in the same order
+//!   as the unfused MatMul: results are bitwise equal to the decoded
+//!   weights'. One row of `A` (`M = 1`) takes the plain node's
+//!   matrix-vector kernel ([`crate::cpu::matmul::product`]), which also
+//!   sums in blocks of 256 and so is bitwise equal too.
+//! - `*Gemm(A, W…, C?)`: the same tiles, `transB=1` decoding each tile from
+//!   rows of `W` `[N, K]` (contiguous runs of K) and handing `sgemm` the
+//!   transposed strides; the bias as Gemm writes it (`beta·C`, then every
+//!   tile accumulates).
+//! - `PaletteConv(X, W…, B?)` (integer Conv weights are not fused, see
+//!   [`crate::lower`]), `W` `[M, C/group, (kh,) kw]`: im2col per image and
+//!   group as [`crate::cpu::conv`] does, then blocks of [`BLOCK_CHANNELS`]
+//!   output channels: each block's weights (contiguous rows of `W`) decoded
+//!   into the workspace and multiplied into those channels' rows (splitting
+//!   GEMM rows does not change any sum, so this too is bitwise equal). A
+//!   block is decoded once per image and group, a small cost next to its
+//!   GEMM (`1 / (OH·OW)` of it).
+//! - `*Gather(W…, ids)`, axis 0: only the gathered rows are decoded,
+//!   straight into the output.
 //!
 //! Threads: MatMul and Gemm give each thread its own column blocks of `W`
 //! (decoded and multiplied there) when `N` spans several blocks, else
@@ -43,15 +58,23 @@
 //! up to [`MAX_TILE_THREADS`] threads (the machine's parallelism when the
 //! kernel is made), for MatMul and Gemm; the im2col buffer plus one channel
 //! block for Conv; none for Gather.
-//! Indices are checked against `k` once, when the kernel is made (they are
-//! constants), so a run never reads past a codebook.
+//! Palette indices are checked against `k` once, when the kernel is made
+//! (they are constants), so a run never reads past a codebook; integer
+//! weights index their scales by position only, checked against the
+//! scales' shape when the kernel is made.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{conv_layout, im2col, Window};
 use crate::cpu::matmul::{gemm_bias, gemv, own_kernel, product, sgemm_into_with, sgemm_with};
-use crate::lower::{GROUPS_ATTR, WEIGHT_SHAPE_ATTR};
-use crate::tensor::{cast_mut, nibble, numel};
+use crate::cpu::quant::scale_axis;
+use crate::lower::{
+    DEQUANT_AXIS_ATTR, DEQUANT_BLOCK_ATTR, DEQUANT_PREFIX, GROUPS_ATTR, PALETTE_PREFIX,
+    WEIGHT_SHAPE_ATTR,
+};
+use crate::tensor::{cast, cast_mut, nibble, numel, sign4};
 use graphopt_ir::DType;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use half::{bf16, f16};
 
 /// Rows of `W` (the reduction dim) per MatMul/Gemm tile: the f32 depth
 /// block of graphopt's kernel and of `matrixmultiply`, so that tiles add
@@ -64,11 +87,9 @@ pub const BLOCK_CHANNELS: usize = 64;
 
 const ALIGN: usize = 64;
 
-/// A palettized weight's layout (the data comes with each run).
+/// A palettized weight's layout.
 #[derive(Clone, Debug)]
 struct Palette {
-    /// `S`.
-    shape: Vec<usize>,
     /// Entries per codebook.
     k: usize,
     /// Elements per group (`numel / ng`).
@@ -77,10 +98,51 @@ struct Palette {
     packed: bool,
 }
 
-impl Palette {
-    /// Reads and checks the layout: codebook in slot `cb`, indices in
-    /// slot `idx` (a constant, every index checked below `k`).
-    fn new(ctx: &NodeCtx, cb: usize, idx: usize) -> Result<Palette, String> {
+/// An integer weight's layout: `q` as `[outer, len, inner]` around its
+/// scale axis (`len = inner = 1` for one scale), one scale per index of
+/// the axis, or per `block` of them (blocked).
+#[derive(Clone, Debug)]
+struct Dequant {
+    q: DType,
+    scale: DType,
+    /// The zero point's type (that of `q`), if there is one.
+    zp: Option<DType>,
+    len: usize,
+    inner: usize,
+    /// Elements per scale along the axis (0: not blocked).
+    block: usize,
+}
+
+/// How a coded weight is stored.
+#[derive(Clone, Debug)]
+enum Code {
+    Palette(Palette),
+    Dequant(Dequant),
+}
+
+/// A coded weight: its decoded shape, its storage, and where its data
+/// slots start among the node's inputs.
+#[derive(Clone, Debug)]
+struct Coded {
+    /// `S`.
+    shape: Vec<usize>,
+    code: Code,
+    /// The first data slot (the codebook, or `q`).
+    first: usize,
+}
+
+/// A coded weight's data for one run.
+struct Bound<'a> {
+    code: &'a Code,
+    /// The data slots' bytes: codebook and indices, or `q`, scales and
+    /// zero points (empty where absent).
+    data: [&'a [u8]; 3],
+}
+
+impl Coded {
+    /// Reads and checks the layout of the weight whose data starts at
+    /// input slot `first` of a `Palette*` or `Dequant*` node.
+    fn new(ctx: &NodeCtx, first: usize) -> Result<Coded, String> {
         let shape: Vec<usize> = ctx
             .node
             .attr_ints(WEIGHT_SHAPE_ATTR)
@@ -88,6 +150,57 @@ impl Palette {
             .iter()
             .map(|&d| usize::try_from(d).map_err(|_| format!("weight dim {d}")))
             .collect::<Result<_, _>>()?;
+        let code = if ctx.node.op_type.starts_with(PALETTE_PREFIX) {
+            Code::Palette(Palette::new(ctx, &shape, first)?)
+        } else {
+            Code::Dequant(Dequant::new(ctx, &shape, first)?)
+        };
+        Ok(Coded { shape, code, first })
+    }
+
+    /// Input slots holding the weight's data.
+    fn slots(&self) -> usize {
+        match self.code {
+            Code::Palette(_) => 2,
+            Code::Dequant(_) => 3,
+        }
+    }
+
+    /// The slot right after the weight's data (the reader's next input).
+    fn next(&self) -> usize {
+        self.first + self.slots()
+    }
+
+    /// The weight's data in this run.
+    fn bind<'a>(&'a self, io: &KernelIo<'a>) -> Result<Bound<'a>, String> {
+        let mut data: [&[u8]; 3] = [&[]; 3];
+        for (k, d) in data.iter_mut().take(self.slots()).enumerate() {
+            if let Some(x) = io.inputs.get(self.first + k).copied().flatten() {
+                *d = x.bytes()?;
+            }
+        }
+        Ok(Bound {
+            code: &self.code,
+            data,
+        })
+    }
+}
+
+impl Bound<'_> {
+    /// Decodes flat elements `start .. start + out.len()` of `W`.
+    fn decode(&self, start: usize, out: &mut [f32]) {
+        match self.code {
+            Code::Palette(p) => p.decode(cast(self.data[0]), self.data[1], start, out),
+            Code::Dequant(d) => d.decode(self.data, start, out),
+        }
+    }
+}
+
+impl Palette {
+    /// Reads and checks the layout: codebook in slot `cb`, indices in
+    /// slot `cb + 1` (a constant, every index checked below `k`).
+    fn new(ctx: &NodeCtx, shape: &[usize], cb: usize) -> Result<Palette, String> {
+        let idx = cb + 1;
         let c = ctx.input(cb)?;
         let i = ctx.input(idx)?;
         if c.dtype != DType::F32 {
@@ -103,7 +216,7 @@ impl Palette {
                 return Err(format!("{GROUPS_ATTR} {a:?} for {ng} codebook(s)"));
             }
         }
-        let n = numel(&shape);
+        let n = numel(shape);
         if numel(&i.shape) != n || ng == 0 || !n.is_multiple_of(ng) {
             return Err(format!(
                 "{} indices for a weight {shape:?} in {ng} group(s)",
@@ -122,7 +235,6 @@ impl Palette {
             .flatten()
             .ok_or("the indices are not a constant")?;
         let p = Palette {
-            shape,
             k,
             per: n / ng,
             packed,
@@ -184,19 +296,174 @@ impl Palette {
     }
 }
 
-/// The codebook and index bytes of a run.
-fn data<'a>(io: &KernelIo<'a>, cb: usize, idx: usize) -> Result<(&'a [f32], &'a [u8]), String> {
-    Ok((io.input(cb)?.f32()?, io.input(idx)?.bytes()?))
+/// Elements per chunk of [`Dequant::run`] (its stack buffers).
+const CHUNK: usize = 256;
+
+impl Dequant {
+    /// Reads and checks the layout: `q`, scale and zero point in slots
+    /// `first..first + 3` (the zero point may be absent).
+    fn new(ctx: &NodeCtx, shape: &[usize], first: usize) -> Result<Dequant, String> {
+        let q = ctx.input(first)?;
+        let s = ctx.input(first + 1)?;
+        let zp = ctx.inputs.get(first + 2).cloned().flatten();
+        if !matches!(q.dtype, DType::I8 | DType::U8 | DType::I4 | DType::U4) {
+            return Err(format!(
+                "an integer weight of {}, expected int8, uint8, int4 or uint4",
+                q.dtype.name()
+            ));
+        }
+        if !matches!(s.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(format!("scales of {}, expected float", s.dtype.name()));
+        }
+        if q.shape != shape {
+            return Err(format!(
+                "an integer weight of shape {:?} for {WEIGHT_SHAPE_ATTR} {shape:?}",
+                q.shape
+            ));
+        }
+        if let Some(z) = &zp {
+            if z.dtype != q.dtype || numel(&z.shape) != numel(&s.shape) {
+                return Err(format!(
+                    "a zero point of {} {:?} for a weight of {} and scales {:?}",
+                    z.dtype.name(),
+                    z.shape,
+                    q.dtype.name(),
+                    s.shape
+                ));
+            }
+        }
+        let axis = ctx.node.attr_int(DEQUANT_AXIS_ATTR).unwrap_or(1);
+        let block = ctx.node.attr_int(DEQUANT_BLOCK_ATTR).unwrap_or(0);
+        let block = usize::try_from(block).map_err(|_| format!("block size {block}"))?;
+        let (inner, len) = scale_axis(shape, &s.shape, axis, block, "a coded weight")?;
+        Ok(Dequant {
+            q: q.dtype,
+            scale: s.dtype,
+            zp: zp.map(|z| z.dtype),
+            len,
+            inner,
+            block,
+        })
+    }
+
+    /// Decodes flat elements `start .. start + out.len()` of `W` from
+    /// `[q, scales, zero points]`, in runs whose scale index is one for the
+    /// whole run or goes up by one per element.
+    fn decode(&self, data: [&[u8]; 3], start: usize, out: &mut [f32]) {
+        let (len, inner, block) = (self.len, self.inner, self.block);
+        let row = len * inner;
+        let end = start + out.len();
+        let mut f = start;
+        while f < end {
+            let (o, r) = (f / row, f % row);
+            let (a, i) = (r / inner, r % inner);
+            // (the run's end, its first scale index, the index's step)
+            let (stop, c, step) = match (block, inner) {
+                _ if len == 1 => (end, 0, 0),
+                (0, 1) => (f + len - a, a, 1),
+                (0, _) => (f + inner - i, a, 0),
+                (b, 1) => {
+                    let run = (b - a % b).min(len - a);
+                    (f + run, o * len.div_ceil(b) + a / b, 0)
+                }
+                (b, _) => (f + inner - i, (o * len.div_ceil(b) + a / b) * inner + i, 1),
+            };
+            let stop = stop.min(end);
+            self.run(data, f, c, step, &mut out[f - start..stop - start]);
+            f = stop;
+        }
+    }
+
+    /// `out[j] = (q[f + j] - zp[c + step·j]) · scale[c + step·j]`, in
+    /// chunks through stack buffers (so each loop is one that vectorizes).
+    fn run(&self, [q, s, z]: [&[u8]; 3], f: usize, c: usize, step: usize, out: &mut [f32]) {
+        let mut qi = [0i32; CHUNK];
+        let mut zi = [0i32; CHUNK];
+        let mut sf = [0f32; CHUNK];
+        for c0 in (0..out.len()).step_by(CHUNK) {
+            let m = CHUNK.min(out.len() - c0);
+            ints(self.q, q, f + c0, &mut qi[..m]);
+            let o = &mut out[c0..c0 + m];
+            if step == 0 {
+                let mut one = [0i32; 1];
+                if let Some(d) = self.zp {
+                    ints(d, z, c, &mut one);
+                }
+                let mut sc = [0f32; 1];
+                floats(self.scale, s, c, &mut sc);
+                let (zv, sv) = (one[0], sc[0]);
+                for (o, &v) in o.iter_mut().zip(&qi[..m]) {
+                    *o = (v - zv) as f32 * sv;
+                }
+            } else {
+                let at = c + c0;
+                match self.zp {
+                    Some(d) => ints(d, z, at, &mut zi[..m]),
+                    None => zi[..m].fill(0),
+                }
+                floats(self.scale, s, at, &mut sf[..m]);
+                for (((o, &v), &zv), &sv) in o.iter_mut().zip(&qi[..m]).zip(&zi[..m]).zip(&sf[..m])
+                {
+                    *o = (v - zv) as f32 * sv;
+                }
+            }
+        }
+    }
 }
 
-/// The kernel of a fused node (domain [`crate::lower::PALETTE_DOMAIN`]).
+/// Elements `at .. at + out.len()` of an int8/uint8/int4/uint4 tensor.
+fn ints(d: DType, b: &[u8], at: usize, out: &mut [i32]) {
+    match d {
+        DType::I8 => {
+            for (o, &v) in out.iter_mut().zip(&b[at..]) {
+                *o = v as i8 as i32;
+            }
+        }
+        DType::U8 => {
+            for (o, &v) in out.iter_mut().zip(&b[at..]) {
+                *o = v as i32;
+            }
+        }
+        DType::I4 => {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = sign4(nibble(b, at + j)) as i32;
+            }
+        }
+        _ => {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = nibble(b, at + j) as i32;
+            }
+        }
+    }
+}
+
+/// Elements `at .. at + out.len()` of a float32/float16/bfloat16 tensor,
+/// as float32 (exactly).
+fn floats(d: DType, b: &[u8], at: usize, out: &mut [f32]) {
+    let n = out.len();
+    match d {
+        DType::F32 => out.copy_from_slice(&cast::<f32>(b)[at..at + n]),
+        DType::F16 => cast::<u16>(b)[at..at + n]
+            .reinterpret_cast::<f16>()
+            .convert_to_f32_slice(out),
+        _ => cast::<u16>(b)[at..at + n]
+            .reinterpret_cast::<bf16>()
+            .convert_to_f32_slice(out),
+    }
+}
+
+/// The kernel of a fused node (domain [`crate::lower::CODED_DOMAIN`]).
 pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    match ctx.node.op_type.as_str() {
-        "PaletteMatMul" => matmul(ctx),
-        "PaletteGemm" => gemm(ctx),
-        "PaletteConv" => conv(ctx),
-        "PaletteGather" => gather(ctx),
-        op => Err(format!("no palette kernel for {op}")),
+    let op = ctx.node.op_type.as_str();
+    match op
+        .trim_start_matches(PALETTE_PREFIX)
+        .trim_start_matches(DEQUANT_PREFIX)
+    {
+        "MatMul" => matmul(ctx),
+        "Gemm" => gemm(ctx),
+        "Conv" => conv(ctx),
+        "Gather" => gather(ctx),
+        _ => Err(format!("no coded-weight kernel for {op}")),
     }
 }
 
@@ -229,7 +496,7 @@ unsafe impl Sync for SendPtr {}
 /// `k0..k0+kt`, columns `n0..n0+nt` of `W` and returns the tile's strides.
 /// `a` has strides `sa` (column `k0` starts at `k0 · sa.1`). `ws` holds
 /// one or more tile buffers: with several threads and several column
-/// blocks of [`TILE_N`], each thread decodes and multiplies its own column
+/// blocks (of at most [`TILE_N`]), each thread decodes and multiplies its own column
 /// blocks; otherwise the blocks go one after another and each block's
 /// product splits across threads as [`product`] splits it. Either way
 /// each output element adds its K tiles in order.
@@ -261,13 +528,22 @@ fn tiled_gemm(
         "palette gemm operand too short"
     );
     let len = tile_floats(kk, n);
-    let blocks = n.div_ceil(TILE_N);
-    let t = threads.min(blocks).min(ws.len() / len).max(1);
+    let slots = (ws.len() / len).max(1);
+    // Blocks of at most TILE_N columns, as many as a multiple of the
+    // threads where there are several (768 columns on 2 threads: 4 of
+    // 192, not 3 of 256 of which one thread would take two).
+    let mut blocks = n.div_ceil(TILE_N);
+    let t = threads.min(blocks).min(slots).max(1);
+    if t > 1 {
+        blocks = blocks.next_multiple_of(t);
+    }
+    let width = n.div_ceil(blocks).next_multiple_of(16).min(TILE_N);
+    let blocks = n.div_ceil(width);
     // Column block `b` of `W` into the tile `w`, times `a`, into columns
-    // `b·TILE_N..` of `c` (through `c0`, with `gemm_threads`).
+    // `b·width..` of `c` (through `c0`, with `gemm_threads`).
     let block = |b: usize, w: &mut [f32], c0: SendPtr, gemm_threads: usize| {
-        let n0 = b * TILE_N;
-        let nt = TILE_N.min(n - n0);
+        let n0 = b * width;
+        let nt = width.min(n - n0);
         for k0 in (0..kk).step_by(TILE_K) {
             let kt = TILE_K.min(kk - k0);
             let w = &mut w[..kt * nt];
@@ -342,7 +618,7 @@ fn tiled_gemm(
 }
 
 struct MatMul {
-    p: Palette,
+    w: Coded,
     rows: usize,
     k: usize,
     n: usize,
@@ -355,11 +631,11 @@ impl Kernel for MatMul {
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let a = io.input(0)?.f32()?;
-        let (cb, idx) = data(io, 1, 2)?;
+        let w = self.w.bind(io)?;
         let threads = io.threads;
         let ws: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
         let o = io.outputs[0].f32()?;
-        let (k, n, p) = (self.k, self.n, &self.p);
+        let (k, n) = (self.k, self.n);
         tiled_gemm(
             self.rows,
             k,
@@ -371,9 +647,9 @@ impl Kernel for MatMul {
             o,
             ws,
             threads,
-            |k0, kt, n0, nt, w| {
+            |k0, kt, n0, nt, t| {
                 for r in 0..kt {
-                    p.decode(cb, idx, (k0 + r) * n + n0, &mut w[r * nt..(r + 1) * nt]);
+                    w.decode((k0 + r) * n + n0, &mut t[r * nt..(r + 1) * nt]);
                 }
                 (nt, 1)
             },
@@ -383,16 +659,21 @@ impl Kernel for MatMul {
 }
 
 fn matmul(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    let p = Palette::new(ctx, 1, 2)?;
+    let w = Coded::new(ctx, 1)?;
     let a = ctx.input(0)?;
     if a.dtype != DType::F32 || a.shape.is_empty() {
-        return Err(format!("PaletteMatMul on {} {:?}", a.dtype.name(), a.shape));
+        return Err(format!(
+            "{} on {} {:?}",
+            ctx.node.op_type,
+            a.dtype.name(),
+            a.shape
+        ));
     }
-    let [k, n] = p.shape[..] else {
-        return Err(format!("a weight of shape {:?} (2-D expected)", p.shape));
+    let [k, n] = w.shape[..] else {
+        return Err(format!("a weight of shape {:?} (2-D expected)", w.shape));
     };
     if a.shape[a.shape.len() - 1] != k {
-        return Err(format!("inner dims differ: {:?} x {:?}", a.shape, p.shape));
+        return Err(format!("inner dims differ: {:?} x {:?}", a.shape, w.shape));
     }
     let rows = numel(&a.shape) / k.max(1);
     if numel(&ctx.outputs[0].shape) != rows * n {
@@ -402,7 +683,7 @@ fn matmul(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         ));
     }
     Ok(Box::new(MatMul {
-        p,
+        w,
         rows,
         k,
         n,
@@ -411,7 +692,7 @@ fn matmul(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
 }
 
 struct Gemm {
-    p: Palette,
+    w: Coded,
     alpha: f32,
     beta: f32,
     trans_a: bool,
@@ -429,15 +710,15 @@ impl Kernel for Gemm {
     }
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let a = io.input(0)?.f32()?;
-        let (cb, idx) = data(io, 1, 2)?;
+        let w = self.w.bind(io)?;
         let c = match &self.c {
-            Some(_) => Some(io.input(3)?.f32()?),
+            Some(_) => Some(io.input(self.w.next())?.f32()?),
             None => None,
         };
         let threads = io.threads;
         let ws: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
         let o = io.outputs[0].f32()?;
-        let (m, k, n, p) = (self.m, self.k, self.n, &self.p);
+        let (m, k, n) = (self.m, self.k, self.n);
         // The bias as Gemm writes it: beta·C broadcast, then accumulate.
         let beta0 = gemm_bias(o, c, self.c.as_deref(), self.beta, m, n);
         let sa = if self.trans_a { (1, m) } else { (k, 1) };
@@ -453,16 +734,16 @@ impl Kernel for Gemm {
             o,
             ws,
             threads,
-            |k0, kt, n0, nt, w| {
+            |k0, kt, n0, nt, t| {
                 if trans_b {
                     // W is [N, K]: column j of the tile is a run of row n0+j.
                     for j in 0..nt {
-                        p.decode(cb, idx, (n0 + j) * k + k0, &mut w[j * kt..(j + 1) * kt]);
+                        w.decode((n0 + j) * k + k0, &mut t[j * kt..(j + 1) * kt]);
                     }
                     (1, kt)
                 } else {
                     for r in 0..kt {
-                        p.decode(cb, idx, (k0 + r) * n + n0, &mut w[r * nt..(r + 1) * nt]);
+                        w.decode((k0 + r) * n + n0, &mut t[r * nt..(r + 1) * nt]);
                     }
                     (nt, 1)
                 }
@@ -473,10 +754,13 @@ impl Kernel for Gemm {
 }
 
 fn gemm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    let p = Palette::new(ctx, 1, 2)?;
+    let w = Coded::new(ctx, 1)?;
     let a = ctx.input(0)?;
-    if a.dtype != DType::F32 || a.shape.len() != 2 || p.shape.len() != 2 {
-        return Err("PaletteGemm is implemented for 2-D f32 only".into());
+    if a.dtype != DType::F32 || a.shape.len() != 2 || w.shape.len() != 2 {
+        return Err(format!(
+            "{} is implemented for 2-D f32 only",
+            ctx.node.op_type
+        ));
     }
     let node = ctx.node;
     let trans_a = node.attr_int("transA").unwrap_or(0) != 0;
@@ -487,14 +771,14 @@ fn gemm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         (a.shape[0], a.shape[1])
     };
     let (kb, n) = if trans_b {
-        (p.shape[1], p.shape[0])
+        (w.shape[1], w.shape[0])
     } else {
-        (p.shape[0], p.shape[1])
+        (w.shape[0], w.shape[1])
     };
     if kb != k || ctx.outputs[0].shape != [m, n] {
         return Err(format!(
             "Gemm of {:?} and a weight {:?} into {:?}",
-            a.shape, p.shape, ctx.outputs[0].shape
+            a.shape, w.shape, ctx.outputs[0].shape
         ));
     }
     Ok(Box::new(Gemm {
@@ -505,14 +789,14 @@ fn gemm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         m,
         k,
         n,
-        c: ctx.inputs.get(3).cloned().flatten().map(|t| t.shape),
-        p,
+        c: ctx.inputs.get(w.next()).cloned().flatten().map(|t| t.shape),
+        w,
         slots: tile_slots(),
     }))
 }
 
 struct Conv {
-    p: Palette,
+    w: Coded,
     g: Window,
     m: usize,
     group: usize,
@@ -545,9 +829,9 @@ impl Kernel for Conv {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let g = &self.g;
         let x = io.input(0)?.f32()?;
-        let (cb, idx) = data(io, 1, 2)?;
+        let wd = self.w.bind(io)?;
         let b = if self.bias {
-            Some(io.input(3)?.f32()?)
+            Some(io.input(self.w.next())?.f32()?)
         } else {
             None
         };
@@ -582,7 +866,7 @@ impl Kernel for Conv {
                 for o0 in (0..mg).step_by(block.max(1)) {
                     let ob = block.min(mg - o0);
                     let w = &mut wblk[..ob * k];
-                    self.p.decode(cb, idx, (gi * mg + o0) * k, w);
+                    wd.decode((gi * mg + o0) * k, w);
                     // The kernel the plain Conv picks on its unfolded
                     // paths (bitwise equal to it there).
                     sgemm_with(
@@ -608,51 +892,50 @@ impl Kernel for Conv {
 }
 
 fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    let p = Palette::new(ctx, 1, 2)?;
-    let (g, m, group, direct) = conv_layout(ctx, &p.shape)?;
+    let w = Coded::new(ctx, 1)?;
+    let (g, m, group, direct) = conv_layout(ctx, &w.shape)?;
     Ok(Box::new(Conv {
-        p,
         g,
         m,
         group,
-        bias: ctx.inputs.get(3).is_some_and(|b| b.is_some()),
+        bias: ctx.inputs.get(w.next()).is_some_and(|b| b.is_some()),
+        w,
         direct,
     }))
 }
 
 struct Gather {
-    p: Palette,
+    w: Coded,
 }
 
 impl Kernel for Gather {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let (cb, idx) = data(io, 0, 1)?;
-        let ids = io.input(2)?.ints()?;
+        let w = self.w.bind(io)?;
+        let ids = io.input(self.w.next())?.ints()?;
         let o = io.outputs[0].f32()?;
-        let dim = self.p.shape[0];
-        let row = numel(&self.p.shape[1..]);
+        let dim = self.w.shape[0];
+        let row = numel(&self.w.shape[1..]);
         for (j, &i) in ids.iter().enumerate() {
             let r = if i < 0 { i + dim as i64 } else { i };
             if r < 0 || r as usize >= dim {
                 return Err(format!("index {i} out of range for a dim of {dim}"));
             }
-            self.p
-                .decode(cb, idx, r as usize * row, &mut o[j * row..(j + 1) * row]);
+            w.decode(r as usize * row, &mut o[j * row..(j + 1) * row]);
         }
         Ok(())
     }
 }
 
 fn gather(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    let p = Palette::new(ctx, 0, 1)?;
+    let w = Coded::new(ctx, 0)?;
     let a = ctx.node.attr_int("axis").unwrap_or(0);
-    if p.shape.is_empty() || (a != 0 && a != -(p.shape.len() as i64)) {
-        return Err(format!("PaletteGather along axis {a}"));
+    if w.shape.is_empty() || (a != 0 && a != -(w.shape.len() as i64)) {
+        return Err(format!("{} along axis {a}", ctx.node.op_type));
     }
-    let ids = ctx.input(2)?;
-    let want = numel(&ids.shape) * numel(&p.shape[1..]);
+    let ids = ctx.input(w.next())?;
+    let want = numel(&ids.shape) * numel(&w.shape[1..]);
     if numel(&ctx.outputs[0].shape) != want {
         return Err(format!("output {:?}", ctx.outputs[0].shape));
     }
-    Ok(Box::new(Gather { p }))
+    Ok(Box::new(Gather { w }))
 }

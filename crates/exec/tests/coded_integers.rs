@@ -1,0 +1,318 @@
+//! Integer weights (what `--quantize` writes): `W = DequantizeLinear(q,
+//! scale, zero_point?)` of constants, read by MatMul, Gemm (transB=1),
+//! or Gather, lowered by [`graphopt_exec::lower::lower_coded`] into
+//! `Dequant*` nodes that decode tiles of `W` in their kernels
+//! (`cpu::coded`); a Conv's weight keeps its chain.
+//!
+//! Each fixture is written in the textual IR and run through the whole
+//! runtime (planned arena, poison on) twice: as written (DequantizeLinear's
+//! own kernel, then the reader) and lowered. The lowered run must give the
+//! same bits, run the fused node and none of the chain, and plan an arena
+//! smaller by at least the decoded weight's bytes. The cases cover int8,
+//! uint8, int4 and uint4, per-tensor, per-axis and blocked scales (along
+//! rows and along columns), float32 scales and float16 scales cast to
+//! float32, with and without zero points, and tile edges (K = 300 > 256
+//! rows per tile, N = 260 > 256 columns).
+
+use graphopt_exec::lower::{lower_coded, CodedLowering};
+use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
+use graphopt_ir::Model;
+use graphopt_plan::{plan_model, DimValues, ModelPlan, PlanOptions};
+
+use graphopt_testutil::uniform as data;
+
+fn list<T: std::fmt::Display>(v: &[T]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One fixture: the reader, `q`'s type, and where its scales lie.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    reader: Reader,
+    q: &'static str,
+    /// The scales' axis, `None` for one scale.
+    axis: Option<usize>,
+    /// Elements per scale along the axis (0: per axis, not blocked).
+    block: usize,
+    zero_point: bool,
+    /// float16 scales, cast to float32 before DequantizeLinear.
+    f16_scale: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Reader {
+    MatMul,
+    /// One row of `x` (the matrix-vector kernel).
+    MatMulRow,
+    /// transB=1, alpha, beta and a bias.
+    Gemm,
+    Gather,
+}
+
+fn range(q: &str) -> (i64, i64) {
+    match q {
+        "int8" => (-128, 127),
+        "uint8" => (0, 255),
+        "int4" => (-8, 7),
+        _ => (0, 15),
+    }
+}
+
+fn ints(n: usize, (lo, hi): (i64, i64), seed: u64) -> Vec<i64> {
+    data(n, seed)
+        .iter()
+        .map(|&v| (lo + ((v + 1.0) * 0.5 * (hi - lo + 1) as f32) as i64).min(hi))
+        .collect()
+}
+
+/// The fixture's model text, its input, and the decoded weight's bytes.
+fn fixture(c: Case, seed: u64) -> (String, HostTensor, u64) {
+    let (w, x, y, line, extra, ids): (Vec<usize>, Vec<usize>, Vec<usize>, &str, String, bool) =
+        match c.reader {
+            Reader::MatMul => (
+                vec![300, 260],
+                vec![2, 3, 300],
+                vec![2, 3, 260],
+                "y = MatMul (x, W)",
+                String::new(),
+                false,
+            ),
+            Reader::MatMulRow => (
+                vec![300, 257],
+                vec![1, 300],
+                vec![1, 257],
+                "y = MatMul (x, W)",
+                String::new(),
+                false,
+            ),
+            Reader::Gemm => (
+                vec![260, 300],
+                vec![3, 300],
+                vec![3, 260],
+                "y = Gemm <transB: int = 1, alpha: float = 0.5, beta: float = 2.0> (x, W, bias)",
+                format!(", float[260] bias = {{{}}}", list(&data(260, seed + 5))),
+                false,
+            ),
+            Reader::Gather => (
+                vec![500, 40],
+                vec![2, 7],
+                vec![2, 7, 40],
+                "y = Gather <axis: int = 0> (W, x)",
+                String::new(),
+                true,
+            ),
+        };
+    let numel: usize = w.iter().product();
+    let q = ints(numel, range(c.q), seed);
+    let sdims: Vec<usize> = match c.axis {
+        None => vec![],
+        Some(a) if c.block == 0 => vec![w[a]],
+        Some(a) => w
+            .iter()
+            .enumerate()
+            .map(|(d, &n)| if d == a { n.div_ceil(c.block) } else { n })
+            .collect(),
+    };
+    let ns: usize = sdims.iter().product();
+    // Scales in [0.01, 0.03]: exact in float16 after the f16 rounding the
+    // literal goes through either way.
+    let scales: Vec<f32> = data(ns, seed + 1).iter().map(|v| 0.02 + 0.01 * v).collect();
+    let st = if c.f16_scale { "float16" } else { "float" };
+    // A scalar's type has no brackets.
+    let ty = |t: &str| match sdims.len() {
+        0 => t.to_string(),
+        _ => format!("{t}[{}]", list(&sdims)),
+    };
+    let mut inits = format!(
+        "{}[{}] Wq = {{{}}}, {} Ws = {{{}}}",
+        c.q,
+        list(&w),
+        list(&q),
+        ty(st),
+        list(&scales)
+    );
+    if c.zero_point {
+        let (lo, hi) = range(c.q);
+        let zp = ints(ns, (lo / 2, hi / 2), seed + 2);
+        inits += &format!(", {} Wz = {{{}}}", ty(c.q), list(&zp));
+    }
+    let mut attrs = Vec::new();
+    if let Some(a) = c.axis {
+        attrs.push(format!("axis: int = {a}"));
+    }
+    if c.block > 0 {
+        attrs.push(format!("block_size: int = {}", c.block));
+    }
+    let attrs = if attrs.is_empty() {
+        String::new()
+    } else {
+        format!(" <{}>", attrs.join(", "))
+    };
+    let (cast, s) = if c.f16_scale {
+        ("Ws32 = Cast <to: int = 1> (Ws)\n", "Ws32")
+    } else {
+        ("", "Ws")
+    };
+    let zp = if c.zero_point { ", Wz" } else { "" };
+    let opset = if c.block > 0 || c.q.ends_with('4') {
+        21
+    } else {
+        17
+    };
+    let xt = if ids { "int64" } else { "float" };
+    let text = format!(
+        "<ir_version: 10, opset_import: [\"\" : {opset}]>\n\
+         g ({xt}[{}] x) => (float[{}] y)\n\
+         <{inits}{extra}>\n{{\n{cast}W = DequantizeLinear{attrs} (Wq, {s}{zp})\n{line}\n}}",
+        list(&x),
+        list(&y)
+    );
+    let input = if ids {
+        HostTensor::from_i64(&x, &[0, 499, -1, 7, 7, 250, 3, 1, 2, 3, 4, -500, 5, 6])
+    } else {
+        HostTensor::from_f32(&x, &data(x.iter().product(), seed + 3))
+    };
+    (text, input, numel as u64 * 4)
+}
+
+fn cases() -> Vec<Case> {
+    let c = |reader, q, axis, block, zero_point, f16_scale| Case {
+        reader,
+        q,
+        axis,
+        block,
+        zero_point,
+        f16_scale,
+    };
+    use Reader::*;
+    vec![
+        // Per column (what --quantize writes for MatMul), per tensor.
+        c(MatMul, "int8", Some(1), 0, false, false),
+        c(MatMul, "uint8", Some(1), 0, true, false),
+        c(MatMul, "int8", None, 0, true, false),
+        // Blocks down the rows (--quantize int4-weights), float16 scales.
+        c(MatMul, "uint4", Some(0), 32, true, true),
+        c(MatMul, "int4", Some(0), 32, false, false),
+        c(MatMulRow, "int8", Some(1), 0, false, false),
+        c(MatMulRow, "uint4", Some(0), 32, true, true),
+        // Gemm's [N, K]: per row, and blocks along each row (axis 1).
+        c(Gemm, "int8", Some(0), 0, false, false),
+        c(Gemm, "uint4", Some(1), 32, true, true),
+        c(Gemm, "uint8", Some(0), 64, true, false),
+        // Gather: per row and per column.
+        c(Gather, "int8", Some(0), 0, false, false),
+        c(Gather, "uint8", Some(1), 0, true, false),
+        c(Gather, "uint4", Some(1), 16, true, true),
+    ]
+}
+
+fn parse(text: &str) -> Model {
+    graphopt_text::parse_model(text).unwrap_or_else(|e| panic!("fixture parses: {e}\n{text}"))
+}
+
+fn plan(m: &Model) -> ModelPlan {
+    plan_model(m, &DimValues::default(), &PlanOptions::default()).expect("plans")
+}
+
+fn run_model(m: &Model, inputs: &[HostTensor]) -> (Vec<HostTensor>, Executable, u64) {
+    let mp = plan(m);
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).expect("binds");
+    let (out, _) = exe
+        .run(
+            inputs,
+            &RunOptions {
+                threads: 2,
+                poison: true,
+            },
+        )
+        .expect("runs");
+    let arena = mp.plan.arena_bytes;
+    (out, exe, arena)
+}
+
+fn lowered(m: &Model) -> (Model, CodedLowering) {
+    let mut m = m.clone();
+    let r = lower_coded(&mut m);
+    graphopt_ir::verify::verify_model(&m).expect("the lowered model verifies");
+    (m, r)
+}
+
+#[test]
+fn fused_integer_weights_run_bitwise_like_dequantize_linear_in_a_smaller_arena() {
+    for (i, c) in cases().into_iter().enumerate() {
+        let (text, x, bytes) = fixture(c, 100 + 10 * i as u64);
+        let m = parse(&text);
+        let (want, plain, unfused_arena) = run_model(&m, std::slice::from_ref(&x));
+        assert_eq!(plain.kernel_count("DequantizeLinear"), 1, "{c:?}");
+        let (l, r) = lowered(&m);
+        assert_eq!(
+            (
+                r.integer_weights,
+                r.integer_fused,
+                r.integer_decoded_bytes,
+                r.weights
+            ),
+            (1, 1, bytes, 0),
+            "{c:?}: {r:?}"
+        );
+        let (got, exe, fused_arena) = run_model(&l, &[x]);
+        let reader = match c.reader {
+            Reader::MatMul | Reader::MatMulRow => "MatMul",
+            Reader::Gemm => "Gemm",
+            Reader::Gather => "Gather",
+        };
+        assert_eq!(exe.kernel_count(&format!("Dequant{reader}")), 1, "{c:?}");
+        for plain in ["DequantizeLinear", "Cast", reader] {
+            assert_eq!(exe.kernel_count(plain), 0, "{c:?}: {plain} left");
+        }
+        assert_eq!(got[0].shape, want[0].shape, "{c:?}");
+        assert!(got[0].data == want[0].data, "{c:?}: outputs differ");
+        assert!(
+            fused_arena + bytes <= unfused_arena,
+            "{c:?}: arena {fused_arena} B fused, {unfused_arena} B unfused, weight {bytes} B"
+        );
+    }
+}
+
+/// A weight some other node reads, or whose scale is computed, or that a
+/// Conv reads, keeps its plain chain; one read by two fusable nodes is
+/// fused in both.
+#[test]
+fn only_whole_chains_of_constants_are_fused() {
+    let head = "<ir_version: 10, opset_import: [\"\" : 17]>\n";
+    let inits = "<int8[4, 3] Wq = {1, -2, 3, 4, 5, -6, 7, 8, 9, 10, 11, -12}, float[3] Ws = {0.5, 0.25, 2.0}, float[4] Ws4 = {0.5, 0.25, 2.0, 1.0}, int8[4, 3, 1, 1] Wc = {1, -2, 3, 4, 5, -6, 7, 8, 9, 10, 11, -12}>";
+    let kept = [
+        // Read by a Transpose as well.
+        "g (float[2, 4] x) => (float[2, 3] y, float[3, 4] t) {inits} {\nW = DequantizeLinear (Wq, Ws)\ny = MatMul (x, W)\nt = Transpose (W)\n}",
+        // A graph output.
+        "g (float[2, 4] x) => (float[2, 3] y, float[4, 3] W) {inits} {\nW = DequantizeLinear (Wq, Ws)\ny = MatMul (x, W)\n}",
+        // Its scale is not a constant.
+        "g (float[2, 4] x, float[3] s) => (float[2, 3] y) {inits} {\nW = DequantizeLinear (Wq, s)\ny = MatMul (x, W)\n}",
+        // A Conv's weight.
+        "g (float[1, 3, 5, 5] x) => (float[1, 4, 5, 5] y) {inits} {\nW = DequantizeLinear <axis: int = 0> (Wc, Ws4)\ny = Conv (x, W)\n}",
+    ];
+    for (i, body) in kept.iter().enumerate() {
+        let m = parse(&format!("{head}{}", body.replace("{inits}", inits)));
+        let (_, r) = lowered(&m);
+        assert_eq!(r.integer_weights, 0, "{body}");
+        // The report says why a decode chain was kept (the first two); a
+        // computed scale makes no chain, and a Conv's is kept silently.
+        assert_eq!(r.kept.len(), usize::from(i < 2), "{body}: {:?}", r.kept);
+    }
+    let two = format!(
+        "{head}g (float[2, 4] x, int64[2] ids) => (float[2, 3] y, float[2, 3] z) {inits} {{\nW = DequantizeLinear (Wq, Ws)\ny = MatMul (x, W)\nz = Gather (W, ids)\n}}"
+    );
+    let m = parse(&two);
+    let (l, r) = lowered(&m);
+    assert_eq!((r.integer_weights, r.integer_fused), (1, 2));
+    let x = HostTensor::from_f32(&[2, 4], &data(8, 9));
+    let ids = HostTensor::from_i64(&[2], &[3, -4]);
+    let (want, _, _) = run_model(&m, &[x.clone(), ids.clone()]);
+    let (got, _, _) = run_model(&l, &[x, ids]);
+    for (g, w) in got.iter().zip(&want) {
+        assert!(g.data == w.data);
+    }
+}
