@@ -295,11 +295,31 @@ impl Kernel for Quantize {
 fn round_even(v: f32) -> f32 {
     const TWO23: f32 = 8_388_608.0;
     let a = v.abs();
+    let r = ((a + TWO23) - TWO23).copysign(v);
     if a < TWO23 {
-        ((a + TWO23) - TWO23).copysign(v)
+        r
     } else {
         v
     }
+}
+
+/// The least and greatest of `x` and 0 (NaNs skipped, as `f32::min` and
+/// `f32::max` skip them), in 16 lanes so the loop vectorizes; min and max
+/// are exact, so the lanes give the same pair as one fold.
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut lo = [0.0f32; 16];
+    let mut hi = [0.0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for i in 0..16 {
+            lo[i] = if c[i] < lo[i] { c[i] } else { lo[i] };
+            hi[i] = if c[i] > hi[i] { c[i] } else { hi[i] };
+        }
+    }
+    let tail = chunks.remainder();
+    let lo = lo.iter().chain(tail).copied().fold(0.0f32, f32::min);
+    let hi = hi.iter().chain(tail).copied().fold(0.0f32, f32::max);
+    (lo, hi)
 }
 
 /// QuantizeLinear to uint8 or int8 (the type of the zero point; uint8
@@ -335,11 +355,7 @@ impl Kernel for DynamicQuantize {
         let mut ranges = vec![(0.0f32, 0.0f32); k];
         par::for_chunks_mut(threads, &mut ranges, 1, 1, |first, slots| {
             for (j, slot) in slots.iter_mut().enumerate() {
-                let part = &x[par::range(x.len(), k, first + j)];
-                *slot = (
-                    part.iter().copied().fold(0.0f32, f32::min),
-                    part.iter().copied().fold(0.0f32, f32::max),
-                );
+                *slot = min_max(&x[par::range(x.len(), k, first + j)]);
             }
         });
         let lo = ranges.iter().map(|r| r.0).fold(0.0f32, f32::min);
@@ -353,13 +369,14 @@ impl Kernel for DynamicQuantize {
         {
             let y = &mut io.outputs[0].data[..x.len()];
             par::for_chunks_mut(threads, y, 1, par::MIN_ELEMS, |first, part| {
-                for (o, &v) in part.iter_mut().zip(&x[first..]) {
-                    let q = if scale == 0.0 {
-                        0.0
-                    } else {
-                        round_even(v / scale)
-                    };
-                    *o = (q + zp).clamp(0.0, 255.0) as u8;
+                let x = &x[first..first + part.len()];
+                if scale == 0.0 {
+                    part.fill(zp.clamp(0.0, 255.0) as u8);
+                    return;
+                }
+                // One branch-free loop (it vectorizes).
+                for (o, &v) in part.iter_mut().zip(x) {
+                    *o = (round_even(v / scale) + zp).clamp(0.0, 255.0) as u8;
                 }
             });
         }
