@@ -128,6 +128,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 human_bytes(r.quantized_decoded_bytes)
             );
         }
+        if r.integer_matmuls > 0 {
+            s += &format!(
+                "quantized   {} MatMul(s) of quantized activations run as integer GEMMs\n",
+                r.integer_matmuls
+            );
+        }
         for (w, why) in &r.palette_kept {
             s += &format!("coded       {w}: decoded whole by its plain nodes ({why})\n");
         }

@@ -367,7 +367,9 @@ fn int4_weights_run_in_graphopt_runtime_as_their_folded_weights() {
 /// The int8 modes' weights (`DequantizeLinear` of int8 or uint8 constants,
 /// per channel) run fused into their MatMul, Gemm and Gather readers in
 /// graphopt's runtime (decoded per tile, never whole in the arena) with the
-/// bits of the same model with every weight folded to float32.
+/// bits of the same model with every weight folded to float32; where the
+/// activations are quantized too (dynamic, static), as integer GEMMs within
+/// float32 rounding of it.
 #[test]
 fn int8_weights_run_fused_as_their_folded_weights() {
     use graphopt::QuantizeMode as M;
@@ -415,8 +417,31 @@ fn int8_weights_run_fused_as_their_folded_weights() {
             a.arena_planned_bytes,
             b.arena_planned_bytes
         );
+        // dynamic and static quantize the activations of the weights'
+        // MatMuls too: those run as integer GEMMs (exact integer sums, one
+        // scale), the same value up to float32 rounding, not the same bits.
+        let integer = matches!(mode, M::Dynamic | M::Static) && name.starts_with("bert");
+        assert_eq!(
+            a.integer_matmuls > 0,
+            integer,
+            "{name} {mode:?}: {}",
+            a.integer_matmuls
+        );
         for ((n, x), (_, y)) in a.named_outputs().zip(b.named_outputs()) {
-            assert!(x.data == y.data, "{name} {mode:?}: output {n} differs");
+            if !integer {
+                assert!(x.data == y.data, "{name} {mode:?}: output {n} differs");
+                continue;
+            }
+            let (x, y) = (x.to_f32().unwrap(), y.to_f32().unwrap());
+            let d: f64 = x
+                .iter()
+                .zip(&y)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum();
+            let r: f64 = y.iter().map(|b| (*b as f64).powi(2)).sum();
+            let rel = (d / r).sqrt();
+            eprintln!("{name} {mode:?}: output {n} rel L2 {rel:.2e} against the float path");
+            assert!(rel < 2e-7, "{name} {mode:?}: output {n} rel L2 {rel}");
         }
     }
 }

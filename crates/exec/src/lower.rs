@@ -99,7 +99,11 @@ pub const CODED_OPS: &[&str] = &[
     "DequantMatMul",
     "DequantGemm",
     "DequantGather",
+    INTEGER_MATMUL,
 ];
+/// A `DequantMatMul` whose activations are quantized too, run as an
+/// integer GEMM ([`integer_matmuls`]).
+pub const INTEGER_MATMUL: &str = "IntegerMatMul";
 /// The names' prefixes: the op that follows is the reader's.
 pub const PALETTE_PREFIX: &str = "Palette";
 pub const DEQUANT_PREFIX: &str = "Dequant";
@@ -129,6 +133,9 @@ pub struct CodedLowering {
     pub integer_fused: usize,
     /// Bytes of their float32 weights no longer decoded whole.
     pub integer_decoded_bytes: u64,
+    /// MatMuls of quantized activations and integer weights made integer
+    /// GEMMs ([`integer_matmuls`]).
+    pub integer_matmuls: usize,
     /// Coded weights left to the plain nodes, and why.
     pub kept: Vec<(String, String)>,
 }
@@ -486,6 +493,10 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
             }
         }
     }
+    report.integer_matmuls = integer_matmuls(g);
+    if report.integer_matmuls > 0 {
+        used_ops.push(INTEGER_MATMUL);
+    }
     if used_ops.is_empty() {
         return report;
     }
@@ -502,6 +513,108 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
         });
     }
     report
+}
+
+/// `a` as `DequantizeLinear(xq, xs, xz?)` of uint8 activations with one
+/// scale and zero point: `xq` from DynamicQuantizeLinear, or from a
+/// QuantizeLinear to uint8; `xs` and `xz` that node's outputs or scalar
+/// constants. Returns the DequantizeLinear and `[xq, xs, xz]`.
+fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueId>; 3])> {
+    let (dq, _) = g.producer(a)?;
+    let d = g.node(dq);
+    if d.op_type != "DequantizeLinear" || !default_domain(&d.domain) {
+        return None;
+    }
+    let (xq, xs, xz) = (d.input(0)?, d.input(1)?, d.input(2));
+    let (p, slot) = g.producer(xq)?;
+    let pd = g.node(p);
+    let from = |v: ValueId, k: u32| g.producer(v) == Some((p, k));
+    let scalar = |v: ValueId, t: DType| {
+        g.constant(v)
+            .is_some_and(|c| c.dtype == t && c.dims.iter().product::<i64>() == 1)
+    };
+    let ok = match pd.op_type.as_str() {
+        "DynamicQuantizeLinear" if default_domain(&pd.domain) && slot == 0 => {
+            (from(xs, 1) || scalar(xs, DType::F32))
+                && xz.is_none_or(|z| from(z, 2) || scalar(z, DType::U8))
+        }
+        "QuantizeLinear" if default_domain(&pd.domain) && slot == 0 => {
+            pd.input(2).is_none_or(|z| scalar(z, DType::U8))
+                && scalar(xs, DType::F32)
+                && xz.is_none_or(|z| scalar(z, DType::U8))
+        }
+        _ => false,
+    };
+    ok.then_some((dq, [Some(xq), Some(xs), xz]))
+}
+
+/// Makes every `DequantMatMul` whose activations are quantized
+/// ([`quantized_activation`]) and whose weight is int8/uint8 with
+/// per-tensor or per-column float32 scales an `IntegerMatMul(xq, xs, xz?,
+/// q, scale, zero_point?)`: an integer GEMM (`crate::cpu::qgemm`) that
+/// sums `(xq − xz)(q − zero_point)` exactly and scales once, as
+/// onnxruntime's MatMulInteger kernels do, instead of dequantizing both
+/// operands. The activations' DequantizeLinear goes when nothing else
+/// reads it (its float32 output is then never made). Returns how many.
+fn integer_matmuls(g: &mut Graph) -> usize {
+    let order: Vec<NodeId> = g.order().to_vec();
+    let mut made = 0;
+    for r in order {
+        let d = g.node(r);
+        if d.domain != CODED_DOMAIN || d.op_type != "DequantMatMul" {
+            continue;
+        }
+        let (Some(a), Some(q), Some(sc)) = (d.input(0), d.input(1), d.input(2)) else {
+            continue;
+        };
+        let Some((dq, act)) = quantized_activation(g, a) else {
+            continue;
+        };
+        let (Some(qt), Some(st)) = (g.constant(q), g.constant(sc)) else {
+            continue;
+        };
+        let per_column = st.dims.len() == 1
+            && qt.dims.len() == 2
+            && st.dims[0] == qt.dims[1]
+            && matches!(d.attr_int(DEQUANT_AXIS_ATTR), Some(1) | Some(-1) | None);
+        let ok = matches!(qt.dtype, DType::I8 | DType::U8)
+            && qt.dims.len() == 2
+            && st.dtype == DType::F32
+            && (st.dims.iter().product::<i64>() == 1 || per_column)
+            && d.attr_int(DEQUANT_BLOCK_ATTR).unwrap_or(0) == 0;
+        if !ok {
+            continue;
+        }
+        let d = d.clone();
+        let mut inputs = act.to_vec();
+        inputs.extend([Some(q), Some(sc), d.input(3)]);
+        while inputs.last() == Some(&None) {
+            inputs.pop();
+        }
+        for k in 0..d.outputs().len() {
+            g.set_output(r, k, None);
+        }
+        let new = NewNode {
+            name: d.name.clone(),
+            op_type: INTEGER_MATMUL.to_string(),
+            domain: CODED_DOMAIN.to_string(),
+            inputs,
+            outputs: d.outputs().to_vec(),
+            attributes: d.attributes.clone(),
+            doc_string: d.doc_string.clone(),
+            metadata_props: d.metadata_props.clone(),
+            ..NewNode::default()
+        };
+        g.insert_node_before(r, new)
+            .expect("the reader's outputs were just released");
+        g.remove_node(r);
+        if g.uses(a).is_empty() && !g.is_output(a) {
+            g.remove_node(dq);
+            g.remove_value(a);
+        }
+        made += 1;
+    }
+    made
 }
 
 /// Replaces reader `r` by the fused node `op`.
@@ -597,6 +710,9 @@ fn function(op: &str, opset: i64) -> Function {
     }
     fn add(b: &mut Graph, node: NewNode) {
         b.add_node(node).expect("well-formed body");
+    }
+    if op == INTEGER_MATMUL {
+        return integer_matmul_function(opset);
     }
     let palette = op.starts_with(PALETTE_PREFIX);
     let reader = op
@@ -754,6 +870,66 @@ fn function(op: &str, opset: i64) -> Function {
             "graphopt's CPU runtime: {reader} of a {} weight, decoded per tile in the kernel",
             if palette { "palettized" } else { "quantized" }
         ),
+        metadata_props: Vec::new(),
+        body: b,
+    }
+}
+
+/// [`INTEGER_MATMUL`]'s function: both operands dequantized, then MatMul.
+fn integer_matmul_function(opset: i64) -> Function {
+    let mut b = Graph::new(INTEGER_MATMUL);
+    let names = [
+        "xq",
+        "xs",
+        "xz",
+        "q",
+        "scale",
+        "zero_point",
+        "A",
+        "scale_f32",
+        "W",
+        "Y",
+    ];
+    let [xq, xs, xz, q, sc, zp, a, s32, w, y] =
+        names.map(|n| b.add_value(n, None).expect("fresh body"));
+    for node in [
+        NewNode::new("DequantizeLinear")
+            .inputs(&[xq, xs, xz])
+            .outputs(&[a]),
+        NewNode::new("Cast")
+            .inputs(&[sc])
+            .outputs(&[s32])
+            .attr(Attribute::new(
+                "to",
+                AttrValue::Int(DType::F32.to_onnx() as i64),
+            )),
+        NewNode::new("DequantizeLinear")
+            .inputs(&[q, s32, zp])
+            .outputs(&[w])
+            .attr(attr_ref("axis", DEQUANT_AXIS_ATTR, AttrKind::Int)),
+        NewNode::new("MatMul").inputs(&[a, w]).outputs(&[y]),
+    ] {
+        b.add_node(node).expect("well-formed body");
+    }
+    b.inputs = vec![xq, xs, xz, q, sc, zp];
+    b.outputs = vec![y];
+    Function {
+        name: INTEGER_MATMUL.to_string(),
+        domain: CODED_DOMAIN.to_string(),
+        overload: String::new(),
+        attributes: vec![
+            WEIGHT_SHAPE_ATTR.to_string(),
+            DEQUANT_AXIS_ATTR.to_string(),
+            DEQUANT_BLOCK_ATTR.to_string(),
+        ],
+        attribute_defaults: Vec::new(),
+        opset_imports: vec![OpsetImport {
+            domain: String::new(),
+            version: opset,
+        }],
+        doc_string: "graphopt's CPU runtime: MatMul of quantized activations and an integer \
+                     weight, as an integer GEMM"
+            .into(),
         metadata_props: Vec::new(),
         body: b,
     }

@@ -12,7 +12,8 @@
 //! uint8, int4 and uint4, per-tensor, per-axis and blocked scales (along
 //! rows and along columns), float32 scales and float16 scales cast to
 //! float32, with and without zero points, and tile edges (K = 300 > 256
-//! rows per tile, N = 260 > 256 columns).
+//! rows per tile, N = 260 > 256 columns). MatMuls whose activations are
+//! quantized too run as integer GEMMs, checked against the float path.
 
 use graphopt_exec::lower::{lower_coded, CodedLowering};
 use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
@@ -314,5 +315,94 @@ fn only_whole_chains_of_constants_are_fused() {
     let (got, _, _) = run_model(&l, &[x, ids]);
     for (g, w) in got.iter().zip(&want) {
         assert!(g.data == w.data);
+    }
+}
+
+/// A MatMul of quantized activations (DynamicQuantizeLinear, or a
+/// QuantizeLinear to uint8, then DequantizeLinear) and an integer weight
+/// becomes one IntegerMatMul: exact integer sums scaled once, within
+/// float32 rounding of the float path (dequantize both, multiply), with
+/// neither operand dequantized in the arena. An activation another node
+/// also reads keeps its DequantizeLinear for that node.
+#[test]
+fn quantized_activations_times_integer_weights_run_as_integer_gemms() {
+    let (k, n) = (300, 260);
+    let w = ints(k * n, (0, 255), 7);
+    let ws: Vec<f32> = data(n, 8).iter().map(|v| 0.002 + 0.001 * v).collect();
+    let wz = ints(n, (100, 150), 9);
+    let wi = ints(k * n, (-128, 127), 10);
+    let acts = [
+        // dynamic
+        "xq, xs, xz = DynamicQuantizeLinear (x)\nxd = DequantizeLinear (xq, xs, xz)",
+        // static: a constant scale and zero point
+        "xq = QuantizeLinear (x, s, z)\nxd = DequantizeLinear (xq, s, z)",
+    ];
+    let weights = [
+        format!(
+            "uint8[{k}, {n}] Wq = {{{}}}, float[{n}] Ws = {{{}}}, uint8[{n}] Wz = {{{}}}",
+            list(&w),
+            list(&ws),
+            list(&wz)
+        ),
+        format!(
+            "int8[{k}, {n}] Wq = {{{}}}, float Ws = {{0.003}}",
+            list(&wi)
+        ),
+    ];
+    for (ai, act) in acts.iter().enumerate() {
+        for (wi_, weight) in weights.iter().enumerate() {
+            for shared in [false, true] {
+                let zp = if wi_ == 0 { ", Wz" } else { "" };
+                let (outs, extra) = if shared {
+                    (format!(", float[2, 3, {k}] e"), "e = Relu (xd)\n")
+                } else {
+                    (String::new(), "")
+                };
+                let text = format!(
+                    "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+                     g (float[2, 3, {k}] x) => (float[2, 3, {n}] y{outs})\n\
+                     <{weight}, float s = {{0.01}}, uint8 z = {{120}}>\n{{\n{act}\n\
+                     W = DequantizeLinear <axis: int = 1> (Wq, Ws{zp})\ny = MatMul (xd, W)\n{extra}}}"
+                );
+                let c = format!("activations {ai}, weight {wi_}, shared {shared}");
+                let m = parse(&text);
+                let x = HostTensor::from_f32(&[2, 3, k], &data(6 * k, 11 + ai as u64));
+                let (want, _, float_arena) = run_model(&m, std::slice::from_ref(&x));
+                let (l, r) = lowered(&m);
+                assert_eq!((r.integer_weights, r.integer_matmuls), (1, 1), "{c}: {r:?}");
+                let (got, exe, arena) = run_model(&l, &[x]);
+                assert_eq!(exe.kernel_count("IntegerMatMul"), 1, "{c}");
+                assert_eq!(
+                    exe.kernel_count("MatMul") + exe.kernel_count("DequantMatMul"),
+                    0,
+                    "{c}"
+                );
+                // The activations' DequantizeLinear stays only for the Relu.
+                assert_eq!(
+                    exe.kernel_count("DequantizeLinear"),
+                    usize::from(shared),
+                    "{c}"
+                );
+                let (g, w) = (got[0].to_f32().unwrap(), want[0].to_f32().unwrap());
+                let d: f64 = g
+                    .iter()
+                    .zip(&w)
+                    .map(|(a, b)| ((a - b) as f64).powi(2))
+                    .sum();
+                let s: f64 = w.iter().map(|b| (*b as f64).powi(2)).sum();
+                let rel = (d / s).sqrt();
+                eprintln!("{c}: rel L2 {rel:.2e} against the float path, arena {arena} B (float path {float_arena} B)");
+                assert!(rel > 0.0 && rel < 8e-7, "{c}: rel L2 {rel}");
+                if shared {
+                    assert!(got[1].data == want[1].data, "{c}: the Relu's output");
+                } else {
+                    // Neither xd (f32) nor W (f32) in the arena.
+                    assert!(
+                        arena + (k * n * 4) as u64 <= float_arena,
+                        "{c}: {arena} B vs {float_arena} B"
+                    );
+                }
+            }
+        }
     }
 }

@@ -22,7 +22,9 @@
 //! uint4 weights, what `--quantize` writes): the readers decode tiles of
 //! the weight as DequantizeLinear would, and the arena never holds it in
 //! float32 (`quantized_weights`, `quantized_fused_nodes`,
-//! `quantized_decoded_bytes`).
+//! `quantized_decoded_bytes`); where such a MatMul's activations are
+//! quantized too (DynamicQuantizeLinear or QuantizeLinear, then
+//! DequantizeLinear), it runs as an integer GEMM (`integer_matmuls`).
 //! `weights_bytes` is the resident weights: the initializers as stored
 //! (packed indices and codebooks), read in place.
 //!
@@ -194,6 +196,9 @@ pub struct RunReport {
     pub quantized_fused_nodes: usize,
     /// Bytes those weights would take decoded to float32 (not allocated).
     pub quantized_decoded_bytes: u64,
+    /// MatMuls of quantized activations and integer weights run as integer
+    /// GEMMs (exact i32 sums, one scale; CPU only).
+    pub integer_matmuls: usize,
     /// Palettized or integer weights left to the plain decode nodes, and
     /// why (a reader the kernels do not cover).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -613,6 +618,7 @@ impl Runner<'_> {
             quantized_weights: lowering.integer_weights,
             quantized_fused_nodes: lowering.integer_fused,
             quantized_decoded_bytes: lowering.integer_decoded_bytes,
+            integer_matmuls: lowering.integer_matmuls,
             palette_kept: lowering.kept,
             fused_activations: exe.fused_activations(),
             peak_rss_bytes: peak_rss_bytes(),
@@ -704,6 +710,7 @@ fn run_cuda(
         quantized_weights: 0,
         quantized_fused_nodes: 0,
         quantized_decoded_bytes: 0,
+        integer_matmuls: 0,
         palette_kept: Vec::new(),
         fused_activations: 0,
         peak_rss_bytes: peak_rss_bytes(),

@@ -25,6 +25,7 @@ pub mod matmul;
 pub mod norm;
 pub mod par;
 pub mod pool;
+pub mod qgemm;
 pub mod quant;
 pub mod reduce;
 pub mod registry;

@@ -33,7 +33,7 @@
 //! the new op needs a passing node case (or an exemption with a reason).
 
 use super::{
-    coded, conv, einsum, elementwise, loss, matmul, norm, pool, quant, reduce, resize, rnn,
+    coded, conv, einsum, elementwise, loss, matmul, norm, pool, qgemm, quant, reduce, resize, rnn,
     scatter, shape, signal,
 };
 use crate::backend::{Kernel, NodeCtx};
@@ -133,6 +133,12 @@ impl Entry {
     pub const fn opsets(mut self, since: Option<i64>, until: Option<i64>) -> Entry {
         self.since = since;
         self.until = until;
+        self
+    }
+
+    /// The entry's kernel made by `make` instead.
+    pub const fn maker(mut self, make: Maker) -> Entry {
+        self.make = make;
         self
     }
 
@@ -461,6 +467,7 @@ pub const KERNELS: &[Entry] = &[
     coded_op("DequantGather", Types::Any),
     coded_op("DequantGemm", Types::Of(&[F32])),
     coded_op("DequantMatMul", Types::Of(&[F32])),
+    coded_op("IntegerMatMul", Types::Of(&[U8])).maker(qgemm::kernel),
     coded_op("PaletteConv", Types::Of(&[F32])),
     coded_op("PaletteGather", Types::Of(&[F32])),
     coded_op("PaletteGemm", Types::Of(&[F32])),

@@ -1,0 +1,636 @@
+//! Integer GEMM for quantized MatMuls: uint8 activations times int8 or
+//! uint8 weights, summed exactly in 32-bit integers, scaled once.
+//!
+//! What it computes, for `x` `[m × k]` (uint8, one scale `xs` and zero
+//! point `xz`) and `w` `[k × n]` (int8 or uint8, per-tensor or per-column
+//! scales `ws` and zero points `wz`):
+//!
+//! ```text
+//! y[i, j] = (xs · ws[j]) · Σ_p (x[i, p] − xz) · (w[p, j] − wz[j])
+//! ```
+//!
+//! The sum is exact (integers), so the result is the exact product rounded
+//! twice (the sum to f32, then the scale), where `DequantizeLinear` then a
+//! float MatMul rounds every product and partial sum: the same value up to
+//! float32 rounding, not the same bits. It is the same for every thread
+//! count and on every CPU: the AVX-512 VNNI kernel and the portable loop
+//! make the same integers and the same epilogue.
+//!
+//! How: `Σ (x − xz)(w − wz) = Σ x·w' + rx·(s − wz) + xz·(k·wz − cw)`, with
+//! `w' = w − s` as int8 (`s` = 128 for uint8 weights, 0 for int8), `rx` the
+//! row sums of `x` and `cw` the column sums of `w` (made once, the weight is
+//! a constant). `Σ x·w'` is `vpdpbusd` (uint8 × int8, four products a
+//! lane): `w'` is packed per thread and panel of columns into slivers of
+//! 16 columns × 4 rows (64 bytes, one register), and 8 rows of `x` × 2
+//! slivers accumulate in 16 registers over the whole depth. i32 sums are
+//! exact while `|Σ (x − xz)(w − wz)| < 2³¹`, that is `k ≤ 33025`
+//! ([`MAX_K`]); wrapping arithmetic keeps intermediate overflow harmless.
+
+use crate::backend::{In, Kernel, KernelIo, NodeCtx};
+use crate::cpu::par;
+use crate::tensor::numel;
+use graphopt_ir::DType;
+
+/// Deepest product whose sums fit in i32 (`k · 255 · 255 < 2³¹`).
+pub const MAX_K: usize = 33025;
+/// Columns per sliver (one 512-bit register of i32).
+const NR: usize = 16;
+/// Rows per micro-tile.
+const MR: usize = 8;
+/// Columns of `w` per packed panel.
+const NC: usize = 256;
+
+/// A constant weight's layout and column sums.
+#[derive(Clone, Debug)]
+pub struct QWeight {
+    pub k: usize,
+    pub n: usize,
+    /// int8 (else uint8).
+    pub signed: bool,
+    /// `Σ_p w[p, j]`.
+    colsum: Vec<i32>,
+}
+
+impl QWeight {
+    /// Reads the weight's bytes (`k × n`, row-major) once.
+    pub fn new(k: usize, n: usize, signed: bool, w: &[u8]) -> QWeight {
+        let mut colsum = vec![0i32; n];
+        for row in w[..k * n].chunks_exact(n.max(1)) {
+            for (c, &v) in colsum.iter_mut().zip(row) {
+                *c += if signed { v as i8 as i32 } else { v as i32 };
+            }
+        }
+        QWeight {
+            k,
+            n,
+            signed,
+            colsum,
+        }
+    }
+
+    /// What `w'` subtracts from `w`: 128 for uint8, 0 for int8.
+    fn shift(&self) -> i32 {
+        if self.signed {
+            0
+        } else {
+            128
+        }
+    }
+}
+
+/// The per-column epilogue terms of one run.
+struct Epilogue {
+    /// `s − wz[j]`.
+    a: Vec<i32>,
+    /// `xz · (k·wz[j] − cw[j])`.
+    b: Vec<i32>,
+    /// `xs · ws[j]`.
+    scale: Vec<f32>,
+}
+
+/// `y[m × n] = (xs·ws) · (x − xz)(w − wz)` (see the module docs). `ws` and
+/// `wz` hold one value or `n`; `x` holds `m` rows of `k`, `y` `m × n`.
+#[allow(clippy::too_many_arguments)]
+pub fn qmatmul(
+    q: &QWeight,
+    m: usize,
+    x: &[u8],
+    xs: f32,
+    xz: i32,
+    w: &[u8],
+    ws: &[f32],
+    wz: &[i32],
+    y: &mut [f32],
+    threads: usize,
+) {
+    let (k, n) = (q.k, q.n);
+    assert!(
+        k <= MAX_K && x.len() >= m * k && w.len() >= k * n && y.len() >= m * n,
+        "qmatmul operands"
+    );
+    let at = |v: &[i32], j: usize| if v.len() == 1 { v[0] } else { v[j] };
+    let ep = Epilogue {
+        a: (0..n).map(|j| q.shift().wrapping_sub(at(wz, j))).collect(),
+        b: (0..n)
+            .map(|j| xz.wrapping_mul((k as i32).wrapping_mul(at(wz, j)).wrapping_sub(q.colsum[j])))
+            .collect(),
+        scale: (0..n)
+            .map(|j| xs * if ws.len() == 1 { ws[0] } else { ws[j] })
+            .collect(),
+    };
+    // Row sums, and the rows padded to a multiple of 4 bytes.
+    let k4 = k.next_multiple_of(4);
+    let rx: Vec<i32> = x[..m * k]
+        .chunks_exact(k.max(1))
+        .map(|r| r.iter().map(|&v| v as i32).sum())
+        .collect();
+    let padded: Vec<u8>;
+    let xa: &[u8] = if k4 == k {
+        &x[..m * k]
+    } else {
+        let mut p = vec![0u8; m * k4];
+        for (d, s) in p.chunks_exact_mut(k4).zip(x.chunks_exact(k)) {
+            d[..k].copy_from_slice(s);
+        }
+        padded = p;
+        &padded
+    };
+    let slivers = n.div_ceil(NR);
+    let parts = par::parts(slivers, threads, 1);
+    let yp = SendPtr(y.as_mut_ptr());
+    let vnni = vnni();
+    par::for_parts(threads, parts, |p| {
+        let r = par::range(slivers, parts, p);
+        let (j0, j1) = (r.start * NR, (r.end * NR).min(n));
+        // SAFETY: part p writes columns j0..j1 of y only.
+        let y = unsafe { std::slice::from_raw_parts_mut(yp.get(), m * n) };
+        if vnni {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has AVX-512F and VNNI (checked); operands
+            // sized above.
+            unsafe {
+                part_vnni(q, m, xa, k4, &rx, w, &ep, y, j0, j1)
+            };
+        } else {
+            part_plain(q, m, xa, k4, &rx, w, &ep, y, j0, j1);
+        }
+    });
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: each part writes its own columns (see `qmatmul`).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Whether the VNNI kernel runs here.
+fn vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `w'[p, j]` as the i8 the kernels multiply.
+#[inline(always)]
+fn wprime(w: u8, signed: bool) -> i8 {
+    if signed {
+        w as i8
+    } else {
+        (w ^ 0x80) as i8
+    }
+}
+
+/// One element's epilogue: the exact sum, then one rounding to f32 and
+/// one product.
+#[inline(always)]
+fn finish(acc: i32, rx: i32, j: usize, ep: &Epilogue) -> f32 {
+    let t = acc
+        .wrapping_add(rx.wrapping_mul(ep.a[j]))
+        .wrapping_add(ep.b[j]);
+    t as f32 * ep.scale[j]
+}
+
+/// Columns `j0..j1` of `y` with plain loops (any CPU): the same integer
+/// sums and epilogue as [`part_vnni`].
+#[allow(clippy::too_many_arguments)]
+fn part_plain(
+    q: &QWeight,
+    m: usize,
+    xa: &[u8],
+    k4: usize,
+    rx: &[i32],
+    w: &[u8],
+    ep: &Epilogue,
+    y: &mut [f32],
+    j0: usize,
+    j1: usize,
+) {
+    let (k, n) = (q.k, q.n);
+    let mut acc = vec![0i32; j1 - j0];
+    for i in 0..m {
+        acc.fill(0);
+        let row = &xa[i * k4..i * k4 + k];
+        for (p, &xv) in row.iter().enumerate() {
+            let xv = xv as i32;
+            for (a, &wv) in acc.iter_mut().zip(&w[p * n + j0..p * n + j1]) {
+                *a = a.wrapping_add(xv * wprime(wv, q.signed) as i32);
+            }
+        }
+        for (c, &a) in acc.iter().enumerate() {
+            y[i * n + j0 + c] = finish(a, rx[i], j0 + c, ep);
+        }
+    }
+}
+
+/// Columns `j0..j1` of `y` on AVX-512 VNNI: panels of [`NC`] columns packed
+/// as `w'` slivers, then micro-tiles of up to [`MR`] rows × 2 slivers.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512 VNNI; `xa` holds `m` rows of `k4`
+/// bytes (zero past `q.k`), `w` `q.k × q.n`, `y` `m × q.n`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn part_vnni(
+    q: &QWeight,
+    m: usize,
+    xa: &[u8],
+    k4: usize,
+    rx: &[i32],
+    w: &[u8],
+    ep: &Epilogue,
+    y: &mut [f32],
+    j0: usize,
+    j1: usize,
+) {
+    let n = q.n;
+    let groups = k4 / 4;
+    let mut panel = vec![0i8; NC.div_ceil(NR) * groups * NR * 4];
+    for pc in (j0..j1).step_by(NC) {
+        let nc = NC.min(j1 - pc);
+        let slivers = nc.div_ceil(NR);
+        pack(q, w, pc, nc, groups, &mut panel);
+        for i0 in (0..m).step_by(MR) {
+            let rows = MR.min(m - i0);
+            for s in (0..slivers).step_by(2) {
+                let two = s + 1 < slivers;
+                let t = Micro {
+                    x: xa.as_ptr().wrapping_add(i0 * k4),
+                    k4,
+                    b: panel.as_ptr().wrapping_add(s * groups * NR * 4),
+                    groups,
+                    rx: &rx[i0..i0 + rows],
+                    ep,
+                    y: y.as_mut_ptr().wrapping_add(i0 * n),
+                    n,
+                    j: pc + s * NR,
+                    cols: (nc - s * NR).min(if two { 2 * NR } else { NR }),
+                };
+                // SAFETY: the caller's promise; the tile lies inside the
+                // operands.
+                unsafe {
+                    match (rows, two) {
+                        (8, true) => micro::<8, 2>(&t),
+                        (8, false) => micro::<8, 1>(&t),
+                        (r, true) => by_rows::<2>(r, &t),
+                        (r, false) => by_rows::<1>(r, &t),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`micro`] with `rows` (< 8) as its const parameter.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn by_rows<const W: usize>(rows: usize, t: &Micro) {
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        match rows {
+            7 => micro::<7, W>(t),
+            6 => micro::<6, W>(t),
+            5 => micro::<5, W>(t),
+            4 => micro::<4, W>(t),
+            3 => micro::<3, W>(t),
+            2 => micro::<2, W>(t),
+            _ => micro::<1, W>(t),
+        }
+    }
+}
+
+/// Packs columns `pc..pc + nc` of `w` as `w'`: sliver `s`, group `g` (rows
+/// `4g..4g+4`) at `(s·groups + g)·64`, column `c` of the sliver at `4c`,
+/// zeros past the weight's rows and columns.
+fn pack(q: &QWeight, w: &[u8], pc: usize, nc: usize, groups: usize, out: &mut [i8]) {
+    let (k, n) = (q.k, q.n);
+    for s in 0..nc.div_ceil(NR) {
+        let c0 = pc + s * NR;
+        let cols = NR.min(pc + nc - c0);
+        for g in 0..groups {
+            let dst = &mut out[(s * groups + g) * NR * 4..][..NR * 4];
+            for r in 0..4 {
+                let p = 4 * g + r;
+                if p >= k {
+                    for c in 0..NR {
+                        dst[4 * c + r] = 0;
+                    }
+                    continue;
+                }
+                let src = &w[p * n + c0..p * n + c0 + cols];
+                for (c, &v) in src.iter().enumerate() {
+                    dst[4 * c + r] = wprime(v, q.signed);
+                }
+                for c in cols..NR {
+                    dst[4 * c + r] = 0;
+                }
+            }
+        }
+    }
+}
+
+/// One micro-tile: `R` rows of `x` (row stride `k4`), `W` packed slivers
+/// from `b` (sliver stride `groups · 64`), into columns `j..j + cols` of
+/// `R` rows of `y`.
+#[cfg(target_arch = "x86_64")]
+struct Micro<'a> {
+    x: *const u8,
+    k4: usize,
+    b: *const i8,
+    groups: usize,
+    rx: &'a [i32],
+    ep: &'a Epilogue,
+    y: *mut f32,
+    n: usize,
+    j: usize,
+    cols: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn micro<const R: usize, const W: usize>(t: &Micro) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_si512(); W]; R];
+    for g in 0..t.groups {
+        let mut b = [_mm512_setzero_si512(); W];
+        for (s, bv) in b.iter_mut().enumerate() {
+            // SAFETY: sliver s, group g of the packed panel.
+            *bv = unsafe {
+                _mm512_loadu_si512(t.b.add((s * t.groups + g) * NR * 4) as *const __m512i)
+            };
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            // SAFETY: bytes 4g..4g+4 of row i (rows are k4 long).
+            let a = unsafe {
+                _mm512_set1_epi32(std::ptr::read_unaligned(
+                    t.x.add(i * t.k4 + 4 * g) as *const i32
+                ))
+            };
+            for (s, r) in row.iter_mut().enumerate() {
+                *r = _mm512_dpbusd_epi32(*r, a, b[s]);
+            }
+        }
+    }
+    let mut out = [0i32; NR];
+    for (i, row) in acc.iter().enumerate() {
+        for (s, r) in row.iter().enumerate() {
+            let c0 = s * NR;
+            if c0 >= t.cols {
+                break;
+            }
+            // SAFETY: a 16-lane store into a local array.
+            unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, *r) };
+            for (c, &a) in out.iter().enumerate().take((t.cols - c0).min(NR)) {
+                let j = t.j + c0 + c;
+                // SAFETY: row i, column j < n of y.
+                unsafe { *t.y.add(i * t.n + j) = finish(a, t.rx[i], j, t.ep) };
+            }
+        }
+    }
+}
+
+/// The kernel of `IntegerMatMul(xq, xs, xz?, q, scale, zero_point?)`
+/// ([`crate::lower`]): `xq` uint8 `[…, k]` with one scale and zero
+/// point (what DynamicQuantizeLinear or a per-tensor QuantizeLinear
+/// makes), `q` a constant int8/uint8 `[k, n]` with per-tensor or
+/// per-column float32 scales; the output float32 `[…, n]`.
+pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let xs = ctx.input(1)?;
+    let w = ctx.input(3)?;
+    let ws = ctx.input(4)?;
+    let (&[k, n], Some(k2)) = (w.shape.as_slice(), x.shape.last().copied()) else {
+        return Err(format!(
+            "IntegerMatMul of {:?} and a weight {:?}",
+            x.shape, w.shape
+        ));
+    };
+    if x.dtype != DType::U8 || xs.dtype != DType::F32 || numel(&xs.shape) != 1 || k2 != k {
+        return Err(format!(
+            "IntegerMatMul of {} {:?} (scale {:?}) and a weight [{k}, {n}]",
+            x.dtype.name(),
+            x.shape,
+            xs.shape
+        ));
+    }
+    if let Some(z) = ctx.inputs.get(2).cloned().flatten() {
+        if z.dtype != DType::U8 || numel(&z.shape) != 1 {
+            return Err(format!(
+                "an activation zero point of {} {:?}",
+                z.dtype.name(),
+                z.shape
+            ));
+        }
+    }
+    let signed = match w.dtype {
+        DType::I8 => true,
+        DType::U8 => false,
+        d => return Err(format!("an integer weight of {}", d.name())),
+    };
+    let nw = numel(&ws.shape);
+    if ws.dtype != DType::F32 || (nw != 1 && ws.shape != [n]) {
+        return Err(format!("weight scales {:?} for [{k}, {n}]", ws.shape));
+    }
+    if let Some(z) = ctx.inputs.get(5).cloned().flatten() {
+        if z.dtype != w.dtype || numel(&z.shape) != nw {
+            return Err(format!(
+                "weight zero points {} {:?}",
+                z.dtype.name(),
+                z.shape
+            ));
+        }
+    }
+    if k > MAX_K {
+        return Err(format!(
+            "a depth of {k} (at most {MAX_K} sums exactly in i32)"
+        ));
+    }
+    let bytes = ctx
+        .constants
+        .get(3)
+        .copied()
+        .flatten()
+        .ok_or("the integer weight is not a constant")?;
+    let rows = numel(&x.shape) / k.max(1);
+    if numel(&ctx.outputs[0].shape) != rows * n {
+        return Err(format!(
+            "output {:?} for {rows} x {n}",
+            ctx.outputs[0].shape
+        ));
+    }
+    Ok(Box::new(IntegerMatMul {
+        q: QWeight::new(k, n, signed, bytes),
+        rows,
+    }))
+}
+
+struct IntegerMatMul {
+    q: QWeight,
+    rows: usize,
+}
+
+/// A zero point's values (int8 or uint8), or `[0]` when absent.
+fn zero_points(x: Option<In>) -> Result<Vec<i32>, String> {
+    Ok(match x {
+        None => vec![0],
+        Some(z) => match z.dtype {
+            DType::I8 => z.bytes()?.iter().map(|&v| v as i8 as i32).collect(),
+            _ => z.bytes()?.iter().map(|&v| v as i32).collect(),
+        },
+    })
+}
+
+impl Kernel for IntegerMatMul {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let xs = io.input(1)?.f32()?[0];
+        let xz = zero_points(io.inputs.get(2).copied().flatten())?[0];
+        let w = io.input(3)?.bytes()?;
+        let ws = io.input(4)?.f32()?;
+        let wz = zero_points(io.inputs.get(5).copied().flatten())?;
+        let threads = io.threads;
+        let y = io.outputs[0].f32()?;
+        qmatmul(&self.q, self.rows, x, xs, xz, w, ws, &wz, y, threads);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[allow(clippy::too_many_arguments)]
+    fn naive(
+        m: usize,
+        k: usize,
+        n: usize,
+        x: &[u8],
+        xs: f32,
+        xz: i32,
+        w: &[u8],
+        signed: bool,
+        ws: &[f32],
+        wz: &[i32],
+    ) -> Vec<f32> {
+        let mut y = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let z = if wz.len() == 1 { wz[0] } else { wz[j] };
+                let s = if ws.len() == 1 { ws[0] } else { ws[j] };
+                let mut t = 0i64;
+                for p in 0..k {
+                    let wv = if signed {
+                        w[p * n + j] as i8 as i64
+                    } else {
+                        w[p * n + j] as i64
+                    };
+                    t += (x[i * k + p] as i64 - xz as i64) * (wv - z as i64);
+                }
+                y[i * n + j] = t as i32 as f32 * (xs * s);
+            }
+        }
+        y
+    }
+
+    fn bytes(n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 33) as u8
+            })
+            .collect()
+    }
+
+    /// The exact integer sums and the same epilogue as a naive i64 loop,
+    /// bit for bit, on the VNNI kernel (where the CPU has it) and the
+    /// plain loops, at 1 to 3 threads; shapes cross every edge: rows past
+    /// a micro-tile, columns past slivers and panels, depths not a
+    /// multiple of 4, extreme values.
+    #[test]
+    fn integer_sums_are_exact_on_every_path() {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (3, 5, 17),
+            (9, 67, 33),
+            (17, 300, 300),
+            (8, 8, 16),
+            (2, 1024, 520),
+            (128, 3072, 768),
+            (128, 768, 2304),
+        ] {
+            for signed in [false, true] {
+                for (case, seed) in [(0, 1u64), (1, 2)] {
+                    let mut x = bytes(m * k, seed);
+                    let mut w = bytes(k * n, seed + 10);
+                    if case == 1 {
+                        // Extremes: every product at its largest magnitude.
+                        x.fill(255);
+                        w.fill(if signed { 0x80 } else { 0 });
+                    }
+                    let ws: Vec<f32> = (0..n).map(|j| 0.01 + j as f32 * 1e-4).collect();
+                    let wz: Vec<i32> = if signed {
+                        vec![0]
+                    } else {
+                        (0..n).map(|j| (j * 37 % 256) as i32).collect()
+                    };
+                    let (xs, xz) = (0.02, if case == 1 { 0 } else { 131 });
+                    let want = naive(m, k, n, &x, xs, xz, &w, signed, &ws, &wz);
+                    let q = QWeight::new(k, n, signed, &w);
+                    for threads in 1..=3 {
+                        let mut y = vec![0f32; m * n];
+                        qmatmul(&q, m, &x, xs, xz, &w, &ws, &wz, &mut y, threads);
+                        assert_eq!(
+                            y, want,
+                            "{m}x{k}x{n} signed {signed} case {case} threads {threads}"
+                        );
+                    }
+                    // The plain loops alone.
+                    let ep = Epilogue {
+                        a: (0..n)
+                            .map(|j| q.shift() - wz[if wz.len() == 1 { 0 } else { j }])
+                            .collect(),
+                        b: (0..n)
+                            .map(|j| {
+                                let z = wz[if wz.len() == 1 { 0 } else { j }];
+                                xz.wrapping_mul(
+                                    (k as i32).wrapping_mul(z).wrapping_sub(q.colsum[j]),
+                                )
+                            })
+                            .collect(),
+                        scale: ws.iter().map(|s| xs * s).collect(),
+                    };
+                    let k4 = k.next_multiple_of(4);
+                    let mut xa = vec![0u8; m * k4];
+                    for i in 0..m {
+                        xa[i * k4..i * k4 + k].copy_from_slice(&x[i * k..(i + 1) * k]);
+                    }
+                    let rx: Vec<i32> = (0..m)
+                        .map(|i| x[i * k..(i + 1) * k].iter().map(|&v| v as i32).sum())
+                        .collect();
+                    let mut y = vec![0f32; m * n];
+                    part_plain(&q, m, &xa, k4, &rx, &w, &ep, &mut y, 0, n);
+                    assert_eq!(y, want, "plain {m}x{k}x{n}");
+                }
+            }
+        }
+    }
+}
