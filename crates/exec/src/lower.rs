@@ -42,23 +42,31 @@
 //! per tensor) or `dequant_axis` and `dequant_block_size` (0: not
 //! blocked). The kernels are in [`crate::cpu::coded`].
 //!
+//! Then a `DequantMatMul` whose `A` is itself dequantized uint8 (what
+//! `--quantize dynamic` and `static` write before a weight's MatMul:
+//! `DequantizeLinear(DynamicQuantizeLinear(x))`, or of a QuantizeLinear)
+//! and whose weight is 8-bit with per-tensor or per-column scales becomes
+//! `IntegerMatMul(xq, xs, xz?, q, scale, zero_point?)`, an integer GEMM
+//! ([`crate::cpu::qgemm`]); the activations' DequantizeLinear goes when
+//! nothing else reads it ([`integer_matmuls`]).
+//!
 //! How the planner sees it: shape inference has no rule for a custom
 //! domain, but it types a call to a model-local function by inferring its
 //! body. So the lowering also adds one function per fused op, whose body is
 //! the op's exact ONNX meaning (Cast, Reshape of codebook and indices to
 //! `[ng, -1]`, GatherElements, Reshape to `S`; or Cast of the scale and
-//! DequantizeLinear; then the reader, attributes passed by reference): `plan_model` infers the fused node's output at the
-//! bound dims like any other node, and plans one tensor for it and none for
-//! the chain. The IR and the planner know nothing of palettes; the lowered
-//! model is still a valid ONNX model (a runtime without the kernels could
-//! inline the functions).
+//! DequantizeLinear; then the reader, attributes passed by reference):
+//! `plan_model` infers the fused node's output at the bound dims like any
+//! other node, and plans one tensor for it and none for the chain. The IR
+//! and the planner know nothing of coded weights; the lowered model is
+//! still a valid ONNX model (a runtime without the kernels could inline the
+//! functions).
 //!
 //! A weight is fused only when the codebook, the indices (and the shape),
 //! or `q`, the scale and the zero point, are initializers that are not
-//! graph inputs, `W` is no graph output and
-//! every reader of `W` is one of the table's (reading it only in that
-//! slot); otherwise its chain is left to the plain nodes and
-//! [`CodedLowering::kept`] says why. Only the main graph is lowered
+//! graph inputs, `W` is no graph output and every reader of `W` is one of
+//! the table's (reading it only in that slot); otherwise its chain is left
+//! to the plain nodes and [`CodedLowering::kept`] says why. Only the main graph is lowered
 //! (If/Loop bodies run as written). Apply this to a copy of the model, and
 //! only for the CPU backend: the CUDA backend has no kernels for these ops
 //! and runs the chain as written.
