@@ -48,6 +48,7 @@ mod sealed {
     impl PlainData for u8 {}
     impl PlainData for i8 {}
     impl PlainData for u16 {}
+    impl PlainData for u32 {}
 }
 
 /// Element types a byte slice may be viewed as (every bit pattern valid).
@@ -62,6 +63,7 @@ impl Elem for i32 {}
 impl Elem for u8 {}
 impl Elem for i8 {}
 impl Elem for u16 {}
+impl Elem for u32 {}
 
 /// Views bytes as `T`. Panics when misaligned or not a whole number of
 /// elements (arena offsets are 64-aligned and weights are aligned on load,

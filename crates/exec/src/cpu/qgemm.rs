@@ -1,5 +1,7 @@
 //! Integer GEMM for quantized MatMuls: uint8 activations times int8 or
-//! uint8 weights, summed exactly in 32-bit integers, scaled once.
+//! uint8 weights, summed exactly in 32-bit integers, scaled once (the
+//! fused `IntegerMatMul` of `--quantize` models) or not at all (ONNX's
+//! `MatMulInteger` with a constant weight).
 //!
 //! What it computes, for `x` `[m × k]` (uint8, one scale `xs` and zero
 //! point `xz`) and `w` `[k × n]` (int8 or uint8, per-tensor or per-column
@@ -28,7 +30,7 @@
 
 use crate::backend::{In, Kernel, KernelIo, NodeCtx};
 use crate::cpu::par;
-use crate::tensor::numel;
+use crate::tensor::{cast_mut, numel};
 use graphopt_ir::DType;
 
 /// Deepest product whose sums fit in i32 (`k · 255 · 255 < 2³¹`).
@@ -84,23 +86,24 @@ struct Epilogue {
     a: Vec<i32>,
     /// `xz · (k·wz[j] − cw[j])`.
     b: Vec<i32>,
-    /// `xs · ws[j]`.
-    scale: Vec<f32>,
+    /// `xs · ws[j]`; `None`: the i32 sums are the output.
+    scale: Option<Vec<f32>>,
 }
 
-/// `y[m × n] = (xs·ws) · (x − xz)(w − wz)` (see the module docs). `ws` and
-/// `wz` hold one value or `n`; `x` holds `m` rows of `k`, `y` `m × n`.
+/// `y[m × n] = (xs·ws) · (x − xz)(w − wz)` (see the module docs), as f32
+/// bits; without `scales` (`(xs, ws)`), the exact sums as i32 bits
+/// (MatMulInteger). `ws` and `wz` hold one value or `n`; `x` holds `m` rows
+/// of `k`, `y` `m × n`.
 #[allow(clippy::too_many_arguments)]
 pub fn qmatmul(
     q: &QWeight,
     m: usize,
     x: &[u8],
-    xs: f32,
     xz: i32,
     w: &[u8],
-    ws: &[f32],
     wz: &[i32],
-    y: &mut [f32],
+    scales: Option<(f32, &[f32])>,
+    y: &mut [u32],
     threads: usize,
 ) {
     let (k, n) = (q.k, q.n);
@@ -114,9 +117,11 @@ pub fn qmatmul(
         b: (0..n)
             .map(|j| xz.wrapping_mul((k as i32).wrapping_mul(at(wz, j)).wrapping_sub(q.colsum[j])))
             .collect(),
-        scale: (0..n)
-            .map(|j| xs * if ws.len() == 1 { ws[0] } else { ws[j] })
-            .collect(),
+        scale: scales.map(|(xs, ws)| {
+            (0..n)
+                .map(|j| xs * if ws.len() == 1 { ws[0] } else { ws[j] })
+                .collect()
+        }),
     };
     // Row sums, and the rows padded to a multiple of 4 bytes.
     let k4 = k.next_multiple_of(4);
@@ -158,13 +163,13 @@ pub fn qmatmul(
 }
 
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+struct SendPtr(*mut u32);
 // SAFETY: each part writes its own columns (see `qmatmul`).
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
 impl SendPtr {
-    fn get(self) -> *mut f32 {
+    fn get(self) -> *mut u32 {
         self.0
     }
 }
@@ -194,14 +199,17 @@ fn wprime(w: u8, signed: bool) -> i8 {
     }
 }
 
-/// One element's epilogue: the exact sum, then one rounding to f32 and
-/// one product.
+/// One element's epilogue, as the output's bits: the exact sum, then one
+/// rounding to f32 and one product (or the sum itself).
 #[inline(always)]
-fn finish(acc: i32, rx: i32, j: usize, ep: &Epilogue) -> f32 {
+fn finish(acc: i32, rx: i32, j: usize, ep: &Epilogue) -> u32 {
     let t = acc
         .wrapping_add(rx.wrapping_mul(ep.a[j]))
         .wrapping_add(ep.b[j]);
-    t as f32 * ep.scale[j]
+    match &ep.scale {
+        Some(s) => (t as f32 * s[j]).to_bits(),
+        None => t as u32,
+    }
 }
 
 /// Columns `j0..j1` of `y` with plain loops (any CPU): the same integer
@@ -215,7 +223,7 @@ fn part_plain(
     rx: &[i32],
     w: &[u8],
     ep: &Epilogue,
-    y: &mut [f32],
+    y: &mut [u32],
     j0: usize,
     j1: usize,
 ) {
@@ -253,7 +261,7 @@ unsafe fn part_vnni(
     rx: &[i32],
     w: &[u8],
     ep: &Epilogue,
-    y: &mut [f32],
+    y: &mut [u32],
     j0: usize,
     j1: usize,
 ) {
@@ -354,7 +362,7 @@ struct Micro<'a> {
     groups: usize,
     rx: &'a [i32],
     ep: &'a Epilogue,
-    y: *mut f32,
+    y: *mut u32,
     n: usize,
     j: usize,
     cols: usize,
@@ -503,8 +511,71 @@ impl Kernel for IntegerMatMul {
         let ws = io.input(4)?.f32()?;
         let wz = zero_points(io.inputs.get(5).copied().flatten())?;
         let threads = io.threads;
-        let y = io.outputs[0].f32()?;
-        qmatmul(&self.q, self.rows, x, xs, xz, w, ws, &wz, y, threads);
+        let y = cast_mut::<u32>(io.outputs[0].data);
+        qmatmul(
+            &self.q,
+            self.rows,
+            x,
+            xz,
+            w,
+            &wz,
+            Some((xs, ws)),
+            y,
+            threads,
+        );
+        Ok(())
+    }
+}
+
+/// The integer GEMM's kernel for ONNX `MatMulInteger(A, B, a_zero_point?,
+/// b_zero_point?)` (what onnxruntime's dynamic quantizer writes) where it
+/// applies: `A` uint8 `[…, k]` with one zero point, `B` a constant int8 or
+/// uint8 `[k, n]` with one zero point or one per column. The output is the
+/// exact i32 sums, as the plain kernel's. `None` for other nodes (the
+/// plain kernel takes them).
+pub fn matmul_integer(ctx: &NodeCtx) -> Option<Box<dyn Kernel>> {
+    let a = ctx.inputs.first()?.as_ref()?;
+    let b = ctx.inputs.get(1)?.as_ref()?;
+    let (&[k, n], Some(&k2)) = (b.shape.as_slice(), a.shape.last()) else {
+        return None;
+    };
+    let signed = match b.dtype {
+        DType::I8 => true,
+        DType::U8 => false,
+        _ => return None,
+    };
+    let za = ctx.inputs.get(2).cloned().flatten();
+    let zb = ctx.inputs.get(3).cloned().flatten();
+    let ok = a.dtype == DType::U8
+        && k2 == k
+        && k <= MAX_K
+        && za.is_none_or(|z| z.dtype == DType::U8 && numel(&z.shape) == 1)
+        && zb.is_none_or(|z| z.dtype == b.dtype && (numel(&z.shape) == 1 || z.shape == [n]))
+        && ctx.outputs.first()?.dtype == DType::I32;
+    let bytes = ctx.constants.get(1).copied().flatten()?;
+    if !ok || bytes.len() < k * n {
+        return None;
+    }
+    Some(Box::new(MatMulIntegerQ {
+        q: QWeight::new(k, n, signed, bytes),
+        rows: numel(&a.shape) / k.max(1),
+    }))
+}
+
+struct MatMulIntegerQ {
+    q: QWeight,
+    rows: usize,
+}
+
+impl Kernel for MatMulIntegerQ {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let w = io.input(1)?.bytes()?;
+        let xz = zero_points(io.inputs.get(2).copied().flatten())?[0];
+        let wz = zero_points(io.inputs.get(3).copied().flatten())?;
+        let threads = io.threads;
+        let y = cast_mut::<u32>(io.outputs[0].data);
+        qmatmul(&self.q, self.rows, x, xz, w, &wz, None, y, threads);
         Ok(())
     }
 }
@@ -513,34 +584,30 @@ impl Kernel for IntegerMatMul {
 mod tests {
     use super::*;
 
+    /// `Σ_p (x[i, p] − xz)(w[p, j] − wz[j])` in i64.
     #[allow(clippy::too_many_arguments)]
-    fn naive(
+    fn sums(
         m: usize,
         k: usize,
         n: usize,
         x: &[u8],
-        xs: f32,
         xz: i32,
         w: &[u8],
         signed: bool,
-        ws: &[f32],
         wz: &[i32],
-    ) -> Vec<f32> {
-        let mut y = vec![0f32; m * n];
+    ) -> Vec<i64> {
+        let mut y = vec![0i64; m * n];
         for i in 0..m {
             for j in 0..n {
-                let z = if wz.len() == 1 { wz[0] } else { wz[j] };
-                let s = if ws.len() == 1 { ws[0] } else { ws[j] };
-                let mut t = 0i64;
+                let z = if wz.len() == 1 { wz[0] } else { wz[j] } as i64;
                 for p in 0..k {
                     let wv = if signed {
                         w[p * n + j] as i8 as i64
                     } else {
                         w[p * n + j] as i64
                     };
-                    t += (x[i * k + p] as i64 - xz as i64) * (wv - z as i64);
+                    y[i * n + j] += (x[i * k + p] as i64 - xz as i64) * (wv - z);
                 }
-                y[i * n + j] = t as i32 as f32 * (xs * s);
             }
         }
         y
@@ -560,13 +627,16 @@ mod tests {
             .collect()
     }
 
-    /// The exact integer sums and the same epilogue as a naive i64 loop,
-    /// bit for bit, on the VNNI kernel (where the CPU has it) and the
-    /// plain loops, at 1 to 3 threads; shapes cross every edge: rows past
-    /// a micro-tile, columns past slivers and panels, depths not a
-    /// multiple of 4, extreme values.
+    /// The exact integer sums (unscaled, MatMulInteger's output) and the
+    /// scaled floats of a naive i64 loop, bit for bit, on the VNNI kernel
+    /// (where the CPU has it) and the plain loops, at 1 to 3 threads;
+    /// shapes cross every edge: rows past a micro-tile, columns past
+    /// slivers and panels, depths not a multiple of 4, extreme values.
     #[test]
     fn integer_sums_are_exact_on_every_path() {
+        if !vnni() {
+            eprintln!("no AVX-512 VNNI here: only the plain loops are checked");
+        }
         for &(m, k, n) in &[
             (1, 1, 1),
             (3, 5, 17),
@@ -592,16 +662,23 @@ mod tests {
                     } else {
                         (0..n).map(|j| (j * 37 % 256) as i32).collect()
                     };
-                    let (xs, xz) = (0.02, if case == 1 { 0 } else { 131 });
-                    let want = naive(m, k, n, &x, xs, xz, &w, signed, &ws, &wz);
+                    let (xs, xz) = (0.02f32, if case == 1 { 0 } else { 131 });
+                    let exact = sums(m, k, n, &x, xz, &w, signed, &wz);
+                    let want: Vec<u32> = exact
+                        .iter()
+                        .enumerate()
+                        .map(|(e, &t)| (t as i32 as f32 * (xs * ws[e % n])).to_bits())
+                        .collect();
+                    let exact: Vec<u32> = exact.iter().map(|&t| t as i32 as u32).collect();
                     let q = QWeight::new(k, n, signed, &w);
+                    let mut y = vec![0u32; m * n];
                     for threads in 1..=3 {
-                        let mut y = vec![0f32; m * n];
-                        qmatmul(&q, m, &x, xs, xz, &w, &ws, &wz, &mut y, threads);
-                        assert_eq!(
-                            y, want,
-                            "{m}x{k}x{n} signed {signed} case {case} threads {threads}"
-                        );
+                        let c =
+                            format!("{m}x{k}x{n} signed {signed} case {case} threads {threads}");
+                        qmatmul(&q, m, &x, xz, &w, &wz, Some((xs, &ws)), &mut y, threads);
+                        assert!(y == want, "{c}: scaled");
+                        qmatmul(&q, m, &x, xz, &w, &wz, None, &mut y, threads);
+                        assert!(y == exact, "{c}: sums");
                     }
                     // The plain loops alone.
                     let ep = Epilogue {
@@ -616,7 +693,7 @@ mod tests {
                                 )
                             })
                             .collect(),
-                        scale: ws.iter().map(|s| xs * s).collect(),
+                        scale: Some(ws.iter().map(|s| xs * s).collect()),
                     };
                     let k4 = k.next_multiple_of(4);
                     let mut xa = vec![0u8; m * k4];
@@ -626,9 +703,8 @@ mod tests {
                     let rx: Vec<i32> = (0..m)
                         .map(|i| x[i * k..(i + 1) * k].iter().map(|&v| v as i32).sum())
                         .collect();
-                    let mut y = vec![0f32; m * n];
                     part_plain(&q, m, &xa, k4, &rx, &w, &ep, &mut y, 0, n);
-                    assert_eq!(y, want, "plain {m}x{k}x{n}");
+                    assert!(y == want, "plain {m}x{k}x{n}");
                 }
             }
         }

@@ -435,6 +435,9 @@ impl Kernel for MatMulInteger {
 }
 
 pub fn matmul_integer(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    if let Some(k) = crate::cpu::qgemm::matmul_integer(ctx) {
+        return Ok(k);
+    }
     Ok(Box::new(MatMulInteger {
         a: ctx.input(0)?.shape.clone(),
         b: ctx.input(1)?.shape.clone(),
