@@ -31,7 +31,7 @@
 //! | `Conv(X, W, B?)`          | `PaletteConv(X, codebook, indices, B?)`     |
 //! | `Gather(W, ids)`, axis 0  | `PaletteGather(codebook, indices, ids)`     |
 //!
-//! and for an integer weight the same readers but Conv as `DequantMatMul(A,
+//! and for an integer weight the same readers except Conv: `DequantMatMul(A,
 //! q, scale, zero_point?)`, `DequantGemm(A, q, scale, zero_point?, C?)` and
 //! `DequantGather(q, scale, zero_point?, ids)` (an absent zero point is an
 //! empty slot). An integer weight read by a Conv keeps its chain (see
@@ -45,10 +45,11 @@
 //! Then a `DequantMatMul` whose `A` is itself dequantized uint8 (what
 //! `--quantize dynamic` and `static` write before a weight's MatMul:
 //! `DequantizeLinear(DynamicQuantizeLinear(x))`, or of a QuantizeLinear)
-//! and whose weight is 8-bit with per-tensor or per-column scales becomes
-//! `IntegerMatMul(xq, xs, xz?, q, scale, zero_point?)`, an integer GEMM
-//! ([`crate::cpu::qgemm`]); the activations' DequantizeLinear goes when
-//! nothing else reads it ([`integer_matmuls`]).
+//! and whose weight is 8-bit with per-tensor or per-column float32 scales
+//! becomes `IntegerMatMul(xq, xs, xz?, q, scale, zero_point?)`, an integer
+//! GEMM ([`crate::cpu::qgemm`]), on CPUs with AVX-512 VNNI (elsewhere the
+//! float path is faster and stays); the activations' DequantizeLinear goes
+//! when nothing else reads it ([`integer_matmuls`]).
 //!
 //! How the planner sees it: shape inference has no rule for a custom
 //! domain, but it types a call to a model-local function by inferring its
@@ -318,10 +319,10 @@ fn integer_chain(g: &Graph, n: NodeId) -> Option<Chain> {
     // where DequantizeLinear's kernel says why).
     let dims: Vec<usize> = qt.dims.iter().map(|&x| x.max(0) as usize).collect();
     let sdims: Vec<usize> = st.dims.iter().map(|&x| x.max(0) as usize).collect();
-    crate::cpu::quant::scale_axis(&dims, &sdims, axis, block.max(0) as usize, "").ok()?;
     if block < 0 {
         return None;
     }
+    crate::cpu::quant::scale_axis(&dims, &sdims, axis, block as usize, "").ok()?;
     Some(Chain {
         source: Source::Integer {
             q,
@@ -421,7 +422,6 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
         .iter()
         .filter_map(|&n| g.node(n).output(0))
         .collect();
-    let mut used_ops: Vec<&'static str> = Vec::new();
     for w in candidates {
         let Some(c) = chain(g, w) else {
             continue;
@@ -469,9 +469,6 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
         }
         for (&r, &op) in readers.iter().zip(&ops) {
             fuse(g, r, op, &c);
-            if !used_ops.contains(&op) {
-                used_ops.push(op);
-            }
         }
         // The chain is dead now: W, then the values it was made from.
         for &n in &c.nodes {
@@ -501,10 +498,22 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
             }
         }
     }
-    report.integer_matmuls = integer_matmuls(g);
-    if report.integer_matmuls > 0 {
-        used_ops.push(INTEGER_MATMUL);
+    // Without VNNI the integer GEMM's portable loop is slower than the
+    // float path: the MatMuls stay DequantMatMul there.
+    if crate::cpu::qgemm::available() {
+        report.integer_matmuls = integer_matmuls(g);
     }
+    // The fused ops the graph holds now (a DequantMatMul may have become an
+    // IntegerMatMul).
+    let g = &m.graph;
+    let used_ops: Vec<&str> = CODED_OPS
+        .iter()
+        .copied()
+        .filter(|op| {
+            g.nodes()
+                .any(|n| g.node(n).domain == CODED_DOMAIN && g.node(n).op_type == *op)
+        })
+        .collect();
     if used_ops.is_empty() {
         return report;
     }
@@ -547,7 +556,11 @@ fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueI
                 && xz.is_none_or(|z| from(z, 2) || scalar(z, DType::U8))
         }
         "QuantizeLinear" if default_domain(&pd.domain) && slot == 0 => {
-            pd.input(2).is_none_or(|z| scalar(z, DType::U8))
+            // uint8 output: the zero point's type, or opset 21's
+            // output_dtype, uint8 by default.
+            let u8_out = DType::U8.to_onnx() as i64;
+            pd.attr_int("output_dtype").is_none_or(|t| t == u8_out)
+                && pd.input(2).is_none_or(|z| scalar(z, DType::U8))
                 && scalar(xs, DType::F32)
                 && xz.is_none_or(|z| scalar(z, DType::U8))
         }
@@ -593,29 +606,10 @@ fn integer_matmuls(g: &mut Graph) -> usize {
         if !ok {
             continue;
         }
-        let d = d.clone();
         let mut inputs = act.to_vec();
         inputs.extend([Some(q), Some(sc), d.input(3)]);
-        while inputs.last() == Some(&None) {
-            inputs.pop();
-        }
-        for k in 0..d.outputs().len() {
-            g.set_output(r, k, None);
-        }
-        let new = NewNode {
-            name: d.name.clone(),
-            op_type: INTEGER_MATMUL.to_string(),
-            domain: CODED_DOMAIN.to_string(),
-            inputs,
-            outputs: d.outputs().to_vec(),
-            attributes: d.attributes.clone(),
-            doc_string: d.doc_string.clone(),
-            metadata_props: d.metadata_props.clone(),
-            ..NewNode::default()
-        };
-        g.insert_node_before(r, new)
-            .expect("the reader's outputs were just released");
-        g.remove_node(r);
+        let attributes = d.attributes.clone();
+        replace_reader(g, r, INTEGER_MATMUL, inputs, attributes);
         if g.uses(a).is_empty() && !g.is_output(a) {
             g.remove_node(dq);
             g.remove_value(a);
@@ -677,6 +671,20 @@ fn fuse(g: &mut Graph, r: NodeId, op: &str, c: &Chain) {
     if rest.is_some() {
         inputs.push(rest);
     }
+    replace_reader(g, r, op, inputs, attributes);
+}
+
+/// Replaces node `r` by a node `op` of [`CODED_DOMAIN`] with `inputs`
+/// (trailing empty slots dropped) and `attributes`, and `r`'s name,
+/// outputs, doc string and metadata.
+fn replace_reader(
+    g: &mut Graph,
+    r: NodeId,
+    op: &str,
+    mut inputs: Vec<Option<ValueId>>,
+    attributes: Vec<Attribute>,
+) {
+    let d = g.node(r).clone();
     while inputs.last() == Some(&None) {
         inputs.pop();
     }

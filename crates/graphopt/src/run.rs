@@ -199,7 +199,8 @@ pub struct RunReport {
     /// MatMuls of quantized activations and integer weights run as integer
     /// GEMMs (exact i32 sums, one scale; CPU only).
     pub integer_matmuls: usize,
-    /// Palettized or integer weights left to the plain decode nodes, and
+    /// Palettized or integer weights left to the plain decode nodes (the
+    /// field keeps its first name), and
     /// why (a reader the kernels do not cover).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub palette_kept: Vec<(String, String)>,
@@ -444,8 +445,9 @@ type PlanKey = (Vec<(String, i64)>, Vec<(String, Vec<i64>)>, bool);
 /// cached, so a later call with the same shapes plans nothing.
 pub struct Runner<'s> {
     session: &'s Session,
-    /// The model lowered for the CPU backend (palettized weights decoded
-    /// in their readers' kernels), made on the first CPU run.
+    /// The model lowered for the CPU backend (palettized and integer
+    /// weights decoded in their readers' kernels, integer GEMMs), made on
+    /// the first CPU run.
     lowered: Option<(Model, CodedLowering)>,
     cache: Vec<(PlanKey, Executable, Vec<DimBinding>)>,
 }

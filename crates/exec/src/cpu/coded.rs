@@ -359,7 +359,7 @@ impl Dequant {
             let (a, i) = (r / inner, r % inner);
             // (the run's end, its first scale index, the index's step)
             let (stop, c, step) = match (block, inner) {
-                _ if len == 1 => (end, 0, 0),
+                _ if len == 1 && block == 0 => (end, 0, 0),
                 (0, 1) => (f + len - a, a, 1),
                 (0, _) => (f + inner - i, a, 0),
                 (b, 1) => {

@@ -12,7 +12,7 @@
 //! ```
 //!
 //! The sum is exact (integers), so the result is the exact product rounded
-//! twice (the sum to f32, then the scale), where `DequantizeLinear` then a
+//! three times (the sum to f32, `xs · ws[j]`, their product), where `DequantizeLinear` then a
 //! float MatMul rounds every product and partial sum: the same value up to
 //! float32 rounding, not the same bits. It is the same for every thread
 //! count and on every CPU: the AVX-512 VNNI kernel and the portable loop
@@ -147,17 +147,18 @@ pub fn qmatmul(
     par::for_parts(threads, parts, |p| {
         let r = par::range(slivers, parts, p);
         let (j0, j1) = (r.start * NR, (r.end * NR).min(n));
-        // SAFETY: part p writes columns j0..j1 of y only.
-        let y = unsafe { std::slice::from_raw_parts_mut(yp.get(), m * n) };
+        // Part p writes columns j0..j1 of y's m rows only, through y.
+        let y = yp.get();
         if vnni {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the CPU has AVX-512F and VNNI (checked); operands
-            // sized above.
+            // sized above; no other part touches columns j0..j1.
             unsafe {
                 part_vnni(q, m, xa, k4, &rx, w, &ep, y, j0, j1)
             };
         } else {
-            part_plain(q, m, xa, k4, &rx, w, &ep, y, j0, j1);
+            // SAFETY: as above.
+            unsafe { part_plain(q, m, xa, k4, &rx, w, &ep, y, j0, j1) };
         }
     });
 }
@@ -174,7 +175,13 @@ impl SendPtr {
     }
 }
 
-/// Whether the VNNI kernel runs here.
+/// Whether the integer GEMM runs its VNNI kernel on this CPU (AVX-512F and
+/// AVX-512 VNNI); elsewhere it takes the portable loop, exact but slower
+/// than a float GEMM.
+pub fn available() -> bool {
+    vnni()
+}
+
 fn vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -214,8 +221,12 @@ fn finish(acc: i32, rx: i32, j: usize, ep: &Epilogue) -> u32 {
 
 /// Columns `j0..j1` of `y` with plain loops (any CPU): the same integer
 /// sums and epilogue as [`part_vnni`].
+///
+/// # Safety
+/// `y` holds `m × q.n` elements, and nothing else touches columns
+/// `j0..j1` of them during the call.
 #[allow(clippy::too_many_arguments)]
-fn part_plain(
+unsafe fn part_plain(
     q: &QWeight,
     m: usize,
     xa: &[u8],
@@ -223,7 +234,7 @@ fn part_plain(
     rx: &[i32],
     w: &[u8],
     ep: &Epilogue,
-    y: &mut [u32],
+    y: *mut u32,
     j0: usize,
     j1: usize,
 ) {
@@ -239,7 +250,8 @@ fn part_plain(
             }
         }
         for (c, &a) in acc.iter().enumerate() {
-            y[i * n + j0 + c] = finish(a, rx[i], j0 + c, ep);
+            // SAFETY: row i, column j0 + c < j1 (the caller's promise).
+            unsafe { *y.add(i * n + j0 + c) = finish(a, rx[i], j0 + c, ep) };
         }
     }
 }
@@ -249,7 +261,8 @@ fn part_plain(
 ///
 /// # Safety
 /// The CPU has AVX-512F and AVX-512 VNNI; `xa` holds `m` rows of `k4`
-/// bytes (zero past `q.k`), `w` `q.k × q.n`, `y` `m × q.n`.
+/// bytes (zero past `q.k`), `w` `q.k × q.n`, `y` `m × q.n`, of which
+/// nothing else touches columns `j0..j1` during the call.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512vnni")]
@@ -261,7 +274,7 @@ unsafe fn part_vnni(
     rx: &[i32],
     w: &[u8],
     ep: &Epilogue,
-    y: &mut [u32],
+    y: *mut u32,
     j0: usize,
     j1: usize,
 ) {
@@ -283,7 +296,7 @@ unsafe fn part_vnni(
                     groups,
                     rx: &rx[i0..i0 + rows],
                     ep,
-                    y: y.as_mut_ptr().wrapping_add(i0 * n),
+                    y: y.wrapping_add(i0 * n),
                     n,
                     j: pc + s * NR,
                     cols: (nc - s * NR).min(if two { 2 * NR } else { NR }),
@@ -548,7 +561,7 @@ pub fn matmul_integer(ctx: &NodeCtx) -> Option<Box<dyn Kernel>> {
     let zb = ctx.inputs.get(3).cloned().flatten();
     let ok = a.dtype == DType::U8
         && k2 == k
-        && k <= MAX_K
+        && (1..=MAX_K).contains(&k)
         && za.is_none_or(|z| z.dtype == DType::U8 && numel(&z.shape) == 1)
         && zb.is_none_or(|z| z.dtype == b.dtype && (numel(&z.shape) == 1 || z.shape == [n]))
         && ctx.outputs.first()?.dtype == DType::I32;
@@ -652,7 +665,7 @@ mod tests {
                     let mut x = bytes(m * k, seed);
                     let mut w = bytes(k * n, seed + 10);
                     if case == 1 {
-                        // Extremes: every product at its largest magnitude.
+                        // Extremes: x at 255, w at its most negative.
                         x.fill(255);
                         w.fill(if signed { 0x80 } else { 0 });
                     }
@@ -703,10 +716,27 @@ mod tests {
                     let rx: Vec<i32> = (0..m)
                         .map(|i| x[i * k..(i + 1) * k].iter().map(|&v| v as i32).sum())
                         .collect();
-                    part_plain(&q, m, &xa, k4, &rx, &w, &ep, &mut y, 0, n);
+                    // SAFETY: y holds m × n; one caller.
+                    unsafe { part_plain(&q, m, &xa, k4, &rx, &w, &ep, y.as_mut_ptr(), 0, n) };
                     assert!(y == want, "plain {m}x{k}x{n}");
                 }
             }
+        }
+    }
+
+    /// The deepest product [`MAX_K`] allows, at its largest sum magnitude,
+    /// is still exact (the i32 sums wrap in between).
+    #[test]
+    fn the_deepest_allowed_product_sums_exactly() {
+        let (m, k, n) = (1, MAX_K, 16);
+        let x = vec![255u8; k];
+        let w = vec![0u8; k * n];
+        let q = QWeight::new(k, n, false, &w);
+        let mut y = vec![0u32; n];
+        for threads in [1, 2] {
+            qmatmul(&q, m, &x, 0, &w, &[255], None, &mut y, threads);
+            let want = -(k as i64 * 255 * 255);
+            assert!(y.iter().all(|&v| v as i32 as i64 == want), "{:?}", &y[..2]);
         }
     }
 }

@@ -371,7 +371,8 @@ impl Kernel for DynamicQuantize {
             par::for_chunks_mut(threads, y, 1, par::MIN_ELEMS, |first, part| {
                 let x = &x[first..first + part.len()];
                 if scale == 0.0 {
-                    part.fill(zp.clamp(0.0, 255.0) as u8);
+                    // zp is 0 then.
+                    part.fill(0);
                     return;
                 }
                 // One branch-free loop (it vectorizes).
