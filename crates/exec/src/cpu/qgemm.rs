@@ -406,19 +406,34 @@ unsafe fn micro<const R: usize, const W: usize>(t: &Micro) {
             }
         }
     }
-    let mut out = [0i32; NR];
+    // The epilogue in vectors: `finish`'s wrapping i32 arithmetic, its
+    // round-to-nearest conversion and its product, lane by lane (the same
+    // bits), on the columns that exist (masked).
     for (i, row) in acc.iter().enumerate() {
+        let rx = _mm512_set1_epi32(t.rx[i]);
         for (s, r) in row.iter().enumerate() {
             let c0 = s * NR;
             if c0 >= t.cols {
                 break;
             }
-            // SAFETY: a 16-lane store into a local array.
-            unsafe { _mm512_storeu_si512(out.as_mut_ptr() as *mut __m512i, *r) };
-            for (c, &a) in out.iter().enumerate().take((t.cols - c0).min(NR)) {
-                let j = t.j + c0 + c;
-                // SAFETY: row i, column j < n of y.
-                unsafe { *t.y.add(i * t.n + j) = finish(a, t.rx[i], j, t.ep) };
+            let cnt = (t.cols - c0).min(NR);
+            let mask: __mmask16 = if cnt == NR { 0xFFFF } else { (1u16 << cnt) - 1 };
+            let j = t.j + c0;
+            // SAFETY: columns j..j + cnt < n of the epilogue's vectors and
+            // of row i of y (masked loads and stores touch only those).
+            unsafe {
+                let a = _mm512_maskz_loadu_epi32(mask, t.ep.a.as_ptr().add(j));
+                let b = _mm512_maskz_loadu_epi32(mask, t.ep.b.as_ptr().add(j));
+                let tot = _mm512_add_epi32(_mm512_add_epi32(*r, _mm512_mullo_epi32(rx, a)), b);
+                let y = t.y.add(i * t.n + j);
+                match &t.ep.scale {
+                    Some(sc) => {
+                        let sv = _mm512_maskz_loadu_ps(mask, sc.as_ptr().add(j));
+                        let f = _mm512_mul_ps(_mm512_cvtepi32_ps(tot), sv);
+                        _mm512_mask_storeu_ps(y as *mut f32, mask, f);
+                    }
+                    None => _mm512_mask_storeu_epi32(y as *mut i32, mask, tot),
+                }
             }
         }
     }
