@@ -521,13 +521,7 @@ struct IntegerMatMul {
 
 /// A zero point's values (int8 or uint8), or `[0]` when absent.
 fn zero_points(x: Option<In>) -> Result<Vec<i32>, String> {
-    Ok(match x {
-        None => vec![0],
-        Some(z) => match z.dtype {
-            DType::I8 => z.bytes()?.iter().map(|&v| v as i8 as i32).collect(),
-            _ => z.bytes()?.iter().map(|&v| v as i32).collect(),
-        },
-    })
+    x.map_or(Ok(vec![0]), |z| crate::cpu::quant::ints(&z))
 }
 
 impl Kernel for IntegerMatMul {

@@ -13,7 +13,7 @@ use crate::tensor::{cast, cast_mut, nibble, numel, sign4, strides};
 use graphopt_ir::DType;
 
 /// Integer elements widened to i32 (u8, i8, u16, i16, i32).
-fn ints(x: &In) -> Result<Vec<i32>, String> {
+pub(crate) fn ints(x: &In) -> Result<Vec<i32>, String> {
     let b = x.bytes()?;
     Ok(match x.dtype {
         DType::U8 => b.iter().map(|&v| v as i32).collect(),
