@@ -246,7 +246,7 @@ fn profile_text(p: &graphopt::Profile) -> String {
         );
     }
     s += "  slowest nodes\n";
-    for n in &p.nodes {
+    for n in p.nodes.iter().take(graphopt::Profile::NODES) {
         s += &format!(
             "  {:<48} {:<14} {:>10.3} {:>6.1}%\n",
             n.node,

@@ -224,7 +224,8 @@ pub struct RunReport {
 pub struct Profile {
     /// Per op type, slowest first.
     pub ops: Vec<OpTime>,
-    /// The slowest nodes (at most [`Profile::NODES`]), slowest first.
+    /// Every node, slowest first (equal times in program order); the CLI's
+    /// text prints the first [`Profile::NODES`], `--json` all of them.
     pub nodes: Vec<NodeTime>,
     /// Sum of all the nodes' times (ms); the rest of the latency is the
     /// runtime's own (copying inputs in and outputs out).
@@ -253,7 +254,7 @@ pub struct NodeTime {
 }
 
 impl Profile {
-    /// Slowest nodes listed.
+    /// Slowest nodes a text printout lists.
     pub const NODES: usize = 15;
 
     /// From the steps' `(op, node)` and their nanoseconds summed over
@@ -289,7 +290,6 @@ impl Profile {
         order.sort_by_key(|&i| std::cmp::Reverse(nanos[i]));
         let nodes = order
             .into_iter()
-            .take(Self::NODES)
             .map(|i| NodeTime {
                 node: steps[i].1.clone(),
                 op: steps[i].0.clone(),
