@@ -392,6 +392,19 @@ def cpu_kernel_ops() -> list[str]:
     return ops
 
 
+def data_sized_ops() -> list[str]:
+    """The ops whose output size depends on input values, which the runtime
+    computes on the host (`OPS` in crates/exec/src/cpu/data_sized.rs); held
+    to the same rule as the kernel table's: each needs a passing node case."""
+    path = os.path.join(REPO, "crates", "exec", "src", "cpu", "data_sized.rs")
+    with open(path) as f:
+        m = re.search(r"pub const OPS: &\[&str\] = &\[(.*?)\];", f.read(), re.S)
+    ops = re.findall(r'"(\w+)"', m.group(1)) if m else []
+    if not ops:
+        raise SystemExit(f"no `pub const OPS` list in {path}")
+    return ops
+
+
 # Ops of the CPU kernel table that no passing node case covers, and why.
 # Exact, as EXEC_KNOWN_FAILURES: after a full --exec run, an op of the table
 # without a passing case and not listed here is a failure, and so is a listed
@@ -633,7 +646,7 @@ def main():
     if args.exec:
         if suites != ("node",):
             raise SystemExit("--exec runs the node suite only")
-        table_ops = cpu_kernel_ops()
+        table_ops = cpu_kernel_ops() + data_sized_ops()
         cfg.update(kernel_ops=table_ops + CONTROL_OPS, table_ops=table_ops, filtered=bool(args.filter),
                    list_skips=args.list_skips)
     work = run_exec_case if args.exec else run_case

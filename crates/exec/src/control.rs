@@ -52,6 +52,26 @@ pub(crate) enum Kind {
     },
     /// One ordinary node run alone (it reads or writes a dynamic value).
     Node(Body),
+    /// A node whose output size depends on its input values (NonZero,
+    /// Unique, ...): computed on the host ([`crate::cpu::data_sized`]).
+    DataSized(DataSized),
+}
+
+/// A [`Kind::DataSized`] node: where each input slot comes from and which
+/// outputs are present.
+pub(crate) struct DataSized {
+    op: String,
+    attrs: Vec<graphopt_ir::Attribute>,
+    slots: Vec<Slot>,
+    present: Vec<bool>,
+}
+
+/// Where an input slot of a [`DataSized`] node comes from.
+enum Slot {
+    Omitted,
+    /// The step's `k`-th fed input.
+    Fed(usize),
+    Weight(HostTensor),
 }
 
 /// A special step: the node's inputs (then its non-weight captures) are the
@@ -104,6 +124,8 @@ pub(crate) struct Body {
     /// node run alone: a Reshape's computed shape must be known to plan
     /// its output).
     fold_ints: bool,
+    /// With [`Body::fold_ints`], fold small float inputs too.
+    fold_floats: bool,
     cache: Vec<(ShapeKey, Executable)>,
 }
 
@@ -133,6 +155,7 @@ impl Body {
             weights,
             feeds,
             fold_ints: false,
+            fold_floats: false,
             cache: Vec::new(),
         }
     }
@@ -140,7 +163,8 @@ impl Body {
     fn folded(&self, k: usize, t: &HostTensor) -> bool {
         self.fold_ints
             && k < self.graph.inputs.len()
-            && matches!(t.dtype, DType::I64 | DType::I32)
+            && (matches!(t.dtype, DType::I64 | DType::I32)
+                || self.fold_floats && matches!(t.dtype, DType::F32 | DType::F64))
             && numel(&t.shape) <= FOLD_MAX_ELEMS
     }
 
@@ -337,6 +361,24 @@ impl Body {
     }
 }
 
+/// A weight's elements as a [`HostTensor`] (dense, little-endian).
+fn host_tensor(t: &Tensor) -> Result<HostTensor, String> {
+    let data = t
+        .raw()
+        .ok_or_else(|| format!("a {} weight is not supported here", t.dtype.name()))?
+        .to_vec();
+    let shape = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("weight dimension {d}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(HostTensor {
+        dtype: t.dtype,
+        shape,
+        data,
+    })
+}
+
 /// The model's header (opsets, functions) without its graph.
 trait CloneHeader {
     fn clone_header(&self) -> Model;
@@ -440,7 +482,7 @@ impl Special {
         stats: &mut RunStats,
     ) -> Result<Vec<HostTensor>, String> {
         let all = self.run_all(inputs, opts, stats)?;
-        if matches!(self.kind, Kind::Node(_)) {
+        if matches!(self.kind, Kind::Node(_) | Kind::DataSized(_)) {
             // The one-node graph's outputs are the present ones.
             return Ok(all);
         }
@@ -470,6 +512,29 @@ impl Special {
             Kind::Node(body) => {
                 let formal: Vec<HostTensor> = node_in.iter().flatten().cloned().collect();
                 body.run(formal, &[], opts, stats)
+            }
+            Kind::DataSized(ds) => {
+                let mut ins = Vec::with_capacity(ds.slots.len());
+                for s in &ds.slots {
+                    ins.push(match s {
+                        Slot::Omitted => None,
+                        Slot::Fed(k) => Some(
+                            node_in
+                                .get(*k)
+                                .and_then(|t| t.clone())
+                                .ok_or_else(|| format!("input {k} was not fed"))?,
+                        ),
+                        Slot::Weight(t) => Some(t.clone()),
+                    });
+                }
+                let all = crate::cpu::data_sized::run(&ds.op, &ds.attrs, &ins)?;
+                stats.kernels_run += 1;
+                Ok(all
+                    .into_iter()
+                    .zip(&ds.present)
+                    .filter(|(_, &p)| p)
+                    .map(|(t, _)| t)
+                    .collect())
             }
             Kind::If { then_b, else_b } => {
                 let c = node_in
@@ -626,6 +691,7 @@ impl Special {
             Kind::If { then_b, else_b } => then_b.arena_bytes() + else_b.arena_bytes(),
             Kind::Loop { body } | Kind::Scan { body, .. } => body.arena_bytes(),
             Kind::Node(b) => b.arena_bytes(),
+            Kind::DataSized(_) => 0,
         }
     }
 }
@@ -817,7 +883,39 @@ pub(crate) fn node_kind(
     model: &Model,
 ) -> Result<(Kind, Vec<ValueId>), String> {
     let (sub, fed) = one_node_graph(g, d)?;
+    if crate::cpu::data_sized::is_data_sized(&d.domain, &d.op_type) {
+        let mut slots = Vec::new();
+        for i in d.inputs() {
+            slots.push(match i {
+                None => Slot::Omitted,
+                Some(v) => match fed.iter().position(|f| f == v) {
+                    Some(k) => Slot::Fed(k),
+                    None => {
+                        let t = g.initializer(*v).ok_or_else(|| {
+                            format!("input '{}' is neither fed nor a weight", g.name(*v))
+                        })?;
+                        Slot::Weight(host_tensor(t)?)
+                    }
+                },
+            });
+        }
+        return Ok((
+            Kind::DataSized(DataSized {
+                op: d.op_type.clone(),
+                attrs: d.attributes.clone(),
+                slots,
+                present: d.outputs().iter().map(|o| o.is_some()).collect(),
+            }),
+            fed,
+        ));
+    }
     let mut body = Body::new(sub, g, model);
     body.fold_ints = true;
+    // Float inputs that size an output (Range's bounds, Resize's scales,
+    // OneHot's depth) are folded too, so the output's size is known.
+    body.fold_floats = matches!(
+        d.op_type.as_str(),
+        "Range" | "Resize" | "Upsample" | "OneHot"
+    );
     Ok((Kind::Node(body), fed))
 }

@@ -21,7 +21,9 @@
 //!   outputs, If outputs whose branches differ, what follows them) are
 //!   heap allocations outside the arena, freed after their last reader
 //!   ([`RunStats::dynamic_peak_bytes`]); nodes touching them run alone as
-//!   one-node nested programs.
+//!   one-node nested programs; ops whose output size depends on the
+//!   values (NonZero, Compress, Unique, NonMaxSuppression) are computed on
+//!   the host ([`cpu::data_sized`]).
 //!
 //! Not yet: Scan along other axes; subgraphs and dynamic values on the
 //! CUDA backend. The CUDA backend ([`cuda`],

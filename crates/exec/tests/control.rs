@@ -278,21 +278,95 @@ fn body_outputs_may_be_inputs_or_outer_values() {
 
 /// A node whose output size stays unknown even run alone at the shapes
 /// seen (a float Range to a computed limit) fails in one line naming it.
+/// A Range whose bounds are floats computed at run time: run alone, its
+/// scalar inputs are folded in as constants, so its size is known.
 #[test]
-fn a_size_unknown_even_at_run_time_is_one_clear_error() {
+fn a_range_of_computed_float_bounds_is_sized_at_run_time() {
     let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
         g (float a) => (float[N] r) <float zero = {0.0}, float one = {1.0}> {
           lim = Add (a, one)
           [range0] r = Range (zero, lim, one)
         }"#);
     assert_eq!(e.dynamic_values(), ["r"]);
+    let (o, _) = run(&mut e, &[HostTensor::from_f32(&[], &[2.0])]);
+    assert_eq!(o[0].shape, [3]);
+    assert_eq!(f32s(&o[0]), [0.0, 1.0, 2.0]);
+    let (o, _) = run(&mut e, &[HostTensor::from_f32(&[], &[4.5])]);
+    assert_eq!(f32s(&o[0]), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+}
+
+#[test]
+fn a_size_unknown_even_at_run_time_is_one_clear_error() {
+    // A shape of 65 elements is not folded in (at most 64 are), so the
+    // size of the node run alone stays unknown.
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (int64[65] s) => (float[] r) {
+          [fill] r = ConstantOfShape (s)
+        }"#);
+    assert_eq!(e.dynamic_values(), ["r"]);
     let err = e
-        .run(&[HostTensor::from_f32(&[], &[2.0])], &RunOptions::default())
+        .run(
+            &[HostTensor::from_i64(&[65], &[1; 65])],
+            &RunOptions::default(),
+        )
         .expect_err("refused")
         .to_string();
-    assert!(err.contains("node 'range0' (Range)"), "{err}");
+    assert!(err.contains("node 'fill' (ConstantOfShape)"), "{err}");
     assert!(err.contains("the size of r is unknown"), "{err}");
     assert!(!err.contains('\n'), "{err}");
+}
+
+/// Ops whose output size depends on the values (NonZero, Compress, Unique,
+/// NonMaxSuppression) are computed on the host; what reads them is planned
+/// at the sizes they come out with, run after run.
+#[test]
+fn nonzero_and_friends_size_their_outputs_from_the_values() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[3,4] x) => (int64[N,2] pos, float[M] kept, float[U] uniq, int64[K,3] sel) <float half = {0.5}, int64[1] s0 = {0}, int64[1] s1 = {1}, int64[1] a0 = {0}, float[1,4,4] boxes = {0.0, 0.0, 1.0, 1.0, 0.0, 0.1, 1.0, 1.0, 5.0, 5.0, 6.0, 6.0, 10.0, 10.0, 11.0, 11.0}, int64 most = {2}, float iou = {0.5}> {
+          big = Greater (x, half)
+          nz = NonZero (big)
+          pos = Transpose <perm = [1, 0]> (nz)
+          row = Reshape (x, minus1)
+          maskrow = Reshape (big, minus1)
+          kept = Compress (row, maskrow)
+          uniq, idx, inv, cnt = Unique (kept)
+          first = Slice (x, s0, s1, a0)
+          scores = Unsqueeze (first, a0)
+          sel = NonMaxSuppression (boxes, scores, most, iou)
+        }"#.replace("minus1)", "m1)").replace("<float half", "<int64[1] m1 = {-1}, float half").as_str());
+    let x = [0.9, 0.1, 0.8, 0.3, 0.6, 0.9, 0.2, 0.7, 0.9, 0.4, 0.6, 0.0];
+    let (o, stats) = run(&mut e, &[HostTensor::from_f32(&[3, 4], &x)]);
+    let big: Vec<usize> = (0..12).filter(|&i| x[i] > 0.5).collect();
+    assert_eq!(o[0].shape, [big.len(), 2]);
+    let pos: Vec<i64> = o[0]
+        .data
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want: Vec<i64> = big
+        .iter()
+        .flat_map(|&i| [(i / 4) as i64, (i % 4) as i64])
+        .collect();
+    assert_eq!(pos, want);
+    let kept: Vec<f32> = big.iter().map(|&i| x[i]).collect();
+    assert_eq!(f32s(&o[1]), kept);
+    assert_eq!(f32s(&o[2]), [0.6, 0.7, 0.8, 0.9]);
+    // Scores of the four boxes: the first row of x, [0.9, 0.1, 0.8, 0.3];
+    // box 1 overlaps box 0 (IoU 0.9) and scores less; two boxes at most.
+    assert_eq!(o[3].shape, [2, 3]);
+    let sel: Vec<i64> = o[3]
+        .data
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(sel, [0, 0, 0, 0, 0, 2]);
+    assert!(stats.kernels_run > 0);
+    // Another mask, other sizes.
+    let y = [0.0f32; 12];
+    let (o, _) = run(&mut e, &[HostTensor::from_f32(&[3, 4], &y)]);
+    assert_eq!(o[0].shape, [0, 2]);
+    assert_eq!(o[1].shape, [0]);
+    assert_eq!(o[2].shape, [0]);
 }
 
 /// Scan along axis 0: a running sum (state) and its trace (a scan output),

@@ -15,6 +15,7 @@
 
 pub mod coded;
 pub mod conv;
+pub mod data_sized;
 pub mod einsum;
 pub mod elementwise;
 #[cfg(target_arch = "x86_64")]

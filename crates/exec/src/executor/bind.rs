@@ -11,6 +11,7 @@ use super::memory::{
 use super::ExecError;
 use crate::backend::{Backend, Kernel, KernelIo, NodeCtx, TensorInfo};
 use crate::control::{self, OutSlot, Special};
+use crate::cpu::data_sized;
 use crate::tensor::{elem_size, numel};
 use bytes::Bytes;
 use graphopt_ir::{DType, Graph, Model, TensorData, ValueId};
@@ -165,7 +166,9 @@ pub(crate) fn bind<M: KernelMaker>(
             } else {
                 continue;
             }
-        } else if !backend.has_op(&d.domain, &d.op_type) {
+        } else if !(backend.has_op(&d.domain, &d.op_type)
+            || specials && data_sized::is_data_sized(&d.domain, &d.op_type))
+        {
             "no kernel for this op yet".into()
         } else {
             continue;
@@ -286,7 +289,10 @@ pub(crate) fn bind<M: KernelMaker>(
             .chain(d.outputs())
             .flatten()
             .any(|v| dyn_of[v.index()].is_some());
-        if d.has_subgraphs() || touches_dynamic {
+        // Ops of data-dependent output size run on the host even where the
+        // planner knew the size (their outputs are then copied in place).
+        let data_sized = data_sized::is_data_sized(&d.domain, &d.op_type);
+        if d.has_subgraphs() || touches_dynamic || data_sized {
             let kernel = backend.nop().ok_or_else(|| {
                 refuse("subgraphs (If/Loop/Scan) are not supported yet on this backend".into())
             })?;

@@ -338,7 +338,8 @@ pub(crate) fn infer(cx: &Cx) -> Out {
             vec![tensor(elem, Some(vec![range_len(cx)]))]
         }
         "NonZero" => {
-            let r = d0.map_or(Dim::Unknown, |d| Dim::Known(d.len() as i64));
+            // A scalar counts as rank 1 (onnxruntime's `[1, n]`).
+            let r = d0.map_or(Dim::Unknown, |d| Dim::Known(d.len().max(1) as i64));
             vec![tensor(Some(DType::I64), Some(vec![r, Dim::Unknown]))]
         }
         "OneHot" => {
