@@ -1,4 +1,5 @@
-//! Conv (1-D and 2-D, groups, strides, pads, dilations, auto_pad):
+//! Conv (1-D and 2-D, groups, strides, pads, dilations, auto_pad; three or
+//! more spatial dims in [`super::window_nd`]):
 //! - a 1×1 convolution with stride 1 and no padding is a plain GEMM on the
 //!   input (no unfolding);
 //! - a depthwise one (one output channel per input channel) runs a direct
@@ -1172,6 +1173,9 @@ impl Kernel for Conv {
 }
 
 pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    if ctx.input(0)?.shape.len() > 4 {
+        return super::window_nd::conv(ctx);
+    }
     let w = ctx.input(1)?;
     let (g, m, group, _) = conv_layout(ctx, &w.shape)?;
     let bias = ctx.inputs.get(2).is_some_and(|b| b.is_some());
@@ -1352,42 +1356,42 @@ impl Transposed {
 /// [`TILE_BYTES`], one row at least), then scatter-added into the output,
 /// output channels split across threads. Stride 1 with a weight of at most
 /// [`FLIP_MAX_WEIGHT_BYTES`] runs as the Conv it equals ([`Flipped`]).
-pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
-    if x.dtype != DType::F32 {
-        return Err(format!(
-            "ConvTranspose on {} is not implemented",
-            x.dtype.name()
-        ));
-    }
-    let y = &ctx.outputs[0];
-    let sp = x.shape.len().saturating_sub(2);
-    if !(1..=2).contains(&sp) || w.shape.len() != sp + 2 || y.shape.len() != sp + 2 {
-        return Err(format!(
-            "{sp}-D ConvTranspose is not implemented (1-D and 2-D are)"
-        ));
-    }
+/// Strides, dilations and begin pads of a ConvTranspose, per spatial dim.
+pub(crate) type TransposeWindow = (Vec<usize>, Vec<usize>, Vec<usize>);
+
+/// A ConvTranspose's strides, dilations and begin pads (at the start of
+/// each output dim) for input `x`, kernel dims `kernel` and output `y`
+/// (from shape inference, which applied `output_shape` and
+/// `output_padding`).
+pub(crate) fn transpose_window(
+    ctx: &NodeCtx,
+    x: &[usize],
+    kernel: &[usize],
+    y: &[usize],
+) -> Result<TransposeWindow, String> {
+    let sp = kernel.len();
     let node = ctx.node;
-    let ints = |name: &str, d: i64| -> Vec<i64> {
-        node.attr_ints(name)
-            .map(|v| v.to_vec())
-            .unwrap_or_else(|| vec![d; sp])
+    let ints = |name: &str, len: usize, d: i64| -> Result<Vec<i64>, String> {
+        match node.attr_ints(name) {
+            None => Ok(vec![d; len]),
+            Some(v) if v.len() == len && v.iter().all(|&x| x >= 0) => Ok(v.to_vec()),
+            Some(v) => Err(format!("{name} {v:?} for {sp} spatial dims")),
+        }
     };
     let (s, dl, adj) = (
-        ints("strides", 1),
-        ints("dilations", 1),
-        ints("output_padding", 0),
+        ints("strides", sp, 1)?,
+        ints("dilations", sp, 1)?,
+        ints("output_padding", sp, 0)?,
     );
-    let kernel: Vec<i64> = w.shape[2..].iter().map(|&k| k as i64).collect();
-    let pads = node
-        .attr_ints("pads")
-        .map(|v| v.to_vec())
-        .unwrap_or_else(|| vec![0; 2 * sp]);
+    if s.contains(&0) || dl.contains(&0) || kernel.contains(&0) {
+        return Err("strides, dilations and kernel dims must be positive".into());
+    }
+    let pads = ints("pads", 2 * sp, 0)?;
     let auto = node.attr_str("auto_pad").unwrap_or("NOTSET");
     let mut begin = Vec::new();
     for i in 0..sp {
-        let (inn, out) = (x.shape[2 + i] as i64, y.shape[2 + i] as i64);
-        let full = s[i] * (inn - 1) + adj[i] + (kernel[i] - 1) * dl[i] + 1;
+        let (inn, out, k) = (x[2 + i] as i64, y[2 + i] as i64, kernel[i] as i64);
+        let full = s[i] * (inn - 1) + adj[i] + (k - 1) * dl[i] + 1;
         let total = (full - out).max(0);
         begin.push(match auto {
             // As the ONNX reference computes it: SAME_UPPER puts the
@@ -1399,6 +1403,31 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
             _ => pads[i],
         } as usize);
     }
+    let u = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
+    Ok((u(&s), u(&dl), begin))
+}
+
+pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
+    if x.dtype != DType::F32 {
+        return Err(format!(
+            "ConvTranspose on {} is not implemented",
+            x.dtype.name()
+        ));
+    }
+    let y = &ctx.outputs[0];
+    let sp = x.shape.len().saturating_sub(2);
+    if sp == 0 || w.shape.len() != sp + 2 || y.shape.len() != sp + 2 {
+        return Err(format!(
+            "ConvTranspose of an input {:?}, weight {:?} and output {:?}",
+            x.shape, w.shape, y.shape
+        ));
+    }
+    let (s, dl, begin) = transpose_window(ctx, &x.shape, &w.shape[2..], &y.shape)?;
+    if sp > 2 {
+        return super::window_nd::conv_transpose(ctx, s, dl, begin);
+    }
+    let node = ctx.node;
     let group = node.attr_int("group").unwrap_or(1).max(1) as usize;
     let c = x.shape[1];
     if w.shape[0] != c || c % group != 0 {
@@ -1408,15 +1437,7 @@ pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     if y.shape[1] != m {
         return Err(format!("output channels {} != {m}", y.shape[1]));
     }
-    let u = |v: &[i64]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
-    let g = Window::new(
-        &x.shape,
-        &y.shape[2..],
-        &w.shape[2..],
-        &u(&s),
-        &u(&dl),
-        &begin,
-    );
+    let g = Window::new(&x.shape, &y.shape[2..], &w.shape[2..], &s, &dl, &begin);
     let (kh, kw, sh, sw, dh, dw, ph, pw) = (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw);
     let bias = ctx.inputs.get(2).is_some_and(|b| b.is_some());
     let flipped_bytes = w.shape.iter().product::<usize>() * 4;

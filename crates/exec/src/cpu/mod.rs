@@ -35,6 +35,7 @@ pub mod rnn;
 pub mod scatter;
 pub mod shape;
 pub mod signal;
+pub mod window_nd;
 
 use crate::backend::{Backend, Kernel, NodeCtx};
 

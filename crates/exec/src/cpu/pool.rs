@@ -1,5 +1,6 @@
 //! MaxPool (with its Indices output), AveragePool (1-D and 2-D windows,
-//! pads, strides, dilations, count_include_pad) and GlobalAveragePool / GlobalMaxPool.
+//! pads, strides, dilations, count_include_pad; more spatial dims in
+//! [`super::window_nd`]) and GlobalAveragePool / GlobalMaxPool.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{phased_plane, row_taps, tap_runs, window, Window};
@@ -248,6 +249,9 @@ pub fn pool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let x = ctx.input(0)?;
     if x.dtype != DType::F32 {
         return Err(format!("pooling on {} is not implemented", x.dtype.name()));
+    }
+    if x.shape.len() > 4 {
+        return super::window_nd::pool(ctx);
     }
     let max = ctx.node.op_type == "MaxPool";
     let indices = (ctx.outputs.len() > 1 && ctx.outputs[1].shape != [0])

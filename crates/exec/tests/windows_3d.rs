@@ -1,0 +1,282 @@
+//! Conv, ConvTranspose and pooling over three spatial dims (video and
+//! volumetric models) against naive reference loops written here: groups,
+//! strides, dilations and asymmetric pads; stride-2 ConvTranspose with
+//! output_padding; MaxPool's Indices. Each model runs through the whole
+//! runtime (planned arena, poison on). The ONNX node tests cover the 3-D
+//! pools and one ConvTranspose; none has a 3-D Conv.
+
+use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
+use graphopt_plan::{plan_model, DimValues, PlanOptions};
+use graphopt_testutil::uniform as data;
+
+fn run(text: &str, inputs: &[HostTensor]) -> Vec<HostTensor> {
+    let m = graphopt_text::parse_model(text).expect("fixture parses");
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let opts = RunOptions {
+        threads: 2,
+        poison: true,
+    };
+    exe.run(inputs, &opts).unwrap().0
+}
+
+fn close(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+            "element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+fn t(shape: &[usize], seed: u64) -> HostTensor {
+    HostTensor::from_f32(shape, &data(shape.iter().product(), seed))
+}
+
+/// Flat index of `c` in `dims` (row-major).
+fn flat(c: &[usize], dims: &[usize]) -> usize {
+    c.iter().zip(dims).fold(0, |a, (&i, &d)| a * d + i)
+}
+
+/// Every coordinate of `dims`, row-major.
+fn coords(dims: &[usize]) -> Vec<Vec<usize>> {
+    let n: usize = dims.iter().product();
+    (0..n)
+        .map(|mut f| {
+            let mut c = vec![0; dims.len()];
+            for d in (0..dims.len()).rev() {
+                c[d] = f % dims[d];
+                f /= dims[d];
+            }
+            c
+        })
+        .collect()
+}
+
+struct Geo {
+    x: Vec<usize>,
+    w: Vec<usize>,
+    y: Vec<usize>,
+    group: usize,
+    s: Vec<usize>,
+    d: Vec<usize>,
+    begin: Vec<usize>,
+}
+
+/// The convolution in f64, and each output's sum of absolute terms (the
+/// scale of its f32 rounding).
+fn conv_ref(x: &[f32], w: &[f32], b: &[f32], g: &Geo) -> (Vec<f32>, Vec<f64>) {
+    let (cg, m) = (g.w[1], g.w[0]);
+    let mg = m / g.group;
+    let mut y = vec![0.0; g.y.iter().product()];
+    let mut scale = vec![0.0; y.len()];
+    for n in 0..g.x[0] {
+        for mi in 0..m {
+            let gi = mi / mg;
+            for oc in coords(&g.y[2..]) {
+                let mut acc = b[mi] as f64;
+                let mut abs = acc.abs();
+                for ci in 0..cg {
+                    for kc in coords(&g.w[2..]) {
+                        let ic: Vec<isize> = (0..3)
+                            .map(|d| {
+                                (oc[d] * g.s[d] + kc[d] * g.d[d]) as isize - g.begin[d] as isize
+                            })
+                            .collect();
+                        if (0..3).any(|d| ic[d] < 0 || ic[d] as usize >= g.x[2 + d]) {
+                            continue;
+                        }
+                        let ic: Vec<usize> = ic.iter().map(|&i| i as usize).collect();
+                        let xv = x[flat(&[&[n, gi * cg + ci][..], &ic].concat(), &g.x)] as f64;
+                        let t = xv * w[flat(&[&[mi, ci][..], &kc].concat(), &g.w)] as f64;
+                        acc += t;
+                        abs += t.abs();
+                    }
+                }
+                let f = flat(&[&[n, mi][..], &oc].concat(), &g.y);
+                y[f] = acc as f32;
+                scale[f] = abs;
+            }
+        }
+    }
+    (y, scale)
+}
+
+/// Within f32 rounding of sums of `scale` in absolute terms.
+fn close_sums(got: &[f32], (want, scale): &(Vec<f32>, Vec<f64>)) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = 1e-6 + 4e-6 * scale[i];
+        assert!(
+            ((g - w).abs() as f64) <= tol,
+            "element {i}: got {g}, want {w} (tolerance {tol:e})"
+        );
+    }
+}
+
+#[test]
+fn conv_3d_groups_strides_dilations_asymmetric_pads() {
+    let (x, w, b) = (t(&[2, 4, 5, 6, 7], 1), t(&[6, 2, 2, 3, 2], 2), t(&[6], 3));
+    let g = Geo {
+        x: vec![2, 4, 5, 6, 7],
+        w: vec![6, 2, 2, 3, 2],
+        // D: (5 + 1 + 0 - 2) / 1 + 1 = 5; H: (6 + 1 + 2 - 5) / 2 + 1 = 3;
+        // W: (7 + 0 + 1 - 2) / 3 + 1 = 3.
+        y: vec![2, 6, 5, 3, 3],
+        group: 2,
+        s: vec![1, 2, 3],
+        d: vec![1, 2, 1],
+        begin: vec![1, 1, 0],
+    };
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,4,5,6,7] x, float[6,2,2,3,2] w, float[6] b) => (float[2,6,5,3,3] y) {
+          y = Conv <group = 2, strides = [1, 2, 3], dilations = [1, 2, 1], pads = [1, 1, 0, 0, 2, 1]> (x, w, b)
+        }"#,
+        &[x.clone(), w.clone(), b.clone()],
+    );
+    assert_eq!(got[0].shape, g.y);
+    let want = conv_ref(
+        &x.to_f32().unwrap(),
+        &w.to_f32().unwrap(),
+        &b.to_f32().unwrap(),
+        &g,
+    );
+    close_sums(&got[0].to_f32().unwrap(), &want);
+}
+
+#[test]
+fn conv_3d_same_upper_with_a_large_volume_spans_several_tiles() {
+    // 32 input channels x 27 taps = 864 rows; 4 x 25 x 25 = 2500
+    // positions: the 4 MiB tile holds 1213 of them, so 3 tiles.
+    let (x, w, b) = (
+        t(&[1, 32, 4, 25, 25], 4),
+        t(&[2, 32, 3, 3, 3], 5),
+        t(&[2], 6),
+    );
+    let g = Geo {
+        x: vec![1, 32, 4, 25, 25],
+        w: vec![2, 32, 3, 3, 3],
+        y: vec![1, 2, 4, 25, 25],
+        group: 1,
+        s: vec![1, 1, 1],
+        d: vec![1, 1, 1],
+        begin: vec![1, 1, 1],
+    };
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,32,4,25,25] x, float[2,32,3,3,3] w, float[2] b) => (float[1,2,4,25,25] y) {
+          y = Conv <auto_pad = "SAME_UPPER"> (x, w, b)
+        }"#,
+        &[x.clone(), w.clone(), b.clone()],
+    );
+    let want = conv_ref(
+        &x.to_f32().unwrap(),
+        &w.to_f32().unwrap(),
+        &b.to_f32().unwrap(),
+        &g,
+    );
+    close_sums(&got[0].to_f32().unwrap(), &want);
+}
+
+#[test]
+fn conv_transpose_3d_stride_two_with_output_padding_and_groups() {
+    let (x, w, b) = (t(&[1, 4, 3, 4, 2], 7), t(&[4, 3, 3, 2, 3], 8), t(&[6], 9));
+    // Out per dim: s·(in - 1) + out_pad + (k - 1)·d + 1 - pads.
+    // D: 2·2 + 1 + 2 + 1 - 1 - 1 = 6; H: 2·3 + 0 + 1 + 1 - 0 - 1 = 7;
+    // W: 1·1 + 0 + 2·2 + 1 - 0 - 0 = 6.
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,4,3,4,2] x, float[4,3,3,2,3] w, float[6] b) => (float[1,6,6,7,6] y) {
+          y = ConvTranspose <group = 2, strides = [2, 2, 1], dilations = [1, 1, 2], output_padding = [1, 0, 0], pads = [1, 0, 0, 1, 1, 0]> (x, w, b)
+        }"#,
+        &[x.clone(), w.clone(), b.clone()],
+    );
+    assert_eq!(got[0].shape, [1, 6, 6, 7, 6]);
+    let (xv, wv, bv) = (
+        x.to_f32().unwrap(),
+        w.to_f32().unwrap(),
+        b.to_f32().unwrap(),
+    );
+    let (s, d, begin) = ([2, 2, 1], [1, 1, 2], [1usize, 0, 0]);
+    let ydims = [1, 6, 6, 7, 6];
+    let mut want = vec![0.0f32; ydims.iter().product()];
+    for mi in 0..6 {
+        for oc in coords(&ydims[2..]) {
+            want[flat(&[&[0, mi][..], &oc].concat(), &ydims)] = bv[mi];
+        }
+    }
+    let (cg, mg) = (2, 3);
+    for ci in 0..4 {
+        let gi = ci / cg;
+        for ic in coords(&[3, 4, 2]) {
+            let xv = xv[flat(&[&[0, ci][..], &ic].concat(), &[1, 4, 3, 4, 2])];
+            for mj in 0..mg {
+                for kc in coords(&[3, 2, 3]) {
+                    let oc: Vec<isize> = (0..3)
+                        .map(|k| (ic[k] * s[k] + kc[k] * d[k]) as isize - begin[k] as isize)
+                        .collect();
+                    if (0..3).any(|k| oc[k] < 0 || oc[k] as usize >= ydims[2 + k]) {
+                        continue;
+                    }
+                    let oc: Vec<usize> = oc.iter().map(|&o| o as usize).collect();
+                    let wv = wv[flat(&[&[ci, mj][..], &kc].concat(), &[4, 3, 3, 2, 3])];
+                    want[flat(&[&[0, gi * mg + mj][..], &oc].concat(), &ydims)] += xv * wv;
+                }
+            }
+        }
+    }
+    close(&got[0].to_f32().unwrap(), &want);
+}
+
+#[test]
+fn max_pool_3d_indices_and_average_pool_3d_pads() {
+    let x = t(&[1, 2, 4, 5, 6], 10);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,2,4,5,6] x) => (float[1,2,2,2,3] y, int64[1,2,2,2,3] i, float[1,2,4,5,6] a) {
+          y, i = MaxPool <kernel_shape = [2, 3, 2], strides = [2, 2, 2]> (x)
+          a = AveragePool <kernel_shape = [3, 3, 3], pads = [1, 1, 1, 1, 1, 1], count_include_pad = 0> (x)
+        }"#,
+        std::slice::from_ref(&x),
+    );
+    let xv = x.to_f32().unwrap();
+    let dims = [1, 2, 4, 5, 6];
+    let (mut y, mut idx, mut a) = (Vec::new(), Vec::new(), Vec::new());
+    for c in 0..2 {
+        for oc in coords(&[2, 2, 3]) {
+            let mut best = (f32::NEG_INFINITY, 0usize);
+            for kc in coords(&[2, 3, 2]) {
+                let ic = [oc[0] * 2 + kc[0], oc[1] * 2 + kc[1], oc[2] * 2 + kc[2]];
+                let f = flat(&[&[0, c][..], &ic].concat(), &dims);
+                if xv[f] > best.0 {
+                    best = (xv[f], f);
+                }
+            }
+            y.push(best.0);
+            idx.push(best.1 as i64);
+        }
+        for oc in coords(&[4, 5, 6]) {
+            let (mut s, mut n) = (0.0, 0);
+            for kc in coords(&[3, 3, 3]) {
+                let ic: Vec<isize> = (0..3).map(|k| (oc[k] + kc[k]) as isize - 1).collect();
+                if (0..3).any(|k| ic[k] < 0 || ic[k] as usize >= dims[2 + k]) {
+                    continue;
+                }
+                let ic: Vec<usize> = ic.iter().map(|&i| i as usize).collect();
+                s += xv[flat(&[&[0, c][..], &ic].concat(), &dims)];
+                n += 1;
+            }
+            a.push(s / n as f32);
+        }
+    }
+    close(&got[0].to_f32().unwrap(), &y);
+    let gi: Vec<i64> = got[1]
+        .data
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(gi, idx);
+    close(&got[2].to_f32().unwrap(), &a);
+}
