@@ -1,5 +1,7 @@
 //! MaxPool (with its Indices output), AveragePool (1-D and 2-D windows,
-//! pads, strides, dilations, count_include_pad) and GlobalAveragePool / GlobalMaxPool.
+//! pads, strides, dilations, count_include_pad), GlobalAveragePool /
+//! GlobalMaxPool, and LpPool (any number of spatial dims, a plain loop
+//! over each window's taps).
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{phased_plane, row_taps, tap_runs, window, Window};
@@ -317,5 +319,150 @@ pub fn global(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     Ok(Box::new(Global {
         max: ctx.node.op_type == "GlobalMaxPool",
         plane: x.shape[2..].iter().product(),
+    }))
+}
+
+/// LpPool over any number of spatial dims: `(Σ |x|^p)^(1/p)` over each
+/// window (kernel, strides, dilations, begin pads from `pads` or
+/// `auto_pad`); pads and the positions past the input that `ceil_mode`
+/// adds contribute nothing. Output sizes come from shape inference.
+struct LpPool {
+    /// Images × channels.
+    planes: usize,
+    inp: Vec<usize>,
+    out: Vec<usize>,
+    kernel: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    begin: Vec<usize>,
+    p: i64,
+}
+
+impl Kernel for LpPool {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let y = io.outputs[0].f32()?;
+        let (ip, op) = (
+            self.inp.iter().product::<usize>(),
+            self.out.iter().product::<usize>(),
+        );
+        let taps: usize = self.kernel.iter().product();
+        let sp = self.inp.len();
+        let p = self.p;
+        let min = par::MIN_ELEMS.div_ceil((op * taps).max(1));
+        par::for_chunks_mut(
+            io.threads,
+            &mut y[..self.planes * op],
+            op.max(1),
+            min,
+            |first, part| {
+                let mut oc = vec![0usize; sp];
+                let mut kc = vec![0usize; sp];
+                for (j, ys) in part.chunks_mut(op.max(1)).enumerate() {
+                    let plane = &x[(first + j) * ip..][..ip];
+                    for (o, yv) in ys.iter_mut().enumerate() {
+                        let mut rest = o;
+                        for d in (0..sp).rev() {
+                            oc[d] = rest % self.out[d];
+                            rest /= self.out[d];
+                        }
+                        let mut acc = 0f32;
+                        'taps: for t in 0..taps {
+                            let mut rest = t;
+                            for d in (0..sp).rev() {
+                                kc[d] = rest % self.kernel[d];
+                                rest /= self.kernel[d];
+                            }
+                            let mut at = 0usize;
+                            for d in 0..sp {
+                                let i = (oc[d] * self.strides[d] + kc[d] * self.dilations[d])
+                                    as isize
+                                    - self.begin[d] as isize;
+                                if i < 0 || i as usize >= self.inp[d] {
+                                    continue 'taps;
+                                }
+                                at = at * self.inp[d] + i as usize;
+                            }
+                            let v = plane[at].abs();
+                            acc += match p {
+                                1 => v,
+                                2 => v * v,
+                                _ => v.powi(p as i32),
+                            };
+                        }
+                        *yv = match p {
+                            1 => acc,
+                            2 => acc.sqrt(),
+                            _ => acc.powf(1.0 / p as f32),
+                        };
+                    }
+                }
+            },
+        );
+        Ok(())
+    }
+}
+
+pub fn lp_pool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let y = &ctx.outputs[0];
+    if x.dtype != DType::F32 || x.shape.len() < 3 {
+        return Err("LpPool is implemented for f32 [N, C, D1, ...] only".into());
+    }
+    let sp = x.shape.len() - 2;
+    if y.shape.len() != x.shape.len() || y.shape[..2] != x.shape[..2] {
+        return Err(format!("LpPool of {:?} cannot give {:?}", x.shape, y.shape));
+    }
+    let node = ctx.node;
+    let dims = |name: &str, default: i64, len: usize| -> Result<Vec<usize>, String> {
+        let v = node
+            .attr_ints(name)
+            .map(|v| v.to_vec())
+            .unwrap_or_else(|| vec![default; len]);
+        if v.len() != len
+            || v.iter()
+                .any(|&k| k < i64::from(default != 0) || k > 1 << 24)
+        {
+            return Err(format!("LpPool {name} {v:?} (want {len} values)"));
+        }
+        Ok(v.iter().map(|&k| k as usize).collect())
+    };
+    if node.attr_ints("kernel_shape").is_none() {
+        return Err("LpPool needs kernel_shape".into());
+    }
+    let kernel = dims("kernel_shape", 1, sp)?;
+    let strides = dims("strides", 1, sp)?;
+    let dilations = dims("dilations", 1, sp)?;
+    let pads = dims("pads", 0, 2 * sp)?;
+    let (inp, out) = (&x.shape[2..], &y.shape[2..]);
+    let begin: Vec<usize> = match node.attr_str("auto_pad").unwrap_or("NOTSET") {
+        "NOTSET" => pads[..sp].to_vec(),
+        "VALID" => vec![0; sp],
+        a @ ("SAME_UPPER" | "SAME_LOWER") => (0..sp)
+            .map(|d| {
+                let need = (out[d].max(1) - 1) * strides[d] + (kernel[d] - 1) * dilations[d] + 1;
+                let total = need.saturating_sub(inp[d]);
+                if a == "SAME_LOWER" {
+                    total.div_ceil(2)
+                } else {
+                    total / 2
+                }
+            })
+            .collect(),
+        a => return Err(format!("LpPool auto_pad {a}")),
+    };
+    let p = node.attr_int("p").unwrap_or(2);
+    if !(1..=1 << 16).contains(&p) {
+        return Err(format!("LpPool p {p} is not a positive integer"));
+    }
+    Ok(Box::new(LpPool {
+        planes: x.shape[0] * x.shape[1],
+        inp: inp.to_vec(),
+        out: out.to_vec(),
+        kernel,
+        strides,
+        dilations,
+        begin,
+        p,
     }))
 }

@@ -315,6 +315,8 @@ const BYTES: &[DType] = &[
 const QINTS: &[DType] = &[U8, I8, U16, I16, I32];
 /// DequantizeLinear: integers up to 32 bits, packed 4-bit too.
 const QINTS4: &[DType] = &[U8, I8, U16, I16, I32, DType::U4, DType::I4];
+/// The windows' size input (their output type is an attribute).
+const SIZE: &[DType] = &[I64, I32];
 /// Range: the output's type (its inputs have it too).
 const RANGE: &[DType] = &[F32, I64, I32];
 
@@ -339,6 +341,7 @@ pub const KERNELS: &[Entry] = &[
     widen("BitwiseNot", INTS, elementwise::bit_not),
     widen("BitwiseOr", INTS, binary),
     widen("BitwiseXor", INTS, binary),
+    as_is("BlackmanWindow", Types::Of(SIZE), signal::window),
     as_is("Cast", Types::Any, elementwise::cast_kernel).packed4(),
     as_is("CastLike", Types::Any, elementwise::cast_kernel).packed4(),
     widen("Ceil", FLOAT64, unary),
@@ -357,6 +360,7 @@ pub const KERNELS: &[Entry] = &[
     widen("DFT", FLOAT64, signal::dft),
     as_is("DepthToSpace", Types::Of(BYTES), data),
     widen("DequantizeLinear", QINTS4, quant::dequantize).packed4(),
+    widen("Det", FLOAT64, matmul::det_kernel),
     widen("Div", ARITH, binary),
     as_is("Dropout", Types::Any, data),
     widen("DynamicQuantizeLinear", FLOAT, quant::dynamic_quantize),
@@ -381,6 +385,8 @@ pub const KERNELS: &[Entry] = &[
     widen("Greater", ARITH, binary),
     widen("GreaterOrEqual", ARITH, binary),
     widen("GroupNormalization", FLOAT, norm::group_norm),
+    as_is("HammingWindow", Types::Of(SIZE), signal::window),
+    as_is("HannWindow", Types::Of(SIZE), signal::window),
     widen("HardSigmoid", FLOAT, unary),
     widen("HardSwish", FLOAT, unary),
     widen("Hardmax", FLOAT, reduce::along_axis),
@@ -397,6 +403,8 @@ pub const KERNELS: &[Entry] = &[
     widen("Log", FLOAT64, unary),
     widen("LogSoftmax", FLOAT, reduce::softmax),
     widen("LpNormalization", FLOAT, reduce::along_axis),
+    // LpPool-1 took p as a float.
+    widen("LpPool", FLOAT, pool::lp_pool).opsets(Some(2), None),
     widen("MatMul", FLOAT, matmul::matmul),
     widen("MatMulInteger", QINTS, quant::matmul_integer),
     widen("Max", ARITH, binary),
@@ -457,6 +465,7 @@ pub const KERNELS: &[Entry] = &[
     as_is("Squeeze", Types::Any, data),
     widen("Sub", ARITH, binary),
     widen("Sum", ARITH, binary),
+    widen("Swish", FLOAT, unary),
     widen("Tan", FLOAT, unary),
     widen("Tanh", FLOAT, unary),
     widen("ThresholdedRelu", FLOAT, unary),
