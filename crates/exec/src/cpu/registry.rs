@@ -34,7 +34,7 @@
 
 use super::{
     coded, conv, einsum, elementwise, loss, matmul, norm, pool, qgemm, quant, reduce, resize, rnn,
-    scatter, shape, signal,
+    sample, scatter, shape, signal,
 };
 use crate::backend::{Kernel, NodeCtx};
 use crate::lower::CODED_DOMAIN;
@@ -384,6 +384,7 @@ pub const KERNELS: &[Entry] = &[
     widen("GlobalMaxPool", FLOAT, pool::global),
     widen("Greater", ARITH, binary),
     widen("GreaterOrEqual", ARITH, binary),
+    widen("GridSample", FLOAT, sample::grid_sample),
     widen("GroupNormalization", FLOAT, norm::group_norm),
     as_is("HammingWindow", Types::Of(SIZE), signal::window),
     as_is("HannWindow", Types::Of(SIZE), signal::window),
