@@ -1363,3 +1363,197 @@ fn matmul_integer_with_a_constant_weight_gives_the_plain_sums() {
         assert!(got[0].data == want[0].data, "{ty}: sums differ");
     }
 }
+
+/// LRN over 37 channels (windows clipped at both ends, an odd and an even
+/// size: the spec's window is `c - ⌊(size-1)/2⌋ ..= c + ⌈(size-1)/2⌉`)
+/// against the ONNX formula looped naively, on planes split across
+/// threads.
+#[test]
+fn lrn_over_many_channels_matches_the_formula() {
+    let (n, c, p) = (2, 37, 3 * 5);
+    let x = t(&[n, c, 3, 5], 41);
+    let got = run(
+        r#"<ir_version: 8, opset_import: ["" : 13]>
+        g (float[2,37,3,5] x) => (float[2,37,3,5] a, float[2,37,3,5] b) {
+          a = LRN <size = 5, alpha = 0.02, beta = 0.75, bias = 2.0> (x)
+          b = LRN <size = 4, alpha = 0.5, beta = 1.5> (x)
+        }"#,
+        std::slice::from_ref(&x),
+    );
+    let xv = x.to_f32().unwrap();
+    for (k, (size, alpha, beta, bias)) in [(5usize, 0.02f64, 0.75f64, 2.0f64), (4, 0.5, 1.5, 1.0)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut want = vec![0f32; xv.len()];
+        for i in 0..n {
+            for ch in 0..c {
+                let lo = ch.saturating_sub((size - 1) / 2);
+                let hi = (ch + (size - 1).div_ceil(2) + 1).min(c);
+                for q in 0..p {
+                    let sq: f64 = (lo..hi)
+                        .map(|j| (xv[(i * c + j) * p + q] as f64).powi(2))
+                        .sum();
+                    let v = xv[(i * c + ch) * p + q] as f64;
+                    want[(i * c + ch) * p + q] =
+                        (v / (bias + alpha / size as f64 * sq).powf(beta)) as f32;
+                }
+            }
+        }
+        close(&got[k], &want);
+    }
+}
+
+/// GroupNormalization scales and shifts per group at opset 18 and per
+/// channel at opset 21 (4 channels in 2 groups), against the definition.
+#[test]
+fn group_normalization_scale_is_per_group_at_18_and_per_channel_at_21() {
+    let x = t(&[2, 4, 3, 3], 42);
+    let xv = x.to_f32().unwrap();
+    let norm = |s: &[f32], b: &[f32], per_channel: bool| -> Vec<f32> {
+        let mut y = vec![0f32; xv.len()];
+        for blk in 0..4 {
+            let v = &xv[blk * 18..][..18];
+            let mean = v.iter().map(|&a| a as f64).sum::<f64>() / 18.0;
+            let var = v.iter().map(|&a| (a as f64 - mean).powi(2)).sum::<f64>() / 18.0;
+            for (e, &a) in v.iter().enumerate() {
+                let ch = (blk % 2) * 2 + e / 9;
+                let at = if per_channel { ch } else { blk % 2 };
+                let z = (a as f64 - mean) / (var + 1e-3).sqrt();
+                y[blk * 18 + e] = (z * s[at] as f64 + b[at] as f64) as f32;
+            }
+        }
+        y
+    };
+    let got18 = run(
+        r#"<ir_version: 8, opset_import: ["" : 18]>
+        g (float[2,4,3,3] x) => (float[2,4,3,3] y) {
+          s = Constant <value = float[2] {0.5, -2.0}> ()
+          b = Constant <value = float[2] {1.0, 0.25}> ()
+          y = GroupNormalization <num_groups = 2, epsilon = 0.001> (x, s, b)
+        }"#,
+        std::slice::from_ref(&x),
+    );
+    close(&got18[0], &norm(&[0.5, -2.0], &[1.0, 0.25], false));
+    let got21 = run(
+        r#"<ir_version: 10, opset_import: ["" : 21]>
+        g (float[2,4,3,3] x) => (float[2,4,3,3] y) {
+          s = Constant <value = float[4] {0.5, -2.0, 3.0, 1.5}> ()
+          b = Constant <value = float[4] {1.0, 0.25, -1.0, 0.0}> ()
+          y = GroupNormalization <num_groups = 2, epsilon = 0.001> (x, s, b)
+        }"#,
+        std::slice::from_ref(&x),
+    );
+    close(
+        &got21[0],
+        &norm(&[0.5, -2.0, 3.0, 1.5], &[1.0, 0.25, -1.0, 0.0], true),
+    );
+}
+
+/// Nodes the new kernels cannot take are refused in one line when the
+/// executable is made (no panic): groups that do not divide the channels,
+/// a per-channel scale at opset 18, a blocksize that does not divide the
+/// channels, an LRN without its size, Det of a non-square matrix.
+#[test]
+fn bad_shapes_and_attributes_are_refused_in_one_line() {
+    for (opset, decl, body, why) in [
+        (
+            18,
+            "float[1,4,2] y",
+            "s = Constant <value = float[3] {1.0, 1.0, 1.0}> ()\n y = GroupNormalization <num_groups = 3> (x, s, s)",
+            "does not divide",
+        ),
+        (
+            18,
+            "float[1,4,2] y",
+            "s = Constant <value = float[4] {1.0, 1.0, 1.0, 1.0}> ()\n y = GroupNormalization <num_groups = 2> (x, s, s)",
+            "one per group",
+        ),
+        (
+            13,
+            "float[1,1,4,4] y",
+            "x4 = Reshape (x, sh)\n y = DepthToSpace <blocksize = 4> (x4)",
+            "not a multiple",
+        ),
+        (13, "float[1,4,2] y", "y = LRN (x)", "size"),
+        (13, "float[1] y", "y = Det (x)", "square"),
+    ] {
+        let text = format!(
+            r#"<ir_version: 10, opset_import: ["" : {opset}]>
+            g (float[1,4,2] x) => ({decl}) {{
+              sh = Constant <value = int64[4] {{1, 4, 2, 1}}> ()
+              {body}
+            }}"#
+        );
+        let m = graphopt_text::parse_model(&text).unwrap();
+        let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default()).unwrap();
+        let e = match Executable::new(&mp.model, &mp.plan, &CpuBackend) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted: {body}"),
+        };
+        assert!(e.contains(why) && !e.contains('\n'), "{body}: {e}");
+    }
+}
+
+/// Det of a batch of 5×5 matrices (row swaps needed: a zero leading
+/// entry) against the Leibniz sum over permutations, and CumProd
+/// exclusive and reversed along axis 1.
+#[test]
+fn det_by_pivoted_lu_and_cumprod_exclusive_reverse() {
+    let mut x = t(&[3, 5, 5], 43);
+    let mut xv = x.to_f32().unwrap();
+    xv[0] = 0.0;
+    x = HostTensor::from_f32(&[3, 5, 5], &xv);
+    let got = run(
+        r#"<ir_version: 10, opset_import: ["" : 26]>
+        g (float[3,5,5] x) => (float[3] d, float[3,5,5] c) {
+          ax = Constant <value = int64 {1}> ()
+          d = Det (x)
+          c = CumProd <exclusive = 1, reverse = 1> (x, ax)
+        }"#,
+        std::slice::from_ref(&x),
+    );
+    let mut perm: Vec<usize> = (0..5).collect();
+    let mut perms = vec![];
+    fn heap(k: usize, p: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+        if k == 1 {
+            out.push(p.clone());
+            return;
+        }
+        for i in 0..k {
+            heap(k - 1, p, out);
+            let j = if k.is_multiple_of(2) { i } else { 0 };
+            p.swap(j, k - 1);
+        }
+    }
+    heap(5, &mut perm, &mut perms);
+    let det: Vec<f32> = (0..3)
+        .map(|b| {
+            perms
+                .iter()
+                .map(|p| {
+                    let inv = (0..5)
+                        .flat_map(|i| (i + 1..5).map(move |j| (i, j)))
+                        .filter(|&(i, j)| p[i] > p[j])
+                        .count();
+                    let sign = if inv.is_multiple_of(2) { 1.0 } else { -1.0 };
+                    sign * (0..5)
+                        .map(|i| xv[b * 25 + i * 5 + p[i]] as f64)
+                        .product::<f64>()
+                })
+                .sum::<f64>() as f32
+        })
+        .collect();
+    close(&got[0], &det);
+    let mut want = vec![0f32; 75];
+    for b in 0..3 {
+        for col in 0..5 {
+            let mut acc = 1f32;
+            for row in (0..5).rev() {
+                want[b * 25 + row * 5 + col] = acc;
+                acc *= xv[b * 25 + row * 5 + col];
+            }
+        }
+    }
+    close(&got[1], &want);
+}

@@ -1362,6 +1362,7 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "Softplus",
         "Softsign",
         "Sqrt",
+        "Swish",
         "Tan",
         "Tanh",
         "ThresholdedRelu",
@@ -1483,6 +1484,10 @@ pub fn unary(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
             Box::new(Unary(move |x: f32| (a * x + b).clamp(0.0, 1.0)))
         }
         "HardSwish" => Box::new(Unary(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0))),
+        "Swish" => {
+            let a = attr_f(ctx, "alpha", 1.0);
+            Box::new(Unary(move |x: f32| x * (1.0 / (1.0 + (-a * x).exp()))))
+        }
         "Gelu" => {
             if ctx.node.attr_str("approximate") == Some("tanh") {
                 Box::new(GeluTanh)

@@ -6,7 +6,8 @@
 //! step) runs on graphopt's matrix-vector kernel. Convolutions multiply on
 //! graphopt's kernel too.
 //! Work splits across the pool ([`par`]) by batch, or by rows (or column
-//! blocks) of one large product.
+//! blocks) of one large product. Det (`[..., M, M]`, f32 or f64): an LU
+//! factorization with partial pivoting per matrix, in f64.
 
 use crate::backend::{Data, Kernel, KernelIo, NodeCtx};
 use crate::cpu::par;
@@ -584,6 +585,91 @@ pub fn gemm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         a: a.shape.clone(),
         b: b.shape.clone(),
         c,
+    }))
+}
+
+/// Det of each `[M, M]` matrix of `[..., M, M]`: Gaussian elimination with
+/// partial pivoting in f64 (the sign flipped per row swap), rounded once
+/// to the output type.
+struct Det {
+    f64_io: bool,
+    batch: usize,
+    m: usize,
+}
+
+impl Kernel for Det {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x: Vec<f64> = io.input(0)?.floats()?;
+        let m = self.m;
+        let dets: Vec<f64> = (0..self.batch)
+            .map(|b| det(&mut x[b * m * m..][..m * m].to_vec(), m))
+            .collect();
+        let o = &mut io.outputs[0];
+        if self.f64_io {
+            crate::tensor::cast_mut::<f64>(o.data).copy_from_slice(&dets);
+        } else {
+            for (d, v) in o.f32()?.iter_mut().zip(&dets) {
+                *d = *v as f32;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The determinant of the row-major `m × m` matrix `a` (overwritten).
+fn det(a: &mut [f64], m: usize) -> f64 {
+    let mut d = 1.0;
+    for c in 0..m {
+        // The largest magnitude in column c at or below the diagonal (a
+        // NaN column keeps its first row and spreads the NaN).
+        let mut p = c;
+        for r in c + 1..m {
+            if a[r * m + c].abs() > a[p * m + c].abs() {
+                p = r;
+            }
+        }
+        let piv = a[p * m + c];
+        if piv == 0.0 {
+            return 0.0;
+        }
+        if p != c {
+            for k in 0..m {
+                a.swap(p * m + k, c * m + k);
+            }
+            d = -d;
+        }
+        d *= piv;
+        for r in c + 1..m {
+            let f = a[r * m + c] / piv;
+            if f != 0.0 {
+                for k in c + 1..m {
+                    a[r * m + k] -= f * a[c * m + k];
+                }
+            }
+        }
+    }
+    d
+}
+
+pub fn det_kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if !matches!(x.dtype, DType::F32 | DType::F64) {
+        return Err(format!("Det on {} is not implemented", x.dtype.name()));
+    }
+    let r = x.shape.len();
+    if r < 2 || x.shape[r - 1] != x.shape[r - 2] {
+        return Err(format!(
+            "Det takes square matrices [..., M, M], got {:?}",
+            x.shape
+        ));
+    }
+    if ctx.outputs[0].shape != x.shape[..r - 2] || ctx.outputs[0].dtype != x.dtype {
+        return Err("Det's output is not the input's batch shape and type".into());
+    }
+    Ok(Box::new(Det {
+        f64_io: x.dtype == DType::F64,
+        batch: x.shape[..r - 2].iter().product(),
+        m: x.shape[r - 1],
     }))
 }
 

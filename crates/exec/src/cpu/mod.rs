@@ -32,6 +32,7 @@ pub mod reduce;
 pub mod registry;
 pub mod resize;
 pub mod rnn;
+pub mod sample;
 pub mod scatter;
 pub mod shape;
 pub mod signal;

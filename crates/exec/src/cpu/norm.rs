@@ -1,6 +1,7 @@
 //! Normalizations: LayerNormalization (graphopt's own fusion target: the
-//! mean, variance, scale and shift of the tail dims from `axis`) and
-//! BatchNormalization in inference mode.
+//! mean, variance, scale and shift of the tail dims from `axis`),
+//! BatchNormalization in inference mode, InstanceNormalization,
+//! RMSNormalization, GroupNormalization (opsets 18 and 21) and LRN.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::par;
@@ -242,6 +243,174 @@ pub fn rms_norm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     Ok(Box::new(RmsNorm {
         rows: x.shape[..axis].iter().product(),
         cols,
+        eps: ctx.node.attr_float("epsilon").unwrap_or(1e-5),
+    }))
+}
+
+/// LRN over `[N, C, ...]`: `y = x / (bias + alpha / size · Σ x²)^beta`,
+/// the sum over channels `c - ⌊(size-1)/2⌋ ..= c + ⌈(size-1)/2⌉` clipped to
+/// `0..C` (the ONNX formula), at every spatial position.
+struct Lrn {
+    n: usize,
+    c: usize,
+    plane: usize,
+    /// Channels before and after `c` in its window.
+    before: usize,
+    after: usize,
+    alpha_over_size: f32,
+    beta: f32,
+    bias: f32,
+}
+
+impl Kernel for Lrn {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let y = io.outputs[0].f32()?;
+        let (c_n, p) = (self.c, self.plane);
+        let len = self.n * c_n * p;
+        let min = par::MIN_ELEMS.div_ceil((p * (self.before + self.after + 1)).max(1));
+        // Planes (one image's channel) split across threads; each plane's
+        // sums go channel by channel of its window in a fixed order.
+        par::for_chunks_mut(io.threads, &mut y[..len], p.max(1), min, |first, part| {
+            let mut acc = vec![0f32; p];
+            for (j, yp) in part.chunks_mut(p.max(1)).enumerate() {
+                let (img, c) = ((first + j) / c_n, (first + j) % c_n);
+                let lo = c.saturating_sub(self.before);
+                let hi = (c + self.after).min(c_n - 1);
+                acc.fill(0.0);
+                for k in lo..=hi {
+                    let xk = &x[(img * c_n + k) * p..][..p];
+                    for (a, &v) in acc.iter_mut().zip(xk) {
+                        *a += v * v;
+                    }
+                }
+                let xc = &x[(img * c_n + c) * p..][..p];
+                for ((o, &v), &s) in yp.iter_mut().zip(xc).zip(&acc) {
+                    *o = v / (self.bias + self.alpha_over_size * s).powf(self.beta);
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+pub fn lrn(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 || x.shape.len() < 2 {
+        return Err("LRN is implemented for f32 [N, C, ...] only".into());
+    }
+    let size = ctx
+        .node
+        .attr_int("size")
+        .ok_or("LRN needs its size attribute")?;
+    if size < 1 {
+        return Err(format!("LRN size {size} is below 1"));
+    }
+    let size = size as usize;
+    Ok(Box::new(Lrn {
+        n: x.shape[0],
+        c: x.shape[1],
+        plane: x.shape[2..].iter().product(),
+        before: (size - 1) / 2,
+        after: size / 2,
+        alpha_over_size: ctx.node.attr_float("alpha").unwrap_or(1e-4) / size as f32,
+        beta: ctx.node.attr_float("beta").unwrap_or(0.75),
+        bias: ctx.node.attr_float("bias").unwrap_or(1.0),
+    }))
+}
+
+/// GroupNormalization over `[N, C, ...]`: per image and group of `C / G`
+/// channels, the mean and variance of the group's elements (in f32, which
+/// is `stash_type` 1, the default), then a scale and bias per group
+/// (opsets 18 to 20) or per channel (opset 21 on).
+struct GroupNorm {
+    n: usize,
+    c: usize,
+    groups: usize,
+    plane: usize,
+    per_channel: bool,
+    eps: f32,
+}
+
+impl Kernel for GroupNorm {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let (scale, bias) = (io.input(1)?.f32()?, io.input(2)?.f32()?);
+        let y = io.outputs[0].f32()?;
+        let cg = self.c / self.groups;
+        let (p, block) = (self.plane, cg * self.plane);
+        let len = self.n * self.c * p;
+        let min = par::MIN_ELEMS.div_ceil(block.max(1));
+        // Whole groups split across threads; each group's mean and
+        // variance fold in `fold_row`'s fixed lanes.
+        par::for_chunks_mut(
+            io.threads,
+            &mut y[..len],
+            block.max(1),
+            min,
+            |first, part| {
+                for (j, yb) in part.chunks_mut(block.max(1)).enumerate() {
+                    let b = first + j;
+                    let g = b % self.groups;
+                    let xb = &x[b * block..][..block];
+                    let mean = fold_row(0.0, xb, add, add) / block as f32;
+                    let sq = |a: f32, v: f32| a + (v - mean) * (v - mean);
+                    let var = fold_row(0.0, xb, sq, add) / block as f32;
+                    let inv = 1.0 / (var + self.eps).sqrt();
+                    for k in 0..cg {
+                        let at = if self.per_channel { g * cg + k } else { g };
+                        let (s, t) = (scale[at], bias[at]);
+                        let xs = &xb[k * p..][..p];
+                        for (o, &v) in yb[k * p..][..p].iter_mut().zip(xs) {
+                            *o = (v - mean) * inv * s + t;
+                        }
+                    }
+                }
+            },
+        );
+        Ok(())
+    }
+}
+
+pub fn group_norm(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.dtype != DType::F32 || x.shape.len() < 2 {
+        return Err("GroupNormalization is implemented for f32 [N, C, ...] only".into());
+    }
+    let c = x.shape[1];
+    let g = ctx
+        .node
+        .attr_int("num_groups")
+        .ok_or("GroupNormalization needs its num_groups attribute")?;
+    if g < 1 || c % g as usize != 0 {
+        return Err(format!("num_groups {g} does not divide the {c} channels"));
+    }
+    let g = g as usize;
+    match ctx.node.attr_int("stash_type").unwrap_or(1) {
+        1 => {}
+        s => return Err(format!("stash_type {s} is not implemented (1, float, is)")),
+    }
+    // Opset 18 (deprecated in 21) scales and shifts per group, 21 per channel.
+    let per_channel = ctx.opset >= 21;
+    let want = if per_channel { c } else { g };
+    for (i, what) in [(1, "scale"), (2, "bias")] {
+        let t = ctx.input(i)?;
+        if t.dtype != DType::F32 || t.shape != [want] {
+            return Err(format!(
+                "the {what} must be float[{want}] (one per {} at opset {}), got {}{:?}",
+                if per_channel { "channel" } else { "group" },
+                ctx.opset,
+                t.dtype.name(),
+                t.shape
+            ));
+        }
+    }
+    Ok(Box::new(GroupNorm {
+        n: x.shape[0],
+        c,
+        groups: g,
+        plane: x.shape[2..].iter().product(),
+        per_channel,
         eps: ctx.node.attr_float("epsilon").unwrap_or(1e-5),
     }))
 }

@@ -1,6 +1,7 @@
 //! MaxPool (with its Indices output), AveragePool (1-D and 2-D windows,
 //! pads, strides, dilations, count_include_pad; more spatial dims in
-//! [`super::window_nd`]) and GlobalAveragePool / GlobalMaxPool.
+//! [`super::window_nd`], which also runs LpPool) and GlobalAveragePool /
+//! GlobalMaxPool.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{phased_plane, row_taps, tap_runs, window, Window};

@@ -1,7 +1,8 @@
 //! Reductions: ReduceMean / Sum / Max / Min / Prod / L1 / L2 / LogSum /
 //! LogSumExp / SumSquare on f32 (the integer ones on i64 and i32 too), axes
-//! as an attribute or, from opsets 13/18, an input; and Softmax /
-//! LogSoftmax (per-axis since opset 13, over the flattened tail before).
+//! as an attribute or, from opsets 13/18, an input; Softmax /
+//! LogSoftmax (per-axis since opset 13, over the flattened tail before);
+//! CumSum and CumProd; ArgMax / ArgMin, TopK, Hardmax and LpNormalization.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::elementwise::{exp_slice, for_each_bcast};
@@ -574,32 +575,73 @@ pub fn arg(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     }))
 }
 
-/// CumSum along the axis (input 1, read at run time), with `exclusive`
-/// and `reverse`, on f32, f64, i64 and i32.
-struct CumSum {
+/// CumSum and CumProd along the axis (input 1, read at run time), with
+/// `exclusive` and `reverse`, on f32, f64, i64 and i32: one running fold
+/// per line along the axis, from the identity (0 or 1).
+struct Cumulative {
+    prod: bool,
     dtype: DType,
     shape: Vec<usize>,
     exclusive: bool,
     reverse: bool,
 }
 
-impl CumSum {
-    fn go<T: Elem + std::ops::Add<Output = T> + Default>(&self, x: &[T], o: &mut [T], axis: usize) {
+/// The arithmetic of a [`Cumulative`] element type (integers wrap, as
+/// onnxruntime's do).
+trait Running: Elem {
+    const ZERO: Self;
+    const ONE: Self;
+    fn add(self, b: Self) -> Self;
+    fn mul(self, b: Self) -> Self;
+}
+
+macro_rules! running_float {
+    ($($t:ty),*) => {$(
+        impl Running for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            fn add(self, b: Self) -> Self { self + b }
+            fn mul(self, b: Self) -> Self { self * b }
+        }
+    )*};
+}
+
+macro_rules! running_int {
+    ($($t:ty),*) => {$(
+        impl Running for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            fn add(self, b: Self) -> Self { self.wrapping_add(b) }
+            fn mul(self, b: Self) -> Self { self.wrapping_mul(b) }
+        }
+    )*};
+}
+
+running_float!(f32, f64);
+running_int!(i64, i32);
+
+impl Cumulative {
+    fn go<T: Running>(&self, x: &[T], o: &mut [T], axis: usize) {
         let s = &self.shape;
         let outer: usize = s[..axis].iter().product();
         let len = s[axis];
         let inner: usize = s[axis + 1..].iter().product();
+        let (init, step): (T, fn(T, T) -> T) = if self.prod {
+            (T::ONE, T::mul)
+        } else {
+            (T::ZERO, T::add)
+        };
         for a in 0..outer {
             for b in 0..inner {
                 let at = |k: usize| (a * len + k) * inner + b;
-                let mut acc = T::default();
-                for step in 0..len {
-                    let k = if self.reverse { len - 1 - step } else { step };
+                let mut acc = init;
+                for i in 0..len {
+                    let k = if self.reverse { len - 1 - i } else { i };
                     if self.exclusive {
                         o[at(k)] = acc;
-                        acc = acc + x[at(k)];
+                        acc = step(acc, x[at(k)]);
                     } else {
-                        acc = acc + x[at(k)];
+                        acc = step(acc, x[at(k)]);
                         o[at(k)] = acc;
                     }
                 }
@@ -608,11 +650,19 @@ impl CumSum {
     }
 }
 
-impl Kernel for CumSum {
+impl Kernel for Cumulative {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.bytes()?;
         let r = self.shape.len() as i64;
-        let a = *io.input(1)?.ints()?.first().ok_or("empty axis")?;
+        let a = match io.input(1)?.ints()?.as_slice() {
+            [a] => *a,
+            v => {
+                return Err(format!(
+                    "the axis must be one integer, got {} values",
+                    v.len()
+                ))
+            }
+        };
         if a < -r || a >= r {
             return Err(format!("axis {a} is out of range for rank {r}"));
         }
@@ -628,12 +678,15 @@ impl Kernel for CumSum {
     }
 }
 
-pub fn cumsum(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+/// CumSum or CumProd (by the node's op).
+pub fn cumulative(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let x = ctx.input(0)?;
+    let op = &ctx.node.op_type;
     if !matches!(x.dtype, DType::F32 | DType::F64 | DType::I64 | DType::I32) {
-        return Err(format!("CumSum on {} is not implemented", x.dtype.name()));
+        return Err(format!("{op} on {} is not implemented", x.dtype.name()));
     }
-    Ok(Box::new(CumSum {
+    Ok(Box::new(Cumulative {
+        prod: op == "CumProd",
         dtype: x.dtype,
         shape: x.shape.clone(),
         exclusive: ctx.node.attr_int("exclusive") == Some(1),

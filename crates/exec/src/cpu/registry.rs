@@ -34,7 +34,7 @@
 
 use super::{
     coded, conv, einsum, elementwise, loss, matmul, norm, pool, qgemm, quant, reduce, resize, rnn,
-    scatter, shape, signal,
+    sample, scatter, shape, signal, window_nd,
 };
 use crate::backend::{Kernel, NodeCtx};
 use crate::lower::CODED_DOMAIN;
@@ -315,6 +315,8 @@ const BYTES: &[DType] = &[
 const QINTS: &[DType] = &[U8, I8, U16, I16, I32];
 /// DequantizeLinear: integers up to 32 bits, packed 4-bit too.
 const QINTS4: &[DType] = &[U8, I8, U16, I16, I32, DType::U4, DType::I4];
+/// The windows' size input (their output type is an attribute).
+const SIZE: &[DType] = &[I64, I32];
 /// Range: the output's type (its inputs have it too).
 const RANGE: &[DType] = &[F32, I64, I32];
 
@@ -339,10 +341,12 @@ pub const KERNELS: &[Entry] = &[
     widen("BitwiseNot", INTS, elementwise::bit_not),
     widen("BitwiseOr", INTS, binary),
     widen("BitwiseXor", INTS, binary),
+    as_is("BlackmanWindow", Types::Of(SIZE), signal::window),
     as_is("Cast", Types::Any, elementwise::cast_kernel).packed4(),
     as_is("CastLike", Types::Any, elementwise::cast_kernel).packed4(),
     widen("Ceil", FLOAT64, unary),
     widen("Celu", FLOAT, unary),
+    as_is("CenterCropPad", Types::Of(BYTES), data),
     widen("Clip", FLOAT, unary),
     as_is("Concat", Types::Of(BYTES), data),
     as_is("Constant", Types::Any, data),
@@ -351,9 +355,12 @@ pub const KERNELS: &[Entry] = &[
     widen("ConvTranspose", FLOAT, conv::conv_transpose),
     widen("Cos", FLOAT, unary),
     widen("Cosh", FLOAT, unary),
-    widen("CumSum", NUMBER, reduce::cumsum),
+    widen("CumProd", NUMBER, reduce::cumulative),
+    widen("CumSum", NUMBER, reduce::cumulative),
     widen("DFT", FLOAT64, signal::dft),
+    as_is("DepthToSpace", Types::Of(BYTES), data),
     widen("DequantizeLinear", QINTS4, quant::dequantize).packed4(),
+    widen("Det", FLOAT64, matmul::det_kernel),
     widen("Div", ARITH, binary),
     as_is("Dropout", Types::Any, data),
     widen("DynamicQuantizeLinear", FLOAT, quant::dynamic_quantize),
@@ -363,6 +370,8 @@ pub const KERNELS: &[Entry] = &[
     widen("Erf", FLOAT, unary),
     widen("Exp", FLOAT64, unary),
     as_is("Expand", Types::Of(BYTES), data),
+    // Reads only input 0's shape; the output type is its own.
+    as_is("EyeLike", Types::Any, data),
     as_is("Flatten", Types::Any, data),
     widen("Floor", FLOAT64, unary),
     widen("GRU", FLOAT, rnn::rnn),
@@ -375,6 +384,10 @@ pub const KERNELS: &[Entry] = &[
     widen("GlobalMaxPool", FLOAT, pool::global),
     widen("Greater", ARITH, binary),
     widen("GreaterOrEqual", ARITH, binary),
+    widen("GridSample", FLOAT, sample::grid_sample),
+    widen("GroupNormalization", FLOAT, norm::group_norm),
+    as_is("HammingWindow", Types::Of(SIZE), signal::window),
+    as_is("HannWindow", Types::Of(SIZE), signal::window),
     widen("HardSigmoid", FLOAT, unary),
     widen("HardSwish", FLOAT, unary),
     widen("Hardmax", FLOAT, reduce::along_axis),
@@ -382,6 +395,7 @@ pub const KERNELS: &[Entry] = &[
     widen("InstanceNormalization", FLOAT, norm::instance_norm),
     widen("IsInf", FLOAT, elementwise::classify),
     widen("IsNaN", FLOAT, elementwise::classify),
+    widen("LRN", FLOAT, norm::lrn),
     widen("LSTM", FLOAT, rnn::rnn),
     widen("LayerNormalization", FLOAT, norm::layer_norm),
     widen("LeakyRelu", FLOAT, unary),
@@ -390,6 +404,8 @@ pub const KERNELS: &[Entry] = &[
     widen("Log", FLOAT64, unary),
     widen("LogSoftmax", FLOAT, reduce::softmax),
     widen("LpNormalization", FLOAT, reduce::along_axis),
+    // LpPool-1 took p as a float.
+    widen("LpPool", FLOAT, window_nd::pool).opsets(Some(2), None),
     widen("MatMul", FLOAT, matmul::matmul),
     widen("MatMulInteger", QINTS, quant::matmul_integer),
     widen("Max", ARITH, binary),
@@ -444,11 +460,13 @@ pub const KERNELS: &[Entry] = &[
     widen("SoftmaxCrossEntropyLoss", FLOAT, loss::nll),
     widen("Softplus", FLOAT, unary),
     widen("Softsign", FLOAT, unary),
+    as_is("SpaceToDepth", Types::Of(BYTES), data),
     as_is("Split", Types::Of(BYTES), data),
     widen("Sqrt", FLOAT64, unary),
     as_is("Squeeze", Types::Any, data),
     widen("Sub", ARITH, binary),
     widen("Sum", ARITH, binary),
+    widen("Swish", FLOAT, unary),
     widen("Tan", FLOAT, unary),
     widen("Tanh", FLOAT, unary),
     widen("ThresholdedRelu", FLOAT, unary),

@@ -1,6 +1,7 @@
 //! Data movement, byte-generic (any element size): views (Reshape,
 //! Flatten, Squeeze, Unsqueeze, Identity: a copy, run only when the plan
-//! did not alias the output to the input), Transpose, Expand, Slice,
+//! did not alias the output to the input), Transpose, DepthToSpace,
+//! SpaceToDepth, CenterCropPad, EyeLike, Expand, Slice,
 //! Concat, Split, Gather, GatherND, Tile, Pad, Trilu, ReverseSequence,
 //! Dropout (inference),
 //! and the shape-makers Shape,
@@ -157,6 +158,240 @@ fn transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         out: ctx.outputs[0].shape.clone(),
         st: perm.iter().map(|&p| own[p] as isize).collect(),
         base: 0,
+    }))
+}
+
+/// DepthToSpace and SpaceToDepth (DCR or CRD) on `[N, C, H, W]`: a
+/// transpose of a 6-D view, written as a strided copy. The output is viewed
+/// as `[N, C', H, b, W, b]` (DepthToSpace) or `[N, b, b, C, H', W']`
+/// (SpaceToDepth DCR; CRD `[N, C, b, b, H', W']`) and each of its dims
+/// steps through the input by one stride.
+fn depth_space(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let op = ctx.node.op_type.as_str();
+    let &[n, c, h, w] = x.shape.as_slice() else {
+        return Err(format!(
+            "{op} takes a 4-D input, got rank {}",
+            x.shape.len()
+        ));
+    };
+    let b = ctx.node.attr_int("blocksize").ok_or("no blocksize")?;
+    if b < 1 {
+        return Err(format!("blocksize {b} is below 1"));
+    }
+    let b = b as usize;
+    let big = || format!("blocksize {b} is too large");
+    let bb = b.checked_mul(b).ok_or_else(big)?;
+    let (chw, hw) = (c * h * w, h * w);
+    let to_space = op == "DepthToSpace";
+    let mode = ctx.node.attr_str("mode").unwrap_or("DCR");
+    let (out, st): ([usize; 4], Vec<usize>) = if to_space {
+        if c % bb != 0 {
+            return Err(format!(
+                "{c} channels are not a multiple of blocksize² {bb}"
+            ));
+        }
+        let co = c / bb;
+        // Input channel of (block row i, block column j, channel k):
+        // DCR (i·b + j)·C' + k, CRD (k·b + i)·b + j.
+        let (sk, si, sj) = match mode {
+            "DCR" => (hw, b.saturating_mul(co * hw), co * hw),
+            "CRD" => (bb.saturating_mul(hw), b.saturating_mul(hw), hw),
+            m => return Err(format!("DepthToSpace mode {m} (DCR and CRD are)")),
+        };
+        let (ho, wo) = (h.checked_mul(b), w.checked_mul(b));
+        let (ho, wo) = ho.zip(wo).ok_or_else(big)?;
+        ([n, co, ho, wo], vec![chw, sk, w, si, 1, sj])
+    } else {
+        if h % b != 0 || w % b != 0 {
+            return Err(format!("{h}×{w} is not a multiple of blocksize {b}"));
+        }
+        // Output channel DCR (i·b + j)·C + k, CRD (k·b + i)·b + j, takes
+        // input (k, y·b + i, x·b + j) (the mode came with opset 28).
+        let co = c.checked_mul(bb).ok_or_else(big)?;
+        let (yx, sy) = ([h / b, w / b], b.saturating_mul(w));
+        match mode {
+            "DCR" => ([n, co, yx[0], yx[1]], vec![chw, w, 1, hw, sy, b]),
+            "CRD" => ([n, co, yx[0], yx[1]], vec![chw, hw, w, 1, sy, b]),
+            m => return Err(format!("{op} mode {m} (DCR and CRD are)")),
+        }
+    };
+    if ctx.outputs[0].shape != out {
+        return Err(format!(
+            "{op} of {:?} gives {out:?}, not the output shape {:?}",
+            x.shape, ctx.outputs[0].shape
+        ));
+    }
+    let view = match (to_space, mode) {
+        (true, _) => vec![n, c / bb, h, b, w, b],
+        (false, "DCR") => vec![n, b, b, c, h / b, w / b],
+        (false, _) => vec![n, c, b, b, h / b, w / b],
+    };
+    Ok(Box::new(Strided {
+        es: es_of(x.dtype)?,
+        out: view,
+        st: st.into_iter().map(|s| s as isize).collect(),
+        base: 0,
+    }))
+}
+
+/// The bytes of the value 1 in element type `d`.
+fn one_of(d: DType) -> Result<Vec<u8>, String> {
+    Ok(match d {
+        DType::F32 => 1f32.to_le_bytes().to_vec(),
+        DType::F64 => 1f64.to_le_bytes().to_vec(),
+        DType::F16 => 0x3C00u16.to_le_bytes().to_vec(),
+        DType::BF16 => 0x3F80u16.to_le_bytes().to_vec(),
+        d => {
+            // Integers and bool: 1 in the low byte.
+            let mut v = vec![0; es_of(d)?];
+            v[0] = 1;
+            v
+        }
+    })
+}
+
+/// EyeLike: zeros of input 0's 2-D shape in the output's element type,
+/// ones on diagonal `k` (only the input's shape is read).
+struct EyeLike {
+    one: Vec<u8>,
+    rows: usize,
+    cols: usize,
+    k: i64,
+}
+
+impl Kernel for EyeLike {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let o = &mut *io.outputs[0].data;
+        o.fill(0);
+        let es = self.one.len();
+        for r in 0..self.rows {
+            let c = (r as i64).saturating_add(self.k);
+            if c >= 0 && (c as usize) < self.cols {
+                let at = (r * self.cols + c as usize) * es;
+                o[at..at + es].copy_from_slice(&self.one);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn eye_like(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let y = &ctx.outputs[0];
+    let &[rows, cols] = x.shape.as_slice() else {
+        return Err(format!(
+            "EyeLike takes a 2-D input, got rank {}",
+            x.shape.len()
+        ));
+    };
+    if y.shape != x.shape {
+        return Err(format!(
+            "EyeLike output shape {:?} is not the input's {:?}",
+            y.shape, x.shape
+        ));
+    }
+    Ok(Box::new(EyeLike {
+        one: one_of(y.dtype)?,
+        rows,
+        cols,
+        k: ctx.node.attr_int("k").unwrap_or(0),
+    }))
+}
+
+/// CenterCropPad: along each listed axis the input is cropped (its
+/// centre kept, the odd element dropped from the end) or zero-padded (the
+/// odd element added at the end) to the target length of input 1, read at
+/// run time and checked against the output shape.
+struct CenterCropPad {
+    es: usize,
+    shape: Vec<usize>,
+    out: Vec<usize>,
+    axes: Option<Vec<i64>>,
+}
+
+impl Kernel for CenterCropPad {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let target = io.input(1)?.ints()?;
+        let r = self.shape.len();
+        let axes: Vec<usize> = match &self.axes {
+            Some(a) => a
+                .iter()
+                .map(|&a| {
+                    let n = if a < 0 { a + r as i64 } else { a };
+                    (0..r as i64)
+                        .contains(&n)
+                        .then_some(n as usize)
+                        .ok_or_else(|| format!("axis {a} is out of range for rank {r}"))
+                })
+                .collect::<Result<_, _>>()?,
+            None => (0..r).collect(),
+        };
+        if target.len() != axes.len() {
+            return Err(format!(
+                "{} target lengths for {} axes",
+                target.len(),
+                axes.len()
+            ));
+        }
+        let mut want = self.shape.clone();
+        // Per dim: first input element kept, where it goes, how many.
+        let mut src0 = vec![0usize; r];
+        let mut dst0 = vec![0usize; r];
+        let mut len = self.shape.clone();
+        for (&a, &t) in axes.iter().zip(&target) {
+            if t < 0 {
+                return Err(format!("target length {t} is negative"));
+            }
+            let (t, d) = (t as usize, self.shape[a]);
+            want[a] = t;
+            len[a] = t.min(d);
+            if t < d {
+                src0[a] = (d - t) / 2;
+            } else {
+                dst0[a] = (t - d) / 2;
+            }
+        }
+        if want != self.out {
+            return Err(format!(
+                "CenterCropPad of {:?} to {target:?} gives {want:?}, not the output shape {:?}",
+                self.shape, self.out
+            ));
+        }
+        let o = &mut *io.outputs[0].data;
+        o.fill(0);
+        if numel(&len) == 0 {
+            return Ok(());
+        }
+        let (ist, ost) = (strides(&self.shape), strides(&self.out));
+        let es = self.es;
+        let run = len[r - 1] * es;
+        let rows = numel(&len[..r - 1]);
+        for row in 0..rows {
+            let (mut rest, mut si, mut di) = (row, src0[r - 1], dst0[r - 1]);
+            for d in (0..r - 1).rev() {
+                let i = rest % len[d];
+                rest /= len[d];
+                si += (src0[d] + i) * ist[d];
+                di += (dst0[d] + i) * ost[d];
+            }
+            o[di * es..di * es + run].copy_from_slice(&x[si * es..si * es + run]);
+        }
+        Ok(())
+    }
+}
+
+fn center_crop_pad(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    if x.shape.is_empty() {
+        return Err("CenterCropPad of a scalar".into());
+    }
+    Ok(Box::new(CenterCropPad {
+        es: es_of(x.dtype)?,
+        shape: x.shape.clone(),
+        out: ctx.outputs[0].shape.clone(),
+        axes: ctx.node.attr_ints("axes").map(|a| a.to_vec()),
     }))
 }
 
@@ -541,6 +776,9 @@ pub fn kernel(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
     Some(match ctx.node.op_type.as_str() {
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" => Ok(Box::new(Copy)),
         "Transpose" => transpose(ctx),
+        "DepthToSpace" | "SpaceToDepth" => depth_space(ctx),
+        "EyeLike" => eye_like(ctx),
+        "CenterCropPad" => center_crop_pad(ctx),
         "Expand" => expand(ctx),
         "Slice" => slice(ctx),
         "Concat" => concat(ctx, false),

@@ -9,6 +9,11 @@
 //! [`DIRECT_MAX`], a direct DFT (twiddles tabled) below. Scalars that are inputs (axis,
 //! lengths, the frame step) are read when the kernel runs; the output
 //! shape, known when it is made, is checked against them.
+//! The windows STFT takes: HannWindow, HammingWindow and BlackmanWindow
+//! (periodic or symmetric, any numeric `output_datatype`), their length
+//! an input (a computed one makes the output a value of data-dependent
+//! size, which the executor runs as a one-node program once the length is
+//! known).
 
 use crate::backend::{Kernel, KernelIo, NodeCtx, Out};
 use crate::tensor::cast_mut;
@@ -383,5 +388,97 @@ pub fn stft(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     float_only(ctx)?;
     Ok(Box::new(Stft {
         onesided: ctx.node.attr_int("onesided").unwrap_or(1) != 0,
+    }))
+}
+
+/// HannWindow, HammingWindow and BlackmanWindow: `size` (input 0, a scalar
+/// read at run time and checked against the output length) cosine-sum
+/// samples in f64, periodic (denominator `size`) or symmetric (`size - 1`;
+/// a symmetric window of one sample is `[1]`), stored in the output's
+/// element type (`output_datatype`: floats rounded, integers truncated).
+struct Window {
+    /// `a0 - a1 cos(2πn/N) + a2 cos(4πn/N)`.
+    coef: [f64; 3],
+    periodic: bool,
+    len: usize,
+}
+
+impl Kernel for Window {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let size = scalar(io, 0, "the window size")?.ok_or("input 0 is missing")?;
+        if size < 0 || size as u64 != self.len as u64 {
+            return Err(format!(
+                "window size {size} does not match the output length {}",
+                self.len
+            ));
+        }
+        let n = self.len;
+        let denom = if self.periodic {
+            n
+        } else {
+            n.saturating_sub(1)
+        };
+        let [a0, a1, a2] = self.coef;
+        let tau = 2.0 * std::f64::consts::PI;
+        let v: Vec<f64> = (0..n)
+            .map(|i| {
+                if denom == 0 {
+                    return 1.0;
+                }
+                let t = tau * i as f64 / denom as f64;
+                a0 - a1 * t.cos() + a2 * (2.0 * t).cos()
+            })
+            .collect();
+        let o = &mut io.outputs[0];
+        match o.dtype {
+            DType::F32 | DType::F64 => store(o, &v)?,
+            DType::F16 => {
+                for (d, s) in cast_mut::<u16>(o.data).iter_mut().zip(&v) {
+                    *d = half::f16::from_f64(*s).to_bits();
+                }
+            }
+            DType::BF16 => {
+                for (d, s) in cast_mut::<u16>(o.data).iter_mut().zip(&v) {
+                    *d = half::bf16::from_f64(*s).to_bits();
+                }
+            }
+            d => {
+                // Integers: the truncated value (0, or 1 where a sample is
+                // exactly 1), in the type's width.
+                let es = crate::tensor::elem_size(d)
+                    .filter(|_| d != DType::Bool)
+                    .ok_or_else(|| format!("windows of {} are not implemented", d.name()))?;
+                for (d, s) in o.data.chunks_exact_mut(es).zip(&v) {
+                    d.copy_from_slice(&(*s as i64).to_le_bytes()[..es]);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn window(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let size = ctx.input(0)?;
+    if !matches!(size.dtype, DType::I64 | DType::I32) || size.shape.iter().product::<usize>() != 1 {
+        return Err("the window size must be one int32 or int64".into());
+    }
+    let y = &ctx.outputs[0];
+    let &[len] = y.shape.as_slice() else {
+        return Err(format!(
+            "a window is 1-D, the output has rank {}",
+            y.shape.len()
+        ));
+    };
+    let coef = match ctx.node.op_type.as_str() {
+        // sin²(πn/N) = 0.5 - 0.5 cos(2πn/N).
+        "HannWindow" => [0.5, 0.5, 0.0],
+        "HammingWindow" => [25.0 / 46.0, 21.0 / 46.0, 0.0],
+        "BlackmanWindow" => [0.42, 0.5, 0.08],
+        op => return Err(format!("{op} is not a window")),
+    };
+    Ok(Box::new(Window {
+        coef,
+        periodic: ctx.node.attr_int("periodic").unwrap_or(1) != 0,
+        len,
     }))
 }

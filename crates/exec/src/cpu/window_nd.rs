@@ -1,6 +1,6 @@
 //! Windows of three or more spatial dims (video and volumetric models:
-//! `Conv3d`, `ConvTranspose3d`, `MaxPool3d`, `AvgPool3d`): Conv,
-//! ConvTranspose, MaxPool and AveragePool over
+//! `Conv3d`, `ConvTranspose3d`, `MaxPool3d`, `AvgPool3d`), and LpPool of
+//! any: Conv, ConvTranspose, MaxPool, AveragePool and LpPool over
 //! `[N, C, D1, .., Dk]` for any k, with strides, dilations, pads,
 //! `auto_pad` and (Conv) groups. The 1-D and 2-D windows keep their own
 //! tuned kernels ([`super::conv`], [`super::pool`]); these are the general
@@ -521,24 +521,50 @@ impl Kernel for TransposeNd {
     }
 }
 
-/// MaxPool or AveragePool over three or more spatial dims.
+/// What a [`PoolNd`] computes over each window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Max,
+    /// Counting the padding's taps (`count_include_pad`) or not.
+    Average {
+        include_pad: bool,
+    },
+    /// `(Σ |x|^p)^(1/p)`; the padding adds nothing.
+    Lp(i32),
+}
+
+/// MaxPool or AveragePool over three or more spatial dims, and LpPool over
+/// any number.
 struct PoolNd {
     g: Nd,
-    max: bool,
-    include_pad: bool,
+    mode: Mode,
     /// MaxPool's Indices output (row-major only).
     indices: bool,
 }
 
-/// MaxPool / AveragePool of a `[N, C, D1, .., Dk]` input, k >= 3.
+/// MaxPool / AveragePool of a `[N, C, D1, .., Dk]` input, k >= 3, or
+/// LpPool, k >= 1.
 pub fn pool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let x = ctx.input(0)?;
     if x.dtype != DType::F32 {
         return Err(format!("pooling on {} is not implemented", x.dtype.name()));
     }
-    let max = ctx.node.op_type == "MaxPool";
+    let op = ctx.node.op_type.as_str();
+    let mode = match op {
+        "MaxPool" => Mode::Max,
+        "LpPool" => {
+            let p = ctx.node.attr_int("p").unwrap_or(2);
+            if !(1..=1 << 16).contains(&p) {
+                return Err(format!("LpPool p {p} is not a positive integer"));
+            }
+            Mode::Lp(p as i32)
+        }
+        _ => Mode::Average {
+            include_pad: ctx.node.attr_int("count_include_pad") == Some(1),
+        },
+    };
     let indices = ctx.outputs.len() > 1 && ctx.outputs[1].shape != [0];
-    if indices && (!max || ctx.outputs[1].dtype != DType::I64) {
+    if indices && (mode != Mode::Max || ctx.outputs[1].dtype != DType::I64) {
         return Err("a second output of pooling is MaxPool's int64 Indices only".into());
     }
     if indices && ctx.node.attr_int("storage_order").unwrap_or(0) != 0 {
@@ -547,14 +573,13 @@ pub fn pool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let ks: Vec<usize> = ctx
         .node
         .attr_ints("kernel_shape")
-        .ok_or("no kernel_shape")?
+        .ok_or_else(|| format!("{op} needs kernel_shape"))?
         .iter()
         .map(|&k| k.max(0) as usize)
         .collect();
     Ok(Box::new(PoolNd {
         g: Nd::new(ctx, &ks)?,
-        max,
-        include_pad: ctx.node.attr_int("count_include_pad") == Some(1),
+        mode,
         indices,
     }))
 }
@@ -600,30 +625,41 @@ impl Kernel for PoolNd {
                 let plane = &x[p * ip..][..ip];
                 for (o, v) in out.iter_mut().enumerate() {
                     let (mut acc, mut arg, mut cnt, mut padded) = (0f32, 0usize, 0usize, 0usize);
+                    let mode = self.mode;
                     g.window(o, |_, pos| match pos {
                         Some(pos) => {
                             let v = plane[pos];
-                            if self.max {
-                                if cnt == 0 || v > acc || (v.is_nan() && !acc.is_nan()) {
-                                    acc = v;
-                                    arg = pos;
+                            match mode {
+                                Mode::Max => {
+                                    if cnt == 0 || v > acc || (v.is_nan() && !acc.is_nan()) {
+                                        acc = v;
+                                        arg = pos;
+                                    }
                                 }
-                            } else {
-                                acc += v;
+                                Mode::Average { .. } => acc += v,
+                                Mode::Lp(p) => {
+                                    let a = v.abs();
+                                    acc += match p {
+                                        1 => a,
+                                        2 => a * a,
+                                        _ => a.powi(p),
+                                    };
+                                }
                             }
                             cnt += 1;
                         }
                         None => padded += 1,
                     });
-                    *v = if self.max {
-                        if cnt == 0 {
-                            f32::NEG_INFINITY
-                        } else {
-                            acc
+                    *v = match mode {
+                        Mode::Max if cnt == 0 => f32::NEG_INFINITY,
+                        Mode::Max => acc,
+                        Mode::Average { include_pad } => {
+                            let d = if include_pad { cnt + padded } else { cnt };
+                            acc / d.max(1) as f32
                         }
-                    } else {
-                        let d = if self.include_pad { cnt + padded } else { cnt };
-                        acc / d.max(1) as f32
+                        Mode::Lp(1) => acc,
+                        Mode::Lp(2) => acc.sqrt(),
+                        Mode::Lp(p) => acc.powf(1.0 / p as f32),
                     };
                     if let Some(ix) = ixs.as_deref_mut() {
                         ix[j * op + o] = (p * ip + arg) as i64;

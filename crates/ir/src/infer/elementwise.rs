@@ -57,6 +57,7 @@ const SAME_AS_INPUT: &[&str] = &[
     "LpNormalization",
     "Trilu",
     "CumSum",
+    "CumProd",
     "ReverseSequence",
     "Not",
     "Swish",

@@ -873,7 +873,7 @@ mod nn {
     }
 
     #[test]
-    fn topk_argmax_cumsum() {
+    fn topk_argmax_cumsum_cumprod() {
         let mut b = B::new();
         b.input("x", DType::F32, Some("b,100"));
         b.init_i64("k", &[1], &[5]);
@@ -887,6 +887,7 @@ mod nn {
         );
         b.node("ArgMin", &["x"], &["an"], vec![]);
         b.node("CumSum", &["x", "ax"], &["cs"], vec![]);
+        b.node("CumProd", &["x", "ax"], &["cp"], vec![ai("exclusive", 1)]);
         b.node("Softmax", &["x"], &["sm"], vec![ai("axis", -1)]);
         b.run(13);
         assert_eq!(b.ty("v"), "float[b,5]");
@@ -894,6 +895,7 @@ mod nn {
         assert_eq!(b.ty("am"), "int64[b]");
         assert_eq!(b.ty("an"), "int64[1,100]");
         assert_eq!(b.ty("cs"), "float[b,100]");
+        assert_eq!(b.ty("cp"), "float[b,100]");
         assert_eq!(b.ty("sm"), "float[b,100]");
     }
 }
