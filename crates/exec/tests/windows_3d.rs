@@ -149,7 +149,8 @@ fn conv_3d_groups_strides_dilations_asymmetric_pads() {
 #[test]
 fn conv_3d_same_upper_with_a_large_volume_spans_several_tiles() {
     // 32 input channels x 27 taps = 864 rows; 4 x 25 x 25 = 2500
-    // positions: the 4 MiB tile holds 1213 of them, so 3 tiles.
+    // positions: a 1 MiB tile holds 288 of them, so 9 tiles, which the two
+    // threads take in turns.
     let (x, w, b) = (
         t(&[1, 32, 4, 25, 25], 4),
         t(&[2, 32, 3, 3, 3], 5),

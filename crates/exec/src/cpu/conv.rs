@@ -685,7 +685,7 @@ fn fold_layout(m: usize, k: usize, ohw: usize, n: usize) -> (usize, usize) {
 }
 
 /// Output columns per im2col tile for `k` unfolded rows.
-fn tile_cols(k: usize, ohw: usize) -> usize {
+pub(crate) fn tile_cols(k: usize, ohw: usize) -> usize {
     let fit = TILE_BYTES / 4 / k.max(1);
     if ohw <= fit {
         // One tile: the GEMM splits its rows across threads. (Rounding
@@ -700,7 +700,7 @@ fn tile_cols(k: usize, ohw: usize) -> usize {
 /// Tile buffers a kernel's workspace holds: one per thread the machine
 /// can run, at most 16, never more than the tiles of one image. Read once,
 /// when the kernel is made (the workspace is sized then).
-fn tile_slots(tiles: usize) -> usize {
+pub(crate) fn tile_slots(tiles: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     cores.clamp(1, 16).min(tiles.max(1))
 }

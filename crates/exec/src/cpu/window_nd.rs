@@ -7,10 +7,12 @@
 //! ones.
 //!
 //! Conv unfolds one group of one image in tiles of output positions
-//! (im2col over every kernel tap, at most [`TILE_BYTES`] per tile; padding
-//! reads as 0) and multiplies each tile into its columns of the output on
-//! the shared GEMM, whose rows split across threads: the workspace is one
-//! tile whatever the volume or batch. Pooling walks each output position's
+//! (im2col over every kernel tap, in the 2-D convolution's tile sizes;
+//! padding reads as 0) and multiplies each tile into its columns of the
+//! output; threads take whole tiles, each in its own workspace slot, as
+//! the 2-D convolution's do (a volume that fits one tile is one tile,
+//! its rows unfolded and its GEMM's rows split across threads). The
+//! workspace is a few tiles whatever the volume or batch. Pooling walks each output position's
 //! window directly, planes split across threads.
 //!
 //! Before (refused: "3-D windows are not implemented"):
@@ -21,12 +23,13 @@
 //! `[M, 3·27] x [3·27, cols]` product.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
-use crate::cpu::matmul::{own_kernel, sgemm_with};
+use crate::cpu::conv;
+use crate::cpu::matmul::{own_kernel, sgemm_into_with, sgemm_with, SendPtr};
 use crate::cpu::par;
 use crate::tensor::cast_mut;
 use graphopt_ir::DType;
 
-/// Bytes of one im2col tile.
+/// Bytes of one ConvTranspose product tile (`Wᵀ · X` columns).
 const TILE_BYTES: usize = 4 << 20;
 
 /// Geometry of a window over `sp` spatial dims.
@@ -229,13 +232,29 @@ struct ConvNd {
     m: usize,
     group: usize,
     bias: bool,
-    /// Output positions per im2col tile.
-    cols: usize,
+    /// Output positions per im2col tile ([`conv::tile_cols`]).
+    tile: usize,
+    /// Tile buffers in the workspace ([`conv::tile_slots`]).
+    slots: usize,
+    own: bool,
 }
 
 impl ConvNd {
     fn k(&self) -> usize {
         self.g.c / self.group * self.g.taps()
+    }
+
+    /// Unfolds channels `xg` (`[cg, D..]`) for output positions
+    /// `p0..p0 + pt` into `col` (`[k, pt]`), rows split across `threads`.
+    fn unfold(&self, xg: &[f32], p0: usize, pt: usize, col: &mut [f32], threads: usize) {
+        let (taps, ip) = (self.g.taps(), self.g.in_plane());
+        par::for_chunks_mut(threads, &mut col[..self.k() * pt], pt, 8, |r0, rows| {
+            for (j, row) in rows.chunks_mut(pt).enumerate() {
+                let r = r0 + j;
+                self.g
+                    .unfold_row(&xg[r / taps * ip..][..ip], r % taps, p0, row);
+            }
+        });
     }
 }
 
@@ -273,19 +292,22 @@ pub fn conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         None => false,
     };
     let k = g.c / group * g.taps();
-    let cols = (TILE_BYTES / 4 / k.max(1)).clamp(1, g.out_plane().max(1));
+    let op = g.out_plane();
+    let tile = conv::tile_cols(k, op);
     Ok(Box::new(ConvNd {
+        slots: conv::tile_slots(op.div_ceil(tile)),
         g,
         m,
         group,
         bias,
-        cols,
+        tile,
+        own: own_kernel(),
     }))
 }
 
 impl Kernel for ConvNd {
     fn workspace_bytes(&self) -> usize {
-        self.k() * self.cols * 4
+        self.k() * self.tile * self.slots * 4
     }
 
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
@@ -297,50 +319,77 @@ impl Kernel for ConvNd {
             None
         };
         let threads = io.threads;
-        let col: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
+        let ws: &mut [f32] = cast_mut(&mut io.workspace[..self.workspace_bytes()]);
         let y = io.outputs[0].f32()?;
         let g = &self.g;
         let (cg, mg, k) = (g.c / self.group, self.m / self.group, self.k());
-        let (ip, op, taps) = (g.in_plane(), g.out_plane(), g.taps());
-        let own = own_kernel();
+        let (ip, op, tile) = (g.in_plane(), g.out_plane(), self.tile);
+        let tiles = op.div_ceil(tile);
         for n in 0..g.n {
+            let yn = &mut y[n * self.m * op..][..self.m * op];
+            for (ch, plane) in yn.chunks_mut(op.max(1)).enumerate() {
+                plane.fill(b.map_or(0.0, |b| b[ch]));
+            }
             for gi in 0..self.group {
                 let xg = &x[(n * g.c + gi * cg) * ip..][..cg * ip];
                 let wg = &w[gi * mg * k..][..mg * k];
-                let mut p0 = 0;
-                while p0 < op {
-                    let cols = self.cols.min(op - p0);
-                    // Rows (channel, tap), columns the tile's positions.
-                    let tile = &mut col[..k * cols];
-                    par::for_chunks_mut(threads, tile, cols, 8, |r0, rows| {
-                        for (j, row) in rows.chunks_mut(cols).enumerate() {
-                            let r = r0 + j;
-                            g.unfold_row(&xg[r / taps * ip..][..ip], r % taps, p0, row);
+                let yg = &mut yn[gi * mg * op..][..mg * op];
+                let t = threads.min(self.slots).min(tiles);
+                if t > 1 {
+                    // Each part unfolds and multiplies its own tiles into
+                    // its own columns of the output.
+                    let (yp, wsp) = (SendPtr(yg.as_mut_ptr()), SendPtr(ws.as_mut_ptr()));
+                    par::for_parts(threads, t, |p| {
+                        // SAFETY: part p owns workspace slot p and the
+                        // output columns of its tiles (disjoint from the
+                        // other parts'); `ws` and `yg` outlive the parts.
+                        let col = unsafe {
+                            std::slice::from_raw_parts_mut(wsp.get().add(p * k * tile), k * tile)
+                        };
+                        for j in par::range(tiles, t, p) {
+                            let (p0, pt) = (j * tile, tile.min(op - j * tile));
+                            self.unfold(xg, p0, pt, col, 1);
+                            // SAFETY: columns p0..p0+pt of the mg rows of
+                            // `yg` (row stride op) are this part's alone.
+                            unsafe {
+                                sgemm_into_with(
+                                    self.own,
+                                    mg,
+                                    k,
+                                    pt,
+                                    1.0,
+                                    wg,
+                                    (k, 1),
+                                    &col[..k * pt],
+                                    (pt, 1),
+                                    1.0,
+                                    yp.get().add(p0),
+                                    op,
+                                )
+                            };
                         }
                     });
-                    let yt = &mut y[(n * self.m + gi * mg) * op + p0..];
-                    sgemm_with(
-                        own,
-                        mg,
-                        k,
-                        cols,
-                        1.0,
-                        wg,
-                        (k, 1),
-                        tile,
-                        (cols, 1),
-                        0.0,
-                        yt,
-                        op,
-                        threads,
-                    );
-                    p0 += cols;
-                }
-            }
-            if let Some(b) = b {
-                let yn = &mut y[n * self.m * op..][..self.m * op];
-                for (ch, plane) in yn.chunks_mut(op.max(1)).enumerate() {
-                    plane.iter_mut().for_each(|v| *v += b[ch]);
+                } else {
+                    let col = &mut ws[..k * tile];
+                    for j in 0..tiles {
+                        let (p0, pt) = (j * tile, tile.min(op - j * tile));
+                        self.unfold(xg, p0, pt, col, threads);
+                        sgemm_with(
+                            self.own,
+                            mg,
+                            k,
+                            pt,
+                            1.0,
+                            wg,
+                            (k, 1),
+                            &col[..k * pt],
+                            (pt, 1),
+                            1.0,
+                            &mut yg[p0..],
+                            op,
+                            threads,
+                        );
+                    }
                 }
             }
         }
