@@ -107,17 +107,22 @@ pub fn window(ctx: &NodeCtx, kernel: &[usize]) -> Result<Window, String> {
         ));
     }
     let node = ctx.node;
-    let ints = |name: &str, d: usize| -> Vec<usize> {
-        node.attr_ints(name)
-            .map(|v| v.iter().map(|&x| x as usize).collect())
-            .unwrap_or_else(|| vec![d; sp])
+    // One value per spatial dim (pads: two), each at least `min`.
+    let ints = |name: &str, d: usize, len: usize, min: i64| -> Result<Vec<usize>, String> {
+        match node.attr_ints(name) {
+            None => Ok(vec![d; len]),
+            Some(v) if v.len() == len && v.iter().all(|&x| x >= min) => {
+                Ok(v.iter().map(|&x| x as usize).collect())
+            }
+            Some(v) => Err(format!("{name} {v:?} for {sp} spatial dims")),
+        }
     };
-    let s = ints("strides", 1);
-    let dl = ints("dilations", 1);
-    let pads = node
-        .attr_ints("pads")
-        .map(|v| v.iter().map(|&x| x as usize).collect())
-        .unwrap_or_else(|| vec![0; 2 * sp]);
+    let s = ints("strides", 1, sp, 1)?;
+    let dl = ints("dilations", 1, sp, 1)?;
+    let pads = ints("pads", 0, 2 * sp, 0)?;
+    if kernel.contains(&0) {
+        return Err(format!("a kernel of shape {kernel:?}"));
+    }
     let in_sp = &x.shape[2..];
     let out_sp = &y.shape[2..];
     let mut begin = pads[..sp].to_vec();
@@ -125,8 +130,8 @@ pub fn window(ctx: &NodeCtx, kernel: &[usize]) -> Result<Window, String> {
         "SAME_UPPER" | "SAME_LOWER" => {
             let lower = node.attr_str("auto_pad") == Some("SAME_LOWER");
             for i in 0..sp {
-                let need =
-                    ((out_sp[i] - 1) * s[i] + (kernel[i] - 1) * dl[i] + 1).saturating_sub(in_sp[i]);
+                let need = (out_sp[i].saturating_sub(1) * s[i] + (kernel[i] - 1) * dl[i] + 1)
+                    .saturating_sub(in_sp[i]);
                 begin[i] = if lower { need.div_ceil(2) } else { need / 2 };
             }
         }
@@ -261,15 +266,18 @@ fn im2col_rows_fold(
 /// so a wide kernel over a small output (a weight gradient's `dYᵀ` over a
 /// 3x3 output) copies runs of the kernel's width from one image, where
 /// [`im2col_rows_fold`] copies runs of the output's width from every image
-/// in turn.
-fn im2row_fold(
+/// in turn. Padding reads as `pad` (the quantized kernels of
+/// [`super::qlinear`] unfold integers, padded with the zero point).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn im2row_fold<T: Copy>(
     g: &Window,
-    x: &[f32],
+    x: &[T],
     (n0, ni): (usize, usize),
     c0: usize,
     (r0, rows): (usize, usize),
     first: usize,
-    col: &mut [f32],
+    col: &mut [T],
+    pad: T,
 ) {
     let (ohw, hw) = (g.oh * g.ow, g.h * g.w);
     for (q, dst) in col.chunks_mut(rows).enumerate() {
@@ -287,12 +295,12 @@ fn im2row_fold(
             let d = &mut dst[at..at + run];
             let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
             if iy < 0 || iy as usize >= g.h {
-                d.fill(0.0);
+                d.fill(pad);
             } else {
                 let src = &img[(c0 + c) * hw + iy as usize * g.w..][..g.w];
                 let (a, b) = (lo.clamp(kj, kj + run) - kj, hi.clamp(kj, kj + run) - kj);
-                d[..a].fill(0.0);
-                d[b.max(a)..].fill(0.0);
+                d[..a].fill(pad);
+                d[b.max(a)..].fill(pad);
                 if a < b {
                     let from = (base + ((kj + a) * g.dw) as isize) as usize;
                     let d = &mut d[a..b];
@@ -897,7 +905,7 @@ impl Conv {
                 let part = unsafe {
                     std::slice::from_raw_parts_mut(tp.get().add(q.start * rows), q.len() * rt)
                 };
-                im2row_fold(g, x, (n0, ni), gi * cg, (r0, rt), q.start, part);
+                im2row_fold(g, x, (n0, ni), gi * cg, (r0, rt), q.start, part, 0.0);
                 let beta = if r0 == 0 { 0.0 } else { 1.0 };
                 // SAFETY: as above.
                 unsafe {
@@ -1209,17 +1217,27 @@ pub(crate) fn conv_layout(
     if x.dtype != DType::F32 {
         return Err(format!("Conv on {} is not implemented", x.dtype.name()));
     }
+    let (g, m, group) = grouped_window(ctx, w)?;
+    let direct = g.plain_1x1();
+    Ok((g, m, group, direct))
+}
+
+/// The window, `M` and `group` of a convolution of input 0 by a weight of
+/// shape `w` (`[M, C/group, k...]`), whatever the element types (Conv, and
+/// the integer convolutions of [`super::qlinear`]).
+pub(crate) fn grouped_window(ctx: &NodeCtx, w: &[usize]) -> Result<(Window, usize, usize), String> {
     if w.len() < 3 {
         return Err(format!("a conv weight of shape {w:?}"));
     }
     let g = window(ctx, &w[2..])?;
-    let group = ctx.node.attr_int("group").unwrap_or(1) as usize;
+    let group = ctx.node.attr_int("group").unwrap_or(1);
     let m = w[0];
-    if group == 0 || !g.c.is_multiple_of(group) || !m.is_multiple_of(group) || w[1] * group != g.c {
-        return Err(format!("bad group {group} for {} channels", g.c));
+    match usize::try_from(group) {
+        Ok(gr) if gr > 0 && g.c.is_multiple_of(gr) && m.is_multiple_of(gr) && w[1] == g.c / gr => {
+            Ok((g, m, gr))
+        }
+        _ => Err(format!("bad group {group} for {} channels", g.c)),
     }
-    let direct = g.plain_1x1();
-    Ok((g, m, group, direct))
 }
 
 /// ConvTranspose's geometry: input `[N, C, H, W]`, output `[N, M, OH, OW]`
