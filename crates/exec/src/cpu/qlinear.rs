@@ -1,0 +1,935 @@
+//! Quantized convolution and matrix product on integers: QLinearConv,
+//! ConvInteger and QLinearMatMul (what onnxruntime's static quantizer
+//! writes, and the ONNX model zoo's int8 models run on).
+//!
+//! What they compute: the integer sums `Σ (x − xz)(w − wz)`, wrapped to
+//! int32 as ONNX's int32 accumulation (and its reference) wraps them, which
+//! for any real depth means exact. ConvInteger outputs the sums;
+//! QLinearConv (after adding its int32 bias, wrapping too) and
+//! QLinearMatMul requantize each one as the ONNX reference does,
+//! `saturate(round_half_even(sum · (xs · ws / ys) + yz))`: the multiplier
+//! in the scales' own precision (float32; float16 or bfloat16 for
+//! QLinearMatMul-21), its product with the sum in f64 ([`requant`]).
+//!
+//! How: every 8-bit operand is read as uint8, an int8 one shifted by 128
+//! (`x ^ 0x80`) and its zero point with it, so `x − xz` is unchanged, and
+//! the sums run on the integer GEMM of [`super::qgemm`] (AVX-512 VNNI where
+//! the CPU has it, an exact portable loop elsewhere; a plain loop past its
+//! depth [`qgemm::MAX_K`], [`isums`]).
+//! - Convolutions (1-D and 2-D, [`super::conv::grouped_window`]: groups, strides,
+//!   pads, dilations, auto_pad) unfold one group of one image in tiles of
+//!   output pixels, one row of `C/group · kh · kw` bytes per pixel, padding
+//!   read as the zero point ([`super::conv::im2row_fold`]; a tile and its sums
+//!   within [`TILE_BYTES`], at least 16 pixels), and multiply each tile by
+//!   the group's weight transposed to `[k, M/group]` (once, when the weight
+//!   is a constant). With one input channel per group (depthwise) the taps
+//!   are summed directly, one output row at a time. Threads take whole
+//!   (image, group) blocks of the output, each with its own workspace
+//!   slot; when there is one block, the GEMM splits its columns instead.
+//! - QLinearMatMul broadcasts batches as MatMul does ([`batches`]) and
+//!   multiplies each in blocks of rows (within [`TILE_BYTES`]). `a`'s scale
+//!   and zero point are per tensor or per row (`[M]` for a 2-D `a`, else
+//!   `[…, M, 1]`), `b`'s per tensor or per column (`[…, 1, N]`), as the
+//!   operator's spec has them; `y`'s per tensor.
+
+use crate::backend::{In, Kernel, KernelIo, NodeCtx, TensorInfo};
+use crate::cpu::conv::{grouped_window, im2row_fold, valid_cols, Window};
+use crate::cpu::matmul::{batches, Batches};
+use crate::cpu::par;
+use crate::cpu::qgemm::{self, QWeight, MAX_K};
+use crate::cpu::quant::ints;
+use crate::tensor::{cast, cast_mut, numel, strides};
+use graphopt_ir::DType;
+use half::{bf16, f16};
+
+/// Bytes of one unfolded tile and its i32 sums (and of one block of
+/// QLinearMatMul's rows with theirs).
+const TILE_BYTES: usize = 1 << 18;
+
+fn align64(b: usize) -> usize {
+    b.next_multiple_of(64)
+}
+
+/// Whether an 8-bit operand is int8 (else uint8).
+fn signed8(t: &TensorInfo, op: &str, what: &str) -> Result<bool, String> {
+    match t.dtype {
+        DType::U8 => Ok(false),
+        DType::I8 => Ok(true),
+        d => Err(format!(
+            "{op}: {what} of {} is not implemented (uint8 and int8 are)",
+            d.name()
+        )),
+    }
+}
+
+/// What `x ^ shift` adds to an 8-bit value read as uint8: 128 for int8.
+fn shift(signed: bool) -> i32 {
+    if signed {
+        128
+    } else {
+        0
+    }
+}
+
+/// An optional zero point (input `i`): `ty`'s element type, one value or
+/// `n` (shape `[n]`).
+fn check_zero_point(
+    ctx: &NodeCtx,
+    i: usize,
+    ty: DType,
+    n: usize,
+    op: &str,
+    what: &str,
+) -> Result<(), String> {
+    match ctx.inputs.get(i).cloned().flatten() {
+        Some(z) if z.dtype != ty || (numel(&z.shape) != 1 && z.shape != [n]) => Err(format!(
+            "{op}: {what} zero point {} {:?} for a {} operand ({})",
+            z.dtype.name(),
+            z.shape,
+            ty.name(),
+            if n == 1 {
+                "one value".to_string()
+            } else {
+                format!("one value or {n}")
+            }
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The element type of the scales (inputs `at`): one float type for all.
+fn scale_type(ctx: &NodeCtx, at: &[usize], op: &str) -> Result<DType, String> {
+    let d = ctx.input(at[0])?.dtype;
+    for &i in at {
+        let s = ctx.input(i)?;
+        if !matches!(s.dtype, DType::F32 | DType::F16 | DType::BF16) || s.dtype != d {
+            return Err(format!(
+                "{op}: scales of {} and {} (one of float, float16, bfloat16)",
+                d.name(),
+                s.dtype.name()
+            ));
+        }
+    }
+    Ok(d)
+}
+
+/// A scale tensor's values as f32 (float, float16 or bfloat16).
+fn scale_values(x: &In) -> Result<Vec<f32>, String> {
+    let b = x.bytes()?;
+    Ok(match x.dtype {
+        DType::F32 => cast::<f32>(b).to_vec(),
+        DType::F16 => cast::<u16>(b)
+            .iter()
+            .map(|&v| f16::from_bits(v).to_f32())
+            .collect(),
+        DType::BF16 => cast::<u16>(b)
+            .iter()
+            .map(|&v| bf16::from_bits(v).to_f32())
+            .collect(),
+        d => return Err(format!("a scale of {}", d.name())),
+    })
+}
+
+/// A zero point's values (one 0 when it is omitted).
+fn zero_points(io: &KernelIo, i: usize) -> Result<Vec<i32>, String> {
+    match io.inputs.get(i).copied().flatten() {
+        Some(z) => ints(&z),
+        None => Ok(vec![0]),
+    }
+}
+
+/// `a · b / c` as numpy computes it on scales of type `d`: in f32, each
+/// operation rounded to float16 or bfloat16 for those (f32 holds their
+/// product exactly and rounds their quotient finely enough, 24 ≥ 2·11 + 2
+/// bits, that rounding it again gives the correctly rounded one).
+#[inline]
+fn multiplier(d: DType, a: f32, b: f32, c: f32) -> f32 {
+    match d {
+        DType::F16 => {
+            let r = |v: f32| f16::from_f32(v).to_f32();
+            r(r(a * b) / c)
+        }
+        DType::BF16 => {
+            let r = |v: f32| bf16::from_f32(v).to_f32();
+            r(r(a * b) / c)
+        }
+        _ => a * b / c,
+    }
+}
+
+/// `saturate(round_half_even(acc · mult + zp))` as the ONNX reference
+/// computes it (numpy's int32 × float32 is f64): clamped to `lo..=hi`, NaN
+/// giving 0.
+#[inline]
+fn requant(acc: i32, mult: f32, zp: i32, (lo, hi): (f64, f64)) -> i32 {
+    (acc as f64 * mult as f64 + zp as f64)
+        .round_ties_even()
+        .clamp(lo, hi) as i32
+}
+
+/// The range of a uint8 or int8 output.
+fn range8(t: &TensorInfo, op: &str) -> Result<(f64, f64), String> {
+    match t.dtype {
+        DType::U8 => Ok((0.0, 255.0)),
+        DType::I8 => Ok((-128.0, 127.0)),
+        d => Err(format!(
+            "{op}: an output of {} (uint8 and int8 are implemented)",
+            d.name()
+        )),
+    }
+}
+
+/// `y[i·n + j] = Σ_p (x[i·k + p] − xz)(w[p·n + j] − wz[j])` for `m` rows,
+/// wrapped to i32 (the bits in `y`): `x` uint8, `w` int8 or uint8 as `q`
+/// says, `wz` one value or `n`. On the integer GEMM ([`qgemm::qmatmul`],
+/// exact, the columns split across `threads`) up to its depth
+/// [`MAX_K`], on [`sums_plain`] deeper (where both wrap alike).
+#[allow(clippy::too_many_arguments)]
+fn isums(
+    q: &QWeight,
+    m: usize,
+    x: &[u8],
+    xz: i32,
+    w: &[u8],
+    wz: &[i32],
+    y: &mut [u32],
+    threads: usize,
+) {
+    if (1..=MAX_K).contains(&q.k) {
+        qgemm::qmatmul(q, m, x, xz, w, wz, None, y, threads);
+    } else {
+        sums_plain(q, m, x, xz, w, wz, y);
+    }
+}
+
+/// [`isums`] in plain wrapping i32 loops (one thread).
+fn sums_plain(q: &QWeight, m: usize, x: &[u8], xz: i32, w: &[u8], wz: &[i32], y: &mut [u32]) {
+    let (k, n) = (q.k, q.n);
+    let wv = |v: u8| if q.signed { v as i8 as i32 } else { v as i32 };
+    let zw: Vec<i32> = (0..n)
+        .map(|j| if wz.len() == 1 { wz[0] } else { wz[j] })
+        .collect();
+    let mut acc = vec![0i32; n];
+    for (i, out) in y[..m * n].chunks_exact_mut(n.max(1)).enumerate() {
+        acc.fill(0);
+        for (p, &xv) in x[i * k..(i + 1) * k].iter().enumerate() {
+            let xv = xv as i32 - xz;
+            for ((a, &v), &z) in acc.iter_mut().zip(&w[p * n..(p + 1) * n]).zip(&zw) {
+                *a = a.wrapping_add(xv.wrapping_mul(wv(v) - z));
+            }
+        }
+        for (o, &a) in out.iter_mut().zip(&acc) {
+            *o = a as u32;
+        }
+    }
+}
+
+/// How a convolution's sums become its output elements.
+enum Epilogue<'a> {
+    /// ConvInteger: the sums, as int32.
+    Sums,
+    /// QLinearConv: the sum plus the bias, requantized with the multiplier
+    /// of its output channel.
+    Requant {
+        mult: Vec<f32>,
+        bias: Option<&'a [i32]>,
+        zp: i32,
+        range: (f64, f64),
+    },
+}
+
+impl Epilogue<'_> {
+    /// Bytes per output element.
+    fn size(&self) -> usize {
+        match self {
+            Epilogue::Sums => 4,
+            Epilogue::Requant { .. } => 1,
+        }
+    }
+
+    /// Output element `at` of `y` (bytes) from the sum `acc` of output
+    /// channel `c`.
+    #[inline]
+    fn put(&self, y: &mut [u8], at: usize, acc: i32, c: usize) {
+        match self {
+            Epilogue::Sums => y[4 * at..4 * at + 4].copy_from_slice(&acc.to_le_bytes()),
+            Epilogue::Requant {
+                mult,
+                bias,
+                zp,
+                range,
+            } => {
+                let acc = bias.map_or(acc, |b| acc.wrapping_add(b[c]));
+                y[at] = requant(acc, mult[c], *zp, *range) as u8;
+            }
+        }
+    }
+}
+
+/// QLinearConv or ConvInteger.
+struct QConv {
+    g: Window,
+    m: usize,
+    group: usize,
+    /// QLinearConv (else ConvInteger): its inputs are
+    /// `x, xs, xz, w, ws, wz, ys, yz, B?`, ConvInteger's `x, w, xz?, wz?`.
+    linear: bool,
+    /// Its output range (QLinearConv) and whether it has a bias.
+    range: (f64, f64),
+    bias: bool,
+    scales: DType,
+    x_signed: bool,
+    w_signed: bool,
+    /// Output pixels per unfolded tile, and workspace slots.
+    tile: usize,
+    slots: usize,
+    /// A constant weight, each group's transposed to `[k, M/group]` with
+    /// its column sums (none for depthwise convolutions).
+    packed: Option<Vec<(Vec<u8>, QWeight)>>,
+}
+
+/// What one run reads, shared by its blocks.
+struct ConvRun<'a> {
+    x: &'a [u8],
+    w: &'a [u8],
+    /// `x`'s zero point as stored, and as uint8 (shifted).
+    xz_raw: i32,
+    xz: i32,
+    wz: &'a [i32],
+    packed: &'a [(Vec<u8>, QWeight)],
+    epi: &'a Epilogue<'a>,
+}
+
+impl QConv {
+    fn w_at(&self) -> usize {
+        if self.linear {
+            3
+        } else {
+            1
+        }
+    }
+
+    fn zero_point_at(&self) -> (usize, usize) {
+        if self.linear {
+            (2, 5)
+        } else {
+            (2, 3)
+        }
+    }
+
+    fn cg(&self) -> usize {
+        self.g.c / self.group
+    }
+
+    fn mg(&self) -> usize {
+        self.m / self.group
+    }
+
+    /// Unfolded rows per output pixel.
+    fn k(&self) -> usize {
+        self.cg() * self.g.kh * self.g.kw
+    }
+
+    fn depthwise(&self) -> bool {
+        self.cg() == 1
+    }
+
+    fn slot_bytes(&self) -> usize {
+        if self.depthwise() {
+            align64(4 * self.g.ow)
+        } else {
+            align64(4 * self.tile * self.mg()) + align64(self.tile * self.k())
+        }
+    }
+
+    /// Each group's weight `[M/group, k]` transposed to `[k, M/group]`,
+    /// with its column sums.
+    fn pack(&self, w: &[u8]) -> Vec<(Vec<u8>, QWeight)> {
+        let (mg, k) = (self.mg(), self.k());
+        (0..self.group)
+            .map(|gi| {
+                let mut t = vec![0u8; k * mg];
+                for j in 0..mg {
+                    let row = &w[(gi * mg + j) * k..][..k];
+                    for (r, &v) in row.iter().enumerate() {
+                        t[r * mg + j] = v;
+                    }
+                }
+                let q = QWeight::new(k, mg, self.w_signed, &t);
+                (t, q)
+            })
+            .collect()
+    }
+
+    /// Output block `(n, gi)`: output channels `gi·M/group..` of image
+    /// `n`, `y` its bytes, `ws` a workspace slot.
+    fn block(
+        &self,
+        r: &ConvRun,
+        (n, gi): (usize, usize),
+        y: &mut [u8],
+        ws: &mut [u8],
+        threads: usize,
+    ) {
+        if self.depthwise() {
+            self.depthwise_block(r, (n, gi), y, ws);
+            return;
+        }
+        let g = &self.g;
+        let (mg, k, ohw) = (self.mg(), self.k(), g.oh * g.ow);
+        let wz = if r.wz.len() == 1 {
+            r.wz
+        } else {
+            &r.wz[gi * mg..][..mg]
+        };
+        let (sums, col) = ws.split_at_mut(align64(4 * self.tile * mg));
+        let sums: &mut [u32] = cast_mut(&mut sums[..4 * self.tile * mg]);
+        let (wt, q) = &r.packed[gi];
+        for p0 in (0..ohw).step_by(self.tile) {
+            let pt = self.tile.min(ohw - p0);
+            let sums = &mut sums[..pt * mg];
+            if k == 0 {
+                sums.fill(0);
+            } else {
+                let col = &mut col[..pt * k];
+                let pad = r.xz_raw as u8;
+                im2row_fold(g, r.x, (n, 1), gi * self.cg(), (0, k), p0, col, pad);
+                if self.x_signed {
+                    col.iter_mut().for_each(|v| *v ^= 0x80);
+                }
+                isums(q, pt, col, r.xz, wt, wz, sums, threads);
+            }
+            for j in 0..mg {
+                for (i, s) in sums.iter().skip(j).step_by(mg).enumerate() {
+                    r.epi.put(y, j * ohw + p0 + i, *s as i32, gi * mg + j);
+                }
+            }
+        }
+    }
+
+    /// [`QConv::block`] of a depthwise convolution (one input channel,
+    /// `gi`, per group): each output row's taps summed in `ws` (`OW` i32).
+    fn depthwise_block(&self, r: &ConvRun, (n, gi): (usize, usize), y: &mut [u8], ws: &mut [u8]) {
+        let g = &self.g;
+        let (mg, hw, taps) = (self.mg(), g.h * g.w, g.kh * g.kw);
+        let plane = &r.x[(n * g.c + gi) * hw..][..hw];
+        let acc: &mut [i32] = cast_mut(&mut ws[..4 * g.ow]);
+        let flip = if self.x_signed { 0x80 } else { 0 };
+        let wv = |v: u8| {
+            if self.w_signed {
+                v as i8 as i32
+            } else {
+                v as i32
+            }
+        };
+        for j in 0..mg {
+            let c = gi * mg + j;
+            let z = if r.wz.len() == 1 { r.wz[0] } else { r.wz[c] };
+            let w: Vec<i32> = r.w[c * taps..][..taps].iter().map(|&v| wv(v) - z).collect();
+            for oy in 0..g.oh {
+                acc.fill(0);
+                for ki in 0..g.kh {
+                    let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
+                    if iy < 0 || iy as usize >= g.h {
+                        continue;
+                    }
+                    let row = &plane[iy as usize * g.w..][..g.w];
+                    for kj in 0..g.kw {
+                        let t = w[ki * g.kw + kj];
+                        let (lo, hi) = valid_cols(g, kj);
+                        if t == 0 || lo >= hi {
+                            continue;
+                        }
+                        let first = lo * g.sw + kj * g.dw - g.pw;
+                        let acc = &mut acc[lo..hi];
+                        if g.sw == 1 {
+                            for (a, &v) in acc.iter_mut().zip(&row[first..]) {
+                                *a = a.wrapping_add(((v ^ flip) as i32 - r.xz).wrapping_mul(t));
+                            }
+                        } else {
+                            for (a, &v) in acc.iter_mut().zip(row[first..].iter().step_by(g.sw)) {
+                                *a = a.wrapping_add(((v ^ flip) as i32 - r.xz).wrapping_mul(t));
+                            }
+                        }
+                    }
+                }
+                let at = (j * g.oh + oy) * g.ow;
+                for (ox, &a) in acc.iter().enumerate() {
+                    r.epi.put(y, at + ox, a, c);
+                }
+            }
+        }
+    }
+}
+
+impl Kernel for QConv {
+    fn workspace_bytes(&self) -> usize {
+        self.slots * self.slot_bytes()
+    }
+
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let g = &self.g;
+        let x = io.input(0)?.bytes()?;
+        let w = io.input(self.w_at())?.bytes()?;
+        let (xz_at, wz_at) = self.zero_point_at();
+        let xz_raw = zero_points(io, xz_at)?[0];
+        let wz = zero_points(io, wz_at)?;
+        let bias;
+        let epi = if self.linear {
+            let xs = scale_values(&io.input(1)?)?[0];
+            let ws = scale_values(&io.input(4)?)?;
+            let ys = scale_values(&io.input(6)?)?[0];
+            let mult = (0..self.m)
+                .map(|c| multiplier(self.scales, xs, ws[if ws.len() == 1 { 0 } else { c }], ys))
+                .collect();
+            bias = match self.bias {
+                true => Some(cast::<i32>(io.input(8)?.bytes()?)),
+                false => None,
+            };
+            Epilogue::Requant {
+                mult,
+                bias,
+                zp: zero_points(io, 7)?[0],
+                range: self.range,
+            }
+        } else {
+            Epilogue::Sums
+        };
+        let built;
+        let packed = match &self.packed {
+            Some(p) => p.as_slice(),
+            None if self.depthwise() => &[],
+            None => {
+                built = self.pack(w);
+                built.as_slice()
+            }
+        };
+        let run = ConvRun {
+            x,
+            w,
+            xz_raw,
+            xz: xz_raw + shift(self.x_signed),
+            wz: &wz,
+            packed,
+            epi: &epi,
+        };
+        let units = g.n * self.group;
+        let unit = self.mg() * g.oh * g.ow * epi.size();
+        let y = &mut io.outputs[0].data[..units * unit];
+        if y.is_empty() {
+            return Ok(());
+        }
+        // Whole blocks per part (each with its workspace slot); a single
+        // part gives its threads to the GEMM.
+        let work = (unit * self.k()).max(1);
+        let threads = io.threads;
+        let parts = par::parts(units, threads, par::MIN_ELEMS.div_ceil(work)).min(self.slots);
+        let inner = if parts == 1 { threads } else { 1 };
+        let slot = self.slot_bytes();
+        let mut pieces = Vec::with_capacity(parts);
+        let (mut ys, mut wss) = (y, &mut io.workspace[..parts * slot]);
+        for p in 0..parts {
+            let r = par::range(units, parts, p);
+            let (yp, yrest) = ys.split_at_mut(r.len() * unit);
+            let (wp, wrest) = wss.split_at_mut(slot);
+            pieces.push((r, yp, wp));
+            (ys, wss) = (yrest, wrest);
+        }
+        par::for_each_owned(threads, pieces, |(r, yp, wp)| {
+            for (u, yu) in r.zip(yp.chunks_mut(unit)) {
+                self.block(&run, (u / self.group, u % self.group), yu, wp, inner);
+            }
+        });
+        Ok(())
+    }
+}
+
+/// QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point,
+/// y_scale, y_zero_point, B?).
+pub fn qlinear_conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    conv_kernel(ctx, true)
+}
+
+/// ConvInteger(x, w, x_zero_point?, w_zero_point?).
+pub fn conv_integer(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    conv_kernel(ctx, false)
+}
+
+fn conv_kernel(ctx: &NodeCtx, linear: bool) -> Result<Box<dyn Kernel>, String> {
+    let op = if linear { "QLinearConv" } else { "ConvInteger" };
+    let (w_at, xz_at, wz_at) = if linear { (3, 2, 5) } else { (1, 2, 3) };
+    let x = ctx.input(0)?;
+    let w = ctx.input(w_at)?;
+    let y = ctx.outputs.first().ok_or("no output")?;
+    let x_signed = signed8(x, op, "x")?;
+    let w_signed = signed8(w, op, "a weight")?;
+    if let Some(ks) = ctx.node.attr_ints("kernel_shape") {
+        if w.shape.len() < 2
+            || !ks
+                .iter()
+                .copied()
+                .eq(w.shape[2..].iter().map(|&d| d as i64))
+        {
+            return Err(format!(
+                "{op}: kernel_shape {ks:?} for a weight {:?}",
+                w.shape
+            ));
+        }
+    }
+    let (g, m, group) = grouped_window(ctx, &w.shape)?;
+    check_zero_point(ctx, xz_at, x.dtype, 1, op, "x")?;
+    check_zero_point(ctx, wz_at, w.dtype, m, op, "the weight's")?;
+    if numel(&y.shape) != g.n * m * g.oh * g.ow {
+        return Err(format!("{op}: an output of shape {:?}", y.shape));
+    }
+    let (mut range, mut bias, mut scales) = ((0.0, 0.0), false, DType::F32);
+    if linear {
+        scales = scale_type(ctx, &[1, 4, 6], op)?;
+        for (i, n, what) in [(1, 1, "x"), (4, m, "w"), (6, 1, "y")] {
+            let s = ctx.input(i)?;
+            if numel(&s.shape) != 1 && s.shape != [n] {
+                return Err(format!("{op}: a {what} scale of shape {:?}", s.shape));
+            }
+        }
+        range = range8(y, op)?;
+        check_zero_point(ctx, 7, y.dtype, 1, op, "y")?;
+        if let Some(b) = ctx.inputs.get(8).cloned().flatten() {
+            if b.dtype != DType::I32 || b.shape != [m] {
+                return Err(format!(
+                    "{op}: a bias of {} {:?} for {m} output channels (int32 [{m}])",
+                    b.dtype.name(),
+                    b.shape
+                ));
+            }
+            bias = true;
+        }
+    } else if y.dtype != DType::I32 {
+        return Err(format!("{op}: an output of {}", y.dtype.name()));
+    }
+    let mut k = QConv {
+        m,
+        group,
+        linear,
+        range,
+        bias,
+        scales,
+        x_signed,
+        w_signed,
+        tile: 0,
+        slots: 0,
+        packed: None,
+        g,
+    };
+    let (ohw, units) = (k.g.oh * k.g.ow, k.g.n * group);
+    k.tile = (TILE_BYTES / (k.k() + 4 * k.mg()).max(1))
+        .max(16)
+        .min(ohw.max(1));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    k.slots = cores.clamp(1, 16).min(units.max(1));
+    if !k.depthwise() {
+        let wb = ctx.constants.get(w_at).copied().flatten();
+        k.packed = wb.filter(|b| b.len() >= m * k.k()).map(|b| k.pack(b));
+    }
+    Ok(Box::new(k))
+}
+
+/// Where a scale or zero point of a matrix operand lies for batch `b` of
+/// the product and row `i` of `a` (or column `j` of `b`): `boff[b] + i·step`.
+struct Param {
+    boff: Vec<usize>,
+    step: usize,
+}
+
+impl Param {
+    #[inline]
+    fn at(&self, b: usize, i: usize) -> usize {
+        self.boff[b] + i * self.step
+    }
+}
+
+/// The [`Param`] of a scale or zero point of shape `s` of an operand of
+/// shape `op` (2-D at least: `[…, M, K]` for `a`, `[…, K, N]` for `b`),
+/// which may vary along dim `along` (`a`'s rows, `b`'s columns) and the
+/// batch dims, for the product's batch dims `batch`.
+fn param(s: &[usize], op: &[usize], along: usize, batch: &[usize]) -> Result<Param, String> {
+    let nb = numel(batch);
+    if numel(s) == 1 {
+        return Ok(Param {
+            boff: vec![0; nb],
+            step: 0,
+        });
+    }
+    let r = op.len();
+    if s.len() > r {
+        return Err(format!("of shape {s:?} for an operand {op:?}"));
+    }
+    let mut s2 = vec![1; r - s.len()];
+    s2.extend_from_slice(s);
+    let ok = s2
+        .iter()
+        .zip(op)
+        .enumerate()
+        .all(|(d, (&sd, &od))| sd == 1 || (sd == od && (d < r - 2 || d == along)));
+    if !ok {
+        return Err(format!("of shape {s:?} for an operand {op:?}"));
+    }
+    let st = strides(&s2);
+    let step = if s2[along] == 1 { 0 } else { st[along] };
+    // The operand's batch dims, right-aligned with the product's.
+    let (rb, ob) = (batch.len(), r - 2);
+    let mut boff = Vec::with_capacity(nb);
+    let mut idx = vec![0usize; rb];
+    for _ in 0..nb {
+        let off = (0..ob)
+            .filter(|&d| s2[d] != 1)
+            .map(|d| idx[d + rb - ob] * st[d])
+            .sum();
+        boff.push(off);
+        for d in (0..rb).rev() {
+            idx[d] += 1;
+            if idx[d] < batch[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(Param { boff, step })
+}
+
+/// The batch dims of `a @ b` (shapes promoted to 2-D at least), numpy's
+/// broadcast of theirs.
+fn batch_dims(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+    let (ba, bb) = (&a[..a.len() - 2], &b[..b.len() - 2]);
+    let rank = ba.len().max(bb.len());
+    (0..rank)
+        .map(|d| {
+            let x = if d + ba.len() >= rank {
+                ba[d + ba.len() - rank]
+            } else {
+                1
+            };
+            let y = if d + bb.len() >= rank {
+                bb[d + bb.len() - rank]
+            } else {
+                1
+            };
+            match (x, y) {
+                (x, y) if x == y || y == 1 => Ok(x),
+                (1, y) => Ok(y),
+                _ => Err(format!("batch dims of {a:?} and {b:?} do not broadcast")),
+            }
+        })
+        .collect()
+}
+
+struct QMatMul {
+    bt: Batches,
+    a_signed: bool,
+    b_signed: bool,
+    /// Scales and zero points: `a`'s per (batch, row), `b`'s per (batch,
+    /// column).
+    a_scale: Param,
+    a_zp: Param,
+    b_scale: Param,
+    b_zp: Param,
+    scales: DType,
+    range: (f64, f64),
+    /// Rows of `a` per block.
+    rows: usize,
+    /// A constant `b`: the column sums of each of its matrices.
+    packed: Option<Vec<QWeight>>,
+}
+
+impl QMatMul {
+    fn ws_split(&self) -> usize {
+        align64(4 * self.rows * self.bt.n)
+    }
+}
+
+impl Kernel for QMatMul {
+    fn workspace_bytes(&self) -> usize {
+        self.ws_split() + align64(self.rows * self.bt.k)
+    }
+
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let Batches { m, k, n, .. } = self.bt;
+        let (oa, ob) = (&self.bt.oa, &self.bt.ob);
+        let a = io.input(0)?.bytes()?;
+        let b = io.input(3)?.bytes()?;
+        let a_s = scale_values(&io.input(1)?)?;
+        let a_z = zero_points(io, 2)?;
+        let b_s = scale_values(&io.input(4)?)?;
+        let b_z = zero_points(io, 5)?;
+        let ys = scale_values(&io.input(6)?)?[0];
+        let yz = zero_points(io, 7)?[0];
+        let threads = io.threads;
+        let (sa, sb) = (shift(self.a_signed), if self.a_signed { 0x80 } else { 0 });
+        let y = &mut io.outputs[0].data[..oa.len() * m * n];
+        if y.is_empty() {
+            return Ok(());
+        }
+        let (sums, xa) = io.workspace.split_at_mut(self.ws_split());
+        let sums: &mut [u32] = cast_mut(&mut sums[..4 * self.rows * n]);
+        for (bi, yb) in y.chunks_mut(m * n).enumerate() {
+            let bm = &b[ob[bi]..][..k * n];
+            let built;
+            let q = match &self.packed {
+                Some(p) => &p[ob[bi] / (k * n)],
+                None => {
+                    built = QWeight::new(k, n, self.b_signed, bm);
+                    &built
+                }
+            };
+            let bz = match self.b_zp.step {
+                0 => &b_z[self.b_zp.at(bi, 0)..][..1],
+                _ => &b_z[self.b_zp.at(bi, 0)..][..n],
+            };
+            // Per-row zero points of `a`: the sums with zero, less
+            // `az[i] · Σ_p (b[p, j] − bz[j])`.
+            let per_row = self.a_zp.step != 0;
+            let cb: Vec<i32> = if per_row {
+                let mut c = vec![0u32; n];
+                sums_plain(q, 1, &vec![1; k], 0, bm, bz, &mut c);
+                c.iter().map(|&v| v as i32).collect()
+            } else {
+                Vec::new()
+            };
+            let xz = if per_row {
+                0
+            } else {
+                a_z[self.a_zp.at(bi, 0)] + sa
+            };
+            for r0 in (0..m).step_by(self.rows) {
+                let rt = self.rows.min(m - r0);
+                let x = &mut xa[..rt * k];
+                for (d, &v) in x.iter_mut().zip(&a[oa[bi] + r0 * k..][..rt * k]) {
+                    *d = v ^ sb;
+                }
+                let s = &mut sums[..rt * n];
+                isums(q, rt, x, xz, bm, bz, s, threads);
+                for (i, (out, row)) in yb[r0 * n..][..rt * n]
+                    .chunks_exact_mut(n)
+                    .zip(s.chunks_exact(n))
+                    .enumerate()
+                {
+                    let (r, sc) = (r0 + i, a_s[self.a_scale.at(bi, r0 + i)]);
+                    let z = if per_row {
+                        a_z[self.a_zp.at(bi, r)] + sa
+                    } else {
+                        0
+                    };
+                    for (j, (o, &v)) in out.iter_mut().zip(row).enumerate() {
+                        let mut acc = v as i32;
+                        if per_row {
+                            acc = acc.wrapping_sub(z.wrapping_mul(cb[j]));
+                        }
+                        let mult = multiplier(self.scales, sc, b_s[self.b_scale.at(bi, j)], ys);
+                        *o = requant(acc, mult, yz, self.range) as u8;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point,
+/// y_scale, y_zero_point).
+pub fn qlinear_matmul(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let op = "QLinearMatMul";
+    let (a, b) = (ctx.input(0)?, ctx.input(3)?);
+    let y = ctx.outputs.first().ok_or("no output")?;
+    let a_signed = signed8(a, op, "a")?;
+    let b_signed = signed8(b, op, "b")?;
+    let range = range8(y, op)?;
+    let scales = scale_type(ctx, &[1, 4, 6], op)?;
+    if a.shape.is_empty() || b.shape.is_empty() {
+        return Err(format!("{op} of {:?} and {:?}", a.shape, b.shape));
+    }
+    let pa = if a.shape.len() == 1 {
+        vec![1, a.shape[0]]
+    } else {
+        a.shape.clone()
+    };
+    let pb = if b.shape.len() == 1 {
+        vec![b.shape[0], 1]
+    } else {
+        b.shape.clone()
+    };
+    let batch = batch_dims(&pa, &pb)?;
+    let bt = batches(&a.shape, &b.shape)?;
+    let (m, k, n) = (bt.m, bt.k, bt.n);
+    if numel(&y.shape) != bt.oa.len() * m * n {
+        return Err(format!(
+            "{op}: an output of shape {:?} for {:?} x {:?}",
+            y.shape, a.shape, b.shape
+        ));
+    }
+    // `a`'s per-row scales may be `[M]` (the spec's 2-D wording).
+    let of_a = |i: usize| -> Result<Param, String> {
+        let s = &ctx.input(i)?.shape;
+        let s = if s.len() == 1 && s[0] == m && m > 1 && a.shape.len() >= 2 {
+            vec![m, 1]
+        } else {
+            s.clone()
+        };
+        param(&s, &pa, pa.len() - 2, &batch)
+            .map_err(|e| format!("{op}: a's scale or zero point {e}"))
+    };
+    let of_b = |i: usize| -> Result<Param, String> {
+        param(&ctx.input(i)?.shape, &pb, pb.len() - 1, &batch)
+            .map_err(|e| format!("{op}: b's scale or zero point {e}"))
+    };
+    for (i, ty) in [(2, a.dtype), (5, b.dtype), (7, y.dtype)] {
+        if let Some(z) = ctx.inputs.get(i).cloned().flatten() {
+            if z.dtype != ty {
+                return Err(format!(
+                    "{op}: a zero point of {} for a {} operand",
+                    z.dtype.name(),
+                    ty.name()
+                ));
+            }
+        }
+    }
+    let zp = |i: usize, f: &dyn Fn(usize) -> Result<Param, String>| match ctx.inputs.get(i) {
+        Some(Some(_)) => f(i),
+        _ => Ok(Param {
+            boff: vec![0; numel(&batch)],
+            step: 0,
+        }),
+    };
+    let (a_scale, a_zp) = (of_a(1)?, zp(2, &of_a)?);
+    let (b_scale, b_zp) = (of_b(4)?, zp(5, &of_b)?);
+    for i in [6, 7] {
+        if let Some(Some(t)) = ctx.inputs.get(i) {
+            if numel(&t.shape) != 1 {
+                return Err(format!(
+                    "{op}: a y scale or zero point of shape {:?} (per tensor is implemented)",
+                    t.shape
+                ));
+            }
+        }
+    }
+    let rows = (TILE_BYTES / (k + 4 * n).max(1)).clamp(1, m.max(1));
+    let packed = match ctx.constants.get(3).copied().flatten() {
+        Some(w) if k * n > 0 && w.len() == numel(&b.shape) => Some(
+            w.chunks_exact(k * n)
+                .map(|bm| QWeight::new(k, n, b_signed, bm))
+                .collect(),
+        ),
+        _ => None,
+    };
+    Ok(Box::new(QMatMul {
+        bt,
+        a_signed,
+        b_signed,
+        a_scale,
+        a_zp,
+        b_scale,
+        b_zp,
+        scales,
+        range,
+        rows,
+        packed,
+    }))
+}
