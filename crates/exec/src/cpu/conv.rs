@@ -158,6 +158,21 @@ pub fn im2col_cols(
     pt: usize,
     col: &mut [f32],
 ) {
+    im2col_cols_with(g, x, c0, cg, (p0, pt), col, 0.0);
+}
+
+/// [`im2col_cols`] of any element type, padding read as `pad` (the
+/// integer convolutions of [`super::qlinear`] unfold bytes, padded with
+/// the zero point).
+pub(crate) fn im2col_cols_with<T: Copy>(
+    g: &Window,
+    x: &[T],
+    c0: usize,
+    cg: usize,
+    (p0, pt): (usize, usize),
+    col: &mut [T],
+    pad: T,
+) {
     for c in 0..cg {
         let plane = &x[(c0 + c) * g.h * g.w..][..g.h * g.w];
         for ki in 0..g.kh {
@@ -172,13 +187,13 @@ pub fn im2col_cols(
                     p += ox1 - ox0;
                     let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
                     if iy < 0 || iy as usize >= g.h {
-                        dst.fill(0.0);
+                        dst.fill(pad);
                         continue;
                     }
                     let src = &plane[iy as usize * g.w..][..g.w];
                     let (a, b) = (lo.clamp(ox0, ox1), hi.clamp(ox0, ox1));
-                    dst[..a - ox0].fill(0.0);
-                    dst[b - ox0..].fill(0.0);
+                    dst[..a - ox0].fill(pad);
+                    dst[b - ox0..].fill(pad);
                     let inner = &mut dst[a - ox0..b - ox0];
                     if inner.is_empty() {
                         continue;
@@ -266,18 +281,15 @@ fn im2col_rows_fold(
 /// so a wide kernel over a small output (a weight gradient's `dYᵀ` over a
 /// 3x3 output) copies runs of the kernel's width from one image, where
 /// [`im2col_rows_fold`] copies runs of the output's width from every image
-/// in turn. Padding reads as `pad` (the quantized kernels of
-/// [`super::qlinear`] unfold integers, padded with the zero point).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn im2row_fold<T: Copy>(
+/// in turn.
+fn im2row_fold(
     g: &Window,
-    x: &[T],
+    x: &[f32],
     (n0, ni): (usize, usize),
     c0: usize,
     (r0, rows): (usize, usize),
     first: usize,
-    col: &mut [T],
-    pad: T,
+    col: &mut [f32],
 ) {
     let (ohw, hw) = (g.oh * g.ow, g.h * g.w);
     for (q, dst) in col.chunks_mut(rows).enumerate() {
@@ -295,12 +307,12 @@ pub(crate) fn im2row_fold<T: Copy>(
             let d = &mut dst[at..at + run];
             let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
             if iy < 0 || iy as usize >= g.h {
-                d.fill(pad);
+                d.fill(0.0);
             } else {
                 let src = &img[(c0 + c) * hw + iy as usize * g.w..][..g.w];
                 let (a, b) = (lo.clamp(kj, kj + run) - kj, hi.clamp(kj, kj + run) - kj);
-                d[..a].fill(pad);
-                d[b.max(a)..].fill(pad);
+                d[..a].fill(0.0);
+                d[b.max(a)..].fill(0.0);
                 if a < b {
                     let from = (base + ((kj + a) * g.dw) as isize) as usize;
                     let d = &mut d[a..b];
@@ -905,7 +917,7 @@ impl Conv {
                 let part = unsafe {
                     std::slice::from_raw_parts_mut(tp.get().add(q.start * rows), q.len() * rt)
                 };
-                im2row_fold(g, x, (n0, ni), gi * cg, (r0, rt), q.start, part, 0.0);
+                im2row_fold(g, x, (n0, ni), gi * cg, (r0, rt), q.start, part);
                 let beta = if r0 == 0 { 0.0 } else { 1.0 };
                 // SAFETY: as above.
                 unsafe {

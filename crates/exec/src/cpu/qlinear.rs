@@ -11,29 +11,32 @@
 //! in the scales' own precision (float32; float16 or bfloat16 for
 //! QLinearMatMul-21), its product with the sum in f64 ([`requant`]).
 //!
-//! How: every 8-bit operand is read as uint8, an int8 one shifted by 128
+//! How: the GEMM's row operand is read as uint8, int8 shifted by 128
 //! (`x ^ 0x80`) and its zero point with it, so `x − xz` is unchanged, and
 //! the sums run on the integer GEMM of [`super::qgemm`] (AVX-512 VNNI where
 //! the CPU has it, an exact portable loop elsewhere; a plain loop past its
 //! depth [`qgemm::MAX_K`], [`isums`]).
-//! - Convolutions (1-D and 2-D, [`super::conv::grouped_window`]: groups, strides,
-//!   pads, dilations, auto_pad) unfold one group of one image in tiles of
-//!   output pixels, one row of `C/group · kh · kw` bytes per pixel, padding
-//!   read as the zero point ([`super::conv::im2row_fold`]; a tile and its sums
-//!   within [`TILE_BYTES`], at least 16 pixels), and multiply each tile by
-//!   the group's weight transposed to `[k, M/group]` (once, when the weight
-//!   is a constant). With one input channel per group (depthwise) the taps
-//!   are summed directly, one output row at a time. Threads take whole
-//!   (image, group) blocks of the output, each with its own workspace
-//!   slot; when there is one block, the GEMM splits its columns instead.
+//! - Convolutions (1-D and 2-D, [`super::conv::grouped_window`]: groups,
+//!   strides, pads, dilations, auto_pad) multiply each group's weight
+//!   `[M/group, k]` (the GEMM's rows, as uint8) by one image's unfolded
+//!   columns `[k, pixels]` (`k = C/group · kh · kw`; padding read as the
+//!   zero point, [`super::conv::im2col_cols_with`]) in tiles of output
+//!   pixels (a tile, its sums and its column sums within [`TILE_BYTES`], at
+//!   least [`MIN_TILE`] pixels; a plain 1x1 whose image fits one tile is
+//!   not unfolded), so the sums come out in the output's layout.
+//!   Per-channel weight zero points that differ are taken out afterwards.
+//!   With one input channel per group (depthwise) the taps are summed
+//!   directly, one output row at a time. Threads take whole (image, group)
+//!   blocks of the output, each with its own workspace slot; when there is
+//!   one block, the GEMM splits its columns (pixels) instead.
 //! - QLinearMatMul broadcasts batches as MatMul does ([`batches`]) and
-//!   multiplies each in blocks of rows (within [`TILE_BYTES`]). `a`'s scale
+//!   multiplies each in blocks of rows (as tiles are sized). `a`'s scale
 //!   and zero point are per tensor or per row (`[M]` for a 2-D `a`, else
 //!   `[…, M, 1]`), `b`'s per tensor or per column (`[…, 1, N]`), as the
 //!   operator's spec has them; `y`'s per tensor.
 
 use crate::backend::{In, Kernel, KernelIo, NodeCtx, TensorInfo};
-use crate::cpu::conv::{grouped_window, im2row_fold, valid_cols, Window};
+use crate::cpu::conv::{grouped_window, im2col_cols_with, valid_cols, Window};
 use crate::cpu::matmul::{batches, Batches};
 use crate::cpu::par;
 use crate::cpu::qgemm::{self, QWeight, MAX_K};
@@ -43,8 +46,14 @@ use graphopt_ir::DType;
 use half::{bf16, f16};
 
 /// Bytes of one unfolded tile and its i32 sums (and of one block of
-/// QLinearMatMul's rows with theirs).
-const TILE_BYTES: usize = 1 << 18;
+/// QLinearMatMul's rows with theirs), unless that is fewer than
+/// [`MIN_TILE`] pixels (or [`MIN_ROWS`] rows).
+const TILE_BYTES: usize = 1 << 20;
+/// Output pixels a tile has at least (four of the GEMM's slivers).
+const MIN_TILE: usize = 64;
+/// Rows of `a` a QLinearMatMul block has at least: the GEMM packs `b` once
+/// per call, which fewer rows would not amortize.
+const MIN_ROWS: usize = 256;
 
 fn align64(b: usize) -> usize {
     b.next_multiple_of(64)
@@ -158,13 +167,15 @@ fn multiplier(d: DType, a: f32, b: f32, c: f32) -> f32 {
 }
 
 /// `saturate(round_half_even(acc · mult + zp))` as the ONNX reference
-/// computes it (numpy's int32 × float32 is f64): clamped to `lo..=hi`, NaN
-/// giving 0.
-#[inline]
+/// computes it (numpy's int32 × float32 is f64): clamped to `lo..=hi`
+/// (integers, so clamping first rounds alike), NaN giving 0. Rounded
+/// without a libm call: adding and subtracting 1.5·2⁵² leaves the nearest
+/// integer, ties to even, of any |v| < 2⁵¹.
+#[inline(always)]
 fn requant(acc: i32, mult: f32, zp: i32, (lo, hi): (f64, f64)) -> i32 {
-    (acc as f64 * mult as f64 + zp as f64)
-        .round_ties_even()
-        .clamp(lo, hi) as i32
+    const ROUND: f64 = 6_755_399_441_055_744.0;
+    let v = (acc as f64 * mult as f64 + zp as f64).clamp(lo, hi);
+    ((v + ROUND) - ROUND) as i32
 }
 
 /// The range of a uint8 or int8 output.
@@ -247,20 +258,26 @@ impl Epilogue<'_> {
         }
     }
 
-    /// Output element `at` of `y` (bytes) from the sum `acc` of output
+    /// Output elements `at..` of `y` (bytes) from the sums `acc` of output
     /// channel `c`.
     #[inline]
-    fn put(&self, y: &mut [u8], at: usize, acc: i32, c: usize) {
+    fn put(&self, y: &mut [u8], at: usize, c: usize, acc: impl Iterator<Item = i32>) {
         match self {
-            Epilogue::Sums => y[4 * at..4 * at + 4].copy_from_slice(&acc.to_le_bytes()),
+            Epilogue::Sums => {
+                for (o, s) in y[4 * at..].chunks_exact_mut(4).zip(acc) {
+                    o.copy_from_slice(&s.to_le_bytes());
+                }
+            }
             Epilogue::Requant {
                 mult,
                 bias,
                 zp,
                 range,
             } => {
-                let acc = bias.map_or(acc, |b| acc.wrapping_add(b[c]));
-                y[at] = requant(acc, mult[c], *zp, *range) as u8;
+                let (m, b) = (mult[c], bias.map_or(0, |b| b[c]));
+                for (o, s) in y[at..].iter_mut().zip(acc) {
+                    *o = requant(s.wrapping_add(b), m, *zp, *range) as u8;
+                }
             }
         }
     }
@@ -280,23 +297,25 @@ struct QConv {
     scales: DType,
     x_signed: bool,
     w_signed: bool,
-    /// Output pixels per unfolded tile, and workspace slots.
+    /// Output pixels per unfolded tile (all of them for a plain 1x1,
+    /// which is not unfolded), and workspace slots.
     tile: usize,
     slots: usize,
-    /// A constant weight, each group's transposed to `[k, M/group]` with
-    /// its column sums (none for depthwise convolutions).
-    packed: Option<Vec<(Vec<u8>, QWeight)>>,
+    /// A constant int8 weight as uint8 (`w ^ 0x80`).
+    shifted: Option<Vec<u8>>,
 }
 
 /// What one run reads, shared by its blocks.
 struct ConvRun<'a> {
     x: &'a [u8],
+    /// The weight as stored, and as uint8 (int8 shifted).
     w: &'a [u8],
-    /// `x`'s zero point as stored, and as uint8 (shifted).
-    xz_raw: i32,
+    wu: &'a [u8],
+    /// `x`'s zero point as stored.
     xz: i32,
+    /// The weight's zero points as stored, and as uint8.
     wz: &'a [i32],
-    packed: &'a [(Vec<u8>, QWeight)],
+    wzu: &'a [i32],
     epi: &'a Epilogue<'a>,
 }
 
@@ -334,35 +353,29 @@ impl QConv {
         self.cg() == 1
     }
 
-    fn slot_bytes(&self) -> usize {
-        if self.depthwise() {
-            align64(4 * self.g.ow)
-        } else {
-            align64(4 * self.tile * self.mg()) + align64(self.tile * self.k())
-        }
+    /// A 1x1 window of stride 1 without padding, one tile an image: the
+    /// image is its own unfolded matrix.
+    fn plain(&self) -> bool {
+        self.g.plain_1x1() && self.tile == self.g.oh * self.g.ow
     }
 
-    /// Each group's weight `[M/group, k]` transposed to `[k, M/group]`,
-    /// with its column sums.
-    fn pack(&self, w: &[u8]) -> Vec<(Vec<u8>, QWeight)> {
-        let (mg, k) = (self.mg(), self.k());
-        (0..self.group)
-            .map(|gi| {
-                let mut t = vec![0u8; k * mg];
-                for j in 0..mg {
-                    let row = &w[(gi * mg + j) * k..][..k];
-                    for (r, &v) in row.iter().enumerate() {
-                        t[r * mg + j] = v;
-                    }
-                }
-                let q = QWeight::new(k, mg, self.w_signed, &t);
-                (t, q)
-            })
-            .collect()
+    /// Workspace bytes of one slot: the sums of a tile (`M/group` rows),
+    /// the input's column sums over it, and the tile unfolded.
+    fn slot_bytes(&self) -> usize {
+        if self.depthwise() {
+            return align64(4 * self.g.ow);
+        }
+        let col = if self.plain() { 0 } else { self.k() };
+        align64(4 * self.tile * self.mg()) + align64(4 * self.tile) + align64(col * self.tile)
     }
 
     /// Output block `(n, gi)`: output channels `gi·M/group..` of image
-    /// `n`, `y` its bytes, `ws` a workspace slot.
+    /// `n`, `y` its bytes, `ws` a workspace slot. The GEMM's rows are the
+    /// group's weight `[M/group, k]` (as uint8), its `[k, pixels]` operand a
+    /// tile of the image unfolded (as stored, padded with the zero point),
+    /// so the sums come out in the output's layout. Per-channel weight zero
+    /// points that differ are subtracted afterwards, times the tile's
+    /// column sums of `x − xz`.
     fn block(
         &self,
         r: &ConvRun,
@@ -376,33 +389,59 @@ impl QConv {
             return;
         }
         let g = &self.g;
-        let (mg, k, ohw) = (self.mg(), self.k(), g.oh * g.ow);
-        let wz = if r.wz.len() == 1 {
-            r.wz
+        let (cg, mg, k, ohw) = (self.cg(), self.mg(), self.k(), g.oh * g.ow);
+        let wu = &r.wu[gi * mg * k..][..mg * k];
+        let wzu = if r.wzu.len() == 1 {
+            r.wzu
         } else {
-            &r.wz[gi * mg..][..mg]
+            &r.wzu[gi * mg..][..mg]
         };
-        let (sums, col) = ws.split_at_mut(align64(4 * self.tile * mg));
+        // One zero point for the rows (the GEMM's), or 0 and each row's
+        // subtracted afterwards.
+        let per_row = wzu.iter().any(|&z| z != wzu[0]);
+        let wz0 = if per_row { 0 } else { wzu[0] };
+        let (sums, rest) = ws.split_at_mut(align64(4 * self.tile * mg));
+        let (cx, col) = rest.split_at_mut(align64(4 * self.tile));
         let sums: &mut [u32] = cast_mut(&mut sums[..4 * self.tile * mg]);
-        let (wt, q) = &r.packed[gi];
+        let cx: &mut [i32] = cast_mut(&mut cx[..4 * self.tile]);
+        let img = &r.x[n * g.c * g.h * g.w..][..g.c * g.h * g.w];
+        let xv = |v: u8| {
+            if self.x_signed {
+                v as i8 as i32
+            } else {
+                v as i32
+            }
+        };
         for p0 in (0..ohw).step_by(self.tile) {
             let pt = self.tile.min(ohw - p0);
-            let sums = &mut sums[..pt * mg];
-            if k == 0 {
-                sums.fill(0);
+            let sums = &mut sums[..mg * pt];
+            let unfolded: &[u8] = if k == 0 {
+                &[]
+            } else if self.plain() {
+                &img[gi * cg * ohw..][..cg * ohw]
             } else {
-                let col = &mut col[..pt * k];
-                let pad = r.xz_raw as u8;
-                im2row_fold(g, r.x, (n, 1), gi * self.cg(), (0, k), p0, col, pad);
-                if self.x_signed {
-                    col.iter_mut().for_each(|v| *v ^= 0x80);
+                let col = &mut col[..k * pt];
+                im2col_cols_with(g, img, gi * cg, cg, (p0, pt), col, r.xz as u8);
+                col
+            };
+            let q = QWeight::new(k, pt, self.x_signed, unfolded);
+            isums(&q, mg, wu, wz0, unfolded, &[r.xz], sums, threads);
+            let cx = &mut cx[..pt];
+            if per_row {
+                cx.fill(0);
+                for row in unfolded.chunks_exact(pt) {
+                    for (c, &v) in cx.iter_mut().zip(row) {
+                        *c = c.wrapping_add(xv(v) - r.xz);
+                    }
                 }
-                isums(q, pt, col, r.xz, wt, wz, sums, threads);
             }
-            for j in 0..mg {
-                for (i, s) in sums.iter().skip(j).step_by(mg).enumerate() {
-                    r.epi.put(y, j * ohw + p0 + i, *s as i32, gi * mg + j);
-                }
+            for (j, row) in sums.chunks_exact(pt).enumerate() {
+                let z = if per_row { wzu[j] } else { 0 };
+                let acc = row
+                    .iter()
+                    .zip(cx.iter())
+                    .map(|(&s, &c)| (s as i32).wrapping_sub(z.wrapping_mul(c)));
+                r.epi.put(y, j * ohw + p0, gi * mg + j, acc);
             }
         }
     }
@@ -414,7 +453,13 @@ impl QConv {
         let (mg, hw, taps) = (self.mg(), g.h * g.w, g.kh * g.kw);
         let plane = &r.x[(n * g.c + gi) * hw..][..hw];
         let acc: &mut [i32] = cast_mut(&mut ws[..4 * g.ow]);
-        let flip = if self.x_signed { 0x80 } else { 0 };
+        let xv = |v: u8| {
+            if self.x_signed {
+                v as i8 as i32
+            } else {
+                v as i32
+            }
+        };
         let wv = |v: u8| {
             if self.w_signed {
                 v as i8 as i32
@@ -444,19 +489,16 @@ impl QConv {
                         let acc = &mut acc[lo..hi];
                         if g.sw == 1 {
                             for (a, &v) in acc.iter_mut().zip(&row[first..]) {
-                                *a = a.wrapping_add(((v ^ flip) as i32 - r.xz).wrapping_mul(t));
+                                *a = a.wrapping_add((xv(v) - r.xz).wrapping_mul(t));
                             }
                         } else {
                             for (a, &v) in acc.iter_mut().zip(row[first..].iter().step_by(g.sw)) {
-                                *a = a.wrapping_add(((v ^ flip) as i32 - r.xz).wrapping_mul(t));
+                                *a = a.wrapping_add((xv(v) - r.xz).wrapping_mul(t));
                             }
                         }
                     }
                 }
-                let at = (j * g.oh + oy) * g.ow;
-                for (ox, &a) in acc.iter().enumerate() {
-                    r.epi.put(y, at + ox, a, c);
-                }
+                r.epi.put(y, (j * g.oh + oy) * g.ow, c, acc.iter().copied());
             }
         }
     }
@@ -472,8 +514,9 @@ impl Kernel for QConv {
         let x = io.input(0)?.bytes()?;
         let w = io.input(self.w_at())?.bytes()?;
         let (xz_at, wz_at) = self.zero_point_at();
-        let xz_raw = zero_points(io, xz_at)?[0];
+        let xz = zero_points(io, xz_at)?[0];
         let wz = zero_points(io, wz_at)?;
+        let wzu: Vec<i32> = wz.iter().map(|&z| z + shift(self.w_signed)).collect();
         let bias;
         let epi = if self.linear {
             let xs = scale_values(&io.input(1)?)?[0];
@@ -496,21 +539,21 @@ impl Kernel for QConv {
             Epilogue::Sums
         };
         let built;
-        let packed = match &self.packed {
-            Some(p) => p.as_slice(),
-            None if self.depthwise() => &[],
-            None => {
-                built = self.pack(w);
+        let wu = match &self.shifted {
+            Some(s) => s.as_slice(),
+            None if self.w_signed && !self.depthwise() => {
+                built = shifted(w);
                 built.as_slice()
             }
+            None => w,
         };
         let run = ConvRun {
             x,
             w,
-            xz_raw,
-            xz: xz_raw + shift(self.x_signed),
+            wu,
+            xz,
             wz: &wz,
-            packed,
+            wzu: &wzu,
             epi: &epi,
         };
         let units = g.n * self.group;
@@ -617,20 +660,25 @@ fn conv_kernel(ctx: &NodeCtx, linear: bool) -> Result<Box<dyn Kernel>, String> {
         w_signed,
         tile: 0,
         slots: 0,
-        packed: None,
+        shifted: None,
         g,
     };
     let (ohw, units) = (k.g.oh * k.g.ow, k.g.n * group);
-    k.tile = (TILE_BYTES / (k.k() + 4 * k.mg()).max(1))
-        .max(16)
+    k.tile = (TILE_BYTES / (k.k() + 4 * k.mg() + 4))
+        .max(MIN_TILE)
         .min(ohw.max(1));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     k.slots = cores.clamp(1, 16).min(units.max(1));
-    if !k.depthwise() {
+    if w_signed && !k.depthwise() {
         let wb = ctx.constants.get(w_at).copied().flatten();
-        k.packed = wb.filter(|b| b.len() >= m * k.k()).map(|b| k.pack(b));
+        k.shifted = wb.filter(|b| b.len() == m * k.k()).map(shifted);
     }
     Ok(Box::new(k))
+}
+
+/// int8 bytes as uint8 (`v ^ 0x80`, that is `v + 128`).
+fn shifted(w: &[u8]) -> Vec<u8> {
+    w.iter().map(|&v| v ^ 0x80).collect()
 }
 
 /// Where a scale or zero point of a matrix operand lies for batch `b` of
@@ -910,7 +958,9 @@ pub fn qlinear_matmul(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
             }
         }
     }
-    let rows = (TILE_BYTES / (k + 4 * n).max(1)).clamp(1, m.max(1));
+    let rows = (TILE_BYTES / (k + 4 * n).max(1))
+        .max(MIN_ROWS)
+        .min(m.max(1));
     let packed = match ctx.constants.get(3).copied().flatten() {
         Some(w) if k * n > 0 && w.len() == numel(&b.shape) => Some(
             w.chunks_exact(k * n)
