@@ -1638,8 +1638,7 @@ fn qlinear_conv_per_channel_groups_strides_pads_dilations_against_loops() {
         false,
         22,
     );
-    // A 1-D convolution with a long output (several im2row tiles of the
-    // 2-thread split).
+    // A 1-D convolution with a long output.
     check_qconv(
         ("uint8", "uint8", "uint8"),
         &Geo {
@@ -1656,6 +1655,43 @@ fn qlinear_conv_per_channel_groups_strides_pads_dilations_against_loops() {
         true,
         23,
     );
+    // Deep rows (512·3·3) over 24x24 pixels: several unfolded tiles.
+    check_qconv(
+        ("int8", "int8", "int8"),
+        &Geo {
+            x: (1, 512, 24, 24),
+            k: (4, 3, 3),
+            group: 1,
+            s: (1, 1),
+            p: (1, 1),
+            d: (1, 1),
+            o: (24, 24),
+        },
+        "<pads = [1, 1, 1, 1]>",
+        true,
+        true,
+        26,
+    );
+    // 1x1 convolutions: an image its own unfolded matrix, and one too big
+    // for a tile (unfolded in two).
+    for (hw, seed) in [((5, 7), 27), ((150, 150), 28)] {
+        check_qconv(
+            ("uint8", "int8", "uint8"),
+            &Geo {
+                x: (2, 16, hw.0, hw.1),
+                k: (8, 1, 1),
+                group: 1,
+                s: (1, 1),
+                p: (0, 0),
+                d: (1, 1),
+                o: hw,
+            },
+            "",
+            true,
+            true,
+            seed,
+        );
+    }
     // Enough work for blocks of the output split across the 2 threads.
     check_qconv(
         ("uint8", "int8", "uint8"),
