@@ -1557,3 +1557,575 @@ fn det_by_pivoted_lu_and_cumprod_exclusive_reverse() {
     }
     close(&got[1], &want);
 }
+
+/// Bytes from a small LCG (the quantized tests' data).
+fn qbytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u8
+        })
+        .collect()
+}
+
+/// An 8-bit element as its integer: `ty` is "int8" or "uint8".
+fn qval(ty: &str, b: u8) -> i32 {
+    if ty == "int8" {
+        b as i8 as i32
+    } else {
+        b as i32
+    }
+}
+
+fn qtype(ty: &str) -> graphopt_ir::DType {
+    match ty {
+        "int8" => graphopt_ir::DType::I8,
+        "uint8" => graphopt_ir::DType::U8,
+        _ => graphopt_ir::DType::I32,
+    }
+}
+
+fn qlist<T: ToString>(v: impl IntoIterator<Item = T>) -> String {
+    v.into_iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `Σ (x − xz)(w − wz[c])` over the taps inside the image (direct loops,
+/// in i64), the reference of QLinearConv and ConvInteger.
+fn qconv_sums(x: &[i32], xz: i32, w: &[i32], wz: &[i32], g: &Geo) -> Vec<i64> {
+    let (n, c, h, wd) = g.x;
+    let (m, kh, kw) = g.k;
+    let (oh, ow) = g.o;
+    let (cg, mg) = (c / g.group, m / g.group);
+    let mut y = vec![0i64; n * m * oh * ow];
+    for ni in 0..n {
+        for mi in 0..m {
+            let gi = mi / mg;
+            let z = wz[if wz.len() == 1 { 0 } else { mi }] as i64;
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut s = 0i64;
+                    for ci in 0..cg {
+                        for ki in 0..kh {
+                            for kj in 0..kw {
+                                let iy = (oy * g.s.0 + ki * g.d.0) as isize - g.p.0 as isize;
+                                let ix = (ox * g.s.1 + kj * g.d.1) as isize - g.p.1 as isize;
+                                if iy < 0 || ix < 0 || iy as usize >= h || ix as usize >= wd {
+                                    continue;
+                                }
+                                let xv = x
+                                    [((ni * c + gi * cg + ci) * h + iy as usize) * wd + ix as usize]
+                                    as i64;
+                                let wv = w[((mi * cg + ci) * kh + ki) * kw + kj] as i64;
+                                s += (xv - xz as i64) * (wv - z);
+                            }
+                        }
+                    }
+                    y[((ni * m + mi) * oh + oy) * ow + ox] = s;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// ONNX's requantization, as its reference computes it: the int32 sum
+/// times `xs · ws / ys` (f32) in f64, plus the zero point, rounded half to
+/// even, saturated to `ty`.
+fn qrequant(acc: i64, mult: f32, zp: i32, ty: &str) -> i32 {
+    let (lo, hi) = if ty == "int8" {
+        (-128.0, 127.0)
+    } else {
+        (0.0, 255.0)
+    };
+    ((acc as i32) as f64 * mult as f64 + zp as f64)
+        .round_ties_even()
+        .clamp(lo, hi) as i32
+}
+
+/// Runs a one-node model, its inputs fed in order; `Err` when it is refused.
+fn qrun(text: &str, inputs: &[HostTensor]) -> Result<Vec<HostTensor>, String> {
+    let m = graphopt_text::parse_model(text).map_err(|e| format!("{e:?}"))?;
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default())
+        .map_err(|e| format!("{e:?}"))?;
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).map_err(|e| e.to_string())?;
+    let opts = RunOptions {
+        threads: 2,
+        poison: true,
+    };
+    Ok(exe.run(inputs, &opts).map_err(|e| e.to_string())?.0)
+}
+
+/// One QLinearConv (and the ConvInteger of the same operands) against
+/// [`qconv_sums`]: the weight as a constant and fed as an input.
+#[allow(clippy::too_many_arguments)]
+fn check_qconv(
+    (xt, wt, yt): (&str, &str, &str),
+    g: &Geo,
+    attrs: &str,
+    per_channel: bool,
+    bias: bool,
+    seed: u64,
+) {
+    let (n, c, h, wd) = g.x;
+    let (m, kh, kw) = g.k;
+    let cg = c / g.group;
+    let one_d = h == 1 && kh == 1 && attrs.contains("1d");
+    let attrs = attrs.replace("1d", "");
+    let xs_ = if one_d {
+        format!("{n},{c},{wd}")
+    } else {
+        format!("{n},{c},{h},{wd}")
+    };
+    let ws_ = if one_d {
+        format!("{m},{cg},{kw}")
+    } else {
+        format!("{m},{cg},{kh},{kw}")
+    };
+    let ys_ = if one_d {
+        format!("{n},{m},{}", g.o.1)
+    } else {
+        format!("{n},{m},{},{}", g.o.0, g.o.1)
+    };
+    let xb = qbytes(n * c * h * wd, seed);
+    let wb = qbytes(m * cg * kh * kw, seed + 1);
+    let xv: Vec<i32> = xb.iter().map(|&b| qval(xt, b)).collect();
+    let wv: Vec<i32> = wb.iter().map(|&b| qval(wt, b)).collect();
+    // Zero points near the middle of the data (whose sums then center on
+    // about 0).
+    let mid = |ty: &str, b: u8| (b % 16) as i32 + if ty == "int8" { -8 } else { 120 };
+    let xz = mid(xt, qbytes(1, seed + 2)[0]);
+    let mc = if per_channel { m } else { 1 };
+    let wz: Vec<i32> = qbytes(mc, seed + 3).iter().map(|&b| mid(wt, b)).collect();
+    let w_scale: Vec<f32> = (0..mc).map(|i| 0.01 + 0.003 * i as f32).collect();
+    let b: Vec<i32> = (0..m).map(|i| (i as i32 - 2) * 1234).collect();
+    let (xs, yz) = (0.05f32, if yt == "int8" { 2 } else { 130 });
+    let sums = qconv_sums(&xv, xz, &wv, &wz, g);
+    // y's scale spreads the outputs over about ±40 steps (few saturate).
+    let rms = (sums.iter().map(|&s| (s as f64).powi(2)).sum::<f64>() / sums.len() as f64).sqrt();
+    let ys = (xs as f64 * 0.012 * rms / 40.0) as f32;
+    let ch = |c: usize| if per_channel { c } else { 0 };
+    let plane = g.o.0 * g.o.1;
+    let want: Vec<u8> = sums
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let c = i / plane % m;
+            let s = s + if bias { b[c] as i64 } else { 0 };
+            qrequant(s, xs * w_scale[ch(c)] / ys, yz, yt) as u8
+        })
+        .collect();
+    let wshape = if per_channel {
+        format!("[{m}]")
+    } else {
+        String::new()
+    };
+    let consts = format!(
+        "float xs = {{{xs}}}, {xt} xz = {{{xz}}}, float{wshape} wsc = {{{}}}, {wt}{wshape} wz = {{{}}}, \
+         float ys = {{{ys}}}, {yt} yz = {{{yz}}}, int32[{m}] b = {{{}}}",
+        qlist(&w_scale),
+        qlist(&wz),
+        qlist(&b)
+    );
+    let bias_in = if bias { ", b" } else { "" };
+    let node = format!("y = QLinearConv {attrs} (x, xs, xz, w, wsc, wz, ys, yz{bias_in})");
+    let ci = format!("ci = ConvInteger {attrs} (x, w, xz, wz)");
+    let (x_t, w_t) = (
+        HostTensor {
+            dtype: qtype(xt),
+            shape: xs_.split(',').map(|d| d.parse().unwrap()).collect(),
+            data: xb.clone(),
+        },
+        HostTensor {
+            dtype: qtype(wt),
+            shape: ws_.split(',').map(|d| d.parse().unwrap()).collect(),
+            data: wb.clone(),
+        },
+    );
+    let head = r#"<ir_version: 8, opset_import: ["" : 13]>"#;
+    let outs = format!("({yt}[{ys_}] y, int32[{ys_}] ci)");
+    let constant = format!(
+        "{head}\ng ({xt}[{xs_}] x) => {outs}\n<{wt}[{ws_}] w = {{{}}}, {consts}> {{\n{node}\n{ci}\n}}",
+        qlist(&wv)
+    );
+    let fed = format!(
+        "{head}\ng ({xt}[{xs_}] x, {wt}[{ws_}] w) => {outs}\n<{consts}> {{\n{node}\n{ci}\n}}"
+    );
+    let sums_i32: Vec<u8> = sums
+        .iter()
+        .flat_map(|&s| (s as i32).to_le_bytes())
+        .collect();
+    for (text, inputs) in [
+        (&constant, vec![x_t.clone()]),
+        (&fed, vec![x_t.clone(), w_t.clone()]),
+    ] {
+        let out = qrun(text, &inputs).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(out[0].dtype, qtype(yt));
+        let bad = out[0]
+            .data
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert_eq!(
+            bad,
+            0,
+            "{bad} of {} QLinearConv outputs differ: {attrs}",
+            want.len()
+        );
+        assert!(out[1].data == sums_i32, "ConvInteger sums differ: {attrs}");
+        // Not all saturated: the scales keep most outputs inside the range.
+        let edge = want
+            .iter()
+            .filter(|&&v| v == 0 || v == 255 || v == 127 || v == 128)
+            .count();
+        assert!(
+            edge < want.len() / 2,
+            "{edge} of {} at the edges",
+            want.len()
+        );
+    }
+}
+
+#[test]
+fn qlinear_conv_per_channel_groups_strides_pads_dilations_against_loops() {
+    // x [2,4,7,6], w [6,2,3,2] (group 2), stride 2x1, pads 1,0 / 1,1,
+    // dilation 1x2: oh = (7 + 2 - 3) / 2 + 1 = 4, ow = (6 + 1 - 3) / 1 + 1 = 5.
+    check_qconv(
+        ("uint8", "int8", "uint8"),
+        &Geo {
+            x: (2, 4, 7, 6),
+            k: (6, 3, 2),
+            group: 2,
+            s: (2, 1),
+            p: (1, 0),
+            d: (1, 2),
+            o: (4, 5),
+        },
+        "<group = 2, strides = [2, 1], pads = [1, 0, 1, 1], dilations = [1, 2]>",
+        true,
+        true,
+        21,
+    );
+    // int8 activations, uint8 weights with one zero point, no bias, int8
+    // out; SAME_UPPER with stride 2 over 9x9: out 5x5, pads 1 / 1.
+    check_qconv(
+        ("int8", "uint8", "int8"),
+        &Geo {
+            x: (1, 5, 9, 9),
+            k: (20, 3, 3),
+            group: 1,
+            s: (2, 2),
+            p: (1, 1),
+            d: (1, 1),
+            o: (5, 5),
+        },
+        "<auto_pad = \"SAME_UPPER\", strides = [2, 2]>",
+        false,
+        false,
+        22,
+    );
+    // A 1-D convolution with a long output.
+    check_qconv(
+        ("uint8", "uint8", "uint8"),
+        &Geo {
+            x: (1, 3, 1, 9000),
+            k: (4, 1, 5),
+            group: 1,
+            s: (1, 3),
+            p: (0, 2),
+            d: (1, 1),
+            o: (1, 3000),
+        },
+        "1d<strides = [3], pads = [2, 1]>",
+        true,
+        true,
+        23,
+    );
+    // Deep rows (512·3·3) over 24x24 pixels: several unfolded tiles.
+    check_qconv(
+        ("int8", "int8", "int8"),
+        &Geo {
+            x: (1, 512, 24, 24),
+            k: (4, 3, 3),
+            group: 1,
+            s: (1, 1),
+            p: (1, 1),
+            d: (1, 1),
+            o: (24, 24),
+        },
+        "<pads = [1, 1, 1, 1]>",
+        true,
+        true,
+        26,
+    );
+    // 1x1 convolutions: an image its own unfolded matrix, and one too big
+    // for a tile (unfolded in two).
+    for (hw, seed) in [((5, 7), 27), ((150, 150), 28)] {
+        check_qconv(
+            ("uint8", "int8", "uint8"),
+            &Geo {
+                x: (2, 16, hw.0, hw.1),
+                k: (8, 1, 1),
+                group: 1,
+                s: (1, 1),
+                p: (0, 0),
+                d: (1, 1),
+                o: hw,
+            },
+            "",
+            true,
+            true,
+            seed,
+        );
+    }
+    // Enough work for blocks of the output split across the 2 threads.
+    check_qconv(
+        ("uint8", "int8", "uint8"),
+        &Geo {
+            x: (4, 8, 16, 16),
+            k: (16, 3, 3),
+            group: 2,
+            s: (1, 1),
+            p: (1, 1),
+            d: (1, 1),
+            o: (16, 16),
+        },
+        "<group = 2, pads = [1, 1, 1, 1]>",
+        true,
+        true,
+        24,
+    );
+    // Deeper than the integer GEMM sums exactly in i32 (3700·3·3 =
+    // 33300 > 33025): the plain loop, wrapping as int32 does.
+    check_qconv(
+        ("uint8", "int8", "uint8"),
+        &Geo {
+            x: (1, 3700, 3, 3),
+            k: (2, 3, 3),
+            group: 1,
+            s: (1, 1),
+            p: (1, 1),
+            d: (1, 1),
+            o: (3, 3),
+        },
+        "<pads = [1, 1, 1, 1]>",
+        true,
+        true,
+        25,
+    );
+}
+
+#[test]
+fn qlinear_conv_depthwise_with_a_channel_multiplier_against_loops() {
+    // x [2,3,8,8] int8, w [6,1,3,3] (group 3: two output channels per
+    // input channel), stride 2, pads 1: out 4x4; and a plain depthwise 5x5
+    // with dilation 2 (pads 4: out 8x8).
+    check_qconv(
+        ("int8", "int8", "uint8"),
+        &Geo {
+            x: (2, 3, 8, 8),
+            k: (6, 3, 3),
+            group: 3,
+            s: (2, 2),
+            p: (1, 1),
+            d: (1, 1),
+            o: (4, 4),
+        },
+        "<group = 3, strides = [2, 2], pads = [1, 1, 1, 1]>",
+        true,
+        true,
+        31,
+    );
+    check_qconv(
+        ("uint8", "int8", "int8"),
+        &Geo {
+            x: (1, 4, 8, 8),
+            k: (4, 5, 5),
+            group: 4,
+            s: (1, 1),
+            p: (4, 4),
+            d: (2, 2),
+            o: (8, 8),
+        },
+        "<group = 4, pads = [4, 4, 4, 4], dilations = [2, 2]>",
+        true,
+        false,
+        32,
+    );
+    // Planes split across the 2 threads.
+    check_qconv(
+        ("uint8", "uint8", "uint8"),
+        &Geo {
+            x: (2, 16, 32, 32),
+            k: (16, 3, 3),
+            group: 16,
+            s: (1, 1),
+            p: (1, 1),
+            d: (1, 1),
+            o: (32, 32),
+        },
+        "<group = 16, pads = [1, 1, 1, 1]>",
+        false,
+        true,
+        33,
+    );
+}
+
+/// QLinearMatMul with broadcast batches: `a` `[2,1,3,5]` with per-row
+/// scales and zero points (`[3,1]`), `b` `[3,5,4]` with per-column ones
+/// (`[4]`); and a 2-D int8 `a` with the spec's `[M]` per-row scales times a
+/// constant uint8 `b`.
+#[test]
+fn qlinear_matmul_broadcasts_batches_with_per_row_and_per_column_scales() {
+    let head = r#"<ir_version: 8, opset_import: ["" : 13]>"#;
+    // Case 1.
+    let (ab, bb) = (qbytes(30, 41), qbytes(60, 42));
+    let av: Vec<i32> = ab.iter().map(|&b| qval("uint8", b)).collect();
+    let bv: Vec<i32> = bb.iter().map(|&b| qval("int8", b)).collect();
+    let (a_s, a_z) = ([0.02f32, 0.03, 0.025], [120, 130, 7]);
+    let (b_s, b_z) = ([0.01f32, 0.015, 0.02, 0.012], [-3, 0, 5, 100]);
+    let (ys, yz) = (0.6f32, 128);
+    let text = format!(
+        "{head}\ng (uint8[2,1,3,5] a, int8[3,5,4] b) => (uint8[2,3,3,4] y)\n\
+         <float[3,1] as = {{{}}}, uint8[3,1] az = {{{}}}, float[4] bs = {{{}}}, int8[4] bz = {{{}}}, \
+         float ys = {{{ys}}}, uint8 yz = {{{yz}}}> {{\ny = QLinearMatMul (a, as, az, b, bs, bz, ys, yz)\n}}",
+        qlist(a_s),
+        qlist(a_z),
+        qlist(b_s),
+        qlist(b_z)
+    );
+    let mut want = Vec::new();
+    for i in 0..2 {
+        for j in 0..3 {
+            for r in 0..3 {
+                for c in 0..4 {
+                    let s: i64 = (0..5)
+                        .map(|p| {
+                            (av[i * 15 + r * 5 + p] - a_z[r]) as i64
+                                * (bv[j * 20 + p * 4 + c] - b_z[c]) as i64
+                        })
+                        .sum();
+                    want.push(qrequant(s, a_s[r] * b_s[c] / ys, yz, "uint8") as u8);
+                }
+            }
+        }
+    }
+    let inputs = [
+        HostTensor {
+            dtype: qtype("uint8"),
+            shape: vec![2, 1, 3, 5],
+            data: ab,
+        },
+        HostTensor {
+            dtype: qtype("int8"),
+            shape: vec![3, 5, 4],
+            data: bb,
+        },
+    ];
+    let out = qrun(&text, &inputs).unwrap();
+    assert_eq!(out[0].shape, vec![2, 3, 3, 4]);
+    assert_eq!(out[0].data, want);
+    assert!(want.iter().filter(|&&v| v == 0 || v == 255).count() < want.len() / 4);
+
+    // Case 2: a int8 [7, 40] with [7] per-row scales and zero points, b a
+    // constant uint8 [40, 33] with one zero point, int8 out.
+    let (m, k, n) = (7, 40, 33);
+    let (ab, bb) = (qbytes(m * k, 43), qbytes(k * n, 44));
+    let av: Vec<i32> = ab.iter().map(|&b| qval("int8", b)).collect();
+    let bv: Vec<i32> = bb.iter().map(|&b| qval("uint8", b)).collect();
+    let a_s: Vec<f32> = (0..m).map(|i| 0.01 + 0.001 * i as f32).collect();
+    let a_z: Vec<i32> = (0..m as i32).map(|i| i * 30 - 100).collect();
+    let (b_s, b_z, ys, yz) = (0.02f32, 131, 3.0f32, -5);
+    let text = format!(
+        "{head}\ng (int8[{m},{k}] a) => (int8[{m},{n}] y)\n\
+         <uint8[{k},{n}] b = {{{}}}, float[{m}] as = {{{}}}, int8[{m}] az = {{{}}}, float bs = {{{b_s}}}, \
+         uint8 bz = {{{b_z}}}, float ys = {{{ys}}}, int8 yz = {{{yz}}}> \
+         {{\ny = QLinearMatMul (a, as, az, b, bs, bz, ys, yz)\n}}",
+        qlist(&bv),
+        qlist(&a_s),
+        qlist(&a_z)
+    );
+    let mut want = Vec::new();
+    for r in 0..m {
+        for c in 0..n {
+            let s: i64 = (0..k)
+                .map(|p| (av[r * k + p] - a_z[r]) as i64 * (bv[p * n + c] - b_z) as i64)
+                .sum();
+            want.push(qrequant(s, a_s[r] * b_s / ys, yz, "int8") as u8);
+        }
+    }
+    let a = HostTensor {
+        dtype: qtype("int8"),
+        shape: vec![m, k],
+        data: ab,
+    };
+    let out = qrun(&text, &[a]).unwrap();
+    assert_eq!(out[0].data, want);
+    assert!(want.iter().filter(|&&v| v == 127 || v == 128).count() < want.len() / 4);
+}
+
+/// Operands the quantized kernels do not take are refused in one line
+/// when the model is loaded (no panic, nothing run): a zero point of the
+/// other 8-bit type, per-channel scales of the wrong length, a stride of
+/// 0, batch dims that do not broadcast.
+#[test]
+fn quantized_kernels_refuse_bad_operands_in_one_line() {
+    let head = r#"<ir_version: 8, opset_import: ["" : 13]>"#;
+    let conv = |w_zp: &str, w_scale: &str, attrs: &str| {
+        format!(
+            "{head}\ng (uint8[1,2,5,5] x) => (uint8[1,3,3,3] y)\n\
+             <int8[3,2,3,3] w = {{{}}}, float xs = {{0.1}}, uint8 xz = {{3}}, {w_scale}, {w_zp}, \
+             float ys = {{0.2}}, uint8 yz = {{1}}> {{\ny = QLinearConv {attrs} (x, xs, xz, w, ws, wz, ys, yz)\n}}",
+            qlist(vec![1; 54])
+        )
+    };
+    let cases = [
+        (conv("uint8 wz = {2}", "float ws = {0.1}", ""), "zero point"),
+        (
+            conv("int8 wz = {2}", "float[2] ws = {0.1, 0.2}", ""),
+            "scale of shape",
+        ),
+        (
+            conv("int8 wz = {2}", "float ws = {0.1}", "<strides = [0, 1]>"),
+            "strides",
+        ),
+        (
+            format!(
+                "{head}\ng (uint8[2,3,4] a, uint8[4,5] b) => (uint8[2,3,5] y)\n\
+                 <float s = {{0.1}}, int8 az = {{1}}, uint8 z = {{1}}> \
+                 {{\ny = QLinearMatMul (a, s, az, b, s, z, s, z)\n}}"
+            ),
+            "zero point",
+        ),
+        (
+            format!(
+                "{head}\ng (uint8[2,3,4] a, uint8[4,5] b) => (uint8[2,3,5] y)\n\
+                 <float s = {{0.1}}, float[3] bs = {{0.1, 0.2, 0.3}}, uint8 z = {{1}}> \
+                 {{\ny = QLinearMatMul (a, s, z, b, bs, z, s, z)\n}}"
+            ),
+            "b's scale",
+        ),
+    ];
+    for (text, want) in cases {
+        let x = HostTensor {
+            dtype: graphopt_ir::DType::U8,
+            shape: vec![1, 2, 5, 5],
+            data: vec![0; 50],
+        };
+        let r = std::panic::catch_unwind(|| qrun(&text, &[x]));
+        let e = match r {
+            Ok(Err(e)) => e,
+            Ok(Ok(_)) => panic!("accepted:\n{text}"),
+            Err(_) => panic!("panicked:\n{text}"),
+        };
+        assert!(e.contains(want) && !e.contains('\n'), "{e}");
+    }
+}

@@ -108,17 +108,22 @@ pub fn window(ctx: &NodeCtx, kernel: &[usize]) -> Result<Window, String> {
         ));
     }
     let node = ctx.node;
-    let ints = |name: &str, d: usize| -> Vec<usize> {
-        node.attr_ints(name)
-            .map(|v| v.iter().map(|&x| x as usize).collect())
-            .unwrap_or_else(|| vec![d; sp])
+    // One value per spatial dim (pads: two), each at least `min`.
+    let ints = |name: &str, d: usize, len: usize, min: i64| -> Result<Vec<usize>, String> {
+        match node.attr_ints(name) {
+            None => Ok(vec![d; len]),
+            Some(v) if v.len() == len && v.iter().all(|&x| x >= min) => {
+                Ok(v.iter().map(|&x| x as usize).collect())
+            }
+            Some(v) => Err(format!("{name} {v:?} for {sp} spatial dims")),
+        }
     };
-    let s = ints("strides", 1);
-    let dl = ints("dilations", 1);
-    let pads = node
-        .attr_ints("pads")
-        .map(|v| v.iter().map(|&x| x as usize).collect())
-        .unwrap_or_else(|| vec![0; 2 * sp]);
+    let s = ints("strides", 1, sp, 1)?;
+    let dl = ints("dilations", 1, sp, 1)?;
+    let pads = ints("pads", 0, 2 * sp, 0)?;
+    if kernel.contains(&0) {
+        return Err(format!("a kernel of shape {kernel:?}"));
+    }
     let in_sp = &x.shape[2..];
     let out_sp = &y.shape[2..];
     let mut begin = pads[..sp].to_vec();
@@ -126,8 +131,8 @@ pub fn window(ctx: &NodeCtx, kernel: &[usize]) -> Result<Window, String> {
         "SAME_UPPER" | "SAME_LOWER" => {
             let lower = node.attr_str("auto_pad") == Some("SAME_LOWER");
             for i in 0..sp {
-                let need =
-                    ((out_sp[i] - 1) * s[i] + (kernel[i] - 1) * dl[i] + 1).saturating_sub(in_sp[i]);
+                let need = (out_sp[i].saturating_sub(1) * s[i] + (kernel[i] - 1) * dl[i] + 1)
+                    .saturating_sub(in_sp[i]);
                 begin[i] = if lower { need.div_ceil(2) } else { need / 2 };
             }
         }
@@ -154,6 +159,21 @@ pub fn im2col_cols(
     pt: usize,
     col: &mut [f32],
 ) {
+    im2col_cols_with(g, x, c0, cg, (p0, pt), col, 0.0);
+}
+
+/// [`im2col_cols`] of any element type, padding read as `pad` (the
+/// integer convolutions of [`super::qlinear`] unfold bytes, padded with
+/// the zero point).
+pub(crate) fn im2col_cols_with<T: Copy>(
+    g: &Window,
+    x: &[T],
+    c0: usize,
+    cg: usize,
+    (p0, pt): (usize, usize),
+    col: &mut [T],
+    pad: T,
+) {
     for c in 0..cg {
         let plane = &x[(c0 + c) * g.h * g.w..][..g.h * g.w];
         for ki in 0..g.kh {
@@ -168,13 +188,13 @@ pub fn im2col_cols(
                     p += ox1 - ox0;
                     let iy = (oy * g.sh + ki * g.dh) as isize - g.ph as isize;
                     if iy < 0 || iy as usize >= g.h {
-                        dst.fill(0.0);
+                        dst.fill(pad);
                         continue;
                     }
                     let src = &plane[iy as usize * g.w..][..g.w];
                     let (a, b) = (lo.clamp(ox0, ox1), hi.clamp(ox0, ox1));
-                    dst[..a - ox0].fill(0.0);
-                    dst[b - ox0..].fill(0.0);
+                    dst[..a - ox0].fill(pad);
+                    dst[b - ox0..].fill(pad);
                     let inner = &mut dst[a - ox0..b - ox0];
                     if inner.is_empty() {
                         continue;
@@ -1213,17 +1233,27 @@ pub(crate) fn conv_layout(
     if x.dtype != DType::F32 {
         return Err(format!("Conv on {} is not implemented", x.dtype.name()));
     }
+    let (g, m, group) = grouped_window(ctx, w)?;
+    let direct = g.plain_1x1();
+    Ok((g, m, group, direct))
+}
+
+/// The window, `M` and `group` of a convolution of input 0 by a weight of
+/// shape `w` (`[M, C/group, k...]`), whatever the element types (Conv, and
+/// the integer convolutions of [`super::qlinear`]).
+pub(crate) fn grouped_window(ctx: &NodeCtx, w: &[usize]) -> Result<(Window, usize, usize), String> {
     if w.len() < 3 {
         return Err(format!("a conv weight of shape {w:?}"));
     }
     let g = window(ctx, &w[2..])?;
-    let group = ctx.node.attr_int("group").unwrap_or(1) as usize;
+    let group = ctx.node.attr_int("group").unwrap_or(1);
     let m = w[0];
-    if group == 0 || !g.c.is_multiple_of(group) || !m.is_multiple_of(group) || w[1] * group != g.c {
-        return Err(format!("bad group {group} for {} channels", g.c));
+    match usize::try_from(group) {
+        Ok(gr) if gr > 0 && g.c.is_multiple_of(gr) && m.is_multiple_of(gr) && w[1] == g.c / gr => {
+            Ok((g, m, gr))
+        }
+        _ => Err(format!("bad group {group} for {} channels", g.c)),
     }
-    let direct = g.plain_1x1();
-    Ok((g, m, group, direct))
 }
 
 /// ConvTranspose's geometry: input `[N, C, H, W]`, output `[N, M, OH, OW]`

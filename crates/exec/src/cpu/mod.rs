@@ -1,6 +1,7 @@
 //! The CPU backend: fp32 kernels (plus the integer and bool ops that shape
-//! computations use, and dynamic int8 quantization, [`quant`]), one file per
-//! op family; fp16/bf16 nodes run them on widened copies ([`lowp`]).
+//! computations use, int8 quantization, [`quant`], and the quantized
+//! convolutions and matrix products, [`qlinear`]), one file per op family;
+//! fp16/bf16 nodes run them on widened copies ([`lowp`]).
 //! Threads: one pool per thread count ([`par`]) serves every kernel, with
 //! static splits, so outputs are bit-identical at any thread count. GEMMs
 //! split by batch, rows or column blocks ([`matmul::sgemm_with`], which
@@ -27,6 +28,7 @@ pub mod norm;
 pub mod par;
 pub mod pool;
 pub mod qgemm;
+pub mod qlinear;
 pub mod quant;
 pub mod reduce;
 pub mod registry;

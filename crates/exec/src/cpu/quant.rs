@@ -1,8 +1,10 @@
 //! Integer quantization (what onnxruntime's quantizers emit):
 //! QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and MatMulInteger.
-//! DequantizeLinear also reads packed 4-bit inputs (uint4/int4, low nibble
-//! first) and blocked scales (opset 21's `block_size`: one scale per
-//! `block_size` elements along `axis`), as `--quantize int4-weights` writes.
+//! QuantizeLinear writes uint8, int8, uint16 and int16; DequantizeLinear
+//! reads those, int32 and packed 4-bit inputs (uint4/int4, low nibble
+//! first). Both take per-tensor, per-axis and blocked scales (opset 21's
+//! `block_size`: one scale per `block_size` elements along `axis`, as
+//! `--quantize int4-weights` writes).
 //!
 //! Rounding is half to even, as ONNX specifies and onnxruntime does.
 
@@ -57,34 +59,45 @@ impl Kernel for Dequantize {
             None => vec![0; scale.len()],
         };
         let y = io.outputs[0].f32()?;
-        // x as [outer, len, inner] (axis in the middle): one scale row per
-        // (outer, axis index), so the inner loop does no division.
-        let (len, inner) = (self.len, self.inner);
-        let outer = x.len() / (len * inner).max(1);
-        let blocks = if self.block > 0 {
-            len.div_ceil(self.block)
-        } else {
-            0
-        };
-        for o in 0..outer {
-            for a in 0..len {
-                let (base, step) = match self.block {
-                    0 if len == 1 => (0, 0),
-                    0 => (a, 0),
-                    block => ((o * blocks + a / block) * inner, 1),
-                };
-                let at = (o * len + a) * inner;
-                for (k, (out, &v)) in y[at..at + inner]
-                    .iter_mut()
-                    .zip(&x[at..at + inner])
-                    .enumerate()
-                {
-                    let c = base + step * k;
-                    *out = (v - zp[c]) as f32 * scale[c];
-                }
+        let inner = self.inner;
+        scale_runs(x.len(), self.len, inner, self.block, |at, base, step| {
+            for (k, (out, &v)) in y[at..at + inner]
+                .iter_mut()
+                .zip(&x[at..at + inner])
+                .enumerate()
+            {
+                let c = base + step * k;
+                *out = (v - zp[c]) as f32 * scale[c];
             }
-        }
+        });
         Ok(())
+    }
+}
+
+/// A tensor of `total` elements as `[outer, len, inner]` (the scale axis
+/// in the middle), run by run: `f(at, base, step)` for the `inner`
+/// elements from `at`, the `k`-th of which has scale `base + step·k` (one
+/// scale row per outer and axis index, so the inner loop does no
+/// division). `block`: elements per scale along the axis (0: per tensor or
+/// per axis, as [`scale_axis`] reads them).
+fn scale_runs(
+    total: usize,
+    len: usize,
+    inner: usize,
+    block: usize,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let outer = total / (len * inner).max(1);
+    let blocks = if block > 0 { len.div_ceil(block) } else { 0 };
+    for o in 0..outer {
+        for a in 0..len {
+            let (base, step) = match block {
+                0 if len == 1 => (0, 0),
+                0 => (a, 0),
+                block => ((o * blocks + a / block) * inner, 1),
+            };
+            f((o * len + a) * inner, base, step);
+        }
     }
 }
 
@@ -182,12 +195,7 @@ fn zero_point_matches_scale(ctx: &NodeCtx, op: &str) -> Result<(), String> {
 
 pub fn dequantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     zero_point_matches_scale(ctx, "DequantizeLinear")?;
-    let block = ctx.node.attr_int("block_size").unwrap_or(0);
-    let block =
-        usize::try_from(block).map_err(|_| format!("DequantizeLinear: block_size {block}"))?;
-    let axis = ctx.node.attr_int("axis").unwrap_or(1);
-    let (x, s) = (ctx.input(0)?, ctx.input(1)?);
-    let (inner, len) = scale_axis(&x.shape, &s.shape, axis, block, "DequantizeLinear")?;
+    let (inner, len, block) = scale_layout(ctx, "DequantizeLinear")?;
     Ok(Box::new(Dequantize { inner, len, block }))
 }
 
@@ -239,25 +247,29 @@ pub(crate) fn scale_axis(
     Ok((strides(x)[a as usize], len))
 }
 
-/// Per-tensor or per-axis scale: elements per index of the axis and its
-/// length (1 for per-tensor), as QuantizeLinear reads `axis` (default 1;
-/// blocked scales are refused).
-fn scale_layout(ctx: &NodeCtx, op: &str) -> Result<(usize, usize), String> {
-    if ctx.node.attr_int("block_size").unwrap_or(0) != 0 {
-        return Err(format!(
-            "{op}: only per-tensor and per-axis scales are implemented"
-        ));
-    }
+/// Where the scales of a QuantizeLinear or DequantizeLinear node lie
+/// ([`scale_axis`], from `axis`, default 1, and `block_size`): elements
+/// per index of the axis, its length, and the block size (0: per tensor
+/// or per axis).
+fn scale_layout(ctx: &NodeCtx, op: &str) -> Result<(usize, usize, usize), String> {
+    let block = ctx.node.attr_int("block_size").unwrap_or(0);
+    let block = usize::try_from(block).map_err(|_| format!("{op}: block_size {block}"))?;
     let axis = ctx.node.attr_int("axis").unwrap_or(1);
-    scale_axis(&ctx.input(0)?.shape, &ctx.input(1)?.shape, axis, 0, op)
+    let (x, s) = (ctx.input(0)?, ctx.input(1)?);
+    let (inner, len) = scale_axis(&x.shape, &s.shape, axis, block, op)?;
+    Ok((inner, len, block))
 }
 
 struct Quantize {
     inner: usize,
     len: usize,
-    /// The output's range: uint8 [0, 255] or int8 [-128, 127].
+    /// Blocked scales: elements per scale along the axis (0: not blocked).
+    block: usize,
+    /// The output's range (uint8, int8, uint16 or int16), and whether its
+    /// elements are 16-bit.
     lo: f32,
     hi: f32,
+    wide: bool,
 }
 
 impl Kernel for Quantize {
@@ -268,23 +280,50 @@ impl Kernel for Quantize {
             Some(z) => ints(&z)?,
             None => vec![0; scale.len()],
         };
-        let signed = self.lo < 0.0;
         let (lo, hi) = (self.lo, self.hi);
         let threads = io.threads;
-        let y = &mut io.outputs[0].data[..x.len()];
-        let quant = |v: f32, c: usize| {
-            let q = (round_even(v / scale[c]) + zp[c] as f32).clamp(lo, hi);
-            if signed {
-                q as i8 as u8
-            } else {
-                q as u8
-            }
-        };
-        per_scale(threads, y, self.len, self.inner, |first, part, chan| {
-            map_scaled(part, &x[first..first + part.len()], chan, quant)
-        });
+        // The value in the output's range, as an i32 whose low bits are
+        // the output element (NaN gives 0).
+        let quant =
+            |v: f32, c: usize| (round_even(v / scale[c]) + zp[c] as f32).clamp(lo, hi) as i32;
+        let (len, inner, block) = (self.len, self.inner, self.block);
+        if self.wide {
+            let y: &mut [u16] = cast_mut(&mut io.outputs[0].data[..2 * x.len()]);
+            quantize_into(threads, x, y, (len, inner, block), |v, c| {
+                quant(v, c) as u16
+            });
+        } else {
+            let y = &mut io.outputs[0].data[..x.len()];
+            quantize_into(threads, x, y, (len, inner, block), |v, c| quant(v, c) as u8);
+        }
         Ok(())
     }
+}
+
+/// `y[i] = q(x[i], c)` with `c` the scale index of element `i`: per tensor
+/// or per axis split across threads ([`per_scale`]), blocked on one thread.
+fn quantize_into<T: Send>(
+    threads: usize,
+    x: &[f32],
+    y: &mut [T],
+    (len, inner, block): (usize, usize, usize),
+    q: impl Fn(f32, usize) -> T + Sync,
+) {
+    if block == 0 {
+        per_scale(threads, y, len, inner, |first, part, chan| {
+            map_scaled(part, &x[first..first + part.len()], chan, &q)
+        });
+        return;
+    }
+    scale_runs(x.len(), len, inner, block, |at, base, step| {
+        for (k, (o, &v)) in y[at..at + inner]
+            .iter_mut()
+            .zip(&x[at..at + inner])
+            .enumerate()
+        {
+            *o = q(v, base + step * k);
+        }
+    });
 }
 
 /// Round half to even without a libm call (so the loop vectorizes): for
@@ -322,25 +361,45 @@ fn min_max(x: &[f32]) -> (f32, f32) {
     (lo, hi)
 }
 
-/// QuantizeLinear to uint8 or int8 (the type of the zero point; uint8
-/// without one): `saturate(round_half_even(x / scale) + zero_point)`.
+/// QuantizeLinear to uint8, int8, uint16 or int16 (the type of the zero
+/// point or `output_dtype`; uint8 without either):
+/// `saturate(round_half_even(x / scale) + zero_point)`.
 pub fn quantize(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     if ctx.input(0)?.dtype != DType::F32 {
         return Err("QuantizeLinear: only float input is implemented".into());
     }
-    let (lo, hi) = match ctx.outputs[0].dtype {
+    let y = ctx.outputs.first().ok_or("no output")?.dtype;
+    let (lo, hi) = match y {
         DType::U8 => (0.0, 255.0),
         DType::I8 => (-128.0, 127.0),
+        DType::U16 => (0.0, 65535.0),
+        DType::I16 => (-32768.0, 32767.0),
         d => {
             return Err(format!(
-                "QuantizeLinear to {} is not implemented (uint8 and int8 are)",
+                "QuantizeLinear to {} is not implemented (uint8, int8, uint16 and int16 are)",
                 d.name()
             ))
         }
     };
+    if let Some(z) = ctx.inputs.get(2).cloned().flatten() {
+        if z.dtype != y {
+            return Err(format!(
+                "QuantizeLinear: a {} zero point for a {} output",
+                z.dtype.name(),
+                y.name()
+            ));
+        }
+    }
     zero_point_matches_scale(ctx, "QuantizeLinear")?;
-    let (inner, len) = scale_layout(ctx, "QuantizeLinear")?;
-    Ok(Box::new(Quantize { inner, len, lo, hi }))
+    let (inner, len, block) = scale_layout(ctx, "QuantizeLinear")?;
+    Ok(Box::new(Quantize {
+        inner,
+        len,
+        block,
+        lo,
+        hi,
+        wide: matches!(y, DType::U16 | DType::I16),
+    }))
 }
 
 struct DynamicQuantize;

@@ -33,8 +33,8 @@
 //! the new op needs a passing node case (or an exemption with a reason).
 
 use super::{
-    coded, conv, einsum, elementwise, loss, matmul, norm, pool, qgemm, quant, reduce, resize, rnn,
-    sample, scatter, shape, signal, window_nd,
+    coded, conv, einsum, elementwise, loss, matmul, norm, pool, qgemm, qlinear, quant, reduce,
+    resize, rnn, sample, scatter, shape, signal, window_nd,
 };
 use crate::backend::{Kernel, NodeCtx};
 use crate::lower::CODED_DOMAIN;
@@ -313,6 +313,8 @@ const BYTES: &[DType] = &[
 ];
 /// MatMulInteger: integers up to 32 bits.
 const QINTS: &[DType] = &[U8, I8, U16, I16, I32];
+/// QLinearConv, QLinearMatMul and ConvInteger: 8-bit integers.
+const Q8: &[DType] = &[U8, I8];
 /// DequantizeLinear: integers up to 32 bits, packed 4-bit too.
 const QINTS4: &[DType] = &[U8, I8, U16, I16, I32, DType::U4, DType::I4];
 /// The windows' size input (their output type is an attribute).
@@ -352,6 +354,7 @@ pub const KERNELS: &[Entry] = &[
     as_is("Constant", Types::Any, data),
     as_is("ConstantOfShape", Types::Any, data),
     widen("Conv", FLOAT, conv::conv),
+    as_is("ConvInteger", Types::Of(Q8), qlinear::conv_integer),
     widen("ConvTranspose", FLOAT, conv::conv_transpose),
     widen("Cos", FLOAT, unary),
     widen("Cosh", FLOAT, unary),
@@ -423,6 +426,8 @@ pub const KERNELS: &[Entry] = &[
     widen("PRelu", FLOAT, binary),
     as_is("Pad", Types::Of(BYTES), data),
     widen("Pow", NUMBER, binary),
+    as_is("QLinearConv", Types::Of(Q8), qlinear::qlinear_conv),
+    as_is("QLinearMatMul", Types::Of(Q8), qlinear::qlinear_matmul),
     widen("QuantizeLinear", FLOAT, quant::quantize),
     widen("RMSNormalization", FLOAT, norm::rms_norm),
     widen("RNN", FLOAT, rnn::rnn),
