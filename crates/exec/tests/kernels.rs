@@ -1636,18 +1636,12 @@ fn qconv_sums(x: &[i32], xz: i32, w: &[i32], wz: &[i32], g: &Geo) -> Vec<i64> {
     y
 }
 
-/// ONNX's requantization, as its reference computes it: the int32 sum
-/// times `xs · ws / ys` (f32) in f64, plus the zero point, rounded half to
-/// even, saturated to `ty`.
+/// The requantization as onnxruntime computes it: the int32 sum as f32
+/// times `xs · ws / ys` (f32), rounded half to even, plus the zero point,
+/// saturated to `ty`.
 fn qrequant(acc: i64, mult: f32, zp: i32, ty: &str) -> i32 {
-    let (lo, hi) = if ty == "int8" {
-        (-128.0, 127.0)
-    } else {
-        (0.0, 255.0)
-    };
-    ((acc as i32) as f64 * mult as f64 + zp as f64)
-        .round_ties_even()
-        .clamp(lo, hi) as i32
+    let (lo, hi) = if ty == "int8" { (-128, 127) } else { (0, 255) };
+    (((acc as i32) as f32 * mult).round_ties_even() as i64 + zp as i64).clamp(lo, hi) as i32
 }
 
 /// Runs a one-node model, its inputs fed in order; `Err` when it is refused.
