@@ -1,8 +1,10 @@
 //! Conv, ConvTranspose and pooling over three spatial dims (video and
 //! volumetric models) against naive reference loops written here: groups,
 //! strides, dilations and asymmetric pads; stride-2 ConvTranspose with
-//! output_padding; MaxPool's Indices. Each model runs through the whole
-//! runtime (planned arena, poison on). The ONNX node tests cover the 3-D
+//! output_padding; MaxPool's Indices; and property tests of Conv and the
+//! three pools on random windows (no panic, the loops' values, the same
+//! bits on 1 and 3 threads). Each model runs through the whole runtime
+//! (planned arena, poison on). The ONNX node tests cover the 3-D
 //! pools and one ConvTranspose; none has a 3-D Conv.
 
 use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
@@ -280,4 +282,165 @@ fn max_pool_3d_indices_and_average_pool_3d_pads() {
         .collect();
     assert_eq!(gi, idx);
     close(&got[2].to_f32().unwrap(), &a);
+}
+
+/// Random 3-D geometries that shape inference accepts.
+#[derive(Debug, Clone)]
+struct Rand3 {
+    n: usize,
+    group: usize,
+    cg: usize,
+    mg: usize,
+    sp: Vec<usize>,
+    k: Vec<usize>,
+    s: Vec<usize>,
+    d: Vec<usize>,
+    pads: Vec<usize>,
+}
+
+fn rand3() -> impl proptest::strategy::Strategy<Value = Rand3> {
+    use proptest::prelude::*;
+    (
+        1usize..=2,
+        1usize..=2,
+        1usize..=3,
+        1usize..=3,
+        proptest::collection::vec(1usize..=6, 3),
+        proptest::collection::vec(1usize..=3, 3),
+        proptest::collection::vec(1usize..=3, 3),
+        proptest::collection::vec(1usize..=2, 3),
+        proptest::collection::vec(0usize..=2, 6),
+    )
+        .prop_map(|(n, group, cg, mg, sp, k, s, d, pads)| Rand3 {
+            n,
+            group,
+            cg,
+            mg,
+            sp,
+            k,
+            s,
+            d,
+            pads,
+        })
+}
+
+fn dims(v: &[usize]) -> String {
+    v.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Runs at 1 and 3 threads; both must give the same bits.
+fn run_threads(text: &str, inputs: &[HostTensor]) -> Vec<HostTensor> {
+    let m = graphopt_text::parse_model(text).expect("generated model parses");
+    let mp = plan_model(&m, &DimValues::default(), &PlanOptions::default())
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).expect("kernel made");
+    let [a, b] = [1, 3].map(|threads| {
+        exe.run(
+            inputs,
+            &RunOptions {
+                threads,
+                poison: true,
+            },
+        )
+        .expect("runs")
+        .0
+    });
+    assert_eq!(a, b, "1 and 3 threads differ\n{text}");
+    a
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, .. proptest::prelude::ProptestConfig::default() })]
+
+    /// Conv over random 3-D windows: no panic, the naive loop's sums, the
+    /// same bits on any thread count.
+    #[test]
+    fn conv_3d_matches_a_naive_loop_on_random_windows(g in rand3(), seed in 0u64..1000) {
+        let (c, m) = (g.group * g.cg, g.group * g.mg);
+        let mut out = Vec::new();
+        for i in 0..3 {
+            let span = g.d[i] * (g.k[i] - 1) + 1;
+            let room = g.sp[i] + g.pads[i] + g.pads[3 + i];
+            proptest::prop_assume!(room >= span);
+            out.push((room - span) / g.s[i] + 1);
+        }
+        let xs = [vec![g.n, c], g.sp.clone()].concat();
+        let ws = [vec![m, g.cg], g.k.clone()].concat();
+        let ys = [vec![g.n, m], out].concat();
+        let text = format!(
+            r#"<ir_version: 8, opset_import: ["" : 17]>
+            g (float[{}] x, float[{}] w, float[{m}] b) => (float[{}] y) {{
+              y = Conv <pads = [{}], strides = [{}], dilations = [{}], group = {}> (x, w, b)
+            }}"#,
+            dims(&xs), dims(&ws), dims(&ys), dims(&g.pads), dims(&g.s), dims(&g.d), g.group
+        );
+        let (x, w, b) = (t(&xs, seed), t(&ws, seed + 1), t(&[m], seed + 2));
+        let got = run_threads(&text, &[x.clone(), w.clone(), b.clone()]);
+        let geo = Geo { x: xs, w: ws, y: ys, group: g.group, s: g.s.clone(), d: g.d.clone(), begin: g.pads[..3].to_vec() };
+        close_sums(&got[0].to_f32().unwrap(), &conv_ref(&x.to_f32().unwrap(), &w.to_f32().unwrap(), &b.to_f32().unwrap(), &geo));
+    }
+
+    /// MaxPool, AveragePool (both count_include_pad settings) and LpPool
+    /// over random 3-D windows against loops written here.
+    #[test]
+    fn pools_3d_match_naive_loops_on_random_windows(g in rand3(), include in 0usize..=1, p in 1usize..=3, seed in 0u64..1000) {
+        let c = g.group * g.cg;
+        let mut out = Vec::new();
+        for i in 0..3 {
+            // Pads below the kernel, as ONNX requires of pooling.
+            proptest::prop_assume!(g.pads[i] < g.k[i] && g.pads[3 + i] < g.k[i]);
+            let span = g.d[i] * (g.k[i] - 1) + 1;
+            let room = g.sp[i] + g.pads[i] + g.pads[3 + i];
+            proptest::prop_assume!(room >= span);
+            out.push((room - span) / g.s[i] + 1);
+        }
+        let xs = [vec![g.n, c], g.sp.clone()].concat();
+        let ys = [vec![g.n, c], out.clone()].concat();
+        let attrs = format!(
+            "kernel_shape = [{}], pads = [{}], strides = [{}], dilations = [{}]",
+            dims(&g.k), dims(&g.pads), dims(&g.s), dims(&g.d)
+        );
+        let text = format!(
+            r#"<ir_version: 8, opset_import: ["" : 19]>
+            g (float[{x}] x) => (float[{y}] mx, float[{y}] av, float[{y}] lp) {{
+              mx = MaxPool <{attrs}> (x)
+              av = AveragePool <{attrs}, count_include_pad = {include}> (x)
+              lp = LpPool <{attrs}, p = {p}> (x)
+            }}"#,
+            x = dims(&xs), y = dims(&ys)
+        );
+        let x = t(&xs, seed);
+        let got = run_threads(&text, std::slice::from_ref(&x));
+        let xv = x.to_f32().unwrap();
+        let (mut mx, mut av, mut lp) = (Vec::new(), Vec::new(), Vec::new());
+        for plane in 0..g.n * c {
+            for oc in coords(&out) {
+                let (mut best, mut sum, mut cnt, mut padded, mut pow) = (f32::NEG_INFINITY, 0f64, 0usize, 0usize, 0f64);
+                for kc in coords(&g.k) {
+                    let ic: Vec<isize> = (0..3)
+                        .map(|i| (oc[i] * g.s[i] + kc[i] * g.d[i]) as isize - g.pads[i] as isize)
+                        .collect();
+                    if (0..3).any(|i| ic[i] < 0 || ic[i] as usize >= g.sp[i]) {
+                        padded += 1;
+                        continue;
+                    }
+                    let v = xv[plane * g.sp.iter().product::<usize>() + flat(&ic.iter().map(|&i| i as usize).collect::<Vec<_>>(), &g.sp)];
+                    best = best.max(v);
+                    sum += v as f64;
+                    pow += (v.abs() as f64).powi(p as i32);
+                    cnt += 1;
+                }
+                mx.push(best);
+                let div = if include == 1 { cnt + padded } else { cnt };
+                av.push((sum / div.max(1) as f64) as f32);
+                lp.push(pow.powf(1.0 / p as f64) as f32);
+            }
+        }
+        proptest::prop_assert_eq!(got[0].to_f32().unwrap(), mx);
+        close(&got[1].to_f32().unwrap(), &av);
+        close(&got[2].to_f32().unwrap(), &lp);
+    }
 }
