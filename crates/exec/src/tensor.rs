@@ -49,6 +49,7 @@ mod sealed {
     impl PlainData for i8 {}
     impl PlainData for u16 {}
     impl PlainData for u32 {}
+    impl PlainData for u64 {}
 }
 
 /// Element types a byte slice may be viewed as (every bit pattern valid).
@@ -64,6 +65,7 @@ impl Elem for u8 {}
 impl Elem for i8 {}
 impl Elem for u16 {}
 impl Elem for u32 {}
+impl Elem for u64 {}
 
 /// Views bytes as `T`. Panics when misaligned or not a whole number of
 /// elements (arena offsets are 64-aligned and weights are aligned on load,

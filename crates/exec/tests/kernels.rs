@@ -2123,3 +2123,141 @@ fn quantized_kernels_refuse_bad_operands_in_one_line() {
         assert!(e.contains(want) && !e.contains('\n'), "{e}");
     }
 }
+
+/// RoiAlign of a plane that is linear in (y, x): bilinear sampling is
+/// exact there, so each avg bin is the plane at its center. Two images,
+/// the ROIs on image 1 and 0, half_pixel with 2x2 samples per bin and
+/// spatial_scale 0.5 (the node tests have one image and one mode per
+/// case).
+#[test]
+fn roi_align_averages_a_linear_plane_at_the_bin_centers() {
+    let (h, w) = (12usize, 16usize);
+    let plane =
+        |img: usize, c: usize, y: f32, x: f32| (img as f32 + 1.0) * (0.5 * y + 0.25 * x) + c as f32;
+    let mut xv = vec![0f32; 2 * 3 * h * w];
+    for img in 0..2 {
+        for c in 0..3 {
+            for y in 0..h {
+                for x in 0..w {
+                    xv[((img * 3 + c) * h + y) * w + x] = plane(img, c, y as f32, x as f32);
+                }
+            }
+        }
+    }
+    let x = HostTensor::from_f32(&[2, 3, h, w], &xv);
+    let rois = [[4.0f32, 2.0, 20.0, 14.0], [6.0, 8.0, 18.0, 20.0]];
+    let r = HostTensor::from_f32(&[2, 4], &rois.concat());
+    let b = HostTensor::from_i64(&[2], &[1, 0]);
+    let got = run(
+        r#"<ir_version: 10, opset_import: ["" : 16]>
+        g (float[2,3,12,16] x, float[2,4] r, int64[2] b) => (float[2,3,3,4] y) {
+          y = RoiAlign <output_height = 3, output_width = 4, sampling_ratio = 2, spatial_scale = 0.5> (x, r, b)
+        }"#,
+        &[x, r, b],
+    );
+    let mut want = vec![];
+    for (k, roi) in rois.iter().enumerate() {
+        let img = [1, 0][k];
+        let (sx, sy) = (roi[0] * 0.5 - 0.5, roi[1] * 0.5 - 0.5);
+        let (bw, bh) = ((roi[2] - roi[0]) * 0.5 / 4.0, (roi[3] - roi[1]) * 0.5 / 3.0);
+        for c in 0..3 {
+            for ph in 0..3 {
+                for pw in 0..4 {
+                    let cy = sy + (ph as f32 + 0.5) * bh;
+                    let cx = sx + (pw as f32 + 0.5) * bw;
+                    want.push(plane(img, c, cy, cx));
+                }
+            }
+        }
+    }
+    close(&got[0], &want);
+}
+
+/// The error of planning, making or running a model, or `None` when it
+/// runs.
+fn refusal(text: &str, inputs: &[HostTensor]) -> Option<String> {
+    let m = graphopt_text::parse_model(text).unwrap();
+    let mp = match plan_model(&m, &DimValues::default(), &PlanOptions::default()) {
+        Ok(mp) => mp,
+        Err(e) => return Some(e.to_string()),
+    };
+    let mut exe = match Executable::new(&mp.model, &mp.plan, &CpuBackend) {
+        Ok(exe) => exe,
+        Err(e) => return Some(e.to_string()),
+    };
+    let opts = RunOptions {
+        threads: 2,
+        poison: true,
+    };
+    exe.run(inputs, &opts).err().map(|e| e.to_string())
+}
+
+/// The new kernels refuse what they cannot take in one line, when the
+/// executable is made (bad attributes and shapes) or when it runs (a
+/// batch index or an unpooling index out of range, a block_shape computed
+/// at run time), never by a panic.
+#[test]
+fn roi_align_max_unpool_col2im_affine_grid_refuse_bad_inputs() {
+    for (decl, body, why) in [
+        (
+            "float[1,2,2,2] y",
+            r#"r = Constant <value = float[1,4] {0.0, 0.0, 1.0, 1.0}> ()
+             b = Constant <value = int64[1] {0}> ()
+             y0 = RoiAlign <output_height = 2, output_width = 2, mode = "median"> (x, r, b)
+             y = Identity (y0)"#,
+            "mode median",
+        ),
+        (
+            "float[1,2,2,2] y",
+            r#"r = Constant <value = float[1,3] {0.0, 0.0, 1.0}> ()
+             b = Constant <value = int64[1] {0}> ()
+             y = RoiAlign <output_height = 2, output_width = 2> (x, r, b)"#,
+            "want [R, 4]",
+        ),
+        (
+            "float[1,2,2,2] y",
+            r#"r = Constant <value = float[1,4] {0.0, 0.0, 1.0, 1.0}> ()
+             b = Constant <value = int64[1] {3}> ()
+             y = RoiAlign <output_height = 2, output_width = 2> (x, r, b)"#,
+            "batch index 3",
+        ),
+        (
+            "float[1,2,3,3] y",
+            r#"i = Constant <value = int64[1,2,2,2] {0, 1, 2, 3, 4, 5, 6, 7}> ()
+             s = Constant <value = int64[4] {1, 2, 3, 3}> ()
+             y = MaxUnpool <kernel_shape = [2, 2], strides = [2, 2]> (x, i, s)"#,
+            "smaller than the unpooled shape",
+        ),
+        (
+            "float[1,2,2,2] y",
+            r#"i = Constant <value = int64[1,2,2,2] {0, 1, 2, 3, 4, 5, 6, 99}> ()
+             y = MaxUnpool <kernel_shape = [1, 1]> (x, i)"#,
+            "index 99",
+        ),
+        (
+            "float[1,1,3,3] y",
+            r#"c = Reshape (x, cs)
+             img = Constant <value = int64[2] {3, 3}> ()
+             blk = Constant <value = int64[2] {2, 2}> ()
+             y = Col2Im (c, img, blk)"#,
+            "blocks",
+        ),
+        (
+            "float[1,2,2,2] y",
+            r#"th = Constant <value = float[1,2,4] {1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0}> ()
+             sz = Constant <value = int64[4] {1, 1, 2, 2}> ()
+             y = AffineGrid (th, sz)"#,
+            "theta",
+        ),
+    ] {
+        let text = format!(
+            r#"<ir_version: 10, opset_import: ["" : 20]>
+            g (float[1,2,2,2] x) => ({decl}) {{
+              cs = Constant <value = int64[3] {{1, 4, 2}}> ()
+              {body}
+            }}"#
+        );
+        let e = refusal(&text, &[t(&[1, 2, 2, 2], 7)]).unwrap_or_else(|| panic!("ran: {body}"));
+        assert!(e.contains(why) && !e.contains('\n'), "{body}: {e}");
+    }
+}

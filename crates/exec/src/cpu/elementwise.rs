@@ -1580,7 +1580,14 @@ fn pow_mixed(base: DType, exp: DType) -> Result<Box<dyn Kernel>, String> {
     let number = |d: DType| {
         matches!(
             d,
-            DType::F32 | DType::F64 | DType::I64 | DType::I32 | DType::I8 | DType::U8
+            DType::F32
+                | DType::F64
+                | DType::I64
+                | DType::I32
+                | DType::I8
+                | DType::U8
+                | DType::U32
+                | DType::U64
         )
     };
     if !matches!(base, DType::F32 | DType::F64 | DType::I64 | DType::I32) || !number(exp) {
@@ -1632,6 +1639,8 @@ fn read_as_f64(d: DType, b: &[u8]) -> Result<Vec<f64>, String> {
         DType::I64 => cast::<i64>(b).iter().map(|&x| x as f64).collect(),
         DType::I32 => cast::<i32>(b).iter().map(|&x| x as f64).collect(),
         DType::I8 => cast::<i8>(b).iter().map(|&x| x as f64).collect(),
+        DType::U32 => cast::<u32>(b).iter().map(|&x| x as f64).collect(),
+        DType::U64 => cast::<u64>(b).iter().map(|&x| x as f64).collect(),
         DType::U8 | DType::Bool => b.iter().map(|&x| x as f64).collect(),
         // Packed 4-bit (initializers): two per byte, low nibble first; a
         // trailing pad nibble is dropped by the caller's zip.

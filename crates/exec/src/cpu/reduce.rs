@@ -1,14 +1,79 @@
 //! Reductions: ReduceMean / Sum / Max / Min / Prod / L1 / L2 / LogSum /
-//! LogSumExp / SumSquare on f32 (the integer ones on i64 and i32 too), axes
-//! as an attribute or, from opsets 13/18, an input; Softmax /
-//! LogSoftmax (per-axis since opset 13, over the flattened tail before);
-//! CumSum and CumProd; ArgMax / ArgMin, TopK, Hardmax and LpNormalization.
+//! LogSumExp / SumSquare on f32 and f64 (one generic kernel over
+//! [`Real`]; the integer ones on i64 and i32 too, Max and Min on bool),
+//! axes as an attribute or, from opsets 13/18, an input; Softmax /
+//! LogSoftmax on f32 and f64 (per-axis since opset 13, over the flattened
+//! tail before);
+//! CumSum and CumProd; ArgMax / ArgMin, TopK (also on uint64), Hardmax
+//! and LpNormalization.
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::elementwise::{exp_slice, for_each_bcast};
 use crate::cpu::par;
 use crate::tensor::{cast, cast_mut, Elem};
 use graphopt_ir::DType;
+
+/// The float types the float reductions and Softmax run on (f32 and
+/// f64): one generic kernel each, the f32 instance unchanged.
+pub(crate) trait Real:
+    Elem
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const INF: Self;
+    const NEG_INF: Self;
+    fn abs(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn ln(self) -> Self;
+    fn exp(self) -> Self;
+    fn is_nan(self) -> bool;
+    fn is_finite(self) -> bool;
+    fn of_usize(n: usize) -> Self;
+    /// `y = e^y` for every element (f32: [`exp_slice`]'s vector loop).
+    fn exp_all(y: &mut [Self]);
+}
+
+macro_rules! real {
+    ($t:ty, $exp_all:expr) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const INF: Self = <$t>::INFINITY;
+            const NEG_INF: Self = <$t>::NEG_INFINITY;
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            fn is_finite(self) -> bool {
+                <$t>::is_finite(self)
+            }
+            fn of_usize(n: usize) -> Self {
+                n as $t
+            }
+            fn exp_all(y: &mut [Self]) {
+                ($exp_all)(y)
+            }
+        }
+    };
+}
+real!(f32, |y: &mut [f32]| exp_slice(None, y));
+real!(f64, |y: &mut [f64]| y.iter_mut().for_each(|v| *v = v.exp()));
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Red {
@@ -66,10 +131,10 @@ impl Reduce {
         Ok(Some((kd, count)))
     }
 
-    fn run_f32(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?.f32()?;
+    fn run_float<T: Real>(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x: &[T] = cast(io.input(0)?.bytes()?);
         let kept = self.kept(io)?;
-        let o = io.outputs[0].f32()?;
+        let o: &mut [T] = cast_mut(io.outputs[0].data);
         let Some((kd, count)) = kept else {
             // No-op: the identity, except for the elementwise part of the
             // op (ReduceL1 of x is |x|, ...), as onnxruntime computes it.
@@ -85,28 +150,30 @@ impl Reduce {
         };
         let op = self.op;
         // LogSumExp subtracts the max first (no overflow for large x).
-        let shift: Vec<f32> = if op == Red::LogSumExp {
-            let mut m = vec![f32::NEG_INFINITY; o.len()];
-            for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| m[j] = m[j].max(x[i]));
+        let shift: Vec<T> = if op == Red::LogSumExp {
+            let mut m = vec![T::NEG_INF; o.len()];
+            for_each_bcast(&self.shape, [kd.as_slice()], |i, [j]| {
+                m[j] = max_of(m[j], x[i])
+            });
             m.iter()
-                .map(|&v| if v.is_finite() { v } else { 0.0 })
+                .map(|&v| if v.is_finite() { v } else { T::ZERO })
                 .collect()
         } else {
             Vec::new()
         };
         let init = match op {
-            Red::Max => f32::NEG_INFINITY,
-            Red::Min => f32::INFINITY,
-            Red::Prod => 1.0,
-            _ => 0.0,
+            Red::Max => T::NEG_INF,
+            Red::Min => T::INF,
+            Red::Prod => T::ONE,
+            _ => T::ZERO,
         };
         o.fill(init);
         // One closure per op (not a match per element), so that each op's
         // loops vectorize.
         let threads = io.threads;
         let sh = self.shape.as_slice();
-        let min = |a: f32, v: f32| if v < a || v.is_nan() { v } else { a };
-        let mul = |a: f32, b: f32| a * b;
+        let min = |a: T, v: T| if v < a || v.is_nan() { v } else { a };
+        let mul = |a: T, b: T| a * b;
         let (max, add) = (nan_max, add);
         let f = (sh, kd.as_slice(), x, &mut *o, threads);
         match op {
@@ -123,8 +190,8 @@ impl Reduce {
         }
         match op {
             Red::Mean => {
-                let c = count.max(1) as f32;
-                o.iter_mut().for_each(|v| *v /= c);
+                let c = T::of_usize(count.max(1));
+                o.iter_mut().for_each(|v| *v = *v / c);
             }
             Red::L2 => o.iter_mut().for_each(|v| *v = v.sqrt()),
             Red::LogSum => o.iter_mut().for_each(|v| *v = v.ln()),
@@ -135,7 +202,13 @@ impl Reduce {
     }
 
     /// Integer reductions (shape arithmetic: ReduceProd of a `Shape`).
-    fn run_int<T: Elem + Into<i64> + TryFrom<i64>>(&self, io: &mut KernelIo) -> Result<(), String> {
+    /// `lo..=hi`: the type's values (the identities of Max and Min);
+    /// bool runs as u8 in `0..=1`.
+    fn run_int<T: Elem + Into<i64> + TryFrom<i64>>(
+        &self,
+        io: &mut KernelIo,
+        (lo, hi): (i64, i64),
+    ) -> Result<(), String> {
         let xb = io.input(0)?.bytes()?;
         let x: &[T] = cast(xb);
         let kept = self.kept(io)?;
@@ -147,8 +220,8 @@ impl Reduce {
         let op = self.op;
         let mut acc: Vec<i64> = vec![
             match op {
-                Red::Max => i64::MIN,
-                Red::Min => i64::MAX,
+                Red::Max => lo,
+                Red::Min => hi,
                 Red::Prod => 1,
                 _ => 0,
             };
@@ -181,9 +254,11 @@ impl Reduce {
 impl Kernel for Reduce {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         match self.dtype {
-            DType::F32 => self.run_f32(io),
-            DType::I64 => self.run_int::<i64>(io),
-            DType::I32 => self.run_int::<i32>(io),
+            DType::F32 => self.run_float::<f32>(io),
+            DType::F64 => self.run_float::<f64>(io),
+            DType::I64 => self.run_int::<i64>(io, (i64::MIN, i64::MAX)),
+            DType::I32 => self.run_int::<i32>(io, (i32::MIN.into(), i32::MAX.into())),
+            DType::Bool => self.run_int::<u8>(io, (0, 1)),
             d => Err(format!("reduction on {}", d.name())),
         }
     }
@@ -209,7 +284,10 @@ pub fn reduce(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
             op,
             Red::Mean | Red::Sum | Red::Max | Red::Min | Red::Prod | Red::L1 | Red::SumSquare
         );
-        if !(x.dtype == DType::F32 || (int_ok && matches!(x.dtype, DType::I64 | DType::I32))) {
+        let float = matches!(x.dtype, DType::F32 | DType::F64);
+        let ints = int_ok && matches!(x.dtype, DType::I64 | DType::I32);
+        let bools = matches!(op, Red::Max | Red::Min) && x.dtype == DType::Bool;
+        if !(float || ints || bools) {
             return Err(format!(
                 "{} on {} is not implemented",
                 ctx.node.op_type,
@@ -227,6 +305,7 @@ pub fn reduce(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
 }
 
 struct Softmax {
+    f64: bool,
     outer: usize,
     len: usize,
     inner: usize,
@@ -235,9 +314,19 @@ struct Softmax {
 
 impl Kernel for Softmax {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
-        let x = io.input(0)?.f32()?;
+        if self.f64 {
+            self.go::<f64>(io)
+        } else {
+            self.go::<f32>(io)
+        }
+    }
+}
+
+impl Softmax {
+    fn go<T: Real>(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x: &[T] = cast(io.input(0)?.bytes()?);
         let threads = io.threads;
-        let y = io.outputs[0].f32()?;
+        let y: &mut [T] = cast_mut(io.outputs[0].data);
         let (len, inner) = (self.len, self.inner);
         let block = (len * inner).max(1);
         // Outer blocks split across threads; each row (one `i`) is summed
@@ -257,15 +346,15 @@ impl Kernel for Softmax {
                     }
                     for i in 0..inner {
                         let at = |k: usize| k * inner + i;
-                        let mut m = f32::NEG_INFINITY;
+                        let mut m = T::NEG_INF;
                         for k in 0..len {
-                            m = m.max(x[at(k)]);
+                            m = max_of(m, x[at(k)]);
                         }
-                        let mut s = 0.0f32;
+                        let mut s = T::ZERO;
                         for k in 0..len {
                             let e = (x[at(k)] - m).exp();
                             y[at(k)] = e;
-                            s += e;
+                            s = s + e;
                         }
                         for k in 0..len {
                             y[at(k)] = if self.log {
@@ -285,14 +374,14 @@ impl Kernel for Softmax {
 /// Softmax (or LogSoftmax) of one contiguous row `x` into `y`: the max
 /// and the sum in [`fold_row`]'s lanes, eˣ by [`exp_slice`], so every
 /// pass vectorizes.
-fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
-    let m = fold_row(f32::NEG_INFINITY, x, nan_max, nan_max);
+fn softmax_row<T: Real>(x: &[T], y: &mut [T], log: bool) {
+    let m = fold_row(T::NEG_INF, x, nan_max, nan_max);
     let y = &mut y[..x.len()];
     for (y, &v) in y.iter_mut().zip(x) {
         *y = v - m;
     }
-    exp_slice(None, y);
-    let s = fold_row(0.0, y, add, add);
+    T::exp_all(y);
+    let s = fold_row(T::ZERO, y, add, add);
     if log {
         // log softmax = x - m - ln Σ e^(x - m).
         let ls = s.ln();
@@ -300,13 +389,13 @@ fn softmax_row(x: &[f32], y: &mut [f32], log: bool) {
             *y = v - m - ls;
         }
     } else {
-        y.iter_mut().for_each(|v| *v /= s);
+        y.iter_mut().for_each(|v| *v = *v / s);
     }
 }
 
 /// What [`accumulate`] folds: `x`'s shape, the kept-dims shape, `x`, the
 /// output, threads.
-type Fold<'a> = (&'a [usize], &'a [usize], &'a [f32], &'a mut [f32], usize);
+type Fold<'a, T> = (&'a [usize], &'a [usize], &'a [T], &'a mut [T], usize);
 
 /// Folds `x` into `o` (filled with the op's identity) with `step(acc, v,
 /// j)` for output `j`; `merge` joins two partial folds. Every output's
@@ -314,10 +403,10 @@ type Fold<'a> = (&'a [usize], &'a [usize], &'a [f32], &'a mut [f32], usize);
 /// - reduced axes last (`inner = 1`, a row per output): [`fold_row`]'s
 ///   fixed lanes;
 /// - otherwise each output folds its inputs in increasing index order.
-fn accumulate(
-    (shape, kd, x, o, threads): Fold,
-    step: impl Fn(f32, f32, usize) -> f32 + Sync + Copy,
-    merge: impl Fn(f32, f32) -> f32 + Sync + Copy,
+fn accumulate<T: Real>(
+    (shape, kd, x, o, threads): Fold<T>,
+    step: impl Fn(T, T, usize) -> T + Sync + Copy,
+    merge: impl Fn(T, T) -> T + Sync + Copy,
 ) {
     if let Some((outer, len, inner)) = one_block(shape, kd) {
         // The reduced axes are one contiguous run: x is [outer, len,
@@ -381,15 +470,25 @@ fn accumulate(
 
 /// `a + b`, a fold step of sums.
 #[inline(always)]
-pub(crate) fn add(a: f32, b: f32) -> f32 {
+pub(crate) fn add<T: Real>(a: T, b: T) -> T {
     a + b
 }
 
 /// The larger of `a` and `v`, a NaN in `v` winning (and kept once in `a`):
 /// ReduceMax's fold step.
 #[inline(always)]
-fn nan_max(a: f32, v: f32) -> f32 {
+fn nan_max<T: Real>(a: T, v: T) -> T {
     if v > a || v.is_nan() {
+        v
+    } else {
+        a
+    }
+}
+
+/// The larger of `a` and `v`, a NaN losing (`f32::max`).
+#[inline(always)]
+fn max_of<T: Real>(a: T, v: T) -> T {
+    if a.is_nan() || v > a {
         v
     } else {
         a
@@ -405,12 +504,12 @@ const LANES: usize = 16;
 /// the rest folded in. Sixteen independent folds vectorize where one
 /// serial fold cannot; the order depends on the row's length only.
 #[inline(always)]
-pub(crate) fn fold_row(
-    init: f32,
-    x: &[f32],
-    step: impl Fn(f32, f32) -> f32,
-    merge: impl Fn(f32, f32) -> f32,
-) -> f32 {
+pub(crate) fn fold_row<T: Real>(
+    init: T,
+    x: &[T],
+    step: impl Fn(T, T) -> T,
+    merge: impl Fn(T, T) -> T,
+) -> T {
     let mut lanes = [init; LANES];
     let groups = x.chunks_exact(LANES);
     let rest = groups.remainder();
@@ -470,7 +569,7 @@ fn contiguous(shape: &[usize], kept: &[usize], reduced: bool) -> Option<(usize, 
 
 pub fn softmax(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let x = ctx.input(0)?;
-    if x.dtype != DType::F32 {
+    if !matches!(x.dtype, DType::F32 | DType::F64) {
         return Err(format!("Softmax on {} is not implemented", x.dtype.name()));
     }
     let r = x.shape.len() as i64;
@@ -494,6 +593,7 @@ pub fn softmax(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         (s[axis..].iter().product(), 1)
     };
     Ok(Box::new(Softmax {
+        f64: x.dtype == DType::F64,
         outer,
         len,
         inner,
@@ -759,6 +859,7 @@ impl Kernel for TopK {
             DType::F64 => self.go::<f64>(cast(x), cast_mut(v), idx),
             DType::I64 => self.go::<i64>(cast(x), cast_mut(v), idx),
             DType::I32 => self.go::<i32>(cast(x), cast_mut(v), idx),
+            DType::U64 => self.go::<u64>(cast(x), cast_mut(v), idx),
             d => return Err(format!("TopK on {}", d.name())),
         }
         Ok(())
@@ -767,8 +868,10 @@ impl Kernel for TopK {
 
 pub fn top_k(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let x = ctx.input(0)?;
-    if !matches!(x.dtype, DType::F32 | DType::F64 | DType::I64 | DType::I32)
-        || ctx.outputs.len() < 2
+    if !matches!(
+        x.dtype,
+        DType::F32 | DType::F64 | DType::I64 | DType::I32 | DType::U64
+    ) || ctx.outputs.len() < 2
     {
         return Err(format!("TopK on {} is not implemented", x.dtype.name()));
     }

@@ -320,7 +320,11 @@ const QINTS4: &[DType] = &[U8, I8, U16, I16, I32, DType::U4, DType::I4];
 /// The windows' size input (their output type is an attribute).
 const SIZE: &[DType] = &[I64, I32];
 /// Range: the output's type (its inputs have it too).
-const RANGE: &[DType] = &[F32, I64, I32];
+const RANGE: &[DType] = &[F32, I64, I32, F16, BF16];
+/// ReduceMax / ReduceMin: numbers and bool.
+const REDUCE_ORDER: &[DType] = &[F32, F64, I64, I32, BOOL, F16, BF16];
+/// TopK: numbers and uint64.
+const TOPK: &[DType] = &[F32, F64, I64, I32, U64, F16, BF16];
 
 /// Every kernel of the CPU backend, default-domain ops by name, then the
 /// coded-weight domain's fused ops.
@@ -329,6 +333,7 @@ pub const KERNELS: &[Entry] = &[
     widen("Acos", FLOAT, unary),
     widen("Acosh", FLOAT, unary),
     widen("Add", ARITH, binary),
+    widen("AffineGrid", FLOAT64, sample::affine_grid),
     widen("And", BOOLS, binary),
     widen("ArgMax", FLOAT_INT, reduce::arg),
     widen("ArgMin", FLOAT_INT, reduce::arg),
@@ -350,6 +355,7 @@ pub const KERNELS: &[Entry] = &[
     widen("Celu", FLOAT, unary),
     as_is("CenterCropPad", Types::Of(BYTES), data),
     widen("Clip", FLOAT, unary),
+    widen("Col2Im", FLOAT, window_nd::col2im),
     as_is("Concat", Types::Of(BYTES), data),
     as_is("Constant", Types::Any, data),
     as_is("ConstantOfShape", Types::Any, data),
@@ -405,7 +411,7 @@ pub const KERNELS: &[Entry] = &[
     widen("Less", ARITH, binary),
     widen("LessOrEqual", ARITH, binary),
     widen("Log", FLOAT64, unary),
-    widen("LogSoftmax", FLOAT, reduce::softmax),
+    widen("LogSoftmax", FLOAT64, reduce::softmax),
     widen("LpNormalization", FLOAT, reduce::along_axis),
     // LpPool-1 took p as a float.
     widen("LpPool", FLOAT, window_nd::pool).opsets(Some(2), None),
@@ -413,6 +419,8 @@ pub const KERNELS: &[Entry] = &[
     widen("MatMulInteger", QINTS, quant::matmul_integer),
     widen("Max", ARITH, binary),
     widen("MaxPool", FLOAT, pool::pool),
+    // Moves bytes: every float type as it is.
+    as_is("MaxUnpool", Types::Of(FLOAT64), scatter::max_unpool),
     widen("Mean", FLOAT, binary),
     widen("Min", ARITH, binary),
     widen("Mish", FLOAT, unary),
@@ -433,20 +441,21 @@ pub const KERNELS: &[Entry] = &[
     widen("RNN", FLOAT, rnn::rnn),
     as_is("Range", Types::Of(RANGE), data),
     widen("Reciprocal", FLOAT64, unary),
-    widen("ReduceL1", FLOAT_INT, reduction),
-    widen("ReduceL2", FLOAT, reduction),
-    widen("ReduceLogSum", FLOAT, reduction),
-    widen("ReduceLogSumExp", FLOAT, reduction),
-    widen("ReduceMax", FLOAT_INT, reduction),
-    widen("ReduceMean", FLOAT_INT, reduction),
-    widen("ReduceMin", FLOAT_INT, reduction),
-    widen("ReduceProd", FLOAT_INT, reduction),
-    widen("ReduceSum", FLOAT_INT, reduction),
-    widen("ReduceSumSquare", FLOAT_INT, reduction),
+    widen("ReduceL1", NUMBER, reduction),
+    widen("ReduceL2", FLOAT64, reduction),
+    widen("ReduceLogSum", FLOAT64, reduction),
+    widen("ReduceLogSumExp", FLOAT64, reduction),
+    widen("ReduceMax", REDUCE_ORDER, reduction),
+    widen("ReduceMean", NUMBER, reduction),
+    widen("ReduceMin", REDUCE_ORDER, reduction),
+    widen("ReduceProd", NUMBER, reduction),
+    widen("ReduceSum", NUMBER, reduction),
+    widen("ReduceSumSquare", NUMBER, reduction),
     widen("Relu", FLOAT, unary),
     as_is("Reshape", Types::Any, data),
     widen("Resize", FLOAT64, resize::resize),
     as_is("ReverseSequence", Types::Of(BYTES), data),
+    widen("RoiAlign", FLOAT, sample::roi_align),
     widen("Round", FLOAT, unary),
     widen("STFT", FLOAT64, signal::stft),
     widen("Scatter", BYTES, scatter::scatter_elements),
@@ -461,7 +470,7 @@ pub const KERNELS: &[Entry] = &[
     widen("Sinh", FLOAT, unary),
     as_is("Size", Types::Any, data),
     as_is("Slice", Types::Of(BYTES), data),
-    widen("Softmax", FLOAT, reduce::softmax),
+    widen("Softmax", FLOAT64, reduce::softmax),
     widen("SoftmaxCrossEntropyLoss", FLOAT, loss::nll),
     widen("Softplus", FLOAT, unary),
     widen("Softsign", FLOAT, unary),
@@ -476,7 +485,7 @@ pub const KERNELS: &[Entry] = &[
     widen("Tanh", FLOAT, unary),
     widen("ThresholdedRelu", FLOAT, unary),
     as_is("Tile", Types::Of(BYTES), data),
-    widen("TopK", NUMBER, reduce::top_k),
+    widen("TopK", TOPK, reduce::top_k),
     as_is("Transpose", Types::Of(BYTES), data),
     as_is("Trilu", Types::Of(BYTES), data),
     as_is("Unsqueeze", Types::Any, data),

@@ -1,5 +1,5 @@
 //! ScatterElements, ScatterND (reduction none / add / mul / max / min),
-//! GatherElements and OneHot: the forms the gradients of Gather, GatherND
+//! GatherElements, OneHot and MaxUnpool: the forms the gradients of Gather, GatherND
 //! and MaxPool, and the cross-entropy loss, take. The output starts as a
 //! copy of `data`, or is `data` already when the plan puts it in place
 //! (the update rule of `graphopt_plan::inplace_rule`: `data` dies here and
@@ -8,6 +8,13 @@
 //! the kernels move bytes (any element type), reductions are on f32, i64
 //! and i32. Indices are checked against their dim (negative ones count
 //! from the end); a bad one is an error naming it.
+//!
+//! MaxUnpool puts each element of `X` at its flat MaxPool index into a
+//! zero tensor of the unpooled shape (`(in - 1)·stride - pads + kernel`
+//! per spatial dim; a later duplicate index wins), which an `output_shape`
+//! input may enlarge: the unpooled tensor then sits at the start of each
+//! dim, as the ONNX reference and its node tests have it. Bytes move, so
+//! every float type runs as it is.
 
 use crate::backend::{Data, Kernel, KernelIo, NodeCtx};
 use crate::tensor::{cast, cast_mut, elem_size, strides};
@@ -372,5 +379,109 @@ pub fn one_hot(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         outer: o.shape[..a].iter().product(),
         depth: o.shape[a],
         inner: o.shape[a + 1..].iter().product(),
+    }))
+}
+
+struct MaxUnpool {
+    es: usize,
+    /// The unpooled shape the indices address.
+    unpooled: Vec<usize>,
+    out: Vec<usize>,
+}
+
+impl Kernel for MaxUnpool {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.bytes()?;
+        let idx = io.input(1)?.ints()?;
+        let o = &mut io.outputs[0].data;
+        o.fill(0);
+        let es = self.es;
+        let total: usize = self.unpooled.iter().product();
+        let (us, os) = (strides(&self.unpooled), strides(&self.out));
+        for (k, &i) in idx.iter().enumerate().take(x.len() / es.max(1)) {
+            if i < 0 || i as usize >= total {
+                return Err(format!(
+                    "MaxUnpool index {i} is out of range for the unpooled shape {:?}",
+                    self.unpooled
+                ));
+            }
+            // The position in the output (the same when no output_shape
+            // enlarges it).
+            let (mut rest, mut off) = (i as usize, 0);
+            for (u, s) in us.iter().zip(&os) {
+                off += rest / u * s;
+                rest %= u;
+            }
+            o[off * es..(off + 1) * es].copy_from_slice(&x[k * es..(k + 1) * es]);
+        }
+        Ok(())
+    }
+}
+
+pub fn max_unpool(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let (x, i) = (ctx.input(0)?, ctx.input(1)?);
+    let y = &ctx.outputs[0];
+    let es = elem_size(x.dtype).ok_or_else(|| format!("element type {}", x.dtype.name()))?;
+    if y.dtype != x.dtype || !matches!(i.dtype, DType::I64 | DType::I32) {
+        return Err(format!(
+            "MaxUnpool of {} with {} indices to {}",
+            x.dtype.name(),
+            i.dtype.name(),
+            y.dtype.name()
+        ));
+    }
+    let rank = x.shape.len();
+    if rank < 3 || i.shape != x.shape {
+        return Err(format!(
+            "MaxUnpool of X {:?} with indices {:?} (the same shape, rank 3 or more)",
+            x.shape, i.shape
+        ));
+    }
+    let sp = rank - 2;
+    let ints = |name: &str, len: usize, d: i64| -> Result<Vec<i64>, String> {
+        match ctx.node.attr_ints(name) {
+            None if name != "kernel_shape" => Ok(vec![d; len]),
+            Some(v) if v.len() == len && v.iter().all(|&x| x >= 0) => Ok(v.to_vec()),
+            v => Err(format!("MaxUnpool {name} {v:?} for {sp} spatial dims")),
+        }
+    };
+    let kernel = ints("kernel_shape", sp, 1)?;
+    let strides_ = ints("strides", sp, 1)?;
+    let pads = ints("pads", 2 * sp, 0)?;
+    let mut unpooled = x.shape[..2].to_vec();
+    for d in 0..sp {
+        let v = (x.shape[d + 2] as i64 - 1)
+            .checked_mul(strides_[d])
+            .and_then(|v| v.checked_add(kernel[d]))
+            .and_then(|v| v.checked_sub(pads[d].checked_add(pads[d + sp])?))
+            .filter(|&v| v >= 0)
+            .ok_or_else(|| format!("MaxUnpool of {:?}: a negative unpooled dim", x.shape))?;
+        unpooled.push(v as usize);
+    }
+    if let (Some(t), Some(b)) = (
+        ctx.inputs.get(2).and_then(|t| t.as_ref()),
+        ctx.constants.get(2).copied().flatten(),
+    ) {
+        let want: Vec<i64> = match t.dtype {
+            DType::I64 => cast::<i64>(b).to_vec(),
+            d => return Err(format!("MaxUnpool output_shape of {}", d.name())),
+        };
+        if want.len() != rank || want.iter().zip(&y.shape).any(|(&a, &b)| a != b as i64) {
+            return Err(format!(
+                "MaxUnpool output_shape {want:?} but an output of shape {:?}",
+                y.shape
+            ));
+        }
+    }
+    if y.shape.len() != rank || y.shape.iter().zip(&unpooled).any(|(o, u)| o < u) {
+        return Err(format!(
+            "MaxUnpool output shape {:?} is smaller than the unpooled shape {unpooled:?}",
+            y.shape
+        ));
+    }
+    Ok(Box::new(MaxUnpool {
+        es,
+        unpooled,
+        out: y.shape.clone(),
     }))
 }

@@ -765,6 +765,27 @@ impl Kernel for Range {
                     *o = s + i as i32 * d;
                 }
             }
+            // fp16 / bf16: in f32, each element rounded once.
+            DType::F16 | DType::BF16 => {
+                let f16 = self.0 == DType::F16;
+                let widen = |b: &[u8]| {
+                    let v = cast::<u16>(b)[0];
+                    if f16 {
+                        half::f16::from_bits(v).to_f32()
+                    } else {
+                        half::bf16::from_bits(v).to_f32()
+                    }
+                };
+                let (s, d) = (widen(s), widen(d));
+                for (i, o) in cast_mut::<u16>(io.outputs[0].data).iter_mut().enumerate() {
+                    let v = s + i as f32 * d;
+                    *o = if f16 {
+                        half::f16::from_f32(v).to_bits()
+                    } else {
+                        half::bf16::from_f32(v).to_bits()
+                    };
+                }
+            }
             t => return Err(format!("Range on {}", t.name())),
         }
         Ok(())
@@ -811,7 +832,9 @@ pub fn kernel(ctx: &NodeCtx) -> Option<Result<Box<dyn Kernel>, String>> {
         "Dropout" => Ok(Box::new(Dropout)),
         "ReverseSequence" => reverse_sequence(ctx),
         "Range" => match ctx.outputs[0].dtype {
-            d @ (DType::F32 | DType::I64 | DType::I32) => Ok(Box::new(Range(d))),
+            d @ (DType::F32 | DType::I64 | DType::I32 | DType::F16 | DType::BF16) => {
+                Ok(Box::new(Range(d)))
+            }
             d => Err(format!("Range on {} is not implemented", d.name())),
         },
         _ => return None,

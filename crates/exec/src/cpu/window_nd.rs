@@ -21,6 +21,14 @@
 //! ```
 //! After: `y` is `[1, M, 8, 64, 64]`, each tile of output positions one
 //! `[M, 3·27] x [3·27, cols]` product.
+//!
+//! Col2Im, im2col's adjoint, walks the same geometry backwards: the image
+//! (`image_shape`, any number of dims) is the window's input, the blocks
+//! its output positions, and each column value is added into the image
+//! position of its tap (padding taps dropped); image planes split across
+//! threads. The image's dims come from the output shape (checked against
+//! a constant `image_shape`), `block_shape` is read when the kernel runs
+//! (checked when the kernel is made if it is a constant).
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv;
@@ -60,7 +68,27 @@ impl Nd {
                 kernel.len()
             ));
         }
-        let node = ctx.node;
+        Nd::with(
+            ctx.node,
+            x[0],
+            x[1],
+            x[2..].to_vec(),
+            y[2..].to_vec(),
+            kernel,
+        )
+    }
+
+    /// The window of `kernel` taps from `[N, C, input..]` to `[N, C,
+    /// out..]` with the node's strides, dilations, pads and `auto_pad`.
+    fn with(
+        node: &graphopt_ir::NodeData,
+        n: usize,
+        c: usize,
+        input: Vec<usize>,
+        out: Vec<usize>,
+        kernel: &[usize],
+    ) -> Result<Nd, String> {
+        let sp = input.len();
         let ints = |name: &str, len: usize, d: usize| -> Result<Vec<usize>, String> {
             match node.attr_ints(name) {
                 None => Ok(vec![d; len]),
@@ -77,7 +105,6 @@ impl Nd {
         }
         let pads = ints("pads", 2 * sp, 0)?;
         let (mut begin, mut end) = (pads[..sp].to_vec(), pads[sp..].to_vec());
-        let (input, out) = (x[2..].to_vec(), y[2..].to_vec());
         match node.attr_str("auto_pad").unwrap_or("NOTSET") {
             a @ ("SAME_UPPER" | "SAME_LOWER") => {
                 for i in 0..sp {
@@ -100,8 +127,8 @@ impl Nd {
             _ => {}
         }
         Ok(Nd {
-            n: x[0],
-            c: x[1],
+            n,
+            c,
             input,
             out,
             kernel: kernel.to_vec(),
@@ -716,6 +743,157 @@ impl Kernel for PoolNd {
                 }
             }
         });
+        Ok(())
+    }
+}
+
+/// Col2Im: `[N, C·∏block, L]` columns summed into `[N, C, image..]`.
+struct Col2Im {
+    /// The window's strides, dilations and pads over the image; its
+    /// kernel and blocks come from `block_shape` ([`Col2Im::geometry`]).
+    template: Nd,
+    /// Input dims 1 and 2.
+    rows: usize,
+    cols: usize,
+}
+
+impl Col2Im {
+    /// The window of `block` over the image: its blocks (the positions a
+    /// window of `block` takes over the padded image) must number the
+    /// input's columns, and the kernel's taps times the channels its rows.
+    fn geometry(&self, block: &[i64]) -> Result<Nd, String> {
+        let mut g = self.template.clone();
+        let sp = g.input.len();
+        if block.len() != sp || block.iter().any(|&k| k <= 0) {
+            return Err(format!(
+                "Col2Im block_shape {block:?} for an image of {sp} dims"
+            ));
+        }
+        g.kernel = block.iter().map(|&k| k as usize).collect();
+        let taps = g.kernel.iter().try_fold(1usize, |a, &k| a.checked_mul(k));
+        if taps.and_then(|t| t.checked_mul(g.c)) != Some(self.rows) {
+            return Err(format!(
+                "Col2Im input of {} rows for {} channels and block_shape {block:?}",
+                self.rows, g.c
+            ));
+        }
+        for d in 0..sp {
+            let span = (g.kernel[d] - 1)
+                .checked_mul(g.dilations[d])
+                .and_then(|v| v.checked_add(1));
+            let padded = g.input[d]
+                .checked_add(g.begin[d])
+                .and_then(|v| v.checked_add(g.end[d]));
+            g.out[d] = match (padded, span) {
+                (Some(p), Some(s)) if p >= s => (p - s) / g.strides[d] + 1,
+                _ => 0,
+            };
+        }
+        let blocks = g.out.iter().try_fold(1usize, |a, &k| a.checked_mul(k));
+        if blocks != Some(self.cols) || self.cols == 0 {
+            return Err(format!(
+                "Col2Im: {:?} blocks of {block:?} fit the image {:?}, but the input has {} columns",
+                g.out, g.input, self.cols
+            ));
+        }
+        Ok(g)
+    }
+}
+
+/// Col2Im of `[N, C·∏block_shape, L]` into `[N, C, image_shape..]`.
+pub fn col2im(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    let x = ctx.input(0)?;
+    let y = &ctx.outputs[0];
+    if x.dtype != DType::F32 {
+        return Err(format!("Col2Im on {} is not implemented", x.dtype.name()));
+    }
+    if ctx.node.attr_str("auto_pad").is_some() {
+        return Err("Col2Im has no auto_pad".into());
+    }
+    let consts = |i: usize| -> Result<Option<Vec<i64>>, String> {
+        let t = ctx.input(i)?;
+        if t.dtype != DType::I64 || t.shape.len() != 1 {
+            return Err(format!(
+                "Col2Im input {i} of {} {:?}, not a 1-D int64",
+                t.dtype.name(),
+                t.shape
+            ));
+        }
+        Ok(ctx
+            .constants
+            .get(i)
+            .copied()
+            .flatten()
+            .map(|b| crate::tensor::cast::<i64>(b).to_vec()))
+    };
+    let (image_c, block_c) = (consts(1)?, consts(2)?);
+    let sp = y.shape.len().saturating_sub(2);
+    let (rows, cols) = match x.shape[..] {
+        [n, rows, cols] if sp > 0 && n == y.shape[0] => (rows, cols),
+        _ => {
+            return Err(format!(
+                "Col2Im input of shape {:?} for an output of shape {:?}",
+                x.shape, y.shape
+            ))
+        }
+    };
+    let image = y.shape[2..].to_vec();
+    if let Some(i) = image_c {
+        if i.len() != sp || i.iter().zip(&image).any(|(&a, &b)| a != b as i64) {
+            return Err(format!(
+                "Col2Im image_shape {i:?} but an output of shape {:?}",
+                y.shape
+            ));
+        }
+    }
+    let k = Col2Im {
+        template: Nd::with(
+            ctx.node,
+            y.shape[0],
+            y.shape[1],
+            image,
+            vec![0; sp],
+            &vec![1; sp],
+        )?,
+        rows,
+        cols,
+    };
+    if let Some(b) = block_c {
+        k.geometry(&b)?;
+    }
+    Ok(Box::new(k))
+}
+
+impl Kernel for Col2Im {
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let x = io.input(0)?.f32()?;
+        let g = self.geometry(&io.input(2)?.ints()?)?;
+        let y = io.outputs[0].f32()?;
+        let (ip, l, taps) = (g.in_plane(), g.out_plane(), g.taps());
+        let planes = g.n * g.c;
+        let min = par::MIN_ELEMS.div_ceil((l * taps).max(1));
+        let g = &g;
+        par::for_chunks_mut(
+            io.threads,
+            &mut y[..planes * ip],
+            ip.max(1),
+            min,
+            |p0, part| {
+                for (j, plane) in part.chunks_mut(ip.max(1)).enumerate() {
+                    plane.fill(0.0);
+                    // Plane `p` is channel `p % C` of image `p / C`: its
+                    // columns are rows `(p % C)·taps..` of image `p / C`.
+                    let cols = &x[(p0 + j) * taps * l..][..taps * l];
+                    for o in 0..l {
+                        g.window(o, |t, pos| {
+                            if let Some(pos) = pos {
+                                plane[pos] += cols[t * l + o];
+                            }
+                        });
+                    }
+                }
+            },
+        );
         Ok(())
     }
 }

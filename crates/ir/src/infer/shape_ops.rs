@@ -434,6 +434,58 @@ pub(crate) fn infer(cx: &Cx) -> Out {
             let ow = Dim::Known(cx.ai_or("output_width", 1));
             vec![tensor(e0, Some(vec![n, c, oh, ow]))]
         }
+        "Col2Im" => {
+            let image = cx.ints(1);
+            let r = image.as_ref().map(|v| v.len()).or_else(|| len1(cx, 1));
+            let dims =
+                r.map(|r| {
+                    let n = d0.and_then(|d| d.first().cloned()).unwrap_or(Dim::Unknown);
+                    let block = cx.ints(2).and_then(|b| {
+                        b.iter()
+                            .try_fold(1i64, |a, &k| if k > 0 { a.checked_mul(k) } else { None })
+                    });
+                    let c = match (d0.and_then(|d| d.get(1)), block) {
+                        (Some(Dim::Known(k)), Some(p)) if k % p == 0 => Dim::Known(k / p),
+                        _ => Dim::Unknown,
+                    };
+                    let mut o = vec![n, c];
+                    match &image {
+                        Some(v) => o.extend(v.iter().map(|&x| {
+                            if x >= 0 {
+                                Dim::Known(x)
+                            } else {
+                                Dim::Unknown
+                            }
+                        })),
+                        None => o.extend(unknown(r)),
+                    }
+                    o
+                });
+            vec![tensor(e0, dims)]
+        }
+        "AffineGrid" => {
+            // size [N, C, H, W] gives [N, H, W, 2]; [N, C, D, H, W] gives
+            // [N, D, H, W, 3].
+            let dims = match cx.dim_vals(1) {
+                Some(s) if s.len() == 4 || s.len() == 5 => {
+                    let mut o: Vec<Dim> = std::iter::once(&s[0])
+                        .chain(&s[2..])
+                        .map(|d| match d {
+                            Dim::Known(k) if *k < 0 => Dim::Unknown,
+                            d => d.clone(),
+                        })
+                        .collect();
+                    o.push(Dim::Known(s.len() as i64 - 2));
+                    Some(o)
+                }
+                _ => len1(cx, 1).filter(|&l| l == 4 || l == 5).map(|l| {
+                    let mut o = unknown(l);
+                    o[l - 1] = Dim::Known(l as i64 - 2);
+                    o
+                }),
+            };
+            vec![tensor(e0, dims)]
+        }
         "CenterCropPad" => {
             let dims = d0.map(|d| {
                 let mut o = d.to_vec();

@@ -630,6 +630,36 @@ mod shapes {
         assert_eq!(b.ty("tr"), "float[4,4,8,1]");
         assert_eq!(b.ty("bad"), "float");
     }
+
+    #[test]
+    fn col2im_and_affine_grid() {
+        let mut b = B::new();
+        b.input("x", DType::F32, Some("2,12,20"));
+        b.init_i64("img", &[2], &[5, 6]);
+        b.init_i64("blk", &[2], &[2, 3]);
+        b.node("Col2Im", &["x", "img", "blk"], &["c"], vec![]);
+        b.input("img_in", DType::I64, Some("3"));
+        b.node("Col2Im", &["x", "img_in", "blk"], &["cu"], vec![]);
+        b.input("th", DType::F32, Some("2,2,3"));
+        b.init_i64("sz", &[4], &[2, 3, 7, 9]);
+        b.node(
+            "AffineGrid",
+            &["th", "sz"],
+            &["g"],
+            vec![ai("align_corners", 1)],
+        );
+        b.input("th3", DType::F32, Some("1,3,4"));
+        b.init_i64("sz3", &[5], &[1, 1, 4, 5, 6]);
+        b.node("AffineGrid", &["th3", "sz3"], &["g3"], vec![]);
+        b.input("sz_in", DType::I64, Some("5"));
+        b.node("AffineGrid", &["th3", "sz_in"], &["gu"], vec![]);
+        b.run(20);
+        assert_eq!(b.ty("c"), "float[2,2,5,6]");
+        assert_eq!(b.ty("cu"), "float[2,2,?,?,?]");
+        assert_eq!(b.ty("g"), "float[2,7,9,2]");
+        assert_eq!(b.ty("g3"), "float[1,4,5,6,3]");
+        assert_eq!(b.ty("gu"), "float[?,?,?,?,3]");
+    }
 }
 
 mod nn {
@@ -1354,6 +1384,9 @@ mod robustness {
         "CenterCropPad",
         "GridSample",
         "MaxUnpool",
+        "RoiAlign",
+        "Col2Im",
+        "AffineGrid",
         "Constant",
         "QLinearConv",
         "BatchNormalization",
