@@ -717,6 +717,33 @@ pub(crate) fn tile_cols(k: usize, ohw: usize) -> usize {
     cols.max(MIN_TILE_COLS).min(ohw.max(1))
 }
 
+/// Output tiles of `tile` columns (of `cols`; the last may be shorter)
+/// on `t` parts of the pool of `threads`: part `p` takes consecutive tiles
+/// with its own workspace slot, floats `p·slot..(p + 1)·slot` of `ws`, and
+/// runs `work(slot, p0, pt)` for each of its tiles (columns `p0..p0 +
+/// pt`). `work` must write only its tile's columns of the output.
+pub(crate) fn tiles_in_parts(
+    threads: usize,
+    t: usize,
+    (tile, cols): (usize, usize),
+    ws: &mut [f32],
+    slot: usize,
+    work: impl Fn(&mut [f32], usize, usize) + Sync,
+) {
+    assert!(ws.len() >= t * slot, "workspace slots");
+    let tiles = cols.div_ceil(tile.max(1));
+    let wsp = SendPtr(ws.as_mut_ptr());
+    par::for_parts(threads, t, |p| {
+        // SAFETY: part p alone uses slot p, which lies in `ws` (checked
+        // above); `ws` outlives the parts.
+        let col = unsafe { std::slice::from_raw_parts_mut(wsp.get().add(p * slot), slot) };
+        for j in par::range(tiles, t, p) {
+            let p0 = j * tile;
+            work(col, p0, tile.min(cols - p0));
+        }
+    });
+}
+
 /// Tile buffers a kernel's workspace holds: one per thread the machine
 /// can run, at most 16, never more than the tiles of one image. Read once,
 /// when the kernel is made (the workspace is sized then).
@@ -1140,23 +1167,13 @@ impl Kernel for Conv {
                 if t > 1 {
                     // Each part unfolds and multiplies its own tiles into
                     // its own columns of the output.
-                    let (yp, wsp) = (SendPtr(yg.as_mut_ptr()), SendPtr(ws.as_mut_ptr()));
-                    par::for_parts(threads, t, |p| {
-                        // SAFETY: part p owns workspace slot p and the
-                        // output columns of its tiles (disjoint from the
-                        // other parts'); `ws` and `yg` outlive the parts.
-                        let col = unsafe {
-                            std::slice::from_raw_parts_mut(wsp.get().add(p * k * tile), k * tile)
-                        };
-                        for j in par::range(tiles, t, p) {
-                            let p0 = j * tile;
-                            let pt = tile.min(ohw - p0);
-                            let col = &mut col[..k * pt];
-                            im2col_cols(g, xi, gi * cg, cg, p0, pt, col);
-                            // SAFETY: columns p0..p0+pt of the mg rows of
-                            // `yg` (row stride ohw) are this part's alone.
-                            unsafe { self.tile_product(wg, col, (pt, 1), yp, p0, pt) };
-                        }
+                    let yp = SendPtr(yg.as_mut_ptr());
+                    tiles_in_parts(threads, t, (tile, ohw), ws, k * tile, |col, p0, pt| {
+                        let col = &mut col[..k * pt];
+                        im2col_cols(g, xi, gi * cg, cg, p0, pt, col);
+                        // SAFETY: columns p0..p0+pt of the mg rows of
+                        // `yg` (row stride ohw) are this part's alone.
+                        unsafe { self.tile_product(wg, col, (pt, 1), yp, p0, pt) };
                     });
                 } else {
                     let col = &mut ws[..k * tile];

@@ -365,36 +365,27 @@ impl Kernel for ConvNd {
                 if t > 1 {
                     // Each part unfolds and multiplies its own tiles into
                     // its own columns of the output.
-                    let (yp, wsp) = (SendPtr(yg.as_mut_ptr()), SendPtr(ws.as_mut_ptr()));
-                    par::for_parts(threads, t, |p| {
-                        // SAFETY: part p owns workspace slot p and the
-                        // output columns of its tiles (disjoint from the
-                        // other parts'); `ws` and `yg` outlive the parts.
-                        let col = unsafe {
-                            std::slice::from_raw_parts_mut(wsp.get().add(p * k * tile), k * tile)
+                    let yp = SendPtr(yg.as_mut_ptr());
+                    conv::tiles_in_parts(threads, t, (tile, op), ws, k * tile, |col, p0, pt| {
+                        self.unfold(xg, p0, pt, col, 1);
+                        // SAFETY: columns p0..p0+pt of the mg rows of `yg`
+                        // (row stride op) are this part's alone.
+                        unsafe {
+                            sgemm_into_with(
+                                self.own,
+                                mg,
+                                k,
+                                pt,
+                                1.0,
+                                wg,
+                                (k, 1),
+                                &col[..k * pt],
+                                (pt, 1),
+                                1.0,
+                                yp.get().add(p0),
+                                op,
+                            )
                         };
-                        for j in par::range(tiles, t, p) {
-                            let (p0, pt) = (j * tile, tile.min(op - j * tile));
-                            self.unfold(xg, p0, pt, col, 1);
-                            // SAFETY: columns p0..p0+pt of the mg rows of
-                            // `yg` (row stride op) are this part's alone.
-                            unsafe {
-                                sgemm_into_with(
-                                    self.own,
-                                    mg,
-                                    k,
-                                    pt,
-                                    1.0,
-                                    wg,
-                                    (k, 1),
-                                    &col[..k * pt],
-                                    (pt, 1),
-                                    1.0,
-                                    yp.get().add(p0),
-                                    op,
-                                )
-                            };
-                        }
                     });
                 } else {
                     let col = &mut ws[..k * tile];
