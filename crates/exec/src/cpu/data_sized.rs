@@ -26,8 +26,8 @@
 //! `sorted=0`, per element or per slice along `axis`; floats compare by
 //! value, NaNs equal to each other and last); NonMaxSuppression as
 //! onnxruntime's (per batch and class, candidates above `score_threshold`
-//! by descending score, ties by box index, a box dropped when its IoU with
-//! a kept one exceeds `iou_threshold`).
+//! by descending score, ties by box index, NaN scores last, a box dropped
+//! when its IoU with a kept one exceeds `iou_threshold`).
 
 use crate::tensor::{elem_size, numel, HostTensor};
 use graphopt_ir::{AttrValue, Attribute, DType};
@@ -460,8 +460,13 @@ fn nms(
                 .filter(|&k| score_min.is_none_or(|m| s[k] > m))
                 .collect();
             // Descending score, ties by index (a stable sort of the
-            // ascending indices).
-            cand.sort_by(|&p, &q| s[q].partial_cmp(&s[p]).unwrap_or(Ordering::Equal));
+            // ascending indices); NaN scores last, so the order is total.
+            cand.sort_by(|&p, &q| match (s[p].is_nan(), s[q].is_nan()) {
+                (true, true) => Ordering::Equal,
+                (true, false) => Ordering::Greater,
+                (false, true) => Ordering::Less,
+                _ => s[q].partial_cmp(&s[p]).unwrap_or(Ordering::Equal),
+            });
             let mut kept: Vec<usize> = Vec::new();
             for k in cand {
                 if kept.len() >= max_out {
@@ -533,6 +538,35 @@ mod tests {
         let y = run("NonMaxSuppression", &attrs(&[]), &ins).unwrap();
         assert_eq!(y[0].shape, vec![2, 3]);
         assert_eq!(i64s(&y[0]), vec![0, 0, 1, 0, 0, 2]);
+    }
+
+    #[test]
+    fn nms_orders_nan_scores_last_without_panicking() {
+        // 40 boxes apart from each other, every third score NaN (more than
+        // the sort's small-slice cutoff, where an inconsistent order can
+        // panic).
+        let n = 40;
+        let boxes: Vec<f32> = (0..n)
+            .flat_map(|k| {
+                let o = 10.0 * k as f32;
+                [o, o, o + 1.0, o + 1.0]
+            })
+            .collect();
+        let scores: Vec<f32> = (0..n)
+            .map(|k| if k % 3 == 0 { f32::NAN } else { k as f32 })
+            .collect();
+        let ins = [
+            Some(HostTensor::from_f32(&[1, n, 4], &boxes)),
+            Some(HostTensor::from_f32(&[1, 1, n], &scores)),
+            Some(HostTensor::from_i64(&[1], &[n as i64])),
+            None,
+            None,
+        ];
+        let y = run("NonMaxSuppression", &attrs(&[]), &ins).unwrap();
+        let picked: Vec<i64> = i64s(&y[0]).chunks(3).map(|r| r[2]).collect();
+        let mut want: Vec<i64> = (0..n as i64).rev().filter(|k| k % 3 != 0).collect();
+        want.extend((0..n as i64).filter(|k| k % 3 == 0));
+        assert_eq!(picked, want);
     }
 
     #[test]
