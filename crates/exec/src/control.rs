@@ -124,8 +124,11 @@ pub(crate) struct Body {
     /// node run alone: a Reshape's computed shape must be known to plan
     /// its output).
     fold_ints: bool,
-    /// With [`Body::fold_ints`], fold small float inputs too.
+    /// With [`Body::fold_ints`], fold small inputs of any numeric type
+    /// too (floats, fp16, other integer widths), from formal input
+    /// `fold_floats_from` on.
     fold_floats: bool,
+    fold_floats_from: usize,
     cache: Vec<(ShapeKey, Executable)>,
 }
 
@@ -156,6 +159,7 @@ impl Body {
             feeds,
             fold_ints: false,
             fold_floats: false,
+            fold_floats_from: 0,
             cache: Vec::new(),
         }
     }
@@ -164,7 +168,7 @@ impl Body {
         self.fold_ints
             && k < self.graph.inputs.len()
             && (matches!(t.dtype, DType::I64 | DType::I32)
-                || self.fold_floats && matches!(t.dtype, DType::F32 | DType::F64))
+                || self.fold_floats && k >= self.fold_floats_from && t.dtype != DType::Bool)
             && numel(&t.shape) <= FOLD_MAX_ELEMS
     }
 
@@ -911,11 +915,14 @@ pub(crate) fn node_kind(
     }
     let mut body = Body::new(sub, g, model);
     body.fold_ints = true;
-    // Float inputs that size an output (Range's bounds, Resize's scales,
-    // OneHot's depth) are folded too, so the output's size is known.
+    // Inputs of other types that size an output (Range's bounds, Resize's
+    // roi and scales, OneHot's depth) are folded too, so the output's size
+    // is known; not Resize's or OneHot's data (input 0), which changes
+    // every run and would rebuild the program each time.
     body.fold_floats = matches!(
         d.op_type.as_str(),
         "Range" | "Resize" | "Upsample" | "OneHot"
     );
+    body.fold_floats_from = usize::from(d.op_type != "Range");
     Ok((Kind::Node(body), fed))
 }

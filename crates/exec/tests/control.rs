@@ -295,6 +295,38 @@ fn a_range_of_computed_float_bounds_is_sized_at_run_time() {
     assert_eq!(f32s(&o[0]), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
 }
 
+/// The same with float16 bounds (cast from the fed float), and a Resize
+/// whose scales are computed: each folded in, so both sizes are known.
+#[test]
+fn float16_range_bounds_and_computed_resize_scales_are_folded() {
+    let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float a, float[1,1,2,2] x) => (float16[N] r, float[1,1,H,W] y) <float one = {1.0}, float[4] base = {1.0, 1.0, 1.0, 1.0}> {
+          lim = Add (a, one)
+          h = Cast <to = 10> (lim)
+          z = Sub (h, h)
+          o = Div (h, h)
+          r = Range (z, h, o)
+          s = Mul (base, lim)
+          sc = Concat <axis = 0> (one4, s2)
+          y = Resize <mode = "nearest"> (x, "", sc)
+        }"#
+        .replace("one4, s2", "base2, s2")
+        .replace(
+            "s = Mul (base, lim)",
+            "s4 = Mul (base, lim)\n          base2 = Slice (base, i0, i2)\n          s2 = Slice (s4, i2, i4)",
+        )
+        .replace(
+            "float[4] base = {1.0, 1.0, 1.0, 1.0}>",
+            "float[4] base = {1.0, 1.0, 1.0, 1.0}, int64[1] i0 = {0}, int64[1] i2 = {2}, int64[1] i4 = {4}>",
+        )
+        .as_str());
+    let x = HostTensor::from_f32(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let (o, _) = run(&mut e, &[HostTensor::from_f32(&[], &[2.0]), x]);
+    assert_eq!(o[0].shape, [3]);
+    assert_eq!(o[0].dtype, DType::F16);
+    assert_eq!(o[1].shape, [1, 1, 6, 6]);
+}
+
 #[test]
 fn a_size_unknown_even_at_run_time_is_one_clear_error() {
     // A shape of 65 elements is not folded in (at most 64 are), so the
