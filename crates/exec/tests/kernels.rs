@@ -1556,6 +1556,17 @@ fn det_by_pivoted_lu_and_cumprod_exclusive_reverse() {
         }
     }
     close(&got[1], &want);
+    // A NaN below a zero diagonal entry is the pivot: the determinant is
+    // NaN, as numpy's, not the 0 of a singular column.
+    let nan = HostTensor::from_f32(&[2, 2], &[0.0, 1.0, f32::NAN, 1.0]);
+    let got = run(
+        r#"<ir_version: 10, opset_import: ["" : 26]>
+        g (float[2,2] x) => (float d) {
+          d = Det (x)
+        }"#,
+        std::slice::from_ref(&nan),
+    );
+    assert!(got[0][0].is_nan(), "{:?}", got[0]);
 }
 
 /// Bytes from a small LCG (the quantized tests' data).

@@ -620,11 +620,12 @@ impl Kernel for Det {
 fn det(a: &mut [f64], m: usize) -> f64 {
     let mut d = 1.0;
     for c in 0..m {
-        // The largest magnitude in column c at or below the diagonal (a
-        // NaN column keeps its first row and spreads the NaN).
+        // The largest magnitude in column c at or below the diagonal; a
+        // NaN there is the pivot, so it spreads to the result as numpy's.
         let mut p = c;
         for r in c + 1..m {
-            if a[r * m + c].abs() > a[p * m + c].abs() {
+            let (v, best) = (a[r * m + c], a[p * m + c]);
+            if !best.is_nan() && (v.is_nan() || v.abs() > best.abs()) {
                 p = r;
             }
         }
