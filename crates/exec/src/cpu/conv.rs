@@ -1397,12 +1397,6 @@ impl Transposed {
     }
 }
 
-/// ConvTranspose (1-D and 2-D, groups, strides, dilations, pads,
-/// output_padding, output_shape, auto_pad) as GEMM + col2im: per image,
-/// group and tile of input rows, `Wᵀ · X` into the workspace (at most
-/// [`TILE_BYTES`], one row at least), then scatter-added into the output,
-/// output channels split across threads. Stride 1 with a weight of at most
-/// [`FLIP_MAX_WEIGHT_BYTES`] runs as the Conv it equals ([`Flipped`]).
 /// Strides, dilations and begin pads of a ConvTranspose, per spatial dim.
 pub(crate) type TransposeWindow = (Vec<usize>, Vec<usize>, Vec<usize>);
 
@@ -1454,6 +1448,13 @@ pub(crate) fn transpose_window(
     Ok((u(&s), u(&dl), begin))
 }
 
+/// ConvTranspose (1-D and 2-D here, more spatial dims in
+/// [`super::window_nd`]; groups, strides, dilations, pads,
+/// output_padding, output_shape, auto_pad) as GEMM + col2im: per image,
+/// group and tile of input rows, `Wᵀ · X` into the workspace (at most
+/// [`TILE_BYTES`], one row at least), then scatter-added into the output,
+/// output channels split across threads. Stride 1 with a weight of at most
+/// [`FLIP_MAX_WEIGHT_BYTES`] runs as the Conv it equals ([`Flipped`]).
 pub fn conv_transpose(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let (x, w) = (ctx.input(0)?, ctx.input(1)?);
     if x.dtype != DType::F32 {

@@ -357,6 +357,10 @@ impl Kernel for ConvNd {
             for (ch, plane) in yn.chunks_mut(op.max(1)).enumerate() {
                 plane.fill(b.map_or(0.0, |b| b[ch]));
             }
+            if mg == 0 {
+                // No output channels: nothing to multiply into.
+                continue;
+            }
             for gi in 0..self.group {
                 let xg = &x[(n * g.c + gi * cg) * ip..][..cg * ip];
                 let wg = &w[gi * mg * k..][..mg * k];

@@ -294,7 +294,12 @@ pub(crate) fn bind<M: KernelMaker>(
         let data_sized = data_sized::is_data_sized(&d.domain, &d.op_type);
         if d.has_subgraphs() || touches_dynamic || data_sized {
             let kernel = backend.nop().ok_or_else(|| {
-                refuse("subgraphs (If/Loop/Scan) are not supported yet on this backend".into())
+                refuse(if data_sized {
+                    "ops of data-dependent output size are not supported yet on this backend"
+                        .into()
+                } else {
+                    "subgraphs (If/Loop/Scan) and values of data-dependent size are not supported yet on this backend".into()
+                })
             })?;
             // Inputs: the node's, then its non-weight captures (If/Loop),
             // or the distinct non-weight inputs (a node run alone).
