@@ -151,30 +151,46 @@ impl Nd {
         self.out.iter().product()
     }
 
+    /// Each tap's offset from its window's origin, per dim
+    /// (`k·dilation - begin pad`), `taps × dims` row-major: the table
+    /// [`Nd::window`] walks.
+    fn tap_table(&self) -> Vec<isize> {
+        let sp = self.out.len();
+        let mut table = vec![0isize; self.taps() * sp];
+        for (t, offs) in table.chunks_mut(sp.max(1)).enumerate() {
+            let mut rest = t;
+            for d in (0..sp).rev() {
+                let kc = rest % self.kernel[d];
+                rest /= self.kernel[d];
+                offs[d] = (kc * self.dilations[d]) as isize - self.begin[d] as isize;
+            }
+        }
+        table
+    }
+
     /// Calls `f(tap, position)` for every tap of the window of output
     /// position `o` (flat): `position` is the flat input index, or `None`
     /// for a tap in the begin or end padding; a tap past the end padding
-    /// (a `ceil_mode` window) is skipped.
-    fn window(&self, o: usize, mut f: impl FnMut(usize, Option<usize>)) {
+    /// (a `ceil_mode` window) is skipped. `table` is [`Nd::tap_table`];
+    /// `oc` is scratch of one element per spatial dim.
+    fn window(
+        &self,
+        o: usize,
+        table: &[isize],
+        oc: &mut [usize],
+        mut f: impl FnMut(usize, Option<usize>),
+    ) {
         let sp = self.out.len();
-        // Output coordinates.
-        let mut oc = vec![0usize; sp];
+        // The window's origin per dim.
         let mut rest = o;
         for d in (0..sp).rev() {
-            oc[d] = rest % self.out[d];
+            oc[d] = (rest % self.out[d]) * self.strides[d];
             rest /= self.out[d];
         }
-        let mut kc = vec![0usize; sp];
-        for t in 0..self.taps() {
-            let mut rest = t;
-            for d in (0..sp).rev() {
-                kc[d] = rest % self.kernel[d];
-                rest /= self.kernel[d];
-            }
+        for (t, offs) in table.chunks(sp.max(1)).enumerate() {
             let (mut pos, mut inside, mut padded) = (0usize, true, true);
             for d in 0..sp {
-                let i = (oc[d] * self.strides[d] + kc[d] * self.dilations[d]) as isize
-                    - self.begin[d] as isize;
+                let i = oc[d] as isize + offs[d];
                 if i < 0 || i as usize >= self.input[d] {
                     inside = false;
                     padded &= i < (self.input[d] + self.end[d]) as isize;
@@ -189,6 +205,7 @@ impl Nd {
             }
         }
     }
+
     /// Writes tap `t` of one input channel `x` for the output positions
     /// `p0..p0 + row.len()` into `row` (0 in the padding): one im2col row,
     /// walked as runs along the last dim.
@@ -230,13 +247,29 @@ impl Nd {
                 Some(b) => {
                     let src = &x[b * self.input[last]..][..self.input[last]];
                     let i0 = oc[last] as isize * s_last + off[last];
-                    for (q, v) in dst.iter_mut().enumerate() {
-                        let i = i0 + q as isize * s_last;
-                        *v = if i >= 0 && i < in_last {
-                            src[i as usize]
-                        } else {
-                            0.0
-                        };
+                    // The run's taps inside the row: q in lo..hi, where
+                    // 0 <= i0 + q·s < in_last.
+                    let lo = if i0 >= 0 {
+                        0
+                    } else {
+                        ((-i0 + s_last - 1) / s_last) as usize
+                    };
+                    let hi = if i0 >= in_last {
+                        0
+                    } else {
+                        (((in_last - 1 - i0) / s_last) as usize + 1).min(run)
+                    };
+                    let lo = lo.min(hi);
+                    dst[..lo].fill(0.0);
+                    dst[hi..].fill(0.0);
+                    let first = (i0 + lo as isize * s_last) as usize;
+                    if s_last == 1 {
+                        dst[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]);
+                    } else {
+                        let s = s_last as usize;
+                        for (q, v) in dst[lo..hi].iter_mut().enumerate() {
+                            *v = src[first + q * s];
+                        }
                     }
                 }
             }
@@ -690,14 +723,16 @@ impl Kernel for PoolNd {
             };
             items.push((r.start, mine, ix));
         }
+        let table = g.tap_table();
         par::for_each_owned(io.threads, items, |(p0, ys, mut ixs)| {
+            let mut oc = vec![0usize; g.out.len()];
             for (j, out) in ys.chunks_mut(op.max(1)).enumerate() {
                 let p = p0 + j;
                 let plane = &x[p * ip..][..ip];
                 for (o, v) in out.iter_mut().enumerate() {
                     let (mut acc, mut arg, mut cnt, mut padded) = (0f32, 0usize, 0usize, 0usize);
                     let mode = self.mode;
-                    g.window(o, |_, pos| match pos {
+                    g.window(o, &table, &mut oc, |_, pos| match pos {
                         Some(pos) => {
                             let v = plane[pos];
                             match mode {
@@ -867,6 +902,7 @@ impl Kernel for Col2Im {
         let (ip, l, taps) = (g.in_plane(), g.out_plane(), g.taps());
         let planes = g.n * g.c;
         let min = par::MIN_ELEMS.div_ceil((l * taps).max(1));
+        let table = g.tap_table();
         let g = &g;
         par::for_chunks_mut(
             io.threads,
@@ -874,13 +910,14 @@ impl Kernel for Col2Im {
             ip.max(1),
             min,
             |p0, part| {
+                let mut oc = vec![0usize; g.out.len()];
                 for (j, plane) in part.chunks_mut(ip.max(1)).enumerate() {
                     plane.fill(0.0);
                     // Plane `p` is channel `p % C` of image `p / C`: its
                     // columns are rows `(p % C)·taps..` of image `p / C`.
                     let cols = &x[(p0 + j) * taps * l..][..taps * l];
                     for o in 0..l {
-                        g.window(o, |t, pos| {
+                        g.window(o, &table, &mut oc, |t, pos| {
                             if let Some(pos) = pos {
                                 plane[pos] += cols[t * l + o];
                             }
