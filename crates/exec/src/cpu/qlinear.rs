@@ -47,7 +47,7 @@ use crate::cpu::conv::{grouped_window, im2col_cols_with, valid_cols, Window};
 use crate::cpu::matmul::{batches, Batches};
 use crate::cpu::par;
 use crate::cpu::qgemm::{self, QWeight, MAX_K};
-use crate::cpu::quant::ints;
+use crate::cpu::quant::{ints, round_even};
 use crate::tensor::{cast, cast_mut, numel, strides};
 use graphopt_ir::DType;
 use half::{bf16, f16};
@@ -176,17 +176,13 @@ fn multiplier(d: DType, a: f32, b: f32, c: f32) -> f32 {
 /// `saturate(round_half_even(f32(acc) · mult) + zp)` as onnxruntime's
 /// `MlasRequantizeOutput` computes it: the f32 product clamped to
 /// `lo - zp..=hi - zp` (integers, so clamping first rounds alike), rounded
-/// half to even (adding and subtracting 1.5·2²³, as MLAS does), NaN giving
-/// `zp`.
+/// half to even (without a libm call, [`round_even`]), NaN giving `zp`.
 #[inline(always)]
 fn requant(acc: i32, mult: f32, zp: i32, (lo, hi): (f64, f64)) -> i32 {
-    // 1.5·2²³: adding and subtracting it leaves the nearest integer, ties
-    // to even, of any |v| < 2²² (the clamped value is within ±510), in
-    // two additions where `round_ties_even` is a libm call (`rintf`,
-    // a third of a quantized mobilenet_v2's time).
-    const MAGIC: f32 = 12_582_912.0;
+    // `quant::round_even`, not `round_ties_even`: that is a libm call
+    // (`rintf`), which took a third of a quantized mobilenet_v2's time.
     let v = (acc as f32 * mult).clamp(lo as f32 - zp as f32, hi as f32 - zp as f32);
-    ((v + MAGIC) - MAGIC) as i32 + zp
+    round_even(v) as i32 + zp
 }
 
 /// The range of a uint8 or int8 output.

@@ -331,7 +331,7 @@ fn quantize_into<T: Send>(
 /// to even (the sum's spacing is 1); from 2²³ on every float is an integer
 /// already (NaN stays NaN).
 #[inline(always)]
-fn round_even(v: f32) -> f32 {
+pub(crate) fn round_even(v: f32) -> f32 {
     const TWO23: f32 = 8_388_608.0;
     let a = v.abs();
     let r = ((a + TWO23) - TWO23).copysign(v);
