@@ -460,13 +460,6 @@ impl QConv {
         let (mg, hw, taps) = (self.mg(), g.h * g.w, g.kh * g.kw);
         let plane = &r.x[(n * g.c + gi) * hw..][..hw];
         let acc: &mut [i32] = cast_mut(&mut ws[..4 * g.ow]);
-        let xv = |v: u8| {
-            if self.x_signed {
-                v as i8 as i32
-            } else {
-                v as i32
-            }
-        };
         let wv = |v: u8| {
             if self.w_signed {
                 v as i8 as i32
@@ -474,6 +467,9 @@ impl QConv {
                 v as i32
             }
         };
+        // One input row as `x − xz` in i32, converted once per (output
+        // row, kernel row) so the tap loops are plain multiply-adds.
+        let mut xr = vec![0i32; g.w];
         for j in 0..mg {
             let c = gi * mg + j;
             let z = if r.wz.len() == 1 { r.wz[0] } else { r.wz[c] };
@@ -485,7 +481,17 @@ impl QConv {
                     if iy < 0 || iy as usize >= g.h {
                         continue;
                     }
-                    let row = &plane[iy as usize * g.w..][..g.w];
+                    let src = &plane[iy as usize * g.w..][..g.w];
+                    if self.x_signed {
+                        for (d, &v) in xr.iter_mut().zip(src) {
+                            *d = v as i8 as i32 - r.xz;
+                        }
+                    } else {
+                        for (d, &v) in xr.iter_mut().zip(src) {
+                            *d = v as i32 - r.xz;
+                        }
+                    }
+                    let row = &xr[..];
                     for kj in 0..g.kw {
                         let t = w[ki * g.kw + kj];
                         let (lo, hi) = valid_cols(g, kj);
@@ -496,11 +502,11 @@ impl QConv {
                         let acc = &mut acc[lo..hi];
                         if g.sw == 1 {
                             for (a, &v) in acc.iter_mut().zip(&row[first..]) {
-                                *a = a.wrapping_add((xv(v) - r.xz).wrapping_mul(t));
+                                *a = a.wrapping_add(v.wrapping_mul(t));
                             }
                         } else {
                             for (a, &v) in acc.iter_mut().zip(row[first..].iter().step_by(g.sw)) {
-                                *a = a.wrapping_add((xv(v) - r.xz).wrapping_mul(t));
+                                *a = a.wrapping_add(v.wrapping_mul(t));
                             }
                         }
                     }
