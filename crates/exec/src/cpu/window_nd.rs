@@ -262,10 +262,14 @@ impl Nd {
                     let lo = lo.min(hi);
                     dst[..lo].fill(0.0);
                     dst[hi..].fill(0.0);
-                    let first = (i0 + lo as isize * s_last) as usize;
-                    if s_last == 1 {
+                    if lo == hi {
+                        // No tap of the run falls inside the row (`first`
+                        // below would lie outside it).
+                    } else if s_last == 1 {
+                        let first = (i0 + lo as isize) as usize;
                         dst[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]);
                     } else {
+                        let first = (i0 + lo as isize * s_last) as usize;
                         let s = s_last as usize;
                         for (q, v) in dst[lo..hi].iter_mut().enumerate() {
                             *v = src[first + q * s];
