@@ -525,10 +525,10 @@ impl Special {
                         Slot::Fed(k) => Some(
                             node_in
                                 .get(*k)
-                                .and_then(|t| t.clone())
+                                .and_then(|t| t.as_ref())
                                 .ok_or_else(|| format!("input {k} was not fed"))?,
                         ),
-                        Slot::Weight(t) => Some(t.clone()),
+                        Slot::Weight(t) => Some(t),
                     });
                 }
                 let all = crate::cpu::data_sized::run(&ds.op, &ds.attrs, &ins)?;

@@ -58,12 +58,13 @@ fn attr_int(attrs: &[Attribute], name: &str) -> Option<i64> {
 pub fn run(
     op: &str,
     attrs: &[Attribute],
-    inputs: &[Option<HostTensor>],
+    inputs: &[Option<&HostTensor>],
 ) -> Result<Vec<HostTensor>, String> {
     let input = |i: usize| -> Result<&HostTensor, String> {
         inputs
             .get(i)
-            .and_then(|t| t.as_ref())
+            .copied()
+            .flatten()
             .ok_or_else(|| format!("input {i} is missing"))
     };
     let int = |name: &str| attr_int(attrs, name);
@@ -72,7 +73,7 @@ pub fn run(
         "Compress" => Ok(vec![compress(input(0)?, input(1)?, int("axis"))?]),
         "Unique" => unique(input(0)?, int("axis"), int("sorted").unwrap_or(1)),
         "NonMaxSuppression" => {
-            let opt = |i: usize| inputs.get(i).and_then(|t| t.as_ref());
+            let opt = |i: usize| inputs.get(i).copied().flatten();
             Ok(vec![nms(
                 input(0)?,
                 input(1)?,
@@ -505,7 +506,7 @@ mod tests {
     #[test]
     fn non_zero_counts_negative_zero_as_zero_and_nan_as_nonzero() {
         let x = HostTensor::from_f32(&[2, 3], &[0.0, -0.0, 1.0, f32::NAN, 0.0, 2.0]);
-        let y = run("NonZero", &attrs(&[]), &[Some(x)]).unwrap();
+        let y = run("NonZero", &attrs(&[]), &[Some(&x)]).unwrap();
         assert_eq!(y[0].shape, vec![2, 3]);
         assert_eq!(i64s(&y[0]), vec![0, 1, 1, 2, 0, 2]);
     }
@@ -513,7 +514,7 @@ mod tests {
     #[test]
     fn unique_matches_numpy_with_first_occurrence_order() {
         let x = HostTensor::from_f32(&[6], &[2.0, 1.0, 1.0, 3.0, 4.0, 3.0]);
-        let out = run("Unique", &attrs(&[("sorted", 0)]), &[Some(x)]).unwrap();
+        let out = run("Unique", &attrs(&[("sorted", 0)]), &[Some(&x)]).unwrap();
         assert_eq!(out[0].to_f32().unwrap(), vec![2.0, 1.0, 3.0, 4.0]);
         assert_eq!(i64s(&out[1]), vec![0, 1, 3, 4]);
         assert_eq!(i64s(&out[2]), vec![0, 1, 1, 2, 3, 2]);
@@ -535,6 +536,7 @@ mod tests {
             Some(HostTensor::from_f32(&[1], &[0.5])),
             None,
         ];
+        let ins: Vec<Option<&HostTensor>> = ins.iter().map(|t| t.as_ref()).collect();
         let y = run("NonMaxSuppression", &attrs(&[]), &ins).unwrap();
         assert_eq!(y[0].shape, vec![2, 3]);
         assert_eq!(i64s(&y[0]), vec![0, 0, 1, 0, 0, 2]);
@@ -562,6 +564,7 @@ mod tests {
             None,
             None,
         ];
+        let ins: Vec<Option<&HostTensor>> = ins.iter().map(|t| t.as_ref()).collect();
         let y = run("NonMaxSuppression", &attrs(&[]), &ins).unwrap();
         let picked: Vec<i64> = i64s(&y[0]).chunks(3).map(|r| r[2]).collect();
         let mut want: Vec<i64> = (0..n as i64).rev().filter(|k| k % 3 != 0).collect();
@@ -573,19 +576,11 @@ mod tests {
     fn bad_inputs_are_one_line_errors() {
         let x = HostTensor::from_f32(&[2, 2], &[1.0; 4]);
         let cond = HostTensor::from_f32(&[2], &[1.0; 2]);
-        let e = run(
-            "Compress",
-            &attrs(&[("axis", 0)]),
-            &[Some(x.clone()), Some(cond)],
-        );
+        let e = run("Compress", &attrs(&[("axis", 0)]), &[Some(&x), Some(&cond)]);
         assert!(e.unwrap_err().contains("1-D bool"));
-        let e = run("Unique", &attrs(&[("axis", 5)]), &[Some(x.clone())]);
+        let e = run("Unique", &attrs(&[("axis", 5)]), &[Some(&x)]);
         assert!(e.unwrap_err().contains("out of range"));
-        let e = run(
-            "NonMaxSuppression",
-            &attrs(&[]),
-            &[Some(x.clone()), Some(x)],
-        );
+        let e = run("NonMaxSuppression", &attrs(&[]), &[Some(&x), Some(&x)]);
         assert!(e.unwrap_err().contains("[batches, boxes, 4]"));
     }
 }
