@@ -117,9 +117,33 @@ fn close_sums(got: &[f32], (want, scale): &(Vec<f32>, Vec<f64>)) {
     }
 }
 
+/// One Conv of geometry `g` (its attributes written as `attrs`) on data
+/// from `seed`, run at 1 and 3 threads, against [`conv_ref`].
+fn check_conv(g: &Geo, attrs: &str, seed: u64) {
+    let m = g.w[0];
+    let text = format!(
+        r#"<ir_version: 8, opset_import: ["" : 17]>
+        g (float[{}] x, float[{}] w, float[{m}] b) => (float[{}] y) {{
+          y = Conv <{attrs}> (x, w, b)
+        }}"#,
+        dims(&g.x),
+        dims(&g.w),
+        dims(&g.y)
+    );
+    let (x, w, b) = (t(&g.x, seed), t(&g.w, seed + 1), t(&[m], seed + 2));
+    let got = run_threads(&text, &[x.clone(), w.clone(), b.clone()]);
+    assert_eq!(got[0].shape, g.y);
+    let want = conv_ref(
+        &x.to_f32().unwrap(),
+        &w.to_f32().unwrap(),
+        &b.to_f32().unwrap(),
+        g,
+    );
+    close_sums(&got[0].to_f32().unwrap(), &want);
+}
+
 #[test]
 fn conv_3d_groups_strides_dilations_asymmetric_pads() {
-    let (x, w, b) = (t(&[2, 4, 5, 6, 7], 1), t(&[6, 2, 2, 3, 2], 2), t(&[6], 3));
     let g = Geo {
         x: vec![2, 4, 5, 6, 7],
         w: vec![6, 2, 2, 3, 2],
@@ -131,21 +155,8 @@ fn conv_3d_groups_strides_dilations_asymmetric_pads() {
         d: vec![1, 2, 1],
         begin: vec![1, 1, 0],
     };
-    let got = run(
-        r#"<ir_version: 8, opset_import: ["" : 17]>
-        g (float[2,4,5,6,7] x, float[6,2,2,3,2] w, float[6] b) => (float[2,6,5,3,3] y) {
-          y = Conv <group = 2, strides = [1, 2, 3], dilations = [1, 2, 1], pads = [1, 1, 0, 0, 2, 1]> (x, w, b)
-        }"#,
-        &[x.clone(), w.clone(), b.clone()],
-    );
-    assert_eq!(got[0].shape, g.y);
-    let want = conv_ref(
-        &x.to_f32().unwrap(),
-        &w.to_f32().unwrap(),
-        &b.to_f32().unwrap(),
-        &g,
-    );
-    close_sums(&got[0].to_f32().unwrap(), &want);
+    let attrs = "group = 2, strides = [1, 2, 3], dilations = [1, 2, 1], pads = [1, 1, 0, 0, 2, 1]";
+    check_conv(&g, attrs, 1);
 }
 
 #[test]
@@ -153,11 +164,6 @@ fn conv_3d_same_upper_with_a_large_volume_spans_several_tiles() {
     // 32 input channels x 27 taps = 864 rows; 4 x 25 x 25 = 2500
     // positions: a 1 MiB tile holds 288 of them, so 9 tiles, which the two
     // threads take in turns.
-    let (x, w, b) = (
-        t(&[1, 32, 4, 25, 25], 4),
-        t(&[2, 32, 3, 3, 3], 5),
-        t(&[2], 6),
-    );
     let g = Geo {
         x: vec![1, 32, 4, 25, 25],
         w: vec![2, 32, 3, 3, 3],
@@ -167,20 +173,7 @@ fn conv_3d_same_upper_with_a_large_volume_spans_several_tiles() {
         d: vec![1, 1, 1],
         begin: vec![1, 1, 1],
     };
-    let got = run(
-        r#"<ir_version: 8, opset_import: ["" : 17]>
-        g (float[1,32,4,25,25] x, float[2,32,3,3,3] w, float[2] b) => (float[1,2,4,25,25] y) {
-          y = Conv <auto_pad = "SAME_UPPER"> (x, w, b)
-        }"#,
-        &[x.clone(), w.clone(), b.clone()],
-    );
-    let want = conv_ref(
-        &x.to_f32().unwrap(),
-        &w.to_f32().unwrap(),
-        &b.to_f32().unwrap(),
-        &g,
-    );
-    close_sums(&got[0].to_f32().unwrap(), &want);
+    check_conv(&g, r#"auto_pad = "SAME_UPPER""#, 4);
 }
 
 /// The property test's first find: a last dim of 1 with a begin pad of 2
@@ -188,11 +181,6 @@ fn conv_3d_same_upper_with_a_large_volume_spans_several_tiles() {
 /// was computed outside it and panicked).
 #[test]
 fn conv_3d_whose_taps_miss_a_padded_one_wide_row() {
-    let (x, w, b) = (
-        t(&[1, 1, 5, 1, 1], 11),
-        t(&[1, 1, 1, 2, 3], 12),
-        t(&[1], 13),
-    );
     let g = Geo {
         x: vec![1, 1, 5, 1, 1],
         w: vec![1, 1, 1, 2, 3],
@@ -203,20 +191,7 @@ fn conv_3d_whose_taps_miss_a_padded_one_wide_row() {
         d: vec![1, 1, 1],
         begin: vec![0, 1, 2],
     };
-    let got = run(
-        r#"<ir_version: 8, opset_import: ["" : 17]>
-        g (float[1,1,5,1,1] x, float[1,1,1,2,3] w, float[1] b) => (float[1,1,5,1,1] y) {
-          y = Conv <pads = [0, 1, 2, 0, 0, 0]> (x, w, b)
-        }"#,
-        &[x.clone(), w.clone(), b.clone()],
-    );
-    let want = conv_ref(
-        &x.to_f32().unwrap(),
-        &w.to_f32().unwrap(),
-        &b.to_f32().unwrap(),
-        &g,
-    );
-    close_sums(&got[0].to_f32().unwrap(), &want);
+    check_conv(&g, "pads = [0, 1, 2, 0, 0, 0]", 11);
 }
 
 #[test]
@@ -403,20 +378,20 @@ proptest::proptest! {
             proptest::prop_assume!(room >= span);
             out.push((room - span) / g.s[i] + 1);
         }
-        let xs = [vec![g.n, c], g.sp.clone()].concat();
-        let ws = [vec![m, g.cg], g.k.clone()].concat();
-        let ys = [vec![g.n, m], out].concat();
-        let text = format!(
-            r#"<ir_version: 8, opset_import: ["" : 17]>
-            g (float[{}] x, float[{}] w, float[{m}] b) => (float[{}] y) {{
-              y = Conv <pads = [{}], strides = [{}], dilations = [{}], group = {}> (x, w, b)
-            }}"#,
-            dims(&xs), dims(&ws), dims(&ys), dims(&g.pads), dims(&g.s), dims(&g.d), g.group
+        let geo = Geo {
+            x: [vec![g.n, c], g.sp.clone()].concat(),
+            w: [vec![m, g.cg], g.k.clone()].concat(),
+            y: [vec![g.n, m], out].concat(),
+            group: g.group,
+            s: g.s.clone(),
+            d: g.d.clone(),
+            begin: g.pads[..3].to_vec(),
+        };
+        let attrs = format!(
+            "pads = [{}], strides = [{}], dilations = [{}], group = {}",
+            dims(&g.pads), dims(&g.s), dims(&g.d), g.group
         );
-        let (x, w, b) = (t(&xs, seed), t(&ws, seed + 1), t(&[m], seed + 2));
-        let got = run_threads(&text, &[x.clone(), w.clone(), b.clone()]);
-        let geo = Geo { x: xs, w: ws, y: ys, group: g.group, s: g.s.clone(), d: g.d.clone(), begin: g.pads[..3].to_vec() };
-        close_sums(&got[0].to_f32().unwrap(), &conv_ref(&x.to_f32().unwrap(), &w.to_f32().unwrap(), &b.to_f32().unwrap(), &geo));
+        check_conv(&geo, &attrs, seed);
     }
 
     /// MaxPool, AveragePool (both count_include_pad settings) and LpPool
