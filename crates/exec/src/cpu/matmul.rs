@@ -9,7 +9,7 @@
 //! blocks) of one large product. Det (`[..., M, M]`, f32 or f64): an LU
 //! factorization with partial pivoting per matrix, in f64.
 
-use crate::backend::{Data, Kernel, KernelIo, NodeCtx};
+use crate::backend::{Activation, Data, Kernel, KernelIo, NodeCtx};
 use crate::cpu::par;
 use crate::tensor::{numel, strides};
 use graphopt_ir::DType;
@@ -190,14 +190,127 @@ pub(crate) fn sgemm_with(
         return;
     }
     assert!(c.len() >= (m - 1) * rsc + n, "gemm output too short");
-    // Each part packs all of the operand it does not split: split the
-    // rows when `a` has more rows than `b` has columns (each part then
-    // repacks the smaller `b`), else the columns (in blocks of 64). Either
-    // way every element's sum is the one a single call makes.
-    // Row parts start at multiples of 64 (whole tiles of matrixmultiply's
-    // micro-kernel), so which rows fall in edge tiles (rounded differently when alpha is not
-    // 1) does not depend on the thread count.
-    let by_rows = par::parts(m.div_ceil(64), threads, 1);
+    let c_ptr = SendPtr(c.as_mut_ptr());
+    // SAFETY: `c` holds the m rows of n (asserted above), and the parts
+    // write disjoint row or column blocks of it.
+    split_product(
+        m,
+        k,
+        n,
+        row_unit(own, csa),
+        threads,
+        |r0, rows, c0, cols| unsafe {
+            let (a, b) = if k == 0 {
+                (a, b)
+            } else {
+                (&a[r0 * rsa..], &b[c0 * csb..])
+            };
+            sgemm_into_with(
+                own,
+                rows,
+                k,
+                cols,
+                alpha,
+                a,
+                (rsa, csa),
+                b,
+                (rsb, csb),
+                beta,
+                c_ptr.get().add(r0 * rsc + c0),
+                rsc,
+            )
+        },
+    );
+}
+
+/// `c = bias + a · b` then `act`, for a convolution's product (`bias`
+/// one value per row of `c`, zeros when absent): each part of the split
+/// writes its block's bias, multiplies into it (`beta = 1`) and applies
+/// the activation while the block is in cache, instead of a serial bias
+/// pass before the product and an activation pass after it. The bits of
+/// those three passes, for any split.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_bias_act_with(
+    own: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    sa: (usize, usize),
+    b: &[f32],
+    sb: (usize, usize),
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    c: &mut [f32],
+    rsc: usize,
+    threads: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(c.len() >= (m - 1) * rsc + n, "gemm output too short");
+    let c_ptr = SendPtr(c.as_mut_ptr());
+    split_product(
+        m,
+        k,
+        n,
+        row_unit(own, sa.1),
+        threads,
+        |r0, rows, c0, cols| {
+            // SAFETY: `c` holds the m rows of n (asserted above), and this
+            // part alone writes rows r0.. and columns c0.. of its block.
+            unsafe {
+                let row = |r: usize| {
+                    std::slice::from_raw_parts_mut(c_ptr.get().add((r0 + r) * rsc + c0), cols)
+                };
+                for r in 0..rows {
+                    row(r).fill(bias.map_or(0.0, |b| b[r0 + r]));
+                }
+                let (a, b) = if k == 0 {
+                    (a, b)
+                } else {
+                    (&a[r0 * sa.0..], &b[c0 * sb.1..])
+                };
+                let c = c_ptr.get().add(r0 * rsc + c0);
+                sgemm_into_with(own, rows, k, cols, 1.0, a, sa, b, sb, 1.0, c, rsc);
+                if let Some(act) = act {
+                    for r in 0..rows {
+                        act.apply_all(row(r));
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// Rows per block of a product split by rows: 64 on matrixmultiply
+/// (whole tiles of its micro-kernel, so which rows fall in edge tiles,
+/// rounded differently when alpha is not 1, does not depend on the thread
+/// count); 16 on graphopt's kernel, whose sums do not depend on the tile
+/// an element falls in, so that a 160-row product splits 80/80 rather
+/// than 128/32.
+fn row_unit(own: bool, csa: usize) -> usize {
+    if own && csa == 1 && own_kernel() {
+        16
+    } else {
+        64
+    }
+}
+
+/// Splits an `m × k × n` product across `threads` and runs
+/// `run(first_row, rows, first_col, cols)` on each part's block of the
+/// output (one call on the calling thread when it is small).
+///
+/// Each part packs all of the operand it does not split: split the rows
+/// when `a` has more rows than `b` has columns (each part then repacks
+/// the smaller `b`), else the columns (in blocks of 64). Either way every
+/// element's sum is the one a single call makes. Row parts start at
+/// multiples of `row_unit` ([`row_unit`]).
+fn split_product<F>(m: usize, k: usize, n: usize, row_unit: usize, threads: usize, run: F)
+where
+    F: Fn(usize, usize, usize, usize) + Sync,
+{
+    let by_rows = par::parts(m.div_ceil(row_unit), threads, 1);
     let by_cols = par::parts(n.div_ceil(64), threads, 1);
     let rows = if m >= n {
         by_rows > 1 || by_cols == 1
@@ -206,40 +319,17 @@ pub(crate) fn sgemm_with(
     };
     let (t, blocks) = match (k == 0 || m * n * k < 1 << 16, rows) {
         (true, _) => (1, 1),
-        (false, true) => (by_rows, m.div_ceil(64)),
+        (false, true) => (by_rows, m.div_ceil(row_unit)),
         (false, false) => (by_cols, n.div_ceil(64)),
-    };
-    let c_ptr = SendPtr(c.as_mut_ptr());
-    // SAFETY: `c` holds the m rows of n (asserted above), and the parts
-    // write disjoint row or column blocks of it.
-    let run = |r0: usize, rows: usize, c0: usize, cols: usize| unsafe {
-        let (a, b) = if k == 0 {
-            (a, b)
-        } else {
-            (&a[r0 * rsa..], &b[c0 * csb..])
-        };
-        sgemm_into_with(
-            own,
-            rows,
-            k,
-            cols,
-            alpha,
-            a,
-            (rsa, csa),
-            b,
-            (rsb, csb),
-            beta,
-            c_ptr.get().add(r0 * rsc + c0),
-            rsc,
-        )
     };
     if t == 1 {
         run(0, m, 0, n);
         return;
     }
+    let unit = if rows { row_unit } else { 64 };
     par::for_parts(threads, t, |p| {
         let r = par::range(blocks, t, p);
-        let (first, end) = (r.start * 64, r.end * 64);
+        let (first, end) = (r.start * unit, r.end * unit);
         if rows {
             run(first, end.min(m) - first, 0, n);
         } else {
