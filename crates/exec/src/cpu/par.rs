@@ -9,6 +9,7 @@
 //! given `N`, repeated runs give the same bits.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Threads this process may run at once (the CPUs its affinity and cgroup
@@ -41,13 +42,181 @@ pub fn default_threads() -> usize {
     (all / siblings).max(1)
 }
 
+/// How long an idle worker spins, watching for the next job, before it
+/// parks: the gaps between one run's parallel kernels are microseconds,
+/// and waking a parked thread costs tens of them (a futex wake, slower in a
+/// VM), as much as a small kernel's whole work. onnxruntime's pool spins
+/// the same way.
+const SPIN: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// One job of a [`Pool`]: `parts` calls of `f`, claimed one at a time.
+struct Job {
+    f: *const (dyn Fn(usize) + Sync),
+    parts: usize,
+}
+
+/// A pool's shared state. The caller publishes a job (while holding
+/// [`Pool::busy`]), bumps `epoch`, runs parts itself and returns only
+/// once every worker has acknowledged the epoch: no worker can then
+/// still hold the job's closure, which lives on the caller's stack.
+struct Shared {
+    job: std::cell::UnsafeCell<Job>,
+    epoch: AtomicUsize,
+    next: AtomicUsize,
+    acks: AtomicUsize,
+    panicked: AtomicBool,
+    /// Per worker: parked (or about to park) waiting for an epoch.
+    sleeping: Vec<AtomicBool>,
+}
+
+// SAFETY: `job` is written only by the caller holding `busy` while no
+// worker reads it (every worker acknowledged the previous epoch and waits
+// for the next), and read by workers only between the epoch bump and
+// their acknowledgement; the closure it points at is `Sync`.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// `threads - 1` workers that spin between jobs, then park.
+struct Pool {
+    shared: &'static Shared,
+    workers: Vec<std::thread::Thread>,
+    busy: Mutex<()>,
+}
+
+thread_local! {
+    /// Set while this thread runs a part of a pool job: a kernel called
+    /// from inside one runs its own parts serially (the same bits).
+    static IN_JOB: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Pool {
+    fn new(workers: usize) -> Option<Pool> {
+        let shared: &'static Shared = Box::leak(Box::new(Shared {
+            job: std::cell::UnsafeCell::new(Job {
+                f: &|_| {},
+                parts: 0,
+            }),
+            epoch: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            acks: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            sleeping: (0..workers).map(|_| AtomicBool::new(false)).collect(),
+        }));
+        let mut handles = Vec::with_capacity(workers);
+        for i in 0..workers {
+            let h = std::thread::Builder::new()
+                .name(format!("graphopt-cpu-{i}"))
+                .spawn(move || worker(shared, i))
+                .ok()?;
+            handles.push(h.thread().clone());
+        }
+        Some(Pool {
+            shared,
+            workers: handles,
+            busy: Mutex::new(()),
+        })
+    }
+
+    /// Runs `f(p)` for `p` in `0..parts` on the caller and the workers, or
+    /// on the caller alone when the pool is busy (another thread's job).
+    fn run(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
+        let Ok(_busy) = self.busy.try_lock() else {
+            (0..parts).for_each(f);
+            return;
+        };
+        let sh = self.shared;
+        // SAFETY: every worker acknowledged the previous epoch and reads
+        // `job` again only after the bump below; the pointer outlives the
+        // job, since this call returns only after every acknowledgement.
+        unsafe {
+            let f: *const (dyn Fn(usize) + Sync + '_) = f;
+            *sh.job.get() = Job {
+                f: std::mem::transmute::<
+                    *const (dyn Fn(usize) + Sync + '_),
+                    *const (dyn Fn(usize) + Sync + 'static),
+                >(f),
+                parts,
+            };
+        }
+        sh.next.store(0, Ordering::Relaxed);
+        sh.acks.store(0, Ordering::Relaxed);
+        sh.epoch.fetch_add(1, Ordering::SeqCst);
+        for (w, sleeping) in self.workers.iter().zip(&sh.sleeping) {
+            if sleeping.load(Ordering::SeqCst) {
+                w.unpark();
+            }
+        }
+        run_parts(sh);
+        let mut spins = 0u32;
+        while sh.acks.load(Ordering::Acquire) < self.workers.len() {
+            spins += 1;
+            if spins < 1 << 16 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        if sh.panicked.swap(false, Ordering::Relaxed) {
+            panic!("a CPU kernel panicked on a pool thread");
+        }
+    }
+}
+
+/// Claims and runs the current job's parts until none is left.
+fn run_parts(sh: &Shared) {
+    // SAFETY: read between the epoch bump and this thread's
+    // acknowledgement (see `Shared`).
+    let job = unsafe { &*sh.job.get() };
+    // SAFETY: the closure outlives the job (see `Pool::run`).
+    let f = unsafe { &*job.f };
+    IN_JOB.with(|j| j.set(true));
+    loop {
+        let p = sh.next.fetch_add(1, Ordering::Relaxed);
+        if p >= job.parts {
+            break;
+        }
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(p))).is_err() {
+            sh.panicked.store(true, Ordering::Relaxed);
+        }
+    }
+    IN_JOB.with(|j| j.set(false));
+}
+
+/// A worker: waits for each epoch (spinning for [`SPIN`], then parked),
+/// runs parts, acknowledges.
+fn worker(sh: &'static Shared, i: usize) {
+    let mut seen = 0;
+    loop {
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if sh.epoch.load(Ordering::Acquire) != seen {
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 != 0 || start.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            sh.sleeping[i].store(true, Ordering::SeqCst);
+            while sh.epoch.load(Ordering::SeqCst) == seen {
+                std::thread::park();
+            }
+            sh.sleeping[i].store(false, Ordering::SeqCst);
+        }
+        seen = sh.epoch.load(Ordering::Acquire);
+        run_parts(sh);
+        sh.acks.fetch_add(1, Ordering::Release);
+    }
+}
+
 /// The pool of `threads - 1` workers, or `None` for one thread (or when
 /// the system refuses to start threads: the work then runs serially).
-fn pool(threads: usize) -> Option<&'static rayon::ThreadPool> {
+fn pool(threads: usize) -> Option<&'static Pool> {
     if threads <= 1 {
         return None;
     }
-    type Pools = Mutex<Vec<(usize, Option<&'static rayon::ThreadPool>)>>;
+    type Pools = Mutex<Vec<(usize, Option<&'static Pool>)>>;
     static POOLS: OnceLock<Pools> = OnceLock::new();
     let mut pools = POOLS
         .get_or_init(Default::default)
@@ -56,12 +225,7 @@ fn pool(threads: usize) -> Option<&'static rayon::ThreadPool> {
     if let Some((_, p)) = pools.iter().find(|(n, _)| *n == threads) {
         return *p;
     }
-    let made = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads - 1)
-        .thread_name(|i| format!("graphopt-cpu-{i}"))
-        .build()
-        .ok()
-        .map(|p| &*Box::leak(Box::new(p)));
+    let made = Pool::new(threads - 1).map(|p| &*Box::leak(Box::new(p)));
     pools.push((threads, made));
     made
 }
@@ -80,20 +244,15 @@ pub fn range(n: usize, parts: usize, p: usize) -> Range<usize> {
     start..start + q + usize::from(p < r)
 }
 
-/// Runs `f(p)` for `p` in `0..parts`, part 0 on the calling thread and the
-/// others on the pool of `threads`; returns when all are done.
+/// Runs `f(p)` for `p` in `0..parts` on the calling thread and the pool
+/// of `threads`; returns when all are done. Which thread runs a part
+/// does not matter: each part's work depends only on `p`.
 pub fn for_parts<F>(threads: usize, parts: usize, f: F)
 where
     F: Fn(usize) + Sync,
 {
     match pool(threads) {
-        Some(pool) if parts > 1 => pool.in_place_scope(|s| {
-            let f = &f;
-            for p in 1..parts {
-                s.spawn(move |_| f(p));
-            }
-            f(0);
-        }),
+        Some(pool) if parts > 1 && !IN_JOB.with(|j| j.get()) => pool.run(parts, &f),
         _ => (0..parts).for_each(f),
     }
 }
@@ -129,27 +288,24 @@ where
     for_each_owned(threads, pieces, |(i, part)| f(i, part));
 }
 
-/// Runs `f(item)` for each item, the first on the calling thread and each
-/// other on the pool of `threads` (callers make at most `threads` items).
+/// Runs `f(item)` for each item on the calling thread and the pool of
+/// `threads` (callers make at most `threads` items).
 pub fn for_each_owned<T, F>(threads: usize, items: Vec<T>, f: F)
 where
     T: Send,
     F: Fn(T) + Sync,
 {
-    match pool(threads) {
-        Some(pool) if items.len() > 1 => pool.in_place_scope(|s| {
-            let f = &f;
-            let mut it = items.into_iter();
-            let first = it.next();
-            for item in it {
-                s.spawn(move |_| f(item));
-            }
-            if let Some(item) = first {
-                f(item);
-            }
-        }),
-        _ => items.into_iter().for_each(f),
+    if items.len() <= 1 || pool(threads).is_none() {
+        items.into_iter().for_each(f);
+        return;
     }
+    let slots: Vec<Mutex<Option<T>>> = items.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    for_parts(threads, slots.len(), |p| {
+        let item = slots[p].lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(item) = item {
+            f(item);
+        }
+    });
 }
 
 /// Elements per part below which elementwise work stays on one thread
