@@ -194,7 +194,7 @@ fn worker(sh: &'static Shared, i: usize) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 != 0 || start.elapsed() < SPIN {
+            if !spins.is_multiple_of(1024) || start.elapsed() < SPIN {
                 std::hint::spin_loop();
                 continue;
             }
