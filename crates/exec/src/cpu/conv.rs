@@ -2142,6 +2142,24 @@ impl Kernel for Flipped {
 mod tests {
     use super::*;
 
+    /// The f32 unfolding's block copies and stride-2 shuffles pick the
+    /// same elements as the element-by-element loop, at every length
+    /// around the block sizes and with sources that end right after the
+    /// last element read.
+    #[test]
+    fn strided_unfold_picks_the_same_elements() {
+        for s in 1..=3 {
+            for n in 0..40 {
+                let src: Vec<f32> = (0..(n.max(1) - 1) * s + 1).map(|i| i as f32).collect();
+                let src = if n == 0 { &src[..0] } else { &src[..] };
+                let mut got = vec![-1.0; n];
+                <f32 as Unfold>::strided(src, s, &mut got);
+                let want: Vec<f32> = (0..n).map(|i| (i * s) as f32).collect();
+                assert_eq!(got, want, "stride {s} length {n}");
+            }
+        }
+    }
+
     /// [`depthwise_c8_avx2`] (eight channels at once) against the generic
     /// loops plane by plane: the same bits, on row tails, strides,
     /// dilations, asymmetric pads, bands of rows (outputs past
