@@ -14,7 +14,9 @@
 //!   path's im2col tiles and ConvTranspose, which stay on matrixmultiply.
 
 use crate::backend::{Activation, Data, In, Kernel, KernelIo, NodeCtx};
-use crate::cpu::matmul::{own_kernel, sgemm, sgemm_bias_act_with, sgemm_into_with, SendPtr};
+use crate::cpu::matmul::{
+    own_kernel, sgemm, sgemm_bias_act_with, sgemm_into_bias_act, sgemm_into_with, SendPtr,
+};
 use crate::cpu::par;
 use crate::tensor::cast_mut;
 use graphopt_ir::DType;
@@ -1283,18 +1285,6 @@ pub(crate) fn tile_slots(tiles: usize) -> usize {
     cores.clamp(1, 16).min(tiles.max(1))
 }
 
-/// `act` on columns `p0..p0 + pt` of `rows` rows of `y` (row stride `ohw`).
-///
-/// # Safety
-/// Those elements lie in `y`'s allocation, and no other thread touches
-/// them during the call.
-unsafe fn act_cols(act: Activation, y: SendPtr, rows: usize, ohw: usize, p0: usize, pt: usize) {
-    for r in 0..rows {
-        // SAFETY: the caller's promise.
-        act.apply_all(unsafe { std::slice::from_raw_parts_mut(y.get().add(r * ohw + p0), pt) });
-    }
-}
-
 /// Bytes of a 1x1 convolution's output tile ([`Conv::direct_tiled`]).
 const DIRECT_TILE_BYTES: usize = 256 << 10;
 /// 1x1 convolutions with weights of at most this many elements per group
@@ -1348,7 +1338,7 @@ impl Conv {
         yg: &mut [f32],
         threads: usize,
     ) {
-        let (mg, ohw) = (self.m / self.group, self.g.oh * self.g.ow);
+        let ohw = self.g.oh * self.g.ow;
         let tiles = ohw.div_ceil(cols);
         let t = par::parts(tiles, threads, 1);
         let yp = SendPtr(yg.as_mut_ptr());
@@ -1356,15 +1346,9 @@ impl Conv {
             for j in par::range(tiles, t, p) {
                 let p0 = j * cols;
                 let pt = cols.min(ohw - p0);
-                for r in 0..mg {
-                    // SAFETY: columns p0..p0+pt of the mg rows of `yg`
-                    // (row stride ohw) are this part's alone.
-                    let row =
-                        unsafe { std::slice::from_raw_parts_mut(yp.get().add(r * ohw + p0), pt) };
-                    row.fill(bias.map_or(0.0, |b| b[r]));
-                }
-                // SAFETY: as above.
-                unsafe { self.tile_product(wg, &xg[p0..], (ohw, 1), yp, p0, pt) };
+                // SAFETY: columns p0..p0+pt of the mg rows of `yg` (row
+                // stride ohw) are this part's alone.
+                unsafe { self.tile_product(wg, &xg[p0..], (ohw, 1), bias, yp, p0, pt) };
             }
         });
     }
@@ -1376,11 +1360,13 @@ impl Conv {
     ///
     /// # Safety
     /// Those columns of `y` are the caller's alone during the call.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn tile_product(
         &self,
         wg: &[f32],
         b: &[f32],
         sb: (usize, usize),
+        bias: Option<&[f32]>,
         y: SendPtr,
         p0: usize,
         pt: usize,
@@ -1388,23 +1374,20 @@ impl Conv {
         let (mg, k, ohw) = (self.m / self.group, self.k(), self.g.oh * self.g.ow);
         // SAFETY: the caller's promise.
         unsafe {
-            sgemm_into_with(
+            sgemm_into_bias_act(
                 self.own,
                 mg,
                 k,
                 pt,
-                1.0,
                 wg,
                 (k, 1),
                 b,
                 sb,
-                1.0,
+                bias,
+                self.act,
                 y.get().add(p0),
                 ohw,
-            );
-            if let Some(act) = self.act {
-                act_cols(act, y, mg, ohw, p0, pt);
-            }
+            )
         }
     }
 
@@ -1733,16 +1716,9 @@ impl Kernel for Conv {
                     tiles_in_parts(threads, t, (tile, ohw), ws, k * tile, |col, p0, pt| {
                         let col = &mut col[..k * pt];
                         im2col_cols(g, xi, gi * cg, cg, p0, pt, col);
-                        for r in 0..mg {
-                            // SAFETY: columns p0..p0+pt of the mg rows of
-                            // `yg` (row stride ohw) are this part's alone.
-                            let row = unsafe {
-                                std::slice::from_raw_parts_mut(yp.get().add(r * ohw + p0), pt)
-                            };
-                            row.fill(bg.map_or(0.0, |b| b[r]));
-                        }
-                        // SAFETY: as above.
-                        unsafe { self.tile_product(wg, col, (pt, 1), yp, p0, pt) };
+                        // SAFETY: columns p0..p0+pt of the mg rows of `yg`
+                        // (row stride ohw) are this part's alone.
+                        unsafe { self.tile_product(wg, col, (pt, 1), bg, yp, p0, pt) };
                     });
                 } else {
                     let col = &mut ws[..k * tile];

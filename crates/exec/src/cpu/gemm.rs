@@ -37,6 +37,8 @@
 #![allow(clippy::too_many_arguments)]
 
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+
+use crate::backend::Activation;
 use std::cell::RefCell;
 
 /// Rows of a micro-tile.
@@ -100,7 +102,74 @@ pub(crate) unsafe fn sgemm(
     rsc: usize,
 ) {
     // SAFETY: the caller's promise, passed on.
-    unsafe { sgemm_on(wide(), m, k, n, alpha, a, lda, b, (rsb, csb), beta, c, rsc) }
+    unsafe {
+        sgemm_on(
+            wide(),
+            m,
+            k,
+            n,
+            alpha,
+            a,
+            lda,
+            b,
+            (rsb, csb),
+            beta,
+            c,
+            rsc,
+            Epilogue::NONE,
+        )
+    }
+}
+
+/// What a product's last step adds to each result before it is stored
+/// ([`sgemm_bias_act`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Epilogue {
+    /// One value per row of `c`, added to the first depth block's sums
+    /// in place of `beta · c` (null: none).
+    pub bias: *const f32,
+    /// Applied to the last depth block's results.
+    pub act: Option<Activation>,
+}
+
+impl Epilogue {
+    const NONE: Epilogue = Epilogue {
+        bias: std::ptr::null(),
+        act: None,
+    };
+}
+
+/// One-thread `c = bias + a · b`, then `act`: the bias (one value per
+/// row) enters where a first block's `beta · c` would, and the
+/// activation is applied in the registers of the last block, so the
+/// output is written once. Per element: `acc + bias` (then `acc + c` per
+/// further block, as [`sgemm`]), then the activation: the bits of a bias
+/// fill, [`sgemm`] with `beta = 1` and the activation's own pass.
+///
+/// # Safety
+/// As [`sgemm`]'s; `bias` (when given) holds `m` floats.
+pub(crate) unsafe fn sgemm_bias_act(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    (rsb, csb): (usize, usize),
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    c: *mut f32,
+    rsc: usize,
+) {
+    let ep = Epilogue {
+        bias: bias.map_or(std::ptr::null(), |b| {
+            assert!(b.len() >= m, "bias too short");
+            b.as_ptr()
+        }),
+        act,
+    };
+    // SAFETY: the caller's promise, passed on.
+    unsafe { sgemm_on(wide(), m, k, n, 1.0, a, lda, b, (rsb, csb), 0.0, c, rsc, ep) }
 }
 
 /// [`sgemm`] on the AVX-512 kernel ([`micro_wide`]) where `wide`, else on
@@ -121,6 +190,7 @@ unsafe fn sgemm_on(
     beta: f32,
     c: *mut f32,
     rsc: usize,
+    ep: Epilogue,
 ) {
     debug_assert!(available() && k > 0);
     let (mr, step) = if wide { (MR_WIDE, 2 * NR) } else { (MR, NR) };
@@ -144,6 +214,8 @@ unsafe fn sgemm_on(
                 let in_place = csb == 1 && m <= MC;
                 unsafe { pack_b(kc, nc, bblk, rsb, csb, bp, in_place) };
                 let (al, be) = if pc == 0 { (alpha, beta) } else { (alpha, 1.0) };
+                let first = pc == 0 && !ep.bias.is_null();
+                let act = if pc + kc == k { ep.act } else { None };
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
                     let ablk = unsafe { a.add(ic * lda + pc) };
@@ -174,6 +246,12 @@ unsafe fn sgemm_on(
                                 nr,
                                 alpha: al,
                                 beta: be,
+                                bias: if first {
+                                    unsafe { ep.bias.add(ic + ir) }
+                                } else {
+                                    std::ptr::null()
+                                },
+                                act,
                             };
                             unsafe { tile(&t, mr.min(mc - ir), wide) }
                         }
@@ -462,6 +540,10 @@ struct Tile {
     nr: usize,
     alpha: f32,
     beta: f32,
+    /// The tile's rows' biases, added after `beta · c` (null: none).
+    bias: *const f32,
+    /// Applied last, before the store.
+    act: Option<Activation>,
 }
 
 /// One element's epilogue, `out = v + beta · out` for a block sum `v`
@@ -506,6 +588,50 @@ unsafe fn tile(t: &Tile, rows: usize, wide: bool) {
             (true, true) => by_rows!(micro_wide, 2; 12 11 10 9 8 7 6 5 4 3 2),
             (true, false) => by_rows!(micro_wide, 1; 12 11 10 9 8 7 6 5 4 3 2),
             (false, _) => by_rows!(micro; 6 5 4 3 2),
+        }
+        if !t.bias.is_null() || t.act.is_some() {
+            finish_tile(t, rows);
+        }
+    }
+}
+
+/// The [`Epilogue`] of a micro-tile just stored (still in L1): `c +=
+/// bias` per row, then the activation. Kept out of the micro-kernels,
+/// whose accumulators then stay in registers.
+///
+/// # Safety
+/// As [`tile`]'s; the CPU has AVX2.
+#[target_feature(enable = "avx2")]
+unsafe fn finish_tile(t: &Tile, rows: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the tile's rows and columns lie in `c` (the caller's
+    // promise); `bias`, when set, holds the tile's rows.
+    unsafe {
+        for i in 0..rows {
+            let c = t.c.add(i * t.rsc);
+            let b = (!t.bias.is_null()).then(|| *t.bias.add(i));
+            let mut j = 0;
+            while j + 8 <= t.nr {
+                let mut v = _mm256_loadu_ps(c.add(j));
+                if let Some(b) = b {
+                    v = _mm256_add_ps(v, _mm256_set1_ps(b));
+                }
+                if let Some(act) = t.act {
+                    v = act.apply_m256(v);
+                }
+                _mm256_storeu_ps(c.add(j), v);
+                j += 8;
+            }
+            while j < t.nr {
+                let out = &mut *c.add(j);
+                if let Some(b) = b {
+                    *out += b;
+                }
+                if let Some(act) = t.act {
+                    *out = act.apply(*out);
+                }
+                j += 1;
+            }
         }
     }
 }
@@ -783,6 +909,7 @@ mod tests {
                             beta,
                             c.as_mut_ptr(),
                             n,
+                            Epilogue::NONE,
                         )
                     }
                 }
@@ -801,6 +928,71 @@ mod tests {
     /// Rows and columns computed in separate calls (as the thread split
     /// does), and `k` walked in tiles of KC with beta = 1 (as the palette
     /// kernels do), give the bits of one call.
+    /// [`sgemm_bias_act`] against a bias fill, [`sgemm`] with beta = 1 and
+    /// the activation applied element by element: the same bits, on edge
+    /// rows and columns, several depth blocks, and each activation.
+    #[test]
+    fn bias_and_activation_epilogue_gives_the_bits_of_three_passes() {
+        if !available() {
+            return;
+        }
+        let acts = [
+            None,
+            Some(Activation::Relu),
+            Some(Activation::Clip { lo: -0.3, hi: 0.4 }),
+        ];
+        for (m, k, n) in [(13, 7, 37), (25, 600, 50), (1, 3, 5), (12, 256, 32)] {
+            let a = fill(m * k, 1);
+            let b = fill(k * n, 2);
+            let bias = fill(m, 3);
+            for act in acts {
+                for with_bias in [false, true] {
+                    let bias = with_bias.then_some(&bias[..]);
+                    let mut got = vec![f32::NAN; m * n];
+                    let mut want: Vec<f32> =
+                        (0..m * n).map(|i| bias.map_or(0.0, |b| b[i / n])).collect();
+                    // SAFETY: the operands hold what the strides say.
+                    unsafe {
+                        sgemm_bias_act(
+                            m,
+                            k,
+                            n,
+                            a.as_ptr(),
+                            k,
+                            b.as_ptr(),
+                            (n, 1),
+                            bias,
+                            act,
+                            got.as_mut_ptr(),
+                            n,
+                        );
+                        sgemm(
+                            m,
+                            k,
+                            n,
+                            1.0,
+                            a.as_ptr(),
+                            k,
+                            b.as_ptr(),
+                            (n, 1),
+                            1.0,
+                            want.as_mut_ptr(),
+                            n,
+                        );
+                    }
+                    if let Some(act) = act {
+                        want.iter_mut().for_each(|v| *v = act.apply(*v));
+                    }
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{m}x{k}x{n} bias {with_bias} {act:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn splits_give_the_same_bits() {
         if !available() {

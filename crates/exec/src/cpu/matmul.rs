@@ -257,30 +257,83 @@ pub(crate) fn sgemm_bias_act_with(
         row_unit(own, sa.1),
         threads,
         |r0, rows, c0, cols| {
+            let (a, b) = if k == 0 {
+                (a, b)
+            } else {
+                (&a[r0 * sa.0..], &b[c0 * sb.1..])
+            };
+            let bias = bias.map(|b| &b[r0..r0 + rows]);
             // SAFETY: `c` holds the m rows of n (asserted above), and this
             // part alone writes rows r0.. and columns c0.. of its block.
             unsafe {
-                let row = |r: usize| {
-                    std::slice::from_raw_parts_mut(c_ptr.get().add((r0 + r) * rsc + c0), cols)
-                };
-                for r in 0..rows {
-                    row(r).fill(bias.map_or(0.0, |b| b[r0 + r]));
-                }
-                let (a, b) = if k == 0 {
-                    (a, b)
-                } else {
-                    (&a[r0 * sa.0..], &b[c0 * sb.1..])
-                };
                 let c = c_ptr.get().add(r0 * rsc + c0);
-                sgemm_into_with(own, rows, k, cols, 1.0, a, sa, b, sb, 1.0, c, rsc);
-                if let Some(act) = act {
-                    for r in 0..rows {
-                        act.apply_all(row(r));
-                    }
-                }
+                sgemm_into_bias_act(own, rows, k, cols, a, sa, b, sb, bias, act, c, rsc);
             }
         },
     );
+}
+
+/// One-thread [`sgemm_bias_act_with`] into a raw output: on graphopt's
+/// kernel with the bias and activation in its epilogue
+/// ([`super::gemm::sgemm_bias_act`]), else a bias fill, the product with
+/// `beta = 1` and an activation pass (the same bits).
+///
+/// # Safety
+/// As [`sgemm_into_with`]'s; `bias` (when given) holds `m` floats.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm_into_bias_act(
+    own: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    (rsa, csa): (usize, usize),
+    b: &[f32],
+    (rsb, csb): (usize, usize),
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    c: *mut f32,
+    rsc: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if own && k > 0 && csa == 1 && super::gemm::available() {
+        assert!(
+            a.len() > (m - 1) * rsa + (k - 1) && b.len() > (k - 1) * rsb + (n - 1) * csb,
+            "gemm operand too short"
+        );
+        // SAFETY: operands checked above; `c` is the caller's promise.
+        unsafe {
+            super::gemm::sgemm_bias_act(
+                m,
+                k,
+                n,
+                a.as_ptr(),
+                rsa,
+                b.as_ptr(),
+                (rsb, csb),
+                bias,
+                act,
+                c,
+                rsc,
+            )
+        };
+        return;
+    }
+    // SAFETY: the caller's promise (rows of n at stride rsc).
+    let row = |r: usize| unsafe { std::slice::from_raw_parts_mut(c.add(r * rsc), n) };
+    for r in 0..m {
+        row(r).fill(bias.map_or(0.0, |b| b[r]));
+    }
+    // SAFETY: the caller's promise, passed on.
+    unsafe { sgemm_into_with(own, m, k, n, 1.0, a, (rsa, csa), b, (rsb, csb), 1.0, c, rsc) };
+    if let Some(act) = act {
+        for r in 0..m {
+            act.apply_all(row(r));
+        }
+    }
 }
 
 /// Rows per block of a product split by rows: 64 on matrixmultiply
