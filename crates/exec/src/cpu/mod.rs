@@ -2,8 +2,9 @@
 //! computations use, int8 quantization, [`quant`], and the quantized
 //! convolutions and matrix products, [`qlinear`]), one file per op family;
 //! fp16/bf16 nodes run them on widened copies ([`lowp`]).
-//! Threads: one pool per thread count ([`par`]) serves every kernel, with
-//! static splits, so outputs are bit-identical at any thread count. GEMMs
+//! Threads: one pool per thread count ([`par`], workers that spin between
+//! jobs) serves every kernel, with splits fixed by the sizes and the
+//! thread count, so outputs are bit-identical at any thread count. GEMMs
 //! split by batch, rows or column blocks ([`matmul::sgemm_with`], which
 //! also carries Conv, ConvTranspose and the gate products of LSTM / GRU /
 //! RNN);
