@@ -3,7 +3,10 @@
 //! - a 1×1 convolution with stride 1 and no padding is a plain GEMM on the
 //!   input (no unfolding);
 //! - a depthwise one (one output channel per input channel) runs a direct
-//!   kernel, output planes split across threads;
+//!   kernel: on AVX2, eight channels at once in the lanes of a register
+//!   for outputs under [`C8_MAX_OW`] columns, plane by plane over padded
+//!   phases above (generic loops elsewhere); blocks of eight channels
+//!   split across threads;
 //! - other shapes unfold one group of one image in tiles of output
 //!   columns (im2col, at most [`TILE_BYTES`] per tile) and multiply each
 //!   tile into its columns of the output; threads take whole tiles, each in
@@ -423,10 +426,11 @@ pub(crate) fn valid_cols(g: &Window, kj: usize) -> (usize, usize) {
 /// and a padded tap adds `w·0`, as the operator's definition reads; a
 /// strided plane is then copied with each row's columns grouped by their
 /// remainder mod the stride ([`phase_rows`]), so that every tap reads a
-/// contiguous run. On AVX2 with FMA the sums run in registers
-/// ([`depthwise_plane_avx2`]), elsewhere tap by tap over each output row
-/// ([`depthwise_body`]): the same operations in the same order, so the
-/// same bits.
+/// contiguous run, and the generic loops ([`depthwise_body`]) sum tap by
+/// tap over each output row. On AVX2 with FMA the plane goes instead to
+/// [`depthwise_poly_avx2`] (its own padded copy, sums in registers) or,
+/// past 49 taps, to the generic loops compiled with FMA: the same
+/// operations in the same order, so the same bits.
 fn depthwise_plane(
     g: &Window,
     x: &[f32],
@@ -436,11 +440,37 @@ fn depthwise_plane(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if super::gemm::available() && g.kh * g.kw <= DW_MAX_TAPS {
+    if super::gemm::available() {
         // SAFETY: the CPU has AVX2 and FMA (checked just above).
-        unsafe { depthwise_poly_avx2(g, x, w, bias, act, out) };
+        unsafe {
+            if g.kh * g.kw <= DW_MAX_TAPS {
+                depthwise_poly_avx2(g, x, w, bias, act, out);
+            } else {
+                depthwise_generic_fma(g, x, w, bias, act, out);
+            }
+        }
         return;
     }
+    padded_plane(g, x, |g, x| {
+        phased_plane(g, x, |x| depthwise_body(g, x, w, bias, act, out))
+    });
+}
+
+/// The generic loops compiled with FMA (kernels over 49 taps on AVX2
+/// CPUs): `mul_add` is then one instruction, not a library call.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn depthwise_generic_fma(
+    g: &Window,
+    x: &[f32],
+    w: &[f32],
+    bias: f32,
+    act: Option<Activation>,
+    out: &mut [f32],
+) {
     padded_plane(g, x, |g, x| {
         phased_plane(g, x, |x| depthwise_body(g, x, w, bias, act, out))
     });
@@ -477,14 +507,17 @@ fn padded_plane<R>(g: &Window, x: &[f32], f: impl FnOnce(&Window, &[f32]) -> R) 
         // Columns c2 of the copy read x's column c2 - pw where it exists;
         // every other element is written zero (the buffer is reused).
         let c_lo = g.pw.min(w2);
-        let c_hi = (g.pw + g.w).min(w2).max(c_lo);
+        let c_hi = (g.pw + g.w).min(w2);
         for (r2, row) in buf.chunks_exact_mut(w2).enumerate() {
             let Some(r) = r2.checked_sub(g.ph).filter(|&r| r < g.h) else {
                 row.fill(0.0);
                 continue;
             };
             row[..c_lo].fill(0.0);
-            copy_run(&mut row[c_lo..c_hi], &x[r * g.w + c_lo - g.pw..]);
+            if c_lo < c_hi {
+                // (c_lo < c_hi implies c_lo = pw: the copy starts at x's column 0.)
+                copy_run(&mut row[c_lo..c_hi], &x[r * g.w + c_lo - g.pw..]);
+            }
             row[c_hi..].fill(0.0);
         }
         f(&g2, buf)
@@ -770,7 +803,7 @@ const C8_BAND: usize = 256;
 ///   time into one padded `[H2][W2][8]` buffer, its padding zeros;
 /// - each output position is then one register: from the eight biases,
 ///   one load and one fused multiply-add per tap, whatever the stride or
-///   dilation, four positions side by side; no row edges or masks, and
+///   dilation, [`C8_RUN`] positions side by side; no row edges or masks, and
 ///   small planes (7x7) cost no more per output than large ones;
 /// - bands of output positions, activated, are transposed back into the
 ///   eight output planes.
@@ -866,7 +899,7 @@ unsafe fn depthwise_c8_avx2(
                 None => v,
             };
             // Tap (ki, kj) of output (oy, ox) at at(oy·sh + ki·dh, ox·sw + kj·dw).
-            let taps = C8Taps {
+            let strides = C8Taps {
                 row: g.dh * ww * 8,
                 col: g.dw * 8,
                 step: g.sw * 8,
@@ -884,9 +917,9 @@ unsafe fn depthwise_c8_avx2(
                     // The common kernel sizes with their loops unrolled
                     // (the taps' weights then stay in registers).
                     match (g.kh, g.kw) {
-                        (3, 3) => c8_row(3, 3, wv, &taps, base, g.ow, bv, fin, y),
-                        (5, 5) => c8_row(5, 5, wv, &taps, base, g.ow, bv, fin, y),
-                        (kh, kw) => c8_row(kh, kw, wv, &taps, base, g.ow, bv, fin, y),
+                        (3, 3) => c8_row(3, 3, wv, &strides, base, g.ow, bv, fin, y),
+                        (5, 5) => c8_row(5, 5, wv, &strides, base, g.ow, bv, fin, y),
+                        (kh, kw) => c8_row(kh, kw, wv, &strides, base, g.ow, bv, fin, y),
                     }
                 }
                 // The band back into the eight planes.
@@ -928,7 +961,7 @@ struct C8Taps {
 }
 
 /// One output row of [`depthwise_c8_avx2`]: `ow` positions of eight
-/// channels into `y`, four side by side, each from the bias over the taps
+/// channels into `y`, [`C8_RUN`] side by side, each from the bias over the taps
 /// in (ki, kj) order, then `fin` (the activation). Inlined with constant
 /// `kh` and `kw` where the caller has them, so the tap loops unroll.
 ///
@@ -1105,7 +1138,7 @@ unsafe fn deinterleave2(src: *const f32, n: usize, even: *mut f32, odd: *mut f32
 }
 
 /// One output row of [`depthwise_body`] (inlined, so that inside
-/// [`depthwise_plane_avx2`]'s fallback `mul_add` is the FMA instruction).
+/// [`depthwise_generic_fma`] `mul_add` is the FMA instruction).
 #[inline(always)]
 fn depthwise_row(
     g: &Window,
@@ -1354,9 +1387,10 @@ impl Conv {
     }
 
     /// One tile of output columns `p0..p0 + pt` (the group's `mg` rows of
-    /// `y`, row stride `OH·OW`): `y += Wg · B` for `B` the tile's `k × pt`
-    /// operand at strides `sb`, then the fused activation while the tile
-    /// is in cache. The 1x1 output tiles and the im2col tiles share it.
+    /// `y`, row stride `OH·OW`): `y = bias + Wg · B` for `B` the tile's
+    /// `k × pt` operand at strides `sb`, then the fused activation, both in
+    /// the GEMM's tiles ([`sgemm_into_bias_act`]; `y` is not read). The
+    /// 1x1 output tiles and the im2col tiles share it.
     ///
     /// # Safety
     /// Those columns of `y` are the caller's alone during the call.
@@ -1711,7 +1745,7 @@ impl Kernel for Conv {
                 let t = threads.min(slots).min(tiles);
                 if t > 1 {
                     // Each part unfolds and multiplies its own tiles into
-                    // its own columns of the output, bias first.
+                    // its own columns of the output.
                     let yp = SendPtr(yg.as_mut_ptr());
                     tiles_in_parts(threads, t, (tile, ohw), ws, k * tile, |col, p0, pt| {
                         let col = &mut col[..k * pt];
@@ -2118,6 +2152,60 @@ impl Kernel for Flipped {
 mod tests {
     use super::*;
 
+    /// The whole depthwise kernel (blocks of eight channels, the four left
+    /// over plane by plane, two images, split across threads) against the
+    /// generic loops plane by plane: the same bits at 1, 2 and 3 threads,
+    /// on the eight-channel path (narrow outputs) and the plane path.
+    #[test]
+    fn depthwise_kernel_gives_the_generic_bits_at_every_thread_count() {
+        let (n, c) = (2, 12);
+        // (h, w, k, stride, pad): outputs 14 wide (eight channels at once)
+        // and 56 wide (plane by plane).
+        for (h, w, k, s, p) in [(14, 14, 3, 1, 1), (28, 27, 3, 2, 1), (56, 56, 3, 1, 1)] {
+            let out = |x: usize| (x + 2 * p - k) / s + 1;
+            let g = Window {
+                n,
+                c,
+                h,
+                w,
+                oh: out(h),
+                ow: out(w),
+                kh: k,
+                kw: k,
+                sh: s,
+                sw: s,
+                dh: 1,
+                dw: 1,
+                ph: p,
+                pw: p,
+            };
+            let (taps, ohw) = (k * k, g.oh * g.ow);
+            let x = graphopt_testutil::uniform(n * c * h * w, 5);
+            let wt = graphopt_testutil::uniform(c * taps, 6);
+            let b = graphopt_testutil::uniform(c, 7);
+            let mut conv = Conv::new(g.clone(), c, c, true);
+            conv.act = Some(Activation::Clip { lo: -0.2, hi: 0.3 });
+            let mut want = vec![f32::NAN; n * c * ohw];
+            for (i, plane) in want.chunks_mut(ohw).enumerate() {
+                let ci = i % c;
+                padded_plane(&g, &x[i * h * w..][..h * w], |g2, x2| {
+                    phased_plane(g2, x2, |x3| {
+                        depthwise_body(g2, x3, &wt[ci * taps..][..taps], b[ci], conv.act, plane)
+                    })
+                });
+            }
+            for threads in 1..=3 {
+                let mut got = vec![f32::NAN; n * c * ohw];
+                conv.run_depthwise(&x, &wt, Some(&b), &mut got, threads);
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{h}x{w} stride {s}: {threads} thread(s)");
+            }
+        }
+    }
+
     /// The f32 unfolding's block copies and stride-2 shuffles pick the
     /// same elements as the element-by-element loop, at every length
     /// around the block sizes and with sources that end right after the
@@ -2156,6 +2244,10 @@ mod tests {
             (3, 300, 3, 3, 1, 1, 1),
             (40, 23, 1, 1, 1, 1, 0),
             (6, 5, 3, 3, 1, 1, 0),
+            (10, 10, 3, 3, 3, 1, 1),
+            (5, 6, 1, 1, 3, 1, 2),
+            (2, 1, 3, 3, 1, 1, 2),
+            (1, 9, 1, 3, 2, 1, 1),
         ];
         let mut seed = 11u32;
         let mut next = || {
@@ -2192,7 +2284,9 @@ mod tests {
             for act in acts {
                 let mut got = vec![f32::NAN; 8 * ohw];
                 let xs = std::array::from_fn(|c| x[c * h * w..].as_ptr());
-                let outs = std::array::from_fn(|c| got[c * ohw..].as_mut_ptr());
+                let base = got.as_mut_ptr();
+                // SAFETY: plane c starts at c·ohw inside `got`.
+                let outs = std::array::from_fn(|c| unsafe { base.add(c * ohw) });
                 // SAFETY: AVX2 and FMA (checked above); 8 planes of h·w in,
                 // 8 of oh·ow out.
                 unsafe { depthwise_c8_avx2(&g, xs, &wt, bias, act, outs) };

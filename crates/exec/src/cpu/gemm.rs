@@ -144,7 +144,9 @@ impl Epilogue {
 /// activation is applied in the registers of the last block, so the
 /// output is written once. Per element: `acc + bias` (then `acc + c` per
 /// further block, as [`sgemm`]), then the activation: the bits of a bias
-/// fill, [`sgemm`] with `beta = 1` and the activation's own pass.
+/// fill, [`sgemm`] with `beta = 1` and the activation's own pass (but for
+/// a sum of exactly -0.0 without a bias, which stays -0.0 where the fill's
+/// +0.0 would have made it +0.0).
 ///
 /// # Safety
 /// As [`sgemm`]'s; `bias` (when given) holds `m` floats.
@@ -925,9 +927,6 @@ mod tests {
         }
     }
 
-    /// Rows and columns computed in separate calls (as the thread split
-    /// does), and `k` walked in tiles of KC with beta = 1 (as the palette
-    /// kernels do), give the bits of one call.
     /// [`sgemm_bias_act`] against a bias fill, [`sgemm`] with beta = 1 and
     /// the activation applied element by element: the same bits, on edge
     /// rows and columns, several depth blocks, and each activation.
@@ -993,6 +992,9 @@ mod tests {
         }
     }
 
+    /// Rows and columns computed in separate calls (as the thread split
+    /// does), and `k` walked in tiles of KC with beta = 1 (as the palette
+    /// kernels do), give the bits of one call.
     #[test]
     fn splits_give_the_same_bits() {
         if !available() {

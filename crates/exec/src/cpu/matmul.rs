@@ -224,11 +224,12 @@ pub(crate) fn sgemm_with(
 }
 
 /// `c = bias + a · b` then `act`, for a convolution's product (`bias`
-/// one value per row of `c`, zeros when absent): each part of the split
-/// writes its block's bias, multiplies into it (`beta = 1`) and applies
-/// the activation while the block is in cache, instead of a serial bias
-/// pass before the product and an activation pass after it. The bits of
-/// those three passes, for any split.
+/// one value per row of `c`, zeros when absent; `c` is not read), split
+/// across threads ([`split_product`]): each part's block gets its bias and
+/// activation while it is in cache ([`sgemm_into_bias_act`]: in the
+/// tiles of graphopt's kernel, else a bias fill, the product with
+/// `beta = 1` and an activation pass), instead of a serial bias pass
+/// before the product and an activation pass after it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm_bias_act_with(
     own: bool,

@@ -64,7 +64,8 @@ struct Shared {
     epoch: AtomicUsize,
     next: AtomicUsize,
     acks: AtomicUsize,
-    panicked: AtomicBool,
+    /// The payload of the first part that panicked in the current job.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     /// Per worker: parked (or about to park) waiting for an epoch.
     sleeping: Vec<AtomicBool>,
 }
@@ -99,7 +100,7 @@ impl Pool {
             epoch: AtomicUsize::new(0),
             next: AtomicUsize::new(0),
             acks: AtomicUsize::new(0),
-            panicked: AtomicBool::new(false),
+            panic: Mutex::new(None),
             sleeping: (0..workers).map(|_| AtomicBool::new(false)).collect(),
         }));
         let mut handles = Vec::with_capacity(workers);
@@ -120,9 +121,14 @@ impl Pool {
     /// Runs `f(p)` for `p` in `0..parts` on the caller and the workers, or
     /// on the caller alone when the pool is busy (another thread's job).
     fn run(&self, parts: usize, f: &(dyn Fn(usize) + Sync)) {
-        let Ok(_busy) = self.busy.try_lock() else {
-            (0..parts).for_each(f);
-            return;
+        let busy = match self.busy.try_lock() {
+            Ok(g) => g,
+            // A kernel panicked in an earlier job: the pool still works.
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                (0..parts).for_each(f);
+                return;
+            }
         };
         let sh = self.shared;
         // SAFETY: every worker acknowledged the previous epoch and reads
@@ -156,8 +162,9 @@ impl Pool {
                 std::thread::yield_now();
             }
         }
-        if sh.panicked.swap(false, Ordering::Relaxed) {
-            panic!("a CPU kernel panicked on a pool thread");
+        if let Some(payload) = sh.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            drop(busy);
+            std::panic::resume_unwind(payload);
         }
     }
 }
@@ -175,8 +182,12 @@ fn run_parts(sh: &Shared) {
         if p >= job.parts {
             break;
         }
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(p))).is_err() {
-            sh.panicked.store(true, Ordering::Relaxed);
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(p))) {
+            // The first part's panic is raised again on the caller.
+            sh.panic
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(payload);
         }
     }
     IN_JOB.with(|j| j.set(false));
@@ -330,6 +341,33 @@ mod tests {
                 assert!(seen.iter().all(|&c| c == 1), "n {n} parts {parts}");
             }
         }
+    }
+
+    /// A part's panic reaches the caller with its own message, and the
+    /// pool still runs later jobs on its workers.
+    #[test]
+    fn a_panicking_part_is_raised_on_the_caller_and_the_pool_goes_on() {
+        // A thread count no other test of this binary uses, so that no
+        // concurrent test holds the pool (its job would then run serially).
+        let threads = 6;
+        let caught = std::panic::catch_unwind(|| {
+            for_parts(threads, 8, |p| {
+                if p == 5 {
+                    panic!("part five failed");
+                }
+            })
+        });
+        let msg = caught.expect_err("the part's panic");
+        assert_eq!(msg.downcast_ref::<&str>(), Some(&"part five failed"));
+        let ids = Mutex::new(std::collections::HashSet::new());
+        for_parts(threads, 16, |_| {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            ids.lock().unwrap().insert(std::thread::current().id());
+        });
+        assert!(
+            ids.lock().unwrap().len() > 1,
+            "parts ran on several threads"
+        );
     }
 
     #[test]
