@@ -292,12 +292,100 @@ impl Kernel for Quantize {
             quantize_into(threads, x, y, (len, inner, block), |v, c| {
                 quant(v, c) as u16
             });
+        } else if block == 0 {
+            // Bytes, per tensor or per axis: runs of one scale in vectors
+            // where the CPU has AVX2 (the same arithmetic).
+            let y = &mut io.outputs[0].data[..x.len()];
+            per_scale(threads, y, len, inner, |first, part, chan| {
+                let src = &x[first..first + part.len()];
+                if let Chan::One(c) = chan {
+                    quantize_run(src, part, scale[c], zp[c] as f32, (lo, hi));
+                } else {
+                    map_scaled(part, src, chan, |v, c| quant(v, c) as u8);
+                }
+            });
         } else {
             let y = &mut io.outputs[0].data[..x.len()];
             quantize_into(threads, x, y, (len, inner, block), |v, c| quant(v, c) as u8);
         }
         Ok(())
     }
+}
+
+/// `y[i]`, the low byte of `clamp(round_even(x[i] / scale) + zp, lo, hi)`
+/// as an integer (NaN gives 0): [`Quantize`]'s arithmetic for one run of
+/// one scale, eight at a time on AVX2 (it took 1.8 ns an element one by
+/// one, 58% of a statically quantized mobilenet_v2's time).
+fn quantize_run(x: &[f32], y: &mut [u8], scale: f32, zp: f32, (lo, hi): (f32, f32)) {
+    let one = |v: f32| (round_even(v / scale) + zp).clamp(lo, hi) as i32 as u8;
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if super::gemm::available() {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        done = unsafe { quantize_run_avx2(x, y, scale, zp, (lo, hi)) };
+    }
+    for (o, &v) in y[done..].iter_mut().zip(&x[done..]) {
+        *o = one(v);
+    }
+}
+
+/// [`quantize_run`] on the whole blocks of eight; returns how many
+/// elements it wrote.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_run_avx2(
+    x: &[f32],
+    y: &mut [u8],
+    scale: f32,
+    zp: f32,
+    (lo, hi): (f32, f32),
+) -> usize {
+    use std::arch::x86_64::*;
+    let n = x.len().min(y.len()) / 8 * 8;
+    let (sv, zv, lov, hiv) = (
+        _mm256_set1_ps(scale),
+        _mm256_set1_ps(zp),
+        _mm256_set1_ps(lo),
+        _mm256_set1_ps(hi),
+    );
+    let two23 = _mm256_set1_ps(8_388_608.0);
+    let sign = _mm256_set1_ps(-0.0);
+    // Bytes 0, 4, 8 and 12 of each 128-bit lane, then the two lanes'
+    // words side by side.
+    let pick = _mm256_setr_epi8(
+        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1,
+        -1, -1, -1, -1, -1, -1, -1, -1,
+    );
+    let join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+    let mut i = 0;
+    // SAFETY: i + 8 <= n <= both lengths.
+    unsafe {
+        while i < n {
+            let v = _mm256_div_ps(_mm256_loadu_ps(x.as_ptr().add(i)), sv);
+            // round_even: |v| + 2^23 - 2^23 with v's sign, below 2^23.
+            let a = _mm256_andnot_ps(sign, v);
+            let r = _mm256_or_ps(
+                _mm256_sub_ps(_mm256_add_ps(a, two23), two23),
+                _mm256_and_ps(sign, v),
+            );
+            let r = _mm256_blendv_ps(v, r, _mm256_cmp_ps::<_CMP_LT_OQ>(a, two23));
+            let q = _mm256_add_ps(r, zv);
+            // clamp (NaN passes), then NaN to 0 as `as i32` makes it.
+            let c = _mm256_min_ps(_mm256_max_ps(q, lov), hiv);
+            let c = _mm256_and_ps(c, _mm256_cmp_ps::<_CMP_ORD_Q>(q, q));
+            let w = _mm256_cvttps_epi32(c);
+            let b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(w, pick), join);
+            _mm_storel_epi64(
+                y.as_mut_ptr().add(i) as *mut __m128i,
+                _mm256_castsi256_si128(b),
+            );
+            i += 8;
+        }
+    }
+    n
 }
 
 /// `y[i] = q(x[i], c)` with `c` the scale index of element `i`: per tensor
@@ -507,6 +595,55 @@ pub fn matmul_integer(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
 #[cfg(test)]
 mod round_tests {
     use super::round_even;
+
+    #[test]
+    fn vector_quantization_gives_the_scalar_bytes() {
+        // Ties, signed zeros, NaN, infinities, values past 2^23 and past
+        // the range, at lengths around the vector width.
+        let mut xs = vec![
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            -2.5,
+            0.0,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e9,
+            -1e9,
+            8_388_609.0,
+            127.5,
+            -128.5,
+            255.5,
+        ];
+        let mut seed = 3u32;
+        for _ in 0..300 {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            xs.push((seed >> 8) as f32 / (1u32 << 24) as f32 * 600.0 - 300.0);
+        }
+        for (scale, zp, lo, hi) in [
+            (1.0, 0.0, 0.0, 255.0),
+            (0.37, 128.0, 0.0, 255.0),
+            (1.0, 0.0, -128.0, 127.0),
+            (2.3, -5.0, -128.0, 127.0),
+        ] {
+            for n in [0, 7, 8, 9, 31, xs.len()] {
+                let mut got = vec![7u8; n];
+                super::quantize_run(&xs[..n], &mut got, scale, zp, (lo, hi));
+                let want: Vec<u8> = xs[..n]
+                    .iter()
+                    .map(|&v| (round_even(v / scale) + zp).clamp(lo, hi) as i32 as u8)
+                    .collect();
+                assert_eq!(
+                    got, want,
+                    "scale {scale} zp {zp} range {lo}..{hi} length {n}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn round_even_is_round_ties_even() {
