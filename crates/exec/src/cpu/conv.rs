@@ -2152,6 +2152,61 @@ impl Kernel for Flipped {
 mod tests {
     use super::*;
 
+    /// The window of `n` images of `c` channels for `(h, w, kh, kw,
+    /// stride, dilation, pad)`, the same in both spatial dims.
+    fn square_window(
+        n: usize,
+        c: usize,
+        (h, w, kh, kw, s, d, p): (usize, usize, usize, usize, usize, usize, usize),
+    ) -> Window {
+        let out = |x: usize, k: usize| (x + 2 * p - d * (k - 1) - 1) / s + 1;
+        Window {
+            n,
+            c,
+            h,
+            w,
+            oh: out(h, kh),
+            ow: out(w, kw),
+            kh,
+            kw,
+            sh: s,
+            sw: s,
+            dh: d,
+            dw: d,
+            ph: p,
+            pw: p,
+        }
+    }
+
+    /// Uniform values in [-0.5, 0.5) from a fixed seed.
+    fn lcg(mut seed: u32) -> impl FnMut() -> f32 {
+        move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        }
+    }
+
+    /// The generic loops on the padded, phased plane: the reference of
+    /// every depthwise test.
+    fn generic_plane(
+        g: &Window,
+        x: &[f32],
+        w: &[f32],
+        bias: f32,
+        act: Option<Activation>,
+        out: &mut [f32],
+    ) {
+        padded_plane(g, x, |g2, x2| {
+            phased_plane(g2, x2, |x3| depthwise_body(g2, x3, w, bias, act, out))
+        });
+    }
+
+    const ACTS: [Option<Activation>; 3] = [
+        None,
+        Some(Activation::Relu),
+        Some(Activation::Clip { lo: -0.1, hi: 0.2 }),
+    ];
+
     /// The whole depthwise kernel (blocks of eight channels, the four left
     /// over plane by plane, two images, split across threads) against the
     /// generic loops plane by plane: the same bits at 1, 2 and 3 threads,
@@ -2159,40 +2214,25 @@ mod tests {
     #[test]
     fn depthwise_kernel_gives_the_generic_bits_at_every_thread_count() {
         let (n, c) = (2, 12);
-        // (h, w, k, stride, pad): outputs 14 wide (eight channels at once)
-        // and 56 wide (plane by plane).
-        for (h, w, k, s, p) in [(14, 14, 3, 1, 1), (28, 27, 3, 2, 1), (56, 56, 3, 1, 1)] {
-            let out = |x: usize| (x + 2 * p - k) / s + 1;
-            let g = Window {
-                n,
-                c,
-                h,
-                w,
-                oh: out(h),
-                ow: out(w),
-                kh: k,
-                kw: k,
-                sh: s,
-                sw: s,
-                dh: 1,
-                dw: 1,
-                ph: p,
-                pw: p,
-            };
-            let (taps, ohw) = (k * k, g.oh * g.ow);
-            let x = graphopt_testutil::uniform(n * c * h * w, 5);
+        // Outputs 14 wide (eight channels at once) and 56 wide (plane by
+        // plane).
+        for case in [
+            (14, 14, 3, 3, 1, 1, 1),
+            (28, 27, 3, 3, 2, 1, 1),
+            (56, 56, 3, 3, 1, 1, 1),
+        ] {
+            let g = square_window(n, c, case);
+            let (hw, taps, ohw) = (g.h * g.w, g.kh * g.kw, g.oh * g.ow);
+            let x = graphopt_testutil::uniform(n * c * hw, 5);
             let wt = graphopt_testutil::uniform(c * taps, 6);
             let b = graphopt_testutil::uniform(c, 7);
             let mut conv = Conv::new(g.clone(), c, c, true);
-            conv.act = Some(Activation::Clip { lo: -0.2, hi: 0.3 });
+            conv.act = ACTS[2];
             let mut want = vec![f32::NAN; n * c * ohw];
             for (i, plane) in want.chunks_mut(ohw).enumerate() {
                 let ci = i % c;
-                padded_plane(&g, &x[i * h * w..][..h * w], |g2, x2| {
-                    phased_plane(g2, x2, |x3| {
-                        depthwise_body(g2, x3, &wt[ci * taps..][..taps], b[ci], conv.act, plane)
-                    })
-                });
+                let (xi, wi) = (&x[i * hw..][..hw], &wt[ci * taps..][..taps]);
+                generic_plane(&g, xi, wi, b[ci], conv.act, plane);
             }
             for threads in 1..=3 {
                 let mut got = vec![f32::NAN; n * c * ohw];
@@ -2201,7 +2241,7 @@ mod tests {
                     .iter()
                     .zip(&want)
                     .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{h}x{w} stride {s}: {threads} thread(s)");
+                assert!(same, "{case:?}: {threads} thread(s)");
             }
         }
     }
@@ -2249,41 +2289,16 @@ mod tests {
             (2, 1, 3, 3, 1, 1, 2),
             (1, 9, 1, 3, 2, 1, 1),
         ];
-        let mut seed = 11u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
-        for (h, w, kh, kw, s, d, p) in cases {
-            let out = |n: usize, k: usize| (n + 2 * p - d * (k - 1) - 1) / s + 1;
-            let g = Window {
-                n: 1,
-                c: 8,
-                h,
-                w,
-                oh: out(h, kh),
-                ow: out(w, kw),
-                kh,
-                kw,
-                sh: s,
-                sw: s,
-                dh: d,
-                dw: d,
-                ph: p,
-                pw: p,
-            };
-            let (taps, ohw) = (kh * kw, g.oh * g.ow);
-            let x: Vec<f32> = (0..8 * h * w).map(|_| next()).collect();
+        let mut next = lcg(11);
+        for case in cases {
+            let g = square_window(1, 8, case);
+            let (hw, taps, ohw) = (g.h * g.w, g.kh * g.kw, g.oh * g.ow);
+            let x: Vec<f32> = (0..8 * hw).map(|_| next()).collect();
             let wt: Vec<f32> = (0..8 * taps).map(|_| next()).collect();
             let bias: [f32; 8] = std::array::from_fn(|_| next());
-            let acts = [
-                None,
-                Some(Activation::Relu),
-                Some(Activation::Clip { lo: -0.1, hi: 0.2 }),
-            ];
-            for act in acts {
+            for act in ACTS {
                 let mut got = vec![f32::NAN; 8 * ohw];
-                let xs = std::array::from_fn(|c| x[c * h * w..].as_ptr());
+                let xs = std::array::from_fn(|c| x[c * hw..].as_ptr());
                 let base = got.as_mut_ptr();
                 // SAFETY: plane c starts at c·ohw inside `got`.
                 let outs = std::array::from_fn(|c| unsafe { base.add(c * ohw) });
@@ -2292,20 +2307,13 @@ mod tests {
                 unsafe { depthwise_c8_avx2(&g, xs, &wt, bias, act, outs) };
                 for c in 0..8 {
                     let mut want = vec![f32::NAN; ohw];
-                    let (xc, wc) = (&x[c * h * w..][..h * w], &wt[c * taps..][..taps]);
-                    padded_plane(&g, xc, |g2, x2| {
-                        phased_plane(g2, x2, |x3| {
-                            depthwise_body(g2, x3, wc, bias[c], act, &mut want)
-                        })
-                    });
+                    let (xc, wc) = (&x[c * hw..][..hw], &wt[c * taps..][..taps]);
+                    generic_plane(&g, xc, wc, bias[c], act, &mut want);
                     let same = got[c * ohw..][..ohw]
                         .iter()
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "{h}x{w} kernel {kh}x{kw} stride {s} dilation {d} pad {p} {act:?} channel {c}"
-                    );
+                    assert!(same, "{case:?} {act:?} channel {c}");
                 }
             }
         }
@@ -2326,46 +2334,18 @@ mod tests {
             (9, 45, 1, 31, 1, 1, 15),
             (6, 5, 3, 3, 1, 1, 0),
         ];
-        let mut seed = 7u32;
-        let mut next = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
-        for (h, w, kh, kw, s, d, p) in cases {
-            let out = |n: usize, k: usize| (n + 2 * p - d * (k - 1) - 1) / s + 1;
-            let g = Window {
-                n: 1,
-                c: 1,
-                h,
-                w,
-                oh: out(h, kh),
-                ow: out(w, kw),
-                kh,
-                kw,
-                sh: s,
-                sw: s,
-                dh: d,
-                dw: d,
-                ph: p,
-                pw: p,
-            };
-            let x: Vec<f32> = (0..h * w).map(|_| next()).collect();
-            let wt: Vec<f32> = (0..kh * kw).map(|_| next()).collect();
+        let mut next = lcg(7);
+        for case in cases {
+            let g = square_window(1, 1, case);
+            let (hw, taps, ohw) = (g.h * g.w, g.kh * g.kw, g.oh * g.ow);
+            let x: Vec<f32> = (0..hw).map(|_| next()).collect();
+            let wt: Vec<f32> = (0..taps).map(|_| next()).collect();
             let bias = next();
-            let acts = [
-                None,
-                Some(Activation::Relu),
-                Some(Activation::Clip { lo: -0.1, hi: 0.2 }),
-            ];
-            for act in acts {
-                let mut got = vec![0f32; g.oh * g.ow];
+            for act in ACTS {
+                let mut got = vec![0f32; ohw];
                 depthwise_plane(&g, &x, &wt, bias, act, &mut got);
-                let mut want = vec![f32::NAN; g.oh * g.ow];
-                padded_plane(&g, &x, |g2, x2| {
-                    phased_plane(g2, x2, |x3| {
-                        depthwise_body(g2, x3, &wt, bias, None, &mut want)
-                    })
-                });
+                let mut want = vec![f32::NAN; ohw];
+                generic_plane(&g, &x, &wt, bias, None, &mut want);
                 // The activation applied after the fact, element by element.
                 if let Some(act) = act {
                     want.iter_mut().for_each(|v| *v = act.apply(*v));
@@ -2374,10 +2354,7 @@ mod tests {
                     .iter()
                     .zip(&want)
                     .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(
-                    same,
-                    "{h}x{w} kernel {kh}x{kw} stride {s} dilation {d} pad {p} {act:?}"
-                );
+                assert!(same, "{case:?} {act:?}");
             }
         }
     }
