@@ -703,7 +703,10 @@ unsafe fn depthwise_poly_avx2(
                 if sw == 1 {
                     let pw = g.pw.min(wp);
                     zero_run(row0, pw);
-                    copy_run_avx(row0.add(pw), xrow, cols);
+                    copy_run(
+                        std::slice::from_raw_parts_mut(row0.add(pw), cols),
+                        &x[xr * g.w..],
+                    );
                     zero_run(row0.add(pw + cols), wp - pw - cols);
                     continue;
                 }
@@ -785,9 +788,10 @@ thread_local! {
 /// Output widths from which the depthwise kernel runs plane by plane
 /// ([`depthwise_poly_avx2`], whose per-plane setup is then amortized)
 /// rather than eight channels at once ([`depthwise_c8_avx2`], whose
-/// padded buffer then outgrows L1). Measured on mobilenet_v2's shapes
-/// (one thread, AVX-512 EPYC): channels-innermost is 1.3-3.4x faster at
-/// widths 7-28, plane by plane 1.1-1.2x faster at 56 and 112.
+/// padded buffer then outgrows L1): where the two kernels crossed over on
+/// mobilenet_v2's depthwise shapes (widths 7-28 faster eight at a time,
+/// 56 and 112 plane by plane), timed against each other on this
+/// project's CI-sized AVX-512 machine.
 #[cfg(target_arch = "x86_64")]
 const C8_MAX_OW: usize = 48;
 
@@ -1073,28 +1077,6 @@ unsafe fn zero_run(p: *mut f32, n: usize) {
         }
         while i < n {
             *p.add(i) = 0.0;
-            i += 1;
-        }
-    }
-}
-
-/// `n` floats from `src` to `dst` (vector moves, no `memcpy` call).
-///
-/// # Safety
-/// Both runs are valid and do not overlap; the CPU has AVX.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn copy_run_avx(dst: *mut f32, src: *const f32, n: usize) {
-    use std::arch::x86_64::*;
-    let mut i = 0;
-    // SAFETY: inside both runs.
-    unsafe {
-        while i + 8 <= n {
-            _mm256_storeu_ps(dst.add(i), _mm256_loadu_ps(src.add(i)));
-            i += 8;
-        }
-        while i < n {
-            *dst.add(i) = *src.add(i);
             i += 1;
         }
     }

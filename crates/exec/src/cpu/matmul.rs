@@ -178,49 +178,22 @@ pub(crate) fn sgemm_with(
     n: usize,
     alpha: f32,
     a: &[f32],
-    (rsa, csa): (usize, usize),
+    sa: (usize, usize),
     b: &[f32],
-    (rsb, csb): (usize, usize),
+    sb: (usize, usize),
     beta: f32,
     c: &mut [f32],
     rsc: usize,
     threads: usize,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(c.len() >= (m - 1) * rsc + n, "gemm output too short");
-    let c_ptr = SendPtr(c.as_mut_ptr());
-    // SAFETY: `c` holds the m rows of n (asserted above), and the parts
-    // write disjoint row or column blocks of it.
-    split_product(
-        m,
-        k,
-        n,
-        row_unit(own, csa),
-        threads,
-        |r0, rows, c0, cols| unsafe {
-            let (a, b) = if k == 0 {
-                (a, b)
-            } else {
-                (&a[r0 * rsa..], &b[c0 * csb..])
-            };
+    split_blocks(own, (m, k, n), (a, sa), (b, sb), (c, rsc), threads, |p| {
+        // SAFETY: the block's rows and columns of `c` are this part's.
+        unsafe {
             sgemm_into_with(
-                own,
-                rows,
-                k,
-                cols,
-                alpha,
-                a,
-                (rsa, csa),
-                b,
-                (rsb, csb),
-                beta,
-                c_ptr.get().add(r0 * rsc + c0),
-                rsc,
+                own, p.rows, k, p.cols, alpha, p.a, sa, p.b, sb, beta, p.c, rsc,
             )
-        },
-    );
+        }
+    });
 }
 
 /// `c = bias + a · b` then `act`, for a convolution's product (`bias`
@@ -246,6 +219,41 @@ pub(crate) fn sgemm_bias_act_with(
     rsc: usize,
     threads: usize,
 ) {
+    split_blocks(own, (m, k, n), (a, sa), (b, sb), (c, rsc), threads, |p| {
+        let bias = bias.map(|b| &b[p.r0..p.r0 + p.rows]);
+        // SAFETY: the block's rows and columns of `c` are this part's.
+        unsafe {
+            sgemm_into_bias_act(
+                own, p.rows, k, p.cols, p.a, sa, p.b, sb, bias, act, p.c, rsc,
+            )
+        };
+    });
+}
+
+/// One part's block of a split product: its first row, its rows and
+/// columns, the operands from its first row and column, and where its
+/// output starts.
+struct Block<'a> {
+    r0: usize,
+    rows: usize,
+    cols: usize,
+    a: &'a [f32],
+    b: &'a [f32],
+    c: *mut f32,
+}
+
+/// Splits `c[m × n] = a[m × k] · b[k × n]` across threads
+/// ([`split_product`]) and runs `f` on each part's [`Block`] (nothing for
+/// an empty product).
+fn split_blocks(
+    own: bool,
+    (m, k, n): (usize, usize, usize),
+    (a, (rsa, csa)): (&[f32], (usize, usize)),
+    (b, (_, csb)): (&[f32], (usize, usize)),
+    (c, rsc): (&mut [f32], usize),
+    threads: usize,
+    f: impl Fn(Block) + Sync,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -255,21 +263,25 @@ pub(crate) fn sgemm_bias_act_with(
         m,
         k,
         n,
-        row_unit(own, sa.1),
+        row_unit(own, csa),
         threads,
         |r0, rows, c0, cols| {
             let (a, b) = if k == 0 {
                 (a, b)
             } else {
-                (&a[r0 * sa.0..], &b[c0 * sb.1..])
+                (&a[r0 * rsa..], &b[c0 * csb..])
             };
-            let bias = bias.map(|b| &b[r0..r0 + rows]);
-            // SAFETY: `c` holds the m rows of n (asserted above), and this
-            // part alone writes rows r0.. and columns c0.. of its block.
-            unsafe {
-                let c = c_ptr.get().add(r0 * rsc + c0);
-                sgemm_into_bias_act(own, rows, k, cols, a, sa, b, sb, bias, act, c, rsc);
-            }
+            // SAFETY: `c` holds the m rows of n (asserted above); the block
+            // starts inside it.
+            let c = unsafe { c_ptr.get().add(r0 * rsc + c0) };
+            f(Block {
+                r0,
+                rows,
+                cols,
+                a,
+                b,
+                c,
+            });
         },
     );
 }
