@@ -124,11 +124,10 @@ pub(crate) struct Body {
     /// node run alone: a Reshape's computed shape must be known to plan
     /// its output).
     fold_ints: bool,
-    /// With [`Body::fold_ints`], fold small inputs of any numeric type
-    /// too (floats, fp16, other integer widths), from formal input
-    /// `fold_floats_from` on.
-    fold_floats: bool,
-    fold_floats_from: usize,
+    /// With [`Body::fold_ints`], per formal input: fold it when small
+    /// whatever its numeric type (floats, fp16, other integer widths), as
+    /// it sizes the node's output ([`sizing_slots`]).
+    fold_any: Vec<bool>,
     cache: Vec<(ShapeKey, Executable)>,
 }
 
@@ -158,8 +157,7 @@ impl Body {
             weights,
             feeds,
             fold_ints: false,
-            fold_floats: false,
-            fold_floats_from: 0,
+            fold_any: Vec::new(),
             cache: Vec::new(),
         }
     }
@@ -168,7 +166,7 @@ impl Body {
         self.fold_ints
             && k < self.graph.inputs.len()
             && (matches!(t.dtype, DType::I64 | DType::I32)
-                || self.fold_floats && k >= self.fold_floats_from && t.dtype != DType::Bool)
+                || self.fold_any.get(k).copied().unwrap_or(false) && t.dtype != DType::Bool)
             && numel(&t.shape) <= FOLD_MAX_ELEMS
     }
 
@@ -915,14 +913,31 @@ pub(crate) fn node_kind(
     }
     let mut body = Body::new(sub, g, model);
     body.fold_ints = true;
-    // Inputs of other types that size an output (Range's bounds, Resize's
-    // roi and scales, OneHot's depth) are folded too, so the output's size
-    // is known; not Resize's or OneHot's data (input 0), which changes
-    // every run and would rebuild the program each time.
-    body.fold_floats = matches!(
-        d.op_type.as_str(),
-        "Range" | "Resize" | "Upsample" | "OneHot"
-    );
-    body.fold_floats_from = usize::from(d.op_type != "Range");
+    // Inputs of other types that size an output are folded too, so the
+    // output's size is known; data inputs are not (a Resize's float image
+    // would rebuild the program each run). Formal input k is fed value
+    // fed[k], which may sit at any of the node's slots.
+    let sizing = sizing_slots(&d.op_type);
+    body.fold_any = fed
+        .iter()
+        .map(|&v| {
+            d.inputs()
+                .iter()
+                .enumerate()
+                .any(|(i, x)| *x == Some(v) && sizing.contains(&i))
+        })
+        .collect();
     Ok((Kind::Node(body), fed))
+}
+
+/// The input slots of a node run alone that size its output whatever
+/// their numeric type (small integer inputs are folded anyway): Range's
+/// bounds, Resize's and Upsample's roi, scales and sizes, OneHot's depth.
+fn sizing_slots(op: &str) -> &'static [usize] {
+    match op {
+        "Range" => &[0, 1, 2],
+        "Resize" | "Upsample" => &[1, 2, 3],
+        "OneHot" => &[1],
+        _ => &[],
+    }
 }

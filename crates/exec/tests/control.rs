@@ -276,8 +276,6 @@ fn body_outputs_may_be_inputs_or_outer_values() {
     assert_eq!(f32s(&o[1]), [1.0, 2.0, 1.0, 2.0]);
 }
 
-/// A node whose output size stays unknown even run alone at the shapes
-/// seen (a float Range to a computed limit) fails in one line naming it.
 /// A Range whose bounds are floats computed at run time: run alone, its
 /// scalar inputs are folded in as constants, so its size is known.
 #[test]
@@ -295,36 +293,61 @@ fn a_range_of_computed_float_bounds_is_sized_at_run_time() {
     assert_eq!(f32s(&o[0]), [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
 }
 
-/// The same with float16 bounds (cast from the fed float), and a Resize
-/// whose scales are computed: each folded in, so both sizes are known.
+/// The same with float16 bounds (cast from the fed float), and Resizes
+/// whose scales are computed: each folded in, so the sizes are known. One
+/// Resize's image is a weight (its scales are then the node's first fed
+/// input); the other's is fed and is not folded: new image values reuse
+/// the program made for the same scales.
 #[test]
 fn float16_range_bounds_and_computed_resize_scales_are_folded() {
     let mut e = exe(r#"<ir_version: 8, opset_import: ["" : 17]>
-        g (float a, float[1,1,2,2] x) => (float16[N] r, float[1,1,H,W] y) <float one = {1.0}, float[4] base = {1.0, 1.0, 1.0, 1.0}> {
+        g (float a, float[1,1,2,2] x) => (float16[N] r, float[1,1,H,W] y, float[1,1,H,W] yc) <float one = {1.0}, float[2] ones2 = {1.0, 1.0}, float[1,1,2,2] c = {1.0, 2.0, 3.0, 4.0}> {
           lim = Add (a, one)
           h = Cast <to = 10> (lim)
           z = Sub (h, h)
           o = Div (h, h)
           r = Range (z, h, o)
-          s = Mul (base, lim)
-          sc = Concat <axis = 0> (one4, s2)
+          s2 = Mul (ones2, lim)
+          sc = Concat <axis = 0> (ones2, s2)
           y = Resize <mode = "nearest"> (x, "", sc)
-        }"#
-        .replace("one4, s2", "base2, s2")
-        .replace(
-            "s = Mul (base, lim)",
-            "s4 = Mul (base, lim)\n          base2 = Slice (base, i0, i2)\n          s2 = Slice (s4, i2, i4)",
-        )
-        .replace(
-            "float[4] base = {1.0, 1.0, 1.0, 1.0}>",
-            "float[4] base = {1.0, 1.0, 1.0, 1.0}, int64[1] i0 = {0}, int64[1] i2 = {2}, int64[1] i4 = {4}>",
-        )
-        .as_str());
-    let x = HostTensor::from_f32(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
-    let (o, _) = run(&mut e, &[HostTensor::from_f32(&[], &[2.0]), x]);
-    assert_eq!(o[0].shape, [3]);
-    assert_eq!(o[0].dtype, DType::F16);
+          yc = Resize <mode = "nearest"> (c, "", sc)
+        }"#);
+    let x = |v: [f32; 4]| HostTensor::from_f32(&[1, 1, 2, 2], &v);
+    // Each pixel three times along both axes.
+    let up3 =
+        |v: [f32; 4]| -> Vec<f32> { (0..36).map(|i| v[(i / 6 / 3) * 2 + (i % 6) / 3]).collect() };
+    let (o, _) = run(
+        &mut e,
+        &[HostTensor::from_f32(&[], &[2.0]), x([1.0, 2.0, 3.0, 4.0])],
+    );
+    let f16s = |t: &HostTensor| -> Vec<f32> {
+        assert_eq!(t.dtype, DType::F16);
+        t.data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect()
+    };
+    assert_eq!(f16s(&o[0]), [0.0, 1.0, 2.0]);
     assert_eq!(o[1].shape, [1, 1, 6, 6]);
+    assert_eq!(f32s(&o[1]), up3([1.0, 2.0, 3.0, 4.0]));
+    assert_eq!(f32s(&o[2]), up3([1.0, 2.0, 3.0, 4.0]));
+    let made = e.subgraph_arena_bytes();
+    let (o, _) = run(
+        &mut e,
+        &[HostTensor::from_f32(&[], &[2.0]), x([5.0, 6.0, 7.0, 8.0])],
+    );
+    assert_eq!(f32s(&o[1]), up3([5.0, 6.0, 7.0, 8.0]));
+    assert_eq!(
+        e.subgraph_arena_bytes(),
+        made,
+        "a new image made a new program"
+    );
+    let (o, _) = run(
+        &mut e,
+        &[HostTensor::from_f32(&[], &[1.0]), x([1.0, 2.0, 3.0, 4.0])],
+    );
+    assert_eq!(f16s(&o[0]), [0.0, 1.0]);
+    assert_eq!(o[2].shape, [1, 1, 4, 4]);
 }
 
 #[test]
