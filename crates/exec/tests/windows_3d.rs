@@ -162,8 +162,8 @@ fn conv_3d_groups_strides_dilations_asymmetric_pads() {
 #[test]
 fn conv_3d_same_upper_with_a_large_volume_spans_several_tiles() {
     // 32 input channels x 27 taps = 864 rows; 4 x 25 x 25 = 2500
-    // positions: a 1 MiB tile holds 288 of them, so 9 tiles, which the two
-    // threads take in turns.
+    // positions: a 1 MiB tile holds 288 of them, so 9 tiles, taken by
+    // the threads in turns (check_conv runs it at 1 and 3 threads).
     let g = Geo {
         x: vec![1, 32, 4, 25, 25],
         w: vec![2, 32, 3, 3, 3],

@@ -1,7 +1,9 @@
 //! Integer GEMM for quantized MatMuls: uint8 activations times int8 or
 //! uint8 weights, summed exactly in 32-bit integers, scaled once (the
 //! fused `IntegerMatMul` of `--quantize` models) or not at all (ONNX's
-//! `MatMulInteger` with a constant weight).
+//! `MatMulInteger` with a constant weight; the quantized convolutions and
+//! QLinearMatMul of [`super::qlinear`] also pack unfolded image tiles and
+//! fed operands as the "weight", once per tile or batch and run).
 //!
 //! What it computes, for `x` `[m × k]` (uint8, one scale `xs` and zero
 //! point `xz`) and `w` `[k × n]` (int8 or uint8, per-tensor or per-column
@@ -635,20 +637,6 @@ mod tests {
         y
     }
 
-    fn bytes(n: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (s >> 33) as u8
-            })
-            .collect()
-    }
-
     /// The exact integer sums (unscaled, MatMulInteger's output) and the
     /// scaled floats of a naive i64 loop, bit for bit, on the VNNI kernel
     /// (where the CPU has it) and the plain loops, at 1 to 3 threads;
@@ -670,8 +658,8 @@ mod tests {
         ] {
             for signed in [false, true] {
                 for (case, seed) in [(0, 1u64), (1, 2)] {
-                    let mut x = bytes(m * k, seed);
-                    let mut w = bytes(k * n, seed + 10);
+                    let mut x = graphopt_testutil::bytes(m * k, seed);
+                    let mut w = graphopt_testutil::bytes(k * n, seed + 10);
                     if case == 1 {
                         // Extremes: x at 255, w at its most negative.
                         x.fill(255);

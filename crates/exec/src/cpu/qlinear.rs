@@ -34,8 +34,9 @@
 //!   Per-channel weight zero points that differ are taken out afterwards.
 //!   With one input channel per group (depthwise) the taps are summed
 //!   directly, one output row at a time. Threads take whole (image, group)
-//!   blocks of the output, each with its own workspace slot; when there is
-//!   one block, the GEMM splits its columns (pixels) instead.
+//!   blocks of the output, each with its own workspace slot; when they make
+//!   one part, the GEMM splits its columns (pixels) instead (not the
+//!   depthwise sums, which then run on one thread).
 //! - QLinearMatMul broadcasts batches as MatMul does ([`batches`]) and
 //!   multiplies each in blocks of rows (as tiles are sized). `a`'s scale
 //!   and zero point are per tensor or per row (`[M]` for a 2-D `a`, else

@@ -15,7 +15,8 @@
 //! interpolated value). `coordinate_transformation_mode` is `half_pixel`
 //! by default from opset 16 and `output_half_pixel` (no shift, ROIs at
 //! least 1x1) before. The taps of one ROI are computed once and shared by
-//! its channels; ROIs split across threads.
+//! its channels (up to `MAX_CACHED_TAPS`; past that, per channel); ROIs
+//! split across threads.
 //!
 //! AffineGrid (2-D and 3-D, `align_corners`): the normalized grid of the
 //! output size mapped through each `theta`, in f64 and rounded once (the

@@ -262,18 +262,17 @@ impl Nd {
                     let lo = lo.min(hi);
                     dst[..lo].fill(0.0);
                     dst[hi..].fill(0.0);
-                    if lo == hi {
-                        // No tap of the run falls inside the row (`first`
-                        // below would lie outside it).
-                    } else if s_last == 1 {
-                        let first = (i0 + lo as isize) as usize;
-                        dst[lo..hi].copy_from_slice(&src[first..first + (hi - lo)]);
-                    } else {
+                    // (lo == hi: no tap of the run falls inside the row,
+                    // and `first` would lie outside it.)
+                    if lo < hi {
                         let first = (i0 + lo as isize * s_last) as usize;
-                        let s = s_last as usize;
-                        for (q, v) in dst[lo..hi].iter_mut().enumerate() {
-                            *v = src[first + q * s];
-                        }
+                        // The 2-D unfolding's strided copy (block copies,
+                        // stride 2 in AVX2 shuffles).
+                        <f32 as conv::Unfold>::strided(
+                            &src[first..],
+                            s_last as usize,
+                            &mut dst[lo..hi],
+                        );
                     }
                 }
             }
