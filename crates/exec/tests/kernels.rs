@@ -1569,21 +1569,6 @@ fn det_by_pivoted_lu_and_cumprod_exclusive_reverse() {
     assert!(got[0][0].is_nan(), "{:?}", got[0]);
 }
 
-/// Bytes from a small LCG (the quantized tests' data).
-fn qbytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 33) as u8
-        })
-        .collect()
-}
-
 /// An 8-bit element as its integer: `ty` is "int8" or "uint8".
 fn qval(ty: &str, b: u8) -> i32 {
     if ty == "int8" {
@@ -1699,16 +1684,19 @@ fn check_qconv(
     } else {
         format!("{n},{m},{},{}", g.o.0, g.o.1)
     };
-    let xb = qbytes(n * c * h * wd, seed);
-    let wb = qbytes(m * cg * kh * kw, seed + 1);
+    let xb = graphopt_testutil::bytes(n * c * h * wd, seed);
+    let wb = graphopt_testutil::bytes(m * cg * kh * kw, seed + 1);
     let xv: Vec<i32> = xb.iter().map(|&b| qval(xt, b)).collect();
     let wv: Vec<i32> = wb.iter().map(|&b| qval(wt, b)).collect();
     // Zero points near the middle of the data (whose sums then center on
     // about 0).
     let mid = |ty: &str, b: u8| (b % 16) as i32 + if ty == "int8" { -8 } else { 120 };
-    let xz = mid(xt, qbytes(1, seed + 2)[0]);
+    let xz = mid(xt, graphopt_testutil::bytes(1, seed + 2)[0]);
     let mc = if per_channel { m } else { 1 };
-    let wz: Vec<i32> = qbytes(mc, seed + 3).iter().map(|&b| mid(wt, b)).collect();
+    let wz: Vec<i32> = graphopt_testutil::bytes(mc, seed + 3)
+        .iter()
+        .map(|&b| mid(wt, b))
+        .collect();
     let w_scale: Vec<f32> = (0..mc).map(|i| 0.01 + 0.003 * i as f32).collect();
     let b: Vec<i32> = (0..m).map(|i| (i as i32 - 2) * 1234).collect();
     let (xs, yz) = (0.05f32, if yt == "int8" { 2 } else { 130 });
@@ -1992,7 +1980,10 @@ fn qlinear_conv_depthwise_with_a_channel_multiplier_against_loops() {
 fn qlinear_matmul_broadcasts_batches_with_per_row_and_per_column_scales() {
     let head = r#"<ir_version: 8, opset_import: ["" : 13]>"#;
     // Case 1.
-    let (ab, bb) = (qbytes(30, 41), qbytes(60, 42));
+    let (ab, bb) = (
+        graphopt_testutil::bytes(30, 41),
+        graphopt_testutil::bytes(60, 42),
+    );
     let av: Vec<i32> = ab.iter().map(|&b| qval("uint8", b)).collect();
     let bv: Vec<i32> = bb.iter().map(|&b| qval("int8", b)).collect();
     let (a_s, a_z) = ([0.02f32, 0.03, 0.025], [120, 130, 7]);
@@ -2043,7 +2034,10 @@ fn qlinear_matmul_broadcasts_batches_with_per_row_and_per_column_scales() {
     // Case 2: a int8 [7, 40] with [7] per-row scales and zero points, b a
     // constant uint8 [40, 33] with one zero point, int8 out.
     let (m, k, n) = (7, 40, 33);
-    let (ab, bb) = (qbytes(m * k, 43), qbytes(k * n, 44));
+    let (ab, bb) = (
+        graphopt_testutil::bytes(m * k, 43),
+        graphopt_testutil::bytes(k * n, 44),
+    );
     let av: Vec<i32> = ab.iter().map(|&b| qval("int8", b)).collect();
     let bv: Vec<i32> = bb.iter().map(|&b| qval("uint8", b)).collect();
     let a_s: Vec<f32> = (0..m).map(|i| 0.01 + 0.001 * i as f32).collect();

@@ -86,6 +86,13 @@ pub fn require_mpi() -> bool {
     env_is("GRAPHOPT_REQUIRE_MPI", "1") || env_is("CI", "true")
 }
 
+/// True when a CPU without the vector instructions a kernel test targets
+/// (AVX2 and FMA) must fail that test rather than skip it:
+/// `GRAPHOPT_REQUIRE_SIMD=1` or `CI=true` (CI's x86-64 machines have them).
+pub fn require_simd() -> bool {
+    env_is("GRAPHOPT_REQUIRE_SIMD", "1") || env_is("CI", "true")
+}
+
 /// The one way a test gives up on a missing prerequisite other than the
 /// Python environment (which [`python_or_skip`] handles): returns true
 /// after printing `SKIPPED <test>: <why> (set <require_with> to make this
@@ -312,6 +319,22 @@ pub fn uniform(n: usize, seed: u64) -> Vec<f32> {
             s ^= s >> 7;
             s ^= s << 17;
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// `n` bytes from a fixed seed (an LCG's high bits): the quantized kernel
+/// tests' data.
+pub fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u8
         })
         .collect()
 }

@@ -2253,7 +2253,14 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn depthwise_eight_channels_give_the_generic_bits() {
-        if !super::super::gemm::available() {
+        if !super::super::gemm::available()
+            && graphopt_testutil::skip_or_fail(
+                "depthwise_eight_channels_give_the_generic_bits",
+                "the CPU has no AVX2/FMA",
+                graphopt_testutil::require_simd(),
+                "GRAPHOPT_REQUIRE_SIMD=1 or CI=true",
+            )
+        {
             return;
         }
         // (h, w, kh, kw, stride, dilation, pad)

@@ -932,7 +932,14 @@ mod tests {
     /// rows and columns, several depth blocks, and each activation.
     #[test]
     fn bias_and_activation_epilogue_gives_the_bits_of_three_passes() {
-        if !available() {
+        if !available()
+            && graphopt_testutil::skip_or_fail(
+                "bias_and_activation_epilogue_gives_the_bits_of_three_passes",
+                "the CPU has no AVX2/FMA",
+                graphopt_testutil::require_simd(),
+                "GRAPHOPT_REQUIRE_SIMD=1 or CI=true",
+            )
+        {
             return;
         }
         let acts = [
