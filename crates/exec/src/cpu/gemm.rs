@@ -10,8 +10,10 @@
 //! In an NCHW convolution the left operand is the weight (`Cout × Cin·k²`)
 //! and the right one the unfolded image; deep in a network the image is
 //! small (7×7) and the weight large (512 × 4608), so repacking the weight
-//! costs as much as multiplying. Here the row-major `a` is read in place by
-//! broadcasts (a strided `a` goes to matrixmultiply). `b` is packed
+//! costs as much as multiplying. Here `a` is read in place by broadcasts,
+//! at any strides: a column-major `a` (a Gemm with `transA`, a weight
+//! gradient `Xᵀ · dY`) gives a micro-tile's rows at one step from one
+//! contiguous run, a row-major one from one line per row. `b` is packed
 //! per 256-row panel into 16-column slivers, zero-padded at the edge.
 //!
 //! The loops (BLIS's order): column panels of `NC`, depth blocks of
@@ -84,8 +86,8 @@ pub(crate) fn available() -> bool {
 /// read). `k` must be at least 1.
 ///
 /// # Safety
-/// [`available`] must be true. `a` holds `m` rows of `k` contiguous
-/// elements at row stride `lda`, `b` holds `k × n` at `(rsb, csb)`, and `c` holds `m`
+/// [`available`] must be true. `a` holds `m × k` elements at element
+/// strides `(rsa, csa)`, `b` holds `k × n` at `(rsb, csb)`, and `c` holds `m`
 /// rows of `n` at row stride `rsc`, which nothing else touches during the
 /// call.
 pub(crate) unsafe fn sgemm(
@@ -94,7 +96,7 @@ pub(crate) unsafe fn sgemm(
     n: usize,
     alpha: f32,
     a: *const f32,
-    lda: usize,
+    (rsa, csa): (usize, usize),
     b: *const f32,
     (rsb, csb): (usize, usize),
     beta: f32,
@@ -110,14 +112,74 @@ pub(crate) unsafe fn sgemm(
             n,
             alpha,
             a,
-            lda,
-            b,
-            (rsb, csb),
+            (rsa, csa),
+            Right::strided(b, (rsb, csb)),
             beta,
             c,
             rsc,
             Epilogue::NONE,
         )
+    }
+}
+
+/// A product's right operand `b`: element `(p, j)` at `ptr + p·rsb +
+/// j·csb`, or, where `rows` is set, at `ptr + rows[p] + j` (each row
+/// contiguous, anywhere: a convolution's taps over a padded image,
+/// [`sgemm_rows_bias_act`]).
+#[derive(Clone, Copy)]
+struct Right {
+    ptr: *const f32,
+    rsb: usize,
+    csb: usize,
+    /// Row offsets (null: the strides).
+    rows: *const usize,
+}
+
+impl Right {
+    fn strided(ptr: *const f32, (rsb, csb): (usize, usize)) -> Right {
+        Right {
+            ptr,
+            rsb,
+            csb,
+            rows: std::ptr::null(),
+        }
+    }
+
+    /// The block from row `p0` and column `j0` on.
+    ///
+    /// # Safety
+    /// The block lies in the operand.
+    unsafe fn at(self, p0: usize, j0: usize) -> Right {
+        // SAFETY: the caller's promise.
+        unsafe {
+            if self.rows.is_null() {
+                Right {
+                    ptr: self.ptr.add(p0 * self.rsb + j0 * self.csb),
+                    ..self
+                }
+            } else {
+                Right {
+                    ptr: self.ptr.add(j0),
+                    rows: self.rows.add(p0),
+                    ..self
+                }
+            }
+        }
+    }
+
+    /// Row `p`'s first element.
+    ///
+    /// # Safety
+    /// Row `p` lies in the operand.
+    unsafe fn row(self, p: usize) -> *const f32 {
+        // SAFETY: the caller's promise.
+        unsafe {
+            if self.rows.is_null() {
+                self.ptr.add(p * self.rsb)
+            } else {
+                self.ptr.add(*self.rows.add(p))
+            }
+        }
     }
 }
 
@@ -155,7 +217,7 @@ pub(crate) unsafe fn sgemm_bias_act(
     k: usize,
     n: usize,
     a: *const f32,
-    lda: usize,
+    (rsa, csa): (usize, usize),
     b: *const f32,
     (rsb, csb): (usize, usize),
     bias: Option<&[f32]>,
@@ -171,7 +233,63 @@ pub(crate) unsafe fn sgemm_bias_act(
         act,
     };
     // SAFETY: the caller's promise, passed on.
-    unsafe { sgemm_on(wide(), m, k, n, 1.0, a, lda, b, (rsb, csb), 0.0, c, rsc, ep) }
+    unsafe {
+        sgemm_on(
+            wide(),
+            m,
+            k,
+            n,
+            1.0,
+            a,
+            (rsa, csa),
+            Right::strided(b, (rsb, csb)),
+            0.0,
+            c,
+            rsc,
+            ep,
+        )
+    }
+}
+
+/// [`sgemm_bias_act`] with a right operand given by its rows: element
+/// `(p, j)` of `b` is `b[rows[p] + j]`, each row `n` contiguous elements
+/// anywhere in `b` (a convolution's taps over a padded image, where an
+/// unfolded matrix would repeat each element once per tap). The rows are
+/// packed as a strided `b`'s are, so each element is summed as
+/// [`sgemm_bias_act`] sums it over the matrix those rows make: the same
+/// bits.
+///
+/// # Safety
+/// As [`sgemm_bias_act`]'s; `rows` holds `k` offsets, each `rows[p] + n`
+/// within `b`.
+pub(crate) unsafe fn sgemm_rows_bias_act(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    (rsa, csa): (usize, usize),
+    (b, rows): (*const f32, &[usize]),
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    c: *mut f32,
+    rsc: usize,
+) {
+    assert!(rows.len() >= k, "row offsets too short");
+    let ep = Epilogue {
+        bias: bias.map_or(std::ptr::null(), |b| {
+            assert!(b.len() >= m, "bias too short");
+            b.as_ptr()
+        }),
+        act,
+    };
+    let b = Right {
+        ptr: b,
+        rsb: 0,
+        csb: 1,
+        rows: rows.as_ptr(),
+    };
+    // SAFETY: the caller's promise, passed on.
+    unsafe { sgemm_on(wide(), m, k, n, 1.0, a, (rsa, csa), b, 0.0, c, rsc, ep) }
 }
 
 /// [`sgemm`] on the AVX-512 kernel ([`micro_wide`]) where `wide`, else on
@@ -186,9 +304,8 @@ unsafe fn sgemm_on(
     n: usize,
     alpha: f32,
     a: *const f32,
-    lda: usize,
-    b: *const f32,
-    (rsb, csb): (usize, usize),
+    (rsa, csa): (usize, usize),
+    b: Right,
     beta: f32,
     c: *mut f32,
     rsc: usize,
@@ -208,41 +325,50 @@ unsafe fn sgemm_on(
                 let kc = KC.min(k - pc);
                 // SAFETY (all below): offsets stay inside the operands the
                 // caller vouched for; the buffers were sized above.
-                let bblk = unsafe { b.add(pc * rsb + jc * csb) };
+                let bblk = unsafe { b.at(pc, jc) };
                 // One row block reads each sliver from L1 after its first
                 // micro-tile: read a row-major `b` in place (full slivers)
                 // rather than copy it. Several row blocks reuse a packed
                 // panel from L2.
-                let in_place = csb == 1 && m <= MC;
-                unsafe { pack_b(kc, nc, bblk, rsb, csb, bp, in_place) };
+                let in_place = b.csb == 1 && m <= MC;
+                unsafe { pack_b(kc, nc, bblk, bp, in_place) };
                 let (al, be) = if pc == 0 { (alpha, beta) } else { (alpha, 1.0) };
                 let first = pc == 0 && !ep.bias.is_null();
                 let act = if pc + kc == k { ep.act } else { None };
                 for ic in (0..m).step_by(MC) {
                     let mc = MC.min(m - ic);
-                    let ablk = unsafe { a.add(ic * lda + pc) };
-                    // Sliver `jr`'s 16 columns: `b` itself (row stride rsb)
-                    // or the packed panel (stride NR).
+                    let ablk = unsafe { a.add(ic * rsa + pc * csa) };
+                    // Sliver `jr`'s 16 columns: `b` itself (row stride rsb,
+                    // or with row offsets, its rows where they lie) or the
+                    // packed panel (stride NR).
                     let sliver = |jr: usize| {
                         if in_place && nc - jr >= NR {
-                            (unsafe { bblk.add(jr) }, rsb)
+                            (unsafe { bblk.ptr.add(jr) }, b.rsb, bblk.rows)
                         } else {
-                            (unsafe { bp.as_ptr().add(jr * kc) }, NR)
+                            (unsafe { bp.as_ptr().add(jr * kc) }, NR, std::ptr::null())
                         }
                     };
-                    for jr in (0..nc).step_by(step) {
-                        let nr = step.min(nc - jr);
-                        let (b, ldb) = sliver(jr);
-                        let (b1, ldb1) = if nr > NR { sliver(jr + NR) } else { (b, ldb) };
+                    // The micro-tiles of columns jr..jr + nr (at most two
+                    // slivers, read alike: both by row offsets or neither).
+                    let run = |jr: usize, nr: usize| {
+                        let (b, ldb, rows) = sliver(jr);
+                        let (b1, ldb1) = if nr > NR {
+                            let (b1, ldb1, _) = sliver(jr + NR);
+                            (b1, ldb1)
+                        } else {
+                            (b, ldb)
+                        };
                         for ir in (0..mc).step_by(mr) {
                             let t = Tile {
                                 kc,
-                                a: unsafe { ablk.add(ir * lda) },
-                                lda,
+                                a: unsafe { ablk.add(ir * rsa) },
+                                rsa,
+                                csa,
                                 b,
                                 ldb,
                                 b1,
                                 ldb1,
+                                rows,
                                 c: unsafe { c.add((ic + ir) * rsc + jc + jr) },
                                 rsc,
                                 nr,
@@ -256,6 +382,17 @@ unsafe fn sgemm_on(
                                 act,
                             };
                             unsafe { tile(&t, mr.min(mc - ir), wide) }
+                        }
+                    };
+                    for jr in (0..nc).step_by(step) {
+                        let nr = step.min(nc - jr);
+                        if nr > NR && sliver(jr).2 != sliver(jr + NR).2 {
+                            // A full sliver read by its rows beside a
+                            // packed edge: one at a time.
+                            run(jr, NR);
+                            run(jr + NR, nr - NR);
+                        } else {
+                            run(jr, nr);
                         }
                     }
                 }
@@ -464,23 +601,16 @@ const LINE: usize = 16;
 /// [`PREFETCH_ROWS`] ahead asked for while one is copied: a weight comes
 /// from memory, and each row's run is a new stream the hardware
 /// prefetcher has not yet seen; other strides sliver by sliver.
-unsafe fn pack_b(
-    kc: usize,
-    nc: usize,
-    b: *const f32,
-    rsb: usize,
-    csb: usize,
-    out: &mut [f32],
-    edge_only: bool,
-) {
+unsafe fn pack_b(kc: usize, nc: usize, b: Right, out: &mut [f32], edge_only: bool) {
     let full = nc / NR;
-    if csb == 1 {
+    if b.csb == 1 {
         let first = if edge_only { full } else { 0 };
         for p in 0..kc {
             // SAFETY: row p, columns ..nc of b (the caller's bounds).
-            let src = unsafe { b.add(p * rsb) };
+            let src = unsafe { b.row(p) };
             if p + PREFETCH_ROWS < kc {
-                let ahead = b.wrapping_add((p + PREFETCH_ROWS) * rsb);
+                // SAFETY: row p + PREFETCH_ROWS < kc lies in b.
+                let ahead = unsafe { b.row(p + PREFETCH_ROWS) };
                 for j in (first * NR..nc).step_by(LINE) {
                     // SAFETY: a prefetch reads nothing and never faults
                     // (the address lies in row p + PREFETCH_ROWS of b).
@@ -513,9 +643,9 @@ unsafe fn pack_b(
             let row = &mut dst[p * NR..p * NR + NR];
             // SAFETY: row p, columns j0..j0+w of b (the caller's bounds).
             unsafe {
-                let src = b.add(p * rsb + j0 * csb);
+                let src = b.row(p).add(j0 * b.csb);
                 for (j, r) in row[..w].iter_mut().enumerate() {
-                    *r = *src.add(j * csb);
+                    *r = *src.add(j * b.csb);
                 }
             }
             row[w..].fill(0.0);
@@ -523,20 +653,24 @@ unsafe fn pack_b(
     }
 }
 
-/// One micro-tile's operands: `R` rows of `a` (row stride `lda`, `kc`
-/// contiguous elements each), `kc` rows of 16 elements of `b` (row stride
+/// One micro-tile's operands: `R` rows of `a` (`kc` elements each, at
+/// element strides `(rsa, csa)`), `kc` rows of 16 elements of `b` (row stride
 /// `ldb`: a packed sliver, or `b` itself), and where the `R × nr` results
 /// go.
 struct Tile {
     kc: usize,
     a: *const f32,
-    lda: usize,
+    rsa: usize,
+    csa: usize,
     b: *const f32,
     ldb: usize,
     /// The next sliver (columns 16..32 of a wide tile), at row stride
     /// `ldb1`; [`micro`] does not read it.
     b1: *const f32,
     ldb1: usize,
+    /// Where set, step `p` reads `b + rows[p]` (and `b1 + rows[p]`)
+    /// instead of striding by `ldb` ([`Right`]'s row offsets, in place).
+    rows: *const usize,
     c: *mut f32,
     rsc: usize,
     nr: usize,
@@ -571,25 +705,28 @@ fn finish(v: f32, beta: f32, out: &mut f32) {
 unsafe fn tile(t: &Tile, rows: usize, wide: bool) {
     // `rows` (at most the kernel's tile height) as the const parameter.
     macro_rules! by_rows {
-        ($f:ident; $($r:literal)*) => {
+        ($f:ident, $o:literal; $($r:literal)*) => {
             match rows {
-                $($r => $f::<$r>(t),)*
-                _ => $f::<1>(t),
+                $($r => $f::<$r, $o>(t),)*
+                _ => $f::<1, $o>(t),
             }
         };
-        ($f:ident, $w:literal; $($r:literal)*) => {
+        ($f:ident, $w:literal, $o:literal; $($r:literal)*) => {
             match rows {
-                $($r => $f::<$r, $w>(t),)*
-                _ => $f::<1, $w>(t),
+                $($r => $f::<$r, $w, $o>(t),)*
+                _ => $f::<1, $w, $o>(t),
             }
         };
     }
     // SAFETY: the caller's promise, passed on.
     unsafe {
-        match (wide, t.nr > NR) {
-            (true, true) => by_rows!(micro_wide, 2; 12 11 10 9 8 7 6 5 4 3 2),
-            (true, false) => by_rows!(micro_wide, 1; 12 11 10 9 8 7 6 5 4 3 2),
-            (false, _) => by_rows!(micro; 6 5 4 3 2),
+        match (wide, t.nr > NR, !t.rows.is_null()) {
+            (true, true, false) => by_rows!(micro_wide, 2, false; 12 11 10 9 8 7 6 5 4 3 2),
+            (true, false, false) => by_rows!(micro_wide, 1, false; 12 11 10 9 8 7 6 5 4 3 2),
+            (true, true, true) => by_rows!(micro_wide, 2, true; 12 11 10 9 8 7 6 5 4 3 2),
+            (true, false, true) => by_rows!(micro_wide, 1, true; 12 11 10 9 8 7 6 5 4 3 2),
+            (false, _, false) => by_rows!(micro, false; 6 5 4 3 2),
+            (false, _, true) => by_rows!(micro, true; 6 5 4 3 2),
         }
         if !t.bias.is_null() || t.act.is_some() {
             finish_tile(t, rows);
@@ -644,21 +781,25 @@ unsafe fn finish_tile(t: &Tile, rows: usize) {
 /// [`micro`] (the edge columns masked instead of finished one by one, the
 /// same arithmetic), so the two kernels give the same bits.
 #[target_feature(enable = "avx512f")]
-unsafe fn micro_wide<const R: usize, const W: usize>(t: &Tile) {
+unsafe fn micro_wide<const R: usize, const W: usize, const ROWS: bool>(t: &Tile) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); W]; R];
-    // SAFETY: `a` has R rows of kc at stride lda; `b` (and `b1` when W
-    // is 2) kc rows of NR at strides ldb (ldb1).
+    // SAFETY: `a` has R rows of kc at strides (rsa, csa); `b` (and `b1` when W
+    // is 2) kc rows of NR at strides ldb (ldb1), or at `rows` (ROWS).
     unsafe {
         let (mut bp0, mut bp1) = (t.b, t.b1);
         for p in 0..t.kc {
+            if ROWS {
+                let o = *t.rows.add(p);
+                (bp0, bp1) = (t.b.add(o), t.b1.add(o));
+            }
             let mut bv = [_mm512_setzero_ps(); W];
             bv[0] = _mm512_loadu_ps(bp0);
             if W == 2 {
                 bv[W - 1] = _mm512_loadu_ps(bp1);
             }
             for (i, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*t.a.add(i * t.lda + p));
+                let av = _mm512_set1_ps(*t.a.add(i * t.rsa + p * t.csa));
                 for (r, b) in row.iter_mut().zip(&bv) {
                     *r = _mm512_fmadd_ps(av, *b, *r);
                 }
@@ -694,18 +835,21 @@ unsafe fn micro_wide<const R: usize, const W: usize>(t: &Tile) {
 /// `c = alpha · acc + beta · c` (the same arithmetic on every column,
 /// edge columns included).
 #[target_feature(enable = "avx2,fma")]
-unsafe fn micro<const R: usize>(t: &Tile) {
+unsafe fn micro<const R: usize, const ROWS: bool>(t: &Tile) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    // SAFETY: `a` has R rows of kc at stride lda, `b` kc rows of NR at
-    // stride ldb.
+    // SAFETY: `a` has R rows of kc at strides (rsa, csa), `b` kc rows of NR at
+    // stride ldb, or at `rows` (ROWS).
     unsafe {
         let mut bp = t.b;
         for p in 0..t.kc {
+            if ROWS {
+                bp = t.b.add(*t.rows.add(p));
+            }
             let b0 = _mm256_loadu_ps(bp);
             let b1 = _mm256_loadu_ps(bp.add(8));
             for (i, row) in acc.iter_mut().enumerate() {
-                let av = _mm256_broadcast_ss(&*t.a.add(i * t.lda + p));
+                let av = _mm256_broadcast_ss(&*t.a.add(i * t.rsa + p * t.csa));
                 row[0] = _mm256_fmadd_ps(av, b0, row[0]);
                 row[1] = _mm256_fmadd_ps(av, b1, row[1]);
             }
@@ -820,7 +964,7 @@ mod tests {
                 n,
                 alpha,
                 a.as_ptr(),
-                sa.0,
+                sa,
                 b.as_ptr(),
                 (n, 1),
                 beta,
@@ -866,6 +1010,108 @@ mod tests {
         }
     }
 
+    /// A column-major `a` (`transA`: strides `(1, m)`) read in place
+    /// gives the bits of a row-major copy of it, on both kernels, edge
+    /// tiles, several row blocks and depth blocks.
+    #[test]
+    fn column_major_a_gives_the_bits_of_a_row_major_copy() {
+        if !available() {
+            return;
+        }
+        for (m, k, n, alpha, beta) in cases(&[(7, 3, 17), (100, 300, 49), (13, 513, 70)]) {
+            let at = fill(k * m, 21); // [k × m]: a = atᵀ
+            let a: Vec<f32> = (0..m * k).map(|i| at[(i % k) * m + i / k]).collect();
+            let b = fill(k * n, 22);
+            let c0 = fill(m * n, 23);
+            for wide in [false, true].into_iter().filter(|&w| !w || super::wide()) {
+                let mut got = [c0.clone(), c0.clone()];
+                for (src, sa, c) in [(&at, (1, m)), (&a, (k, 1))]
+                    .into_iter()
+                    .zip(&mut got)
+                    .map(|((s, sa), c)| (s, sa, c))
+                {
+                    // SAFETY: the operands hold what the strides say.
+                    unsafe {
+                        sgemm_on(
+                            wide,
+                            m,
+                            k,
+                            n,
+                            alpha,
+                            src.as_ptr(),
+                            sa,
+                            Right::strided(b.as_ptr(), (n, 1)),
+                            beta,
+                            c.as_mut_ptr(),
+                            n,
+                            Epilogue::NONE,
+                        )
+                    }
+                }
+                let same = got[0]
+                    .iter()
+                    .zip(&got[1])
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{m}x{k}x{n} alpha {alpha} beta {beta} wide {wide}");
+            }
+        }
+    }
+
+    /// A right operand given by row offsets ([`sgemm_rows_bias_act`]:
+    /// rows overlapping and out of order in one buffer) gives the bits of
+    /// the same rows copied into a matrix: read in place (m <= MC, full
+    /// slivers, with a partial edge beside them) and packed (m > MC), with
+    /// bias and activation.
+    #[test]
+    fn row_offsets_give_the_bits_of_the_matrix_they_make() {
+        if !available() {
+            return;
+        }
+        let buf = fill(4000, 31);
+        for (m, k, n) in [(12, 40, 64), (50, 300, 53), (130, 270, 100), (5, 9, 7)] {
+            let rows: Vec<usize> = (0..k).map(|p| (p * 37 + p * p) % (4000 - n)).collect();
+            let b: Vec<f32> = rows.iter().flat_map(|&r| buf[r..r + n].to_vec()).collect();
+            let a = fill(m * k, 32);
+            let bias = fill(m, 33);
+            let act = Some(Activation::Clip { lo: -0.2, hi: 0.3 });
+            let mut want = vec![f32::NAN; m * n];
+            let mut got = vec![f32::NAN; m * n];
+            // SAFETY: the operands hold what the strides and offsets say.
+            unsafe {
+                sgemm_bias_act(
+                    m,
+                    k,
+                    n,
+                    a.as_ptr(),
+                    (k, 1),
+                    b.as_ptr(),
+                    (n, 1),
+                    Some(&bias),
+                    act,
+                    want.as_mut_ptr(),
+                    n,
+                );
+                sgemm_rows_bias_act(
+                    m,
+                    k,
+                    n,
+                    a.as_ptr(),
+                    (k, 1),
+                    (buf.as_ptr(), &rows),
+                    Some(&bias),
+                    act,
+                    got.as_mut_ptr(),
+                    n,
+                );
+            }
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{m}x{k}x{n}");
+        }
+    }
+
     /// The AVX-512 kernel gives the AVX2 kernel's bits, on edge tiles
     /// (rows under 12 and 6, a last sliver of 1-31 columns, one or two
     /// slivers wide), `b` read in place (m <= MC) or packed, both strides
@@ -905,9 +1151,8 @@ mod tests {
                             n,
                             alpha,
                             a.as_ptr(),
-                            k,
-                            b.as_ptr(),
-                            sb,
+                            (k, 1),
+                            Right::strided(b.as_ptr(), sb),
                             beta,
                             c.as_mut_ptr(),
                             n,
@@ -964,7 +1209,7 @@ mod tests {
                             k,
                             n,
                             a.as_ptr(),
-                            k,
+                            (k, 1),
                             b.as_ptr(),
                             (n, 1),
                             bias,
@@ -978,7 +1223,7 @@ mod tests {
                             n,
                             1.0,
                             a.as_ptr(),
-                            k,
+                            (k, 1),
                             b.as_ptr(),
                             (n, 1),
                             1.0,
@@ -1022,7 +1267,7 @@ mod tests {
                         c1 - c0,
                         1.0,
                         a.as_ptr().add(r0 * k),
-                        k,
+                        (k, 1),
                         b.as_ptr().add(c0),
                         (n, 1),
                         0.0,
@@ -1044,7 +1289,7 @@ mod tests {
                     n,
                     1.0,
                     a.as_ptr().add(k0),
-                    k,
+                    (k, 1),
                     b.as_ptr().add(k0 * n),
                     (n, 1),
                     if k0 == 0 { 0.0 } else { 1.0 },

@@ -1,7 +1,7 @@
 //! MatMul (batched, numpy broadcasting of the batch dims) and Gemm, on
 //! graphopt's own kernel ([`own_kernel`], [`super::gemm`]) where the CPU
-//! runs it and the left operand has contiguous rows, else on
-//! `matrixmultiply::sgemm` (strided operands, so transposes cost nothing);
+//! runs it (either reads both operands at any strides, so transposes cost
+//! nothing), else on `matrixmultiply::sgemm`;
 //! a product of one row ([`product`]: a batch-1 classifier, a decoding
 //! step) runs on graphopt's matrix-vector kernel. Convolutions multiply on
 //! graphopt's kernel too.
@@ -168,8 +168,8 @@ pub(crate) fn own_kernel() -> bool {
     }
 }
 
-/// [`sgemm`] on graphopt's kernel when `own` (see [`own_kernel`]) and `a`
-/// has contiguous rows, else on matrixmultiply.
+/// [`sgemm`] on graphopt's kernel when `own` (see [`own_kernel`]), else
+/// on matrixmultiply.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm_with(
     own: bool,
@@ -248,7 +248,7 @@ struct Block<'a> {
 fn split_blocks(
     own: bool,
     (m, k, n): (usize, usize, usize),
-    (a, (rsa, csa)): (&[f32], (usize, usize)),
+    (a, (rsa, _)): (&[f32], (usize, usize)),
     (b, (_, csb)): (&[f32], (usize, usize)),
     (c, rsc): (&mut [f32], usize),
     threads: usize,
@@ -259,31 +259,24 @@ fn split_blocks(
     }
     assert!(c.len() >= (m - 1) * rsc + n, "gemm output too short");
     let c_ptr = SendPtr(c.as_mut_ptr());
-    split_product(
-        m,
-        k,
-        n,
-        row_unit(own, csa),
-        threads,
-        |r0, rows, c0, cols| {
-            let (a, b) = if k == 0 {
-                (a, b)
-            } else {
-                (&a[r0 * rsa..], &b[c0 * csb..])
-            };
-            // SAFETY: `c` holds the m rows of n (asserted above); the block
-            // starts inside it.
-            let c = unsafe { c_ptr.get().add(r0 * rsc + c0) };
-            f(Block {
-                r0,
-                rows,
-                cols,
-                a,
-                b,
-                c,
-            });
-        },
-    );
+    split_product(m, k, n, row_unit(own), threads, |r0, rows, c0, cols| {
+        let (a, b) = if k == 0 {
+            (a, b)
+        } else {
+            (&a[r0 * rsa..], &b[c0 * csb..])
+        };
+        // SAFETY: `c` holds the m rows of n (asserted above); the block
+        // starts inside it.
+        let c = unsafe { c_ptr.get().add(r0 * rsc + c0) };
+        f(Block {
+            r0,
+            rows,
+            cols,
+            a,
+            b,
+            c,
+        });
+    });
 }
 
 /// One-thread [`sgemm_bias_act_with`] into a raw output: on graphopt's
@@ -312,9 +305,9 @@ pub(crate) unsafe fn sgemm_into_bias_act(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if own && k > 0 && csa == 1 && super::gemm::available() {
+    if own && k > 0 && super::gemm::available() {
         assert!(
-            a.len() > (m - 1) * rsa + (k - 1) && b.len() > (k - 1) * rsb + (n - 1) * csb,
+            a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb,
             "gemm operand too short"
         );
         // SAFETY: operands checked above; `c` is the caller's promise.
@@ -324,7 +317,7 @@ pub(crate) unsafe fn sgemm_into_bias_act(
                 k,
                 n,
                 a.as_ptr(),
-                rsa,
+                (rsa, csa),
                 b.as_ptr(),
                 (rsb, csb),
                 bias,
@@ -352,11 +345,10 @@ pub(crate) unsafe fn sgemm_into_bias_act(
 /// Rows per block of a product split by rows: 64 on matrixmultiply
 /// (whole tiles of its micro-kernel, so which rows fall in edge tiles,
 /// rounded differently when alpha is not 1, does not depend on the thread
-/// count); 16 on graphopt's kernel, whose sums do not depend on the tile
-/// an element falls in, so that a 160-row product splits 80/80 rather
-/// than 128/32.
-fn row_unit(own: bool, csa: usize) -> usize {
-    if own && csa == 1 && own_kernel() {
+/// count); 16 on graphopt's kernel, whose sums do not depend on the tile an element falls in, so
+/// that a 160-row product splits 80/80 rather than 128/32.
+fn row_unit(own: bool) -> usize {
+    if own && own_kernel() {
         16
     } else {
         64
@@ -447,7 +439,7 @@ pub(crate) unsafe fn sgemm_into_with(
         "gemm operand too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if own && csa == 1 && super::gemm::available() {
+    if own && super::gemm::available() {
         // SAFETY: operands checked above; `c` is the caller's promise.
         unsafe {
             super::gemm::sgemm(
@@ -456,7 +448,7 @@ pub(crate) unsafe fn sgemm_into_with(
                 n,
                 alpha,
                 a.as_ptr(),
-                rsa,
+                (rsa, csa),
                 b.as_ptr(),
                 (rsb, csb),
                 beta,
