@@ -7,18 +7,24 @@
 //!   for outputs under [`C8_MAX_OW`] columns, plane by plane over padded
 //!   phases above (generic loops elsewhere); blocks of eight channels
 //!   split across threads;
-//! - other shapes unfold one group of one image in tiles of output
+//! - on graphopt's kernel, other shapes whose output rows are wide enough
+//!   read their taps from a padded copy of the image in place, with no
+//!   unfolded matrix ([`super::conv_flat`]; the same bits as the im2col
+//!   tiles);
+//! - the rest unfold one group of one image in tiles of output
 //!   columns (im2col, at most [`TILE_BYTES`] per tile) and multiply each
 //!   tile into its columns of the output; threads take whole tiles, each in
 //!   its own workspace slot (an image that fits one tile is one tile, whose
 //!   GEMM splits its rows across threads). The workspace is a few tiles,
 //!   whatever the image or batch size. Convolutions multiply on graphopt's
 //!   own kernel ([`own_kernel`]) where the CPU runs it, but for the folded
-//!   path's im2col tiles and ConvTranspose, which stay on matrixmultiply.
+//!   path's im2col tiles, which stay on matrixmultiply.
 
 use crate::backend::{Activation, Data, In, Kernel, KernelIo, NodeCtx};
+use crate::cpu::conv_flat::Flat;
 use crate::cpu::matmul::{
-    own_kernel, sgemm, sgemm_bias_act_with, sgemm_into_bias_act, sgemm_into_with, SendPtr,
+    own_kernel, sgemm, sgemm_bias_act_with, sgemm_into_bias_act, sgemm_into_with, sgemm_with,
+    SendPtr,
 };
 use crate::cpu::par;
 use crate::tensor::cast_mut;
@@ -1322,6 +1328,9 @@ struct Conv {
     /// A Relu or Clip fused in ([`Kernel::fuse_activation`]): applied to
     /// each tile, plane or block of output once it is final.
     act: Option<Activation>,
+    /// A stride-1 window whose taps read a padded copy of the image in
+    /// place ([`Flat`]), on graphopt's kernel: no unfolded matrix.
+    flat: Option<Flat>,
 }
 
 impl Conv {
@@ -1652,6 +1661,9 @@ impl Kernel for Conv {
         true
     }
     fn workspace_bytes(&self) -> usize {
+        if let Some(f) = &self.flat {
+            return (f.padded_floats(self.g.c) + self.slots * f.block_floats()) * 4;
+        }
         if self.folded() {
             let (t, col) = self.fold_floats();
             return (t + col) * 4;
@@ -1680,6 +1692,28 @@ impl Kernel for Conv {
         let hw = g.h * g.w;
         if self.depthwise() {
             self.run_depthwise(x, w, b, y, threads);
+            return Ok(());
+        }
+        if let Some(f) = &self.flat {
+            let (pad, blocks) = ws.split_at_mut(f.padded_floats(g.c));
+            let plane = f.padded_floats(1);
+            for n in 0..g.n {
+                f.pad(g, &x[n * g.c * hw..][..g.c * hw], pad, threads);
+                let yi = &mut y[n * self.m * ohw..][..self.m * ohw];
+                for gi in 0..self.group {
+                    f.run(
+                        g,
+                        (mg, k),
+                        &w[gi * mg * k..][..mg * k],
+                        &pad[gi * cg * plane..],
+                        b.map(|b| &b[gi * mg..][..mg]),
+                        self.act,
+                        &mut yi[gi * mg * ohw..][..mg * ohw],
+                        blocks,
+                        threads,
+                    );
+                }
+            }
             return Ok(());
         }
         if self.folded() {
@@ -1782,15 +1816,25 @@ impl Conv {
     fn new(g: Window, m: usize, group: usize, bias: bool) -> Conv {
         let k = g.c / group * g.kh * g.kw;
         let ohw = g.oh * g.ow;
+        let direct = g.plain_1x1();
+        let depthwise = !direct && group == g.c && m == group;
+        let flat = (own_kernel() && !direct && !depthwise)
+            .then(|| Flat::new(&g, g.c / group))
+            .flatten();
+        let slots = match &flat {
+            Some(_) => tile_slots(usize::MAX),
+            None => tile_slots(ohw.div_ceil(tile_cols(k, ohw))),
+        };
         Conv {
-            slots: tile_slots(ohw.div_ceil(tile_cols(k, ohw))),
+            slots,
             own: own_kernel(),
-            direct: g.plain_1x1(),
+            direct,
             g,
             m,
             group,
             bias,
             act: None,
+            flat,
         }
     }
 }
@@ -1891,7 +1935,8 @@ impl Kernel for Transposed {
                     let iy1 = (iy0 + rows).min(self.g.h);
                     let pt = (iy1 - iy0) * self.g.w;
                     let col = &mut col[..k * pt];
-                    sgemm(
+                    sgemm_with(
+                        own_kernel(),
                         k,
                         cg,
                         pt,
@@ -2346,5 +2391,160 @@ mod tests {
                 assert!(same, "{case:?} {act:?}");
             }
         }
+    }
+
+    /// Runs `conv` on `x`, `w`, `b` at `threads` through its kernel
+    /// interface (workspace as it asks), into an output of NaNs.
+    fn run_conv(conv: &Conv, x: &[f32], w: &[f32], b: &[f32], threads: usize) -> Vec<f32> {
+        let g = &conv.g;
+        let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|f| f.to_le_bytes()).collect() };
+        let (xb, wb, bb) = (bytes(x), bytes(w), bytes(b));
+        let xs = [g.n, g.c, g.h, g.w];
+        let wsh = [conv.m, g.c / conv.group, g.kh, g.kw];
+        let (bs, ys) = ([conv.m], [g.n, conv.m, g.oh, g.ow]);
+        let input = |shape: &'static [usize], data| {
+            Some(In {
+                dtype: DType::F32,
+                shape,
+                data: Data::Bytes(data),
+            })
+        };
+        // (Leaked: a test's few small shapes.)
+        let leak = |v: Vec<usize>| -> &'static [usize] { Vec::leak(v) };
+        let mut out = bytes(&vec![f32::NAN; ys.iter().product()]);
+        // 64-aligned workspace.
+        let mut ws = vec![0u64; conv.workspace_bytes().div_ceil(8) + 8];
+        let (pre, ws, _) = unsafe { ws.align_to_mut::<u8>() };
+        assert!(pre.is_empty());
+        let off = ws.as_ptr().align_offset(64);
+        let mut io = KernelIo {
+            inputs: vec![
+                input(leak(xs.to_vec()), &xb),
+                input(leak(wsh.to_vec()), &wb),
+                input(leak(bs.to_vec()), &bb),
+            ],
+            outputs: vec![crate::backend::Out {
+                dtype: DType::F32,
+                shape: leak(ys.to_vec()),
+                data: &mut out,
+            }],
+            workspace: &mut ws[off..off + conv.workspace_bytes()],
+            threads,
+        };
+        conv.run(&mut io).unwrap();
+        out.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// A stride-1 convolution on the padded image ([`Flat`]) against the
+    /// same kernel on im2col tiles (the folded path for the 14-wide case
+    /// of two images): the same bits at 1-3 threads, with dilation, pads
+    /// wider than the kernel reach, asymmetric pads, groups, 1-D and a
+    /// fused activation; and the flat path does run on those.
+    #[test]
+    fn flat_convolution_gives_the_im2col_bits() {
+        if !own_kernel()
+            && graphopt_testutil::skip_or_fail(
+                "flat_convolution_gives_the_im2col_bits",
+                "the CPU has no AVX2/FMA",
+                graphopt_testutil::require_simd(),
+                "GRAPHOPT_REQUIRE_SIMD=1 or CI=true",
+            )
+        {
+            return;
+        }
+        // (n, c, m, group, (h, w, kh, kw, stride, dilation, pad))
+        let cases = [
+            (2, 20, 24, 1, (14, 14, 3, 3, 1, 1, 1)),
+            (1, 16, 40, 1, (29, 31, 3, 3, 1, 1, 1)),
+            (1, 9, 17, 1, (40, 45, 5, 5, 1, 2, 4)),
+            (2, 12, 8, 2, (17, 19, 3, 3, 1, 1, 2)),
+            (1, 8, 200, 1, (20, 21, 3, 2, 1, 1, 1)),
+            (2, 3, 16, 1, (64, 64, 7, 7, 2, 1, 3)),
+            (1, 24, 32, 1, (56, 55, 3, 3, 2, 1, 1)),
+            (1, 5, 12, 1, (61, 60, 5, 4, 3, 2, 2)),
+        ];
+        let mut asymmetric = 0;
+        for (n, c, m, group, geom) in cases {
+            let mut g = square_window(n, c, geom);
+            let wlen = m * c / group * g.kh * g.kw;
+            let x = graphopt_testutil::uniform(n * c * g.h * g.w, 11);
+            let w = graphopt_testutil::uniform(wlen, 12);
+            let b = graphopt_testutil::uniform(m, 13);
+            for act in [None, ACTS[2]] {
+                let mut flat = Conv::new(g.clone(), m, group, true);
+                flat.act = act;
+                assert!(flat.flat.is_some(), "{geom:?}: the flat path applies");
+                let mut tiled = Conv::new(g.clone(), m, group, true);
+                tiled.act = act;
+                tiled.flat = None;
+                let want = run_conv(&tiled, &x, &w, &b, 1);
+                assert!(want.iter().all(|v| !v.is_nan()));
+                for threads in 1..=3 {
+                    let got = run_conv(&flat, &x, &w, &b, threads);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{geom:?} {act:?}: {threads} thread(s)");
+                }
+            }
+            // An asymmetric end pad (one less column and row at the end).
+            g.oh -= 1;
+            g.ow -= 1;
+            let flat = Conv::new(g.clone(), m, group, false);
+            let mut tiled = Conv::new(g.clone(), m, group, false);
+            tiled.flat = None;
+            if flat.flat.is_none() {
+                // (The 14-wide case would drop 2 of 15 columns.)
+                continue;
+            }
+            asymmetric += 1;
+            assert_eq!(
+                run_conv(&flat, &x, &w, &b, 2)
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
+                run_conv(&tiled, &x, &w, &b, 1)
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>(),
+                "{geom:?} with one end pad less"
+            );
+        }
+        assert!(
+            asymmetric >= 3,
+            "the flat path ran {asymmetric} asymmetric cases"
+        );
+        // A 1-D window (height 1).
+        let g = Window {
+            n: 2,
+            c: 6,
+            h: 1,
+            w: 50,
+            oh: 1,
+            ow: 50,
+            kh: 1,
+            kw: 3,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            ph: 0,
+            pw: 1,
+        };
+        let x = graphopt_testutil::uniform(2 * 6 * 50, 14);
+        let w = graphopt_testutil::uniform(7 * 6 * 3, 15);
+        let b = graphopt_testutil::uniform(7, 16);
+        let flat = Conv::new(g.clone(), 7, 1, true);
+        let mut tiled = Conv::new(g, 7, 1, true);
+        tiled.flat = None;
+        assert!(flat.flat.is_some());
+        let bits = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(run_conv(&flat, &x, &w, &b, 2)),
+            bits(run_conv(&tiled, &x, &w, &b, 1))
+        );
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod coded;
 pub mod conv;
+mod conv_flat;
 pub mod data_sized;
 pub mod einsum;
 pub mod elementwise;
