@@ -8,7 +8,11 @@
 
 use std::time::Instant;
 
-/// The runtime's own kernel (crates/exec/src/cpu/gemm.rs), compiled here as is.
+#[allow(dead_code)]
+#[path = "../../../crates/exec/src/activation.rs"]
+mod activation;
+/// The runtime's own kernel (crates/exec/src/cpu/gemm.rs), compiled here as is,
+/// with the activations its epilogue applies.
 #[allow(dead_code)]
 #[path = "../../../crates/exec/src/cpu/gemm.rs"]
 mod ours;
@@ -38,7 +42,7 @@ fn ours_cols(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], 
             cols,
             1.0,
             a.as_ptr(),
-            k,
+            (k, 1),
             b.as_ptr().add(c0),
             (n, 1),
             0.0,
@@ -59,7 +63,7 @@ fn ours_rows(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], 
             n,
             1.0,
             a.as_ptr().add(r0 * k),
-            k,
+            (k, 1),
             b.as_ptr(),
             (n, 1),
             0.0,

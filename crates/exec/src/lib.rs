@@ -40,6 +40,7 @@
 //! reader (MatMul, Gemm, Conv, Gather) into a node that decodes tiles in
 //! its kernel ([`cpu::coded`]).
 
+mod activation;
 pub mod backend;
 pub mod collective;
 mod control;

@@ -40,7 +40,7 @@
 
 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
 
-use crate::backend::Activation;
+use crate::activation::Activation;
 use std::cell::RefCell;
 
 /// Rows of a micro-tile.
