@@ -868,7 +868,8 @@ unsafe fn depthwise_c8_avx2(
             let (mut r, mut c) = (0, 0);
             let mut q = 0;
             while q + 8 <= hw {
-                let v = transpose8(std::array::from_fn(|i| _mm256_loadu_ps(x[i].add(q))));
+                let v =
+                    super::gemm::transpose8(std::array::from_fn(|i| _mm256_loadu_ps(x[i].add(q))));
                 for vi in v {
                     _mm256_storeu_ps(at(r + g.ph, c + g.pw), vi);
                     c += 1;
@@ -936,7 +937,7 @@ unsafe fn depthwise_c8_avx2(
                 let (p0, band) = (oy0 * g.ow, nrows * g.ow);
                 let mut i = 0;
                 while i + 8 <= band {
-                    let v = transpose8(std::array::from_fn(|j| {
+                    let v = super::gemm::transpose8(std::array::from_fn(|j| {
                         _mm256_loadu_ps(yp.add((i + j) * 8))
                     }));
                     for (o, vi) in out.iter().zip(v) {
@@ -1028,41 +1029,6 @@ unsafe fn c8_row(
             ox += 1;
         }
     }
-}
-
-/// The 8×8 transpose of eight registers: lane `j` of result `i` is lane
-/// `i` of input `j`.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx")]
-fn transpose8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
-    use std::arch::x86_64::*;
-    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    [
-        _mm256_permute2f128_ps::<0x20>(u0, u4),
-        _mm256_permute2f128_ps::<0x20>(u1, u5),
-        _mm256_permute2f128_ps::<0x20>(u2, u6),
-        _mm256_permute2f128_ps::<0x20>(u3, u7),
-        _mm256_permute2f128_ps::<0x31>(u0, u4),
-        _mm256_permute2f128_ps::<0x31>(u1, u5),
-        _mm256_permute2f128_ps::<0x31>(u2, u6),
-        _mm256_permute2f128_ps::<0x31>(u3, u7),
-    ]
 }
 
 /// `n` zeros from `p` (vector stores, no `memset` call).

@@ -590,6 +590,41 @@ const PREFETCH_ROWS: usize = 8;
 /// `f32`s per 64-byte cache line.
 const LINE: usize = 16;
 
+/// The 8×8 transpose of eight registers: lane `j` of result `i` is lane
+/// `i` of input `j`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) fn transpose8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ]
+}
+
 /// Packs `kc × nc` of `b` into slivers of [`NR`] columns: sliver `s`
 /// holds row `p`'s 16 columns at `s·NR·kc + p·NR`, zeros past `nc`
 /// (`edge_only`: only the last, partial sliver).
@@ -633,6 +668,11 @@ unsafe fn pack_b(kc: usize, nc: usize, b: Right, out: &mut [f32], edge_only: boo
         }
         return;
     }
+    if b.rsb == 1 && b.rows.is_null() {
+        // SAFETY: the caller's bounds, passed on.
+        unsafe { pack_columns(kc, nc, b.ptr, b.csb, out) };
+        return;
+    }
     for (s, j0) in (0..nc).step_by(NR).enumerate() {
         let w = NR.min(nc - j0);
         if edge_only && w == NR {
@@ -647,6 +687,51 @@ unsafe fn pack_b(kc: usize, nc: usize, b: Right, out: &mut [f32], edge_only: boo
                 for (j, r) in row[..w].iter_mut().enumerate() {
                     *r = *src.add(j * b.csb);
                 }
+            }
+            row[w..].fill(0.0);
+        }
+    }
+}
+
+/// [`pack_b`] for a column-major `b` (row stride 1, column `j` the `kc`
+/// contiguous elements at `b + j·csb`: a Gemm with `transB`, a folded
+/// convolution's weight): each 8 × 8 block read as eight column runs and
+/// written as eight row runs through [`transpose8`] (one element at a time
+/// read 16 columns a line apart for every row), the ragged edges element
+/// by element; zeros past `nc`.
+///
+/// # Safety
+/// Columns `..nc`, rows `..kc` of `b` are readable; the CPU has AVX.
+#[target_feature(enable = "avx")]
+unsafe fn pack_columns(kc: usize, nc: usize, b: *const f32, csb: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for (s, j0) in (0..nc).step_by(NR).enumerate() {
+        let w = NR.min(nc - j0);
+        let dst = &mut out[s * NR * kc..(s + 1) * NR * kc];
+        // SAFETY (all reads): column j0 + j < nc, rows < kc.
+        let col = |j: usize| unsafe { b.add((j0 + j) * csb) };
+        let full8 = kc / 8 * 8;
+        for h in 0..w / 8 {
+            for p0 in (0..full8).step_by(8) {
+                // SAFETY: eight columns h·8.., rows p0..p0 + 8; the stores
+                // land in rows p0..p0 + 8 of the sliver.
+                unsafe {
+                    let v = transpose8(std::array::from_fn(|j| {
+                        _mm256_loadu_ps(col(h * 8 + j).add(p0))
+                    }));
+                    for (i, v) in v.into_iter().enumerate() {
+                        _mm256_storeu_ps(dst.as_mut_ptr().add((p0 + i) * NR + h * 8), v);
+                    }
+                }
+            }
+        }
+        let done = w / 8 * 8;
+        for p in 0..kc {
+            let row = &mut dst[p * NR..p * NR + NR];
+            let from = if p < full8 { done } else { 0 };
+            for (j, r) in row.iter_mut().enumerate().take(w).skip(from) {
+                // SAFETY: column j < w, row p < kc.
+                *r = unsafe { *col(j).add(p) };
             }
             row[w..].fill(0.0);
         }
@@ -1054,6 +1139,51 @@ mod tests {
                     .all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{m}x{k}x{n} alpha {alpha} beta {beta} wide {wide}");
             }
+        }
+    }
+
+    /// A column-major `b` (`transB`: strides `(1, k)`), packed through
+    /// 8 × 8 transposes with ragged edges, gives the bits of a row-major
+    /// copy of it: depths and widths around multiples of 8 and 16.
+    #[test]
+    fn column_major_b_gives_the_bits_of_a_row_major_copy() {
+        if !available() {
+            return;
+        }
+        for (m, k, n) in [
+            (100, 300, 49),
+            (97, 7, 9),
+            (130, 257, 24),
+            (5, 16, 300),
+            (98, 600, 15),
+        ] {
+            let bt = fill(n * k, 41); // [n × k]: b = btᵀ
+            let b: Vec<f32> = (0..k * n).map(|i| bt[(i % n) * k + i / n]).collect();
+            let a = fill(m * k, 42);
+            let mut got = [vec![f32::NAN; m * n], vec![f32::NAN; m * n]];
+            for ((src, sb), c) in [(&bt, (1, k)), (&b, (n, 1))].into_iter().zip(&mut got) {
+                // SAFETY: the operands hold what the strides say.
+                unsafe {
+                    sgemm(
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        a.as_ptr(),
+                        (k, 1),
+                        src.as_ptr(),
+                        sb,
+                        0.0,
+                        c.as_mut_ptr(),
+                        n,
+                    )
+                }
+            }
+            let same = got[0]
+                .iter()
+                .zip(&got[1])
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{m}x{k}x{n}");
         }
     }
 
