@@ -2483,6 +2483,10 @@ mod tests {
             asymmetric >= 3,
             "the flat path ran {asymmetric} asymmetric cases"
         );
+        // An image whose padded copy would pass the workspace cap unfolds
+        // in tiles instead.
+        let big = square_window(1, 64, (300, 300, 3, 3, 1, 1, 1));
+        assert!(Conv::new(big, 64, 1, false).flat.is_none());
         // A 1-D window (height 1).
         let g = Window {
             n: 2,

@@ -45,6 +45,10 @@ const BLOCK_FLOATS: usize = 64 << 10;
 /// path takes, as a fraction `1 / MAX_WASTE`: a 14-wide output with one
 /// pad column computes 15 (7%); a 7-wide one 8 (12.5%: im2col instead).
 const MAX_WASTE: usize = 10;
+/// Largest padded copy of one image the flat path makes (bytes): the
+/// workspace stays bounded whatever the image size, as im2col's tiles
+/// keep it (a larger image unfolds in tiles instead).
+const MAX_PADDED_BYTES: usize = 8 << 20;
 /// Fewest grid columns of a band split across threads (a band narrower
 /// than this runs the GEMM's edge slivers more than its full ones).
 const MIN_BAND_COLS: usize = 128;
@@ -66,8 +70,9 @@ pub(crate) struct Flat {
 impl Flat {
     /// The layout for window `g` with `cg` channels per group, or None
     /// where the flat path does not apply: a single tap, a grid that would
-    /// drop more than `1 / MAX_WASTE` of its columns, or (stride 1) pads
-    /// too wide for one shared gap.
+    /// drop more than `1 / MAX_WASTE` of its columns, a padded image over
+    /// [`MAX_PADDED_BYTES`], or (stride 1) pads too wide for one shared
+    /// gap.
     pub(crate) fn new(g: &Window, cg: usize) -> Option<Flat> {
         if g.kh * g.kw < 2 || g.oh == 0 || g.ow == 0 {
             return None;
@@ -98,6 +103,9 @@ impl Flat {
             sw: g.sw,
             rows: Vec::new(),
         };
+        if flat.padded_floats(g.c) * 4 > MAX_PADDED_BYTES {
+            return None;
+        }
         let (plane, phase) = (flat.padded_floats(1), hp * wp);
         let rows = (0..cg)
             .flat_map(|c| (0..g.kh).flat_map(move |i| (0..g.kw).map(move |j| (c, i, j))))
