@@ -534,7 +534,7 @@ fn padded_plane<R>(g: &Window, x: &[f32], f: impl FnOnce(&Window, &[f32]) -> R) 
 /// plane row, in fixed blocks of eight (vector moves) rather than a
 /// `memcpy` call per row, whose call costs as much as a 56-float copy.
 #[inline(always)]
-fn copy_run(dst: &mut [f32], src: &[f32]) {
+pub(crate) fn copy_run(dst: &mut [f32], src: &[f32]) {
     let src = &src[..dst.len()];
     let mut d = dst.chunks_exact_mut(8);
     let mut s = src.chunks_exact(8);
@@ -1294,8 +1294,11 @@ struct Conv {
     /// A Relu or Clip fused in ([`Kernel::fuse_activation`]): applied to
     /// each tile, plane or block of output once it is final.
     act: Option<Activation>,
-    /// A stride-1 window whose taps read a padded copy of the image in
-    /// place ([`Flat`]), on graphopt's kernel: no unfolded matrix.
+    /// A window whose taps read a padded copy of the image in place
+    /// ([`Flat`]: rows sharing one pad gap at stride 1, phase planes
+    /// otherwise), on graphopt's kernel: no unfolded matrix. Ahead of the
+    /// folded path (a 3x3 of 256 channels at 14x14, batch 16: 33.9 ms
+    /// folded, 25.7 ms flat, benches/README.md).
     flat: Option<Flat>,
 }
 
@@ -2378,8 +2381,10 @@ mod tests {
         // (Leaked: a test's few small shapes.)
         let leak = |v: Vec<usize>| -> &'static [usize] { Vec::leak(v) };
         let mut out = bytes(&vec![f32::NAN; ys.iter().product()]);
-        // 64-aligned workspace.
-        let mut ws = vec![0u64; conv.workspace_bytes().div_ceil(8) + 8];
+        // 64-aligned workspace, then a guard of 4 KiB that must stay as
+        // written.
+        let mut ws = vec![0xA5A5_A5A5_A5A5_A5A5u64; conv.workspace_bytes().div_ceil(8) + 8 + 512];
+        // SAFETY: u64 to u8 (any alignment).
         let (pre, ws, _) = unsafe { ws.align_to_mut::<u8>() };
         assert!(pre.is_empty());
         let off = ws.as_ptr().align_offset(64);
@@ -2398,16 +2403,24 @@ mod tests {
             threads,
         };
         conv.run(&mut io).unwrap();
+        let end = off + conv.workspace_bytes();
+        assert!(
+            ws[end..end + 4096].iter().all(|&b| b == 0xA5),
+            "wrote past the workspace"
+        );
         out.chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect()
     }
 
-    /// A stride-1 convolution on the padded image ([`Flat`]) against the
-    /// same kernel on im2col tiles (the folded path for the 14-wide case
-    /// of two images): the same bits at 1-3 threads, with dilation, pads
-    /// wider than the kernel reach, asymmetric pads, groups, 1-D and a
-    /// fused activation; and the flat path does run on those.
+    /// A convolution on the padded image ([`Flat`]) against the same
+    /// kernel on im2col tiles: the same bits at 1-3 threads (three
+    /// workspace slots whatever the machine, nothing written past the
+    /// workspace), with dilation, pads as wide as the kernel reaches,
+    /// end pads wider or narrower than begin pads, other pads per axis,
+    /// strides 2 and 3 (and 1 by 2), groups, 1-D, 1,536 output channels
+    /// split across threads, and a fused activation; and the flat path
+    /// does run on those.
     #[test]
     fn flat_convolution_gives_the_im2col_bits() {
         if !own_kernel()
@@ -2441,6 +2454,7 @@ mod tests {
             for act in [None, ACTS[2]] {
                 let mut flat = Conv::new(g.clone(), m, group, true);
                 flat.act = act;
+                flat.slots = 3;
                 assert!(flat.flat.is_some(), "{geom:?}: the flat path applies");
                 let mut tiled = Conv::new(g.clone(), m, group, true);
                 tiled.act = act;
@@ -2483,6 +2497,57 @@ mod tests {
             asymmetric >= 3,
             "the flat path ran {asymmetric} asymmetric cases"
         );
+        // Windows square_window cannot make: (begin pads, output size,
+        // strides) per axis, and 1,536 output channels of a 1-D window
+        // (its channels split across threads in chunks that fit a slot).
+        let win = |(n, c, h, w): (usize, usize, usize, usize),
+                   (kh, kw, sh, sw): (usize, usize, usize, usize),
+                   (ph, pw, oh, ow): (usize, usize, usize, usize)| Window {
+            n,
+            c,
+            h,
+            w,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh,
+            sw,
+            dh: 1,
+            dw: 1,
+            ph,
+            pw,
+        };
+        let extra = [
+            // no begin pad, an end pad of 2 (OW = W)
+            (win((1, 6, 30, 40), (3, 3, 1, 1), (0, 0, 30, 40)), 10, 1),
+            // pads 2 down and 1 across
+            (win((2, 5, 26, 33), (3, 3, 1, 1), (2, 1, 26, 33)), 7, 1),
+            // strides 1 by 2, grouped
+            (win((1, 8, 30, 44), (3, 3, 1, 2), (1, 1, 30, 22)), 12, 2),
+            // 1-D, 1,536 output channels
+            (win((1, 4, 1, 100), (1, 3, 1, 1), (0, 1, 1, 100)), 1536, 1),
+        ];
+        for (g, m, group) in extra {
+            let wlen = m * g.c / group * g.kh * g.kw;
+            let x = graphopt_testutil::uniform(g.n * g.c * g.h * g.w, 17);
+            let w = graphopt_testutil::uniform(wlen, 18);
+            let b = graphopt_testutil::uniform(m, 19);
+            let mut flat = Conv::new(g.clone(), m, group, true);
+            flat.slots = 3;
+            let mut tiled = Conv::new(g.clone(), m, group, true);
+            tiled.flat = None;
+            assert!(flat.flat.is_some(), "{g:?}: the flat path applies");
+            let want = run_conv(&tiled, &x, &w, &b, 1);
+            for threads in 1..=3 {
+                let got = run_conv(&flat, &x, &w, &b, threads);
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{g:?}: {threads} thread(s)");
+            }
+        }
         // An image whose padded copy would pass the workspace cap unfolds
         // in tiles instead.
         let big = square_window(1, 64, (300, 300, 3, 3, 1, 1, 1));

@@ -13,9 +13,10 @@
 //! and tap `(kh, kw)` reads phase `(kh·dh mod sh, kw·dw mod sw)` at row
 //! `kh·dh / sh`, column `kw·dw / sw`: again one run per unfolded row.
 //!
-//! The GEMM reads those runs in place by their offsets
-//! ([`super::gemm::sgemm_rows_bias_act`]), so im2col's matrix (`Cin·k²` rows,
-//! every input element copied once per tap) is never written.
+//! The GEMM reads those runs by their offsets
+//! ([`super::gemm::sgemm_rows_bias_act`]: in place for up to 96 output
+//! channels, packed panel by panel above), so im2col's matrix (`Cin·k²`
+//! rows, every input element copied once per tap) is never written.
 //!
 //! Each output element is summed from the same products in the same order
 //! as over the unfolded matrix (padding reads zeros in both), in the
@@ -33,7 +34,7 @@
 //! ```
 
 use crate::backend::Activation;
-use crate::cpu::conv::{Unfold, Window};
+use crate::cpu::conv::{copy_run, tiles_in_parts, Unfold, Window};
 use crate::cpu::matmul::SendPtr;
 use crate::cpu::par;
 
@@ -53,7 +54,7 @@ const MAX_PADDED_BYTES: usize = 8 << 20;
 /// than this runs the GEMM's edge slivers more than its full ones).
 const MIN_BAND_COLS: usize = 128;
 
-/// The padded layout of a stride-1 window ([`Flat::new`]).
+/// The padded layout of a window ([`Flat::new`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Flat {
     /// Floats per padded row and padded rows per channel (per phase).
@@ -74,7 +75,8 @@ impl Flat {
     /// [`MAX_PADDED_BYTES`], or (stride 1) pads too wide for one shared
     /// gap.
     pub(crate) fn new(g: &Window, cg: usize) -> Option<Flat> {
-        if g.kh * g.kw < 2 || g.oh == 0 || g.ow == 0 {
+        // (No channels: nothing to multiply; the im2col path fills the bias.)
+        if g.kh * g.kw < 2 || g.oh == 0 || g.ow == 0 || cg == 0 {
             return None;
         }
         let (span_h, span_w) = (g.dh * (g.kh - 1), g.dw * (g.kw - 1));
@@ -143,7 +145,7 @@ impl Flat {
                         match r.checked_sub(g.ph).filter(|&y| y < g.h) {
                             Some(y) => {
                                 row[..g.pw].fill(0.0);
-                                row[g.pw..g.pw + g.w].copy_from_slice(&src[y * g.w..][..g.w]);
+                                copy_run(&mut row[g.pw..g.pw + g.w], &src[y * g.w..][..g.w]);
                                 row[g.pw + g.w..].fill(0.0);
                             }
                             None => row.fill(0.0),
@@ -211,10 +213,12 @@ impl Flat {
             if finer * self.wp >= MIN_BAND_COLS {
                 band = finer;
             } else if mg >= 32 * threads {
-                chunk = mg.div_ceil(threads).next_multiple_of(16);
+                // Never more channels than fit the block.
+                chunk = chunk.min(mg.div_ceil(threads).next_multiple_of(16));
                 band = band.min(band_for(chunk));
             }
         }
+        assert!(chunk * band * self.wp <= slot, "flat block over its slot");
         (chunk, band)
     }
 
@@ -247,45 +251,47 @@ impl Flat {
         // The grid's last element the taps read lies inside `padded`.
         let last = rows.iter().max().map_or(0, |&r| r + g.oh * wp);
         assert!(last <= padded.len() && wg.len() >= mg * k && y.len() >= mg * ohw);
-        let (yp, wsp) = (SendPtr(y.as_mut_ptr()), SendPtr(ws.as_mut_ptr()));
-        par::for_parts(threads, t, |p| {
-            // SAFETY: slot p (p < t <= slots) of `ws` is part p's alone.
-            let block = unsafe { std::slice::from_raw_parts_mut(wsp.get().add(p * slot), slot) };
-            for item in par::range(items, t, p) {
-                let (m0, oh0) = (item / bands * chunk, item % bands * band);
-                let (ms, rs) = (chunk.min(mg - m0), band.min(g.oh - oh0));
-                let cols = rs * wp;
-                // SAFETY: the rows' offsets plus the band's grid columns
-                // stay inside `padded` (asserted: the last band ends at
-                // OH·wp); `block` holds ms × cols (chunk·band·wp <= slot by
-                // `split`); bias rows m0.. exist where given.
-                unsafe {
-                    super::gemm::sgemm_rows_bias_act(
-                        ms,
-                        k,
-                        cols,
-                        wg[m0 * k..].as_ptr(),
-                        (k, 1),
-                        (padded[oh0 * wp..].as_ptr(), rows),
-                        bias.map(|b| &b[m0..m0 + ms]),
-                        act,
-                        block.as_mut_ptr(),
-                        cols,
-                    )
-                };
-                for m in 0..ms {
-                    for r in 0..rs {
-                        let src = &block[m * cols + r * wp..][..g.ow];
-                        // SAFETY: output channel m0 + m, row oh0 + r: this
-                        // item's alone, inside `y` (asserted).
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut(
-                                yp.get().add((m0 + m) * ohw + (oh0 + r) * g.ow),
-                                g.ow,
-                            )
-                        };
-                        dst.copy_from_slice(src);
-                    }
+        let yp = SendPtr(y.as_mut_ptr());
+        // Items are (chunk, band) pairs, each part with its own slot.
+        tiles_in_parts(threads, t, (1, items), ws, slot, |block, item, _| {
+            let (m0, oh0) = (item / bands * chunk, item % bands * band);
+            let (ms, rs) = (chunk.min(mg - m0), band.min(g.oh - oh0));
+            let cols = rs * wp;
+            assert!(ms * cols <= block.len());
+            // SAFETY: the rows' offsets plus the band's grid columns stay
+            // inside `padded` (asserted: the last band ends at OH·wp);
+            // `block` holds ms × cols (asserted); bias rows m0.. exist where
+            // given. (Flat::new makes a layout only where graphopt's kernel
+            // runs.)
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                super::gemm::sgemm_rows_bias_act(
+                    ms,
+                    k,
+                    cols,
+                    wg[m0 * k..].as_ptr(),
+                    (k, 1),
+                    (padded[oh0 * wp..].as_ptr(), rows),
+                    bias.map(|b| &b[m0..m0 + ms]),
+                    act,
+                    block.as_mut_ptr(),
+                    cols,
+                )
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("the flat path runs on graphopt's kernel only");
+            for m in 0..ms {
+                for r in 0..rs {
+                    let src = &block[m * cols + r * wp..][..g.ow];
+                    // SAFETY: output channel m0 + m, row oh0 + r: this
+                    // item's alone, inside `y` (asserted).
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            yp.get().add((m0 + m) * ohw + (oh0 + r) * g.ow),
+                            g.ow,
+                        )
+                    };
+                    dst.copy_from_slice(src);
                 }
             }
         });

@@ -696,8 +696,9 @@ unsafe fn pack_b(kc: usize, nc: usize, b: Right, out: &mut [f32], edge_only: boo
 /// [`pack_b`] for a column-major `b` (row stride 1, column `j` the `kc`
 /// contiguous elements at `b + j·csb`: a Gemm with `transB`, a folded
 /// convolution's weight): each 8 × 8 block read as eight column runs and
-/// written as eight row runs through [`transpose8`] (one element at a time
-/// read 16 columns a line apart for every row), the ragged edges element
+/// written as eight row runs through [`transpose8`] (instead of reading,
+/// for every row, 16 elements a column apart one at a time), the ragged
+/// edges element
 /// by element; zeros past `nc`.
 ///
 /// # Safety
@@ -1205,7 +1206,6 @@ mod tests {
             let bias = fill(m, 33);
             let act = Some(Activation::Clip { lo: -0.2, hi: 0.3 });
             let mut want = vec![f32::NAN; m * n];
-            let mut got = vec![f32::NAN; m * n];
             // SAFETY: the operands hold what the strides and offsets say.
             unsafe {
                 sgemm_bias_act(
@@ -1221,6 +1221,10 @@ mod tests {
                     want.as_mut_ptr(),
                     n,
                 );
+            }
+            let mut got = vec![f32::NAN; m * n];
+            // SAFETY: as above.
+            unsafe {
                 sgemm_rows_bias_act(
                     m,
                     k,
@@ -1232,13 +1236,46 @@ mod tests {
                     act,
                     got.as_mut_ptr(),
                     n,
-                );
+                )
+            };
+            let same = |got: &[f32]| {
+                got.iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits())
+            };
+            assert!(same(&got), "{m}x{k}x{n}");
+            // Both kernels (the AVX-512 one where the CPU has it).
+            for wide in [false, true].into_iter().filter(|&w| !w || super::wide()) {
+                got.fill(f32::NAN);
+                let b = Right {
+                    ptr: buf.as_ptr(),
+                    rsb: 0,
+                    csb: 1,
+                    rows: rows.as_ptr(),
+                };
+                let ep = Epilogue {
+                    bias: bias.as_ptr(),
+                    act,
+                };
+                // SAFETY: as above.
+                unsafe {
+                    sgemm_on(
+                        wide,
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        a.as_ptr(),
+                        (k, 1),
+                        b,
+                        0.0,
+                        got.as_mut_ptr(),
+                        n,
+                        ep,
+                    )
+                };
+                assert!(same(&got), "{m}x{k}x{n} wide {wide}");
             }
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{m}x{k}x{n}");
         }
     }
 

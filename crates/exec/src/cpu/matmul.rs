@@ -1,7 +1,7 @@
 //! MatMul (batched, numpy broadcasting of the batch dims) and Gemm, on
 //! graphopt's own kernel ([`own_kernel`], [`super::gemm`]) where the CPU
-//! runs it (either reads both operands at any strides, so transposes cost
-//! nothing), else on `matrixmultiply::sgemm`;
+//! runs it, else on `matrixmultiply::sgemm`; both read their operands at
+//! any strides, so transposes cost nothing;
 //! a product of one row ([`product`]: a batch-1 classifier, a decoding
 //! step) runs on graphopt's matrix-vector kernel. Convolutions multiply on
 //! graphopt's kernel too.
@@ -345,8 +345,9 @@ pub(crate) unsafe fn sgemm_into_bias_act(
 /// Rows per block of a product split by rows: 64 on matrixmultiply
 /// (whole tiles of its micro-kernel, so which rows fall in edge tiles,
 /// rounded differently when alpha is not 1, does not depend on the thread
-/// count); 16 on graphopt's kernel, whose sums do not depend on the tile an element falls in, so
-/// that a 160-row product splits 80/80 rather than 128/32.
+/// count); 16 on graphopt's kernel, whose sums do not depend on the tile
+/// an element falls in, so that a 160-row product splits 80/80 rather
+/// than 128/32.
 fn row_unit(own: bool) -> usize {
     if own && own_kernel() {
         16

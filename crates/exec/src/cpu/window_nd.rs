@@ -562,7 +562,7 @@ impl Kernel for TransposeNd {
                     let tile = &mut col[..rows * cols];
                     // tile = wgᵀ · xg[:, p0..p0 + cols]
                     sgemm_with(
-                        false,
+                        own_kernel(),
                         rows,
                         cg,
                         cols,
