@@ -1785,26 +1785,24 @@ impl Conv {
     fn new(g: Window, m: usize, group: usize, bias: bool) -> Conv {
         let k = g.c / group * g.kh * g.kw;
         let ohw = g.oh * g.ow;
-        let direct = g.plain_1x1();
-        let depthwise = !direct && group == g.c && m == group;
-        let flat = (own_kernel() && !direct && !depthwise)
-            .then(|| Flat::new(&g, g.c / group))
-            .flatten();
-        let slots = match &flat {
-            Some(_) => tile_slots(usize::MAX),
-            None => tile_slots(ohw.div_ceil(tile_cols(k, ohw))),
-        };
-        Conv {
-            slots,
+        let mut conv = Conv {
+            slots: tile_slots(ohw.div_ceil(tile_cols(k, ohw))),
             own: own_kernel(),
-            direct,
+            direct: g.plain_1x1(),
             g,
             m,
             group,
             bias,
             act: None,
-            flat,
+            flat: None,
+        };
+        if conv.own && !conv.direct && !conv.depthwise() {
+            conv.flat = Flat::new(&conv.g, conv.g.c / group);
+            if conv.flat.is_some() {
+                conv.slots = tile_slots(usize::MAX);
+            }
         }
+        conv
     }
 }
 
