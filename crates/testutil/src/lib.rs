@@ -323,6 +323,12 @@ pub fn uniform(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Whether `a` and `b` hold the same floats bit for bit (NaNs and signed
+/// zeros included), and as many.
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// `n` bytes from a fixed seed (an LCG's high bits): the quantized kernel
 /// tests' data.
 pub fn bytes(n: usize, seed: u64) -> Vec<u8> {

@@ -2411,6 +2411,20 @@ mod tests {
             .collect()
     }
 
+    /// `flat` at 1-3 threads gives `tiled`'s bits at one (which are not
+    /// NaN: the output was filled with NaNs).
+    fn flat_matches(flat: &Conv, tiled: &Conv, (x, w, b): (&[f32], &[f32], &[f32]), what: &str) {
+        let want = run_conv(tiled, x, w, b, 1);
+        assert!(want.iter().all(|v| !v.is_nan()), "{what}");
+        for threads in 1..=3 {
+            let got = run_conv(flat, x, w, b, threads);
+            assert!(
+                graphopt_testutil::same_bits(&got, &want),
+                "{what}: {threads} thread(s)"
+            );
+        }
+    }
+
     /// A convolution on the padded image ([`Flat`]) against the same
     /// kernel on im2col tiles: the same bits at 1-3 threads (three
     /// workspace slots whatever the machine, nothing written past the
@@ -2457,16 +2471,7 @@ mod tests {
                 let mut tiled = Conv::new(g.clone(), m, group, true);
                 tiled.act = act;
                 tiled.flat = None;
-                let want = run_conv(&tiled, &x, &w, &b, 1);
-                assert!(want.iter().all(|v| !v.is_nan()));
-                for threads in 1..=3 {
-                    let got = run_conv(&flat, &x, &w, &b, threads);
-                    let same = got
-                        .iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{geom:?} {act:?}: {threads} thread(s)");
-                }
+                flat_matches(&flat, &tiled, (&x, &w, &b), &format!("{geom:?} {act:?}"));
             }
             // An asymmetric end pad (one less column and row at the end).
             g.oh -= 1;
@@ -2536,15 +2541,7 @@ mod tests {
             let mut tiled = Conv::new(g.clone(), m, group, true);
             tiled.flat = None;
             assert!(flat.flat.is_some(), "{g:?}: the flat path applies");
-            let want = run_conv(&tiled, &x, &w, &b, 1);
-            for threads in 1..=3 {
-                let got = run_conv(&flat, &x, &w, &b, threads);
-                let same = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{g:?}: {threads} thread(s)");
-            }
+            flat_matches(&flat, &tiled, (&x, &w, &b), &format!("{g:?}"));
         }
         // An image whose padded copy would pass the workspace cap unfolds
         // in tiles instead.

@@ -1134,11 +1134,10 @@ mod tests {
                         )
                     }
                 }
-                let same = got[0]
-                    .iter()
-                    .zip(&got[1])
-                    .all(|(x, y)| x.to_bits() == y.to_bits());
-                assert!(same, "{m}x{k}x{n} alpha {alpha} beta {beta} wide {wide}");
+                assert!(
+                    graphopt_testutil::same_bits(&got[0], &got[1]),
+                    "{m}x{k}x{n} alpha {alpha} beta {beta} wide {wide}"
+                );
             }
         }
     }
@@ -1180,11 +1179,10 @@ mod tests {
                     )
                 }
             }
-            let same = got[0]
-                .iter()
-                .zip(&got[1])
-                .all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{m}x{k}x{n}");
+            assert!(
+                graphopt_testutil::same_bits(&got[0], &got[1]),
+                "{m}x{k}x{n}"
+            );
         }
     }
 
@@ -1238,11 +1236,7 @@ mod tests {
                     n,
                 )
             };
-            let same = |got: &[f32]| {
-                got.iter()
-                    .zip(&want)
-                    .all(|(x, y)| x.to_bits() == y.to_bits())
-            };
+            let same = |got: &[f32]| graphopt_testutil::same_bits(got, &want);
             assert!(same(&got), "{m}x{k}x{n}");
             // Both kernels (the AVX-512 one where the CPU has it).
             for wide in [false, true].into_iter().filter(|&w| !w || super::wide()) {
