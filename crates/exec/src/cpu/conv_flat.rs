@@ -34,7 +34,7 @@
 //! ```
 
 use crate::backend::Activation;
-use crate::cpu::conv::{copy_run, tiles_in_parts, Unfold, Window};
+use crate::cpu::conv::{tiles_in_parts, Unfold, Window};
 use crate::cpu::matmul::SendPtr;
 use crate::cpu::par;
 
@@ -131,28 +131,18 @@ impl Flat {
     }
 
     /// Copies image `x` (`channels` planes of `H × W`) into `out` with its
-    /// padding as zeros (strided: as phase planes, phase `(a, b)` holding
-    /// the padded image's rows `a, a + sh, ..` and columns `b, b + sw, ..`),
-    /// channels split across threads.
+    /// padding as zeros, as phase planes: phase `(a, b)` holds the padded
+    /// image's rows `a, a + sh, ..` and columns `b, b + sw, ..` (at stride
+    /// 1, the one phase is the padded image); channels split across
+    /// threads.
     pub(crate) fn pad(&self, g: &Window, x: &[f32], out: &mut [f32], threads: usize) {
         let (wp, plane, hw) = (self.wp, self.padded_floats(1), g.h * g.w);
         let min = par::MIN_ELEMS.div_ceil(plane.max(1));
         par::for_chunks_mut(threads, out, plane, min, |c0, planes| {
             for (j, dst) in planes.chunks_exact_mut(plane).enumerate() {
                 let src = &x[(c0 + j) * hw..][..hw];
-                if self.sh == 1 && self.sw == 1 {
-                    for (r, row) in dst.chunks_exact_mut(wp).enumerate() {
-                        match r.checked_sub(g.ph).filter(|&y| y < g.h) {
-                            Some(y) => {
-                                row[..g.pw].fill(0.0);
-                                copy_run(&mut row[g.pw..g.pw + g.w], &src[y * g.w..][..g.w]);
-                                row[g.pw + g.w..].fill(0.0);
-                            }
-                            None => row.fill(0.0),
-                        }
-                    }
-                    continue;
-                }
+                // (Stride 1: one phase, the image at columns pw..pw + W of
+                // each row, copied as block moves.)
                 let phases = dst.chunks_exact_mut(self.hp * wp);
                 for (ph, phase) in phases.enumerate() {
                     let (a, b) = (ph / self.sw, ph % self.sw);
