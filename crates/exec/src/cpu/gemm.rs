@@ -199,6 +199,17 @@ impl Epilogue {
         bias: std::ptr::null(),
         act: None,
     };
+
+    /// `bias` (at least `m` values, one per row) and `act`.
+    fn new(bias: Option<&[f32]>, act: Option<Activation>, m: usize) -> Epilogue {
+        Epilogue {
+            bias: bias.map_or(std::ptr::null(), |b| {
+                assert!(b.len() >= m, "bias too short");
+                b.as_ptr()
+            }),
+            act,
+        }
+    }
 }
 
 /// One-thread `c = bias + a · b`, then `act`: the bias (one value per
@@ -225,13 +236,7 @@ pub(crate) unsafe fn sgemm_bias_act(
     c: *mut f32,
     rsc: usize,
 ) {
-    let ep = Epilogue {
-        bias: bias.map_or(std::ptr::null(), |b| {
-            assert!(b.len() >= m, "bias too short");
-            b.as_ptr()
-        }),
-        act,
-    };
+    let ep = Epilogue::new(bias, act, m);
     // SAFETY: the caller's promise, passed on.
     unsafe {
         sgemm_on(
@@ -275,13 +280,7 @@ pub(crate) unsafe fn sgemm_rows_bias_act(
     rsc: usize,
 ) {
     assert!(rows.len() >= k, "row offsets too short");
-    let ep = Epilogue {
-        bias: bias.map_or(std::ptr::null(), |b| {
-            assert!(b.len() >= m, "bias too short");
-            b.as_ptr()
-        }),
-        act,
-    };
+    let ep = Epilogue::new(bias, act, m);
     let b = Right {
         ptr: b,
         rsb: 0,
@@ -977,6 +976,19 @@ unsafe fn micro<const R: usize, const ROWS: bool>(t: &Tile) {
 mod tests {
     use super::*;
 
+    /// True (the test then returns) where the CPU lacks AVX2/FMA and the
+    /// run does not require them; under `CI=true` or
+    /// `GRAPHOPT_REQUIRE_SIMD=1` the test fails instead.
+    fn skip_without_simd(test: &str) -> bool {
+        !available()
+            && graphopt_testutil::skip_or_fail(
+                test,
+                "the CPU has no AVX2/FMA",
+                graphopt_testutil::require_simd(),
+                "GRAPHOPT_REQUIRE_SIMD=1 or CI=true",
+            )
+    }
+
     use graphopt_testutil::uniform as fill;
 
     /// The epilogue's cases: alpha 1 or not, beta 0, 1 or other.
@@ -1065,7 +1077,7 @@ mod tests {
     /// stride, and every alpha/beta case, against an f64 product.
     #[test]
     fn matches_a_naive_product() {
-        if !available() {
+        if skip_without_simd("matches_a_naive_product") {
             return;
         }
         let shapes = [
@@ -1101,7 +1113,7 @@ mod tests {
     /// tiles, several row blocks and depth blocks.
     #[test]
     fn column_major_a_gives_the_bits_of_a_row_major_copy() {
-        if !available() {
+        if skip_without_simd("column_major_a_gives_the_bits_of_a_row_major_copy") {
             return;
         }
         for (m, k, n, alpha, beta) in cases(&[(7, 3, 17), (100, 300, 49), (13, 513, 70)]) {
@@ -1147,7 +1159,7 @@ mod tests {
     /// copy of it: depths and widths around multiples of 8 and 16.
     #[test]
     fn column_major_b_gives_the_bits_of_a_row_major_copy() {
-        if !available() {
+        if skip_without_simd("column_major_b_gives_the_bits_of_a_row_major_copy") {
             return;
         }
         for (m, k, n) in [
@@ -1193,7 +1205,7 @@ mod tests {
     /// bias and activation.
     #[test]
     fn row_offsets_give_the_bits_of_the_matrix_they_make() {
-        if !available() {
+        if skip_without_simd("row_offsets_give_the_bits_of_the_matrix_they_make") {
             return;
         }
         let buf = fill(4000, 31);
@@ -1280,7 +1292,7 @@ mod tests {
     /// the AVX2 kernel runs, and this has nothing to compare.)
     #[test]
     fn wide_kernel_gives_the_avx2_bits() {
-        if !available() || !wide() {
+        if skip_without_simd("wide_kernel_gives_the_avx2_bits") || !wide() {
             eprintln!(
                 "wide_kernel_gives_the_avx2_bits: no AVX-512F on this CPU, nothing to compare"
             );
@@ -1338,14 +1350,7 @@ mod tests {
     /// rows and columns, several depth blocks, and each activation.
     #[test]
     fn bias_and_activation_epilogue_gives_the_bits_of_three_passes() {
-        if !available()
-            && graphopt_testutil::skip_or_fail(
-                "bias_and_activation_epilogue_gives_the_bits_of_three_passes",
-                "the CPU has no AVX2/FMA",
-                graphopt_testutil::require_simd(),
-                "GRAPHOPT_REQUIRE_SIMD=1 or CI=true",
-            )
-        {
+        if skip_without_simd("bias_and_activation_epilogue_gives_the_bits_of_three_passes") {
             return;
         }
         let acts = [
@@ -1410,7 +1415,7 @@ mod tests {
     /// kernels do), give the bits of one call.
     #[test]
     fn splits_give_the_same_bits() {
-        if !available() {
+        if skip_without_simd("splits_give_the_same_bits") {
             return;
         }
         let (m, k, n) = (70, 600, 45);
@@ -1495,7 +1500,7 @@ mod tests {
     /// product.
     #[test]
     fn gemv_matches_a_naive_product() {
-        if !available() {
+        if skip_without_simd("gemv_matches_a_naive_product") {
             return;
         }
         for &(k, n) in &[
@@ -1534,7 +1539,7 @@ mod tests {
     /// in both layouts.
     #[test]
     fn gemv_splits_give_the_same_bits() {
-        if !available() {
+        if skip_without_simd("gemv_splits_give_the_same_bits") {
             return;
         }
         for (k, n, transposed) in [

@@ -306,10 +306,7 @@ pub(crate) unsafe fn sgemm_into_bias_act(
     }
     #[cfg(target_arch = "x86_64")]
     if own && k > 0 && super::gemm::available() {
-        assert!(
-            a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb,
-            "gemm operand too short"
-        );
+        check_operands((m, k, n), (a, (rsa, csa)), (b, (rsb, csb)));
         // SAFETY: operands checked above; `c` is the caller's promise.
         unsafe {
             super::gemm::sgemm_bias_act(
@@ -340,6 +337,20 @@ pub(crate) unsafe fn sgemm_into_bias_act(
             act.apply_all(row(r));
         }
     }
+}
+
+/// Panics unless `a` holds `m × k` elements at its strides and `b`
+/// `k × n` at its (`m`, `k`, `n` at least 1): what the unsafe kernels
+/// then read.
+fn check_operands(
+    (m, k, n): (usize, usize, usize),
+    (a, (rsa, csa)): (&[f32], (usize, usize)),
+    (b, (rsb, csb)): (&[f32], (usize, usize)),
+) {
+    assert!(
+        a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb,
+        "gemm operand too short"
+    );
 }
 
 /// Rows per block of a product split by rows: 64 on matrixmultiply
@@ -435,10 +446,7 @@ pub(crate) unsafe fn sgemm_into_with(
         }
         return;
     }
-    assert!(
-        a.len() > (m - 1) * rsa + (k - 1) * csa && b.len() > (k - 1) * rsb + (n - 1) * csb,
-        "gemm operand too short"
-    );
+    check_operands((m, k, n), (a, (rsa, csa)), (b, (rsb, csb)));
     #[cfg(target_arch = "x86_64")]
     if own && super::gemm::available() {
         // SAFETY: operands checked above; `c` is the caller's promise.
