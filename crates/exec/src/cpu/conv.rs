@@ -1311,8 +1311,8 @@ struct Conv {
     /// A window whose taps read a padded copy of the image in place
     /// ([`Flat`]: rows sharing one pad gap at stride 1, phase planes
     /// otherwise), on graphopt's kernel: no unfolded matrix. Ahead of the
-    /// folded path (a 3x3 of 256 channels at 14x14, batch 16: 33.9 ms
-    /// folded, 25.7 ms flat, benches/README.md).
+    /// folded path, which it matched on a 3x3 of 256 channels at 14x14,
+    /// batch 16 (`benches/conv_bench.py`).
     flat: Option<Flat>,
 }
 
