@@ -2222,10 +2222,7 @@ mod tests {
             for threads in 1..=3 {
                 let mut got = vec![f32::NAN; n * c * ohw];
                 conv.run_depthwise(&x, &wt, Some(&b), &mut got, threads);
-                let same = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                let same = graphopt_testutil::same_bits(&got, &want);
                 assert!(same, "{case:?}: {threads} thread(s)");
             }
         }
@@ -2301,10 +2298,7 @@ mod tests {
                     let mut want = vec![f32::NAN; ohw];
                     let (xc, wc) = (&x[c * hw..][..hw], &wt[c * taps..][..taps]);
                     depthwise_generic(&g, xc, wc, bias[c], act, &mut want);
-                    let same = got[c * ohw..][..ohw]
-                        .iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    let same = graphopt_testutil::same_bits(&got[c * ohw..][..ohw], &want);
                     assert!(same, "{case:?} {act:?} channel {c}");
                 }
             }
@@ -2341,10 +2335,7 @@ mod tests {
                 if let Some(act) = act {
                     want.iter_mut().for_each(|v| *v = act.apply(*v));
                 }
-                let same = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                let same = graphopt_testutil::same_bits(&got, &want);
                 assert!(same, "{case:?} {act:?}");
             }
         }

@@ -1333,10 +1333,7 @@ mod tests {
                         )
                     }
                 }
-                let same = got[0]
-                    .iter()
-                    .zip(&got[1])
-                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                let same = graphopt_testutil::same_bits(&got[0], &got[1]);
                 assert!(
                     same,
                     "{m}x{k}x{n} alpha {alpha} beta {beta} b strides {sb:?}"
@@ -1400,10 +1397,7 @@ mod tests {
                     if let Some(act) = act {
                         want.iter_mut().for_each(|v| *v = act.apply(*v));
                     }
-                    let same = got
-                        .iter()
-                        .zip(&want)
-                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    let same = graphopt_testutil::same_bits(&got, &want);
                     assert!(same, "{m}x{k}x{n} bias {with_bias} {act:?}");
                 }
             }
