@@ -1896,6 +1896,24 @@ fn qlinear_conv_per_channel_groups_strides_pads_dilations_against_loops() {
         true,
         24,
     );
+    // A 7x7 image: one tile, its 40 output channels split across the
+    // threads in runs of 8.
+    check_qconv(
+        ("uint8", "int8", "uint8"),
+        &Geo {
+            x: (1, 64, 7, 7),
+            k: (40, 3, 3),
+            group: 1,
+            s: (1, 1),
+            p: (1, 1),
+            d: (1, 1),
+            o: (7, 7),
+        },
+        "<pads = [1, 1, 1, 1]>",
+        false,
+        false,
+        29,
+    );
     // Deeper than the integer GEMM sums exactly in i32 (3700·3·3 =
     // 33300 > 33025): the plain loop, wrapping as int32 does.
     check_qconv(

@@ -49,6 +49,8 @@ const NC: usize = 256;
 pub struct QWeight {
     pub k: usize,
     pub n: usize,
+    /// Bytes from one row of `w` to the next (`n` unless strided).
+    pub ld: usize,
     /// int8 (else uint8).
     pub signed: bool,
     /// `Σ_p w[p, j]`.
@@ -58,18 +60,38 @@ pub struct QWeight {
 impl QWeight {
     /// Reads the weight's bytes (`k × n`, row-major) once.
     pub fn new(k: usize, n: usize, signed: bool, w: &[u8]) -> QWeight {
+        QWeight::strided(k, n, n, signed, w)
+    }
+
+    /// [`QWeight::new`] of `k` rows of `n` bytes, `ld` bytes apart.
+    pub fn strided(k: usize, n: usize, ld: usize, signed: bool, w: &[u8]) -> QWeight {
         let mut colsum = vec![0i32; n];
-        for row in w[..k * n].chunks_exact(n.max(1)) {
-            for (c, &v) in colsum.iter_mut().zip(row) {
-                *c += if signed { v as i8 as i32 } else { v as i32 };
+        if n > 0 {
+            for p in 0..k {
+                let row = &w[p * ld..][..n];
+                if signed {
+                    for (c, &v) in colsum.iter_mut().zip(row) {
+                        *c += v as i8 as i32;
+                    }
+                } else {
+                    for (c, &v) in colsum.iter_mut().zip(row) {
+                        *c += v as i32;
+                    }
+                }
             }
         }
         QWeight {
             k,
             n,
+            ld,
             signed,
             colsum,
         }
+    }
+
+    /// `Σ_p w[p, j]` for each column `j`.
+    pub fn colsums(&self) -> &[i32] {
+        &self.colsum
     }
 
     /// What `w'` subtracts from `w`: 128 for uint8, 0 for int8.
@@ -110,7 +132,10 @@ pub fn qmatmul(
 ) {
     let (k, n) = (q.k, q.n);
     assert!(
-        k <= MAX_K && x.len() >= m * k && w.len() >= k * n && y.len() >= m * n,
+        k <= MAX_K
+            && x.len() >= m * k
+            && (k == 0 || n == 0 || w.len() >= (k - 1) * q.ld + n)
+            && y.len() >= m * n,
         "qmatmul operands"
     );
     let at = |v: &[i32], j: usize| if v.len() == 1 { v[0] } else { v[j] };
@@ -240,14 +265,15 @@ unsafe fn part_plain(
     j0: usize,
     j1: usize,
 ) {
-    let (k, n) = (q.k, q.n);
+    let (k, ld) = (q.k, q.ld);
+    let n = q.n;
     let mut acc = vec![0i32; j1 - j0];
     for i in 0..m {
         acc.fill(0);
         let row = &xa[i * k4..i * k4 + k];
         for (p, &xv) in row.iter().enumerate() {
             let xv = xv as i32;
-            for (a, &wv) in acc.iter_mut().zip(&w[p * n + j0..p * n + j1]) {
+            for (a, &wv) in acc.iter_mut().zip(&w[p * ld + j0..p * ld + j1]) {
                 *a = a.wrapping_add(xv * wprime(wv, q.signed) as i32);
             }
         }
@@ -338,14 +364,21 @@ unsafe fn by_rows<const W: usize>(rows: usize, t: &Micro) {
 
 /// Packs columns `pc..pc + nc` of `w` as `w'`: sliver `s`, group `g` (rows
 /// `4g..4g+4`) at `(s·groups + g)·64`, column `c` of the sliver at `4c`,
-/// zeros past the weight's rows and columns.
+/// zeros past the weight's rows and columns. Whole groups of 16 columns
+/// interleave their four rows by SSE2 unpacks.
 fn pack(q: &QWeight, w: &[u8], pc: usize, nc: usize, groups: usize, out: &mut [i8]) {
-    let (k, n) = (q.k, q.n);
+    let (k, ld) = (q.k, q.ld);
     for s in 0..nc.div_ceil(NR) {
         let c0 = pc + s * NR;
         let cols = NR.min(pc + nc - c0);
         for g in 0..groups {
             let dst = &mut out[(s * groups + g) * NR * 4..][..NR * 4];
+            #[cfg(target_arch = "x86_64")]
+            if cols == NR && 4 * g + 4 <= k {
+                let rows: [&[u8]; 4] = std::array::from_fn(|r| &w[(4 * g + r) * ld + c0..][..NR]);
+                interleave4(rows, q.signed, dst);
+                continue;
+            }
             for r in 0..4 {
                 let p = 4 * g + r;
                 if p >= k {
@@ -354,7 +387,7 @@ fn pack(q: &QWeight, w: &[u8], pc: usize, nc: usize, groups: usize, out: &mut [i
                     }
                     continue;
                 }
-                let src = &w[p * n + c0..p * n + c0 + cols];
+                let src = &w[p * ld + c0..p * ld + c0 + cols];
                 for (c, &v) in src.iter().enumerate() {
                     dst[4 * c + r] = wprime(v, q.signed);
                 }
@@ -363,6 +396,29 @@ fn pack(q: &QWeight, w: &[u8], pc: usize, nc: usize, groups: usize, out: &mut [i
                 }
             }
         }
+    }
+}
+
+/// `dst[4c + r] = w'(rows[r][c])` for 16 columns: four rows interleaved
+/// bytewise, then as 16-bit pairs (SSE2, every x86-64 CPU has it).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn interleave4(rows: [&[u8]; 4], signed: bool, dst: &mut [i8]) {
+    use std::arch::x86_64::*;
+    assert!(rows.iter().all(|r| r.len() >= NR) && dst.len() >= 4 * NR);
+    // SAFETY: SSE2 is part of x86-64; 16 bytes read from each row and 64
+    // written to dst (checked above).
+    unsafe {
+        let flip = _mm_set1_epi8(if signed { 0 } else { -128 });
+        let ld = |r: &[u8]| _mm_xor_si128(_mm_loadu_si128(r.as_ptr() as *const __m128i), flip);
+        let (r0, r1, r2, r3) = (ld(rows[0]), ld(rows[1]), ld(rows[2]), ld(rows[3]));
+        let (a, b) = (_mm_unpacklo_epi8(r0, r1), _mm_unpackhi_epi8(r0, r1));
+        let (c, d) = (_mm_unpacklo_epi8(r2, r3), _mm_unpackhi_epi8(r2, r3));
+        let o = dst.as_mut_ptr() as *mut __m128i;
+        _mm_storeu_si128(o, _mm_unpacklo_epi16(a, c));
+        _mm_storeu_si128(o.add(1), _mm_unpackhi_epi16(a, c));
+        _mm_storeu_si128(o.add(2), _mm_unpacklo_epi16(b, d));
+        _mm_storeu_si128(o.add(3), _mm_unpackhi_epi16(b, d));
     }
 }
 

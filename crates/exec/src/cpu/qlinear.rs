@@ -186,6 +186,73 @@ fn requant(acc: i32, mult: f32, zp: i32, (lo, hi): (f64, f64)) -> i32 {
     round_even(v) as i32 + zp
 }
 
+/// `y[i] = requant(acc[i] + b, mult, zp, range)` as bytes, 16 at a time
+/// on AVX-512 where the CPU has it (the same bits: one f32 product,
+/// clamped, rounded half to even, NaN giving `zp`).
+fn requant_row(acc: &[i32], b: i32, mult: f32, zp: i32, range: (f64, f64), y: &mut [u8]) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F (checked); y holds acc.len() bytes.
+        done = unsafe { requant_avx512(acc, b, mult, zp, range, y) };
+    }
+    for (o, &s) in y[done..acc.len()].iter_mut().zip(&acc[done..]) {
+        *o = requant(s.wrapping_add(b), mult, zp, range) as u8;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+}
+
+/// [`requant_row`]'s whole vectors of 16; returns how many it wrote.
+///
+/// # Safety
+/// The CPU has AVX-512F; `y` holds at least `acc.len()` bytes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn requant_avx512(
+    acc: &[i32],
+    b: i32,
+    mult: f32,
+    zp: i32,
+    (lo, hi): (f64, f64),
+    y: &mut [u8],
+) -> usize {
+    use std::arch::x86_64::*;
+    assert!(y.len() >= acc.len());
+    let whole = acc.len() / 16 * 16;
+    let (bv, mv, zv) = (
+        _mm512_set1_epi32(b),
+        _mm512_set1_ps(mult),
+        _mm512_set1_epi32(zp),
+    );
+    let (lov, hiv) = (
+        _mm512_set1_ps(lo as f32 - zp as f32),
+        _mm512_set1_ps(hi as f32 - zp as f32),
+    );
+    for i in (0..whole).step_by(16) {
+        // SAFETY: elements i..i + 16 of acc and y (checked above).
+        unsafe {
+            let a = _mm512_loadu_si512(acc.as_ptr().add(i) as *const __m512i);
+            let p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a, bv)), mv);
+            // NaN (from a NaN or infinite multiplier) gives the zero point,
+            // as `requant`'s saturating cast does.
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(p, p);
+            let p = _mm512_mask_mov_ps(p, nan, _mm512_setzero_ps());
+            let v = _mm512_max_ps(_mm512_min_ps(p, hiv), lov);
+            let r =
+                _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            let q = _mm512_cvtepi32_epi8(_mm512_add_epi32(r, zv));
+            _mm_storeu_si128(y.as_mut_ptr().add(i) as *mut __m128i, q);
+        }
+    }
+    whole
+}
+
 /// The range of a uint8 or int8 output.
 fn range8(t: &TensorInfo, op: &str) -> Result<(f64, f64), String> {
     match t.dtype {
@@ -223,7 +290,7 @@ fn isums(
 
 /// [`isums`] in plain wrapping i32 loops (one thread).
 fn sums_plain(q: &QWeight, m: usize, x: &[u8], xz: i32, w: &[u8], wz: &[i32], y: &mut [u32]) {
-    let (k, n) = (q.k, q.n);
+    let (k, n, ld) = (q.k, q.n, q.ld);
     let wv = |v: u8| if q.signed { v as i8 as i32 } else { v as i32 };
     let zw: Vec<i32> = (0..n)
         .map(|j| if wz.len() == 1 { wz[0] } else { wz[j] })
@@ -233,7 +300,7 @@ fn sums_plain(q: &QWeight, m: usize, x: &[u8], xz: i32, w: &[u8], wz: &[i32], y:
         acc.fill(0);
         for (p, &xv) in x[i * k..(i + 1) * k].iter().enumerate() {
             let xv = xv as i32 - xz;
-            for ((a, &v), &z) in acc.iter_mut().zip(&w[p * n..(p + 1) * n]).zip(&zw) {
+            for ((a, &v), &z) in acc.iter_mut().zip(&w[p * ld..p * ld + n]).zip(&zw) {
                 *a = a.wrapping_add(xv.wrapping_mul(wv(v) - z));
             }
         }
@@ -255,24 +322,31 @@ enum Epilogue<'a> {
         zp: i32,
         range: (f64, f64),
     },
+    /// IntegerConv: float32, the sum times the product of its scales plus
+    /// the float bias, `f32(sum) · (xs · ws[c]) + B[c]`.
+    Float {
+        mult: Vec<f32>,
+        bias: Option<&'a [f32]>,
+    },
 }
 
 impl Epilogue<'_> {
     /// Bytes per output element.
     fn size(&self) -> usize {
         match self {
-            Epilogue::Sums => 4,
+            Epilogue::Sums | Epilogue::Float { .. } => 4,
             Epilogue::Requant { .. } => 1,
         }
     }
 
-    /// Output elements `at..` of `y` (bytes) from the sums `acc` of output
-    /// channel `c`.
+    /// Output elements `y` (bytes, `acc.len()` elements) of output channel
+    /// `c` from their sums `acc`.
     #[inline]
-    fn put(&self, y: &mut [u8], at: usize, c: usize, acc: impl Iterator<Item = i32>) {
+    fn put(&self, y: &mut [u8], c: usize, acc: &[i32]) {
         match self {
+            // Byte by byte: an output need not be 4-byte aligned.
             Epilogue::Sums => {
-                for (o, s) in y[4 * at..].chunks_exact_mut(4).zip(acc) {
+                for (o, s) in y[..4 * acc.len()].chunks_exact_mut(4).zip(acc) {
                     o.copy_from_slice(&s.to_le_bytes());
                 }
             }
@@ -283,10 +357,44 @@ impl Epilogue<'_> {
                 range,
             } => {
                 let (m, b) = (mult[c], bias.map_or(0, |b| b[c]));
-                for (o, s) in y[at..].iter_mut().zip(acc) {
-                    *o = requant(s.wrapping_add(b), m, *zp, *range) as u8;
+                requant_row(acc, b, m, *zp, *range, &mut y[..acc.len()]);
+            }
+            Epilogue::Float { mult, bias } => {
+                let (m, b) = (mult[c], bias.map_or(0.0, |b| b[c]));
+                for (o, &s) in y[..4 * acc.len()].chunks_exact_mut(4).zip(acc) {
+                    o.copy_from_slice(&(s as f32 * m + b).to_le_bytes());
                 }
             }
+        }
+    }
+}
+
+/// Which operator a [`QConv`] runs; the slots of its inputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ConvOp {
+    /// `QLinearConv(x, xs, xz, w, ws, wz, ys, yz, B?)`, B int32.
+    Linear,
+    /// `ConvInteger(x, w, xz?, wz?)`.
+    Integer,
+    /// graphopt's fused `IntegerConv(x, xs, xz?, w, ws, wz?, B?)`, B
+    /// float32: a Conv of dequantized activations and weights.
+    Float,
+}
+
+impl ConvOp {
+    fn name(self) -> &'static str {
+        match self {
+            ConvOp::Linear => "QLinearConv",
+            ConvOp::Integer => "ConvInteger",
+            ConvOp::Float => "IntegerConv",
+        }
+    }
+
+    /// The slots of the weight, `x`'s zero point and the weight's.
+    fn slots(self) -> (usize, usize, usize) {
+        match self {
+            ConvOp::Integer => (1, 2, 3),
+            ConvOp::Linear | ConvOp::Float => (3, 2, 5),
         }
     }
 }
@@ -296,9 +404,7 @@ struct QConv {
     g: Window,
     m: usize,
     group: usize,
-    /// QLinearConv (else ConvInteger): its inputs are
-    /// `x, xs, xz, w, ws, wz, ys, yz, B?`, ConvInteger's `x, w, xz?, wz?`.
-    linear: bool,
+    op: ConvOp,
     /// Its output range (QLinearConv) and whether it has a bias.
     range: (f64, f64),
     bias: bool,
@@ -329,19 +435,12 @@ struct ConvRun<'a> {
 
 impl QConv {
     fn w_at(&self) -> usize {
-        if self.linear {
-            3
-        } else {
-            1
-        }
+        self.op.slots().0
     }
 
     fn zero_point_at(&self) -> (usize, usize) {
-        if self.linear {
-            (2, 5)
-        } else {
-            (2, 3)
-        }
+        let (_, xz, wz) = self.op.slots();
+        (xz, wz)
     }
 
     fn cg(&self) -> usize {
@@ -364,7 +463,7 @@ impl QConv {
     /// A 1x1 window of stride 1 without padding, one tile an image: the
     /// image is its own unfolded matrix.
     fn plain(&self) -> bool {
-        self.g.plain_1x1() && self.tile == self.g.oh * self.g.ow
+        self.g.plain_1x1()
     }
 
     /// Workspace bytes of one slot: the sums of a tile (`M/group` rows),
@@ -377,28 +476,31 @@ impl QConv {
         align64(4 * self.tile * self.mg()) + align64(4 * self.tile) + align64(col * self.tile)
     }
 
-    /// Output block `(n, gi)`: output channels `gi·M/group..` of image
-    /// `n`, `y` its bytes, `ws` a workspace slot. The GEMM's rows are the
-    /// group's weight `[M/group, k]` (as uint8), its `[k, pixels]` operand a
-    /// tile of the image unfolded (as stored, padded with the zero point),
-    /// so the sums come out in the output's layout. Per-channel weight zero
-    /// points that differ are subtracted afterwards, times the tile's
-    /// column sums of `x − xz`.
-    fn block(
+    /// Output tile `(n, gi, p0)`: output channels `gi·M/group + rows` of
+    /// image `n`, pixels `p0..p0 + tile` (or to the end), into the unit's
+    /// output `y` (bytes, `M/group × OH·OW` elements, of which only those
+    /// are written), with workspace slot `ws`. The GEMM's rows are the
+    /// group's weight `[M/group, k]` (as uint8), its `[k, pixels]` operand
+    /// the tile of the image unfolded (as stored, padded with the zero
+    /// point; a plain 1x1 reads the image in place), so the sums come out
+    /// in the output's layout. Per-channel weight zero points that differ
+    /// are subtracted afterwards, times the tile's column sums of `x − xz`.
+    ///
+    /// # Safety
+    /// `y` points to the unit's output; no other thread writes these
+    /// elements during the call; `tile` is at most `self.tile`.
+    unsafe fn tile(
         &self,
         r: &ConvRun,
-        (n, gi): (usize, usize),
-        y: &mut [u8],
+        (n, gi, p0, tile): (usize, usize, usize, usize),
+        rows: std::ops::Range<usize>,
+        y: *mut u8,
         ws: &mut [u8],
-        threads: usize,
     ) {
-        if self.depthwise() {
-            self.depthwise_block(r, (n, gi), y, ws);
-            return;
-        }
         let g = &self.g;
         let (cg, mg, k, ohw) = (self.cg(), self.mg(), self.k(), g.oh * g.ow);
-        let wu = &r.wu[gi * mg * k..][..mg * k];
+        let nr = rows.len();
+        let wu = &r.wu[(gi * mg + rows.start) * k..][..nr * k];
         let wzu = if r.wzu.len() == 1 {
             r.wzu
         } else {
@@ -410,47 +512,48 @@ impl QConv {
         let wz0 = if per_row { 0 } else { wzu[0] };
         let (sums, rest) = ws.split_at_mut(align64(4 * self.tile * mg));
         let (cx, col) = rest.split_at_mut(align64(4 * self.tile));
-        let sums: &mut [u32] = cast_mut(&mut sums[..4 * self.tile * mg]);
-        let cx: &mut [i32] = cast_mut(&mut cx[..4 * self.tile]);
         let img = &r.x[n * g.c * g.h * g.w..][..g.c * g.h * g.w];
-        let xv = |v: u8| {
-            if self.x_signed {
-                v as i8 as i32
-            } else {
-                v as i32
-            }
+        let pt = tile.min(ohw - p0);
+        let sums = &mut sums[..4 * nr * pt];
+        let q = if k == 0 {
+            QWeight::new(0, pt, self.x_signed, &[])
+        } else if self.plain() {
+            let at = gi * cg * ohw + p0;
+            QWeight::strided(k, pt, ohw, self.x_signed, &img[at..at + (k - 1) * ohw + pt])
+        } else {
+            let col = &mut col[..k * pt];
+            im2col_cols_with(g, img, gi * cg, cg, (p0, pt), col, r.xz as u8);
+            QWeight::new(k, pt, self.x_signed, col)
         };
-        for p0 in (0..ohw).step_by(self.tile) {
-            let pt = self.tile.min(ohw - p0);
-            let sums = &mut sums[..mg * pt];
-            let unfolded: &[u8] = if k == 0 {
-                &[]
-            } else if self.plain() {
-                &img[gi * cg * ohw..][..cg * ohw]
-            } else {
-                let col = &mut col[..k * pt];
-                im2col_cols_with(g, img, gi * cg, cg, (p0, pt), col, r.xz as u8);
-                col
-            };
-            let q = QWeight::new(k, pt, self.x_signed, unfolded);
-            isums(&q, mg, wu, wz0, unfolded, &[r.xz], sums, threads);
-            let cx = &mut cx[..pt];
+        let unfolded: &[u8] = if k == 0 {
+            &[]
+        } else if self.plain() {
+            &img[gi * cg * ohw + p0..]
+        } else {
+            &col[..k * pt]
+        };
+        isums(&q, nr, wu, wz0, unfolded, &[r.xz], cast_mut(sums), 1);
+        let sums: &mut [i32] = cast_mut(sums);
+        let cx: &mut [i32] = cast_mut(&mut cx[..4 * pt]);
+        if per_row {
+            // Σ_p (x − xz) per column: the GEMM's column sums, less k·xz.
+            for (c, &s) in cx.iter_mut().zip(q.colsums()) {
+                *c = s.wrapping_sub((k as i32).wrapping_mul(r.xz));
+            }
+        }
+        let size = r.epi.size();
+        for (j, row) in rows.zip(sums.chunks_exact_mut(pt)) {
             if per_row {
-                cx.fill(0);
-                for row in unfolded.chunks_exact(pt) {
-                    for (c, &v) in cx.iter_mut().zip(row) {
-                        *c = c.wrapping_add(xv(v) - r.xz);
-                    }
+                let z = wzu[j];
+                for (s, &c) in row.iter_mut().zip(cx.iter()) {
+                    *s = s.wrapping_sub(z.wrapping_mul(c));
                 }
             }
-            for (j, row) in sums.chunks_exact(pt).enumerate() {
-                let z = if per_row { wzu[j] } else { 0 };
-                let acc = row
-                    .iter()
-                    .zip(cx.iter())
-                    .map(|(&s, &c)| (s as i32).wrapping_sub(z.wrapping_mul(c)));
-                r.epi.put(y, j * ohw + p0, gi * mg + j, acc);
-            }
+            // SAFETY: elements j·OH·OW + p0.. of the unit's output, which
+            // only this tile writes (the caller's promise).
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(y.add((j * ohw + p0) * size), pt * size) };
+            r.epi.put(out, gi * mg + j, row);
         }
     }
 
@@ -512,7 +615,8 @@ impl QConv {
                         }
                     }
                 }
-                r.epi.put(y, (j * g.oh + oy) * g.ow, c, acc.iter().copied());
+                r.epi
+                    .put(&mut y[(j * g.oh + oy) * g.ow * r.epi.size()..], c, acc);
             }
         }
     }
@@ -531,26 +635,39 @@ impl Kernel for QConv {
         let xz = zero_points(io, xz_at)?[0];
         let wz = zero_points(io, wz_at)?;
         let wzu: Vec<i32> = wz.iter().map(|&z| z + shift(self.w_signed)).collect();
-        let bias;
-        let epi = if self.linear {
-            let xs = scale_values(&io.input(1)?)?[0];
-            let ws = scale_values(&io.input(4)?)?;
-            let ys = scale_values(&io.input(6)?)?[0];
-            let mult = (0..self.m)
-                .map(|c| multiplier(self.scales, xs, ws[if ws.len() == 1 { 0 } else { c }], ys))
-                .collect();
-            bias = match self.bias {
-                true => Some(cast::<i32>(io.input(8)?.bytes()?)),
-                false => None,
-            };
-            Epilogue::Requant {
-                mult,
-                bias,
-                zp: zero_points(io, 7)?[0],
-                range: self.range,
+        let (ibias, fbias);
+        let epi = match self.op {
+            ConvOp::Linear => {
+                let xs = scale_values(&io.input(1)?)?[0];
+                let ws = scale_values(&io.input(4)?)?;
+                let ys = scale_values(&io.input(6)?)?[0];
+                let mult = (0..self.m)
+                    .map(|c| multiplier(self.scales, xs, ws[if ws.len() == 1 { 0 } else { c }], ys))
+                    .collect();
+                ibias = match self.bias {
+                    true => Some(cast::<i32>(io.input(8)?.bytes()?)),
+                    false => None,
+                };
+                Epilogue::Requant {
+                    mult,
+                    bias: ibias,
+                    zp: zero_points(io, 7)?[0],
+                    range: self.range,
+                }
             }
-        } else {
-            Epilogue::Sums
+            ConvOp::Integer => Epilogue::Sums,
+            ConvOp::Float => {
+                let xs = scale_values(&io.input(1)?)?[0];
+                let ws = scale_values(&io.input(4)?)?;
+                let mult = (0..self.m)
+                    .map(|c| xs * ws[if ws.len() == 1 { 0 } else { c }])
+                    .collect();
+                fbias = match self.bias {
+                    true => Some(cast::<f32>(io.input(6)?.bytes()?)),
+                    false => None,
+                };
+                Epilogue::Float { mult, bias: fbias }
+            }
         };
         let built;
         let wu = match &self.shifted {
@@ -576,45 +693,117 @@ impl Kernel for QConv {
         if y.is_empty() {
             return Ok(());
         }
-        // Whole blocks per part (each with its workspace slot); a single
-        // part gives its threads to the GEMM.
-        let work = (unit * self.k()).max(1);
         let threads = io.threads;
-        let parts = par::parts(units, threads, par::MIN_ELEMS.div_ceil(work)).min(self.slots);
-        let inner = if parts == 1 { threads } else { 1 };
         let slot = self.slot_bytes();
-        let mut pieces = Vec::with_capacity(parts);
-        let (mut ys, mut wss) = (y, &mut io.workspace[..parts * slot]);
-        for p in 0..parts {
-            let r = par::range(units, parts, p);
-            let (yp, yrest) = ys.split_at_mut(r.len() * unit);
-            let (wp, wrest) = wss.split_at_mut(slot);
-            pieces.push((r, yp, wp));
-            (ys, wss) = (yrest, wrest);
+        if self.depthwise() {
+            // Whole blocks per part, each with its workspace slot.
+            let work = (unit * self.k()).max(1);
+            let parts = par::parts(units, threads, par::MIN_ELEMS.div_ceil(work)).min(self.slots);
+            let mut pieces = Vec::with_capacity(parts);
+            let (mut ys, mut wss) = (y, &mut io.workspace[..parts * slot]);
+            for p in 0..parts {
+                let r = par::range(units, parts, p);
+                let (yp, yrest) = ys.split_at_mut(r.len() * unit);
+                let (wp, wrest) = wss.split_at_mut(slot);
+                pieces.push((r, yp, wp));
+                (ys, wss) = (yrest, wrest);
+            }
+            par::for_each_owned(threads, pieces, |(r, yp, wp)| {
+                for (u, yu) in r.zip(yp.chunks_mut(unit)) {
+                    self.depthwise_block(&run, (u / self.group, u % self.group), yu, wp);
+                }
+            });
+            return Ok(());
         }
-        par::for_each_owned(threads, pieces, |(r, yp, wp)| {
-            for (u, yu) in r.zip(yp.chunks_mut(unit)) {
-                self.block(&run, (u / self.group, u % self.group), yu, wp, inner);
+        // Items: (unit, tile of pixels, part of the group's output
+        // channels). Pixels are tiled so that the items divide among the
+        // threads; the channels are split (in runs of the GEMM's 8-row
+        // micro-tiles) only when the tiles would be smaller than
+        // MIN_TILE. Each item writes its own elements and sums exactly, so
+        // any split gives the same bits.
+        let (mg, ohw) = (self.mg(), g.oh * g.ow);
+        let mut tiles = ohw.div_ceil(self.tile);
+        if !units.is_multiple_of(threads) && ohw / tiles.next_multiple_of(threads) >= MIN_TILE {
+            tiles = tiles.next_multiple_of(threads);
+        }
+        let tile = ohw.div_ceil(tiles);
+        let tiles = ohw.div_ceil(tile);
+        let row_parts = if units * tiles >= threads {
+            1
+        } else {
+            threads.div_ceil(units * tiles).min(mg.div_ceil(8)).max(1)
+        };
+        let items = units * tiles * row_parts;
+        let small = units * ohw * mg * self.k() < par::MIN_ELEMS;
+        let parts = if small {
+            1
+        } else {
+            threads.min(items).min(self.slots).max(1)
+        };
+        let yp = SendPtr(y.as_mut_ptr());
+        let wsp = SendPtr(io.workspace.as_mut_ptr());
+        par::for_parts(threads, parts, |p| {
+            // SAFETY: slot p of the workspace is this part's alone.
+            let ws = unsafe { std::slice::from_raw_parts_mut(wsp.get().add(p * slot), slot) };
+            for it in par::range(items, parts, p) {
+                let (u, rest) = (it / (tiles * row_parts), it % (tiles * row_parts));
+                let (t, rp) = (rest / row_parts, rest % row_parts);
+                let rows = par::range(mg.div_ceil(8), row_parts, rp);
+                let rows = 8 * rows.start..(8 * rows.end).min(mg);
+                // SAFETY: item `it` writes channels `rows` × pixels of
+                // tile t of unit u, which no other item writes.
+                unsafe {
+                    self.tile(
+                        &run,
+                        (u / self.group, u % self.group, t * tile, tile),
+                        rows,
+                        yp.get().add(u * unit),
+                        ws,
+                    )
+                };
             }
         });
         Ok(())
     }
 }
 
+/// The output's or workspace's bytes, shared by parts that write disjoint
+/// elements of them.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: the parts write disjoint elements (see `QConv::run`).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
 /// QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point,
 /// y_scale, y_zero_point, B?).
 pub fn qlinear_conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    conv_kernel(ctx, true)
+    conv_kernel(ctx, ConvOp::Linear)
 }
 
 /// ConvInteger(x, w, x_zero_point?, w_zero_point?).
 pub fn conv_integer(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
-    conv_kernel(ctx, false)
+    conv_kernel(ctx, ConvOp::Integer)
 }
 
-fn conv_kernel(ctx: &NodeCtx, linear: bool) -> Result<Box<dyn Kernel>, String> {
-    let op = if linear { "QLinearConv" } else { "ConvInteger" };
-    let (w_at, xz_at, wz_at) = if linear { (3, 2, 5) } else { (1, 2, 3) };
+/// graphopt's `IntegerConv(xq, xs, xz?, q, scale, zero_point?, B?)`
+/// ([`crate::lower`]): `Conv(DequantizeLinear(xq, xs, xz),
+/// DequantizeLinear(q, scale, zero_point), B)` with one activation scale
+/// and per-tensor or per-output-channel float32 weight scales, as exact
+/// integer sums scaled once.
+pub fn integer_conv(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
+    conv_kernel(ctx, ConvOp::Float)
+}
+
+fn conv_kernel(ctx: &NodeCtx, kind: ConvOp) -> Result<Box<dyn Kernel>, String> {
+    let op = kind.name();
+    let (w_at, xz_at, wz_at) = kind.slots();
     let x = ctx.input(0)?;
     let w = ctx.input(w_at)?;
     let y = ctx.outputs.first().ok_or("no output")?;
@@ -640,33 +829,58 @@ fn conv_kernel(ctx: &NodeCtx, linear: bool) -> Result<Box<dyn Kernel>, String> {
         return Err(format!("{op}: an output of shape {:?}", y.shape));
     }
     let (mut range, mut bias, mut scales) = ((0.0, 0.0), false, DType::F32);
-    if linear {
-        scales = scale_type(ctx, &[1, 4, 6], op)?;
-        for (i, n, what) in [(1, 1, "x"), (4, m, "w"), (6, 1, "y")] {
-            let s = ctx.input(i)?;
-            if numel(&s.shape) != 1 && s.shape != [n] {
-                return Err(format!("{op}: a {what} scale of shape {:?}", s.shape));
+    match kind {
+        ConvOp::Linear | ConvOp::Float => {
+            let at: &[usize] = if kind == ConvOp::Linear {
+                &[1, 4, 6]
+            } else {
+                &[1, 4]
+            };
+            scales = scale_type(ctx, at, op)?;
+            for (i, n, what) in [(1, 1, "x"), (4, m, "w"), (6, 1, "y")] {
+                if !at.contains(&i) {
+                    continue;
+                }
+                let s = ctx.input(i)?;
+                if numel(&s.shape) != 1 && s.shape != [n] {
+                    return Err(format!("{op}: a {what} scale of shape {:?}", s.shape));
+                }
+            }
+            let (b_at, b_type) = if kind == ConvOp::Linear {
+                range = range8(y, op)?;
+                check_zero_point(ctx, 7, y.dtype, 1, op, "y")?;
+                (8, DType::I32)
+            } else {
+                if y.dtype != DType::F32 || scales != DType::F32 {
+                    return Err(format!(
+                        "{op}: an output of {} with scales of {} (float32 both)",
+                        y.dtype.name(),
+                        scales.name()
+                    ));
+                }
+                (6, DType::F32)
+            };
+            if let Some(b) = ctx.inputs.get(b_at).cloned().flatten() {
+                if b.dtype != b_type || b.shape != [m] {
+                    return Err(format!(
+                        "{op}: a bias of {} {:?} for {m} output channels ({} [{m}])",
+                        b.dtype.name(),
+                        b.shape,
+                        b_type.name()
+                    ));
+                }
+                bias = true;
             }
         }
-        range = range8(y, op)?;
-        check_zero_point(ctx, 7, y.dtype, 1, op, "y")?;
-        if let Some(b) = ctx.inputs.get(8).cloned().flatten() {
-            if b.dtype != DType::I32 || b.shape != [m] {
-                return Err(format!(
-                    "{op}: a bias of {} {:?} for {m} output channels (int32 [{m}])",
-                    b.dtype.name(),
-                    b.shape
-                ));
-            }
-            bias = true;
+        ConvOp::Integer if y.dtype != DType::I32 => {
+            return Err(format!("{op}: an output of {}", y.dtype.name()));
         }
-    } else if y.dtype != DType::I32 {
-        return Err(format!("{op}: an output of {}", y.dtype.name()));
+        ConvOp::Integer => {}
     }
     let mut k = QConv {
         m,
         group,
-        linear,
+        op: kind,
         range,
         bias,
         scales,
@@ -682,7 +896,11 @@ fn conv_kernel(ctx: &NodeCtx, linear: bool) -> Result<Box<dyn Kernel>, String> {
         .max(MIN_TILE)
         .min(ohw.max(1));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    k.slots = cores.clamp(1, 16).min(units.max(1));
+    k.slots = if k.depthwise() {
+        cores.clamp(1, 16).min(units.max(1))
+    } else {
+        cores.clamp(1, 16)
+    };
     if w_signed && !k.depthwise() {
         let wb = ctx.constants.get(w_at).copied().flatten();
         k.shifted = wb.filter(|b| b.len() == m * k.k()).map(shifted);
