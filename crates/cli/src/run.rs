@@ -134,6 +134,14 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 r.integer_matmuls
             );
         }
+        if r.integer_convs + r.qlinear_convs > 0 {
+            s += &format!(
+                "quantized   {} Conv(s) of quantized activations run on integer sums ({} with their \
+                 QuantizeLinear as QLinearConv)\n",
+                r.integer_convs + r.qlinear_convs,
+                r.qlinear_convs
+            );
+        }
         for (w, why) in &r.palette_kept {
             s += &format!("coded       {w}: decoded whole by its plain nodes ({why})\n");
         }

@@ -35,7 +35,8 @@
 //! q, scale, zero_point?)`, `DequantGemm(A, q, scale, zero_point?, C?)` and
 //! `DequantGather(q, scale, zero_point?, ids)` (an absent zero point is an
 //! empty slot). An integer weight read by a Conv keeps its chain (see
-//! `DEQUANT_OPS` for why), silently.
+//! `DEQUANT_OPS` for why), silently, unless the Conv's activations are
+//! quantized too (below).
 //!
 //! The fused node keeps the reader's name, outputs and attributes, and adds
 //! `palette_weight_shape` (`S`), and `palette_groups` (`[ng, -1]`, `ng = 1`
@@ -50,6 +51,15 @@
 //! GEMM ([`crate::cpu::qgemm`]), on CPUs with AVX-512 VNNI (elsewhere the
 //! float path is faster and stays); the activations' DequantizeLinear goes
 //! when nothing else reads it ([`integer_matmuls`]).
+//!
+//! Likewise a Conv whose activations are quantized and whose weight is an
+//! 8-bit DequantizeLinear of constants becomes an `IntegerConv` (float32
+//! output) on exact integer sums ([`crate::cpu::qlinear`]), or, where only
+//! a QuantizeLinear (or a Relu, then a QuantizeLinear whose zero point makes
+//! the Relu its saturation) reads it, the standard `QLinearConv` writing
+//! that QuantizeLinear's output, as onnxruntime fuses the QDQ convolutions
+//! of its quantizers ([`integer_convs`]). The activations then stay 8-bit
+//! from one convolution to the next.
 //!
 //! How the planner sees it: shape inference has no rule for a custom
 //! domain, but it types a call to a model-local function by inferring its
@@ -74,7 +84,7 @@
 
 use graphopt_ir::{
     AttrKind, AttrValue, Attribute, DType, Function, Graph, Model, NewNode, NodeId, OpsetImport,
-    Use, ValueId,
+    Tensor, Use, ValueId,
 };
 
 /// The domain of the fused nodes (internal to graphopt's CPU runtime).
@@ -88,11 +98,12 @@ const PALETTE_OPS: [Option<&str>; 4] = [
     Some("PaletteGather"),
 ];
 /// The fused ops of integer weights, likewise. A Conv's integer weight is
-/// left to DequantizeLinear and the plain Conv: one conv's weight is small
-/// (at most 9.4 MB in ResNet-50, and it dies at its reader), and the
-/// plain Conv's kernels (1×1 tiles, depthwise, output tiles) are both
-/// faster than the fused kernel's im2col blocks and summed in another
-/// order, so a fused Conv would neither save much nor give the same bits.
+/// left to DequantizeLinear and the plain Conv (unless its activations are
+/// quantized too: [`integer_convs`]): one conv's weight is small (at most
+/// 9.4 MB in ResNet-50, and it dies at its reader), and the plain Conv's
+/// kernels (1×1 tiles, depthwise, output tiles) are both faster than the
+/// fused kernel's im2col blocks and summed in another order, so a fused
+/// Conv would neither save much nor give the same bits.
 const DEQUANT_OPS: [Option<&str>; 4] = [
     Some("DequantMatMul"),
     Some("DequantGemm"),
@@ -109,10 +120,14 @@ pub const CODED_OPS: &[&str] = &[
     "DequantGemm",
     "DequantGather",
     INTEGER_MATMUL,
+    INTEGER_CONV,
 ];
 /// A `DequantMatMul` whose activations are quantized too, run as an
 /// integer GEMM ([`integer_matmuls`]).
 pub const INTEGER_MATMUL: &str = "IntegerMatMul";
+/// A Conv of quantized activations and an integer weight, run on integer
+/// sums ([`integer_convs`]).
+pub const INTEGER_CONV: &str = "IntegerConv";
 /// The names' prefixes: the op that follows is the reader's.
 pub const PALETTE_PREFIX: &str = "Palette";
 pub const DEQUANT_PREFIX: &str = "Dequant";
@@ -145,6 +160,11 @@ pub struct CodedLowering {
     /// MatMuls of quantized activations and integer weights made integer
     /// GEMMs ([`integer_matmuls`]).
     pub integer_matmuls: usize,
+    /// Convs of quantized activations and integer weights run on integer
+    /// sums ([`integer_convs`]): as `IntegerConv` (float output), and as
+    /// `QLinearConv` (with the QuantizeLinear of their output).
+    pub integer_convs: usize,
+    pub qlinear_convs: usize,
     /// Coded weights left to the plain nodes, and why.
     pub kept: Vec<(String, String)>,
 }
@@ -502,6 +522,7 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
     // float path: the MatMuls stay DequantMatMul there.
     if crate::cpu::qgemm::available() {
         report.integer_matmuls = integer_matmuls(g);
+        (report.integer_convs, report.qlinear_convs) = integer_convs(g);
     }
     // The fused ops the graph holds now (a DequantMatMul may have become an
     // IntegerMatMul).
@@ -534,8 +555,8 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
 
 /// `a` as `DequantizeLinear(xq, xs, xz?)` of uint8 activations with one
 /// scale and zero point: `xq` from DynamicQuantizeLinear, or from a
-/// QuantizeLinear to uint8; `xs` and `xz` that node's outputs or scalar
-/// constants. Returns the DequantizeLinear and `[xq, xs, xz]`.
+/// QuantizeLinear (or QLinearConv) to uint8; `xs` and `xz` that node's
+/// outputs or scalar constants. Returns the DequantizeLinear and `[xq, xs, xz]`.
 fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueId>; 3])> {
     let (dq, _) = g.producer(a)?;
     let d = g.node(dq);
@@ -561,6 +582,13 @@ fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueI
             let u8_out = DType::U8.to_onnx() as i64;
             pd.attr_int("output_dtype").is_none_or(|t| t == u8_out)
                 && pd.input(2).is_none_or(|z| scalar(z, DType::U8))
+                && scalar(xs, DType::F32)
+                && xz.is_none_or(|z| scalar(z, DType::U8))
+        }
+        // A QLinearConv that `integer_convs` made of an earlier Conv and
+        // its QuantizeLinear.
+        "QLinearConv" if default_domain(&pd.domain) && slot == 0 => {
+            pd.input(7).is_some_and(|z| scalar(z, DType::U8))
                 && scalar(xs, DType::F32)
                 && xz.is_none_or(|z| scalar(z, DType::U8))
         }
@@ -617,6 +645,289 @@ fn integer_matmuls(g: &mut Graph) -> usize {
         made += 1;
     }
     made
+}
+
+/// Makes every `Conv(DequantizeLinear(xq, xs, xz?), DequantizeLinear(q,
+/// scale, zero_point?), B?)` with quantized activations
+/// ([`quantized_activation`]), a constant int8/uint8 weight with one float32
+/// scale or one per output channel (axis 0) and a constant float32 bias (or
+/// none) a convolution on exact integer sums ([`crate::cpu::qlinear`]),
+/// as onnxruntime runs the QDQ convolutions of its quantizers:
+///
+/// - when the Conv's output is read only by `QuantizeLinear(y, ys, yz)`
+///   (one constant scale and zero point), or only by a Relu or a Clip
+///   read only by one that saturates wherever the Relu or Clip would clip
+///   (a Relu: `yz` the lowest value of its type), the three become the standard `QLinearConv(xq, xs, xz, q,
+///   scale, zero_point, ys, yz, B')` writing the QuantizeLinear's output,
+///   with the bias quantized at scale `xs · scale[c]` as onnxruntime's
+///   quantizers quantize it (`round_half_even(B[c] / (xs · scale[c]))`,
+///   int32; it needs `xs` constant): the float32 output, the Relu's and the
+///   dequantized operands are never made;
+/// - otherwise it becomes `IntegerConv(xq, xs, xz?, q, scale, zero_point?,
+///   B?)` of [`CODED_DOMAIN`], whose float32 output is `f32(Σ (xq −
+///   xz)(q − zero_point)) · (xs · scale[c]) + B[c]`.
+///
+/// The activations' and the weight's DequantizeLinear go when nothing
+/// else reads them. Returns how many of each were made.
+fn integer_convs(g: &mut Graph) -> (usize, usize) {
+    let order: Vec<NodeId> = g.order().to_vec();
+    let (mut float, mut linear) = (0, 0);
+    for r in order {
+        if !g.is_live_node(r) {
+            continue;
+        }
+        let d = g.node(r);
+        if d.op_type != "Conv" || !default_domain(&d.domain) {
+            continue;
+        }
+        let (Some(a), Some(w), b) = (d.input(0), d.input(1), d.input(2)) else {
+            continue;
+        };
+        let Some((dq, act)) = quantized_activation(g, a) else {
+            continue;
+        };
+        let Some((wn, _)) = g.producer(w) else {
+            continue;
+        };
+        let Some(Chain {
+            source:
+                Source::Integer {
+                    q,
+                    scale,
+                    zero_point,
+                    axis,
+                    block,
+                },
+            nodes,
+            ..
+        }) = integer_chain(g, wn)
+        else {
+            continue;
+        };
+        let (Some(qt), Some(st)) = (g.constant(q), g.constant(scale)) else {
+            continue;
+        };
+        let m = qt.dims.first().copied().unwrap_or(0);
+        let per_channel = st.dims == [m] && matches!(axis, 0 | -4..=-3);
+        let bias_ok = b.is_none_or(|b| {
+            g.constant(b)
+                .is_some_and(|t| t.dtype == DType::F32 && t.dims == [m])
+        });
+        // Depthwise convolutions (one input channel per group) stay float:
+        // their integer taps run in scalar loops, slower than the float
+        // kernels' vectors.
+        let depthwise = d.attr_int("group").unwrap_or(1) > 1 && qt.dims.get(1) == Some(&1);
+        let ok = matches!(qt.dtype, DType::I8 | DType::U8)
+            && !depthwise
+            && (3..=4).contains(&qt.dims.len())
+            && nodes.len() == 1
+            && st.dtype == DType::F32
+            && (st.dims.iter().product::<i64>() == 1 || per_channel)
+            && block == 0
+            && bias_ok;
+        if !ok {
+            continue;
+        }
+        let attributes = d.attributes.clone();
+        match requantized(g, r, act[1], m, scale, b) {
+            Some(rq) => {
+                let [xq, xs, xz] = act;
+                let xz = xz.unwrap_or_else(|| zero_of(g, "x_zero_point", DType::U8));
+                let wz = zero_point.unwrap_or_else(|| zero_of(g, "w_zero_point", qt_dtype(g, q)));
+                let inputs = vec![
+                    xq,
+                    xs,
+                    Some(xz),
+                    Some(q),
+                    Some(scale),
+                    Some(wz),
+                    Some(rq.ys),
+                    Some(rq.yz),
+                    rq.bias,
+                ];
+                for &n in rq.nodes.iter().rev() {
+                    let outs: Vec<ValueId> =
+                        g.node(n).outputs().iter().flatten().copied().collect();
+                    g.remove_node(n);
+                    for o in outs {
+                        if o != rq.out {
+                            g.remove_value(o);
+                        }
+                    }
+                }
+                replace_node(
+                    g,
+                    r,
+                    "",
+                    "QLinearConv",
+                    inputs,
+                    attributes,
+                    Some(vec![Some(rq.out)]),
+                );
+                linear += 1;
+            }
+            None => {
+                let mut inputs = act.to_vec();
+                inputs.extend([Some(q), Some(scale), zero_point, b]);
+                let mut attributes = attributes;
+                attributes.push(Attribute::new(DEQUANT_AXIS_ATTR, AttrValue::Int(axis)));
+                replace_node(g, r, CODED_DOMAIN, INTEGER_CONV, inputs, attributes, None);
+                float += 1;
+            }
+        }
+        for (v, n) in [(a, dq), (w, wn)] {
+            if g.uses(v).is_empty() && !g.is_output(v) {
+                g.remove_node(n);
+                g.remove_value(v);
+            }
+        }
+    }
+    (float, linear)
+}
+
+/// `q`'s element type.
+fn qt_dtype(g: &Graph, q: ValueId) -> DType {
+    g.constant(q).map_or(DType::U8, |t| t.dtype)
+}
+
+/// A new scalar zero of type `t`.
+fn zero_of(g: &mut Graph, hint: &str, t: DType) -> ValueId {
+    let raw = vec![0u8; t.storage_bytes(1).unwrap_or(1) as usize];
+    let z = Tensor::from_raw(t, vec![], raw.into()).expect("one element");
+    g.add_initializer(hint, z)
+}
+
+/// What [`requantized`] found after a Conv.
+struct Requantized {
+    /// The Relu (if any) and the QuantizeLinear, in order.
+    nodes: Vec<NodeId>,
+    /// The QuantizeLinear's output, its scale and zero point.
+    out: ValueId,
+    ys: ValueId,
+    yz: ValueId,
+    /// The bias quantized at scale `xs · scale[c]`, int32.
+    bias: Option<ValueId>,
+}
+
+/// Conv `r`'s output as read only by `QuantizeLinear(y, ys, yz)`, or by a
+/// Relu or Clip read only by one that saturates where it clips, with
+/// constant scalar `ys` and `yz` (8-bit), and the bias quantized at scale
+/// `xs · scale[c]` (`xs` a constant; the scales positive, the quantized
+/// bias within int32).
+fn requantized(
+    g: &mut Graph,
+    r: NodeId,
+    xs: Option<ValueId>,
+    m: i64,
+    scale: ValueId,
+    bias: Option<ValueId>,
+) -> Option<Requantized> {
+    let only_reader = |g: &Graph, v: ValueId| -> Option<NodeId> {
+        if g.is_output(v) {
+            return None;
+        }
+        match g.uses(v) {
+            [Use::Input { node, slot: 0 }] => Some(*node),
+            _ => None,
+        }
+    };
+    let y = g.node(r).output(0)?;
+    let mut nodes = Vec::new();
+    let mut n = only_reader(g, y)?;
+    // A Relu (bounds 0, ∞) or a Clip of constant bounds before the
+    // QuantizeLinear.
+    let bounds = |g: &Graph, n: NodeId| -> Option<(f64, f64)> {
+        let d = g.node(n);
+        if !default_domain(&d.domain) {
+            return None;
+        }
+        let bound = |i: usize, none: f64| match d.input(i) {
+            None => Some(none),
+            Some(v) => {
+                let t = g.constant(v)?;
+                (t.dtype == DType::F32 && t.dims.iter().product::<i64>() == 1)
+                    .then(|| t.to_f64_vec().map(|v| v[0]))
+                    .flatten()
+            }
+        };
+        match d.op_type.as_str() {
+            "Relu" => Some((0.0, f64::INFINITY)),
+            "Clip" if d.attr("min").is_none() && d.attr("max").is_none() => {
+                Some((bound(1, f64::NEG_INFINITY)?, bound(2, f64::INFINITY)?))
+            }
+            _ => None,
+        }
+    };
+    let clip = bounds(g, n);
+    if clip.is_some() {
+        nodes.push(n);
+        n = only_reader(g, g.node(n).output(0)?)?;
+    }
+    let qd = g.node(n);
+    if qd.op_type != "QuantizeLinear" || !default_domain(&qd.domain) {
+        return None;
+    }
+    let (ys, yz, out) = (qd.input(1)?, qd.input(2)?, qd.output(0)?);
+    let scalar = |v: ValueId| {
+        g.constant(v)
+            .filter(|t| t.dims.iter().product::<i64>() == 1)
+    };
+    let yst = scalar(ys).filter(|t| t.dtype == DType::F32)?;
+    let yzt = scalar(yz).filter(|t| matches!(t.dtype, DType::U8 | DType::I8))?;
+    let ysv = yst.to_f64_vec()?[0];
+    let yzv = yzt.to_i64_vec()?[0];
+    // The Relu or Clip is the QuantizeLinear's saturation when its bounds
+    // lie outside what the output can hold: a value it clips saturates
+    // anyway, and it passes every other.
+    let (lo, hi) = if yzt.dtype == DType::U8 {
+        (0.0, 255.0)
+    } else {
+        (-128.0, 127.0)
+    };
+    let inside =
+        |(min, max): (f64, f64)| min <= (lo - yzv as f64) * ysv && max >= (hi - yzv as f64) * ysv;
+    if ysv.is_nan() || ysv <= 0.0 || clip.is_some_and(|c| !inside(c)) {
+        return None;
+    }
+    if qd
+        .attr_int("output_dtype")
+        .is_some_and(|t| t != yzt.dtype.to_onnx() as i64)
+    {
+        return None;
+    }
+    nodes.push(n);
+    let bias = match bias {
+        None => None,
+        Some(b) => {
+            let xs = g.constant(xs?)?.to_f64_vec()?[0] as f32;
+            let sc: Vec<f32> = g
+                .constant(scale)?
+                .to_f64_vec()?
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            let bv = g.constant(b)?.to_f64_vec()?;
+            let mut raw = Vec::with_capacity(4 * m as usize);
+            for (c, &v) in bv.iter().enumerate() {
+                let s = (xs * sc[if sc.len() == 1 { 0 } else { c }]) as f64;
+                let qb = (v / s).round_ties_even();
+                if s.is_nan() || s <= 0.0 || qb.is_nan() || qb.abs() >= i32::MAX as f64 {
+                    return None;
+                }
+                raw.extend_from_slice(&(qb as i32).to_le_bytes());
+            }
+            let name = format!("{}_quantized", g.name(b));
+            let t = Tensor::from_raw(DType::I32, vec![m], raw.into()).ok()?;
+            Some(g.add_initializer(&name, t))
+        }
+    };
+    Some(Requantized {
+        nodes,
+        out,
+        ys,
+        yz,
+        bias,
+    })
 }
 
 /// Replaces reader `r` by the fused node `op`.
@@ -681,8 +992,24 @@ fn replace_reader(
     g: &mut Graph,
     r: NodeId,
     op: &str,
+    inputs: Vec<Option<ValueId>>,
+    attributes: Vec<Attribute>,
+) {
+    replace_node(g, r, CODED_DOMAIN, op, inputs, attributes, None);
+}
+
+/// Replaces node `r` by a node `op` of `domain` with `inputs` (trailing
+/// empty slots dropped), `attributes` and `outputs` (`r`'s if `None`), and
+/// `r`'s name, doc string and metadata. `r`'s outputs that the new node
+/// does not write are removed.
+fn replace_node(
+    g: &mut Graph,
+    r: NodeId,
+    domain: &str,
+    op: &str,
     mut inputs: Vec<Option<ValueId>>,
     attributes: Vec<Attribute>,
+    outputs: Option<Vec<Option<ValueId>>>,
 ) {
     let d = g.node(r).clone();
     while inputs.last() == Some(&None) {
@@ -691,12 +1018,13 @@ fn replace_reader(
     for k in 0..d.outputs().len() {
         g.set_output(r, k, None);
     }
+    let outputs = outputs.unwrap_or_else(|| d.outputs().to_vec());
     let new = NewNode {
         name: d.name.clone(),
         op_type: op.to_string(),
-        domain: CODED_DOMAIN.to_string(),
+        domain: domain.to_string(),
         inputs,
-        outputs: d.outputs().to_vec(),
+        outputs: outputs.clone(),
         attributes,
         doc_string: d.doc_string.clone(),
         metadata_props: d.metadata_props.clone(),
@@ -705,6 +1033,11 @@ fn replace_reader(
     g.insert_node_before(r, new)
         .expect("the reader's outputs were just released");
     g.remove_node(r);
+    for o in d.outputs().iter().flatten() {
+        if !outputs.contains(&Some(*o)) {
+            g.remove_value(*o);
+        }
+    }
 }
 
 fn attr_ref(name: &str, attr: &str, kind: AttrKind) -> Attribute {
@@ -727,8 +1060,8 @@ fn function(op: &str, opset: i64) -> Function {
     fn add(b: &mut Graph, node: NewNode) {
         b.add_node(node).expect("well-formed body");
     }
-    if op == INTEGER_MATMUL {
-        return integer_matmul_function(opset);
+    if op == INTEGER_MATMUL || op == INTEGER_CONV {
+        return integer_function(op, opset);
     }
     let palette = op.starts_with(PALETTE_PREFIX);
     let reader = op
@@ -891,9 +1224,11 @@ fn function(op: &str, opset: i64) -> Function {
     }
 }
 
-/// [`INTEGER_MATMUL`]'s function: both operands dequantized, then MatMul.
-fn integer_matmul_function(opset: i64) -> Function {
-    let mut b = Graph::new(INTEGER_MATMUL);
+/// The function of [`INTEGER_MATMUL`] or [`INTEGER_CONV`]: both operands
+/// dequantized, then MatMul, or Conv with its bias.
+fn integer_function(op: &str, opset: i64) -> Function {
+    let conv = op == INTEGER_CONV;
+    let mut b = Graph::new(op);
     let names = [
         "xq",
         "xs",
@@ -908,6 +1243,27 @@ fn integer_matmul_function(opset: i64) -> Function {
     ];
     let [xq, xs, xz, q, sc, zp, a, s32, w, y] =
         names.map(|n| b.add_value(n, None).expect("fresh body"));
+    let passed: &[(&str, AttrKind)] = if conv {
+        &[
+            ("auto_pad", AttrKind::String),
+            ("dilations", AttrKind::Ints),
+            ("group", AttrKind::Int),
+            ("kernel_shape", AttrKind::Ints),
+            ("pads", AttrKind::Ints),
+            ("strides", AttrKind::Ints),
+        ]
+    } else {
+        &[]
+    };
+    let bias = conv.then(|| b.add_value("B", None).expect("fresh body"));
+    let reader = if let Some(bias) = bias {
+        NewNode::new("Conv").inputs(&[a, w, bias])
+    } else {
+        NewNode::new("MatMul").inputs(&[a, w])
+    };
+    let reader = passed
+        .iter()
+        .fold(reader, |n, &(at, k)| n.attr(attr_ref(at, at, k)));
     for node in [
         NewNode::new("DequantizeLinear")
             .inputs(&[xq, xs, xz])
@@ -923,29 +1279,36 @@ fn integer_matmul_function(opset: i64) -> Function {
             .inputs(&[q, s32, zp])
             .outputs(&[w])
             .attr(attr_ref("axis", DEQUANT_AXIS_ATTR, AttrKind::Int)),
-        NewNode::new("MatMul").inputs(&[a, w]).outputs(&[y]),
+        reader.outputs(&[y]),
     ] {
         b.add_node(node).expect("well-formed body");
     }
     b.inputs = vec![xq, xs, xz, q, sc, zp];
+    b.inputs.extend(bias);
     b.outputs = vec![y];
+    let mut attributes = vec![DEQUANT_AXIS_ATTR.to_string()];
+    if !conv {
+        attributes.extend([
+            WEIGHT_SHAPE_ATTR.to_string(),
+            DEQUANT_BLOCK_ATTR.to_string(),
+        ]);
+    }
+    attributes.extend(passed.iter().map(|(a, _)| a.to_string()));
     Function {
-        name: INTEGER_MATMUL.to_string(),
+        name: op.to_string(),
         domain: CODED_DOMAIN.to_string(),
         overload: String::new(),
-        attributes: vec![
-            WEIGHT_SHAPE_ATTR.to_string(),
-            DEQUANT_AXIS_ATTR.to_string(),
-            DEQUANT_BLOCK_ATTR.to_string(),
-        ],
+        attributes,
         attribute_defaults: Vec::new(),
         opset_imports: vec![OpsetImport {
             domain: String::new(),
             version: opset,
         }],
-        doc_string: "graphopt's CPU runtime: MatMul of quantized activations and an integer \
-                     weight, as an integer GEMM"
-            .into(),
+        doc_string: format!(
+            "graphopt's CPU runtime: {} of quantized activations and an integer weight, on \
+             exact integer sums",
+            if conv { "Conv" } else { "MatMul" }
+        ),
         metadata_props: Vec::new(),
         body: b,
     }

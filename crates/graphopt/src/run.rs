@@ -24,7 +24,9 @@
 //! float32 (`quantized_weights`, `quantized_fused_nodes`,
 //! `quantized_decoded_bytes`); where such a MatMul's activations are
 //! quantized too (DynamicQuantizeLinear or QuantizeLinear, then
-//! DequantizeLinear), it runs as an integer GEMM (`integer_matmuls`).
+//! DequantizeLinear), it runs as an integer GEMM (`integer_matmuls`), and
+//! so does such a Conv (`integer_convs`; with the QuantizeLinear of its
+//! output, and a Relu between, as one QLinearConv, `qlinear_convs`).
 //! `weights_bytes` is the resident weights: the initializers as stored
 //! (packed indices and codebooks), read in place.
 //!
@@ -199,6 +201,11 @@ pub struct RunReport {
     /// MatMuls of quantized activations and integer weights run as integer
     /// GEMMs (exact i32 sums, one scale; CPU only).
     pub integer_matmuls: usize,
+    /// Convs of quantized activations and integer weights run on exact
+    /// integer sums with a float32 output, and those run with the
+    /// QuantizeLinear of their output as one QLinearConv (CPU only).
+    pub integer_convs: usize,
+    pub qlinear_convs: usize,
     /// Palettized or integer weights left to the plain decode nodes (the
     /// field keeps its first name), and
     /// why (a reader the kernels do not cover).
@@ -621,6 +628,8 @@ impl Runner<'_> {
             quantized_fused_nodes: lowering.integer_fused,
             quantized_decoded_bytes: lowering.integer_decoded_bytes,
             integer_matmuls: lowering.integer_matmuls,
+            integer_convs: lowering.integer_convs,
+            qlinear_convs: lowering.qlinear_convs,
             palette_kept: lowering.kept,
             fused_activations: exe.fused_activations(),
             peak_rss_bytes: peak_rss_bytes(),
@@ -713,6 +722,8 @@ fn run_cuda(
         quantized_fused_nodes: 0,
         quantized_decoded_bytes: 0,
         integer_matmuls: 0,
+        integer_convs: 0,
+        qlinear_convs: 0,
         palette_kept: Vec::new(),
         fused_activations: 0,
         peak_rss_bytes: peak_rss_bytes(),
