@@ -27,16 +27,19 @@
 //!   strides, pads, dilations, auto_pad) multiply each group's weight
 //!   `[M/group, k]` (the GEMM's rows, as uint8) by one image's unfolded
 //!   columns `[k, pixels]` (`k = C/group · kh · kw`; padding read as the
-//!   zero point, [`super::conv::im2col_cols_with`]) in tiles of output
-//!   pixels (a tile, its sums and its column sums within [`TILE_BYTES`], at
-//!   least [`MIN_TILE`] pixels; a plain 1x1 whose image fits one tile is
-//!   not unfolded), so the sums come out in the output's layout.
-//!   Per-channel weight zero points that differ are taken out afterwards.
-//!   With one input channel per group (depthwise) the taps are summed
-//!   directly, one output row at a time. Threads take whole (image, group)
-//!   blocks of the output, each with its own workspace slot; when they make
-//!   one part, the GEMM splits its columns (pixels) instead (not the
-//!   depthwise sums, which then run on one thread).
+//!   zero point, [`super::conv::im2col_cols_with`]; a plain 1x1 reads the
+//!   image in place) in tiles of output pixels (a tile, its sums and its
+//!   column sums within [`CONV_TILE_BYTES`], at least [`MIN_TILE`]
+//!   pixels), so the sums come out in the output's layout. Per-channel
+//!   weight zero points that differ are taken out afterwards, and the sums
+//!   requantized 16 at a time on AVX-512 ([`requant_row`]). Threads take
+//!   items of (image and group, tile of pixels, run of output channels),
+//!   each tile whole on one thread with its own workspace slot: the pixels
+//!   are tiled so that the items divide among the threads, and the output
+//!   channels split (in runs of the GEMM's 8 rows) only where the tiles
+//!   would be smaller than [`MIN_TILE`]. With one input channel per group
+//!   (depthwise) the taps are summed directly, one output row at a time,
+//!   threads taking whole (image, group) blocks.
 //! - QLinearMatMul broadcasts batches as MatMul does ([`batches`]) and
 //!   multiplies each in blocks of rows (as tiles are sized). `a`'s scale
 //!   and zero point are per tensor or per row (`[M]` for a 2-D `a`, else
@@ -53,10 +56,13 @@ use crate::tensor::{cast, cast_mut, numel, strides};
 use graphopt_ir::DType;
 use half::{bf16, f16};
 
-/// Bytes of one unfolded tile and its i32 sums (and of one block of
-/// QLinearMatMul's rows with theirs), unless that is fewer than
-/// [`MIN_TILE`] pixels (or [`MIN_ROWS`] rows).
+/// Bytes of one block of QLinearMatMul's rows with their i32 sums, unless
+/// that is fewer than [`MIN_ROWS`] rows.
 const TILE_BYTES: usize = 1 << 20;
+/// Bytes of one convolution tile's unfolded pixels, sums and column sums
+/// (a workspace slot; one slot per thread), unless that is fewer than
+/// [`MIN_TILE`] pixels.
+const CONV_TILE_BYTES: usize = 1 << 19;
 /// Output pixels a tile has at least (four of the GEMM's slivers).
 const MIN_TILE: usize = 64;
 /// Rows of `a` a QLinearMatMul block has at least: the GEMM packs `b` once
@@ -892,7 +898,7 @@ fn conv_kernel(ctx: &NodeCtx, kind: ConvOp) -> Result<Box<dyn Kernel>, String> {
         g,
     };
     let (ohw, units) = (k.g.oh * k.g.ow, k.g.n * group);
-    k.tile = (TILE_BYTES / (k.k() + 4 * k.mg() + 4))
+    k.tile = (CONV_TILE_BYTES / (k.k() + 4 * k.mg() + 4))
         .max(MIN_TILE)
         .min(ohw.max(1));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
