@@ -828,27 +828,64 @@ unsafe fn tile(t: &Tile, rows: usize, wide: bool) {
 #[target_feature(enable = "avx2")]
 unsafe fn finish_tile(t: &Tile, rows: usize) {
     use std::arch::x86_64::*;
+    // One loop per activation and bias, so none tests either per vector.
+    // SAFETY (all arms): the caller's promise, passed on.
+    unsafe {
+        match (t.act, t.bias.is_null()) {
+            (None, true) => {}
+            (None, false) => finish_rows::<true>(t, rows, |v| v),
+            (Some(Activation::Relu), false) => {
+                finish_rows::<true>(t, rows, |v| _mm256_max_ps(v, _mm256_setzero_ps()))
+            }
+            (Some(Activation::Relu), true) => {
+                finish_rows::<false>(t, rows, |v| _mm256_max_ps(v, _mm256_setzero_ps()))
+            }
+            (Some(Activation::Clip { lo, hi }), no_bias) => {
+                let (l, h) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+                let clip = |v| _mm256_min_ps(h, _mm256_max_ps(l, v));
+                if no_bias {
+                    finish_rows::<false>(t, rows, clip)
+                } else {
+                    finish_rows::<true>(t, rows, clip)
+                }
+            }
+        }
+    }
+}
+
+/// [`finish_tile`]'s loops: `c = f(c + bias)` (`BIAS`) or `f(c)`, eight
+/// at a time, the tail one by one through [`Activation::apply`] (the same
+/// arithmetic).
+///
+/// # Safety
+/// As [`finish_tile`]'s.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn finish_rows<const BIAS: bool>(
+    t: &Tile,
+    rows: usize,
+    f: impl Fn(std::arch::x86_64::__m256) -> std::arch::x86_64::__m256,
+) {
+    use std::arch::x86_64::*;
     // SAFETY: the tile's rows and columns lie in `c` (the caller's
     // promise); `bias`, when set, holds the tile's rows.
     unsafe {
         for i in 0..rows {
             let c = t.c.add(i * t.rsc);
-            let b = (!t.bias.is_null()).then(|| *t.bias.add(i));
+            let b = if BIAS { *t.bias.add(i) } else { 0.0 };
+            let bv = _mm256_set1_ps(b);
             let mut j = 0;
             while j + 8 <= t.nr {
                 let mut v = _mm256_loadu_ps(c.add(j));
-                if let Some(b) = b {
-                    v = _mm256_add_ps(v, _mm256_set1_ps(b));
+                if BIAS {
+                    v = _mm256_add_ps(v, bv);
                 }
-                if let Some(act) = t.act {
-                    v = act.apply_m256(v);
-                }
-                _mm256_storeu_ps(c.add(j), v);
+                _mm256_storeu_ps(c.add(j), f(v));
                 j += 8;
             }
             while j < t.nr {
                 let out = &mut *c.add(j);
-                if let Some(b) = b {
+                if BIAS {
                     *out += b;
                 }
                 if let Some(act) = t.act {
