@@ -228,7 +228,19 @@ pub(crate) trait Unfold: Copy {
     }
 }
 
-impl Unfold for u8 {}
+impl Unfold for u8 {
+    /// Stride 1 as one copy; other strides by a stepped iterator (no
+    /// bounds check per element).
+    fn strided(src: &[u8], s: usize, dst: &mut [u8]) {
+        if s == 1 {
+            dst.copy_from_slice(&src[..dst.len()]);
+            return;
+        }
+        for (d, &v) in dst.iter_mut().zip(src.iter().step_by(s)) {
+            *d = v;
+        }
+    }
+}
 
 impl Unfold for f32 {
     /// Stride 1 in fixed blocks of eight (no `memcpy` call per output

@@ -306,13 +306,49 @@ unsafe fn part_vnni(
     j0: usize,
     j1: usize,
 ) {
+    let groups = k4 / 4;
+    PANEL.with(|panel| {
+        let mut panel = panel.borrow_mut();
+        let len = NC.div_ceil(NR) * groups * NR * 4;
+        if panel.len() < len {
+            panel.resize(len, 0);
+        }
+        // SAFETY: the caller's promise, passed on.
+        unsafe { panels_vnni(q, m, xa, k4, rx, w, ep, y, (j0, j1), &mut panel[..len]) };
+    });
+}
+
+thread_local! {
+    /// A thread's packed panel of `w'` ([`part_vnni`]), reused across calls
+    /// (every byte of it is written before it is read).
+    static PANEL: std::cell::RefCell<Vec<i8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`part_vnni`] with its panel.
+///
+/// # Safety
+/// As [`part_vnni`]'s.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn panels_vnni(
+    q: &QWeight,
+    m: usize,
+    xa: &[u8],
+    k4: usize,
+    rx: &[i32],
+    w: &[u8],
+    ep: &Epilogue,
+    y: *mut u32,
+    (j0, j1): (usize, usize),
+    panel: &mut [i8],
+) {
     let n = q.n;
     let groups = k4 / 4;
-    let mut panel = vec![0i8; NC.div_ceil(NR) * groups * NR * 4];
     for pc in (j0..j1).step_by(NC) {
         let nc = NC.min(j1 - pc);
         let slivers = nc.div_ceil(NR);
-        pack(q, w, pc, nc, groups, &mut panel);
+        pack(q, w, pc, nc, groups, panel);
         for i0 in (0..m).step_by(MR) {
             let rows = MR.min(m - i0);
             for s in (0..slivers).step_by(2) {
