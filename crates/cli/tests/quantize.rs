@@ -59,6 +59,15 @@ fn real_models_quantized_run_in_onnxruntime() {
     run_script("quantize_models.py");
 }
 
+/// onnxruntime's QDQ quantization of the testdata CNNs runs in graphopt's
+/// runtime on integer convolutions (every Conv of dequantized activations
+/// and weights but the depthwise ones, on CPUs with AVX-512 VNNI), with
+/// onnxruntime's outputs (`tests-py/ort_quantized_run.py`).
+#[test]
+fn onnxruntime_qdq_models_run_on_integer_convolutions() {
+    run_script("ort_quantized_run.py");
+}
+
 /// Models onnxruntime quantized already (dynamic, QDQ) keep every
 /// integer op and Q/DQ node as it was under `--quantize dynamic`, nothing
 /// they dequantized is quantized again, and the error stays within 1.05x

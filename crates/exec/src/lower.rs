@@ -709,10 +709,13 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
         };
         let m = qt.dims.first().copied().unwrap_or(0);
         let per_channel = st.dims == [m] && matches!(axis, 0 | -4..=-3);
-        let bias_ok = b.is_none_or(|b| {
-            g.constant(b)
-                .is_some_and(|t| t.dtype == DType::F32 && t.dims == [m])
-        });
+        let bias = match b {
+            None => None,
+            Some(b) => match conv_bias(g, b, m) {
+                Some(bias) => Some(bias),
+                None => continue,
+            },
+        };
         // Depthwise convolutions (one input channel per group) stay float:
         // their integer taps run in scalar loops, slower than the float
         // kernels' vectors.
@@ -723,13 +726,12 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
             && nodes.len() == 1
             && st.dtype == DType::F32
             && (st.dims.iter().product::<i64>() == 1 || per_channel)
-            && block == 0
-            && bias_ok;
+            && block == 0;
         if !ok {
             continue;
         }
         let attributes = d.attributes.clone();
-        match requantized(g, r, act[1], m, scale, b) {
+        match requantized(g, r, act[1], m, scale, bias.as_ref()) {
             Some(rq) => {
                 let [xq, xs, xz] = act;
                 let xz = xz.unwrap_or_else(|| zero_of(g, "x_zero_point", DType::U8));
@@ -767,6 +769,21 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
                 linear += 1;
             }
             None => {
+                // A dequantized bias, dequantized here once.
+                let b = match &bias {
+                    Some(Bias {
+                        ints: Some(_),
+                        floats,
+                        ..
+                    }) => {
+                        let raw: Vec<u8> = floats.iter().flat_map(|v| v.to_le_bytes()).collect();
+                        let t =
+                            Tensor::from_raw(DType::F32, vec![m], raw.into()).expect("m floats");
+                        let name = format!("{}_dequantized", g.name(b.expect("a bias")));
+                        Some(g.add_initializer(&name, t))
+                    }
+                    _ => b,
+                };
                 let mut inputs = act.to_vec();
                 inputs.extend([Some(q), Some(scale), zero_point, b]);
                 let mut attributes = attributes;
@@ -781,8 +798,106 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
                 g.remove_value(v);
             }
         }
+        // The bias's Identity and DequantizeLinear nodes nothing reads now.
+        if let (Some(mut v), Some(bias)) = (b, bias) {
+            for n in bias.nodes {
+                if !g.uses(v).is_empty() || g.is_output(v) {
+                    break;
+                }
+                let next = g.node(n).input(0);
+                g.remove_node(n);
+                g.remove_value(v);
+                match next {
+                    Some(x) => v = x,
+                    None => break,
+                }
+            }
+        }
     }
     (float, linear)
+}
+
+/// A Conv's bias `[m]`: a float32 constant, or `DequantizeLinear(bq, bs,
+/// bz?)` of int32 constants (what onnxruntime's QDQ quantizer writes, at
+/// scale `xs · ws[c]`), as float32 values.
+struct Bias {
+    floats: Vec<f32>,
+    /// The nodes from the Conv's bias back to the constant: Identity nodes,
+    /// then the DequantizeLinear if any.
+    nodes: Vec<NodeId>,
+    /// The DequantizeLinear's integers and scales (`bq − bz`, `bs`).
+    ints: Option<(Vec<i64>, Vec<f32>)>,
+}
+
+/// [`Bias`] of value `b`, if it is one (through Identity nodes, which
+/// exporters leave where biases were shared).
+fn conv_bias(g: &Graph, b: ValueId, m: i64) -> Option<Bias> {
+    if let Some((n, _)) = g.producer(b) {
+        let d = g.node(n);
+        if d.op_type == "Identity" && default_domain(&d.domain) {
+            let mut bias = conv_bias(g, d.input(0)?, m)?;
+            bias.nodes.insert(0, n);
+            return Some(bias);
+        }
+    }
+    if let Some(t) = g.constant(b) {
+        return (t.dtype == DType::F32 && t.dims == [m]).then(|| Bias {
+            floats: t
+                .to_f64_vec()
+                .unwrap_or_default()
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
+            nodes: Vec::new(),
+            ints: None,
+        });
+    }
+    let (n, _) = g.producer(b)?;
+    let d = g.node(n);
+    if d.op_type != "DequantizeLinear"
+        || !default_domain(&d.domain)
+        || d.attr_int("block_size").unwrap_or(0) != 0
+    {
+        return None;
+    }
+    let qt = g.constant(d.input(0)?)?;
+    let st = g.constant(d.input(1)?)?;
+    if qt.dtype != DType::I32 || qt.dims != [m] || st.dtype != DType::F32 {
+        return None;
+    }
+    let scales: Vec<f32> = st.to_f64_vec()?.iter().map(|&v| v as f32).collect();
+    if scales.len() != 1 && scales.len() != m as usize {
+        return None;
+    }
+    let zeros = match d.input(2) {
+        None => vec![0; 1],
+        Some(z) => {
+            let zt = g.constant(z)?;
+            if zt.dtype != DType::I32 || zt.dims != st.dims {
+                return None;
+            }
+            zt.to_i64_vec()?
+        }
+    };
+    let at = |v: usize, c: usize| if v == 1 { 0 } else { c };
+    let q = qt.to_i64_vec()?;
+    let ints: Vec<i64> = (0..m as usize)
+        .map(|c| q[c] - zeros[at(zeros.len(), c)])
+        .collect();
+    let bs: Vec<f32> = (0..m as usize)
+        .map(|c| scales[at(scales.len(), c)])
+        .collect();
+    // DequantizeLinear's float32: (q − z) as f32, times the scale.
+    let floats = ints
+        .iter()
+        .zip(&bs)
+        .map(|(&i, &s)| i as i32 as f32 * s)
+        .collect();
+    Some(Bias {
+        floats,
+        nodes: vec![n],
+        ints: Some((ints, bs)),
+    })
 }
 
 /// `q`'s element type.
@@ -820,7 +935,7 @@ fn requantized(
     xs: Option<ValueId>,
     m: i64,
     scale: ValueId,
-    bias: Option<ValueId>,
+    bias: Option<&Bias>,
 ) -> Option<Requantized> {
     let only_reader = |g: &Graph, v: ValueId| -> Option<NodeId> {
         if g.is_output(v) {
@@ -898,7 +1013,7 @@ fn requantized(
     nodes.push(n);
     let bias = match bias {
         None => None,
-        Some(b) => {
+        Some(bias) => {
             let xs = g.constant(xs?)?.to_f64_vec()?[0] as f32;
             let sc: Vec<f32> = g
                 .constant(scale)?
@@ -906,19 +1021,27 @@ fn requantized(
                 .iter()
                 .map(|&v| v as f32)
                 .collect();
-            let bv = g.constant(b)?.to_f64_vec()?;
+            let s = |c: usize| xs * sc[if sc.len() == 1 { 0 } else { c }];
+            // Integers already at the scale QLinearConv adds them at are
+            // taken as they are; anything else is quantized to it.
+            let exact = bias
+                .ints
+                .as_ref()
+                .filter(|(_, bs)| bs.iter().enumerate().all(|(c, &v)| v == s(c)));
             let mut raw = Vec::with_capacity(4 * m as usize);
-            for (c, &v) in bv.iter().enumerate() {
-                let s = (xs * sc[if sc.len() == 1 { 0 } else { c }]) as f64;
-                let qb = (v / s).round_ties_even();
-                if s.is_nan() || s <= 0.0 || qb.is_nan() || qb.abs() >= i32::MAX as f64 {
+            for c in 0..m as usize {
+                let qb = match exact {
+                    Some((ints, _)) => ints[c] as f64,
+                    None => (bias.floats[c] as f64 / s(c) as f64).round_ties_even(),
+                };
+                let sc = s(c);
+                if sc.is_nan() || sc <= 0.0 || qb.is_nan() || qb.abs() >= i32::MAX as f64 {
                     return None;
                 }
                 raw.extend_from_slice(&(qb as i32).to_le_bytes());
             }
-            let name = format!("{}_quantized", g.name(b));
             let t = Tensor::from_raw(DType::I32, vec![m], raw.into()).ok()?;
-            Some(g.add_initializer(&name, t))
+            Some(g.add_initializer("conv_bias_quantized", t))
         }
     };
     Some(Requantized {

@@ -571,3 +571,90 @@ fn quantized_convolutions_run_on_integer_sums() {
         assert!(arena < float_arena, "{arena} B vs {float_arena} B");
     }
 }
+
+/// onnxruntime's QDQ quantizer writes a Conv's bias as
+/// `DequantizeLinear(int32, xs · ws[c])`: with the Conv's QuantizeLinear
+/// the integers go into the QLinearConv as they are (no rounding: the
+/// integer path's output is within a step of the float path's), a bias at
+/// another scale is quantized to it, and without a QuantizeLinear after
+/// it the IntegerConv takes the bias dequantized. No DequantizeLinear is
+/// left in any case.
+#[test]
+fn a_dequantized_int32_bias_is_taken_as_integers() {
+    let (c, m, hw) = (6, 8, 9);
+    let w = ints(m * c * 9, (-127, 127), 31);
+    let ws: Vec<f32> = data(m, 32).iter().map(|v| 0.004 + 0.001 * v).collect();
+    let xs = 0.02f32;
+    let bq = ints(m, (-3000, 3000), 33);
+    for (case, quantized_out) in [("exact", true), ("rescaled", true), ("float out", false)] {
+        let bs: Vec<f32> = ws
+            .iter()
+            .map(|&s| {
+                if case == "rescaled" {
+                    1.5 * xs * s
+                } else {
+                    xs * s
+                }
+            })
+            .collect();
+        let tail = if quantized_out {
+            "yq = QuantizeLinear (h, s2, z2)\ny = DequantizeLinear (yq, s2, z2)"
+        } else {
+            "y = Identity (h)"
+        };
+        let text = format!(
+            "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+             g (float[1, {c}, {hw}, {hw}] x) => (float[1, {m}, {hw}, {hw}] y)\n\
+             <int8[{m}, {c}, 3, 3] Wq = {{{}}}, float[{m}] Ws = {{{}}}, int8[{m}] Wz = {{{}}},\
+              int32[{m}] Bq = {{{}}}, float[{m}] Bs = {{{}}}, int32[{m}] Bz = {{{}}},\
+              float s = {{{xs}}}, uint8 z = {{128}}, float s2 = {{0.02}}, uint8 z2 = {{128}}>\n{{\n\
+             xq = QuantizeLinear (x, s, z)\nxd = DequantizeLinear (xq, s, z)\n\
+             W = DequantizeLinear <axis: int = 0> (Wq, Ws, Wz)\n\
+             B = DequantizeLinear <axis: int = 0> (Bq, Bs, Bz)\n\
+             h = Conv <pads = [1, 1, 1, 1]> (xd, W, B)\n{tail}\n}}",
+            list(&w),
+            list(&ws),
+            list(&vec![0; m]),
+            list(&bq),
+            list(&bs),
+            list(&vec![0; m]),
+        );
+        let model = parse(&text);
+        let x = HostTensor::from_f32(&[1, c, hw, hw], &data(c * hw * hw, 34));
+        let (want, _, _) = run_model(&model, std::slice::from_ref(&x));
+        let (l, r) = lowered(&model);
+        if !graphopt_exec::cpu::qgemm::available() {
+            assert_eq!((r.integer_convs, r.qlinear_convs), (0, 0), "{case}: {r:?}");
+            continue;
+        }
+        let fused = usize::from(quantized_out);
+        assert_eq!(
+            (r.integer_convs, r.qlinear_convs),
+            (1 - fused, fused),
+            "{case}: {r:?}"
+        );
+        let (got, exe, _) = run_model(&l, &[x]);
+        assert_eq!(
+            exe.kernel_count("DequantizeLinear"),
+            fused,
+            "{case}: only y's"
+        );
+        let (g, w) = (got[0].to_f32().unwrap(), want[0].to_f32().unwrap());
+        let worst = g
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let steps = g.iter().zip(&w).filter(|(a, b)| a != b).count();
+        eprintln!("{case}: worst {worst:.2e}, {steps} of {} differ", g.len());
+        if quantized_out {
+            // A requantized value at most one step (0.02) off, for few
+            // values (measured: none).
+            assert!(worst <= 0.0201, "{case}: worst {worst}");
+            assert!(steps * 50 < g.len(), "{case}: {steps} differ");
+        } else {
+            // Float32 rounding of the float path's sums (measured 7.2e-7).
+            assert!(worst < 2.2e-6, "{case}: worst {worst}");
+        }
+    }
+}
