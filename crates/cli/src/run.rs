@@ -130,7 +130,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         }
         if r.integer_matmuls > 0 {
             s += &format!(
-                "quantized   {} MatMul(s) of quantized activations run as integer GEMMs\n",
+                "quantized   {} MatMul/Gemm(s) of quantized activations run as integer GEMMs\n",
                 r.integer_matmuls
             );
         }

@@ -120,11 +120,15 @@ pub const CODED_OPS: &[&str] = &[
     "DequantGemm",
     "DequantGather",
     INTEGER_MATMUL,
+    INTEGER_GEMM,
     INTEGER_CONV,
 ];
 /// A `DequantMatMul` whose activations are quantized too, run as an
 /// integer GEMM ([`integer_matmuls`]).
 pub const INTEGER_MATMUL: &str = "IntegerMatMul";
+/// A `DequantGemm` whose activations are quantized too, with a bias row,
+/// run as an integer GEMM ([`integer_matmuls`]).
+pub const INTEGER_GEMM: &str = "IntegerGemm";
 /// A Conv of quantized activations and an integer weight, run on integer
 /// sums ([`integer_convs`]).
 pub const INTEGER_CONV: &str = "IntegerConv";
@@ -597,7 +601,11 @@ fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueI
     ok.then_some((dq, [Some(xq), Some(xs), xz]))
 }
 
-/// Makes every `DequantMatMul` whose activations are quantized
+/// Makes every `DequantMatMul` (and every `DequantGemm` without transposes,
+/// alpha 1, whose `C` is a row of constants added with beta 1: a float
+/// constant, or a DequantizeLinear of constants, as [`conv_bias`] reads
+/// it; then an `IntegerGemm` adding that row after the scale) whose
+/// activations are quantized
 /// ([`quantized_activation`]) and whose weight is int8/uint8 with
 /// per-tensor or per-column float32 scales an `IntegerMatMul(xq, xs, xz?,
 /// q, scale, zero_point?)`: an integer GEMM (`crate::cpu::qgemm`) that
@@ -610,9 +618,20 @@ fn integer_matmuls(g: &mut Graph) -> usize {
     let mut made = 0;
     for r in order {
         let d = g.node(r);
-        if d.domain != CODED_DOMAIN || d.op_type != "DequantMatMul" {
+        let gemm = d.op_type == "DequantGemm";
+        if d.domain != CODED_DOMAIN || (d.op_type != "DequantMatMul" && !gemm) {
             continue;
         }
+        // A Gemm as a MatMul plus a bias row: no transposes, alpha 1, and
+        // C (if any) a vector of constants added with beta 1.
+        let plain_gemm = d.attr_int("transA").unwrap_or(0) == 0
+            && d.attr_int("transB").unwrap_or(0) == 0
+            && d.attr_float("alpha").unwrap_or(1.0) == 1.0
+            && (d.input(4).is_none() || d.attr_float("beta").unwrap_or(1.0) == 1.0);
+        if gemm && !plain_gemm {
+            continue;
+        }
+        let c = if gemm { d.input(4) } else { None };
         let (Some(a), Some(q), Some(sc)) = (d.input(0), d.input(1), d.input(2)) else {
             continue;
         };
@@ -634,13 +653,46 @@ fn integer_matmuls(g: &mut Graph) -> usize {
         if !ok {
             continue;
         }
+        let n = qt.dims[1];
+        let bias = match c {
+            None => None,
+            Some(c) => match conv_bias(g, c, n) {
+                Some(b) => Some((c, b)),
+                None => continue,
+            },
+        };
+        let wz = d.input(3);
+        let attributes: Vec<Attribute> = d
+            .attributes
+            .iter()
+            .filter(|a| !["transA", "transB", "alpha", "beta"].contains(&a.name.as_str()))
+            .cloned()
+            .collect();
         let mut inputs = act.to_vec();
-        inputs.extend([Some(q), Some(sc), d.input(3)]);
-        let attributes = d.attributes.clone();
-        replace_reader(g, r, INTEGER_MATMUL, inputs, attributes);
+        inputs.extend([Some(q), Some(sc), wz]);
+        let op = match &bias {
+            None => INTEGER_MATMUL,
+            Some((c, b)) => {
+                // A dequantized or passed-through bias, as float constants.
+                let v = if b.nodes.is_empty() {
+                    *c
+                } else {
+                    let raw: Vec<u8> = b.floats.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let t = Tensor::from_raw(DType::F32, vec![n], raw.into()).expect("n floats");
+                    let name = format!("{}_dequantized", g.name(*c));
+                    g.add_initializer(&name, t)
+                };
+                inputs.push(Some(v));
+                INTEGER_GEMM
+            }
+        };
+        replace_reader(g, r, op, inputs, attributes);
         if g.uses(a).is_empty() && !g.is_output(a) {
             g.remove_node(dq);
             g.remove_value(a);
+        }
+        if let Some((c, b)) = bias {
+            remove_unread(g, c, &b.nodes);
         }
         made += 1;
     }
@@ -798,28 +850,35 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
                 g.remove_value(v);
             }
         }
-        // The bias's Identity and DequantizeLinear nodes nothing reads now.
-        if let (Some(mut v), Some(bias)) = (b, bias) {
-            for n in bias.nodes {
-                if !g.uses(v).is_empty() || g.is_output(v) {
-                    break;
-                }
-                let next = g.node(n).input(0);
-                g.remove_node(n);
-                g.remove_value(v);
-                match next {
-                    Some(x) => v = x,
-                    None => break,
-                }
-            }
+        if let (Some(b), Some(bias)) = (b, bias) {
+            remove_unread(g, b, &bias.nodes);
         }
     }
     (float, linear)
 }
 
-/// A Conv's bias `[m]`: a float32 constant, or `DequantizeLinear(bq, bs,
+/// Removes `nodes` (a chain, each reading the next one's output, `v`
+/// the first one's) while nothing reads their outputs: a bias's Identity
+/// and DequantizeLinear nodes once the fused node reads its constants.
+fn remove_unread(g: &mut Graph, mut v: ValueId, nodes: &[NodeId]) {
+    for &n in nodes {
+        if !g.uses(v).is_empty() || g.is_output(v) {
+            break;
+        }
+        let next = g.node(n).input(0);
+        g.remove_node(n);
+        g.remove_value(v);
+        match next {
+            Some(x) => v = x,
+            None => break,
+        }
+    }
+}
+
+/// A Conv's (or Gemm's) bias `[m]`: a float32 constant, or `DequantizeLinear(bq, bs,
 /// bz?)` of int32 constants (what onnxruntime's QDQ quantizer writes, at
-/// scale `xs · ws[c]`), as float32 values.
+/// scale `xs · ws[c]`) or of 8-bit ones (a bias it quantized as an
+/// activation, where an exporter shared it), as float32 values.
 struct Bias {
     floats: Vec<f32>,
     /// The nodes from the Conv's bias back to the constant: Identity nodes,
@@ -862,7 +921,11 @@ fn conv_bias(g: &Graph, b: ValueId, m: i64) -> Option<Bias> {
     }
     let qt = g.constant(d.input(0)?)?;
     let st = g.constant(d.input(1)?)?;
-    if qt.dtype != DType::I32 || qt.dims != [m] || st.dtype != DType::F32 {
+    let int32 = qt.dtype == DType::I32;
+    if !matches!(qt.dtype, DType::I32 | DType::U8 | DType::I8)
+        || qt.dims != [m]
+        || st.dtype != DType::F32
+    {
         return None;
     }
     let scales: Vec<f32> = st.to_f64_vec()?.iter().map(|&v| v as f32).collect();
@@ -873,7 +936,7 @@ fn conv_bias(g: &Graph, b: ValueId, m: i64) -> Option<Bias> {
         None => vec![0; 1],
         Some(z) => {
             let zt = g.constant(z)?;
-            if zt.dtype != DType::I32 || zt.dims != st.dims {
+            if zt.dtype != qt.dtype || zt.dims != st.dims {
                 return None;
             }
             zt.to_i64_vec()?
@@ -896,7 +959,7 @@ fn conv_bias(g: &Graph, b: ValueId, m: i64) -> Option<Bias> {
     Some(Bias {
         floats,
         nodes: vec![n],
-        ints: Some((ints, bs)),
+        ints: int32.then_some((ints, bs)),
     })
 }
 
@@ -1183,7 +1246,7 @@ fn function(op: &str, opset: i64) -> Function {
     fn add(b: &mut Graph, node: NewNode) {
         b.add_node(node).expect("well-formed body");
     }
-    if op == INTEGER_MATMUL || op == INTEGER_CONV {
+    if op == INTEGER_MATMUL || op == INTEGER_GEMM || op == INTEGER_CONV {
         return integer_function(op, opset);
     }
     let palette = op.starts_with(PALETTE_PREFIX);
@@ -1347,10 +1410,12 @@ fn function(op: &str, opset: i64) -> Function {
     }
 }
 
-/// The function of [`INTEGER_MATMUL`] or [`INTEGER_CONV`]: both operands
-/// dequantized, then MatMul, or Conv with its bias.
+/// The function of [`INTEGER_MATMUL`], [`INTEGER_GEMM`] or
+/// [`INTEGER_CONV`]: both operands dequantized, then MatMul (and the bias
+/// added), or Conv with its bias.
 fn integer_function(op: &str, opset: i64) -> Function {
     let conv = op == INTEGER_CONV;
+    let gemm = op == INTEGER_GEMM;
     let mut b = Graph::new(op);
     let names = [
         "xq",
@@ -1378,15 +1443,23 @@ fn integer_function(op: &str, opset: i64) -> Function {
     } else {
         &[]
     };
-    let bias = conv.then(|| b.add_value("B", None).expect("fresh body"));
-    let reader = if let Some(bias) = bias {
-        NewNode::new("Conv").inputs(&[a, w, bias])
+    let bias = (conv || gemm).then(|| b.add_value("B", None).expect("fresh body"));
+    // The MatMul's product before its bias (IntegerGemm), else Y.
+    let product = if gemm {
+        b.add_value("P", None).expect("fresh body")
     } else {
-        NewNode::new("MatMul").inputs(&[a, w])
+        y
+    };
+    let reader = match bias {
+        Some(bias) if conv => NewNode::new("Conv").inputs(&[a, w, bias]),
+        _ => NewNode::new("MatMul").inputs(&[a, w]),
     };
     let reader = passed
         .iter()
         .fold(reader, |n, &(at, k)| n.attr(attr_ref(at, at, k)));
+    let add = bias
+        .filter(|_| gemm)
+        .map(|bias| NewNode::new("Add").inputs(&[product, bias]).outputs(&[y]));
     for node in [
         NewNode::new("DequantizeLinear")
             .inputs(&[xq, xs, xz])
@@ -1402,8 +1475,11 @@ fn integer_function(op: &str, opset: i64) -> Function {
             .inputs(&[q, s32, zp])
             .outputs(&[w])
             .attr(attr_ref("axis", DEQUANT_AXIS_ATTR, AttrKind::Int)),
-        reader.outputs(&[y]),
-    ] {
+        reader.outputs(&[product]),
+    ]
+    .into_iter()
+    .chain(add)
+    {
         b.add_node(node).expect("well-formed body");
     }
     b.inputs = vec![xq, xs, xz, q, sc, zp];
@@ -1430,7 +1506,13 @@ fn integer_function(op: &str, opset: i64) -> Function {
         doc_string: format!(
             "graphopt's CPU runtime: {} of quantized activations and an integer weight, on \
              exact integer sums",
-            if conv { "Conv" } else { "MatMul" }
+            if conv {
+                "Conv"
+            } else if gemm {
+                "MatMul plus a bias row"
+            } else {
+                "MatMul"
+            }
         ),
         metadata_props: Vec::new(),
         body: b,

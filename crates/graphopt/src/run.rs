@@ -198,8 +198,9 @@ pub struct RunReport {
     pub quantized_fused_nodes: usize,
     /// Bytes those weights would take decoded to float32 (not allocated).
     pub quantized_decoded_bytes: u64,
-    /// MatMuls of quantized activations and integer weights run as integer
-    /// GEMMs (exact i32 sums, one scale; CPU only).
+    /// MatMuls (and Gemms with a bias row) of quantized activations and
+    /// integer weights run as integer GEMMs (exact i32 sums, one scale; CPU
+    /// only).
     pub integer_matmuls: usize,
     /// Convs of quantized activations and integer weights run on exact
     /// integer sums with a float32 output, and those run with the

@@ -112,10 +112,21 @@ struct Epilogue {
     b: Vec<i32>,
     /// `xs · ws[j]`; `None`: the i32 sums are the output.
     scale: Option<Vec<f32>>,
+    /// Added after the scale (IntegerGemm's bias), `n` floats.
+    bias: Option<Vec<f32>>,
 }
 
-/// `y[m × n] = (xs·ws) · (x − xz)(w − wz)` (see the module docs), as f32
-/// bits; without `scales` (`(xs, ws)`), the exact sums as i32 bits
+/// The scales of a float output: `xs`, `ws` (one or `n`), and a bias
+/// added after them (`n`, or none).
+#[derive(Clone, Copy)]
+pub struct Scales<'a> {
+    pub xs: f32,
+    pub ws: &'a [f32],
+    pub bias: Option<&'a [f32]>,
+}
+
+/// `y[m × n] = (xs·ws) · (x − xz)(w − wz) (+ bias)` (see the module docs),
+/// as f32 bits; without `scales`, the exact sums as i32 bits
 /// (MatMulInteger). `ws` and `wz` hold one value or `n`; `x` holds `m` rows
 /// of `k`, `y` `m × n`.
 #[allow(clippy::too_many_arguments)]
@@ -126,7 +137,7 @@ pub fn qmatmul(
     xz: i32,
     w: &[u8],
     wz: &[i32],
-    scales: Option<(f32, &[f32])>,
+    scales: Option<Scales>,
     y: &mut [u32],
     threads: usize,
 ) {
@@ -144,11 +155,12 @@ pub fn qmatmul(
         b: (0..n)
             .map(|j| xz.wrapping_mul((k as i32).wrapping_mul(at(wz, j)).wrapping_sub(q.colsum[j])))
             .collect(),
-        scale: scales.map(|(xs, ws)| {
+        scale: scales.map(|s| {
             (0..n)
-                .map(|j| xs * if ws.len() == 1 { ws[0] } else { ws[j] })
+                .map(|j| s.xs * if s.ws.len() == 1 { s.ws[0] } else { s.ws[j] })
                 .collect()
         }),
+        bias: scales.and_then(|s| s.bias).map(|b| b[..n].to_vec()),
     };
     // Row sums, and the rows padded to a multiple of 4 bytes.
     let k4 = k.next_multiple_of(4);
@@ -240,9 +252,10 @@ fn finish(acc: i32, rx: i32, j: usize, ep: &Epilogue) -> u32 {
     let t = acc
         .wrapping_add(rx.wrapping_mul(ep.a[j]))
         .wrapping_add(ep.b[j]);
-    match &ep.scale {
-        Some(s) => (t as f32 * s[j]).to_bits(),
-        None => t as u32,
+    match (&ep.scale, &ep.bias) {
+        (Some(s), None) => (t as f32 * s[j]).to_bits(),
+        (Some(s), Some(b)) => (t as f32 * s[j] + b[j]).to_bits(),
+        (None, _) => t as u32,
     }
 }
 
@@ -523,7 +536,10 @@ unsafe fn micro<const R: usize, const W: usize>(t: &Micro) {
                 match &t.ep.scale {
                     Some(sc) => {
                         let sv = _mm512_maskz_loadu_ps(mask, sc.as_ptr().add(j));
-                        let f = _mm512_mul_ps(_mm512_cvtepi32_ps(tot), sv);
+                        let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(tot), sv);
+                        if let Some(b) = &t.ep.bias {
+                            f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(mask, b.as_ptr().add(j)));
+                        }
                         _mm512_mask_storeu_ps(y as *mut f32, mask, f);
                     }
                     None => _mm512_mask_storeu_epi32(y as *mut i32, mask, tot),
@@ -533,11 +549,13 @@ unsafe fn micro<const R: usize, const W: usize>(t: &Micro) {
     }
 }
 
-/// The kernel of `IntegerMatMul(xq, xs, xz?, q, scale, zero_point?)`
-/// ([`crate::lower`]): `xq` uint8 `[…, k]` with one scale and zero
-/// point (what DynamicQuantizeLinear or a per-tensor QuantizeLinear
-/// makes), `q` a constant int8/uint8 `[k, n]` with per-tensor or
-/// per-column float32 scales; the output float32 `[…, n]`.
+/// The kernel of `IntegerMatMul(xq, xs, xz?, q, scale, zero_point?)` and
+/// `IntegerGemm(xq, xs, xz?, q, scale, zero_point?, B)` ([`crate::lower`]):
+/// `xq` uint8 `[…, k]` with one scale and zero point (what
+/// DynamicQuantizeLinear or a per-tensor QuantizeLinear makes), `q` a
+/// constant int8/uint8 `[k, n]` with per-tensor or per-column float32
+/// scales, `B` float32 `[n]` added to every row; the output float32
+/// `[…, n]`.
 pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let x = ctx.input(0)?;
     let xs = ctx.input(1)?;
@@ -595,6 +613,15 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         .copied()
         .flatten()
         .ok_or("the integer weight is not a constant")?;
+    if let Some(b) = ctx.inputs.get(6).cloned().flatten() {
+        if b.dtype != DType::F32 || b.shape != [n] {
+            return Err(format!(
+                "a bias of {} {:?} for {n} columns (float [{n}])",
+                b.dtype.name(),
+                b.shape
+            ));
+        }
+    }
     let rows = numel(&x.shape) / k.max(1);
     if numel(&ctx.outputs[0].shape) != rows * n {
         return Err(format!(
@@ -626,19 +653,14 @@ impl Kernel for IntegerMatMul {
         let w = io.input(3)?.bytes()?;
         let ws = io.input(4)?.f32()?;
         let wz = zero_points(io.inputs.get(5).copied().flatten())?;
+        let bias = match io.inputs.get(6).copied().flatten() {
+            Some(b) => Some(b.f32()?),
+            None => None,
+        };
         let threads = io.threads;
         let y = cast_mut::<u32>(io.outputs[0].data);
-        qmatmul(
-            &self.q,
-            self.rows,
-            x,
-            xz,
-            w,
-            &wz,
-            Some((xs, ws)),
-            y,
-            threads,
-        );
+        let scales = Scales { xs, ws, bias };
+        qmatmul(&self.q, self.rows, x, xz, w, &wz, Some(scales), y, threads);
         Ok(())
     }
 }
@@ -776,7 +798,12 @@ mod tests {
                     for threads in 1..=3 {
                         let c =
                             format!("{m}x{k}x{n} signed {signed} case {case} threads {threads}");
-                        qmatmul(&q, m, &x, xz, &w, &wz, Some((xs, &ws)), &mut y, threads);
+                        let sc = Scales {
+                            xs,
+                            ws: &ws,
+                            bias: None,
+                        };
+                        qmatmul(&q, m, &x, xz, &w, &wz, Some(sc), &mut y, threads);
                         assert!(y == want, "{c}: scaled");
                         qmatmul(&q, m, &x, xz, &w, &wz, None, &mut y, threads);
                         assert!(y == exact, "{c}: sums");
@@ -795,6 +822,7 @@ mod tests {
                             })
                             .collect(),
                         scale: Some(ws.iter().map(|s| xs * s).collect()),
+                        bias: None,
                     };
                     let k4 = k.next_multiple_of(4);
                     let mut xa = vec![0u8; m * k4];

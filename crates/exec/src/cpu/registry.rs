@@ -500,6 +500,7 @@ pub const KERNELS: &[Entry] = &[
     coded_op("DequantGemm", Types::Of(&[F32])),
     coded_op("DequantMatMul", Types::Of(&[F32])),
     coded_op("IntegerConv", Types::Of(&[U8])).maker(qlinear::integer_conv),
+    coded_op("IntegerGemm", Types::Of(&[U8])).maker(qgemm::kernel),
     coded_op("IntegerMatMul", Types::Of(&[U8])).maker(qgemm::kernel),
     coded_op("PaletteConv", Types::Of(&[F32])),
     coded_op("PaletteGather", Types::Of(&[F32])),
