@@ -23,7 +23,9 @@ Per model, each tool in its own fresh process:
     against onnxruntime's (rel L2 over the float outputs).
 The fp16 rows give both tools the same fp16 file; so do the int8 rows (`--no-int8` skips them):
 each model at batch 1 through `graphopt optimize --quantize dynamic` and `--quantize static`
-(calibrated on the row's inputs, the default 5% error bound), reported like the fp16 rows.
+(calibrated on the row's inputs, the default 5% error bound), and through onnxruntime's own
+`quantize_static` (`ort-qdq`: QDQ format, per-channel int8 weights, uint8 activations, calibrated
+on the row's inputs: the int8 file a user of onnxruntime brings), reported like the fp16 rows.
 
 Training rows (issue 20; `--no-train` skips them): one SGD step of torchvision resnet18 at batch 16
 (224x224), BERT-base (masked-LM head) at batch 8 x 128 and GPT-2 (LM head) at batch 4 x 256, each
@@ -180,6 +182,29 @@ def vs_fp32(row, ref, g_out, o_out) -> None:
         row["onnxruntime_vs_fp32"] = qb.rel_err(fp32, dict(np.load(o_out)))
 
 
+def ort_qdq(src: str, inputs: str, out: str) -> None:
+    """onnxruntime's static QDQ quantization of `src` (per-channel int8 weights, uint8
+    activations), calibrated on the arrays of `inputs`, written atomically to `out`."""
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+    feeds = dict(np.load(inputs))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.done = False
+
+        def get_next(self):
+            if self.done:
+                return None
+            self.done = True
+            return feeds
+
+    tmp = out + ".tmp.onnx"
+    quantize_static(src, tmp, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    os.replace(tmp, out)
+
+
 def mb(n) -> str:
     return "—" if n is None else f"{n / 1e6:.1f} MB"
 
@@ -232,7 +257,8 @@ def main():
                 row["error"] = str(e)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    for name, mode in ([] if a.no_int8 else [(n, m) for n, _ in MODELS[::2] for m in ("dynamic", "static")]):
+    int8_modes = ("dynamic", "static", "ort-qdq")
+    for name, mode in ([] if a.no_int8 else [(n, m) for n, _ in MODELS[::2] for m in int8_modes]):
         row_name = f"{name} b1 int8 {mode}"
         if a.k and not re.search(a.k, row_name):
             continue
@@ -240,7 +266,9 @@ def main():
         try:
             src, _, inputs = prepare(graphopt, name, 1, False, a.timeout)
             q = src[:-5] + f".{mode}.onnx"
-            if not os.path.exists(q):
+            if not os.path.exists(q) and mode == "ort-qdq":
+                ort_qdq(src, inputs, q)
+            elif not os.path.exists(q):
                 sh([*graphopt, "optimize", src, "-o", q, "--quantize", mode, "--calibration", inputs],
                    a.timeout)
             g_out, o_out = run_both(row, q, inputs, tmp, a, graphopt)
