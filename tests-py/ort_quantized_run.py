@@ -9,12 +9,15 @@ inputs) writes what a user brings: every Conv between QuantizeLinear/
 DequantizeLinear pairs, its bias a DequantizeLinear of int32. Then:
   * `graphopt run OUT --inputs IN.inputs.npz --json -o G.npz` runs it; on a CPU
     with AVX-512 VNNI the lowering (crates/exec/src/lower.rs, `integer_convs`)
-    turns every Conv whose activations and weight are dequantized, but the
-    depthwise ones, into an integer convolution (QLinearConv with its output's
+    turns every Conv whose activations and weight are dequantized, but those
+    of one input channel per group (depthwise), into an integer convolution (QLinearConv with its output's
     QuantizeLinear, or IntegerConv), as onnxruntime fuses them; elsewhere none
-  * each output stays within 1e-6 relative L2 of onnxruntime's on the same
-    file (all optimizations on, its QDQ fusions included). Measured: 0, the
-    same bits (graphopt's QLinearConv requantizes as onnxruntime does)
+  * with VNNI, each output stays within 1e-6 relative L2 of onnxruntime's on
+    the same file (all optimizations on, its QDQ fusions included). Measured
+    on an AMD EPYC with AVX-512 VNNI: 0, the same bits (graphopt's QLinearConv
+    requantizes as onnxruntime does). Without VNNI graphopt runs the
+    dequantized float path, whose distance from onnxruntime's integer kernels
+    is printed, not bounded. (VNNI is read from /proc/cpuinfo: Linux.)
 Prints one line per model and finally `N passed, M failed`.
 """
 from __future__ import annotations
@@ -35,8 +38,8 @@ BOUND = 1e-6
 
 
 def integer_eligible(graph) -> int:
-    """Convs reading a DequantizeLinear's activations and weight, not
-    depthwise: what the lowering makes integer."""
+    """Convs reading a DequantizeLinear's activations and weight, with more
+    than one input channel per group: what the lowering makes integer."""
     made = {o: n for n in graph.node for o in n.output}
     dims = {t.name: list(t.dims) for t in graph.initializer}
     count = 0
@@ -46,9 +49,8 @@ def integer_eligible(graph) -> int:
         srcs = [made.get(i) for i in n.input[:2]]
         if not all(s is not None and s.op_type == "DequantizeLinear" for s in srcs):
             continue
-        group = next((a.i for a in n.attribute if a.name == "group"), 1)
         wdims = dims.get(srcs[1].input[0], [])
-        count += not (group > 1 and len(wdims) > 1 and wdims[1] == 1)
+        count += not (len(wdims) > 1 and wdims[1] == 1)
     return count
 
 
@@ -118,7 +120,7 @@ def main() -> int:
                 v = v.astype(np.float64)
                 d = np.linalg.norm(g[k].astype(np.float64) - v)
                 worst = max(worst, float(d / max(np.linalg.norm(v), 1e-30)))
-            ok = integer == want and worst <= BOUND
+            ok = integer == want and (worst <= BOUND or not vnni())
             print(f"{'ok' if ok else 'FAIL'} {name}: {integer} of {convs} Convs on integers "
                   f"(want {want}; {rep['qlinear_convs']} QLinearConv), rel L2 {worst:.2e} "
                   f"against onnxruntime (bound {BOUND:.0e})")

@@ -397,8 +397,9 @@ fn int8_weights_run_fused_as_their_folded_weights() {
         })
         .unwrap();
         let g = &s.model().graph;
-        // Integer weights, but those read by a Conv (which keep their
-        // DequantizeLinear: see `graphopt_exec::lower`).
+        // Integer weights, but those read by a Conv (which the first pass
+        // of `graphopt_exec::lower` leaves to their DequantizeLinear; its
+        // integer Convs come after it and are counted apart).
         let weights = g
             .nodes()
             .map(|n| g.node(n))

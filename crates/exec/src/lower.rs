@@ -55,8 +55,8 @@
 //! Likewise a Conv whose activations are quantized and whose weight is an
 //! 8-bit DequantizeLinear of constants becomes an `IntegerConv` (float32
 //! output) on exact integer sums ([`crate::cpu::qlinear`]), or, where only
-//! a QuantizeLinear (or a Relu, then a QuantizeLinear whose zero point makes
-//! the Relu its saturation) reads it, the standard `QLinearConv` writing
+//! a QuantizeLinear (or a Relu or Clip, then a QuantizeLinear whose
+//! saturation makes it redundant) reads it, the standard `QLinearConv` writing
 //! that QuantizeLinear's output, as onnxruntime fuses the QDQ convolutions
 //! of its quantizers ([`integer_convs`]). The activations then stay 8-bit
 //! from one convolution to the next.
@@ -527,6 +527,10 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
     if crate::cpu::qgemm::available() {
         report.integer_matmuls = integer_matmuls(g);
         (report.integer_convs, report.qlinear_convs) = integer_convs(g);
+        // A chain kept above may have gone with an integer node (a bias's).
+        report
+            .kept
+            .retain(|(name, _)| g.value_by_name(name).is_some());
     }
     // The fused ops the graph holds now (a DequantMatMul may have become an
     // IntegerMatMul).
@@ -673,16 +677,7 @@ fn integer_matmuls(g: &mut Graph) -> usize {
         let op = match &bias {
             None => INTEGER_MATMUL,
             Some((c, b)) => {
-                // A dequantized or passed-through bias, as float constants.
-                let v = if b.nodes.is_empty() {
-                    *c
-                } else {
-                    let raw: Vec<u8> = b.floats.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    let t = Tensor::from_raw(DType::F32, vec![n], raw.into()).expect("n floats");
-                    let name = format!("{}_dequantized", g.name(*c));
-                    g.add_initializer(&name, t)
-                };
-                inputs.push(Some(v));
+                inputs.push(Some(bias_constant(g, *c, b)));
                 INTEGER_GEMM
             }
         };
@@ -701,10 +696,12 @@ fn integer_matmuls(g: &mut Graph) -> usize {
 
 /// Makes every `Conv(DequantizeLinear(xq, xs, xz?), DequantizeLinear(q,
 /// scale, zero_point?), B?)` with quantized activations
-/// ([`quantized_activation`]), a constant int8/uint8 weight with one float32
-/// scale or one per output channel (axis 0) and a constant float32 bias (or
-/// none) a convolution on exact integer sums ([`crate::cpu::qlinear`]),
-/// as onnxruntime runs the QDQ convolutions of its quantizers:
+/// ([`quantized_activation`]), a constant int8/uint8 weight of more than one
+/// input channel per group with one float32 scale or one per output
+/// channel (axis 0), and a bias that is none, a float32 constant or a
+/// DequantizeLinear of constants ([`conv_bias`]), a convolution on exact
+/// integer sums ([`crate::cpu::qlinear`]), as onnxruntime runs the QDQ
+/// convolutions of its quantizers:
 ///
 /// - when the Conv's output is read only by `QuantizeLinear(y, ys, yz)`
 ///   (one constant scale and zero point), or only by a Relu or a Clip
@@ -712,9 +709,12 @@ fn integer_matmuls(g: &mut Graph) -> usize {
 ///   (a Relu: `yz` the lowest value of its type), the three become the standard `QLinearConv(xq, xs, xz, q,
 ///   scale, zero_point, ys, yz, B')` writing the QuantizeLinear's output,
 ///   with the bias quantized at scale `xs · scale[c]` as onnxruntime's
-///   quantizers quantize it (`round_half_even(B[c] / (xs · scale[c]))`,
-///   int32; it needs `xs` constant): the float32 output, the Relu's and the
-///   dequantized operands are never made;
+///   quantizers quantize it (`round_half_even(B[c] / (xs · scale[c]))` in
+///   float32, int32; it needs `xs` constant; int32 constants already at
+///   that scale are taken as they are). Quantizing a float bias moves the
+///   sum by at most half a step of `xs · scale[c]` before the output is
+///   requantized. The float32 output, the Relu's and the dequantized
+///   operands are never made;
 /// - otherwise it becomes `IntegerConv(xq, xs, xz?, q, scale, zero_point?,
 ///   B?)` of [`CODED_DOMAIN`], whose float32 output is `f32(Σ (xq −
 ///   xz)(q − zero_point)) · (xs · scale[c]) + B[c]`.
@@ -741,6 +741,9 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
         let Some((wn, _)) = g.producer(w) else {
             continue;
         };
+        if g.node(wn).op_type != "DequantizeLinear" || !default_domain(&g.node(wn).domain) {
+            continue;
+        }
         let Some(Chain {
             source:
                 Source::Integer {
@@ -760,7 +763,8 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
             continue;
         };
         let m = qt.dims.first().copied().unwrap_or(0);
-        let per_channel = st.dims == [m] && matches!(axis, 0 | -4..=-3);
+        let rank = qt.dims.len() as i64;
+        let per_channel = st.dims == [m] && (if axis < 0 { axis + rank } else { axis }) == 0;
         let bias = match b {
             None => None,
             Some(b) => match conv_bias(g, b, m) {
@@ -768,10 +772,10 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
                 None => continue,
             },
         };
-        // Depthwise convolutions (one input channel per group) stay float:
-        // their integer taps run in scalar loops, slower than the float
-        // kernels' vectors.
-        let depthwise = d.attr_int("group").unwrap_or(1) > 1 && qt.dims.get(1) == Some(&1);
+        // Convolutions of one input channel per group (depthwise, or a
+        // one-channel image) stay float: their integer taps run in scalar
+        // loops, slower than the float kernels' vectors.
+        let depthwise = qt.dims.get(1) == Some(&1);
         let ok = matches!(qt.dtype, DType::I8 | DType::U8)
             && !depthwise
             && (3..=4).contains(&qt.dims.len())
@@ -786,8 +790,8 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
         match requantized(g, r, act[1], m, scale, bias.as_ref()) {
             Some(rq) => {
                 let [xq, xs, xz] = act;
-                let xz = xz.unwrap_or_else(|| zero_of(g, "x_zero_point", DType::U8));
-                let wz = zero_point.unwrap_or_else(|| zero_of(g, "w_zero_point", qt_dtype(g, q)));
+                let xz = xz.unwrap_or_else(|| zero_of(g, DType::U8));
+                let wz = zero_point.unwrap_or_else(|| zero_of(g, qt_dtype(g, q)));
                 let inputs = vec![
                     xq,
                     xs,
@@ -821,19 +825,8 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
                 linear += 1;
             }
             None => {
-                // A dequantized bias, dequantized here once.
-                let b = match &bias {
-                    Some(Bias {
-                        ints: Some(_),
-                        floats,
-                        ..
-                    }) => {
-                        let raw: Vec<u8> = floats.iter().flat_map(|v| v.to_le_bytes()).collect();
-                        let t =
-                            Tensor::from_raw(DType::F32, vec![m], raw.into()).expect("m floats");
-                        let name = format!("{}_dequantized", g.name(b.expect("a bias")));
-                        Some(g.add_initializer(&name, t))
-                    }
+                let b = match (b, &bias) {
+                    (Some(b), Some(bias)) => Some(bias_constant(g, b, bias)),
                     _ => b,
                 };
                 let mut inputs = act.to_vec();
@@ -857,21 +850,56 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
     (float, linear)
 }
 
+/// A bias `b` ([`Bias`]) as one float32 constant: `b` itself where it is
+/// one, else a new initializer of its values (dequantized here once).
+fn bias_constant(g: &mut Graph, b: ValueId, bias: &Bias) -> ValueId {
+    if bias.nodes.is_empty() {
+        return b;
+    }
+    let raw: Vec<u8> = bias.floats.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let n = bias.floats.len() as i64;
+    let t = Tensor::from_raw(DType::F32, vec![n], raw.into()).expect("n floats");
+    let name = format!("{}_dequantized", g.name(b));
+    g.add_initializer(&name, t)
+}
+
 /// Removes `nodes` (a chain, each reading the next one's output, `v`
-/// the first one's) while nothing reads their outputs: a bias's Identity
-/// and DequantizeLinear nodes once the fused node reads its constants.
+/// the first one's) while nothing reads their outputs, and the
+/// initializers they leave unread (or `v` itself, a constant nothing
+/// reads now): a bias's Identity and DequantizeLinear nodes and constants
+/// once the fused node reads its own.
 fn remove_unread(g: &mut Graph, mut v: ValueId, nodes: &[NodeId]) {
+    if nodes.is_empty() {
+        drop_if_unread(g, v);
+    }
     for &n in nodes {
         if !g.uses(v).is_empty() || g.is_output(v) {
             break;
         }
-        let next = g.node(n).input(0);
+        let ins: Vec<ValueId> = g.node(n).inputs().iter().flatten().copied().collect();
         g.remove_node(n);
         g.remove_value(v);
-        match next {
-            Some(x) => v = x,
+        for &i in &ins {
+            drop_if_unread(g, i);
+        }
+        match ins.first() {
+            Some(&x) => v = x,
             None => break,
         }
+    }
+}
+
+/// Removes initializer `v` if nothing reads it and it is neither a graph
+/// input nor an output (the runtime would bind it as a weight).
+fn drop_if_unread(g: &mut Graph, v: ValueId) {
+    if g.is_live_value(v)
+        && g.initializer(v).is_some()
+        && g.uses(v).is_empty()
+        && !g.is_input(v)
+        && !g.is_output(v)
+    {
+        g.take_initializer(v);
+        g.remove_value(v);
     }
 }
 
@@ -968,11 +996,19 @@ fn qt_dtype(g: &Graph, q: ValueId) -> DType {
     g.constant(q).map_or(DType::U8, |t| t.dtype)
 }
 
-/// A new scalar zero of type `t`.
-fn zero_of(g: &mut Graph, hint: &str, t: DType) -> ValueId {
+/// A scalar zero of type `t` (8-bit), one initializer shared by every
+/// node that needs it.
+fn zero_of(g: &mut Graph, t: DType) -> ValueId {
+    let name = format!("graphopt_exec_zero_{}", t.name());
+    if let Some(v) = g
+        .value_by_name(&name)
+        .filter(|&v| g.initializer(v).is_some())
+    {
+        return v;
+    }
     let raw = vec![0u8; t.storage_bytes(1).unwrap_or(1) as usize];
     let z = Tensor::from_raw(t, vec![], raw.into()).expect("one element");
-    g.add_initializer(hint, z)
+    g.add_initializer(&name, z)
 }
 
 /// What [`requantized`] found after a Conv.
@@ -1093,9 +1129,10 @@ fn requantized(
                 .filter(|(_, bs)| bs.iter().enumerate().all(|(c, &v)| v == s(c)));
             let mut raw = Vec::with_capacity(4 * m as usize);
             for c in 0..m as usize {
+                // In float32, as onnxruntime's quantizers divide.
                 let qb = match exact {
                     Some((ints, _)) => ints[c] as f64,
-                    None => (bias.floats[c] as f64 / s(c) as f64).round_ties_even(),
+                    None => (bias.floats[c] / s(c)).round_ties_even() as f64,
                 };
                 let sc = s(c);
                 if sc.is_nan() || sc <= 0.0 || qb.is_nan() || qb.abs() >= i32::MAX as f64 {

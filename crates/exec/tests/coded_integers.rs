@@ -574,10 +574,10 @@ fn quantized_convolutions_run_on_integer_sums() {
 
 /// onnxruntime's QDQ quantizer writes a Conv's bias as
 /// `DequantizeLinear(int32, xs · ws[c])`: with the Conv's QuantizeLinear
-/// the integers go into the QLinearConv as they are (no rounding: the
-/// integer path's output is within a step of the float path's), a bias at
-/// another scale is quantized to it, and without a QuantizeLinear after
-/// it the IntegerConv takes the bias dequantized. No DequantizeLinear is
+/// the integers go into the QLinearConv as they are (checked on the
+/// lowered node; the output is within a step of the float path's), a bias
+/// at another scale is requantized to it, and without a QuantizeLinear
+/// after it the IntegerConv takes the bias dequantized. No DequantizeLinear is
 /// left in any case.
 #[test]
 fn a_dequantized_int32_bias_is_taken_as_integers() {
@@ -633,6 +633,30 @@ fn a_dequantized_int32_bias_is_taken_as_integers() {
             (1 - fused, fused),
             "{case}: {r:?}"
         );
+        if quantized_out {
+            // The QLinearConv's int32 bias: Bq itself at its own scale,
+            // else requantized (in float32, as onnxruntime divides).
+            let g = &l.graph;
+            let qc = g
+                .nodes()
+                .find(|&n| g.node(n).op_type == "QLinearConv")
+                .expect("fused");
+            let got = g
+                .constant(g.node(qc).input(8).unwrap())
+                .unwrap()
+                .to_i64_vec()
+                .unwrap();
+            let want: Vec<i64> = (0..m)
+                .map(|c| match case {
+                    "exact" => bq[c],
+                    _ => ((bq[c] as f32 * bs[c]) / (xs * ws[c])).round_ties_even() as i64,
+                })
+                .collect();
+            assert_eq!(got, want, "{case}: the QLinearConv's bias");
+            if case == "rescaled" {
+                assert_ne!(got, bq, "rescaled: not the integers as they are");
+            }
+        }
         let (got, exe, _) = run_model(&l, &[x]);
         assert_eq!(
             exe.kernel_count("DequantizeLinear"),

@@ -26,7 +26,7 @@
 //! quantized too (DynamicQuantizeLinear or QuantizeLinear, then
 //! DequantizeLinear), it runs as an integer GEMM (`integer_matmuls`), and
 //! so does such a Conv (`integer_convs`; with the QuantizeLinear of its
-//! output, and a Relu between, as one QLinearConv, `qlinear_convs`).
+//! output, and a Relu or Clip between, as one QLinearConv, `qlinear_convs`).
 //! `weights_bytes` is the resident weights: the initializers as stored
 //! (packed indices and codebooks), read in place.
 //!
