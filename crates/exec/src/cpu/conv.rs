@@ -236,6 +236,7 @@ impl Unfold for u8 {
             dst.copy_from_slice(&src[..dst.len()]);
             return;
         }
+        debug_assert!(dst.is_empty() || src.len() > (dst.len() - 1) * s);
         for (d, &v) in dst.iter_mut().zip(src.iter().step_by(s)) {
             *d = v;
         }

@@ -405,7 +405,7 @@ impl ConvOp {
     }
 }
 
-/// QLinearConv or ConvInteger.
+/// QLinearConv, ConvInteger or IntegerConv.
 struct QConv {
     g: Window,
     m: usize,
@@ -417,8 +417,8 @@ struct QConv {
     scales: DType,
     x_signed: bool,
     w_signed: bool,
-    /// Output pixels per unfolded tile (all of them for a plain 1x1,
-    /// which is not unfolded), and workspace slots.
+    /// Output pixels per tile at most (a run may take smaller tiles so
+    /// that they divide among its threads), and workspace slots.
     tile: usize,
     slots: usize,
     /// A constant int8 weight as uint8 (`w ^ 0x80`).
@@ -466,8 +466,8 @@ impl QConv {
         self.cg() == 1
     }
 
-    /// A 1x1 window of stride 1 without padding, one tile an image: the
-    /// image is its own unfolded matrix.
+    /// A 1x1 window of stride 1 without padding: the image is its own
+    /// unfolded matrix, each tile read in place at the image's row stride.
     fn plain(&self) -> bool {
         self.g.plain_1x1()
     }
@@ -741,6 +741,10 @@ impl Kernel for QConv {
         };
         let items = units * tiles * row_parts;
         let small = units * ohw * mg * self.k() < par::MIN_ELEMS;
+        assert!(
+            tile <= self.tile && io.workspace.len() >= self.slots * slot,
+            "quantized convolution workspace"
+        );
         let parts = if small {
             1
         } else {
