@@ -184,24 +184,11 @@ def vs_fp32(row, ref, g_out, o_out) -> None:
 
 def ort_qdq(src: str, inputs: str, out: str) -> None:
     """onnxruntime's static QDQ quantization of `src` (per-channel int8 weights, uint8
-    activations), calibrated on the arrays of `inputs`, written atomically to `out`."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
-    feeds = dict(np.load(inputs))
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.done = False
-
-        def get_next(self):
-            if self.done:
-                return None
-            self.done = True
-            return feeds
-
+    activations; tests-py/ort_quantized_run.py's), calibrated on the arrays of `inputs`,
+    written atomically to `out`."""
+    from ort_quantized_run import quantize
     tmp = out + ".tmp.onnx"
-    quantize_static(src, tmp, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    quantize(src, dict(np.load(inputs)), tmp)
     os.replace(tmp, out)
 
 
