@@ -1263,6 +1263,16 @@ fn replace_node(
     }
 }
 
+/// A Conv's attributes, which the fused Conv nodes' functions pass on.
+const CONV_ATTRS: &[(&str, AttrKind)] = &[
+    ("auto_pad", AttrKind::String),
+    ("dilations", AttrKind::Ints),
+    ("group", AttrKind::Int),
+    ("kernel_shape", AttrKind::Ints),
+    ("pads", AttrKind::Ints),
+    ("strides", AttrKind::Ints),
+];
+
 fn attr_ref(name: &str, attr: &str, kind: AttrKind) -> Attribute {
     Attribute::new(
         name,
@@ -1398,17 +1408,7 @@ fn function(op: &str, opset: i64) -> Function {
                 ("transB", AttrKind::Int),
             ],
         ),
-        "Conv" => (
-            NewNode::new("Conv").inputs(&[first, w, last]),
-            &[
-                ("auto_pad", AttrKind::String),
-                ("dilations", AttrKind::Ints),
-                ("group", AttrKind::Int),
-                ("kernel_shape", AttrKind::Ints),
-                ("pads", AttrKind::Ints),
-                ("strides", AttrKind::Ints),
-            ],
-        ),
+        "Conv" => (NewNode::new("Conv").inputs(&[first, w, last]), CONV_ATTRS),
         _ => (
             NewNode::new("Gather").inputs(&[w, last]),
             &[("axis", AttrKind::Int)],
@@ -1468,18 +1468,7 @@ fn integer_function(op: &str, opset: i64) -> Function {
     ];
     let [xq, xs, xz, q, sc, zp, a, s32, w, y] =
         names.map(|n| b.add_value(n, None).expect("fresh body"));
-    let passed: &[(&str, AttrKind)] = if conv {
-        &[
-            ("auto_pad", AttrKind::String),
-            ("dilations", AttrKind::Ints),
-            ("group", AttrKind::Int),
-            ("kernel_shape", AttrKind::Ints),
-            ("pads", AttrKind::Ints),
-            ("strides", AttrKind::Ints),
-        ]
-    } else {
-        &[]
-    };
+    let passed: &[(&str, AttrKind)] = if conv { CONV_ATTRS } else { &[] };
     let bias = (conv || gemm).then(|| b.add_value("B", None).expect("fresh body"));
     // The MatMul's product before its bias (IntegerGemm), else Y.
     let product = if gemm {

@@ -401,13 +401,7 @@ fn quantized_activations_times_integer_weights_run_as_integer_gemms() {
                     "{c}"
                 );
                 let (g, w) = (got[0].to_f32().unwrap(), want[0].to_f32().unwrap());
-                let d: f64 = g
-                    .iter()
-                    .zip(&w)
-                    .map(|(a, b)| ((a - b) as f64).powi(2))
-                    .sum();
-                let s: f64 = w.iter().map(|b| (*b as f64).powi(2)).sum();
-                let rel = (d / s).sqrt();
+                let rel = graphopt_testutil::rel_l2(&g, &w);
                 eprintln!("{c}: rel L2 {rel:.2e} against the float path, arena {arena} B (float path {float_arena} B)");
                 // Measured 2.6e-7 to 2.7e-7.
                 assert!(rel < 8e-7, "{c}: rel L2 {rel}");
@@ -541,13 +535,7 @@ fn quantized_convolutions_run_on_integer_sums() {
         assert_eq!(exe.kernel_count("Relu"), 1 - fused);
         assert_eq!(exe.kernel_count("DequantizeLinear"), 0);
         let (g, w) = (got[0].to_f32().unwrap(), want[0].to_f32().unwrap());
-        let d: f64 = g
-            .iter()
-            .zip(&w)
-            .map(|(a, b)| ((a - b) as f64).powi(2))
-            .sum();
-        let s: f64 = w.iter().map(|b| (*b as f64).powi(2)).sum();
-        let rel = (d / s).sqrt();
+        let rel = graphopt_testutil::rel_l2(&g, &w);
         let worst = g
             .iter()
             .zip(&w)
@@ -752,13 +740,7 @@ fn quantized_gemms_with_a_bias_run_as_integer_gemms() {
                 assert_eq!(exe.kernel_count("Identity"), 0, "{c}");
             }
             let (g, w) = (got[0].to_f32().unwrap(), want[0].to_f32().unwrap());
-            let d: f64 = g
-                .iter()
-                .zip(&w)
-                .map(|(a, b)| ((a - b) as f64).powi(2))
-                .sum();
-            let s: f64 = w.iter().map(|b| (*b as f64).powi(2)).sum();
-            let rel = (d / s).sqrt();
+            let rel = graphopt_testutil::rel_l2(&g, &w);
             eprintln!("{c}: rel L2 {rel:.2e} against the float path");
             // Measured at most 1.1e-7.
             assert!(rel < 3.5e-7, "{c}: rel L2 {rel}");

@@ -323,6 +323,23 @@ pub fn uniform(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// `‖got − want‖ / ‖want‖`, summed in f64 (0 for an all-zero `want` equal
+/// to `got`).
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "rel_l2 of different lengths");
+    let d: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
+    let s: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    if d == 0.0 {
+        0.0
+    } else {
+        (d / s).sqrt()
+    }
+}
+
 /// Whether `a` and `b` hold the same floats bit for bit (NaNs and signed
 /// zeros included), and as many.
 pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
