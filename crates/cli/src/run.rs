@@ -142,6 +142,13 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 r.qlinear_convs
             );
         }
+        if r.moved_pairs > 0 {
+            s += &format!(
+                "quantized   {} DequantizeLinear/QuantizeLinear pair(s) around Reshape/Transpose-like \
+                 nodes dropped (they move the 8-bit values)\n",
+                r.moved_pairs
+            );
+        }
         for (w, why) in &r.palette_kept {
             s += &format!("coded       {w}: decoded whole by its plain nodes ({why})\n");
         }

@@ -169,6 +169,9 @@ pub struct CodedLowering {
     /// `QLinearConv` (with the QuantizeLinear of their output).
     pub integer_convs: usize,
     pub qlinear_convs: usize,
+    /// DequantizeLinear/QuantizeLinear pairs of one scale and zero point
+    /// around a data-movement node, dropped ([`drop_moved_pairs`]).
+    pub moved_pairs: usize,
     /// Coded weights left to the plain nodes, and why.
     pub kept: Vec<(String, String)>,
 }
@@ -522,6 +525,7 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
             }
         }
     }
+    report.moved_pairs = drop_moved_pairs(g);
     // Without VNNI the integer GEMM's portable loop is slower than the
     // float path: the MatMuls stay DequantMatMul there.
     if crate::cpu::qgemm::available() {
@@ -600,7 +604,9 @@ fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueI
                 && scalar(xs, DType::F32)
                 && xz.is_none_or(|z| scalar(z, DType::U8))
         }
-        _ => false,
+        // Anything else (a Reshape or Transpose of uint8 values,
+        // [`drop_moved_pairs`]): a uint8 zero point says `xq` is uint8.
+        _ => scalar(xs, DType::F32) && xz.is_some_and(|z| scalar(z, DType::U8)),
     };
     ok.then_some((dq, [Some(xq), Some(xs), xz]))
 }
@@ -991,6 +997,112 @@ fn conv_bias(g: &Graph, b: ValueId, m: i64) -> Option<Bias> {
     })
 }
 
+/// Nodes that only move elements (a quantized value's DequantizeLinear and
+/// QuantizeLinear around them with one scale and zero point cancel).
+const MOVES: &[&str] = &[
+    "Flatten",
+    "Identity",
+    "Reshape",
+    "Squeeze",
+    "Transpose",
+    "Unsqueeze",
+];
+
+/// Drops every `DequantizeLinear(xq, s, z)` → move → `QuantizeLinear(·, s,
+/// z)` pair around a node that only moves elements ([`MOVES`]: Reshape,
+/// Transpose, ...) with one scale and zero point, constants equal on
+/// both sides: the move then runs on `xq` itself and writes the
+/// QuantizeLinear's output, as onnxruntime drops such pairs from its QDQ
+/// graphs. Exact: `round((xq − z)·s / s) + z = xq` for every 8-bit value
+/// (the product's rounding is far below half a step). The activations
+/// stay 8-bit, and two passes over them go. Returns how many.
+fn drop_moved_pairs(g: &mut Graph) -> usize {
+    let order: Vec<NodeId> = g.order().to_vec();
+    let mut dropped = 0;
+    for n in order {
+        if !g.is_live_node(n) {
+            continue;
+        }
+        let d = g.node(n);
+        if !MOVES.contains(&d.op_type.as_str()) || !default_domain(&d.domain) {
+            continue;
+        }
+        let (Some(a), Some(out)) = (d.input(0), d.output(0)) else {
+            continue;
+        };
+        let Some((dq, _)) = g.producer(a) else {
+            continue;
+        };
+        let Some(q) = sole_reader(g, out) else {
+            continue;
+        };
+        let (dd, qd) = (g.node(dq), g.node(q));
+        let single =
+            !g.is_output(a) && matches!(g.uses(a), [Use::Input { node, slot: 0 }] if *node == n);
+        if dd.op_type != "DequantizeLinear"
+            || qd.op_type != "QuantizeLinear"
+            || !default_domain(&dd.domain)
+            || !default_domain(&qd.domain)
+            || !single
+            || dd.attr_int("block_size").unwrap_or(0) != 0
+            || qd.attr_int("block_size").unwrap_or(0) != 0
+            || qd.attr_int("saturate").is_some_and(|v| v != 1)
+        {
+            continue;
+        }
+        let (Some(xq), Some(s), z) = (dd.input(0), dd.input(1), dd.input(2)) else {
+            continue;
+        };
+        let (Some(s2), z2, Some(qo)) = (qd.input(1), qd.input(2), qd.output(0)) else {
+            continue;
+        };
+        // One scale and zero point, equal constants on both sides, and the
+        // QuantizeLinear's output of the zero point's (8-bit) type.
+        let scalar = |v: ValueId| {
+            g.constant(v)
+                .filter(|t| t.dims.iter().product::<i64>() == 1)
+        };
+        let same = |x: ValueId, y: ValueId| {
+            x == y
+                || matches!((scalar(x), scalar(y)), (Some(a), Some(b)) if a.dtype == b.dtype && a.raw() == b.raw())
+        };
+        let zero_type = z.and_then(&scalar).map(|t| t.dtype);
+        let ok = scalar(s).is_some_and(|t| t.dtype == DType::F32)
+            && same(s, s2)
+            && match (z, z2) {
+                (Some(z), Some(z2)) => same(z, z2),
+                _ => false,
+            }
+            && matches!(zero_type, Some(DType::U8 | DType::I8))
+            && qd
+                .attr_int("output_dtype")
+                .is_none_or(|t| Some(t) == zero_type.map(|d| d.to_onnx() as i64));
+        if !ok {
+            continue;
+        }
+        g.remove_node(q);
+        g.set_input(n, 0, Some(xq));
+        g.set_output(n, 0, Some(qo));
+        g.remove_value(out);
+        g.remove_node(dq);
+        g.remove_value(a);
+        dropped += 1;
+    }
+    dropped
+}
+
+/// The node that alone reads `v` (at its first input slot), if `v` is no
+/// graph output.
+fn sole_reader(g: &Graph, v: ValueId) -> Option<NodeId> {
+    if g.is_output(v) {
+        return None;
+    }
+    match g.uses(v) {
+        [Use::Input { node, slot: 0 }] => Some(*node),
+        _ => None,
+    }
+}
+
 /// `q`'s element type.
 fn qt_dtype(g: &Graph, q: ValueId) -> DType {
     g.constant(q).map_or(DType::U8, |t| t.dtype)
@@ -1036,18 +1148,9 @@ fn requantized(
     scale: ValueId,
     bias: Option<&Bias>,
 ) -> Option<Requantized> {
-    let only_reader = |g: &Graph, v: ValueId| -> Option<NodeId> {
-        if g.is_output(v) {
-            return None;
-        }
-        match g.uses(v) {
-            [Use::Input { node, slot: 0 }] => Some(*node),
-            _ => None,
-        }
-    };
     let y = g.node(r).output(0)?;
     let mut nodes = Vec::new();
-    let mut n = only_reader(g, y)?;
+    let mut n = sole_reader(g, y)?;
     // A Relu (bounds 0, ∞) or a Clip of constant bounds before the
     // QuantizeLinear.
     let bounds = |g: &Graph, n: NodeId| -> Option<(f64, f64)> {
@@ -1075,7 +1178,7 @@ fn requantized(
     let clip = bounds(g, n);
     if clip.is_some() {
         nodes.push(n);
-        n = only_reader(g, g.node(n).output(0)?)?;
+        n = sole_reader(g, g.node(n).output(0)?)?;
     }
     let qd = g.node(n);
     if qd.op_type != "QuantizeLinear" || !default_domain(&qd.domain) {

@@ -207,6 +207,9 @@ pub struct RunReport {
     /// QuantizeLinear of their output as one QLinearConv (CPU only).
     pub integer_convs: usize,
     pub qlinear_convs: usize,
+    /// DequantizeLinear/QuantizeLinear pairs around a Reshape, Transpose or
+    /// other data-movement node, dropped: the move runs on 8-bit values.
+    pub moved_pairs: usize,
     /// Palettized or integer weights left to the plain decode nodes (the
     /// field keeps its first name), and
     /// why (a reader the kernels do not cover).
@@ -631,6 +634,7 @@ impl Runner<'_> {
             integer_matmuls: lowering.integer_matmuls,
             integer_convs: lowering.integer_convs,
             qlinear_convs: lowering.qlinear_convs,
+            moved_pairs: lowering.moved_pairs,
             palette_kept: lowering.kept,
             fused_activations: exe.fused_activations(),
             peak_rss_bytes: peak_rss_bytes(),
@@ -725,6 +729,7 @@ fn run_cuda(
         integer_matmuls: 0,
         integer_convs: 0,
         qlinear_convs: 0,
+        moved_pairs: 0,
         palette_kept: Vec::new(),
         fused_activations: 0,
         peak_rss_bytes: peak_rss_bytes(),
