@@ -567,8 +567,10 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
 
 /// `a` as `DequantizeLinear(xq, xs, xz?)` of uint8 activations with one
 /// scale and zero point: `xq` from DynamicQuantizeLinear, or from a
-/// QuantizeLinear (or QLinearConv) to uint8; `xs` and `xz` that node's
-/// outputs or scalar constants. Returns the DequantizeLinear and `[xq, xs, xz]`.
+/// QuantizeLinear (or QLinearConv) to uint8, `xs` and `xz` that node's
+/// outputs or scalar constants; or from any other node (a Reshape of 8-bit
+/// values, [`drop_moved_pairs`]) where a uint8 scalar zero point says `xq`
+/// is uint8. Returns the DequantizeLinear and `[xq, xs, xz]`.
 fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueId>; 3])> {
     let (dq, _) = g.producer(a)?;
     let d = g.node(dq);
@@ -1014,7 +1016,9 @@ const MOVES: &[&str] = &[
 /// both sides: the move then runs on `xq` itself and writes the
 /// QuantizeLinear's output, as onnxruntime drops such pairs from its QDQ
 /// graphs. Exact: `round((xq − z)·s / s) + z = xq` for every 8-bit value
-/// (the product's rounding is far below half a step). The activations
+/// (the product's rounding is far below half a step) when the
+/// DequantizeLinear's output is float32 and `s` finite and non-zero with
+/// `255·s` finite, as required here. The activations
 /// stay 8-bit, and two passes over them go. Returns how many.
 fn drop_moved_pairs(g: &mut Graph) -> usize {
     let order: Vec<NodeId> = g.order().to_vec();
@@ -1045,6 +1049,9 @@ fn drop_moved_pairs(g: &mut Graph) -> usize {
             || !default_domain(&qd.domain)
             || !single
             || dd.attr_int("block_size").unwrap_or(0) != 0
+            || dd
+                .attr_int("output_dtype")
+                .is_some_and(|t| t != DType::F32.to_onnx() as i64)
             || qd.attr_int("block_size").unwrap_or(0) != 0
             || qd.attr_int("saturate").is_some_and(|v| v != 1)
         {
@@ -1067,7 +1074,17 @@ fn drop_moved_pairs(g: &mut Graph) -> usize {
                 || matches!((scalar(x), scalar(y)), (Some(a), Some(b)) if a.dtype == b.dtype && a.raw() == b.raw())
         };
         let zero_type = z.and_then(&scalar).map(|t| t.dtype);
-        let ok = scalar(s).is_some_and(|t| t.dtype == DType::F32)
+        // A finite, non-zero scale whose products with 8-bit values stay
+        // finite (else the float path makes NaN or saturates, and the pair
+        // is not the identity).
+        let usable = |t: &graphopt_ir::Tensor| {
+            t.dtype == DType::F32
+                && t.to_f64_vec().is_some_and(|v| {
+                    let s = v[0] as f32;
+                    s != 0.0 && (s.abs() * 255.0).is_finite()
+                })
+        };
+        let ok = scalar(s).is_some_and(usable)
             && same(s, s2)
             && match (z, z2) {
                 (Some(z), Some(z2)) => same(z, z2),
