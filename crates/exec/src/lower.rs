@@ -581,10 +581,7 @@ fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueI
     let (p, slot) = g.producer(xq)?;
     let pd = g.node(p);
     let from = |v: ValueId, k: u32| g.producer(v) == Some((p, k));
-    let scalar = |v: ValueId, t: DType| {
-        g.constant(v)
-            .is_some_and(|c| c.dtype == t && c.dims.iter().product::<i64>() == 1)
-    };
+    let scalar = |v: ValueId, t: DType| scalar_constant(g, v).is_some_and(|c| c.dtype == t);
     let ok = match pd.op_type.as_str() {
         "DynamicQuantizeLinear" if default_domain(&pd.domain) && slot == 0 => {
             (from(xs, 1) || scalar(xs, DType::F32))
@@ -615,7 +612,7 @@ fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueI
 
 /// Makes every `DequantMatMul` (and every `DequantGemm` without transposes,
 /// alpha 1, whose `C` is a row of constants added with beta 1: a float
-/// constant, or a DequantizeLinear of constants, as [`conv_bias`] reads
+/// constant, or a DequantizeLinear of constants, as [`constant_bias`] reads
 /// it; then an `IntegerGemm` adding that row after the scale) whose
 /// activations are quantized
 /// ([`quantized_activation`]) and whose weight is int8/uint8 with
@@ -668,7 +665,7 @@ fn integer_matmuls(g: &mut Graph) -> usize {
         let n = qt.dims[1];
         let bias = match c {
             None => None,
-            Some(c) => match conv_bias(g, c, n) {
+            Some(c) => match constant_bias(g, c, n) {
                 Some(b) => Some((c, b)),
                 None => continue,
             },
@@ -707,7 +704,7 @@ fn integer_matmuls(g: &mut Graph) -> usize {
 /// ([`quantized_activation`]), a constant int8/uint8 weight of more than one
 /// input channel per group with one float32 scale or one per output
 /// channel (axis 0), and a bias that is none, a float32 constant or a
-/// DequantizeLinear of constants ([`conv_bias`]), a convolution on exact
+/// DequantizeLinear of constants ([`constant_bias`]), a convolution on exact
 /// integer sums ([`crate::cpu::qlinear`]), as onnxruntime runs the QDQ
 /// convolutions of its quantizers:
 ///
@@ -770,12 +767,12 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
         let (Some(qt), Some(st)) = (g.constant(q), g.constant(scale)) else {
             continue;
         };
-        let m = qt.dims.first().copied().unwrap_or(0);
+        let (m, q_type) = (qt.dims.first().copied().unwrap_or(0), qt.dtype);
         let rank = qt.dims.len() as i64;
         let per_channel = st.dims == [m] && (if axis < 0 { axis + rank } else { axis }) == 0;
         let bias = match b {
             None => None,
-            Some(b) => match conv_bias(g, b, m) {
+            Some(b) => match constant_bias(g, b, m) {
                 Some(bias) => Some(bias),
                 None => continue,
             },
@@ -799,7 +796,7 @@ fn integer_convs(g: &mut Graph) -> (usize, usize) {
             Some(rq) => {
                 let [xq, xs, xz] = act;
                 let xz = xz.unwrap_or_else(|| zero_of(g, DType::U8));
-                let wz = zero_point.unwrap_or_else(|| zero_of(g, qt_dtype(g, q)));
+                let wz = zero_point.unwrap_or_else(|| zero_of(g, q_type));
                 let inputs = vec![
                     xq,
                     xs,
@@ -926,11 +923,11 @@ struct Bias {
 
 /// [`Bias`] of value `b`, if it is one (through Identity nodes, which
 /// exporters leave where biases were shared).
-fn conv_bias(g: &Graph, b: ValueId, m: i64) -> Option<Bias> {
+fn constant_bias(g: &Graph, b: ValueId, m: i64) -> Option<Bias> {
     if let Some((n, _)) = g.producer(b) {
         let d = g.node(n);
         if d.op_type == "Identity" && default_domain(&d.domain) {
-            let mut bias = conv_bias(g, d.input(0)?, m)?;
+            let mut bias = constant_bias(g, d.input(0)?, m)?;
             bias.nodes.insert(0, n);
             return Some(bias);
         }
@@ -1041,8 +1038,7 @@ fn drop_moved_pairs(g: &mut Graph) -> usize {
             continue;
         };
         let (dd, qd) = (g.node(dq), g.node(q));
-        let single =
-            !g.is_output(a) && matches!(g.uses(a), [Use::Input { node, slot: 0 }] if *node == n);
+        let single = sole_reader(g, a) == Some(n);
         if dd.op_type != "DequantizeLinear"
             || qd.op_type != "QuantizeLinear"
             || !default_domain(&dd.domain)
@@ -1065,10 +1061,7 @@ fn drop_moved_pairs(g: &mut Graph) -> usize {
         };
         // One scale and zero point, equal constants on both sides, and the
         // QuantizeLinear's output of the zero point's (8-bit) type.
-        let scalar = |v: ValueId| {
-            g.constant(v)
-                .filter(|t| t.dims.iter().product::<i64>() == 1)
-        };
+        let scalar = |v: ValueId| scalar_constant(g, v);
         let same = |x: ValueId, y: ValueId| {
             x == y
                 || matches!((scalar(x), scalar(y)), (Some(a), Some(b)) if a.dtype == b.dtype && a.raw() == b.raw())
@@ -1120,9 +1113,10 @@ fn sole_reader(g: &Graph, v: ValueId) -> Option<NodeId> {
     }
 }
 
-/// `q`'s element type.
-fn qt_dtype(g: &Graph, q: ValueId) -> DType {
-    g.constant(q).map_or(DType::U8, |t| t.dtype)
+/// `v` as a constant of one element (any shape).
+fn scalar_constant(g: &Graph, v: ValueId) -> Option<&Tensor> {
+    g.constant(v)
+        .filter(|t| t.dims.iter().product::<i64>() == 1)
 }
 
 /// A scalar zero of type `t` (8-bit), one initializer shared by every
@@ -1177,12 +1171,10 @@ fn requantized(
         }
         let bound = |i: usize, none: f64| match d.input(i) {
             None => Some(none),
-            Some(v) => {
-                let t = g.constant(v)?;
-                (t.dtype == DType::F32 && t.dims.iter().product::<i64>() == 1)
-                    .then(|| t.to_f64_vec().map(|v| v[0]))
-                    .flatten()
-            }
+            Some(v) => scalar_constant(g, v)
+                .filter(|t| t.dtype == DType::F32)?
+                .to_f64_vec()
+                .map(|v| v[0]),
         };
         match d.op_type.as_str() {
             "Relu" => Some((0.0, f64::INFINITY)),
@@ -1202,12 +1194,8 @@ fn requantized(
         return None;
     }
     let (ys, yz, out) = (qd.input(1)?, qd.input(2)?, qd.output(0)?);
-    let scalar = |v: ValueId| {
-        g.constant(v)
-            .filter(|t| t.dims.iter().product::<i64>() == 1)
-    };
-    let yst = scalar(ys).filter(|t| t.dtype == DType::F32)?;
-    let yzt = scalar(yz).filter(|t| matches!(t.dtype, DType::U8 | DType::I8))?;
+    let yst = scalar_constant(g, ys).filter(|t| t.dtype == DType::F32)?;
+    let yzt = scalar_constant(g, yz).filter(|t| matches!(t.dtype, DType::U8 | DType::I8))?;
     let ysv = yst.to_f64_vec()?[0];
     let yzv = yzt.to_i64_vec()?[0];
     // The Relu or Clip is the QuantizeLinear's saturation when its bounds

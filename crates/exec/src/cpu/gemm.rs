@@ -66,8 +66,9 @@ thread_local! {
 
 /// Whether this CPU has AVX-512F, for [`micro_wide`]: the same products
 /// and sums as [`micro`], per element, so the same bits, with twice the
-/// registers (12 × 32 tiles instead of 6 × 16).
-fn wide() -> bool {
+/// registers (12 × 32 tiles instead of 6 × 16). (Also what the quantized
+/// convolutions' vector requantization asks.)
+pub(crate) fn wide() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))

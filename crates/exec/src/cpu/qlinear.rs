@@ -198,20 +198,13 @@ fn requant(acc: i32, mult: f32, zp: i32, (lo, hi): (f64, f64)) -> i32 {
 fn requant_row(acc: &[i32], b: i32, mult: f32, zp: i32, range: (f64, f64), y: &mut [u8]) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
+    if super::gemm::wide() {
         // SAFETY: the CPU has AVX-512F (checked); y holds acc.len() bytes.
         done = unsafe { requant_avx512(acc, b, mult, zp, range, y) };
     }
     for (o, &s) in y[done..acc.len()].iter_mut().zip(&acc[done..]) {
         *o = requant(s.wrapping_add(b), mult, zp, range) as u8;
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
 }
 
 /// [`requant_row`]'s whole vectors of 16; returns how many it wrote.
@@ -521,23 +514,19 @@ impl QConv {
         let img = &r.x[n * g.c * g.h * g.w..][..g.c * g.h * g.w];
         let pt = tile.min(ohw - p0);
         let sums = &mut sums[..4 * nr * pt];
-        let q = if k == 0 {
-            QWeight::new(0, pt, self.x_signed, &[])
+        // The [k, pt] operand and its row stride: the image in place (a
+        // plain 1x1), else the tile unfolded into the slot.
+        let (unfolded, ld): (&[u8], usize) = if k == 0 {
+            (&[], pt)
         } else if self.plain() {
             let at = gi * cg * ohw + p0;
-            QWeight::strided(k, pt, ohw, self.x_signed, &img[at..at + (k - 1) * ohw + pt])
+            (&img[at..at + (k - 1) * ohw + pt], ohw)
         } else {
             let col = &mut col[..k * pt];
             im2col_cols_with(g, img, gi * cg, cg, (p0, pt), col, r.xz as u8);
-            QWeight::new(k, pt, self.x_signed, col)
+            (col, pt)
         };
-        let unfolded: &[u8] = if k == 0 {
-            &[]
-        } else if self.plain() {
-            &img[gi * cg * ohw + p0..]
-        } else {
-            &col[..k * pt]
-        };
+        let q = QWeight::strided(k, pt, ld, self.x_signed, unfolded);
         isums(&q, nr, wu, wz0, unfolded, &[r.xz], cast_mut(sums), 1);
         let sums: &mut [i32] = cast_mut(sums);
         let cx: &mut [i32] = cast_mut(&mut cx[..4 * pt]);
