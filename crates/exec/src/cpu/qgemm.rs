@@ -755,7 +755,9 @@ mod tests {
     /// scaled floats of a naive i64 loop, bit for bit, on the VNNI kernel
     /// (where the CPU has it) and the plain loops, at 1 to 3 threads;
     /// shapes cross every edge: rows past a micro-tile, columns past
-    /// slivers and panels, depths not a multiple of 4, extreme values.
+    /// slivers and panels, depths not a multiple of 4, extreme values;
+    /// with a bias row after the scale, and with the weight's rows apart
+    /// in a wider buffer ([`QWeight::strided`]).
     #[test]
     fn integer_sums_are_exact_on_every_path() {
         if !vnni() {
@@ -792,7 +794,21 @@ mod tests {
                         .enumerate()
                         .map(|(e, &t)| (t as i32 as f32 * (xs * ws[e % n])).to_bits())
                         .collect();
+                    let bias = graphopt_testutil::uniform(n, seed + 20);
+                    let want_bias: Vec<u32> = exact
+                        .iter()
+                        .enumerate()
+                        .map(|(e, &t)| {
+                            let j = e % n;
+                            (t as i32 as f32 * (xs * ws[j]) + bias[j]).to_bits()
+                        })
+                        .collect();
                     let exact: Vec<u32> = exact.iter().map(|&t| t as i32 as u32).collect();
+                    let ld = n + 7;
+                    let mut wide = vec![0x5Au8; k * ld];
+                    for (d, r) in wide.chunks_exact_mut(ld).zip(w.chunks_exact(n)) {
+                        d[..n].copy_from_slice(r);
+                    }
                     let q = QWeight::new(k, n, signed, &w);
                     let mut y = vec![0u32; m * n];
                     for threads in 1..=3 {
@@ -807,6 +823,18 @@ mod tests {
                         assert!(y == want, "{c}: scaled");
                         qmatmul(&q, m, &x, xz, &w, &wz, None, &mut y, threads);
                         assert!(y == exact, "{c}: sums");
+                        // A bias row added after the scale (IntegerGemm).
+                        let sc = Scales {
+                            bias: Some(&bias),
+                            ..sc
+                        };
+                        qmatmul(&q, m, &x, xz, &w, &wz, Some(sc), &mut y, threads);
+                        assert!(y == want_bias, "{c}: scaled, with a bias");
+                        // The same weight as rows `ld` bytes apart in a
+                        // wider buffer (a 1x1 convolution's image in place).
+                        let qs = QWeight::strided(k, n, ld, signed, &wide);
+                        qmatmul(&qs, m, &x, xz, &wide, &wz, None, &mut y, threads);
+                        assert!(y == exact, "{c}: sums, rows {ld} bytes apart");
                     }
                     // The plain loops alone.
                     let ep = Epilogue {
@@ -835,6 +863,13 @@ mod tests {
                     // SAFETY: y holds m × n; one caller.
                     unsafe { part_plain(&q, m, &xa, k4, &rx, &w, &ep, y.as_mut_ptr(), 0, n) };
                     assert!(y == want, "plain {m}x{k}x{n}");
+                    let ep = Epilogue {
+                        bias: Some(bias.clone()),
+                        ..ep
+                    };
+                    // SAFETY: as above.
+                    unsafe { part_plain(&q, m, &xa, k4, &rx, &w, &ep, y.as_mut_ptr(), 0, n) };
+                    assert!(y == want_bias, "plain {m}x{k}x{n}, with a bias");
                 }
             }
         }
