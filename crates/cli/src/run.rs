@@ -128,6 +128,13 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 human_bytes(r.quantized_decoded_bytes)
             );
         }
+        if r.half_fused_nodes > 0 {
+            s += &format!(
+                "half        {} MatMul/Gemm(s) widen their float16/bfloat16 weights per tile: {} of float32 copies never made\n",
+                r.half_fused_nodes,
+                human_bytes(r.half_widened_bytes)
+            );
+        }
         if r.integer_matmuls > 0 {
             s += &format!(
                 "quantized   {} MatMul/Gemm(s) of quantized activations run as integer GEMMs\n",

@@ -61,6 +61,14 @@
 //! of its quantizers ([`integer_convs`]). The activations then stay 8-bit
 //! from one convolution to the next.
 //!
+//! A float16 or bfloat16 weight (an initializer, what `--precision fp16`
+//! and `bf16` write) read by a MatMul or Gemm as its `B` is decoded per
+//! tile too: the reader becomes `HalfMatMul(A, W)` or `HalfGemm(A, W,
+//! C?)` ([`half_weights`]), whose kernel widens tiles of `W` to float32 as
+//! it multiplies, where the plain node would widen all of `W` into its
+//! workspace on every run (the activations `A` and `C` are still widened
+//! whole, and the output rounded back once, as for any fp16 node).
+//!
 //! How the planner sees it: shape inference has no rule for a custom
 //! domain, but it types a call to a model-local function by inferring its
 //! body. So the lowering also adds one function per fused op, whose body is
@@ -122,6 +130,8 @@ pub const CODED_OPS: &[&str] = &[
     INTEGER_MATMUL,
     INTEGER_GEMM,
     INTEGER_CONV,
+    "HalfMatMul",
+    "HalfGemm",
 ];
 /// A `DequantMatMul` whose activations are quantized too, run as an
 /// integer GEMM ([`integer_matmuls`]).
@@ -135,6 +145,7 @@ pub const INTEGER_CONV: &str = "IntegerConv";
 /// The names' prefixes: the op that follows is the reader's.
 pub const PALETTE_PREFIX: &str = "Palette";
 pub const DEQUANT_PREFIX: &str = "Dequant";
+pub const HALF_PREFIX: &str = "Half";
 /// Attribute: the decoded weight's shape `S`.
 pub const WEIGHT_SHAPE_ATTR: &str = "palette_weight_shape";
 /// Attribute: `[ng, -1]`, codebooks and indices as rows of groups.
@@ -172,6 +183,11 @@ pub struct CodedLowering {
     /// DequantizeLinear/QuantizeLinear pairs of one scale and zero point
     /// around a data-movement node, dropped ([`drop_moved_pairs`]).
     pub moved_pairs: usize,
+    /// MatMuls and Gemms of float16/bfloat16 weights that widen them per
+    /// tile ([`half_weights`]), and the float32 bytes those weights would
+    /// take widened whole (once per node, on every run).
+    pub half_fused: usize,
+    pub half_widened_bytes: u64,
     /// Coded weights left to the plain nodes, and why.
     pub kept: Vec<(String, String)>,
 }
@@ -526,6 +542,7 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
         }
     }
     report.moved_pairs = drop_moved_pairs(g);
+    (report.half_fused, report.half_widened_bytes) = half_weights(g);
     // Without VNNI the integer GEMM's portable loop is slower than the
     // float path: the MatMuls stay DequantMatMul there.
     if crate::cpu::qgemm::available() {
@@ -608,6 +625,54 @@ fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueI
         _ => scalar(xs, DType::F32) && xz.is_some_and(|z| scalar(z, DType::U8)),
     };
     ok.then_some((dq, [Some(xq), Some(xs), xz]))
+}
+
+/// Rewrites every default-domain MatMul and Gemm whose `B` is a 2-D
+/// float16 or bfloat16 initializer (not a graph input) into `HalfMatMul(A,
+/// W)` or `HalfGemm(A, W, C?)` (the reader's attributes and
+/// [`WEIGHT_SHAPE_ATTR`]), whose kernel widens `W` tile by tile
+/// ([`crate::cpu::coded`]). `W` stays an initializer for its other
+/// readers. Returns how many nodes, and the float32 bytes of their weights
+/// (what the plain nodes widen whole on every run).
+fn half_weights(g: &mut Graph) -> (usize, u64) {
+    let mut fused = 0;
+    let mut bytes = 0;
+    for r in g.order().to_vec() {
+        let d = g.node(r);
+        let op = match d.op_type.as_str() {
+            "MatMul" => "HalfMatMul",
+            "Gemm" => "HalfGemm",
+            _ => continue,
+        };
+        if !default_domain(&d.domain) {
+            continue;
+        }
+        let (Some(a), Some(w)) = (d.input(0), d.input(1)) else {
+            continue;
+        };
+        let Some(t) = g.constant(w) else {
+            continue;
+        };
+        if !matches!(t.dtype, DType::F16 | DType::BF16) || t.dims.len() != 2 || a == w {
+            continue;
+        }
+        let shape = t.dims.clone();
+        bytes += shape.iter().product::<i64>().max(0) as u64 * 4;
+        let mut inputs = vec![Some(a), Some(w)];
+        if op == "HalfGemm" {
+            inputs.push(d.input(2));
+        }
+        let mut attributes: Vec<Attribute> = d
+            .attributes
+            .iter()
+            .filter(|a| a.name != WEIGHT_SHAPE_ATTR)
+            .cloned()
+            .collect();
+        attributes.push(Attribute::new(WEIGHT_SHAPE_ATTR, AttrValue::Ints(shape)));
+        replace_reader(g, r, op, inputs, attributes);
+        fused += 1;
+    }
+    (fused, bytes)
 }
 
 /// Makes every `DequantMatMul` (and every `DequantGemm` without transposes,
@@ -1405,11 +1470,16 @@ fn function(op: &str, opset: i64) -> Function {
         return integer_function(op, opset);
     }
     let palette = op.starts_with(PALETTE_PREFIX);
+    let half = op.starts_with(HALF_PREFIX);
     let reader = op
         .trim_start_matches(PALETTE_PREFIX)
-        .trim_start_matches(DEQUANT_PREFIX);
+        .trim_start_matches(DEQUANT_PREFIX)
+        .trim_start_matches(HALF_PREFIX);
     let data: &[&str] = if palette {
         &["codebook", "indices"]
+    } else if half {
+        // The weight itself: the reader's own meaning, no decode chain.
+        &["W"]
     } else {
         &["q", "scale", "zero_point"]
     };
@@ -1429,7 +1499,8 @@ fn function(op: &str, opset: i64) -> Function {
     formals.retain(|n| !n.is_empty());
     let f: Vec<ValueId> = formals.iter().map(|n| val(&mut b, n)).collect();
     let v = |b: &Graph, n: &str| b.value_by_name(n).expect("formal");
-    let [w, y] = ["W", "Y"].map(|n| val(&mut b, n));
+    let y = val(&mut b, "Y");
+    let w = if half { v(&b, "W") } else { val(&mut b, "W") };
     if palette {
         let (cb, idx) = (v(&b, "codebook"), v(&b, "indices"));
         let names = ["i", "groups", "cb2", "i2", "flat", "shape"];
@@ -1481,7 +1552,7 @@ fn function(op: &str, opset: i64) -> Function {
             &mut b,
             NewNode::new("Reshape").inputs(&[flat, shape]).outputs(&[w]),
         );
-    } else {
+    } else if !half {
         let (q, sc, zp) = (v(&b, "q"), v(&b, "scale"), v(&b, "zero_point"));
         let s32 = val(&mut b, "scale_f32");
         add(
@@ -1531,7 +1602,7 @@ fn function(op: &str, opset: i64) -> Function {
     let mut attributes = vec![WEIGHT_SHAPE_ATTR.to_string()];
     if palette {
         attributes.push(GROUPS_ATTR.to_string());
-    } else {
+    } else if !half {
         attributes.push(DEQUANT_AXIS_ATTR.to_string());
         attributes.push(DEQUANT_BLOCK_ATTR.to_string());
     }
@@ -1548,7 +1619,13 @@ fn function(op: &str, opset: i64) -> Function {
         }],
         doc_string: format!(
             "graphopt's CPU runtime: {reader} of a {} weight, decoded per tile in the kernel",
-            if palette { "palettized" } else { "quantized" }
+            if palette {
+                "palettized"
+            } else if half {
+                "float16/bfloat16"
+            } else {
+                "quantized"
+            }
         ),
         metadata_props: Vec::new(),
         body: b,

@@ -27,6 +27,8 @@
 //! DequantizeLinear), it runs as an integer GEMM (`integer_matmuls`), and
 //! so does such a Conv (`integer_convs`; with the QuantizeLinear of its
 //! output, and a Relu or Clip between, as one QLinearConv, `qlinear_convs`).
+//! float16/bfloat16 weights of MatMuls and Gemms are widened tile by tile
+//! in their kernels, not whole (`half_fused_nodes`, `half_widened_bytes`).
 //! `weights_bytes` is the resident weights: the initializers as stored
 //! (packed indices and codebooks), read in place.
 //!
@@ -210,6 +212,11 @@ pub struct RunReport {
     /// DequantizeLinear/QuantizeLinear pairs around a Reshape, Transpose or
     /// other data-movement node, dropped: the move runs on 8-bit values.
     pub moved_pairs: usize,
+    /// MatMuls and Gemms of float16/bfloat16 weights that widen them tile
+    /// by tile (CPU only), and the float32 bytes those weights would take
+    /// widened whole, which the plain nodes' workspace held.
+    pub half_fused_nodes: usize,
+    pub half_widened_bytes: u64,
     /// Palettized or integer weights left to the plain decode nodes (the
     /// field keeps its first name), and
     /// why (a reader the kernels do not cover).
@@ -635,6 +642,8 @@ impl Runner<'_> {
             integer_convs: lowering.integer_convs,
             qlinear_convs: lowering.qlinear_convs,
             moved_pairs: lowering.moved_pairs,
+            half_fused_nodes: lowering.half_fused,
+            half_widened_bytes: lowering.half_widened_bytes,
             palette_kept: lowering.kept,
             fused_activations: exe.fused_activations(),
             peak_rss_bytes: peak_rss_bytes(),
@@ -730,6 +739,8 @@ fn run_cuda(
         integer_convs: 0,
         qlinear_convs: 0,
         moved_pairs: 0,
+        half_fused_nodes: 0,
+        half_widened_bytes: 0,
         palette_kept: Vec::new(),
         fused_activations: 0,
         peak_rss_bytes: peak_rss_bytes(),

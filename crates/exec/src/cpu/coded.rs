@@ -1,7 +1,7 @@
 //! Coded weights decoded per tile inside the kernels that read them: the
 //! fused nodes [`crate::lower::lower_coded`] makes. A coded weight `W`
 //! (shape `S`, `numel` elements, float32 once decoded) is stored in one of
-//! two ways ([`Code`]), and never exists whole in the arena:
+//! three ways ([`Code`]), and never exists whole in the arena:
 //!
 //! - **A palette** (issue 23): a float32 codebook of `ng` groups of `k`
 //!   entries and one index per element (uint8, or uint4 packed two per
@@ -19,6 +19,12 @@
 //!   `c` its scale's index: DequantizeLinear's kernel's formula, so the
 //!   decoded tiles hold the bits it would write. Nodes `Dequant*(…, q,
 //!   scale, zero_point?, …)`, with `dequant_axis` and `dequant_block_size`.
+//! - **Half precision** (issue 20, what `--precision fp16`/`bf16` write):
+//!   `W` itself, a float16 or bfloat16 initializer, widened exactly. Nodes
+//!   `HalfMatMul(A, W)` and `HalfGemm(A, W, C?)`; they reach the kernel
+//!   through [`crate::cpu::lowp::via_f32`] with `W` left as it is (`A`,
+//!   `C` widened, the output rounded back), so they decode the tiles the
+//!   plain node's widened weight would hold.
 //!
 //! The kernels, one per reader (the weight's data slots sit where the
 //! reader had `W`; what followed it comes after them):
@@ -66,10 +72,11 @@
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{conv_layout, im2col, Window};
 use crate::cpu::matmul::{gemm_bias, gemv, own_kernel, product, sgemm_into_with, sgemm_with};
+use crate::cpu::par;
 use crate::cpu::quant::scale_axis;
 use crate::lower::{
-    DEQUANT_AXIS_ATTR, DEQUANT_BLOCK_ATTR, DEQUANT_PREFIX, GROUPS_ATTR, PALETTE_PREFIX,
-    WEIGHT_SHAPE_ATTR,
+    DEQUANT_AXIS_ATTR, DEQUANT_BLOCK_ATTR, DEQUANT_PREFIX, GROUPS_ATTR, HALF_PREFIX,
+    PALETTE_PREFIX, WEIGHT_SHAPE_ATTR,
 };
 use crate::tensor::{cast, cast_mut, nibble, numel, sign4};
 use graphopt_ir::DType;
@@ -118,6 +125,8 @@ struct Dequant {
 enum Code {
     Palette(Palette),
     Dequant(Dequant),
+    /// float16 or bfloat16 elements.
+    Half(DType),
 }
 
 /// A coded weight: its decoded shape, its storage, and where its data
@@ -152,6 +161,16 @@ impl Coded {
             .collect::<Result<_, _>>()?;
         let code = if ctx.node.op_type.starts_with(PALETTE_PREFIX) {
             Code::Palette(Palette::new(ctx, &shape, first)?)
+        } else if ctx.node.op_type.starts_with(HALF_PREFIX) {
+            let w = ctx.input(first)?;
+            if !matches!(w.dtype, DType::F16 | DType::BF16) || w.shape != shape {
+                return Err(format!(
+                    "a {} weight {:?} for {shape:?} float16/bfloat16",
+                    w.dtype.name(),
+                    w.shape
+                ));
+            }
+            Code::Half(w.dtype)
         } else {
             Code::Dequant(Dequant::new(ctx, &shape, first)?)
         };
@@ -163,6 +182,7 @@ impl Coded {
         match self.code {
             Code::Palette(_) => 2,
             Code::Dequant(_) => 3,
+            Code::Half(_) => 1,
         }
     }
 
@@ -192,6 +212,15 @@ impl Bound<'_> {
         match self.code {
             Code::Palette(p) => p.decode(cast(self.data[0]), self.data[1], start, out),
             Code::Dequant(d) => d.decode(self.data, start, out),
+            Code::Half(d) => {
+                let bits: &[u16] = cast(self.data[0]);
+                let bits = &bits[start..start + out.len()];
+                if *d == DType::F16 {
+                    bits.reinterpret_cast::<f16>().convert_to_f32_slice(out);
+                } else {
+                    bits.reinterpret_cast::<bf16>().convert_to_f32_slice(out);
+                }
+            }
         }
     }
 }
@@ -458,6 +487,7 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     match op
         .trim_start_matches(PALETTE_PREFIX)
         .trim_start_matches(DEQUANT_PREFIX)
+        .trim_start_matches(HALF_PREFIX)
     {
         "MatMul" => matmul(ctx),
         "Gemm" => gemm(ctx),
@@ -490,6 +520,14 @@ struct SendPtr(*mut f32);
 // `tiled_gemm`).
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer `k` floats on (a method, so that closures capture the
+    /// whole `SendPtr`, not its raw field).
+    fn add(self, k: usize) -> *mut f32 {
+        self.0.wrapping_add(k)
+    }
+}
 
 /// `c[m × n] (row stride n) = alpha · a · W + beta0 · c` with `W` `[kk × n]`
 /// decoded tile by tile: `tile(k0, kt, n0, nt, buf)` fills `buf` with rows
@@ -605,14 +643,14 @@ fn tiled_gemm(
         }
         return;
     }
-    std::thread::scope(|s| {
-        for (i, w) in ws.chunks_mut(len).take(t).enumerate() {
-            let block = &block;
-            s.spawn(move || {
-                for b in (i..blocks).step_by(t) {
-                    block(b, w, c0, 1);
-                }
-            });
+    // On the one pool (threads spawned here would compete with its
+    // spinning workers): part `i` takes tile buffer `i` and blocks i, i+t, ...
+    let ws0 = SendPtr(ws.as_mut_ptr());
+    par::for_parts(t, t, |i| {
+        // SAFETY: `t <= ws.len() / len`, and buffer `i` is part i's alone.
+        let w = unsafe { std::slice::from_raw_parts_mut(ws0.add(i * len), len) };
+        for b in (i..blocks).step_by(t) {
+            block(b, w, c0, 1);
         }
     });
 }

@@ -3,7 +3,10 @@
 //! workspace) and rounds the f32 outputs back once, as onnxruntime's CPU
 //! provider does for most ops (compute in f32, round at the output).
 //! The conversions split across threads and use F16C where the CPU has it;
-//! they still widen whole tensors (weights too, on every run).
+//! they widen whole tensors, except the float16/bfloat16 weights of MatMul
+//! and Gemm, which [`crate::lower`] hands to kernels that widen them tile
+//! by tile (`HalfMatMul`, `HalfGemm`: the slot [`via_f32`] leaves as it
+//! is).
 //! Byte-generic data movement (Reshape, Transpose, Concat, ...) needs no
 //! widening and never comes here.
 
@@ -162,32 +165,36 @@ impl Kernel for ViaF32 {
     }
 }
 
-/// Wraps the fp32 kernel `make` gives for the widened node.
+/// Wraps the fp32 kernel `make` gives for the widened node; input slot
+/// `raw`, if given, is handed over as it is (not widened).
 pub fn via_f32(
     ctx: &NodeCtx,
+    raw: Option<usize>,
     make: impl Fn(&NodeCtx) -> Result<Box<dyn Kernel>, String>,
 ) -> Result<Box<dyn Kernel>, String> {
+    let widened = |k: usize, t: &Option<TensorInfo>| match t {
+        Some(t) if low(t.dtype) && raw != Some(k) => Some(t.dtype),
+        _ => None,
+    };
     let wide = NodeCtx {
         node: ctx.node,
         opset: ctx.opset,
         inputs: ctx
             .inputs
             .iter()
-            .map(|t| t.as_ref().map(widen_info))
+            .enumerate()
+            .map(|(k, t)| match widened(k, t) {
+                Some(_) => t.as_ref().map(widen_info),
+                None => t.clone(),
+            })
             .collect(),
         outputs: ctx.outputs.iter().map(widen_info).collect(),
         // Constant low-precision inputs would be misread as f32.
         constants: ctx
             .constants
             .iter()
-            .zip(&ctx.inputs)
-            .map(|(c, t)| {
-                if t.as_ref().is_some_and(|t| low(t.dtype)) {
-                    None
-                } else {
-                    *c
-                }
-            })
+            .zip(ctx.inputs.iter().enumerate())
+            .map(|(c, (k, t))| if widened(k, t).is_some() { None } else { *c })
             .collect(),
     };
     let inner = make(&wide)?;
@@ -196,7 +203,8 @@ pub fn via_f32(
         ins: ctx
             .inputs
             .iter()
-            .map(|t| t.as_ref().filter(|t| low(t.dtype)).map(|t| t.dtype))
+            .enumerate()
+            .map(|(k, t)| widened(k, t))
             .collect(),
         outs: ctx
             .outputs

@@ -69,7 +69,8 @@ impl Backend for CpuBackend {
         )?;
         e.check(ctx)?;
         match e.low {
-            registry::Low::Widen if lowp::is_low(ctx) => lowp::via_f32(ctx, e.make),
+            registry::Low::Widen if lowp::is_low(ctx) => lowp::via_f32(ctx, None, e.make),
+            registry::Low::WidenBut(k) if lowp::is_low(ctx) => lowp::via_f32(ctx, Some(k), e.make),
             _ => (e.make)(ctx),
         }
     }

@@ -62,6 +62,9 @@ pub enum Low {
     /// runs it on f32 copies, its outputs rounded back once
     /// ([`super::lowp::via_f32`]).
     Widen,
+    /// As `Widen`, except input slot `k`, which reaches the maker as it is
+    /// (a float16/bfloat16 weight the kernel widens tile by tile).
+    WidenBut(usize),
     /// The maker gets the node as it is (byte-generic data movement,
     /// Cast, the coded-weight kernels).
     AsIs,
@@ -139,6 +142,12 @@ impl Entry {
     /// The entry's kernel made by `make` instead.
     pub const fn maker(mut self, make: Maker) -> Entry {
         self.make = make;
+        self
+    }
+
+    /// The entry's fp16/bf16 nodes reach the maker as `low` says.
+    pub const fn low(mut self, low: Low) -> Entry {
+        self.low = low;
         self
     }
 
@@ -499,6 +508,8 @@ pub const KERNELS: &[Entry] = &[
     coded_op("DequantGather", Types::Any),
     coded_op("DequantGemm", Types::Of(&[F32])),
     coded_op("DequantMatMul", Types::Of(&[F32])),
+    coded_op("HalfGemm", Types::Of(&[F16, BF16])).low(Low::WidenBut(1)),
+    coded_op("HalfMatMul", Types::Of(&[F16, BF16])).low(Low::WidenBut(1)),
     coded_op("IntegerConv", Types::Of(&[U8])).maker(qlinear::integer_conv),
     coded_op("IntegerGemm", Types::Of(&[U8])).maker(qgemm::kernel),
     coded_op("IntegerMatMul", Types::Of(&[U8])).maker(qgemm::kernel),

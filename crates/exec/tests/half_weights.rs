@@ -1,0 +1,210 @@
+//! float16/bfloat16 weights widened per tile (issue 20): a MatMul or Gemm
+//! whose `B` is a half-precision initializer runs, once lowered by
+//! [`graphopt_exec::lower::lower_coded`], as `HalfMatMul`/`HalfGemm`, whose
+//! kernel widens tiles of the weight as it multiplies instead of widening
+//! the whole weight into the workspace on every run.
+//!
+//! Each case runs twice through the whole runtime (planned arena, poison
+//! on): as written (the plain node, every input widened whole) and
+//! lowered. The outputs must be bitwise equal, the fused node must run
+//! and the plain one not, and the workspace must hold tile buffers in
+//! place of the widened weight.
+
+use graphopt_exec::cpu::coded::{MAX_TILE_THREADS, TILE_K, TILE_N};
+use graphopt_exec::lower::lower_coded;
+use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
+use graphopt_ir::{DType, Model};
+use graphopt_plan::{plan_model, DimValues, PlanOptions};
+use graphopt_testutil::uniform as data;
+use half::{bf16, f16};
+
+fn list(v: &[f32]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `v` as a tensor of `dtype` (float16 or bfloat16, rounded to nearest).
+fn half_tensor(dtype: DType, shape: &[usize], v: &[f32]) -> HostTensor {
+    let bits = |x: f32| match dtype {
+        DType::F16 => f16::from_f32(x).to_bits(),
+        _ => bf16::from_f32(x).to_bits(),
+    };
+    HostTensor {
+        dtype,
+        shape: shape.to_vec(),
+        data: v.iter().flat_map(|&x| bits(x).to_le_bytes()).collect(),
+    }
+}
+
+fn run(m: &Model, inputs: &[HostTensor]) -> (Vec<HostTensor>, Executable) {
+    let mp = plan_model(m, &DimValues::default(), &PlanOptions::default()).expect("plans");
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).expect("binds");
+    let (out, _) = exe
+        .run(
+            inputs,
+            &RunOptions {
+                threads: 2,
+                poison: true,
+            },
+        )
+        .expect("runs");
+    (out, exe)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    MatMul,
+    /// Gemm with a bias, `B` stored `[N, K]` when `trans_b`.
+    Gemm {
+        trans_b: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    op: Op,
+    dtype: DType,
+    /// Rows of `x` (1: the matrix-vector kernel).
+    m: usize,
+}
+
+/// The model of `c`: `y = op(x, W[, bias])`, `x` `[m, K]`, K spanning
+/// three depth tiles and N five column blocks.
+fn model(c: Case) -> (Model, Vec<HostTensor>, u64) {
+    let (k, n) = (600, 1100);
+    let t = if c.dtype == DType::F16 {
+        "float16"
+    } else {
+        "bfloat16"
+    };
+    let w = data(k * n, 7);
+    let bias = data(n, 8);
+    let (reader, w_dims, extra) = match c.op {
+        Op::MatMul => (
+            "y = MatMul (x, W)".to_string(),
+            format!("{k},{n}"),
+            String::new(),
+        ),
+        Op::Gemm { trans_b } => (
+            format!(
+                "y = Gemm <transB: int = {}, alpha: float = 0.5> (x, W, bias)",
+                trans_b as i64
+            ),
+            if trans_b {
+                format!("{n},{k}")
+            } else {
+                format!("{k},{n}")
+            },
+            format!(", {t}[{n}] bias = {{{}}}", list(&bias)),
+        ),
+    };
+    let text = format!(
+        "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+         g ({t}[{m},{k}] x) => ({t}[{m},{n}] y)\n\
+         <{t}[{w_dims}] W = {{{}}}{extra}>\n{{\n{reader}\n}}",
+        list(&w),
+        m = c.m
+    );
+    let m = graphopt_text::parse_model(&text).expect("fixture parses");
+    let x = half_tensor(c.dtype, &[c.m, k], &data(c.m * k, 9));
+    (m, vec![x], (k * n * 4) as u64)
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for m in [1, 5] {
+            for op in [
+                Op::MatMul,
+                Op::Gemm { trans_b: false },
+                Op::Gemm { trans_b: true },
+            ] {
+                v.push(Case { op, dtype, m });
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn half_weights_widen_per_tile_with_the_plain_nodes_bits_in_less_workspace() {
+    for c in cases() {
+        let (m, inputs, widened) = model(c);
+        let (want, plain) = run(&m, &inputs);
+        let mut lowered = m.clone();
+        let r = lower_coded(&mut lowered);
+        graphopt_ir::verify::verify_model(&lowered).expect("the lowered model verifies");
+        assert_eq!((r.half_fused, r.half_widened_bytes), (1, widened), "{c:?}");
+        let (got, fused) = run(&lowered, &inputs);
+        let (op, plain_op) = match c.op {
+            Op::MatMul => ("HalfMatMul", "MatMul"),
+            Op::Gemm { .. } => ("HalfGemm", "Gemm"),
+        };
+        assert_eq!(fused.kernel_count(op), 1, "{c:?}: the fused node runs");
+        assert_eq!(fused.kernel_count(plain_op), 0, "{c:?}");
+        assert_eq!(
+            (got[0].dtype, &got[0].shape),
+            (want[0].dtype, &want[0].shape)
+        );
+        assert!(got[0].data == want[0].data, "{c:?}: outputs differ");
+        eprintln!(
+            "{c:?}: workspace {} B plain, {} B fused",
+            plain.workspace_bytes(),
+            fused.workspace_bytes()
+        );
+        // The kernel's tile buffers: one per thread, as many as the
+        // machine runs at once (at most MAX_TILE_THREADS).
+        let slots = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, MAX_TILE_THREADS);
+        let tiles = (slots * TILE_K * TILE_N * 4) as u64;
+        assert!(
+            fused.workspace_bytes() + widened <= plain.workspace_bytes() + tiles,
+            "{c:?}: workspace {} B fused, {} B plain, weight {widened} B, tiles {tiles} B",
+            fused.workspace_bytes(),
+            plain.workspace_bytes()
+        );
+    }
+}
+
+#[test]
+fn a_float32_weight_or_a_computed_one_stays_plain() {
+    let mut m = graphopt_text::parse_model(
+        r#"<ir_version: 10, opset_import: ["" : 17]>
+        g (float16[2,3] x, float16[3,2] v) => (float16[2,2] y, float[2,2] z)
+        <float[3,2] W = {1, 2, 3, 4, 5, 6}> {
+          y = MatMul (x, v)
+          a = Cast <to: int = 1> (x)
+          z = MatMul (a, W)
+        }
+        "#,
+    )
+    .expect("parses");
+    let r = lower_coded(&mut m);
+    assert_eq!(r.half_fused, 0, "{r:?}");
+}
+
+/// A real export: testdata's fp16 MLP (a Conv, then two Gemms of float16
+/// weights), from both exporters.
+#[test]
+fn the_fp16_mlp_runs_its_gemms_on_half_weights_with_the_same_bits() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models");
+    for name in ["mlp_fp16.ts14", "mlp_fp16.dynamo18"] {
+        let m = graphopt_onnx::load(&dir.join(format!("{name}.onnx")))
+            .expect("loads")
+            .model;
+        let inputs = [half_tensor(DType::F16, &[1, 3, 16, 16], &data(768, 3))];
+        let (want, _) = run(&m, &inputs);
+        let mut lowered = m.clone();
+        let r = lower_coded(&mut lowered);
+        assert_eq!(r.half_fused, 2, "{name}: {r:?}");
+        let (got, fused) = run(&lowered, &inputs);
+        assert_eq!(fused.kernel_count("HalfGemm"), 2, "{name}");
+        assert_eq!(fused.kernel_count("Gemm"), 0, "{name}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g.data == w.data, "{name}: outputs differ");
+        }
+    }
+}
