@@ -483,6 +483,105 @@ fn fp16_nodes_compute_in_f32_and_round_once() {
     assert_eq!(out[1].to_f32().unwrap(), want);
 }
 
+/// Elementwise fp16/bf16 nodes longer than one chunk run chunk by chunk
+/// (`cpu::lowp`'s `Chunked`): each element is still widened, computed in
+/// f32 and rounded once, so the outputs are the reference's bits, with a
+/// workspace of a few chunks per thread instead of whole f32 copies. Twelve
+/// chunks and a tail; a scalar input; a bool input cut like the output; a
+/// Relu the plan may put in place; both low types.
+#[test]
+fn long_fp16_elementwise_nodes_run_in_chunks_with_the_same_bits() {
+    use graphopt_exec::cpu::lowp::CHUNK;
+    use graphopt_ir::DType;
+    use half::{bf16, f16};
+    let n = 12 * CHUNK + 123;
+    for (dtype, name) in [(DType::F16, "float16"), (DType::BF16, "bfloat16")] {
+        let round = |x: f32| match dtype {
+            DType::F16 => f16::from_f32(x).to_f32(),
+            _ => bf16::from_f32(x).to_f32(),
+        };
+        let bits = |x: f32| match dtype {
+            DType::F16 => f16::from_f32(x).to_bits(),
+            _ => bf16::from_f32(x).to_bits(),
+        };
+        let low = |v: &[f32]| HostTensor {
+            dtype,
+            shape: vec![2, n / 2 + 1],
+            data: v.iter().flat_map(|&x| bits(x).to_le_bytes()).collect(),
+        };
+        let m = n / 2 + 1;
+        let len = 2 * m;
+        let (a, b) = (data(len, 31), data(len, 32));
+        let cond: Vec<u8> = data(len, 33).iter().map(|&x| u8::from(x > 0.0)).collect();
+        let text = format!(
+            r#"<ir_version: 8, opset_import: ["" : 17]>
+            g ({name}[2,{m}] a, {name}[2,{m}] b, bool[2,{m}] c) => ({name}[2,{m}] y, {name}[2,{m}] z) <{name} s = {{0.75}}> {{
+              p = Mul (a, s)
+              q = Add (p, b)
+              r = Relu (q)
+              y = Where (c, r, a)
+              z = Clip (b, s, s)
+            }}"#
+        );
+        let model = graphopt_text::parse_model(&text).unwrap();
+        let mp = plan_model(&model, &DimValues::default(), &PlanOptions::default()).unwrap();
+        let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+        let c = HostTensor {
+            dtype: DType::Bool,
+            shape: vec![2, m],
+            data: cond.clone(),
+        };
+        let (out, _) = exe
+            .run(
+                &[low(&a), low(&b), c],
+                &RunOptions {
+                    threads: 2,
+                    poison: true,
+                },
+            )
+            .unwrap();
+        let s = round(0.75);
+        let (wa, wb): (Vec<f32>, Vec<f32>) = (
+            a.iter().map(|&x| round(x)).collect(),
+            b.iter().map(|&x| round(x)).collect(),
+        );
+        let want_y: Vec<f32> = (0..len)
+            .map(|i| {
+                let p = round(wa[i] * s);
+                let q = round(p + wb[i]);
+                let r = round(q.max(0.0));
+                if cond[i] == 1 {
+                    r
+                } else {
+                    wa[i]
+                }
+            })
+            .collect();
+        let want_z: Vec<f32> = wb.iter().map(|&x| round(x.max(s).min(s))).collect();
+        let read = |t: &HostTensor| -> Vec<f32> {
+            t.data
+                .chunks_exact(2)
+                .map(|c| {
+                    let u = u16::from_le_bytes([c[0], c[1]]);
+                    match dtype {
+                        DType::F16 => f16::from_bits(u).to_f32(),
+                        _ => bf16::from_bits(u).to_f32(),
+                    }
+                })
+                .collect()
+        };
+        assert!(read(&out[0]) == want_y, "{name}: y differs");
+        assert!(read(&out[1]) == want_z, "{name}: z differs");
+        // Whole f32 copies of one binary node alone would take 3 · 4 · len
+        // (4.7 MB); chunks take 3 · 4 · CHUNK per thread (384 KiB).
+        assert!(
+            exe.workspace_bytes() < (3 * 4 * len) as u64 / 4,
+            "{name}: workspace {} B for {len} elements",
+            exe.workspace_bytes()
+        );
+    }
+}
+
 /// Cast between float32 and float16/bfloat16 (the conversions split
 /// across threads) gives `half`'s round-to-nearest-even values, element by
 /// element: ties, subnormals, overflow to infinity, infinities, signed
