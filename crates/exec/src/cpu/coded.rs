@@ -71,6 +71,7 @@
 
 use crate::backend::{Kernel, KernelIo, NodeCtx};
 use crate::cpu::conv::{conv_layout, im2col, Window};
+use crate::cpu::lowp::f16_to_f32;
 use crate::cpu::matmul::{gemm_bias, gemv, own_kernel, product, sgemm_into_with, sgemm_with};
 use crate::cpu::par;
 use crate::cpu::quant::scale_axis;
@@ -80,8 +81,8 @@ use crate::lower::{
 };
 use crate::tensor::{cast, cast_mut, nibble, numel, sign4};
 use graphopt_ir::DType;
+use half::bf16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-use half::{bf16, f16};
 
 /// Rows of `W` (the reduction dim) per MatMul/Gemm tile: the f32 depth
 /// block of graphopt's kernel and of `matrixmultiply`, so that tiles add
@@ -216,7 +217,7 @@ impl Bound<'_> {
                 let bits: &[u16] = cast(self.data[0]);
                 let bits = &bits[start..start + out.len()];
                 if *d == DType::F16 {
-                    bits.reinterpret_cast::<f16>().convert_to_f32_slice(out);
+                    f16_to_f32(bits, out);
                 } else {
                     bits.reinterpret_cast::<bf16>().convert_to_f32_slice(out);
                 }
@@ -472,9 +473,7 @@ fn floats(d: DType, b: &[u8], at: usize, out: &mut [f32]) {
     let n = out.len();
     match d {
         DType::F32 => out.copy_from_slice(&cast::<f32>(b)[at..at + n]),
-        DType::F16 => cast::<u16>(b)[at..at + n]
-            .reinterpret_cast::<f16>()
-            .convert_to_f32_slice(out),
+        DType::F16 => f16_to_f32(&cast::<u16>(b)[at..at + n], out),
         _ => cast::<u16>(b)[at..at + n]
             .reinterpret_cast::<bf16>()
             .convert_to_f32_slice(out),
