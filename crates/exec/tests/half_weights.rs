@@ -56,8 +56,11 @@ fn run(m: &Model, inputs: &[HostTensor]) -> (Vec<HostTensor>, Executable) {
 #[derive(Clone, Copy, Debug)]
 enum Op {
     MatMul,
-    /// Gemm with a bias, `B` stored `[N, K]` when `trans_b`.
+    /// Gemm with alpha 0.5 and a bias (`[N]`; `[1, N]` and beta 0.5 when
+    /// `trans_a`), `B` stored `[N, K]` when `trans_b`, `A` `[K, M]` when
+    /// `trans_a`.
     Gemm {
+        trans_a: bool,
         trans_b: bool,
     },
 }
@@ -70,8 +73,8 @@ struct Case {
     m: usize,
 }
 
-/// The model of `c`: `y = op(x, W[, bias])`, `x` `[m, K]`, K spanning
-/// three depth tiles and N five column blocks.
+/// The model of `c`: `y = op(x, W[, bias])`, `x` `[m, K]` (or `[K, m]`),
+/// K spanning three depth tiles and N five column blocks.
 fn model(c: Case) -> (Model, Vec<HostTensor>, u64) {
     let (k, n) = (600, 1100);
     let t = if c.dtype == DType::F16 {
@@ -81,34 +84,48 @@ fn model(c: Case) -> (Model, Vec<HostTensor>, u64) {
     };
     let w = data(k * n, 7);
     let bias = data(n, 8);
+    let trans_a = matches!(c.op, Op::Gemm { trans_a: true, .. });
     let (reader, w_dims, extra) = match c.op {
         Op::MatMul => (
             "y = MatMul (x, W)".to_string(),
             format!("{k},{n}"),
             String::new(),
         ),
-        Op::Gemm { trans_b } => (
+        Op::Gemm { trans_a, trans_b } => (
             format!(
-                "y = Gemm <transB: int = {}, alpha: float = 0.5> (x, W, bias)",
-                trans_b as i64
+                "y = Gemm <transA: int = {}, transB: int = {}, alpha: float = 0.5, beta: float = {}> (x, W, bias)",
+                trans_a as i64,
+                trans_b as i64,
+                if trans_a { 0.5 } else { 1.0 }
             ),
             if trans_b {
                 format!("{n},{k}")
             } else {
                 format!("{k},{n}")
             },
-            format!(", {t}[{n}] bias = {{{}}}", list(&bias)),
+            format!(
+                ", {t}[{}] bias = {{{}}}",
+                if trans_a {
+                    format!("1,{n}")
+                } else {
+                    n.to_string()
+                },
+                list(&bias)
+            ),
         ),
     };
+    let x_shape = if trans_a { [k, c.m] } else { [c.m, k] };
     let text = format!(
         "<ir_version: 10, opset_import: [\"\" : 17]>\n\
-         g ({t}[{m},{k}] x) => ({t}[{m},{n}] y)\n\
+         g ({t}[{},{}] x) => ({t}[{},{n}] y)\n\
          <{t}[{w_dims}] W = {{{}}}{extra}>\n{{\n{reader}\n}}",
+        x_shape[0],
+        x_shape[1],
+        c.m,
         list(&w),
-        m = c.m
     );
     let m = graphopt_text::parse_model(&text).expect("fixture parses");
-    let x = half_tensor(c.dtype, &[c.m, k], &data(c.m * k, 9));
+    let x = half_tensor(c.dtype, &x_shape, &data(c.m * k, 9));
     (m, vec![x], (k * n * 4) as u64)
 }
 
@@ -116,13 +133,18 @@ fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for dtype in [DType::F16, DType::BF16] {
         for m in [1, 5] {
-            for op in [
-                Op::MatMul,
-                Op::Gemm { trans_b: false },
-                Op::Gemm { trans_b: true },
-            ] {
-                v.push(Case { op, dtype, m });
+            for (trans_a, trans_b) in [(false, false), (false, true), (true, false)] {
+                v.push(Case {
+                    op: Op::Gemm { trans_a, trans_b },
+                    dtype,
+                    m,
+                });
             }
+            v.push(Case {
+                op: Op::MatMul,
+                dtype,
+                m,
+            });
         }
     }
     v

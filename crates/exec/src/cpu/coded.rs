@@ -645,7 +645,7 @@ fn tiled_gemm(
     // On the one pool (threads spawned here would compete with its
     // spinning workers): part `i` takes tile buffer `i` and blocks i, i+t, ...
     let ws0 = SendPtr(ws.as_mut_ptr());
-    par::for_parts(t, t, |i| {
+    par::for_parts(threads, t, |i| {
         // SAFETY: `t <= ws.len() / len`, and buffer `i` is part i's alone.
         let w = unsafe { std::slice::from_raw_parts_mut(ws0.add(i * len), len) };
         for b in (i..blocks).step_by(t) {

@@ -2,7 +2,8 @@
 //! bfloat16 runs the fp32 kernel on f32 copies of its inputs (in the
 //! workspace) and rounds the f32 outputs back once, as onnxruntime's CPU
 //! provider does for most ops (compute in f32, round at the output).
-//! The conversions split across threads and use F16C where the CPU has it;
+//! The conversions split across threads and use AVX-512F (float16) or
+//! `half`'s conversions (F16C where the CPU has it);
 //! they widen whole tensors, except the float16/bfloat16 weights of MatMul
 //! and Gemm, which [`crate::lower`] hands to kernels that widen them tile
 //! by tile (`HalfMatMul`, `HalfGemm`: the slot [`via_f32`] leaves as it
@@ -55,20 +56,23 @@ const CONVERT_MIN: usize = 1 << 16;
 
 /// `out = f32(bits)` for float16 bits: sixteen at a time with AVX-512F's
 /// conversion where the CPU has it, the rest (and everything on other
-/// CPUs) by `half`'s slice conversion, which converts blocks of eight with
-/// F16C and only the last `len mod 8` in software. Both use the hardware's
-/// conversion on whole blocks, so the bits are `half`'s either way (it
-/// calls a function per block of eight, which cost a quarter of
-/// ResNet-50's fp16 run).
+/// CPUs) by `half`'s slice conversion (F16C, eight at a time, where the
+/// CPU has it). Both are the hardware's IEEE conversion, so the bits are
+/// `half`'s either way; `half` calls a function per block of eight, which
+/// cost a quarter of ResNet-50's fp16 run.
 pub(crate) fn f16_to_f32(bits: &[u16], out: &mut [f32]) {
+    debug_assert_eq!(bits.len(), out.len());
     let n = bits.len().min(out.len());
     let (bits, out) = (&bits[..n], &mut out[..n]);
-    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if super::gemm::wide() {
-        // SAFETY: the CPU has AVX-512F (checked just above).
-        done = unsafe { f16_to_f32_avx512(bits, out) };
-    }
+    // SAFETY: the CPU has AVX-512F where the call is made.
+    let done = if super::gemm::wide() {
+        unsafe { f16_to_f32_avx512(bits, out) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     bits[done..]
         .reinterpret_cast::<f16>()
         .convert_to_f32_slice(&mut out[done..]);
@@ -77,14 +81,18 @@ pub(crate) fn f16_to_f32(bits: &[u16], out: &mut [f32]) {
 /// `out = round(src)` to float16 bits, round to nearest even: as
 /// [`f16_to_f32`], sixteen at a time on AVX-512F, then `half`.
 pub(crate) fn f32_to_f16(src: &[f32], out: &mut [u16]) {
+    debug_assert_eq!(src.len(), out.len());
     let n = src.len().min(out.len());
     let (src, out) = (&src[..n], &mut out[..n]);
-    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if super::gemm::wide() {
-        // SAFETY: the CPU has AVX-512F (checked just above).
-        done = unsafe { f32_to_f16_avx512(src, out) };
-    }
+    // SAFETY: the CPU has AVX-512F where the call is made.
+    let done = if super::gemm::wide() {
+        unsafe { f32_to_f16_avx512(src, out) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     out[done..]
         .reinterpret_cast_mut::<f16>()
         .convert_from_f32_slice(&src[done..]);
@@ -513,9 +521,12 @@ impl Kernel for Chunked {
         if io.workspace.len() < parts * slot {
             return Err("workspace too small".into());
         }
+        let out_size = self.out.bits().unwrap_or(16) as usize / 8;
+        if io.outputs[0].data.len() < self.n * out_size {
+            return Err("output shorter than its shape".into());
+        }
         let ws = Shared(io.workspace.as_mut_ptr());
         let out = Shared(io.outputs[0].data.as_mut_ptr());
-        let out_size = self.out.bits().unwrap_or(16) as usize / 8;
         // Each input's bytes (an in-place input: the output's).
         let mut srcs: Vec<Option<(Shared, usize)>> = Vec::with_capacity(io.inputs.len());
         for i in &io.inputs {
@@ -526,7 +537,7 @@ impl Kernel for Chunked {
             });
         }
         let failed = std::sync::Mutex::new(None);
-        par::for_parts(parts, parts, |p| {
+        par::for_parts(io.threads, parts, |p| {
             // SAFETY: slot p of the workspace is this part's alone.
             let w = unsafe { std::slice::from_raw_parts_mut(ws.at(p * slot), slot) };
             for c in par::range(chunks, parts, p) {
@@ -624,10 +635,11 @@ mod tests {
     use super::*;
 
     /// Every float16 bit pattern, NaNs included, widens to `half`'s bits
-    /// for the same slice; and every such float, with ties, subnormals,
-    /// overflow and random f32 bits, rounds back to `half`'s bits. Odd
-    /// lengths and offsets put elements in the sixteen-wide blocks, in
-    /// `half`'s blocks of eight and in its software tail.
+    /// for the same slice; and every such float, with exact ties,
+    /// subnormals, overflow and random f32 bits, rounds back to `half`'s
+    /// bits. Odd lengths and offsets put elements both in the sixteen-wide
+    /// blocks and in what is left to `half`. (Without AVX-512F both sides
+    /// are `half`'s.)
     #[test]
     fn conversions_give_halfs_bits() {
         let all: Vec<u16> = (0..=u16::MAX).collect();
@@ -653,10 +665,15 @@ mod tests {
             x ^= x << 5;
             floats.push(f32::from_bits(x));
         }
-        // Ties between neighbouring float16 values, and past the largest.
+        // Exact ties between neighbouring float16 values (normal and
+        // subnormal, both signs), and values past the largest.
+        for k in (0..0x7bffu16).step_by(7) {
+            for sign in [0, 0x8000] {
+                let (a, b) = (f16::from_bits(k | sign), f16::from_bits((k + 1) | sign));
+                floats.push((a.to_f32() + b.to_f32()) / 2.0);
+            }
+        }
         for k in 0..2048u32 {
-            let h = f16::from_bits(k as u16 * 31).to_f32();
-            floats.push(h + f32::EPSILON * h.abs() * 1024.0);
             floats.push(65504.0 + k as f32 * 16.0);
         }
         for (start, len) in [(0, floats.len()), (9, 4097), (1, 15)] {

@@ -66,7 +66,7 @@ pub enum Low {
     /// (a float16/bfloat16 weight the kernel widens tile by tile).
     WidenBut(usize),
     /// The maker gets the node as it is (byte-generic data movement,
-    /// Cast, the coded-weight kernels).
+    /// Cast, the palette and integer coded-weight kernels).
     AsIs,
 }
 
