@@ -230,3 +230,71 @@ fn the_fp16_mlp_runs_its_gemms_on_half_weights_with_the_same_bits() {
         }
     }
 }
+
+/// A one-image fp16/bf16 Conv whose weight would widen to more than
+/// `CONV_BLOCK_BYTES` runs block of output channels by block (a 448-channel
+/// block and a 192-channel tail here): its output must be the bits of the
+/// f32 Conv of the widened input, weight and bias, rounded once (what the
+/// whole-weight path computes), and its workspace must hold less than the
+/// widened weight.
+#[test]
+fn one_image_convs_widen_their_weights_block_by_block_with_the_same_bits() {
+    use graphopt_exec::cpu::lowp::CONV_BLOCK_BYTES;
+    let (m, c, hw) = (640, 128, 6);
+    let wn = m * c * 9;
+    assert!(wn * 4 > CONV_BLOCK_BYTES);
+    for dtype in [DType::F16, DType::BF16] {
+        let t = if dtype == DType::F16 {
+            "float16"
+        } else {
+            "bfloat16"
+        };
+        let round = |x: f32| match dtype {
+            DType::F16 => f16::from_f32(x).to_f32(),
+            _ => bf16::from_f32(x).to_f32(),
+        };
+        let (w, b, x) = (data(wn, 41), data(m, 42), data(c * hw * hw, 43));
+        let conv = "y = Conv <pads: ints = [1, 1, 1, 1], kernel_shape: ints = [3, 3]> (x, W, B)";
+        let text = |ty: &str, w: &[f32], b: &[f32]| {
+            format!(
+                "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+                 g ({ty}[1,{c},{hw},{hw}] x) => ({ty}[1,{m},{hw},{hw}] y)\n\
+                 <{ty}[{m},{c},3,3] W = {{{}}}, {ty}[{m}] B = {{{}}}>\n{{\n{conv}\n}}",
+                list(w),
+                list(b)
+            )
+        };
+        let low = graphopt_text::parse_model(&text(t, &w, &b)).expect("parses");
+        let (got, exe) = run(&low, &[half_tensor(dtype, &[1, c, hw, hw], &x)]);
+        // The reference: everything widened, an f32 Conv, one rounding.
+        let wide = |v: &[f32]| v.iter().map(|&x| round(x)).collect::<Vec<f32>>();
+        let f32_model = graphopt_text::parse_model(&text("float", &wide(&w), &wide(&b))).unwrap();
+        let x32 = HostTensor {
+            dtype: DType::F32,
+            shape: vec![1, c, hw, hw],
+            data: wide(&x).iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        let (want, _) = run(&f32_model, &[x32]);
+        let want: Vec<u16> = want[0]
+            .to_f32()
+            .unwrap()
+            .iter()
+            .map(|&v| match dtype {
+                DType::F16 => f16::from_f32(v).to_bits(),
+                _ => bf16::from_f32(v).to_bits(),
+            })
+            .collect();
+        let got: Vec<u16> = got[0]
+            .data
+            .chunks_exact(2)
+            .map(|p| u16::from_le_bytes([p[0], p[1]]))
+            .collect();
+        assert!(got == want, "{t}: outputs differ");
+        assert!(
+            exe.workspace_bytes() < (wn * 4) as u64,
+            "{t}: workspace {} B, widened weight {} B",
+            exe.workspace_bytes(),
+            wn * 4
+        );
+    }
+}

@@ -16,6 +16,9 @@
 //! [`CHUNK`] elements at a time instead ([`Chunked`]), each thread its own
 //! run of chunks: the workspace then holds a few chunks per thread, not
 //! whole f32 copies (a residual Add of ResNet-50 at batch 8 widened 77 MB).
+//! A one-image, one-group Conv whose weight would widen to more than
+//! [`CONV_BLOCK_BYTES`] runs block of output channels by block of output
+//! channels ([`ConvBlocks`]), each block's weights widened in turn.
 
 use crate::backend::{Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
 use crate::cpu::par;
@@ -264,7 +267,7 @@ pub fn via_f32(
     make: impl Fn(&NodeCtx) -> Result<Box<dyn Kernel>, String>,
 ) -> Result<Box<dyn Kernel>, String> {
     if raw.is_none() {
-        if let Some(k) = chunked(ctx, &make) {
+        if let Some(k) = chunked(ctx, &make).or_else(|| conv_blocks(ctx, &make)) {
             return Ok(k);
         }
     }
@@ -628,6 +631,249 @@ impl Chunked {
         narrow(1, self.out, cast::<f32>(&obuf[..len * 4]), dst);
         Ok(())
     }
+}
+
+/// Widened weight bytes above which a one-image Conv runs in blocks of
+/// output channels ([`ConvBlocks`]).
+pub const CONV_BLOCK_BYTES: usize = 2 << 20;
+
+/// A one-image, one-group fp16/bf16 Conv whose widened weight would
+/// exceed [`CONV_BLOCK_BYTES`]: the input is widened once, then each block
+/// of `block` output channels has its weights (contiguous rows of `W`) and
+/// bias widened, runs the f32 Conv made for that many channels, and is
+/// rounded back into its channels of the output (contiguous, one image).
+/// An output channel's sum does not depend on which others run beside it,
+/// so the bits are the whole-weight path's; the workspace holds one block
+/// of weights instead of all of them (ResNet-50's layer4 3x3: 9.4 MB).
+struct ConvBlocks {
+    full: Box<dyn Kernel>,
+    tail: Option<Box<dyn Kernel>>,
+    /// Output channels, per block, and elements per channel of `W` and
+    /// of the output.
+    m: usize,
+    block: usize,
+    per_w: usize,
+    per_y: usize,
+    x_n: usize,
+    /// `W`'s and the output's shapes (their channel dims are a block's in
+    /// each run).
+    w_shape: Vec<usize>,
+    y_shape: Vec<usize>,
+    x: Option<DType>,
+    w: DType,
+    b: Option<DType>,
+    y: DType,
+}
+
+impl ConvBlocks {
+    /// Workspace layout: widened input, a block's weights, its bias, its
+    /// f32 output, then the inner kernel's workspace.
+    fn parts(&self) -> [usize; 5] {
+        let inner = self
+            .full
+            .workspace_bytes()
+            .max(self.tail.as_ref().map_or(0, |t| t.workspace_bytes()));
+        [
+            if self.x.is_some() { self.x_n * 4 } else { 0 },
+            self.block * self.per_w * 4,
+            self.block * 4,
+            self.block * self.per_y * 4,
+            inner,
+        ]
+        .map(|b| b.next_multiple_of(A))
+    }
+}
+
+impl Kernel for ConvBlocks {
+    fn workspace_bytes(&self) -> usize {
+        self.parts().iter().sum()
+    }
+
+    fn run(&self, io: &mut KernelIo) -> Result<(), String> {
+        let [xb, wb, bb, yb, _] = self.parts();
+        let ws = std::mem::take(&mut io.workspace);
+        let (xbuf, rest) = ws.split_at_mut(xb);
+        let (wbuf, rest) = rest.split_at_mut(wb);
+        let (bbuf, rest) = rest.split_at_mut(bb);
+        let (ybuf, inner_ws) = rest.split_at_mut(yb);
+        let threads = io.threads;
+        let x_in = io.input(0)?;
+        let x_bytes = x_in.bytes()?;
+        if let Some(d) = self.x {
+            widen(threads, d, x_bytes, cast_mut(&mut xbuf[..self.x_n * 4]));
+        }
+        let w_bytes = io.input(1)?.bytes()?;
+        let b_bytes = match io.inputs.get(2).copied().flatten() {
+            Some(b) => Some(b.bytes()?),
+            None => None,
+        };
+        let half = |d: DType| d.bits().unwrap_or(16) as usize / 8;
+        let (ws_, ys_) = (half(self.w), half(self.y));
+        let y_len = io.outputs[0].data.len();
+        if w_bytes.len() < self.m * self.per_w * ws_ || y_len < self.m * self.per_y * ys_ {
+            return Err("weight or output shorter than its shape".into());
+        }
+        for m0 in (0..self.m).step_by(self.block) {
+            let mb = self.block.min(self.m - m0);
+            let (mut w_shape, mut y_shape) = (self.w_shape.clone(), self.y_shape.clone());
+            (w_shape[0], y_shape[1]) = (mb, mb);
+            let b_shape = [mb];
+            let wf: &mut [f32] = cast_mut(&mut wbuf[..mb * self.per_w * 4]);
+            widen(
+                threads,
+                self.w,
+                &w_bytes[m0 * self.per_w * ws_..(m0 + mb) * self.per_w * ws_],
+                wf,
+            );
+            let bias = match (b_bytes, self.b) {
+                (Some(b), Some(d)) => {
+                    let bs = half(d);
+                    widen(
+                        1,
+                        d,
+                        &b[m0 * bs..(m0 + mb) * bs],
+                        cast_mut(&mut bbuf[..mb * 4]),
+                    );
+                    Some(&bbuf[..mb * 4])
+                }
+                _ => None,
+            };
+            let inner = match &self.tail {
+                Some(t) if mb < self.block => t,
+                _ => &self.full,
+            };
+            let x_data: &[u8] = match self.x {
+                Some(_) => &xbuf[..self.x_n * 4],
+                None => x_bytes,
+            };
+            let w_data: &[u8] = &wbuf[..mb * self.per_w * 4];
+            let mut inputs = vec![
+                Some(In {
+                    dtype: DType::F32,
+                    shape: x_in.shape,
+                    data: Data::Bytes(x_data),
+                }),
+                Some(In {
+                    dtype: DType::F32,
+                    shape: &w_shape,
+                    data: Data::Bytes(w_data),
+                }),
+            ];
+            if let Some(b) = bias {
+                inputs.push(Some(In {
+                    dtype: DType::F32,
+                    shape: &b_shape,
+                    data: Data::Bytes(b),
+                }));
+            }
+            let mut kio = KernelIo {
+                inputs,
+                outputs: vec![Out {
+                    dtype: DType::F32,
+                    shape: &y_shape,
+                    data: &mut ybuf[..mb * self.per_y * 4],
+                }],
+                workspace: &mut inner_ws[..inner.workspace_bytes()],
+                threads,
+            };
+            inner.run(&mut kio)?;
+            drop(kio);
+            narrow(
+                threads,
+                self.y,
+                cast::<f32>(&ybuf[..mb * self.per_y * 4]),
+                &mut io.outputs[0].data[m0 * self.per_y * ys_..(m0 + mb) * self.per_y * ys_],
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The [`ConvBlocks`] kernel of a Conv with one image, one group, an
+/// fp16/bf16 weight over [`CONV_BLOCK_BYTES`] once widened and an fp16/bf16
+/// output; `None` otherwise (or where the block's kernel cannot be made).
+fn conv_blocks(
+    ctx: &NodeCtx,
+    make: &impl Fn(&NodeCtx) -> Result<Box<dyn Kernel>, String>,
+) -> Option<Box<dyn Kernel>> {
+    let node = ctx.node;
+    let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+    if !default_domain || node.op_type != "Conv" || node.attr_int("group").unwrap_or(1) != 1 {
+        return None;
+    }
+    let (x, w) = (ctx.input(0).ok()?, ctx.input(1).ok()?);
+    let b = ctx.inputs.get(2).cloned().flatten();
+    let [y] = &ctx.outputs[..] else {
+        return None;
+    };
+    let m = *w.shape.first()?;
+    if x.shape.first() != Some(&1)
+        || !low(w.dtype)
+        || !low(y.dtype)
+        || y.shape.get(1) != Some(&m)
+        || m == 0
+        || numel(&w.shape) * 4 <= CONV_BLOCK_BYTES
+        || b.as_ref().is_some_and(|b| b.shape != [m] || !low(b.dtype))
+    {
+        return None;
+    }
+    let per_w = numel(&w.shape) / m;
+    let per_y = numel(&y.shape) / m;
+    // Whole runs of 16 channels, as many as fit the block's bytes.
+    let block = (CONV_BLOCK_BYTES / (per_w * 4)).max(16) / 16 * 16;
+    let block = block.min(m);
+    let block_ctx = |mb: usize| {
+        let mut w_shape = w.shape.clone();
+        w_shape[0] = mb;
+        let mut y_shape = y.shape.clone();
+        y_shape[1] = mb;
+        let f32_of = |shape: Vec<usize>| {
+            Some(TensorInfo {
+                dtype: DType::F32,
+                shape,
+            })
+        };
+        let mut inputs = vec![
+            Some(TensorInfo {
+                dtype: if low(x.dtype) { DType::F32 } else { x.dtype },
+                shape: x.shape.clone(),
+            }),
+            f32_of(w_shape),
+        ];
+        if b.is_some() {
+            inputs.push(f32_of(vec![mb]));
+        }
+        NodeCtx {
+            node,
+            opset: ctx.opset,
+            constants: vec![None; inputs.len()],
+            inputs,
+            outputs: vec![TensorInfo {
+                dtype: DType::F32,
+                shape: y_shape,
+            }],
+        }
+    };
+    let full = make(&block_ctx(block)).ok()?;
+    let tail = match m % block {
+        0 => None,
+        r => Some(make(&block_ctx(r)).ok()?),
+    };
+    Some(Box::new(ConvBlocks {
+        full,
+        tail,
+        m,
+        block,
+        per_w,
+        per_y,
+        x_n: numel(&x.shape),
+        w_shape: w.shape.clone(),
+        y_shape: y.shape.clone(),
+        x: low(x.dtype).then_some(x.dtype),
+        w: w.dtype,
+        b: b.map(|b| b.dtype),
+        y: y.dtype,
+    }))
 }
 
 #[cfg(test)]
