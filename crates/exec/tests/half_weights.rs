@@ -39,13 +39,17 @@ fn half_tensor(dtype: DType, shape: &[usize], v: &[f32]) -> HostTensor {
 }
 
 fn run(m: &Model, inputs: &[HostTensor]) -> (Vec<HostTensor>, Executable) {
+    run_on(m, inputs, 2)
+}
+
+fn run_on(m: &Model, inputs: &[HostTensor], threads: usize) -> (Vec<HostTensor>, Executable) {
     let mp = plan_model(m, &DimValues::default(), &PlanOptions::default()).expect("plans");
     let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).expect("binds");
     let (out, _) = exe
         .run(
             inputs,
             &RunOptions {
-                threads: 2,
+                threads,
                 poison: true,
             },
         )
@@ -232,69 +236,92 @@ fn the_fp16_mlp_runs_its_gemms_on_half_weights_with_the_same_bits() {
 }
 
 /// A one-image fp16/bf16 Conv whose weight would widen to more than
-/// `CONV_BLOCK_BYTES` runs block of output channels by block (a 448-channel
-/// block and a 192-channel tail here): its output must be the bits of the
-/// f32 Conv of the widened input, weight and bias, rounded once (what the
-/// whole-weight path computes), and its workspace must hold less than the
-/// widened weight.
+/// `CONV_BLOCK_BYTES` runs block of output channels by block: its output
+/// must be the bits of the f32 Conv of the widened input, weight and bias,
+/// rounded once (what the whole-weight path computes), and its workspace
+/// must be below the whole copies of weight, input and output. The cases take each Conv path
+/// the blocks meet: im2col at 6x6 (a 448-channel block and a 192-channel
+/// tail, with a bias), the padded-image path at 14x14 (two 592-channel
+/// blocks and a 116-channel tail, no bias), and a 1x1 (a 1024-channel block and a
+/// 76-channel tail); at one thread and at two.
 #[test]
 fn one_image_convs_widen_their_weights_block_by_block_with_the_same_bits() {
     use graphopt_exec::cpu::lowp::CONV_BLOCK_BYTES;
-    let (m, c, hw) = (640, 128, 6);
-    let wn = m * c * 9;
-    assert!(wn * 4 > CONV_BLOCK_BYTES);
-    for dtype in [DType::F16, DType::BF16] {
-        let t = if dtype == DType::F16 {
-            "float16"
-        } else {
-            "bfloat16"
-        };
-        let round = |x: f32| match dtype {
-            DType::F16 => f16::from_f32(x).to_f32(),
-            _ => bf16::from_f32(x).to_f32(),
-        };
-        let (w, b, x) = (data(wn, 41), data(m, 42), data(c * hw * hw, 43));
-        let conv = "y = Conv <pads: ints = [1, 1, 1, 1], kernel_shape: ints = [3, 3]> (x, W, B)";
-        let text = |ty: &str, w: &[f32], b: &[f32]| {
-            format!(
-                "<ir_version: 10, opset_import: [\"\" : 17]>\n\
-                 g ({ty}[1,{c},{hw},{hw}] x) => ({ty}[1,{m},{hw},{hw}] y)\n\
-                 <{ty}[{m},{c},3,3] W = {{{}}}, {ty}[{m}] B = {{{}}}>\n{{\n{conv}\n}}",
-                list(w),
-                list(b)
-            )
-        };
-        let low = graphopt_text::parse_model(&text(t, &w, &b)).expect("parses");
-        let (got, exe) = run(&low, &[half_tensor(dtype, &[1, c, hw, hw], &x)]);
-        // The reference: everything widened, an f32 Conv, one rounding.
-        let wide = |v: &[f32]| v.iter().map(|&x| round(x)).collect::<Vec<f32>>();
-        let f32_model = graphopt_text::parse_model(&text("float", &wide(&w), &wide(&b))).unwrap();
-        let x32 = HostTensor {
-            dtype: DType::F32,
-            shape: vec![1, c, hw, hw],
-            data: wide(&x).iter().flat_map(|v| v.to_le_bytes()).collect(),
-        };
-        let (want, _) = run(&f32_model, &[x32]);
-        let want: Vec<u16> = want[0]
-            .to_f32()
-            .unwrap()
-            .iter()
-            .map(|&v| match dtype {
-                DType::F16 => f16::from_f32(v).to_bits(),
-                _ => bf16::from_f32(v).to_bits(),
-            })
-            .collect();
-        let got: Vec<u16> = got[0]
-            .data
-            .chunks_exact(2)
-            .map(|p| u16::from_le_bytes([p[0], p[1]]))
-            .collect();
-        assert!(got == want, "{t}: outputs differ");
-        assert!(
-            exe.workspace_bytes() < (wn * 4) as u64,
-            "{t}: workspace {} B, widened weight {} B",
-            exe.workspace_bytes(),
-            wn * 4
-        );
+    // (output channels, input channels, kernel, image side, bias)
+    let cases = [
+        (640, 128, 3, 6, true),
+        (1300, 96, 3, 14, false),
+        (1100, 512, 1, 7, true),
+    ];
+    for (m, c, k, hw, with_bias) in cases {
+        let wn = m * c * k * k;
+        assert!(wn * 4 > CONV_BLOCK_BYTES);
+        for dtype in [DType::F16, DType::BF16] {
+            let t = if dtype == DType::F16 {
+                "float16"
+            } else {
+                "bfloat16"
+            };
+            let round = |x: f32| match dtype {
+                DType::F16 => f16::from_f32(x).to_f32(),
+                _ => bf16::from_f32(x).to_f32(),
+            };
+            let (w, b, x) = (data(wn, 41), data(m, 42), data(c * hw * hw, 43));
+            let pad = k / 2;
+            let text = |ty: &str, w: &[f32], b: &[f32]| {
+                let (bias_init, bias_in) = if with_bias {
+                    (format!(", {ty}[{m}] B = {{{}}}", list(b)), ", B")
+                } else {
+                    (String::new(), "")
+                };
+                format!(
+                    "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+                     g ({ty}[1,{c},{hw},{hw}] x) => ({ty}[1,{m},{hw},{hw}] y)\n\
+                     <{ty}[{m},{c},{k},{k}] W = {{{}}}{bias_init}>\n{{\n\
+                     y = Conv <pads: ints = [{pad}, {pad}, {pad}, {pad}], kernel_shape: ints = [{k}, {k}]> (x, W{bias_in})\n}}",
+                    list(w)
+                )
+            };
+            let low = graphopt_text::parse_model(&text(t, &w, &b)).expect("parses");
+            // The reference: everything widened, an f32 Conv, one rounding.
+            let wide = |v: &[f32]| v.iter().map(|&x| round(x)).collect::<Vec<f32>>();
+            let f32_model =
+                graphopt_text::parse_model(&text("float", &wide(&w), &wide(&b))).unwrap();
+            let x32 = HostTensor {
+                dtype: DType::F32,
+                shape: vec![1, c, hw, hw],
+                data: wide(&x).iter().flat_map(|v| v.to_le_bytes()).collect(),
+            };
+            let (want, _) = run(&f32_model, &[x32]);
+            let want: Vec<u16> = want[0]
+                .to_f32()
+                .unwrap()
+                .iter()
+                .map(|&v| match dtype {
+                    DType::F16 => f16::from_f32(v).to_bits(),
+                    _ => bf16::from_f32(v).to_bits(),
+                })
+                .collect();
+            for threads in [1, 2] {
+                let (got, exe) = run_on(&low, &[half_tensor(dtype, &[1, c, hw, hw], &x)], threads);
+                let got: Vec<u16> = got[0]
+                    .data
+                    .chunks_exact(2)
+                    .map(|p| u16::from_le_bytes([p[0], p[1]]))
+                    .collect();
+                assert!(
+                    got == want,
+                    "{t} {m}x{c}x{k}x{k} at {threads} thread(s): outputs differ"
+                );
+                // The whole-weight path holds at least the widened weight,
+                // input and output at once.
+                let whole = ((wn + c * hw * hw + m * hw * hw) * 4) as u64;
+                assert!(
+                    exe.workspace_bytes() < whole,
+                    "{t}: workspace {} B, whole copies {whole} B",
+                    exe.workspace_bytes(),
+                );
+            }
+        }
     }
 }

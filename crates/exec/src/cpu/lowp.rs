@@ -3,11 +3,11 @@
 //! workspace) and rounds the f32 outputs back once, as onnxruntime's CPU
 //! provider does for most ops (compute in f32, round at the output).
 //! The conversions split across threads and use AVX-512F (float16) or
-//! `half`'s conversions (F16C where the CPU has it);
-//! they widen whole tensors, except the float16/bfloat16 weights of MatMul
+//! `half`'s conversions (F16C where the CPU has it). They widen whole
+//! tensors except in three cases: the float16/bfloat16 weights of MatMul
 //! and Gemm, which [`crate::lower`] hands to kernels that widen them tile
 //! by tile (`HalfMatMul`, `HalfGemm`: the slot [`via_f32`] leaves as it
-//! is).
+//! is), and the two below.
 //! Byte-generic data movement (Reshape, Transpose, Concat, ...) needs no
 //! widening and never comes here.
 //!
@@ -22,7 +22,7 @@
 
 use crate::backend::{Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
 use crate::cpu::par;
-use crate::tensor::{cast, cast_mut, numel};
+use crate::tensor::{cast, cast_mut, elem_size, numel};
 use graphopt_ir::DType;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
@@ -524,7 +524,7 @@ impl Kernel for Chunked {
         if io.workspace.len() < parts * slot {
             return Err("workspace too small".into());
         }
-        let out_size = self.out.bits().unwrap_or(16) as usize / 8;
+        let out_size = elem_size(self.out).unwrap_or(2);
         if io.outputs[0].data.len() < self.n * out_size {
             return Err("output shorter than its shape".into());
         }
@@ -691,6 +691,9 @@ impl Kernel for ConvBlocks {
 
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let [xb, wb, bb, yb, _] = self.parts();
+        if io.workspace.len() < self.workspace_bytes() {
+            return Err("workspace too small".into());
+        }
         let ws = std::mem::take(&mut io.workspace);
         let (xbuf, rest) = ws.split_at_mut(xb);
         let (wbuf, rest) = rest.split_at_mut(wb);
@@ -699,19 +702,25 @@ impl Kernel for ConvBlocks {
         let threads = io.threads;
         let x_in = io.input(0)?;
         let x_bytes = x_in.bytes()?;
-        if let Some(d) = self.x {
-            widen(threads, d, x_bytes, cast_mut(&mut xbuf[..self.x_n * 4]));
-        }
         let w_bytes = io.input(1)?.bytes()?;
         let b_bytes = match io.inputs.get(2).copied().flatten() {
             Some(b) => Some(b.bytes()?),
             None => None,
         };
-        let half = |d: DType| d.bits().unwrap_or(16) as usize / 8;
-        let (ws_, ys_) = (half(self.w), half(self.y));
-        let y_len = io.outputs[0].data.len();
-        if w_bytes.len() < self.m * self.per_w * ws_ || y_len < self.m * self.per_y * ys_ {
-            return Err("weight or output shorter than its shape".into());
+        let size = |d: DType| elem_size(d).unwrap_or(2);
+        let (ws_, ys_) = (size(self.w), size(self.y));
+        let x_size = self.x.map_or(4, size);
+        let short = x_bytes.len() < self.x_n * x_size
+            || w_bytes.len() < self.m * self.per_w * ws_
+            || io.outputs[0].data.len() < self.m * self.per_y * ys_
+            || b_bytes
+                .zip(self.b)
+                .is_some_and(|(b, d)| b.len() < self.m * size(d));
+        if short {
+            return Err("an input or the output is shorter than its shape".into());
+        }
+        if let Some(d) = self.x {
+            widen(threads, d, x_bytes, cast_mut(&mut xbuf[..self.x_n * 4]));
         }
         for m0 in (0..self.m).step_by(self.block) {
             let mb = self.block.min(self.m - m0);
@@ -727,7 +736,7 @@ impl Kernel for ConvBlocks {
             );
             let bias = match (b_bytes, self.b) {
                 (Some(b), Some(d)) => {
-                    let bs = half(d);
+                    let bs = size(d);
                     widen(
                         1,
                         d,
@@ -807,7 +816,11 @@ fn conv_blocks(
         return None;
     };
     let m = *w.shape.first()?;
+    // One input channel: a one-channel block would take the depthwise
+    // kernel, which sums in another order than the GEMM paths.
     if x.shape.first() != Some(&1)
+        || y.shape.first() != Some(&1)
+        || w.shape.get(1).is_none_or(|&c| c < 2)
         || !low(w.dtype)
         || !low(y.dtype)
         || y.shape.get(1) != Some(&m)
@@ -821,7 +834,9 @@ fn conv_blocks(
     let per_y = numel(&y.shape) / m;
     // Whole runs of 16 channels, as many as fit the block's bytes.
     let block = (CONV_BLOCK_BYTES / (per_w * 4)).max(16) / 16 * 16;
-    let block = block.min(m);
+    if block >= m {
+        return None;
+    }
     let block_ctx = |mb: usize| {
         let mut w_shape = w.shape.clone();
         w_shape[0] = mb;
@@ -833,13 +848,7 @@ fn conv_blocks(
                 shape,
             })
         };
-        let mut inputs = vec![
-            Some(TensorInfo {
-                dtype: if low(x.dtype) { DType::F32 } else { x.dtype },
-                shape: x.shape.clone(),
-            }),
-            f32_of(w_shape),
-        ];
+        let mut inputs = vec![Some(widen_info(x)), f32_of(w_shape)];
         if b.is_some() {
             inputs.push(f32_of(vec![mb]));
         }
