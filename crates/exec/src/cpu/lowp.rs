@@ -11,7 +11,8 @@
 //! Byte-generic data movement (Reshape, Transpose, Concat, ...) needs no
 //! widening and never comes here.
 //!
-//! Elementwise nodes ([`ELEMENTWISE`]) whose inputs each have the output's
+//! Elementwise nodes (the planner's elementwise in-place table,
+//! [`graphopt_plan::inplace_rule`]) whose inputs each have the output's
 //! shape or hold one element are widened, computed and rounded back
 //! [`CHUNK`] elements at a time instead ([`Chunked`]), each thread its own
 //! run of chunks: the workspace then holds a few chunks per thread, not
@@ -24,6 +25,7 @@ use crate::backend::{Data, In, Kernel, KernelIo, NodeCtx, Out, TensorInfo};
 use crate::cpu::par;
 use crate::tensor::{cast, cast_mut, elem_size, numel};
 use graphopt_ir::DType;
+use graphopt_plan::{inplace_rule, InPlace};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 
@@ -329,7 +331,9 @@ fn chunked(
 ) -> Option<Box<dyn Kernel>> {
     let node = ctx.node;
     let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
-    if !default_domain || !ELEMENTWISE.contains(&node.op_type.as_str()) {
+    // The planner's elementwise table: output element `i` from element `i`
+    // of each input (the shape checks below keep broadcast inputs out).
+    if !default_domain || inplace_rule(&node.op_type) != InPlace::Elementwise {
         return None;
     }
     let [o] = &ctx.outputs[..] else {
@@ -399,48 +403,6 @@ fn chunked(
         slots: par::max_threads().clamp(1, 8),
     }))
 }
-
-/// Ops whose output element `i` depends only on element `i` of each input
-/// of the output's shape and on the one element of the others: what
-/// [`Chunked`] may cut into runs of elements.
-const ELEMENTWISE: &[&str] = &[
-    "Abs",
-    "Add",
-    "Ceil",
-    "Clip",
-    "Cos",
-    "Div",
-    "Elu",
-    "Erf",
-    "Exp",
-    "Floor",
-    "Gelu",
-    "HardSigmoid",
-    "HardSwish",
-    "LeakyRelu",
-    "Log",
-    "Max",
-    "Mean",
-    "Min",
-    "Mul",
-    "Neg",
-    "Pow",
-    "Reciprocal",
-    "Relu",
-    "Round",
-    "Selu",
-    "Sigmoid",
-    "Sign",
-    "Sin",
-    "Softplus",
-    "Softsign",
-    "Sqrt",
-    "Sub",
-    "Sum",
-    "Tan",
-    "Tanh",
-    "Where",
-];
 
 /// Elements per run of a [`Chunked`] node (128 KiB of f32 per buffer).
 pub const CHUNK: usize = 1 << 15;
