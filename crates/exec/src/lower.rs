@@ -62,10 +62,12 @@
 //! from one convolution to the next.
 //!
 //! A float16 or bfloat16 weight (an initializer, what `--precision fp16`
-//! and `bf16` write) read by a MatMul or Gemm as its `B` is decoded per
-//! tile too: the reader becomes `HalfMatMul(A, W)` or `HalfGemm(A, W,
-//! C?)` ([`half_weights`]), whose kernel widens tiles of `W` to float32 as
-//! it multiplies, where the plain node would widen all of `W` into its
+//! and `bf16` write) read by a MatMul or Gemm as its `B`, directly or
+//! through a Cast to float32 (what `fp16-weights` and `bf16` write before a
+//! float32 product; the Cast then goes), is decoded per tile too: the
+//! reader becomes `HalfMatMul(A, W)` or `HalfGemm(A, W, C?)`
+//! ([`half_weights`]), whose kernel widens tiles of `W` to float32 as it
+//! multiplies, where the plain node would widen all of `W` into its
 //! workspace on every run (the activations `A` and `C` are still widened
 //! whole, and the output rounded back once, as for any fp16 node).
 //!
@@ -146,6 +148,9 @@ pub const INTEGER_CONV: &str = "IntegerConv";
 pub const PALETTE_PREFIX: &str = "Palette";
 pub const DEQUANT_PREFIX: &str = "Dequant";
 pub const HALF_PREFIX: &str = "Half";
+/// Attribute of `HalfMatMul`/`HalfGemm`: the type the weight is read as
+/// (its own, or float32 where a Cast widened it before the reader).
+pub const HALF_TO_ATTR: &str = "half_compute_type";
 /// Attribute: the decoded weight's shape `S`.
 pub const WEIGHT_SHAPE_ATTR: &str = "palette_weight_shape";
 /// Attribute: `[ng, -1]`, codebooks and indices as rows of groups.
@@ -628,12 +633,14 @@ fn quantized_activation(g: &Graph, a: ValueId) -> Option<(NodeId, [Option<ValueI
 }
 
 /// Rewrites every default-domain MatMul and Gemm whose `B` is a 2-D
-/// float16 or bfloat16 initializer (not a graph input) into `HalfMatMul(A,
-/// W)` or `HalfGemm(A, W, C?)` (the reader's attributes and
-/// [`WEIGHT_SHAPE_ATTR`]), whose kernel widens `W` tile by tile
+/// float16 or bfloat16 initializer `W` (not a graph input), or a Cast of
+/// one to float32, into `HalfMatMul(A, W)` or `HalfGemm(A, W, C?)` (the
+/// reader's attributes, [`WEIGHT_SHAPE_ATTR`], and [`HALF_TO_ATTR`]: `W`'s
+/// type, or float32 after a Cast), whose kernel widens `W` tile by tile
 /// ([`crate::cpu::coded`]). `W` stays an initializer for its other
-/// readers. Returns how many nodes, and the float32 bytes of their weights
-/// (what the plain nodes widen whole on every run).
+/// readers; a Cast nothing else reads goes. Returns how many nodes, and the
+/// float32 bytes of their weights (what the plain nodes, or the Cast, widen
+/// whole on every run).
 fn half_weights(g: &mut Graph) -> (usize, u64) {
     let mut fused = 0;
     let mut bytes = 0;
@@ -647,15 +654,32 @@ fn half_weights(g: &mut Graph) -> (usize, u64) {
         if !default_domain(&d.domain) {
             continue;
         }
-        let (Some(a), Some(w)) = (d.input(0), d.input(1)) else {
+        let (Some(a), Some(read)) = (d.input(0), d.input(1)) else {
             continue;
+        };
+        // The weight itself, or a Cast to float32 of it (what
+        // `--precision fp16-weights` and `bf16` write before a float32
+        // MatMul): the compute type is then float32.
+        let (w, cast) = match g.producer(read) {
+            Some((c, _))
+                if g.node(c).op_type == "Cast"
+                    && default_domain(&g.node(c).domain)
+                    && g.node(c).attr_int("to") == Some(DType::F32.to_onnx() as i64) =>
+            {
+                match g.node(c).input(0) {
+                    Some(w) => (w, Some(c)),
+                    None => continue,
+                }
+            }
+            _ => (read, None),
         };
         let Some(t) = g.constant(w) else {
             continue;
         };
-        if !matches!(t.dtype, DType::F16 | DType::BF16) || t.dims.len() != 2 || a == w {
+        if !matches!(t.dtype, DType::F16 | DType::BF16) || t.dims.len() != 2 || a == read {
             continue;
         }
+        let compute = if cast.is_some() { DType::F32 } else { t.dtype };
         let shape = t.dims.clone();
         bytes += shape.iter().product::<i64>().max(0) as u64 * 4;
         let mut inputs = vec![Some(a), Some(w)];
@@ -665,12 +689,23 @@ fn half_weights(g: &mut Graph) -> (usize, u64) {
         let mut attributes: Vec<Attribute> = d
             .attributes
             .iter()
-            .filter(|a| a.name != WEIGHT_SHAPE_ATTR)
+            .filter(|a| a.name != WEIGHT_SHAPE_ATTR && a.name != HALF_TO_ATTR)
             .cloned()
             .collect();
         attributes.push(Attribute::new(WEIGHT_SHAPE_ATTR, AttrValue::Ints(shape)));
+        attributes.push(Attribute::new(
+            HALF_TO_ATTR,
+            AttrValue::Int(compute.to_onnx() as i64),
+        ));
         replace_reader(g, r, op, inputs, attributes);
         fused += 1;
+        // The Cast goes once nothing reads its output.
+        if let Some(c) = cast {
+            if g.uses(read).is_empty() && !g.is_output(read) {
+                g.remove_node(c);
+                g.remove_value(read);
+            }
+        }
     }
     (fused, bytes)
 }
@@ -1500,7 +1535,21 @@ fn function(op: &str, opset: i64) -> Function {
     let f: Vec<ValueId> = formals.iter().map(|n| val(&mut b, n)).collect();
     let v = |b: &Graph, n: &str| b.value_by_name(n).expect("formal");
     let y = val(&mut b, "Y");
-    let w = if half { v(&b, "W") } else { val(&mut b, "W") };
+    let w = if half {
+        // W read as the compute type: an identity Cast, or float16/bfloat16
+        // widened to float32 (exact either way).
+        let (stored, w) = (v(&b, "W"), val(&mut b, "W_compute"));
+        add(
+            &mut b,
+            NewNode::new("Cast")
+                .inputs(&[stored])
+                .outputs(&[w])
+                .attr(attr_ref("to", HALF_TO_ATTR, AttrKind::Int)),
+        );
+        w
+    } else {
+        val(&mut b, "W")
+    };
     if palette {
         let (cb, idx) = (v(&b, "codebook"), v(&b, "indices"));
         let names = ["i", "groups", "cb2", "i2", "flat", "shape"];
@@ -1602,7 +1651,9 @@ fn function(op: &str, opset: i64) -> Function {
     let mut attributes = vec![WEIGHT_SHAPE_ATTR.to_string()];
     if palette {
         attributes.push(GROUPS_ATTR.to_string());
-    } else if !half {
+    } else if half {
+        attributes.push(HALF_TO_ATTR.to_string());
+    } else {
         attributes.push(DEQUANT_AXIS_ATTR.to_string());
         attributes.push(DEQUANT_BLOCK_ATTR.to_string());
     }

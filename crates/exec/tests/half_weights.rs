@@ -325,3 +325,59 @@ fn one_image_convs_widen_their_weights_block_by_block_with_the_same_bits() {
         }
     }
 }
+
+/// `--precision fp16-weights` and `bf16` store a weight in half precision
+/// and Cast it to float32 before a float32 MatMul or Gemm: the reader then
+/// reads the stored weight per tile (`half_compute_type` float32) and the
+/// Cast goes, so the arena no longer holds the widened weight. Same bits.
+#[test]
+fn a_half_weight_cast_to_float32_is_read_per_tile_and_the_cast_goes() {
+    let (k, n, m) = (300, 520, 4);
+    for (t, reader) in [
+        ("float16", "y = MatMul (x, Wf)"),
+        ("bfloat16", "y = Gemm <transB: int = 1> (x, Wf, bias)"),
+    ] {
+        let gemm = reader.contains("Gemm");
+        let w_dims = if gemm {
+            format!("{n},{k}")
+        } else {
+            format!("{k},{n}")
+        };
+        let text = format!(
+            "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+             g (float[{m},{k}] x) => (float[{m},{n}] y)\n\
+             <{t}[{w_dims}] W = {{{}}}, float[{n}] bias = {{{}}}>\n{{\n\
+             Wf = Cast <to: int = 1> (W)\n{reader}\n}}",
+            list(&data(k * n, 51)),
+            list(&data(n, 52))
+        );
+        let model = graphopt_text::parse_model(&text).expect("parses");
+        let x = HostTensor {
+            dtype: DType::F32,
+            shape: vec![m, k],
+            data: data(m * k, 53)
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        };
+        let plan_of = |m: &Model| {
+            plan_model(m, &DimValues::default(), &PlanOptions::default())
+                .expect("plans")
+                .plan
+                .arena_bytes
+        };
+        let (want, _) = run(&model, std::slice::from_ref(&x));
+        let mut lowered = model.clone();
+        let r = lower_coded(&mut lowered);
+        graphopt_ir::verify::verify_model(&lowered).expect("the lowered model verifies");
+        assert_eq!(r.half_fused, 1, "{t}: {r:?}");
+        let (got, exe) = run(&lowered, std::slice::from_ref(&x));
+        assert_eq!(exe.kernel_count("Cast"), 0, "{t}: the Cast goes");
+        assert!(got[0].data == want[0].data, "{t}: outputs differ");
+        let (before, after) = (plan_of(&model), plan_of(&lowered));
+        assert!(
+            after + (k * n * 4) as u64 <= before,
+            "{t}: arena {after} B lowered, {before} B as written"
+        );
+    }
+}
