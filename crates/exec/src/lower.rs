@@ -660,11 +660,27 @@ fn half_weights(g: &mut Graph) -> (usize, u64) {
         // The weight itself, or a Cast to float32 of it (what
         // `--precision fp16-weights` and `bf16` write before a float32
         // MatMul): the compute type is then float32.
+        // Only where every reader of the Cast is such a product (a Cast
+        // that stays would keep its f32 copy: nothing to gain).
+        let only_products = |g: &Graph| {
+            !g.is_output(read)
+                && g.uses(read).iter().all(|u| match *u {
+                    Use::Input { node, slot } => {
+                        let n = g.node(node);
+                        slot == 1
+                            && matches!(n.op_type.as_str(), "MatMul" | "Gemm")
+                            && default_domain(&n.domain)
+                            && n.input(0) != Some(read)
+                    }
+                    Use::Capture { .. } => false,
+                })
+        };
         let (w, cast) = match g.producer(read) {
             Some((c, _))
                 if g.node(c).op_type == "Cast"
                     && default_domain(&g.node(c).domain)
-                    && g.node(c).attr_int("to") == Some(DType::F32.to_onnx() as i64) =>
+                    && g.node(c).attr_int("to") == Some(DType::F32.to_onnx() as i64)
+                    && only_products(g) =>
             {
                 match g.node(c).input(0) {
                     Some(w) => (w, Some(c)),
@@ -681,7 +697,11 @@ fn half_weights(g: &mut Graph) -> (usize, u64) {
         }
         let compute = if cast.is_some() { DType::F32 } else { t.dtype };
         let shape = t.dims.clone();
-        bytes += shape.iter().product::<i64>().max(0) as u64 * 4;
+        let widened = shape.iter().product::<i64>().max(0) as u64 * 4;
+        // Each plain reader widened its own copy; a Cast made one.
+        if cast.is_none() {
+            bytes += widened;
+        }
         let mut inputs = vec![Some(a), Some(w)];
         if op == "HalfGemm" {
             inputs.push(d.input(2));
@@ -704,6 +724,7 @@ fn half_weights(g: &mut Graph) -> (usize, u64) {
             if g.uses(read).is_empty() && !g.is_output(read) {
                 g.remove_node(c);
                 g.remove_value(read);
+                bytes += widened;
             }
         }
     }

@@ -381,3 +381,23 @@ fn a_half_weight_cast_to_float32_is_read_per_tile_and_the_cast_goes() {
         );
     }
 }
+
+/// A Cast of a half weight that something besides the products reads (a
+/// Transpose here, as a tied embedding would) keeps its f32 copy, so the
+/// products keep reading it: nothing is fused, nothing is counted.
+#[test]
+fn a_cast_read_by_more_than_products_stays_with_its_readers() {
+    let mut m = graphopt_text::parse_model(
+        r#"<ir_version: 10, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[2,2] y, float[2,3] z)
+        <float16[3,2] W = {1, 2, 3, 4, 5, 6}> {
+          Wf = Cast <to: int = 1> (W)
+          y = MatMul (x, Wf)
+          z = Transpose (Wf)
+        }
+        "#,
+    )
+    .expect("parses");
+    let r = lower_coded(&mut m);
+    assert_eq!((r.half_fused, r.half_widened_bytes), (0, 0), "{r:?}");
+}

@@ -19,12 +19,14 @@
 //!   `c` its scale's index: DequantizeLinear's kernel's formula, so the
 //!   decoded tiles hold the bits it would write. Nodes `Dequant*(…, q,
 //!   scale, zero_point?, …)`, with `dequant_axis` and `dequant_block_size`.
-//! - **Half precision** (issue 20, what `--precision fp16`/`bf16` write):
-//!   `W` itself, a float16 or bfloat16 initializer, widened exactly. Nodes
-//!   `HalfMatMul(A, W)` and `HalfGemm(A, W, C?)`; they reach the kernel
-//!   through [`crate::cpu::lowp::via_f32`] with `W` left as it is (`A`,
-//!   `C` widened, the output rounded back), so they decode the tiles the
-//!   plain node's widened weight would hold.
+//! - **Half precision** (issue 20, what `--precision fp16`, `bf16` and
+//!   `fp16-weights` write): `W` itself, a float16 or bfloat16 initializer,
+//!   widened exactly. Nodes `HalfMatMul(A, W)` and `HalfGemm(A, W, C?)`;
+//!   they reach the kernel through [`crate::cpu::lowp::via_f32`] with `W`
+//!   left as it is (a float16/bfloat16 `A` or `C` widened and the output
+//!   rounded back; float32 ones, where the model Cast `W` to float32, as
+//!   they are), so they decode the tiles the plain node's widened weight
+//!   would hold.
 //!
 //! The kernels, one per reader (the weight's data slots sit where the
 //! reader had `W`; what followed it comes after them):
