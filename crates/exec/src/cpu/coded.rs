@@ -215,15 +215,7 @@ impl Bound<'_> {
         match self.code {
             Code::Palette(p) => p.decode(cast(self.data[0]), self.data[1], start, out),
             Code::Dequant(d) => d.decode(self.data, start, out),
-            Code::Half(d) => {
-                let bits: &[u16] = cast(self.data[0]);
-                let bits = &bits[start..start + out.len()];
-                if *d == DType::F16 {
-                    f16_to_f32(bits, out);
-                } else {
-                    bits.reinterpret_cast::<bf16>().convert_to_f32_slice(out);
-                }
-            }
+            Code::Half(d) => floats(*d, self.data[0], start, out),
         }
     }
 }
