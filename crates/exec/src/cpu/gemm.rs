@@ -799,10 +799,39 @@ unsafe fn tile(t: &Tile, rows: usize, wide: bool) {
         };
         ($f:ident, $w:literal, $o:literal; $($r:literal)*) => {
             match rows {
-                $($r => $f::<$r, $w, $o>(t),)*
-                _ => $f::<1, $w, $o>(t),
+                $($r => $f::<$r, $w, $o, 0>(t),)*
+                _ => $f::<1, $w, $o, 0>(t),
             }
         };
+    }
+    // A full AVX-512 tile with an epilogue: in registers, stored once.
+    let ep = epilogue(t);
+    if wide && rows == MR_WIDE && ep != 0 {
+        macro_rules! by_ep {
+            ($w:literal, $o:literal) => {
+                match ep {
+                    1 => micro_wide::<MR_WIDE, $w, $o, 1>(t),
+                    2 => micro_wide::<MR_WIDE, $w, $o, 2>(t),
+                    3 => micro_wide::<MR_WIDE, $w, $o, 3>(t),
+                    4 => micro_wide::<MR_WIDE, $w, $o, 4>(t),
+                    5 => micro_wide::<MR_WIDE, $w, $o, 5>(t),
+                    10 => micro_wide::<MR_WIDE, $w, $o, 10>(t),
+                    11 => micro_wide::<MR_WIDE, $w, $o, 11>(t),
+                    12 => micro_wide::<MR_WIDE, $w, $o, 12>(t),
+                    _ => micro_wide::<MR_WIDE, $w, $o, 13>(t),
+                }
+            };
+        }
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            match (t.nr > NR, !t.rows.is_null()) {
+                (true, false) => by_ep!(2, false),
+                (false, false) => by_ep!(1, false),
+                (true, true) => by_ep!(2, true),
+                (false, true) => by_ep!(1, true),
+            }
+        }
+        return;
     }
     // SAFETY: the caller's promise, passed on.
     unsafe {
@@ -818,6 +847,36 @@ unsafe fn tile(t: &Tile, rows: usize, wide: bool) {
             finish_tile(t, rows);
         }
     }
+}
+
+/// [`micro_wide`]'s `EP`, an epilogue it applies in registers: the bias
+/// ([`EP_BIAS`]), the activation ([`EP_ACT`]'s bits), and `beta = 1`
+/// ([`EP_ACCUMULATE`], else 0); `alpha` is 1. 0: the general store, then
+/// [`finish_tile`].
+const EP_BIAS: u8 = 1;
+const EP_ACT: u8 = 6;
+const EP_RELU: u8 = 2;
+const EP_CLIP: u8 = 4;
+const EP_ACCUMULATE: u8 = 8;
+
+/// The tile's [`micro_wide`] `EP`, or 0 where it has no bias or
+/// activation, or an `alpha` or `beta` the registers' epilogue does not
+/// take.
+fn epilogue(t: &Tile) -> u8 {
+    if t.alpha != 1.0 || (t.beta != 0.0 && t.beta != 1.0) {
+        return 0;
+    }
+    let bias = if t.bias.is_null() { 0 } else { EP_BIAS };
+    let act = match t.act {
+        None => 0,
+        Some(Activation::Relu) => EP_RELU,
+        Some(Activation::Clip { .. }) => EP_CLIP,
+    };
+    if bias | act == 0 {
+        return 0;
+    }
+    let acc = if t.beta == 1.0 { EP_ACCUMULATE } else { 0 };
+    bias | act | acc
 }
 
 /// The [`Epilogue`] of a micro-tile just stored (still in L1): `c +=
@@ -904,7 +963,7 @@ unsafe fn finish_rows<const BIAS: bool>(
 /// [`micro`] (the edge columns masked instead of finished one by one, the
 /// same arithmetic), so the two kernels give the same bits.
 #[target_feature(enable = "avx512f")]
-unsafe fn micro_wide<const R: usize, const W: usize, const ROWS: bool>(t: &Tile) {
+unsafe fn micro_wide<const R: usize, const W: usize, const ROWS: bool, const EP: u8>(t: &Tile) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); W]; R];
     // SAFETY: `a` has R rows of kc at strides (rsa, csa); `b` (and `b1` when W
@@ -930,6 +989,43 @@ unsafe fn micro_wide<const R: usize, const W: usize, const ROWS: bool>(t: &Tile)
             // (Past the last row after the last step: never read.)
             bp0 = bp0.wrapping_add(t.ldb);
             bp1 = bp1.wrapping_add(t.ldb1);
+        }
+        if EP != 0 {
+            // A full tile's epilogue, every step known here (alpha 1, beta
+            // 0 or 1, the bias, the activation), so the loops unroll and
+            // the accumulators stay in registers.
+            let (lo, hi) = match t.act {
+                Some(Activation::Clip { lo, hi }) => (_mm512_set1_ps(lo), _mm512_set1_ps(hi)),
+                _ => (_mm512_setzero_ps(), _mm512_setzero_ps()),
+            };
+            let masks: [__mmask16; W] = std::array::from_fn(|h| {
+                let lanes = t.nr.saturating_sub(NR * h).min(NR);
+                if lanes == NR {
+                    !0
+                } else {
+                    (1u16 << lanes) - 1
+                }
+            });
+            for (i, row) in acc.iter().enumerate() {
+                let c = t.c.add(i * t.rsc);
+                for (h, v) in row.iter().enumerate() {
+                    let out = c.add(NR * h);
+                    let mut v = *v;
+                    if EP & EP_ACCUMULATE != 0 {
+                        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(masks[h], out));
+                    }
+                    if EP & EP_BIAS != 0 {
+                        v = _mm512_add_ps(v, _mm512_set1_ps(*t.bias.add(i)));
+                    }
+                    if EP & EP_ACT == EP_RELU {
+                        v = _mm512_max_ps(v, _mm512_setzero_ps());
+                    } else if EP & EP_ACT == EP_CLIP {
+                        v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+                    }
+                    _mm512_mask_storeu_ps(out, masks[h], v);
+                }
+            }
+            return;
         }
         let alpha = _mm512_set1_ps(t.alpha);
         let beta = _mm512_set1_ps(t.beta);
