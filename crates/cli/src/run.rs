@@ -135,6 +135,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 human_bytes(r.half_widened_bytes)
             );
         }
+        if r.elementwise_chains > 0 {
+            s += &format!(
+                "fused       {} elementwise node(s) run as {} chain(s), one loop over tiles each: their intermediates are never planned\n",
+                r.elementwise_chain_nodes, r.elementwise_chains
+            );
+        }
         if r.integer_matmuls > 0 {
             s += &format!(
                 "quantized   {} MatMul/Gemm(s) of quantized activations run as integer GEMMs\n",

@@ -47,6 +47,7 @@ mod control;
 pub mod cpu;
 pub mod cuda;
 mod executor;
+pub mod fuse_chains;
 pub mod lower;
 pub mod tensor;
 mod values;

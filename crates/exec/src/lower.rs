@@ -98,7 +98,7 @@ use graphopt_ir::{
 };
 
 /// The domain of the fused nodes (internal to graphopt's CPU runtime).
-pub const CODED_DOMAIN: &str = "graphopt.exec";
+pub const CODED_DOMAIN: &str = graphopt_plan::EXEC_DOMAIN;
 /// The fused ops of palettes, by the reader they replace: MatMul, Gemm,
 /// Conv, Gather.
 const PALETTE_OPS: [Option<&str>; 4] = [
@@ -134,6 +134,7 @@ pub const CODED_OPS: &[&str] = &[
     INTEGER_CONV,
     "HalfMatMul",
     "HalfGemm",
+    graphopt_plan::CHAIN_OP,
 ];
 /// A `DequantMatMul` whose activations are quantized too, run as an
 /// integer GEMM ([`integer_matmuls`]).
@@ -193,6 +194,10 @@ pub struct CodedLowering {
     /// take widened whole (once per node, on every run).
     pub half_fused: usize,
     pub half_widened_bytes: u64,
+    /// Chains of float32 elementwise nodes fused into one node each
+    /// ([`crate::fuse_chains`]), and the nodes they replaced.
+    pub chains: usize,
+    pub chain_nodes: usize,
     /// Coded weights left to the plain nodes, and why.
     pub kept: Vec<(String, String)>,
 }
@@ -558,6 +563,7 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
             .kept
             .retain(|(name, _)| g.value_by_name(name).is_some());
     }
+    (report.chains, report.chain_nodes) = crate::fuse_chains::fuse_chains(m);
     // The fused ops the graph holds now (a DequantMatMul may have become an
     // IntegerMatMul).
     let g = &m.graph;
@@ -1454,7 +1460,7 @@ fn replace_reader(
 /// empty slots dropped), `attributes` and `outputs` (`r`'s if `None`), and
 /// `r`'s name, doc string and metadata. `r`'s outputs that the new node
 /// does not write are removed.
-fn replace_node(
+pub(crate) fn replace_node(
     g: &mut Graph,
     r: NodeId,
     domain: &str,

@@ -217,6 +217,11 @@ pub struct RunReport {
     /// widened whole, which the plain nodes' workspace held.
     pub half_fused_nodes: usize,
     pub half_widened_bytes: u64,
+    /// Chains of float32 elementwise nodes run as one node each, one loop
+    /// over tiles with no planned intermediates (CPU only), and the nodes
+    /// they replaced.
+    pub elementwise_chains: usize,
+    pub elementwise_chain_nodes: usize,
     /// Palettized or integer weights left to the plain decode nodes (the
     /// field keeps its first name), and
     /// why (a reader the kernels do not cover).
@@ -644,6 +649,8 @@ impl Runner<'_> {
             moved_pairs: lowering.moved_pairs,
             half_fused_nodes: lowering.half_fused,
             half_widened_bytes: lowering.half_widened_bytes,
+            elementwise_chains: lowering.chains,
+            elementwise_chain_nodes: lowering.chain_nodes,
             palette_kept: lowering.kept,
             fused_activations: exe.fused_activations(),
             peak_rss_bytes: peak_rss_bytes(),
@@ -741,6 +748,8 @@ fn run_cuda(
         moved_pairs: 0,
         half_fused_nodes: 0,
         half_widened_bytes: 0,
+        elementwise_chains: 0,
+        elementwise_chain_nodes: 0,
         palette_kept: Vec::new(),
         fused_activations: 0,
         peak_rss_bytes: peak_rss_bytes(),

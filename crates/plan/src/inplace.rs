@@ -21,7 +21,11 @@
 //!      other buffers; an accumulation `C += A·B` (a training step's
 //!      `W_new = W - lr·Aᵀ·dY`, see `fuse_gemm_update`) then needs no
 //!      second C-sized buffer.
-//! 4. Everything else gets fresh storage.
+//! 4. A fused elementwise chain of graphopt's CPU runtime (domain
+//!    [`EXEC_DOMAIN`], op `ElementwiseChain.<k>`, made by
+//!    `graphopt_exec::fuse_chains`) is `Elementwise`: each output element
+//!    depends only on the same element of its full-sized inputs.
+//! 5. Everything else gets fresh storage.
 
 /// How an op's output may share an input's storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -116,9 +120,39 @@ const UPDATE_OPS: &[&str] = &["ScatterElements", "ScatterND"];
 /// Ops whose output 0 accumulates onto input 2 element by element.
 const ACCUMULATE_OPS: &[&str] = &["Gemm"];
 
-/// The in-place rule of an op (default ONNX domain spelling).
+/// The domain of graphopt's CPU runtime's fused ops.
+pub const EXEC_DOMAIN: &str = "graphopt.exec";
+/// The op of a fused elementwise chain; each chain's own op is this,
+/// a dot and a number (`ElementwiseChain.3`).
+pub const CHAIN_OP: &str = "ElementwiseChain";
+
+/// Whether `op_type` names a fused elementwise chain ([`CHAIN_OP`] and a
+/// numbered suffix).
+pub fn chain_op(op_type: &str) -> bool {
+    op_type
+        .strip_prefix(CHAIN_OP)
+        .and_then(|r| r.strip_prefix('.'))
+        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The in-place rule of a node's op in its domain: the default domain's
+/// table, the fused chains of [`EXEC_DOMAIN`], none for other domains.
+pub fn inplace_rule_in(domain: &str, op_type: &str) -> InPlace {
+    if domain.is_empty() || domain == "ai.onnx" {
+        inplace_rule(op_type)
+    } else if domain == EXEC_DOMAIN && chain_op(op_type) {
+        InPlace::Elementwise
+    } else {
+        InPlace::None
+    }
+}
+
+/// The in-place rule of an op (default ONNX domain spelling; a fused
+/// chain's op name, which no default-domain op has, is `Elementwise`).
 pub fn inplace_rule(op_type: &str) -> InPlace {
-    if VIEW_OPS.contains(&op_type) {
+    if chain_op(op_type) {
+        InPlace::Elementwise
+    } else if VIEW_OPS.contains(&op_type) {
         InPlace::View
     } else if ELEMENTWISE_OPS.contains(&op_type) {
         InPlace::Elementwise
@@ -144,6 +178,27 @@ mod tests {
         assert_eq!(inplace_rule("ScatterElements"), InPlace::Over(0));
         assert_eq!(inplace_rule("Gemm"), InPlace::Over(2));
         assert_eq!(inplace_rule("Scatter"), InPlace::None);
+        assert_eq!(
+            inplace_rule_in(EXEC_DOMAIN, "ElementwiseChain.12"),
+            InPlace::Elementwise
+        );
+        assert_eq!(
+            inplace_rule_in("", "ElementwiseChain.12"),
+            InPlace::Elementwise
+        );
+        assert_eq!(
+            inplace_rule_in("com.example", "ElementwiseChain.1"),
+            InPlace::None
+        );
+        assert_eq!(
+            inplace_rule_in(EXEC_DOMAIN, "ElementwiseChain"),
+            InPlace::None
+        );
+        assert_eq!(
+            inplace_rule_in(EXEC_DOMAIN, "ElementwiseChain.x"),
+            InPlace::None
+        );
+        assert_eq!(inplace_rule_in(EXEC_DOMAIN, "HalfMatMul"), InPlace::None);
         assert!(
             ELEMENTWISE_OPS.windows(2).all(|w| w[0] < w[1]),
             "keep the list sorted"

@@ -12,7 +12,7 @@
 //! lifetime grows to cover them).
 
 use crate::check::Alias;
-use crate::inplace::{inplace_rule, InPlace};
+use crate::inplace::{inplace_rule, inplace_rule_in, InPlace};
 use crate::PlanError;
 use graphopt_ir::{Graph, NodeId, ValueId};
 
@@ -190,11 +190,7 @@ pub fn liveness_donating(
     }
     for (pos, &nid) in schedule.iter().enumerate() {
         let d = g.node(nid);
-        let rule = if is_default_domain(&d.domain) {
-            inplace_rule(&d.op_type)
-        } else {
-            InPlace::None
-        };
+        let rule = inplace_rule_in(&d.domain, &d.op_type);
         for (k, &o) in d.outputs().iter().enumerate() {
             let Some(ot) = o.and_then(|o| slot[o.index()]) else {
                 continue;

@@ -401,20 +401,8 @@ impl Kernel for Binary {
                 Div => binary_f32(io, |x, y| x / y),
                 PRelu => binary_f32(io, |x, y| if x < 0.0 { x * y } else { x }),
                 Pow => binary_f32(io, pow),
-                Max => binary_f32(io, |x: f32, y: f32| {
-                    if x.is_nan() || y.is_nan() {
-                        f32::NAN
-                    } else {
-                        x.max(y)
-                    }
-                }),
-                Min => binary_f32(io, |x: f32, y: f32| {
-                    if x.is_nan() || y.is_nan() {
-                        f32::NAN
-                    } else {
-                        x.min(y)
-                    }
-                }),
+                Max => binary_f32(io, max_f32),
+                Min => binary_f32(io, min_f32),
                 _ if self.fmod => binary_f32(io, |x, y| x % y),
                 _ => binary_f32(io, py_mod),
             },
@@ -535,8 +523,29 @@ fn binary_narrow(io: &mut KernelIo, op: Bin, fmod: bool, d: DType) -> Result<(),
     }
 }
 
+/// Max of two floats, NaN if either is (ONNX's Max).
+#[inline(always)]
+pub(crate) fn max_f32(x: f32, y: f32) -> f32 {
+    if x.is_nan() || y.is_nan() {
+        f32::NAN
+    } else {
+        x.max(y)
+    }
+}
+
+/// Min of two floats, NaN if either is (ONNX's Min).
+#[inline(always)]
+pub(crate) fn min_f32(x: f32, y: f32) -> f32 {
+    if x.is_nan() || y.is_nan() {
+        f32::NAN
+    } else {
+        x.min(y)
+    }
+}
+
 /// `x^y` as onnxruntime computes it: squares and square roots exactly.
-fn pow(x: f32, y: f32) -> f32 {
+#[inline]
+pub(crate) fn pow(x: f32, y: f32) -> f32 {
     if y == 2.0 {
         x * x
     } else if y == 0.5 {
@@ -1293,7 +1302,7 @@ lanes_kernel!(
 
 /// The logistic function `1 / (1 + e⁻ˣ)` with [`exp_f32`].
 #[inline(always)]
-fn sigmoid_f32(x: f32) -> f32 {
+pub(crate) fn sigmoid_f32(x: f32) -> f32 {
     1.0 / (1.0 + exp_f32(-x))
 }
 
@@ -1903,7 +1912,9 @@ mod tests {
             f32::NAN,
             f32::MAX,
         ]);
-        let loops: [(&str, fn(Option<&[f32]>, &mut [f32]), fn(f32) -> f32); 6] = [
+        type Lanes = fn(Option<&[f32]>, &mut [f32]);
+        type Scalar = fn(f32) -> f32;
+        let loops: [(&str, Lanes, Scalar); 6] = [
             ("erf", erf_slice, erf),
             ("exp", exp_slice, exp_f32),
             ("tanh", tanh_slice, tanh_f32),

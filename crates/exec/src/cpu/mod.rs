@@ -15,6 +15,7 @@
 //! [`coded`]. Which kernel serves which node: the one table of
 //! [`registry`].
 
+pub(crate) mod chain;
 pub mod coded;
 pub mod conv;
 mod conv_flat;

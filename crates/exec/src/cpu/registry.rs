@@ -33,13 +33,14 @@
 //! the new op needs a passing node case (or an exemption with a reason).
 
 use super::{
-    coded, conv, einsum, elementwise, loss, matmul, norm, pool, qgemm, qlinear, quant, reduce,
-    resize, rnn, sample, scatter, shape, signal, window_nd,
+    chain, coded, conv, einsum, elementwise, loss, matmul, norm, pool, qgemm, qlinear, quant,
+    reduce, resize, rnn, sample, scatter, shape, signal, window_nd,
 };
 use crate::backend::{Kernel, NodeCtx};
 use crate::lower::CODED_DOMAIN;
 use crate::tensor::is_packed4;
 use graphopt_ir::DType;
+use graphopt_plan::{chain_op, CHAIN_OP};
 
 /// Makes the kernel of a node, or says in one line why not.
 pub type Maker = fn(&NodeCtx) -> Result<Box<dyn Kernel>, String>;
@@ -208,9 +209,21 @@ fn default_domain(d: &str) -> &str {
     }
 }
 
+/// The table's name for an op: each fused elementwise chain has an op of
+/// its own (`ElementwiseChain.3`, typed by its own function), all run by
+/// the one [`CHAIN_OP`] entry.
+fn table_op<'o>(domain: &str, op: &'o str) -> &'o str {
+    if domain == CODED_DOMAIN && chain_op(op) {
+        CHAIN_OP
+    } else {
+        op
+    }
+}
+
 /// Whether `table` has any entry for the op.
 pub fn has(table: &[Entry], domain: &str, op: &str) -> bool {
     let domain = default_domain(domain);
+    let op = table_op(domain, op);
     table.iter().any(|e| e.domain == domain && e.op == op)
 }
 
@@ -222,6 +235,7 @@ pub fn find<'t>(
     opset: i64,
 ) -> Result<&'t Entry, String> {
     let domain = default_domain(domain);
+    let op = table_op(domain, op);
     let mut of_op = table
         .iter()
         .filter(|e| e.domain == domain && e.op == op)
@@ -508,6 +522,7 @@ pub const KERNELS: &[Entry] = &[
     coded_op("DequantGather", Types::Any),
     coded_op("DequantGemm", Types::Of(&[F32])),
     coded_op("DequantMatMul", Types::Of(&[F32])),
+    coded_op(CHAIN_OP, Types::Of(&[F32])).maker(chain::kernel),
     coded_op("HalfGemm", Types::Of(&[F32, F16, BF16])).low(Low::WidenBut(1)),
     coded_op("HalfMatMul", Types::Of(&[F32, F16, BF16])).low(Low::WidenBut(1)),
     coded_op("IntegerConv", Types::Of(&[U8])).maker(qlinear::integer_conv),
@@ -648,6 +663,11 @@ mod tests {
         let n = node(CODED_DOMAIN, "Relu");
         let e = made(CpuBackend.kernel(&ctx(&n, 17, DType::F32, 1))).unwrap();
         assert_eq!(e, "no kernel for this op yet");
+        // Each fused chain's own op runs on the one chain entry; the bare
+        // or malformed name does not exist in a model.
+        assert!(CpuBackend.has_op(CODED_DOMAIN, "ElementwiseChain.7"));
+        assert!(!CpuBackend.has_op(CODED_DOMAIN, "ElementwiseChain.x"));
+        assert!(!CpuBackend.has_op("", "ElementwiseChain.7"));
     }
 
     /// Every maker knows its op: the shared makers of a family answer for

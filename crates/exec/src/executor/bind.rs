@@ -15,7 +15,7 @@ use crate::cpu::data_sized;
 use crate::tensor::{elem_size, numel};
 use bytes::Bytes;
 use graphopt_ir::{DType, Graph, Model, TensorData, ValueId};
-use graphopt_plan::{inplace_rule, InPlace, Plan};
+use graphopt_plan::{inplace_rule_in, InPlace, Plan};
 
 pub(crate) struct Step<K> {
     pub(crate) name: String,
@@ -445,11 +445,7 @@ pub(crate) fn bind<M: KernelMaker>(
         let kernel = backend.make(&ctx).map_err(refuse)?;
         // In-place slots and aliased views.
         let host = d.output(0).and_then(|o| alias_in[o.index()]);
-        let rule = if d.domain.is_empty() || d.domain == "ai.onnx" {
-            inplace_rule(&d.op_type)
-        } else {
-            InPlace::None
-        };
+        let rule = inplace_rule_in(&d.domain, &d.op_type);
         let mut in_place = Vec::new();
         let mut skip = false;
         if let Some(h) = host {

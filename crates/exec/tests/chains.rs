@@ -1,0 +1,264 @@
+//! Fused elementwise chains (issue 20, item 3): chains of float32
+//! elementwise nodes, once lowered by [`graphopt_exec::lower::lower_coded`]
+//! (which calls [`graphopt_exec::fuse_chains::fuse_chains`]), run as one
+//! `ElementwiseChain.<k>` node per chain.
+//!
+//! Each case runs through the whole runtime (planned arena, poison on) as
+//! written, node by node, and lowered: the outputs must be bitwise equal,
+//! the expected chains must form, and the lowered plan must not need more
+//! arena than the plain one.
+
+use graphopt_exec::lower::lower_coded;
+use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
+use graphopt_ir::{DType, Model};
+use graphopt_plan::{plan_model, DimValues, PlanOptions};
+use graphopt_testutil::uniform as data;
+
+fn list(v: &[f32]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn f32_tensor(shape: &[usize], v: &[f32]) -> HostTensor {
+    HostTensor {
+        dtype: DType::F32,
+        shape: shape.to_vec(),
+        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// Outputs and planned arena bytes of `m` run at `threads`.
+fn run(m: &Model, inputs: &[HostTensor], threads: usize) -> (Vec<HostTensor>, u64) {
+    let mp = plan_model(m, &DimValues::default(), &PlanOptions::default()).expect("plans");
+    let arena = mp.plan.arena_bytes;
+    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).expect("binds");
+    let (out, _) = exe
+        .run(
+            inputs,
+            &RunOptions {
+                threads,
+                poison: true,
+            },
+        )
+        .expect("runs");
+    (out, arena)
+}
+
+fn chain_nodes(m: &Model) -> usize {
+    m.graph
+        .nodes()
+        .filter(|&n| graphopt_plan::chain_op(&m.graph.node(n).op_type))
+        .count()
+}
+
+/// `m` run as written and lowered, at 1-3 threads: the same bits, `want`
+/// (chains, nodes fused) formed, no more arena.
+fn check(name: &str, m: &Model, inputs: &[HostTensor], want: (usize, usize)) {
+    let mut lowered = m.clone();
+    let r = lower_coded(&mut lowered);
+    graphopt_ir::verify::verify_model(&lowered).expect("the lowered model verifies");
+    assert_eq!((r.chains, r.chain_nodes), want, "{name}: {r:?}");
+    assert_eq!(chain_nodes(&lowered), want.0, "{name}");
+    for threads in 1..=3 {
+        let (plain, plain_arena) = run(m, inputs, threads);
+        let (fused, fused_arena) = run(&lowered, inputs, threads);
+        assert_eq!(plain.len(), fused.len(), "{name}");
+        for (p, f) in plain.iter().zip(&fused) {
+            assert_eq!(p.shape, f.shape, "{name}");
+            assert!(
+                p.data == f.data,
+                "{name} at {threads} threads: outputs differ"
+            );
+        }
+        assert!(
+            fused_arena <= plain_arena,
+            "{name}: arena {fused_arena} > {plain_arena}"
+        );
+    }
+}
+
+/// GELU as the TorchScript exporter writes it (`h` read twice, scalar
+/// constants) after a MatMul, over several tiles: one chain of five, which
+/// runs over `h` in place, so the arena holds one FFN-wide tensor where
+/// the nodes needed two (`h` lives until the fourth).
+#[test]
+fn gelu_runs_as_one_chain_with_the_nodes_bits() {
+    let (r, c) = (3, 1000);
+    let w: Vec<f32> = data(8 * c, 1).iter().map(|v| v * 3.0).collect();
+    let text = format!(
+        "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+         g (float[{r},8] x) => (float[{r},{c}] y)\n\
+         <float[8,{c}] w = {{{}}}, float c1 = {{1.4142135}}, float c2 = {{1.0}}, float c3 = {{0.5}}>\n{{\n\
+         h = MatMul (x, w)\n d = Div (h, c1)\n e = Erf (d)\n a = Add (e, c2)\n m = Mul (h, a)\n y = Mul (m, c3)\n}}",
+        list(&w)
+    );
+    let m = graphopt_text::parse_model(&text).expect("fixture parses");
+    let inputs = [f32_tensor(&[r, 8], &data(r * 8, 2))];
+    check("gelu", &m, &inputs, (1, 5));
+    let mut lowered = m.clone();
+    lower_coded(&mut lowered);
+    let (_, plain_arena) = run(&m, &inputs, 2);
+    let (_, fused_arena) = run(&lowered, &inputs, 2);
+    assert!(
+        fused_arena < plain_arena,
+        "the intermediates should leave the arena: {fused_arena} vs {plain_arena}"
+    );
+}
+
+/// Every op a chain takes, with a bias row `[c]`, a per-row column
+/// `[r, 1]`, a scalar, a value read twice by one node (`Mul(t, t)`), NaN
+/// and infinities in the data; a value also read outside the chain ends it
+/// (two chains), and an intermediate that is a graph output stays.
+#[test]
+fn every_op_and_broadcast_gives_the_nodes_bits() {
+    let (r, c) = (5, 700);
+    let b = data(c, 2);
+    let s: Vec<f32> = data(r, 3).iter().map(|v| v.abs() + 0.5).collect();
+    let text = format!(
+        "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+         g (float[{r},{c}] x, float[{r},1] s) => (float[{r},{c}] y, float[{r},{c}] kept, float[{r},{c}] z)\n\
+         <float[{c}] b = {{{}}}, float two = {{2.0}}, float k = {{0.75}}>\n{{\n\
+         t0 = Add (x, b)\n t1 = Mul (t0, s)\n t2 = Tanh (t1)\n t3 = Sigmoid (t2)\n\
+         t4 = Abs (t1)\n t5 = Sqrt (t4)\n t6 = Add (t3, t5)\n t7 = Pow (t6, two)\n\
+         t8 = Reciprocal (t7)\n t9 = Neg (t8)\n t10 = Exp (t9)\n t11 = Log (t10)\n\
+         t12 = Max (t11, k)\n t13 = Min (t12, t1)\n t14 = Sub (t13, x)\n\
+         kept = Relu (t14)\n t15 = Erf (kept)\n t16 = Mul (t15, t15)\n y = Div (t16, s)\n\
+         u0 = Mul (x, k)\n u1 = Add (u0, b)\n r0 = ReduceSum <keepdims: int = 1> (u1)\n\
+         u2 = Sub (u1, r0)\n z = Relu (u2)\n}}",
+        list(&b)
+    );
+    let m = graphopt_text::parse_model(&text).expect("fixture parses");
+    let mut x: Vec<f32> = data(r * c, 4).iter().map(|v| v * 4.0).collect();
+    x[3] = f32::NAN;
+    x[10] = f32::INFINITY;
+    x[11] = f32::NEG_INFINITY;
+    x[12] = -0.0;
+    let inputs = [f32_tensor(&[r, c], &x), f32_tensor(&[r, 1], &s)];
+    // t1 is read by t2, t4 and t13: the chain t0..t1 ends there, and so on;
+    // `kept` is an output, so t15.. is its own chain; u1 is read by the
+    // ReduceSum too.
+    let mut lowered = m.clone();
+    let rep = lower_coded(&mut lowered);
+    assert!(rep.chains >= 4, "{rep:?}");
+    check("every op", &m, &inputs, (rep.chains, rep.chain_nodes));
+}
+
+/// A chain's output may overwrite its same-sized input that dies there
+/// (the planner's elementwise rule for the fused op): the plan puts `y`
+/// over `h`, and the bits hold.
+#[test]
+fn a_chain_runs_in_place_over_a_dying_input() {
+    let (r, c) = (4, 3000);
+    let w = data(c * 8, 5);
+    let text = format!(
+        "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+         g (float[{r},8] x) => (float[{r},{c}] y)\n\
+         <float[8,{c}] w = {{{}}}, float half = {{0.5}}>\n{{\n\
+         h = MatMul (x, w)\n a = Tanh (h)\n y = Mul (a, half)\n}}",
+        list(&w)
+    );
+    let m = graphopt_text::parse_model(&text).expect("fixture parses");
+    let inputs = [f32_tensor(&[r, 8], &data(r * 8, 6))];
+    check("in place", &m, &inputs, (1, 2));
+    let mut lowered = m.clone();
+    lower_coded(&mut lowered);
+    let mp = plan_model(&lowered, &DimValues::default(), &PlanOptions::default()).expect("plans");
+    assert!(
+        !mp.plan.aliases.is_empty(),
+        "the chain should run in place over h: {:?}",
+        mp.plan.aliases
+    );
+}
+
+/// Real models from both exporters: the chains form (GELU and the
+/// LayerNorm pieces in BERT, GPT-2, T5 and ViT, the residual Add+Relu in
+/// the CNN), the outputs keep their bits, and BERT's arena shrinks.
+/// Inputs: token ids below 50 (a mask of ones, token types 0) at batch 1
+/// x 8, random images at batch 2.
+#[test]
+fn real_models_run_their_chains_with_the_same_bits() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models");
+    for name in [
+        "bert_tiny.ts14",
+        "bert_tiny.dynamo18",
+        "gpt2_tiny.ts14",
+        "gpt2_tiny.dynamo18",
+        "t5_encoder_tiny.ts14",
+        "vit_tiny.ts14",
+        "resnet_tiny.dynamo18",
+    ] {
+        let m = graphopt_onnx::load(&dir.join(format!("{name}.onnx")))
+            .expect("loads")
+            .model;
+        let g = &m.graph;
+        let mut shapes = Vec::new();
+        let mut inputs = Vec::new();
+        for v in g.runtime_inputs() {
+            let n = g.name(v).to_string();
+            let dtype = g.ty(v).and_then(|t| t.elem()).expect("typed input");
+            let (shape, data): (Vec<usize>, Vec<u8>) = if dtype == DType::I64 {
+                let ids: Vec<i64> = (0..8)
+                    .map(|i| {
+                        if n.contains("mask") {
+                            1
+                        } else if n.contains("type") {
+                            0
+                        } else {
+                            (i * 7 + 3) % 50
+                        }
+                    })
+                    .collect();
+                (
+                    vec![1, 8],
+                    ids.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                )
+            } else {
+                let x = data(2 * 3 * 32 * 32, 9);
+                let shape = vec![2, 3, 32, 32];
+                (shape, x.iter().flat_map(|x| x.to_le_bytes()).collect())
+            };
+            shapes.push((n, shape.iter().map(|&d| d as i64).collect()));
+            inputs.push(HostTensor { dtype, shape, data });
+        }
+        let dims = DimValues {
+            shapes,
+            ..DimValues::default()
+        };
+        let run = |m: &Model| {
+            let mp = plan_model(m, &dims, &PlanOptions::default()).expect("plans");
+            let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).expect("binds");
+            let opts = RunOptions {
+                threads: 2,
+                poison: true,
+            };
+            (
+                exe.run(&inputs, &opts).expect("runs").0,
+                mp.plan.arena_bytes,
+            )
+        };
+        let mut lowered = m.clone();
+        let r = lower_coded(&mut lowered);
+        assert!(r.chains > 0, "{name}: no chain formed: {r:?}");
+        let (plain, plain_arena) = run(&m);
+        let (fused, fused_arena) = run(&lowered);
+        for (p, f) in plain.iter().zip(&fused) {
+            assert!(p.data == f.data, "{name}: outputs differ");
+        }
+        assert!(
+            fused_arena <= plain_arena,
+            "{name}: {fused_arena} > {plain_arena}"
+        );
+        if name.starts_with("bert") {
+            assert!(
+                fused_arena < plain_arena,
+                "{name}: {fused_arena} !< {plain_arena}"
+            );
+        }
+        eprintln!(
+            "{name}: {} chains of {} nodes, arena {plain_arena} -> {fused_arena} B",
+            r.chains, r.chain_nodes
+        );
+    }
+}
