@@ -262,3 +262,21 @@ fn real_models_run_their_chains_with_the_same_bits() {
         );
     }
 }
+
+/// A chain of one-element values (the scale of an emulated dynamic
+/// quantization: reductions to scalars, then Max, Min, Sub, Div) runs in
+/// place over a dying scalar, with the nodes' bits, zeros included.
+#[test]
+fn a_scalar_chain_runs_in_place() {
+    let text = "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+         g (float[2,3] x) => (float[2,3] y)\n\
+         <float z = {0.0}, float k = {255.0}>\n{\n\
+         a = ReduceMax <keepdims: int = 0> (x)\n b = ReduceMin <keepdims: int = 0> (x)\n\
+         c = Max (a, z)\n d = Min (b, z)\n e = Sub (c, d)\n f = Div (e, k)\n\
+         q = Round (f)\n y = Mul (x, q)\n}";
+    let m = graphopt_text::parse_model(text).expect("fixture parses");
+    for x in [[0f32; 6], [0.5, -1.0, 2.0, 0.0, 300.0, -0.75]] {
+        let inputs = [f32_tensor(&[2, 3], &x)];
+        check("scalar chain", &m, &inputs, (1, 4));
+    }
+}
