@@ -141,6 +141,12 @@ pub fn run(a: Args) -> graphopt::Result<()> {
                 r.elementwise_chain_nodes, r.elementwise_chains
             );
         }
+        if r.residual_convs > 0 {
+            s += &format!(
+                "fused       {} Conv(s) add their residual image by image: their whole outputs are never planned\n",
+                r.residual_convs
+            );
+        }
         if r.integer_matmuls > 0 {
             s += &format!(
                 "quantized   {} MatMul/Gemm(s) of quantized activations run as integer GEMMs\n",

@@ -48,6 +48,7 @@ pub mod cpu;
 pub mod cuda;
 mod executor;
 pub mod fuse_chains;
+pub mod fuse_residual;
 pub mod lower;
 pub mod tensor;
 mod values;

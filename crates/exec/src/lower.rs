@@ -135,6 +135,7 @@ pub const CODED_OPS: &[&str] = &[
     "HalfMatMul",
     "HalfGemm",
     graphopt_plan::CHAIN_OP,
+    graphopt_plan::CONV_ADD,
 ];
 /// A `DequantMatMul` whose activations are quantized too, run as an
 /// integer GEMM ([`integer_matmuls`]).
@@ -198,6 +199,9 @@ pub struct CodedLowering {
     /// ([`crate::fuse_chains`]), and the nodes they replaced.
     pub chains: usize,
     pub chain_nodes: usize,
+    /// Convs whose output was added to a residual, fused with the Add
+    /// ([`crate::fuse_residual`]).
+    pub residual_convs: usize,
     /// Coded weights left to the plain nodes, and why.
     pub kept: Vec<(String, String)>,
 }
@@ -563,6 +567,8 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
             .kept
             .retain(|(name, _)| g.value_by_name(name).is_some());
     }
+    // Before the chains, which would take the Add (and its Relu).
+    report.residual_convs = crate::fuse_residual::fuse_residual(m);
     (report.chains, report.chain_nodes) = crate::fuse_chains::fuse_chains(m);
     // The fused ops the graph holds now (a DequantMatMul may have become an
     // IntegerMatMul).
@@ -1499,7 +1505,7 @@ pub(crate) fn replace_node(
 }
 
 /// A Conv's attributes, which the fused Conv nodes' functions pass on.
-const CONV_ATTRS: &[(&str, AttrKind)] = &[
+pub(crate) const CONV_ATTRS: &[(&str, AttrKind)] = &[
     ("auto_pad", AttrKind::String),
     ("dilations", AttrKind::Ints),
     ("group", AttrKind::Int),
@@ -1508,7 +1514,7 @@ const CONV_ATTRS: &[(&str, AttrKind)] = &[
     ("strides", AttrKind::Ints),
 ];
 
-fn attr_ref(name: &str, attr: &str, kind: AttrKind) -> Attribute {
+pub(crate) fn attr_ref(name: &str, attr: &str, kind: AttrKind) -> Attribute {
     Attribute::new(
         name,
         AttrValue::Ref {

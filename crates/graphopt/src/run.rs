@@ -222,6 +222,9 @@ pub struct RunReport {
     /// they replaced.
     pub elementwise_chains: usize,
     pub elementwise_chain_nodes: usize,
+    /// Convs run with the Add of a residual (image by image, the sum over
+    /// the residual), whose whole output is never planned (CPU only).
+    pub residual_convs: usize,
     /// Palettized or integer weights left to the plain decode nodes (the
     /// field keeps its first name), and
     /// why (a reader the kernels do not cover).
@@ -651,6 +654,7 @@ impl Runner<'_> {
             half_widened_bytes: lowering.half_widened_bytes,
             elementwise_chains: lowering.chains,
             elementwise_chain_nodes: lowering.chain_nodes,
+            residual_convs: lowering.residual_convs,
             palette_kept: lowering.kept,
             fused_activations: exe.fused_activations(),
             peak_rss_bytes: peak_rss_bytes(),
@@ -750,6 +754,7 @@ fn run_cuda(
         half_widened_bytes: 0,
         elementwise_chains: 0,
         elementwise_chain_nodes: 0,
+        residual_convs: 0,
         palette_kept: Vec::new(),
         fused_activations: 0,
         peak_rss_bytes: peak_rss_bytes(),

@@ -170,12 +170,16 @@ fn cut_a_lifetime(plan: &mut graphopt::plan::Plan) {
     t.last = t.first;
 }
 
+/// On GPT-2 (whose residual stream and mask live across layers): in
+/// resnet_tiny every tensor read two steps after it is made is now the
+/// host of an in-place pair (a block's shortcut, which its last Conv's
+/// sum overwrites), which the cut leaves alone.
 #[test]
 fn a_lifetime_cut_short_is_caught_by_poison() {
-    let session = optimized("resnet_tiny.ts14");
+    let session = optimized("gpt2_tiny.ts14");
     let clean = session
         .run(&RunOptions {
-            inputs: inputs_of("resnet_tiny.ts14"),
+            inputs: inputs_of("gpt2_tiny.ts14"),
             poison: true,
             ..Default::default()
         })
@@ -183,7 +187,7 @@ fn a_lifetime_cut_short_is_caught_by_poison() {
     assert!(clean.poison.unwrap().ok);
     let planted = session
         .run(&RunOptions {
-            inputs: inputs_of("resnet_tiny.ts14"),
+            inputs: inputs_of("gpt2_tiny.ts14"),
             poison: true,
             tamper: Some(cut_a_lifetime),
             ..Default::default()

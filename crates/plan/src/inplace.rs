@@ -25,6 +25,9 @@
 //!    [`EXEC_DOMAIN`], op `ElementwiseChain.<k>`, made by
 //!    `graphopt_exec::fuse_chains`) is `Elementwise`: each output element
 //!    depends only on the same element of its full-sized inputs.
+//!    A Conv fused with its residual Add there ([`CONV_ADD`]) is
+//!    `Over(2)`: each output element is the convolution's plus the same
+//!    element of `R`, which is read before it is written.
 //! 5. Everything else gets fresh storage.
 
 /// How an op's output may share an input's storage.
@@ -122,6 +125,10 @@ const ACCUMULATE_OPS: &[&str] = &["Gemm"];
 
 /// The domain of graphopt's CPU runtime's fused ops.
 pub const EXEC_DOMAIN: &str = "graphopt.exec";
+/// A Conv fused with the Add of a residual of its output's shape
+/// (`graphopt_exec::fuse_residual`): `ConvAdd(X, W, R, B?)`, whose output
+/// may overwrite `R` (input 2) as a Gemm's may overwrite `C`.
+pub const CONV_ADD: &str = "ConvAdd";
 /// The op of a fused elementwise chain; each chain's own op is this,
 /// a dot and a number (`ElementwiseChain.3`).
 pub const CHAIN_OP: &str = "ElementwiseChain";
@@ -142,6 +149,8 @@ pub fn inplace_rule_in(domain: &str, op_type: &str) -> InPlace {
         inplace_rule(op_type)
     } else if domain == EXEC_DOMAIN && chain_op(op_type) {
         InPlace::Elementwise
+    } else if domain == EXEC_DOMAIN && op_type == CONV_ADD {
+        InPlace::Over(2)
     } else {
         InPlace::None
     }
@@ -152,6 +161,8 @@ pub fn inplace_rule_in(domain: &str, op_type: &str) -> InPlace {
 pub fn inplace_rule(op_type: &str) -> InPlace {
     if chain_op(op_type) {
         InPlace::Elementwise
+    } else if op_type == CONV_ADD {
+        InPlace::Over(2)
     } else if VIEW_OPS.contains(&op_type) {
         InPlace::View
     } else if ELEMENTWISE_OPS.contains(&op_type) {
@@ -199,6 +210,8 @@ mod tests {
             InPlace::None
         );
         assert_eq!(inplace_rule_in(EXEC_DOMAIN, "HalfMatMul"), InPlace::None);
+        assert_eq!(inplace_rule_in(EXEC_DOMAIN, CONV_ADD), InPlace::Over(2));
+        assert_eq!(inplace_rule_in("com.example", CONV_ADD), InPlace::None);
         assert!(
             ELEMENTWISE_OPS.windows(2).all(|w| w[0] < w[1]),
             "keep the list sorted"

@@ -30,7 +30,9 @@ pub use buffer::{
 };
 pub use check::{check_plan, Alias, CheckError};
 pub use donation::{declared_donations, set_donations, DONATE_KEY};
-pub use inplace::{chain_op, inplace_rule, inplace_rule_in, InPlace, CHAIN_OP, EXEC_DOMAIN};
+pub use inplace::{
+    chain_op, inplace_rule, inplace_rule_in, InPlace, CHAIN_OP, CONV_ADD, EXEC_DOMAIN,
+};
 pub use intervals::{
     arena_of, default_node_budget, plan_intervals, Improvement, IntervalOptions, IntervalPlan,
 };

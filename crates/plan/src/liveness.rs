@@ -12,7 +12,7 @@
 //! lifetime grows to cover them).
 
 use crate::check::Alias;
-use crate::inplace::{inplace_rule, inplace_rule_in, InPlace};
+use crate::inplace::{inplace_rule_in, InPlace};
 use crate::PlanError;
 use graphopt_ir::{Graph, NodeId, ValueId};
 
@@ -69,10 +69,6 @@ pub fn value_size(g: &Graph, v: ValueId) -> Option<u64> {
     let t = g.ty(v)?.as_tensor()?;
     let n = t.shape.as_ref()?.numel()?;
     t.elem.storage_bytes(n)
-}
-
-fn is_default_domain(d: &str) -> bool {
-    d.is_empty() || d == "ai.onnx"
 }
 
 /// Computes liveness for `schedule` (which must list every node of `g`
@@ -303,15 +299,12 @@ pub fn liveness_donating(
     })
 }
 
-/// The input a default-domain node's [`InPlace::Over`] rule lets its
+/// The input a node's [`InPlace::Over`] rule lets its
 /// output 0 overwrite: input `j` of `Over(j)`, when no other input slot
 /// (nor a subgraph capture) reads the same value. The planner, the
 /// executors' binding and `remat`'s simulator all ask this.
 pub fn over_host(d: &graphopt_ir::NodeData) -> Option<ValueId> {
-    if !is_default_domain(&d.domain) {
-        return None;
-    }
-    let InPlace::Over(j) = inplace_rule(&d.op_type) else {
+    let InPlace::Over(j) = inplace_rule_in(&d.domain, &d.op_type) else {
         return None;
     };
     let v = d.input(j)?;

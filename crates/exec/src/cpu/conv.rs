@@ -1214,7 +1214,7 @@ const MIN_TILE_COLS: usize = 16;
 /// once per tile instead of once per image (a weight gradient
 /// `Conv(Xᵀ, dYᵀ)` has a 3x3 output and K = N·H·W). Small weights cost
 /// little to repack and keep the smaller workspace of the per-image path.
-const FOLD_MAX_COLS: usize = 256;
+pub(crate) const FOLD_MAX_COLS: usize = 256;
 const FOLD_MIN_WEIGHTS: usize = 1 << 16;
 /// Columns a folded product aims for (images per run = this / OH·OW).
 const FOLD_COLS: usize = 512;

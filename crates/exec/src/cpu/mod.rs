@@ -18,6 +18,7 @@
 pub(crate) mod chain;
 pub mod coded;
 pub mod conv;
+pub(crate) mod conv_add;
 mod conv_flat;
 pub mod data_sized;
 pub mod einsum;

@@ -33,14 +33,14 @@
 //! the new op needs a passing node case (or an exemption with a reason).
 
 use super::{
-    chain, coded, conv, einsum, elementwise, loss, matmul, norm, pool, qgemm, qlinear, quant,
-    reduce, resize, rnn, sample, scatter, shape, signal, window_nd,
+    chain, coded, conv, conv_add, einsum, elementwise, loss, matmul, norm, pool, qgemm, qlinear,
+    quant, reduce, resize, rnn, sample, scatter, shape, signal, window_nd,
 };
 use crate::backend::{Kernel, NodeCtx};
 use crate::lower::CODED_DOMAIN;
 use crate::tensor::is_packed4;
 use graphopt_ir::DType;
-use graphopt_plan::{chain_op, CHAIN_OP};
+use graphopt_plan::{chain_op, CHAIN_OP, CONV_ADD};
 
 /// Makes the kernel of a node, or says in one line why not.
 pub type Maker = fn(&NodeCtx) -> Result<Box<dyn Kernel>, String>;
@@ -519,6 +519,7 @@ pub const KERNELS: &[Entry] = &[
     widen("Where", BOOLS, elementwise::where_),
     widen("Xor", BOOLS, binary),
     // Input 0 is the integer weight (its maker checks it).
+    coded_op(CONV_ADD, Types::Of(&[F32])).maker(conv_add::kernel),
     coded_op("DequantGather", Types::Any),
     coded_op("DequantGemm", Types::Of(&[F32])),
     coded_op("DequantMatMul", Types::Of(&[F32])),
