@@ -27,7 +27,7 @@
 
 use std::cell::RefCell;
 
-use super::elementwise::{erf, exp_f32, max_f32, min_f32, pow, sigmoid_f32, tanh_f32};
+use super::elementwise::{erf, exp_f32, max_f32, merged_dims, min_f32, pow, sigmoid_f32, tanh_f32};
 use super::par;
 use crate::activation::Activation;
 use crate::backend::{Data, Kernel, KernelIo, NodeCtx};
@@ -185,68 +185,14 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         let b = if op.arity() == 2 { operand(1)? } else { a };
         steps.push(Step { op, a, b });
     }
-    let (dims, inputs) = merged(&out.shape, &shapes);
+    let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
+    let (dims, st) = merged_dims(&out.shape, &shapes);
+    let inputs = st.into_iter().map(|strides| Layout { strides }).collect();
     Ok(Box::new(Chain {
         steps,
         inputs,
         dims,
     }))
-}
-
-/// The output's dims with adjacent dims merged where every input is
-/// contiguous across them or broadcast along both (size-1 dims dropped),
-/// and each input's strides over them.
-fn merged(shape: &[usize], inputs: &[Vec<usize>]) -> (Vec<usize>, Vec<Layout>) {
-    let aligned = |s: &[usize]| -> Vec<usize> {
-        let own = strides(s);
-        let off = shape.len() - s.len();
-        (0..shape.len())
-            .map(|d| {
-                if d < off || s[d - off] == 1 {
-                    0
-                } else {
-                    own[d - off]
-                }
-            })
-            .collect()
-    };
-    let full: Vec<Vec<usize>> = inputs.iter().map(|s| aligned(s)).collect();
-    let mut dims: Vec<usize> = Vec::new();
-    let mut st: Vec<Vec<usize>> = vec![Vec::new(); inputs.len()];
-    for (d, &size) in shape.iter().enumerate() {
-        if size == 1 {
-            continue;
-        }
-        if let Some(&pd) = dims.last() {
-            let joins = |p: usize, c: usize| (p == 0 && c == 0) || (c != 0 && p == c * size);
-            if st
-                .iter()
-                .zip(&full)
-                .all(|(s, f)| joins(*s.last().unwrap_or(&0), f[d]))
-            {
-                let k = dims.len() - 1;
-                dims[k] = pd * size;
-                for (s, f) in st.iter_mut().zip(&full) {
-                    s[k] = f[d];
-                }
-                continue;
-            }
-        }
-        dims.push(size);
-        for (s, f) in st.iter_mut().zip(&full) {
-            s.push(f[d]);
-        }
-    }
-    if dims.is_empty() {
-        dims.push(1);
-        for s in &mut st {
-            s.push(0);
-        }
-    }
-    (
-        dims,
-        st.into_iter().map(|strides| Layout { strides }).collect(),
-    )
 }
 
 /// An operand of a step over one tile.

@@ -174,6 +174,61 @@ fn row_src<'a>(s: Option<&'a [f32]>, st: &[usize], dims: &[usize], row: usize) -
     }
 }
 
+/// `shape`'s dims with adjacent dims merged where every input is
+/// contiguous across them or broadcast along both (size-1 dims dropped;
+/// one dim of 1 if none is left), and each input's element strides over
+/// them (0 where it is broadcast). Inputs broadcast to `shape` (numpy's
+/// rules).
+pub(crate) fn merged_dims(shape: &[usize], inputs: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let aligned = |s: &[usize]| -> Vec<usize> {
+        let own = strides(s);
+        let off = shape.len() - s.len();
+        (0..shape.len())
+            .map(|d| {
+                if d < off || s[d - off] == 1 {
+                    0
+                } else {
+                    own[d - off]
+                }
+            })
+            .collect()
+    };
+    let full: Vec<Vec<usize>> = inputs.iter().map(|s| aligned(s)).collect();
+    let mut dims: Vec<usize> = Vec::new();
+    let mut st: Vec<Vec<usize>> = vec![Vec::new(); inputs.len()];
+    for (d, &size) in shape.iter().enumerate() {
+        if size == 1 {
+            continue;
+        }
+        if let Some(&pd) = dims.last() {
+            let joins = |p: usize, c: usize| (p == 0 && c == 0) || (c != 0 && p == c * size);
+            if st
+                .iter()
+                .zip(&full)
+                .all(|(s, f)| joins(*s.last().unwrap_or(&0), f[d]))
+            {
+                let k = dims.len() - 1;
+                dims[k] = pd * size;
+                for (s, f) in st.iter_mut().zip(&full) {
+                    s[k] = f[d];
+                }
+                continue;
+            }
+        }
+        dims.push(size);
+        for (s, f) in st.iter_mut().zip(&full) {
+            s.push(f[d]);
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        for s in &mut st {
+            s.push(0);
+        }
+    }
+    (dims, st)
+}
+
 /// `out = f(a, b)` on f32 with numpy broadcasting, either input possibly
 /// in place. Dims are merged where every operand is contiguous across
 /// them (or broadcast along both); the output is then rows of the last
@@ -191,54 +246,15 @@ fn binary_f32(io: &mut KernelIo, f: impl Fn(f32, f32) -> f32 + Copy + Sync) -> R
     if n == 0 {
         return Ok(());
     }
-    // Strides of each input over the output's dims (0 where broadcast).
-    let aligned = |s: &[usize]| -> Vec<usize> {
-        let own = strides(s);
-        let off = shape.len() - s.len();
-        (0..shape.len())
-            .map(|d| {
-                if d < off || s[d - off] == 1 {
-                    0
-                } else {
-                    own[d - off]
-                }
-            })
-            .collect()
-    };
-    let (mut dims, mut st_a, mut st_b) = (Vec::new(), Vec::new(), Vec::new());
-    for (d, (x, y)) in shape
-        .iter()
-        .zip(aligned(a.shape).into_iter().zip(aligned(b.shape)))
-    {
-        if *d == 1 {
-            continue;
-        }
-        if let (Some(&pd), Some(&px), Some(&py)) = (dims.last(), st_a.last(), st_b.last()) {
-            let joins = |p: usize, c: usize| (p == 0 && c == 0) || (c != 0 && p == c * d);
-            if joins(px, x) && joins(py, y) {
-                let k = dims.len() - 1;
-                dims[k] = pd * d;
-                st_a[k] = x;
-                st_b[k] = y;
-                continue;
-            }
-        }
-        dims.push(*d);
-        st_a.push(x);
-        st_b.push(y);
-    }
-    if dims.is_empty() {
-        dims.push(1);
-        st_a.push(0);
-        st_b.push(0);
-    }
+    let (dims, st) = merged_dims(&shape, &[a.shape, b.shape]);
+    let (st_a, st_b) = (&st[0], &st[1]);
     let r = dims.len() - 1;
     let inner = dims[r];
     let src = |s, st: &[usize], row| row_src(s, st, &dims, row);
     if r == 0 {
         // One row (same-shape operands merge into one): columns split
         // across threads instead.
-        let (a, b) = (src(sa, &st_a, 0), src(sb, &st_b, 0));
+        let (a, b) = (src(sa, st_a, 0), src(sb, st_b, 0));
         par::for_chunks_mut(threads, o, 1, par::MIN_ELEMS, |first, part| {
             let n = part.len();
             binary_row(part, a.cols(first, n), b.cols(first, n), f);
@@ -249,7 +265,7 @@ fn binary_f32(io: &mut KernelIo, f: impl Fn(f32, f32) -> f32 + Copy + Sync) -> R
     par::for_chunks_mut(threads, o, inner, min_rows, |first, part| {
         for (j, row) in part.chunks_mut(inner).enumerate() {
             let i = first + j;
-            binary_row(row, src(sa, &st_a, i), src(sb, &st_b, i), f);
+            binary_row(row, src(sa, st_a, i), src(sb, st_b, i), f);
         }
     });
     Ok(())
