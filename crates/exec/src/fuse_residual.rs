@@ -8,10 +8,13 @@
 //! the block's last convolution and its shortcut no longer hold two
 //! block-sized tensors at once.
 //!
-//! Taken where the Conv's output is read by that Add alone and both Add
-//! inputs are float32 of one 4-D shape (equal dims, none unknown). The
-//! Relu after the Add is then fused into the node as any activation after
-//! a Conv is.
+//! Taken where the Conv's output is read by that Add alone, both Add
+//! inputs are float32 of one 4-D shape (equal dims, none unknown), and
+//! the Conv's input has at most as many elements per image as its output
+//! (the fused node reads it where the Add was, so it lives that much
+//! longer in place of the output that is no longer planned). The Relu
+//! after the Add is then fused into the node as any activation after a
+//! Conv is.
 //!
 //! Before (a ResNet bottleneck's end):
 //! ```text
@@ -119,6 +122,19 @@ fn fusable(g: &Graph, add: NodeId, c: ValueId, r: ValueId) -> Option<NodeId> {
     let (sc, sr) = (tc.shape.as_ref()?, tr.shape.as_ref()?);
     // Equal dims (a symbol equals itself; an unknown dim is unknown).
     if sc.dims != sr.dims || sc.dims.len() != 4 || sc.dims.contains(&Dim::Unknown) {
+        return None;
+    }
+    // The fused node reads X where the Add was: X then lives until there,
+    // which must cost no more than the Conv's output it saves (X of the
+    // same batch dim and at most as many elements per image).
+    let sx = ty(cd.input(0)?)?.shape.as_ref()?;
+    let per_image = |s: &graphopt_ir::Shape| -> Option<i64> {
+        s.dims[1..].iter().try_fold(1i64, |p, d| match d {
+            Dim::Known(v) => p.checked_mul(*v),
+            _ => None,
+        })
+    };
+    if sx.dims.len() != 4 || sx.dims[0] != sc.dims[0] || per_image(sx)? > per_image(sc)? {
         return None;
     }
     Some(conv)

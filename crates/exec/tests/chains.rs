@@ -280,3 +280,52 @@ fn a_scalar_chain_runs_in_place() {
         check("scalar chain", &m, &inputs, (1, 4));
     }
 }
+
+/// Large enough to split across threads: rows of a `[3, 40000]` output
+/// with a bias row, and the columns of one merged row of 100,003
+/// elements (parts that start inside a tile), each in place over a dying
+/// MatMul output; the bits of the nodes at 1-3 threads.
+#[test]
+fn chains_split_across_threads_keep_the_bits() {
+    for (rows, cols, bias) in [(3, 40_000, true), (1, 100_003, false)] {
+        let w = data(2 * cols, 12);
+        let b = data(cols, 13);
+        let (decl, add) = if bias {
+            (
+                format!(", float[{cols}] b = {{{}}}", list(&b)),
+                "a = Add (h, b)",
+            )
+        } else {
+            (String::new(), "a = Add (h, h)")
+        };
+        let text = format!(
+            "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+             g (float[{rows},2] x) => (float[{rows},{cols}] y)\n\
+             <float[2,{cols}] w = {{{}}}{decl}>\n{{\n\
+             h = MatMul (x, w)\n {add}\n e = Tanh (a)\n y = Mul (e, h)\n}}",
+            list(&w)
+        );
+        let m = graphopt_text::parse_model(&text).expect("fixture parses");
+        let inputs = [f32_tensor(&[rows, 2], &data(rows * 2, 14))];
+        check(&format!("{rows}x{cols}"), &m, &inputs, (1, 3));
+    }
+}
+
+/// A chain reading a value and a view of it (`Unsqueeze`), both dying
+/// there, runs over fresh storage: writing over one would overwrite what
+/// the other slot reads (the plan used to be refused at binding).
+#[test]
+fn a_chain_reading_a_value_and_its_view_is_not_put_over_them() {
+    let c = 500;
+    let w = data(2 * c, 15);
+    let text = format!(
+        "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+         g (float[2] x) => (float[1,{c}] y)\n\
+         <float[2,{c}] w = {{{}}}, int64[1] ax = {{0}}>\n{{\n\
+         h = MatMul (x, w)\n u = Unsqueeze (h, ax)\n a = Sigmoid (u)\n y = Mul (h, a)\n}}",
+        list(&w)
+    );
+    let m = graphopt_text::parse_model(&text).expect("fixture parses");
+    let inputs = [f32_tensor(&[2], &data(2, 16))];
+    check("value and view", &m, &inputs, (1, 2));
+}

@@ -263,13 +263,17 @@ pub fn liveness_donating(
                     .iter()
                     .flatten()
                     .filter_map(|i| slot[i.index()])
-                    .find(|&it| dies_here(&tensors[it], &storages, tensors[ot].size, pos));
+                    .find(|&it| {
+                        dies_here(&tensors[it], &storages, tensors[ot].size, pos)
+                            && !other_view_read(d, &slot, &tensors, it)
+                    });
             } else if k == 0 {
                 // The rule's input only, and not when another slot reads it
                 // too (the kernel would read values it is overwriting).
-                host = over_host(d)
-                    .and_then(|i| slot[i.index()])
-                    .filter(|&it| dies_here(&tensors[it], &storages, tensors[ot].size, pos));
+                host = over_host(d).and_then(|i| slot[i.index()]).filter(|&it| {
+                    dies_here(&tensors[it], &storages, tensors[ot].size, pos)
+                        && !other_view_read(d, &slot, &tensors, it)
+                });
             }
             match host {
                 Some(it) => {
@@ -297,6 +301,21 @@ pub fn liveness_donating(
         weights_bytes,
         unknown,
     })
+}
+
+/// Whether another input slot of `d` reads tensor `it`'s storage through
+/// another tensor (a view of it): the kernel would read what it writes.
+fn other_view_read(
+    d: &graphopt_ir::NodeData,
+    slot: &[Option<usize>],
+    tensors: &[LiveTensor],
+    it: usize,
+) -> bool {
+    d.inputs()
+        .iter()
+        .flatten()
+        .filter_map(|i| slot[i.index()])
+        .any(|o| o != it && tensors[o].storage == tensors[it].storage)
 }
 
 /// The input a node's [`InPlace::Over`] rule lets its

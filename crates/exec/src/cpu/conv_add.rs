@@ -54,6 +54,12 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
             x.shape.len()
         ));
     }
+    if y.shape.len() != 4 || y.shape[0] != x.shape[0] {
+        return Err(format!(
+            "ConvAdd's output {:?} is not a 2-D convolution's of input {:?}",
+            y.shape, x.shape
+        ));
+    }
     if r.dtype != DType::F32 || r.shape != y.shape {
         return Err(format!(
             "ConvAdd's residual ({} {:?}) must be float of the output's shape {:?}",

@@ -806,7 +806,7 @@ unsafe fn tile(t: &Tile, rows: usize, wide: bool) {
     }
     // A full AVX-512 tile with an epilogue: in registers, stored once.
     let ep = epilogue(t);
-    if wide && rows == MR_WIDE && ep != 0 {
+    if wide && rows == MR_WIDE && matches!(ep, 1..=5 | 9..=13) {
         macro_rules! by_ep {
             ($w:literal, $o:literal) => {
                 match ep {
@@ -815,6 +815,7 @@ unsafe fn tile(t: &Tile, rows: usize, wide: bool) {
                     3 => micro_wide::<MR_WIDE, $w, $o, 3>(t),
                     4 => micro_wide::<MR_WIDE, $w, $o, 4>(t),
                     5 => micro_wide::<MR_WIDE, $w, $o, 5>(t),
+                    9 => micro_wide::<MR_WIDE, $w, $o, 9>(t),
                     10 => micro_wide::<MR_WIDE, $w, $o, 10>(t),
                     11 => micro_wide::<MR_WIDE, $w, $o, 11>(t),
                     12 => micro_wide::<MR_WIDE, $w, $o, 12>(t),

@@ -664,8 +664,8 @@ mod tests {
         let n = node(CODED_DOMAIN, "Relu");
         let e = made(CpuBackend.kernel(&ctx(&n, 17, DType::F32, 1))).unwrap();
         assert_eq!(e, "no kernel for this op yet");
-        // Each fused chain's own op runs on the one chain entry; the bare
-        // or malformed name does not exist in a model.
+        // Each fused chain's own op runs on the one chain entry; a
+        // malformed name has no kernel.
         assert!(CpuBackend.has_op(CODED_DOMAIN, "ElementwiseChain.7"));
         assert!(!CpuBackend.has_op(CODED_DOMAIN, "ElementwiseChain.x"));
         assert!(!CpuBackend.has_op("", "ElementwiseChain.7"));
