@@ -30,7 +30,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::cpu::chain::Op;
+use crate::cpu::chain::{Op, MAX_INPUTS};
 use crate::lower::{replace_node, CODED_DOMAIN};
 use graphopt_ir::infer::{infer_model, InferOptions};
 use graphopt_ir::{
@@ -40,8 +40,6 @@ use graphopt_plan::CHAIN_OP;
 
 /// Most steps of one chain (each holds a 2 KiB tile of scratch).
 const MAX_STEPS: usize = 24;
-/// Most inputs of one fused node.
-const MAX_INPUTS: usize = 16;
 
 /// Fuses every chain of at least two nodes in the main graph of `m` (see
 /// the module docs). Returns the chains made and the nodes they replaced.

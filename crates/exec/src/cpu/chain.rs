@@ -36,6 +36,9 @@ use graphopt_ir::DType;
 
 /// Output elements per tile: each step's tile is 2 KiB.
 const TILE: usize = 512;
+/// Most inputs of one chain node (the lowering makes no more; the kernel
+/// refuses more).
+pub(crate) const MAX_INPUTS: usize = 16;
 
 /// An op a chain may hold, with the arithmetic of its own kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +121,11 @@ struct Chain {
 /// Makes the kernel of an `ElementwiseChain` node.
 pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     let n = ctx.inputs.len();
+    if n > MAX_INPUTS {
+        return Err(format!(
+            "ElementwiseChain with {n} inputs (at most {MAX_INPUTS})"
+        ));
+    }
     let out = ctx
         .outputs
         .first()
@@ -187,6 +195,11 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     }
     let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
     let (dims, st) = merged_dims(&out.shape, &shapes);
+    // Merged, an input's innermost dim is its own contiguous one or a
+    // broadcast one: each tile reads a run of it or one element.
+    if st.iter().any(|s| s.last().is_some_and(|&x| x > 1)) {
+        return Err("ElementwiseChain: an input strided along the output's last dim".into());
+    }
     let inputs = st.into_iter().map(|strides| Layout { strides }).collect();
     Ok(Box::new(Chain {
         steps,
@@ -266,7 +279,9 @@ impl Kernel for Chain {
         let run_rows = |first_row: usize, col0: usize, part: &mut [f32]| {
             SCRATCH.with(|sc| {
                 let sc = &mut *sc.borrow_mut();
-                let want = (self.steps.len() + n) * TILE;
+                // A tile per step but the last (written into the output)
+                // and per in-place input.
+                let want = (self.steps.len() - 1 + n) * TILE;
                 if sc.len() < want {
                     sc.resize(want, 0.0);
                 }
@@ -365,12 +380,17 @@ impl Chain {
     ) {
         let m = out.len();
         let n = self.inputs.len();
-        let (steps_sc, in_sc) = sc.split_at_mut(self.steps.len() * TILE);
+        let (steps_sc, in_sc) = sc.split_at_mut((self.steps.len() - 1) * TILE);
         // The inputs' operands: a run of the input itself, one element,
-        // or a copy (strided, or in place: read before `out` is written).
+        // or a copy of an in-place input (read before `out` is written).
         let r = self.dims.len() - 1;
-        let mut opds: Vec<Opd> = Vec::with_capacity(n);
-        for ((src, l), buf) in srcs.iter().zip(&self.inputs).zip(in_sc.chunks_mut(TILE)) {
+        let mut opds = [Opd::One(0.0); MAX_INPUTS];
+        for (k, ((src, l), buf)) in srcs
+            .iter()
+            .zip(&self.inputs)
+            .zip(in_sc.chunks_mut(TILE))
+            .enumerate()
+        {
             let (mut rest, mut off) = (row, 0);
             for d in (0..r).rev() {
                 off += (rest % self.dims[d]) * l.strides[d];
@@ -383,15 +403,9 @@ impl Chain {
                     Opd::Run(&buf[..m])
                 }
                 Some(s) if step == 0 => Opd::One(s[off]),
-                Some(s) if step == 1 => Opd::Run(&s[off + c0..off + c0 + m]),
-                Some(s) => {
-                    for (j, v) in buf[..m].iter_mut().enumerate() {
-                        *v = s[off + (c0 + j) * step];
-                    }
-                    Opd::Run(&buf[..m])
-                }
+                Some(s) => Opd::Run(&s[off + c0..off + c0 + m]),
             };
-            opds.push(opd);
+            opds[k] = opd;
         }
         let last = self.steps.len() - 1;
         for (s, st) in self.steps.iter().enumerate() {
