@@ -219,8 +219,22 @@ def main():
         with open(os.path.join(RESULTS, f"{a.out}.md"), "w") as f:
             f.write(md)
         return
+    with tempfile.TemporaryDirectory(prefix="run_bench.") as tmp:
+        rows = measure(a, graphopt, tmp)
+    goals = check_goals(rows)
+    md = table(rows, goals, graphopt, a)
+    print(md)
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, f"{a.out}.json"), "w") as f:
+        json.dump({"rows": rows, "goals": goals, "repeat": a.repeat, "threads": a.threads,
+                   "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}, f, indent=1)
+    with open(os.path.join(RESULTS, f"{a.out}.md"), "w") as f:
+        f.write(md)
+
+
+def measure(a, graphopt, tmp: str) -> list[dict]:
+    """Runs every selected row; `tmp` holds the output files the rows compare."""
     rows = []
-    tmp = tempfile.mkdtemp(prefix="run_bench.")
     for name, batch in MODELS:
         for fp16 in ([False] if a.no_fp16 else [False, True]):
             row_name = f"{name} b{batch}" + (" fp16" if fp16 else "")
@@ -277,15 +291,7 @@ def main():
             row["error"] = str(e)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    goals = check_goals(rows)
-    md = table(rows, goals, graphopt, a)
-    print(md)
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"{a.out}.json"), "w") as f:
-        json.dump({"rows": rows, "goals": goals, "repeat": a.repeat, "threads": a.threads,
-                   "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}, f, indent=1)
-    with open(os.path.join(RESULTS, f"{a.out}.md"), "w") as f:
-        f.write(md)
+    return rows
 
 
 def check_goals(rows) -> list[dict]:
