@@ -1,11 +1,22 @@
-//! Fuses chains of float32 elementwise nodes into one node for the CPU
-//! runtime, so that the chain runs as one loop over tiles
-//! ([`crate::cpu::chain`]) and its intermediates are never planned.
+//! Fuses chains of elementwise nodes into one node for the CPU runtime, so
+//! that the chain runs as one loop over tiles ([`crate::cpu::chain`]) and
+//! its intermediates are never planned.
 //!
-//! A chain is a set of default-domain elementwise nodes (Add, Sub, Mul,
-//! Div, Pow, Max and Min of two inputs; Neg, Abs, Sqrt, Reciprocal, Exp,
-//! Log, Erf, Tanh, Sigmoid, Relu), every value float32, whose values are
-//! each read only by one node of the set, except the last node's output.
+//! A chain is a set of default-domain elementwise nodes whose values are
+//! each read only by one node of the set, except the last node's output,
+//! which is float32. The nodes:
+//! - on float32: Add, Sub, Mul, Div, Pow, Max and Min of two inputs; Neg,
+//!   Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu;
+//! - comparisons of two float32 values (Greater, Less, Equal,
+//!   GreaterOrEqual, LessOrEqual) and Not, And, Or, Xor on booleans;
+//! - Where of a boolean condition and two float32 values;
+//! - Cast to float32 of a float32 or boolean value, or of an input of
+//!   another float or integer type (bool, int8 to int64, uint8, uint32,
+//!   float16, bfloat16, float64).
+//!
+//! So a backward graph's ReLU mask, `Where(Greater(y, 0), dy, 0)`, never
+//! allocates its boolean tensor, and an attention mask's `Cast`, `Sub`
+//! and `Mul` run as one loop.
 //! Its external operands (activations, constants, broadcast rows or
 //! scalars, each once however often it is read) become the fused node's
 //! inputs. Each chain gets an op of its own, `ElementwiseChain.<k>` in
@@ -22,7 +33,8 @@
 //! After (`d`, `e`, `a`, `m` are gone):
 //! ```text
 //! y = graphopt.exec::ElementwiseChain.0(x, c1, c2, c3)
-//!       <ops = ["Div", "Erf", "Add", "Mul", "Mul"], args = [0,1, 4,-1, 5,2, 0,6, 7,3]>
+//!       <ops = ["Div", "Erf", "Add", "Mul", "Mul"],
+//!        args = [0,1,-1, 4,-1,-1, 5,2,-1, 0,6,-1, 7,3,-1]>
 //! ```
 //! Chains run only on graphopt's CPU runtime: it plans and runs a lowered
 //! copy ([`crate::lower::lowered_copy`]); the model a user holds is not
@@ -30,7 +42,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::cpu::chain::{Op, MAX_INPUTS};
+use crate::cpu::chain::{loadable, Kind, Op, MAX_INPUTS};
 use crate::lower::{replace_node, CODED_DOMAIN};
 use graphopt_ir::infer::{infer_model, InferOptions};
 use graphopt_ir::{
@@ -48,19 +60,43 @@ pub fn fuse_chains(m: &mut Model) -> (usize, usize) {
     let mut typed = m.clone();
     infer_model(&mut typed, &InferOptions::default());
     let g = &typed.graph;
-    let f32_value = |v: ValueId| g.ty(v).and_then(|t| t.elem()) == Some(DType::F32);
+    let elem = |v: ValueId| g.ty(v).and_then(|t| t.elem());
+    let f32_value = |v: ValueId| elem(v) == Some(DType::F32);
+    let of_kind = |v: &Option<ValueId>, k: Kind| {
+        let t = v.and_then(elem);
+        match k {
+            Kind::Float => t == Some(DType::F32),
+            Kind::Bool => t == Some(DType::Bool),
+            Kind::Any => t.is_some_and(loadable),
+        }
+    };
+    // A Cast's only attributes: `to` float (and `saturate`, which only
+    // float8 targets read).
+    let attributes_ok = |d: &graphopt_ir::NodeData, op: Op| {
+        d.attributes.iter().all(|a| {
+            op == Op::Cast
+                && match a.name.as_str() {
+                    "to" => a.value == AttrValue::Int(i64::from(DType::F32.to_onnx())),
+                    "saturate" => true,
+                    _ => false,
+                }
+        })
+    };
     let eligible = |n: NodeId| -> bool {
         let d = g.node(n);
         let Some(op) = Op::of(&d.op_type) else {
             return false;
         };
         (d.domain.is_empty() || d.domain == "ai.onnx")
-            && d.attributes.is_empty()
+            && attributes_ok(d, op)
             && !d.has_subgraphs()
             && d.inputs().len() == op.arity()
-            && d.inputs().iter().all(|i| i.is_some_and(f32_value))
+            && d.inputs()
+                .iter()
+                .zip(op.operands())
+                .all(|(i, &k)| of_kind(i, k))
             && d.outputs().len() == 1
-            && d.output(0).is_some_and(f32_value)
+            && of_kind(&d.output(0), op.result())
     };
     // The node that alone reads `v` (in one or more slots), if `v` is not
     // a graph output.
@@ -87,7 +123,8 @@ pub fn fuse_chains(m: &mut Model) -> (usize, usize) {
     };
     let mut chains: Vec<Vec<NodeId>> = Vec::new();
     for &sink in g.order().iter().rev() {
-        if !eligible(sink) || joins(sink) {
+        // The kernel writes float32.
+        if !eligible(sink) || joins(sink) || !g.node(sink).output(0).is_some_and(f32_value) {
             continue;
         }
         let mut members = vec![sink];
@@ -144,7 +181,7 @@ pub fn fuse_chains(m: &mut Model) -> (usize, usize) {
 struct Chain {
     inputs: Vec<ValueId>,
     ops: Vec<String>,
-    /// Two per step: an input index, `inputs + s` for step `s`, or -1.
+    /// Three per step: an input index, `inputs + s` for step `s`, or -1.
     args: Vec<i64>,
 }
 
@@ -183,8 +220,9 @@ impl Chain {
         for &n in members {
             let d = g.node(n);
             ops.push(d.op_type.clone());
-            args.push(d.input(0).map_or(-1, index));
-            args.push(d.input(1).map_or(-1, index));
+            for k in 0..3 {
+                args.push(d.input(k).map_or(-1, index));
+            }
         }
         Some(Chain { inputs, ops, args })
     }
@@ -205,13 +243,19 @@ impl Chain {
                 format!("t{s}")
             };
             let out = b.add_value(name, None).expect("fresh body");
-            let ins: Vec<ValueId> = self.args[2 * s..2 * s + 2]
+            let ins: Vec<ValueId> = self.args[3 * s..3 * s + 3]
                 .iter()
                 .filter(|&&a| a >= 0)
                 .map(|&a| vals[a as usize])
                 .collect();
-            b.add_node(NewNode::new(op_type.as_str()).inputs(&ins).outputs(&[out]))
-                .expect("well-formed body");
+            let mut node = NewNode::new(op_type.as_str()).inputs(&ins).outputs(&[out]);
+            if op_type == "Cast" {
+                node = node.attr(Attribute::new(
+                    "to",
+                    AttrValue::Int(i64::from(DType::F32.to_onnx())),
+                ));
+            }
+            b.add_node(node).expect("well-formed body");
             vals.push(out);
         }
         b.inputs = formals;

@@ -266,6 +266,7 @@ pub fn liveness_donating(
                     .find(|&it| {
                         dies_here(&tensors[it], &storages, tensors[ot].size, pos)
                             && !other_view_read(d, &slot, &tensors, it)
+                            && same_width(g, tensors[it].value, tensors[ot].value)
                     });
             } else if k == 0 {
                 // The rule's input only, and not when another slot reads it
@@ -339,6 +340,15 @@ pub fn over_host(d: &graphopt_ir::NodeData) -> Option<ValueId> {
 /// Whether tensor `t` may give its storage to a `size`-byte output of the
 /// node at step `pos`: an intermediate storage (neither graph input nor
 /// output) of that size whose tensor and storage both end there.
+/// Whether `a` and `b` have elements of one width: then the same bytes
+/// are the same elements, and an elementwise output over its input reads
+/// each element where it writes it. (An int64 input broadcast to a float32
+/// output of twice its elements has the output's bytes, not its elements.)
+fn same_width(g: &Graph, a: ValueId, b: ValueId) -> bool {
+    let bits = |v: ValueId| g.ty(v).and_then(|t| t.elem()).and_then(|d| d.bits());
+    bits(a).is_some() && bits(a) == bits(b)
+}
+
 fn dies_here(t: &LiveTensor, storages: &[Storage], size: u64, pos: usize) -> bool {
     let s = &storages[t.storage];
     !s.pinned && t.size == size && s.last == pos && t.last == pos

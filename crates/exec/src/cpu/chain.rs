@@ -1,13 +1,19 @@
 //! The kernel of an `ElementwiseChain` node ([`crate::fuse_chains`]): a
-//! chain of float32 elementwise ops run as one loop over tiles of the
-//! output, each tile's intermediates in a few kilobytes of scratch that
-//! stay in L1, never in the arena.
+//! chain of elementwise ops with a float32 result run as one loop over
+//! tiles of the output, each tile's intermediates in a few kilobytes of
+//! scratch that stay in L1, never in the arena.
 //!
 //! The node's inputs are the chain's external operands, broadcast to the
 //! output's shape by numpy's rules; its `ops` attribute names each step's
-//! op and `args` gives each step's two operands (an input `i < inputs`, or
-//! step `s` as `inputs + s`; `-1` for a unary step's second). The last
-//! step is the output. Broadcasting composes, so every step is evaluated
+//! op and `args` gives each step's three operands (an input `i < inputs`,
+//! or step `s` as `inputs + s`; `-1` past the op's arity). The last step
+//! is the output.
+//!
+//! Every tile is float32. A boolean (a comparison's result, a `Where`'s
+//! condition) is 1.0 or 0.0 there, and an input of another type (bool,
+//! integers, float16, bfloat16, float64; what a `Cast` to float reads) is
+//! converted as its tile is loaded, the way the Cast kernel converts it, so
+//! `Cast` itself is a copy. Broadcasting composes, so every step is evaluated
 //! at the output's positions: step `s` at output element `i` reads each
 //! operand at the element `i` broadcasts to.
 //!
@@ -22,7 +28,7 @@
 //! After:
 //! ```text
 //! y = graphopt.exec::ElementwiseChain.0(x, 1.4142135, 1, 0.5)
-//!       <ops = [Div, Erf, Add, Mul, Mul], args = [0,1, 4,-1, 5,2, 0,6, 7,3]>
+//!       <ops = [Div, Erf, Add, Mul, Mul], args = [0,1,-1, 4,-1,-1, 5,2,-1, 0,6,-1, 7,3,-1]>
 //! ```
 
 use std::cell::RefCell;
@@ -31,6 +37,7 @@ use super::elementwise::{erf, exp_f32, max_f32, merged_dims, min_f32, pow, sigmo
 use super::par;
 use crate::activation::Activation;
 use crate::backend::{Data, Kernel, KernelIo, NodeCtx};
+use crate::tensor::elem_size;
 use crate::tensor::{cast, cast_mut, strides};
 use graphopt_ir::DType;
 
@@ -60,6 +67,46 @@ pub(crate) enum Op {
     Tanh,
     Sigmoid,
     Relu,
+    /// To float32 (the conversion happens as an input's tile is loaded).
+    Cast,
+    Where,
+    Greater,
+    Less,
+    Equal,
+    GreaterOrEqual,
+    LessOrEqual,
+    Not,
+    And,
+    Or,
+    Xor,
+}
+
+/// The element type of a step's operand or result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Float,
+    Bool,
+    /// Anything [`loadable`] (a Cast's operand).
+    Any,
+}
+
+/// The input types a chain loads into its float32 tiles.
+pub(crate) const LOADABLE: &[DType] = &[
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::I64,
+    DType::I32,
+    DType::U32,
+    DType::I8,
+    DType::U8,
+    DType::Bool,
+];
+
+/// Whether an input of type `d` can be loaded into a float32 tile.
+pub(crate) fn loadable(d: DType) -> bool {
+    LOADABLE.contains(&d)
 }
 
 impl Op {
@@ -83,15 +130,63 @@ impl Op {
             "Tanh" => Op::Tanh,
             "Sigmoid" => Op::Sigmoid,
             "Relu" => Op::Relu,
+            "Cast" => Op::Cast,
+            "Where" => Op::Where,
+            "Greater" => Op::Greater,
+            "Less" => Op::Less,
+            "Equal" => Op::Equal,
+            "GreaterOrEqual" => Op::GreaterOrEqual,
+            "LessOrEqual" => Op::LessOrEqual,
+            "Not" => Op::Not,
+            "And" => Op::And,
+            "Or" => Op::Or,
+            "Xor" => Op::Xor,
             _ => return None,
         })
     }
 
     /// Operands it reads.
     pub(crate) fn arity(self) -> usize {
+        self.operands().len()
+    }
+
+    /// Its operands' element types.
+    pub(crate) fn operands(self) -> &'static [Kind] {
+        use Kind::*;
         match self {
-            Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Pow | Op::Max | Op::Min => 2,
-            _ => 1,
+            Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::Div
+            | Op::Pow
+            | Op::Max
+            | Op::Min
+            | Op::Greater
+            | Op::Less
+            | Op::Equal
+            | Op::GreaterOrEqual
+            | Op::LessOrEqual => &[Float, Float],
+            Op::And | Op::Or | Op::Xor => &[Bool, Bool],
+            Op::Not => &[Bool],
+            Op::Where => &[Bool, Float, Float],
+            Op::Cast => &[Any],
+            _ => &[Float],
+        }
+    }
+
+    /// Its result's element type.
+    pub(crate) fn result(self) -> Kind {
+        match self {
+            Op::Greater
+            | Op::Less
+            | Op::Equal
+            | Op::GreaterOrEqual
+            | Op::LessOrEqual
+            | Op::Not
+            | Op::And
+            | Op::Or
+            | Op::Xor => Kind::Bool,
+            _ => Kind::Float,
         }
     }
 }
@@ -103,17 +198,20 @@ struct Layout {
     strides: Vec<usize>,
 }
 
-/// One step: `op(a, b)`.
+/// One step: `op(a, b, c)` (operands past the op's arity unread).
 #[derive(Clone, Copy, Debug)]
 struct Step {
     op: Op,
     a: usize,
     b: usize,
+    c: usize,
 }
 
 struct Chain {
     steps: Vec<Step>,
     inputs: Vec<Layout>,
+    /// Each input's element type.
+    types: Vec<DType>,
     /// The output's dims with runs that every operand reads alike merged.
     dims: Vec<usize>,
 }
@@ -137,14 +235,16 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         ));
     }
     let mut shapes = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
     for i in 0..n {
         let t = ctx.input(i)?;
-        if t.dtype != DType::F32 {
+        if !loadable(t.dtype) {
             return Err(format!(
-                "ElementwiseChain input {i} is {}, not float",
+                "ElementwiseChain input {i} is {}, which it cannot convert to float",
                 t.dtype.name()
             ));
         }
+        types.push(t.dtype);
         if t.shape.len() > out.shape.len()
             || t.shape
                 .iter()
@@ -170,9 +270,9 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
         .node
         .attr_ints("args")
         .ok_or("ElementwiseChain without its `args` attribute")?;
-    if ops.is_empty() || args.len() != 2 * ops.len() {
+    if ops.is_empty() || args.len() != 3 * ops.len() {
         return Err(format!(
-            "ElementwiseChain: {} ops but {} args (two per op)",
+            "ElementwiseChain: {} ops but {} args (three per op)",
             ops.len(),
             args.len()
         ));
@@ -181,7 +281,7 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     for (s, name) in ops.iter().enumerate() {
         let op = Op::of(name).ok_or_else(|| format!("ElementwiseChain: no step op {name}"))?;
         let operand = |k: usize| -> Result<usize, String> {
-            let v = args[2 * s + k];
+            let v = args[3 * s + k];
             if v < 0 || v as usize >= n + s {
                 return Err(format!(
                     "ElementwiseChain step {s} ({name}) reads operand {v}, not an input or an earlier step"
@@ -190,8 +290,9 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
             Ok(v as usize)
         };
         let a = operand(0)?;
-        let b = if op.arity() == 2 { operand(1)? } else { a };
-        steps.push(Step { op, a, b });
+        let b = if op.arity() >= 2 { operand(1)? } else { a };
+        let c = if op.arity() == 3 { operand(2)? } else { a };
+        steps.push(Step { op, a, b, c });
     }
     let shapes: Vec<&[usize]> = shapes.iter().map(Vec::as_slice).collect();
     let (dims, st) = merged_dims(&out.shape, &shapes);
@@ -204,8 +305,20 @@ pub fn kernel(ctx: &NodeCtx) -> Result<Box<dyn Kernel>, String> {
     Ok(Box::new(Chain {
         steps,
         inputs,
+        types,
         dims,
     }))
+}
+
+/// Where an input's elements are read.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Float(&'a [f32]),
+    /// Elements of another type, converted as they are loaded.
+    Other(&'a [u8], DType),
+    /// In the output's storage (the plan put the output over it), of this
+    /// type (float32, or a 4-byte integer type).
+    InPlace(DType),
 }
 
 /// An operand of a step over one tile.
@@ -228,12 +341,19 @@ impl Kernel for Chain {
 
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let n = self.inputs.len();
-        let mut srcs: Vec<Option<&[f32]>> = Vec::with_capacity(n);
-        for i in 0..n {
+        let mut srcs: Vec<Src> = Vec::with_capacity(n);
+        for (i, &d) in self.types.iter().enumerate() {
             let x = io.input(i)?;
             srcs.push(match x.data {
-                Data::Bytes(b) => Some(cast(b)),
-                Data::Output0 => None,
+                Data::Bytes(b) if d == DType::F32 => Src::Float(cast(b)),
+                Data::Bytes(b) => Src::Other(b, d),
+                Data::Output0 if elem_size(d) == Some(4) => Src::InPlace(d),
+                Data::Output0 => {
+                    return Err(format!(
+                        "ElementwiseChain input {i} ({}) is in place over a float output",
+                        d.name()
+                    ))
+                }
             });
         }
         let threads = io.threads;
@@ -257,16 +377,20 @@ impl Kernel for Chain {
                 .map(|(&d, &st)| (d - 1) * st)
                 .sum::<usize>()
                 + 1;
+            let held = match s {
+                Src::Float(s) => s.len(),
+                Src::Other(b, d) => b.len() / elem_size(*d).unwrap_or(1),
+                Src::InPlace(_) => total,
+            };
             match s {
-                Some(s) if s.len() < need => {
+                _ if held < need => {
                     return Err(format!(
-                        "ElementwiseChain input {i} holds {} elements, needs {need}",
-                        s.len()
+                        "ElementwiseChain input {i} holds {held} elements, needs {need}"
                     ))
                 }
                 // Read from the output tile by tile: only a full-sized
                 // input (or one element) lies where the output does.
-                None if total != 1 && l.strides != strides(&self.dims) => {
+                Src::InPlace(_) if total != 1 && l.strides != strides(&self.dims) => {
                     return Err(format!(
                         "ElementwiseChain input {i} is in place but not of the output's shape"
                     ))
@@ -317,14 +441,7 @@ impl Kernel for Chain {
 impl Chain {
     /// Output row `row`'s columns `c0..c0 + out.len()`: every step on the
     /// tile, the last into `out`.
-    fn tile(
-        &self,
-        srcs: &[Option<&[f32]>],
-        row: usize,
-        c0: usize,
-        out: &mut [f32],
-        sc: &mut [f32],
-    ) {
+    fn tile(&self, srcs: &[Src], row: usize, c0: usize, out: &mut [f32], sc: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         {
             if crate::cpu::gemm::wide() {
@@ -347,7 +464,7 @@ impl Chain {
     #[target_feature(enable = "avx512f")]
     unsafe fn tile_avx512(
         &self,
-        srcs: &[Option<&[f32]>],
+        srcs: &[Src],
         row: usize,
         c0: usize,
         out: &mut [f32],
@@ -360,7 +477,7 @@ impl Chain {
     #[target_feature(enable = "avx2")]
     unsafe fn tile_avx2(
         &self,
-        srcs: &[Option<&[f32]>],
+        srcs: &[Src],
         row: usize,
         c0: usize,
         out: &mut [f32],
@@ -370,14 +487,7 @@ impl Chain {
     }
 
     #[inline(always)]
-    fn tile_body(
-        &self,
-        srcs: &[Option<&[f32]>],
-        row: usize,
-        c0: usize,
-        out: &mut [f32],
-        sc: &mut [f32],
-    ) {
+    fn tile_body(&self, srcs: &[Src], row: usize, c0: usize, out: &mut [f32], sc: &mut [f32]) {
         let m = out.len();
         let n = self.inputs.len();
         let (steps_sc, in_sc) = sc.split_at_mut((self.steps.len() - 1) * TILE);
@@ -397,13 +507,26 @@ impl Chain {
                 rest /= self.dims[d];
             }
             let step = l.strides[r];
-            let opd = match src {
-                None => {
+            let opd = match *src {
+                Src::InPlace(d) => {
                     buf[..m].copy_from_slice(out);
+                    if d != DType::F32 {
+                        for v in &mut buf[..m] {
+                            *v = from_bits(d, v.to_bits());
+                        }
+                    }
                     Opd::Run(&buf[..m])
                 }
-                Some(s) if step == 0 => Opd::One(s[off]),
-                Some(s) => Opd::Run(&s[off + c0..off + c0 + m]),
+                Src::Float(s) if step == 0 => Opd::One(s[off]),
+                Src::Float(s) => Opd::Run(&s[off + c0..off + c0 + m]),
+                Src::Other(b, d) if step == 0 => {
+                    load(d, b, off, &mut buf[..1]);
+                    Opd::One(buf[0])
+                }
+                Src::Other(b, d) => {
+                    load(d, b, off + c0, &mut buf[..m]);
+                    Opd::Run(&buf[..m])
+                }
             };
             opds[k] = opd;
         }
@@ -419,16 +542,27 @@ impl Chain {
                     Opd::Run(&done[(v - n) * TILE..][..m])
                 }
             };
-            let (a, b) = (at(st.a), at(st.b));
+            let (a, b, c) = (at(st.a), at(st.b), at(st.c));
             let dst: &mut [f32] = if s == last { &mut *out } else { &mut cur[..m] };
-            apply(st.op, a, b, dst);
+            apply(st.op, a, b, c, dst);
         }
     }
 }
 
-/// `dst = op(a, b)` element by element (`b` unread by unary ops).
+/// A boolean as a tile holds it.
 #[inline(always)]
-fn apply(op: Op, a: Opd, b: Opd, dst: &mut [f32]) {
+fn truth(b: bool) -> f32 {
+    if b {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// `dst = op(a, b, c)` element by element (operands past the op's arity
+/// unread).
+#[inline(always)]
+fn apply(op: Op, a: Opd, b: Opd, c: Opd, dst: &mut [f32]) {
     match op {
         Op::Add => map2(a, b, dst, |x, y| x + y),
         Op::Sub => map2(a, b, dst, |x, y| x - y),
@@ -447,6 +581,58 @@ fn apply(op: Op, a: Opd, b: Opd, dst: &mut [f32]) {
         Op::Tanh => map1(a, dst, tanh_f32),
         Op::Sigmoid => map1(a, dst, sigmoid_f32),
         Op::Relu => map1(a, dst, |x| Activation::Relu.apply(x)),
+        // Converted (or computed as 1.0 / 0.0) on the way in.
+        Op::Cast => map1(a, dst, |x| x),
+        Op::Where => map3(a, b, c, dst, |c, x, y| if c != 0.0 { x } else { y }),
+        Op::Greater => map2(a, b, dst, |x, y| truth(x > y)),
+        Op::Less => map2(a, b, dst, |x, y| truth(x < y)),
+        Op::Equal => map2(a, b, dst, |x, y| truth(x == y)),
+        Op::GreaterOrEqual => map2(a, b, dst, |x, y| truth(x >= y)),
+        Op::LessOrEqual => map2(a, b, dst, |x, y| truth(x <= y)),
+        Op::Not => map1(a, dst, |x| truth(x == 0.0)),
+        Op::And => map2(a, b, dst, |x, y| truth(x != 0.0 && y != 0.0)),
+        Op::Or => map2(a, b, dst, |x, y| truth(x != 0.0 || y != 0.0)),
+        Op::Xor => map2(a, b, dst, |x, y| truth((x != 0.0) != (y != 0.0))),
+    }
+}
+
+/// Elements `off..off + dst.len()` of `b` (of type `d`, [`loadable`]) as
+/// float32, as the Cast kernel converts them: through float64 (exact for
+/// all but 64-bit integers, which round there first), then rounded once.
+fn load(d: DType, b: &[u8], off: usize, dst: &mut [f32]) {
+    let m = dst.len();
+    macro_rules! each {
+        ($t:ty, $f:expr) => {{
+            let s: &[$t] = cast(b);
+            let s = &s[off..off + m];
+            for j in 0..m {
+                dst[j] = $f(s[j]);
+            }
+        }};
+    }
+    match d {
+        DType::F32 => each!(f32, |x: f32| x),
+        DType::F64 => each!(f64, |x: f64| x as f32),
+        DType::F16 => each!(u16, |x: u16| half::f16::from_bits(x).to_f32()),
+        DType::BF16 => each!(u16, |x: u16| half::bf16::from_bits(x).to_f32()),
+        DType::I64 => each!(i64, |x: i64| x as f64 as f32),
+        DType::I32 => each!(i32, |x: i32| x as f64 as f32),
+        DType::U32 => each!(u32, |x: u32| x as f64 as f32),
+        DType::I8 => each!(i8, |x: i8| x as f32),
+        DType::U8 | DType::Bool => each!(u8, |x: u8| x as f32),
+        // The kernel's maker refuses every other type.
+        _ => dst.fill(f32::NAN),
+    }
+}
+
+/// An element of a 4-byte type `d` held in an output float's bits (an
+/// input the plan put in place), as float32.
+#[inline(always)]
+fn from_bits(d: DType, bits: u32) -> f32 {
+    match d {
+        DType::I32 => bits as i32 as f64 as f32,
+        DType::U32 => bits as f64 as f32,
+        _ => f32::from_bits(bits),
     }
 }
 
@@ -490,5 +676,35 @@ fn map2(a: Opd, b: Opd, dst: &mut [f32], f: impl Fn(f32, f32) -> f32) {
             }
         }
         (Opd::One(x), Opd::One(y)) => dst.fill(f(x, y)),
+    }
+}
+
+#[inline(always)]
+fn map3(a: Opd, b: Opd, c: Opd, dst: &mut [f32], f: impl Fn(f32, f32, f32) -> f32) {
+    let m = dst.len();
+    match (a, b, c) {
+        // The masks of backward graphs: a full condition and value, a
+        // scalar otherwise.
+        (Opd::Run(x), Opd::Run(y), Opd::One(z)) => {
+            let (x, y) = (&x[..m], &y[..m]);
+            for j in 0..m {
+                dst[j] = f(x[j], y[j], z);
+            }
+        }
+        (Opd::Run(x), Opd::Run(y), Opd::Run(z)) => {
+            let (x, y, z) = (&x[..m], &y[..m], &z[..m]);
+            for j in 0..m {
+                dst[j] = f(x[j], y[j], z[j]);
+            }
+        }
+        _ => {
+            let at = |o: Opd, j: usize| match o {
+                Opd::Run(x) => x[j],
+                Opd::One(v) => v,
+            };
+            for j in 0..m {
+                dst[j] = f(at(a, j), at(b, j), at(c, j));
+            }
+        }
     }
 }
