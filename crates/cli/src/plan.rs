@@ -5,7 +5,7 @@
 
 use crate::util::{human_bytes, json_text, print_out};
 use graphopt::plan::DimValues;
-use graphopt::{Error, IntervalRequest, PlanRequest, PlanSettings};
+use graphopt::{Error, IntervalRequest, PlanGraph, PlanRequest, PlanSettings};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -35,6 +35,11 @@ pub struct Args {
     /// Re-check the plan with the independent checker.
     #[arg(long)]
     verify: bool,
+    /// Plan the model as written (what onnxruntime or `--device cuda`
+    /// runs) rather than the graph `graphopt run` executes on the CPU,
+    /// whose fused kernels need less arena.
+    #[arg(long)]
+    as_written: bool,
     /// Wall-clock limit of the offset search in seconds. Opt-in: without it
     /// a node budget ends the search and the plan is the same every run.
     #[arg(long, value_name = "S")]
@@ -121,6 +126,11 @@ pub fn run(a: Args) -> graphopt::Result<()> {
         },
         options: settings(&a).options()?,
         verify: a.verify,
+        graph: if a.as_written {
+            PlanGraph::AsWritten
+        } else {
+            PlanGraph::CpuRuntime
+        },
     };
     let budget = a
         .budget

@@ -111,7 +111,7 @@ pub use run::{
     cuda_unavailable, peak_rss_bytes, to_host, to_tract, CudaReport, Device, NodeTime, OpTime,
     PoisonReport, Profile, RunOptions, RunReport, Runner,
 };
-pub use session::{load, PlanRequest, PlanSettings, SaveOptions, Session};
+pub use session::{load, PlanGraph, PlanRequest, PlanSettings, SaveOptions, Session};
 pub use torch_policy::{
     has_fx_nodes, parse_fx_node, torch_policy, FxDecision, FxPolicy, FxReason, TorchPolicy,
     FX_NODE_KEY, TORCH_POLICY_FORMAT,

@@ -59,6 +59,23 @@ pub struct PlanRequest {
     /// (`graphopt_plan::check_graph_plan`); a rejected plan is an
     /// [`crate::ErrorKind::Verify`] error.
     pub verify: bool,
+    /// Which graph is planned (default: the one `run` executes on the CPU).
+    pub graph: PlanGraph,
+}
+
+/// The graph a plan is made for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlanGraph {
+    /// The graph graphopt's CPU runtime executes: the model lowered for its
+    /// kernels (fused elementwise chains, a Conv with its residual Add,
+    /// compressed weights decoded where they are read;
+    /// [`graphopt_exec::lower::lowered_copy`]). Its arena is the one
+    /// [`Session::run`] allocates on the CPU.
+    #[default]
+    CpuRuntime,
+    /// The model as written: what onnxruntime or the CUDA backend runs,
+    /// and what `save` writes.
+    AsWritten,
 }
 
 /// The planner's settings as the front ends take them, each optional;
@@ -254,12 +271,23 @@ impl Session {
     /// independently when `req.verify`).
     pub fn plan(&self, req: &PlanRequest) -> Result<ModelPlan> {
         req.validate()?;
-        let planned = graphopt_plan::plan_model(&self.model, &req.dims, &req.options)
+        let planned = graphopt_plan::plan_model(&self.planned_graph(req), &req.dims, &req.options)
             .map_err(|e| self.err(e))?;
         if req.verify {
             self.verify_plan(&planned)?;
         }
         Ok(planned)
+    }
+
+    /// The model `req` plans: this session's, lowered for the CPU runtime
+    /// or as written ([`PlanGraph`]).
+    fn planned_graph(&self, req: &PlanRequest) -> std::borrow::Cow<'_, Model> {
+        match req.graph {
+            PlanGraph::CpuRuntime => {
+                std::borrow::Cow::Owned(graphopt_exec::lower::lowered_copy(&self.model).0)
+            }
+            PlanGraph::AsWritten => std::borrow::Cow::Borrowed(&self.model),
+        }
     }
 
     /// The independent checker on a plan of this session's model.
@@ -284,7 +312,8 @@ impl Session {
         budget: u64,
     ) -> Result<MaxBatch> {
         req.validate()?;
-        let mb = graphopt_plan::max_batch(&self.model, &req.dims, batch_dim, budget, &req.options)
+        let model = self.planned_graph(req);
+        let mb = graphopt_plan::max_batch(&model, &req.dims, batch_dim, budget, &req.options)
             .map_err(|e| self.err(e))?;
         if req.verify {
             self.verify_plan(&mb.at)?;

@@ -146,6 +146,8 @@ fn remat_keeps_tract_outputs_bit_identical() {
         let after = s
             .plan(&graphopt::PlanRequest {
                 dims: graphopt::plan::DimValues::new(&d),
+                // Remat's budget is the model's as written.
+                graph: graphopt::PlanGraph::AsWritten,
                 ..Default::default()
             })
             .unwrap();

@@ -8,8 +8,8 @@ use graphopt::onnx::ExternalData;
 use graphopt::plan::DimValues;
 use graphopt::{
     AutodiffOptions, Calibration, CheckOptions, DataSource, Device, GradOptions, Inputs, Metric,
-    OptimizeOptions, OptimizerSpec, PipelineOptions, PlanRequest, PlanSettings, Precision,
-    PrecisionOptions, RunOptions, SaveOptions, Scale, Session, Tolerance, TrainLength,
+    OptimizeOptions, OptimizerSpec, PipelineOptions, PlanGraph, PlanRequest, PlanSettings,
+    Precision, PrecisionOptions, RunOptions, SaveOptions, Scale, Session, Tolerance, TrainLength,
     TrainOptions, ValidateOptions,
 };
 use pyo3::exceptions::PyTypeError;
@@ -146,6 +146,7 @@ impl PySession {
         reorder: bool,
         strict: bool,
         verify: bool,
+        as_written: bool,
         threads: Option<usize>,
         node_budget: Option<u64>,
         time_limit: Option<f64>,
@@ -172,6 +173,11 @@ impl PySession {
             },
             options: settings.options().map_err(gerr)?,
             verify,
+            graph: if as_written {
+                PlanGraph::AsWritten
+            } else {
+                PlanGraph::CpuRuntime
+            },
         })
     }
 }
@@ -874,9 +880,12 @@ impl PySession {
     /// `graphopt plan --json` prints it: `weights_bytes`,
     /// `lower_bound_bytes`, `arena_bytes`, `naive_bytes`, `schedule`,
     /// `tensors`, `peak_tensors`, `dims`, ... `inputs` (a dict of arrays or
-    /// an .npz) and `shapes` give whole input shapes.
+    /// an .npz) and `shapes` give whole input shapes. The graph planned is
+    /// the one `run()` executes on the CPU (its fused kernels), so the
+    /// arena is the one `run()` allocates; `as_written=True` plans the
+    /// model as written (what onnxruntime or the CUDA backend runs).
     #[pyo3(signature = (dims=None, inputs=None, shapes=None, default_dim=1, alignment=None,
-                        reorder=true, strict=false, verify=false, threads=None,
+                        reorder=true, strict=false, verify=false, as_written=false, threads=None,
                         node_budget=None, time_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn plan<'py>(
@@ -890,6 +899,7 @@ impl PySession {
         reorder: bool,
         strict: bool,
         verify: bool,
+        as_written: bool,
         threads: Option<usize>,
         node_budget: Option<u64>,
         time_limit: Option<f64>,
@@ -903,6 +913,7 @@ impl PySession {
             reorder,
             strict,
             verify,
+            as_written,
             threads,
             node_budget,
             time_limit,
@@ -919,7 +930,7 @@ impl PySession {
     /// `max_batch` and `budget_bytes`, as `plan --max-batch --json`.
     #[pyo3(signature = (budget, dims=None, batch_dim=None, inputs=None, shapes=None,
                         default_dim=1, alignment=None, reorder=true, strict=false,
-                        verify=false, threads=None, node_budget=None, time_limit=None))]
+                        verify=false, as_written=false, threads=None, node_budget=None, time_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn max_batch<'py>(
         &self,
@@ -934,6 +945,7 @@ impl PySession {
         reorder: bool,
         strict: bool,
         verify: bool,
+        as_written: bool,
         threads: Option<usize>,
         node_budget: Option<u64>,
         time_limit: Option<f64>,
@@ -948,6 +960,7 @@ impl PySession {
             reorder,
             strict,
             verify,
+            as_written,
             threads,
             node_budget,
             time_limit,
@@ -966,7 +979,7 @@ impl PySession {
     /// at the largest global batch whose per-rank bytes fit it.
     #[pyo3(signature = (scheme, ranks, dims=None, batch_dim=None, budget=None, inputs=None,
                         shapes=None, default_dim=1, alignment=None, reorder=true, strict=false,
-                        verify=false, threads=None, node_budget=None, time_limit=None))]
+                        verify=false, as_written=false, threads=None, node_budget=None, time_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn plan_distributed<'py>(
         &self,
@@ -983,6 +996,7 @@ impl PySession {
         reorder: bool,
         strict: bool,
         verify: bool,
+        as_written: bool,
         threads: Option<usize>,
         node_budget: Option<u64>,
         time_limit: Option<f64>,
@@ -1001,6 +1015,7 @@ impl PySession {
             reorder,
             strict,
             verify,
+            as_written,
             threads,
             node_budget,
             time_limit,
