@@ -53,8 +53,11 @@ pub(crate) const KC: usize = 256;
 /// Rows of a micro-tile of the AVX-512 kernel ([`micro_wide`]), whose
 /// tiles are 32 columns wide (two slivers).
 const MR_WIDE: usize = 12;
-/// Rows of `a` per block (a multiple of [`MR`] and [`MR_WIDE`]).
-const MC: usize = 96;
+/// Rows of `a` per block (a multiple of [`MR`] and [`MR_WIDE`]): 132, so
+/// that a transformer's 128 tokens at batch 1 are one block, which reads
+/// `b` in place instead of packing it (BERT-base at batch 1: 132 -> 123
+/// ms, `benches/run_bench.py`).
+const MC: usize = 132;
 /// Columns of `b` per packed panel (a multiple of [`NR`]).
 const NC: usize = 256;
 
@@ -328,9 +331,11 @@ unsafe fn sgemm_on(
                 let bblk = unsafe { b.at(pc, jc) };
                 // One row block reads each sliver from L1 after its first
                 // micro-tile: read a row-major `b` in place (full slivers)
-                // rather than copy it. Several row blocks reuse a packed
-                // panel from L2.
-                let in_place = b.csb == 1 && m <= MC;
+                // rather than copy it, unless its rows lie far apart (GPT-2's
+                // LM head, 50257 wide: a new page per row, which the packed
+                // copy reads once, as a stream). Several row blocks reuse a
+                // packed panel from L2.
+                let in_place = b.csb == 1 && m <= MC && (!b.rows.is_null() || b.rsb <= 4096);
                 unsafe { pack_b(kc, nc, bblk, bp, in_place) };
                 let (al, be) = if pc == 0 { (alpha, beta) } else { (alpha, 1.0) };
                 let first = pc == 0 && !ep.bias.is_null();
