@@ -702,8 +702,8 @@ fn map3(a: Opd, b: Opd, c: Opd, dst: &mut [f32], f: impl Fn(f32, f32, f32) -> f3
                 Opd::Run(x) => x[j],
                 Opd::One(v) => v,
             };
-            for j in 0..m {
-                dst[j] = f(at(a, j), at(b, j), at(c, j));
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = f(at(a, j), at(b, j), at(c, j));
             }
         }
     }
