@@ -7,16 +7,19 @@
 //! which is float32. The nodes:
 //! - on float32: Add, Sub, Mul, Div, Pow, Max and Min of two inputs; Neg,
 //!   Abs, Sqrt, Reciprocal, Exp, Log, Erf, Tanh, Sigmoid, Relu;
-//! - comparisons of two float32 values (Greater, Less, Equal,
-//!   GreaterOrEqual, LessOrEqual) and Not, And, Or, Xor on booleans;
+//! - Not, And, Or and Xor of booleans;
 //! - Where of a boolean condition and two float32 values;
 //! - Cast to float32 of a float32 or boolean value, or of an input of
-//!   another float or integer type (bool, int8 to int64, uint8, uint32,
-//!   float16, bfloat16, float64).
+//!   another type the kernel loads (bool, int8, uint8, int32, uint32,
+//!   int64, float16, bfloat16, float64; [`crate::cpu::chain::LOADABLE`]).
 //!
-//! So a backward graph's ReLU mask, `Where(Greater(y, 0), dy, 0)`, never
-//! allocates its boolean tensor, and an attention mask's `Cast`, `Sub`
-//! and `Mul` run as one loop.
+//! Comparisons (Greater, Less, ...) stay nodes: their boolean output is a
+//! quarter of their float input, and fused into a later chain they would
+//! keep that input alive until the chain runs (resnet18's training step:
+//! its ReLU masks `Greater(y, 0)`, made in the forward pass and read by
+//! the backward `Where`, took the arena from 209.5 to 241.7 MB when they
+//! were fused). The chain then reads the mask as an input.
+//!
 //! Its external operands (activations, constants, broadcast rows or
 //! scalars, each once however often it is read) become the fused node's
 //! inputs. Each chain gets an op of its own, `ElementwiseChain.<k>` in

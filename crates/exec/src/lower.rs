@@ -195,7 +195,7 @@ pub struct CodedLowering {
     /// take widened whole (once per node, on every run).
     pub half_fused: usize,
     pub half_widened_bytes: u64,
-    /// Chains of float32 elementwise nodes fused into one node each
+    /// Chains of elementwise nodes (float32 results) fused into one node each
     /// ([`crate::fuse_chains`]), and the nodes they replaced.
     pub chains: usize,
     pub chain_nodes: usize,

@@ -338,12 +338,12 @@ fn tensor(dtype: DType, shape: &[usize], data: Vec<u8>) -> HostTensor {
 }
 
 /// Booleans, casts and masks: a backward graph's ReLU mask
-/// (`Where(Greater(y, 0), dy, 0)`), an attention mask cast from int64
-/// (broadcast over rows), a boolean input through Not, And, Or and Xor,
-/// every comparison, Casts from float16, float64, uint8, int32 and bool,
-/// and an int32 value that dies at its chain (which may then run over
-/// it). The nodes' bits, NaN and infinities included; the booleans and
-/// the int32 value are never allocated as the chains' intermediates.
+/// (`Where(Greater(y, 0), dy, 0)`: the comparison stays a node, the Where
+/// joins the chain after it), an attention mask cast from int64
+/// (broadcast over rows), booleans through Not, And, Or and Xor, Casts
+/// from float16, float64, uint8, int32 and bool, and an int32 value that
+/// dies at its chain (which then runs over it). The nodes' bits, NaN and
+/// infinities included.
 #[test]
 fn masks_casts_and_comparisons_give_the_nodes_bits() {
     let (r, c) = (3, 600);
@@ -397,9 +397,10 @@ fn masks_casts_and_comparisons_give_the_nodes_bits() {
         tensor(DType::F64, &[r, 1], d),
         tensor(DType::U8, &[c], u),
     ];
-    // {pos, g0, relu_grad}, {mf .. scores}, {lt .. logic} (10 nodes),
-    // {hf .. casts} (7), {yf, ints}: yi is an int32 Cast outside.
-    check("masks", &m, &inputs, (5, 26));
+    // {g0, relu_grad}, {mf .. scores}, {n0 .. logic} (6 nodes), {hf ..
+    // casts} (7), {yf, ints}: the comparisons stay nodes (their masks are
+    // the chains' inputs), and yi is an int32 Cast outside.
+    check("masks", &m, &inputs, (5, 21));
     let mut lowered = m.clone();
     lower_coded(&mut lowered);
     let mp = plan_model(&lowered, &DimValues::default(), &PlanOptions::default()).expect("plans");
@@ -435,4 +436,48 @@ fn a_wider_input_with_the_outputs_bytes_is_not_written_over() {
     let (plain, _) = run(&m, &inputs, 2);
     let (fused, _) = run(&lowered, &inputs, 2);
     assert!(plain[0].data == fused[0].data, "outputs differ");
+}
+
+/// Casts from bfloat16, int8 and int32 inputs (not in place), and Wheres
+/// whose operands are not the backward mask's (a scalar condition, a
+/// scalar x beside a full y, a row-broadcast y): the nodes' bits.
+#[test]
+fn other_loads_and_where_layouts_give_the_nodes_bits() {
+    let (r, c) = (4, 300);
+    let text = format!(
+        "<ir_version: 10, opset_import: [\"\" : 17]>\n\
+         g (bfloat16[{r},{c}] b, int8[{r},{c}] i, int32[{c}] n, bool s, bool[{r},{c}] m,\n\
+            float[{r},{c}] x)\n\
+         => (float[{r},{c}] casts, float[{r},{c}] picks)\n\
+         <float k = {{0.25}}, float[{c}] row = {{{}}}>\n{{\n\
+         bf = Cast <to: int = 1> (b)\n if0 = Cast <to: int = 1> (i)\n nf = Cast <to: int = 1> (n)\n\
+         t0 = Add (bf, if0)\n casts = Mul (t0, nf)\n\
+         w0 = Where (s, x, k)\n w1 = Where (m, k, w0)\n picks = Where (m, w1, row)\n}}",
+        list(&data(c, 41))
+    );
+    let m = graphopt_text::parse_model(&text).expect("fixture parses");
+    let bf: Vec<u8> = data(r * c, 42)
+        .iter()
+        .flat_map(|&v| half::bf16::from_f32(v * 50.0).to_bits().to_le_bytes())
+        .collect();
+    let i8s: Vec<u8> = (0..r * c)
+        .map(|j| (j as i32 * 7 - 128) as i8 as u8)
+        .collect();
+    let ns: Vec<u8> = (0..c as i32)
+        .map(|j| j * 1_000_003 - 150_000_000)
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mask: Vec<u8> = (0..r * c).map(|j| (j % 3 == 1) as u8).collect();
+    let x = data(r * c, 43);
+    for s in [0u8, 1] {
+        let inputs = [
+            tensor(DType::BF16, &[r, c], bf.clone()),
+            tensor(DType::I8, &[r, c], i8s.clone()),
+            tensor(DType::I32, &[c], ns.clone()),
+            tensor(DType::Bool, &[], vec![s]),
+            tensor(DType::Bool, &[r, c], mask.clone()),
+            f32_tensor(&[r, c], &x),
+        ];
+        check("loads and wheres", &m, &inputs, (2, 8));
+    }
 }

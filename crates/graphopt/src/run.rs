@@ -217,7 +217,7 @@ pub struct RunReport {
     /// widened whole, which the plain nodes' workspace held.
     pub half_fused_nodes: usize,
     pub half_widened_bytes: u64,
-    /// Chains of float32 elementwise nodes run as one node each, one loop
+    /// Chains of elementwise nodes (float32 results) run as one node each, one loop
     /// over tiles with no planned intermediates (CPU only), and the nodes
     /// they replaced.
     pub elementwise_chains: usize,

@@ -9,8 +9,8 @@
 //! or step `s` as `inputs + s`; `-1` past the op's arity). The last step
 //! is the output.
 //!
-//! Every tile is float32. A boolean (a comparison's result, a `Where`'s
-//! condition) is 1.0 or 0.0 there, and an input of another type (bool,
+//! Every tile is float32. A boolean (a `Where`'s condition, an `And`'s
+//! result) is 1.0 or 0.0 there, and an input of another type (bool,
 //! integers, float16, bfloat16, float64; what a `Cast` to float reads) is
 //! converted as its tile is loaded, the way the Cast kernel converts it, so
 //! `Cast` itself is a copy. Broadcasting composes, so every step is evaluated
@@ -70,11 +70,6 @@ pub(crate) enum Op {
     /// To float32 (the conversion happens as an input's tile is loaded).
     Cast,
     Where,
-    Greater,
-    Less,
-    Equal,
-    GreaterOrEqual,
-    LessOrEqual,
     Not,
     And,
     Or,
@@ -132,11 +127,6 @@ impl Op {
             "Relu" => Op::Relu,
             "Cast" => Op::Cast,
             "Where" => Op::Where,
-            "Greater" => Op::Greater,
-            "Less" => Op::Less,
-            "Equal" => Op::Equal,
-            "GreaterOrEqual" => Op::GreaterOrEqual,
-            "LessOrEqual" => Op::LessOrEqual,
             "Not" => Op::Not,
             "And" => Op::And,
             "Or" => Op::Or,
@@ -154,18 +144,7 @@ impl Op {
     pub(crate) fn operands(self) -> &'static [Kind] {
         use Kind::*;
         match self {
-            Op::Add
-            | Op::Sub
-            | Op::Mul
-            | Op::Div
-            | Op::Pow
-            | Op::Max
-            | Op::Min
-            | Op::Greater
-            | Op::Less
-            | Op::Equal
-            | Op::GreaterOrEqual
-            | Op::LessOrEqual => &[Float, Float],
+            Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Pow | Op::Max | Op::Min => &[Float, Float],
             Op::And | Op::Or | Op::Xor => &[Bool, Bool],
             Op::Not => &[Bool],
             Op::Where => &[Bool, Float, Float],
@@ -177,15 +156,7 @@ impl Op {
     /// Its result's element type.
     pub(crate) fn result(self) -> Kind {
         match self {
-            Op::Greater
-            | Op::Less
-            | Op::Equal
-            | Op::GreaterOrEqual
-            | Op::LessOrEqual
-            | Op::Not
-            | Op::And
-            | Op::Or
-            | Op::Xor => Kind::Bool,
+            Op::Not | Op::And | Op::Or | Op::Xor => Kind::Bool,
             _ => Kind::Float,
         }
     }
@@ -581,14 +552,9 @@ fn apply(op: Op, a: Opd, b: Opd, c: Opd, dst: &mut [f32]) {
         Op::Tanh => map1(a, dst, tanh_f32),
         Op::Sigmoid => map1(a, dst, sigmoid_f32),
         Op::Relu => map1(a, dst, |x| Activation::Relu.apply(x)),
-        // Converted (or computed as 1.0 / 0.0) on the way in.
+        // Converted on the way in.
         Op::Cast => map1(a, dst, |x| x),
         Op::Where => map3(a, b, c, dst, |c, x, y| if c != 0.0 { x } else { y }),
-        Op::Greater => map2(a, b, dst, |x, y| truth(x > y)),
-        Op::Less => map2(a, b, dst, |x, y| truth(x < y)),
-        Op::Equal => map2(a, b, dst, |x, y| truth(x == y)),
-        Op::GreaterOrEqual => map2(a, b, dst, |x, y| truth(x >= y)),
-        Op::LessOrEqual => map2(a, b, dst, |x, y| truth(x <= y)),
         Op::Not => map1(a, dst, |x| truth(x == 0.0)),
         Op::And => map2(a, b, dst, |x, y| truth(x != 0.0 && y != 0.0)),
         Op::Or => map2(a, b, dst, |x, y| truth(x != 0.0 || y != 0.0)),
