@@ -37,7 +37,8 @@ pub struct Args {
     verify: bool,
     /// Plan the model as written (what onnxruntime or `--device cuda`
     /// runs) rather than the graph `graphopt run` executes on the CPU,
-    /// whose fused kernels need less arena.
+    /// whose fused kernels usually need less arena. (`--distributed` plans
+    /// the model as written.)
     #[arg(long)]
     as_written: bool,
     /// Wall-clock limit of the offset search in seconds. Opt-in: without it
@@ -162,6 +163,7 @@ pub fn run(a: Args) -> graphopt::Result<()> {
             a.batch_dim.as_deref(),
             budget,
             std::time::Duration::from_secs_f64(graphopt::REMAT_TIME_LIMIT_S),
+            req.graph,
         )?),
         _ => None,
     };

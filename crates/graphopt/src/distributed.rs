@@ -270,7 +270,9 @@ impl crate::Session {
     /// rank's batch less the parameters and state it holds. (`train
     /// --distributed` runs the gradients and the update as two graphs,
     /// whose arenas hold more: on the digits CNN at 16 examples per rank,
-    /// 1.00 MB against this step's 474 KB of activations.)
+    /// 1.00 MB against this step's 474 KB of activations.) The step is
+    /// planned as written, as a device's backend runs it (`req.graph` is
+    /// not read).
     pub fn plan_distributed(
         &self,
         req: &crate::PlanRequest,
@@ -282,6 +284,10 @@ impl crate::Session {
         if ranks == 0 {
             return Err(Error::new("--ranks 0: expected at least 1"));
         }
+        let req = &crate::PlanRequest {
+            graph: crate::PlanGraph::AsWritten,
+            ..req.clone()
+        };
         let dim = match batch_dim {
             Some(d) => d.to_string(),
             None => graphopt_plan::input_dim_names(&self.model)

@@ -12,8 +12,9 @@
 //! [`CALIBRATION_ROUNDS`] times).
 
 use crate::error::{Error, Result};
-use crate::session::Session;
+use crate::session::{PlanGraph, Session};
 use crate::torch_policy::{torch_policy, TorchPolicy};
+use graphopt_exec::lower::lowered_copy;
 use graphopt_ir::{Graph, Model};
 use graphopt_passes::remat::{self, cost, solve, Problem, Strategy};
 use graphopt_plan::donation::{declared_donations, resolve};
@@ -574,13 +575,17 @@ impl Session {
     /// graph is rematerialized to the least peak the solvers reach
     /// (`fast`'s walk to its end, `sqrt`, `per-block`); bisection as
     /// [`Session::max_batch`], with memory assumed to grow with the batch.
-    /// Returns the dim, the batch, and weights + arena there.
+    /// `graph` says which graph's arena counts ([`PlanGraph`]: the CPU
+    /// runtime's lowered copy of the rewritten model, or the rewritten model
+    /// as written), as in [`Session::max_batch`]. Returns the dim, the
+    /// batch, and weights + arena there.
     pub fn max_batch_remat(
         &self,
         dims: &DimValues,
         batch_dim: Option<&str>,
         budget: u64,
         time_limit: Duration,
+        graph: PlanGraph,
     ) -> Result<(String, i64, u64)> {
         crate::validate::max_batch_remat(dims, time_limit)?;
         let name = match batch_dim {
@@ -599,8 +604,20 @@ impl Session {
             let (least, _) = solve::least_peak(&pre.problem, time_limit);
             let mut model = s.model.clone();
             remat::rewrite(&mut model.graph, &pre.problem, &least)?;
-            let after = plan_model(&model, &d, &PlanOptions::default()).map_err(|e| self.err(e))?;
-            Ok(after.plan.weights_bytes + after.plan.arena_bytes.min(pre.arena))
+            let plan = |m: &Model| {
+                let m = match graph {
+                    PlanGraph::CpuRuntime => std::borrow::Cow::Owned(lowered_copy(m).0),
+                    PlanGraph::AsWritten => std::borrow::Cow::Borrowed(m),
+                };
+                plan_model(&m, &d, &PlanOptions::default()).map_err(|e| self.err(e))
+            };
+            let after = plan(&model)?;
+            // Without recomputation when the rewrite plans no smaller.
+            let store_all = match graph {
+                PlanGraph::AsWritten => pre.arena,
+                PlanGraph::CpuRuntime => plan(&s.model)?.plan.arena_bytes,
+            };
+            Ok(after.plan.weights_bytes + after.plan.arena_bytes.min(store_all))
         };
         let first = total(1)?;
         if first > budget {

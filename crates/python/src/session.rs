@@ -173,11 +173,7 @@ impl PySession {
             },
             options: settings.options().map_err(gerr)?,
             verify,
-            graph: if as_written {
-                PlanGraph::AsWritten
-            } else {
-                PlanGraph::CpuRuntime
-            },
+            graph: plan_graph(as_written),
         })
     }
 }
@@ -885,8 +881,8 @@ impl PySession {
     /// arena is the one `run()` allocates; `as_written=True` plans the
     /// model as written (what onnxruntime or the CUDA backend runs).
     #[pyo3(signature = (dims=None, inputs=None, shapes=None, default_dim=1, alignment=None,
-                        reorder=true, strict=false, verify=false, as_written=false, threads=None,
-                        node_budget=None, time_limit=None))]
+                        reorder=true, strict=false, verify=false, threads=None,
+                        node_budget=None, time_limit=None, as_written=false))]
     #[allow(clippy::too_many_arguments)]
     fn plan<'py>(
         &self,
@@ -899,10 +895,10 @@ impl PySession {
         reorder: bool,
         strict: bool,
         verify: bool,
-        as_written: bool,
         threads: Option<usize>,
         node_budget: Option<u64>,
         time_limit: Option<f64>,
+        as_written: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let req = self.plan_request(
             dims,
@@ -930,7 +926,7 @@ impl PySession {
     /// `max_batch` and `budget_bytes`, as `plan --max-batch --json`.
     #[pyo3(signature = (budget, dims=None, batch_dim=None, inputs=None, shapes=None,
                         default_dim=1, alignment=None, reorder=true, strict=false,
-                        verify=false, as_written=false, threads=None, node_budget=None, time_limit=None))]
+                        verify=false, threads=None, node_budget=None, time_limit=None, as_written=false))]
     #[allow(clippy::too_many_arguments)]
     fn max_batch<'py>(
         &self,
@@ -945,10 +941,10 @@ impl PySession {
         reorder: bool,
         strict: bool,
         verify: bool,
-        as_written: bool,
         threads: Option<usize>,
         node_budget: Option<u64>,
         time_limit: Option<f64>,
+        as_written: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let budget = parse_budget(budget)?;
         let req = self.plan_request(
@@ -979,7 +975,7 @@ impl PySession {
     /// at the largest global batch whose per-rank bytes fit it.
     #[pyo3(signature = (scheme, ranks, dims=None, batch_dim=None, budget=None, inputs=None,
                         shapes=None, default_dim=1, alignment=None, reorder=true, strict=false,
-                        verify=false, as_written=false, threads=None, node_budget=None, time_limit=None))]
+                        verify=false, threads=None, node_budget=None, time_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn plan_distributed<'py>(
         &self,
@@ -996,7 +992,6 @@ impl PySession {
         reorder: bool,
         strict: bool,
         verify: bool,
-        as_written: bool,
         threads: Option<usize>,
         node_budget: Option<u64>,
         time_limit: Option<f64>,
@@ -1015,7 +1010,8 @@ impl PySession {
             reorder,
             strict,
             verify,
-            as_written,
+            // (Distributed plans are of the model as written.)
+            true,
             threads,
             node_budget,
             time_limit,
@@ -1032,7 +1028,10 @@ impl PySession {
     /// peak the solvers reach, as `plan --max-batch --remat`: a dict with
     /// `batch_dim`, `max_batch` and `bytes` (weights + arena there). A
     /// budget too small for batch 1 raises GraphoptError of kind "budget".
-    #[pyo3(signature = (budget, dims=None, batch_dim=None, time_limit=graphopt::REMAT_TIME_LIMIT_S))]
+    /// `as_written=True` counts the arena of the rewritten model as written
+    /// rather than of the graph `run()` executes (as `plan()`).
+    #[pyo3(signature = (budget, dims=None, batch_dim=None, time_limit=graphopt::REMAT_TIME_LIMIT_S,
+                        as_written=false))]
     fn max_batch_remat<'py>(
         &self,
         py: Python<'py>,
@@ -1040,13 +1039,19 @@ impl PySession {
         dims: Option<&Bound<'py, PyDict>>,
         batch_dim: Option<String>,
         time_limit: f64,
+        as_written: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let budget = parse_budget(budget)?;
         let dims = DimValues::new(&dims_arg(dims)?);
         let time_limit = graphopt::util::seconds("time_limit", time_limit).map_err(gerr)?;
         let v = self.with(py, move |s| {
-            let (name, batch, bytes) =
-                s.max_batch_remat(&dims, batch_dim.as_deref(), budget, time_limit)?;
+            let (name, batch, bytes) = s.max_batch_remat(
+                &dims,
+                batch_dim.as_deref(),
+                budget,
+                time_limit,
+                plan_graph(as_written),
+            )?;
             Ok(json!({"batch_dim": name, "max_batch": batch, "bytes": bytes}))
         })?;
         to_py(py, &v)
@@ -1244,6 +1249,16 @@ impl PySession {
 }
 
 /// `max_error` as Python gives it: a number, "none", or None (`default`).
+/// The graph a plan is for: the model as written, or (by default) the one
+/// `run()` executes on the CPU.
+fn plan_graph(as_written: bool) -> PlanGraph {
+    if as_written {
+        PlanGraph::AsWritten
+    } else {
+        PlanGraph::CpuRuntime
+    }
+}
+
 fn max_error_arg(e: Option<&Bound<'_, PyAny>>, default: Option<f64>) -> PyResult<Option<f64>> {
     match e.filter(|e| !e.is_none()) {
         None => Ok(default),

@@ -275,14 +275,16 @@ class Session:
         reorder: bool = True,
         strict: bool = False,
         verify: bool = False,
-        as_written: bool = False,
         threads: int | None = None,
         node_budget: int | None = None,
         time_limit: float | None = None,
+        as_written: bool = False,
     ) -> Report:
         """The memory plan, with the fields of ``graphopt plan --json``
         (``weights_bytes``, ``lower_bound_bytes``, ``arena_bytes``, ``naive_bytes``,
-        ``schedule``, ``tensors``, ``peak_tensors``, ``dims``, ...)."""
+        ``schedule``, ``tensors``, ``peak_tensors``, ``dims``, ...), of the graph ``run()``
+        executes on the CPU (its arena is the one ``run()`` allocates); ``as_written=True``
+        plans the model as written."""
     def max_batch(
         self,
         budget: int | str,
@@ -295,10 +297,10 @@ class Session:
         reorder: bool = True,
         strict: bool = False,
         verify: bool = False,
-        as_written: bool = False,
         threads: int | None = None,
         node_budget: int | None = None,
         time_limit: float | None = None,
+        as_written: bool = False,
     ) -> Report:
         """The largest batch whose weights + arena fit ``budget`` (bytes or "8GiB"):
         ``plan()``'s dict at that batch plus ``batch_dim``, ``max_batch``, ``budget_bytes``."""
@@ -316,7 +318,6 @@ class Session:
         reorder: bool = True,
         strict: bool = False,
         verify: bool = False,
-        as_written: bool = False,
         threads: int | None = None,
         node_budget: int | None = None,
         time_limit: float | None = None,
@@ -330,6 +331,7 @@ class Session:
         dims: Dims | None = None,
         batch_dim: str | None = None,
         time_limit: float = 10.0,
+        as_written: bool = False,
     ) -> dict[str, Any]:
         """The largest batch whose weights + arena fit ``budget`` on a training graph
         rematerialized to its least peak (``plan --max-batch --remat``): ``batch_dim``,

@@ -207,7 +207,7 @@ def _report(
     """The report, and the training session (None for inference)."""
     session = session.optimize()
     if not training:
-        p = session.plan(dims=dims)
+        p = session.plan(dims=dims, as_written=True)
         return MemoryReport(
             mode="inference",
             parameters=params,
@@ -312,7 +312,7 @@ def memory_report(
         # arena; the budget here is the step's bytes beside the weights. In
         # bytes: a percent would scale with the batch.
         try:
-            r.max_batch = int(train.max_batch_remat(r.weights_bytes + r.budget_bytes)["max_batch"])
+            r.max_batch = int(train.max_batch_remat(r.weights_bytes + r.budget_bytes, as_written=True)["max_batch"])
         except graphopt.GraphoptError as e:
             if getattr(e, "kind", None) != "budget":
                 raise
@@ -336,7 +336,7 @@ def max_batch(
     session = _export_eval(module, args, _batch_shapes(args, dynamo), dynamo).optimize()
     if training:
         session = session.grad(loss=loss)
-    return int(session.max_batch(budget)["max_batch"])
+    return int(session.max_batch(budget, as_written=True)["max_batch"])
 
 
 def train(
