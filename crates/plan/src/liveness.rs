@@ -221,7 +221,8 @@ pub fn liveness_donating(
                             Some("the input is read after the output is written")
                         } else if reads_here
                             && !(k == 0
-                                && (rule == InPlace::Elementwise || over_host(d) == Some(iv)))
+                                && ((rule == InPlace::Elementwise && same_width(g, iv, ov))
+                                    || over_host(d) == Some(iv)))
                         {
                             Some("the output's producer reads the input and cannot write in place")
                         } else {
@@ -337,9 +338,6 @@ pub fn over_host(d: &graphopt_ir::NodeData) -> Option<ValueId> {
     (!shared).then_some(v)
 }
 
-/// Whether tensor `t` may give its storage to a `size`-byte output of the
-/// node at step `pos`: an intermediate storage (neither graph input nor
-/// output) of that size whose tensor and storage both end there.
 /// Whether `a` and `b` have elements of one width: then the same bytes
 /// are the same elements, and an elementwise output over its input reads
 /// each element where it writes it. (An int64 input broadcast to a float32
@@ -349,6 +347,9 @@ fn same_width(g: &Graph, a: ValueId, b: ValueId) -> bool {
     bits(a).is_some() && bits(a) == bits(b)
 }
 
+/// Whether tensor `t` may give its storage to a `size`-byte output of the
+/// node at step `pos`: an intermediate storage (neither graph input nor
+/// output) of that size whose tensor and storage both end there.
 fn dies_here(t: &LiveTensor, storages: &[Storage], size: u64, pos: usize) -> bool {
     let s = &storages[t.storage];
     !s.pinned && t.size == size && s.last == pos && t.last == pos

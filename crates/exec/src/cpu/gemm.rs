@@ -1228,6 +1228,8 @@ mod tests {
             (200, 300, 20),
             (6, 256, 16),
             (2, 700, 5),
+            // Rows of b 4200 floats apart: packed although m <= MC.
+            (20, 40, 4200),
         ];
         for (m, k, n, alpha, beta) in cases(&shapes) {
             let a = fill(m * (k + 3), 1);
@@ -1349,7 +1351,7 @@ mod tests {
             return;
         }
         let buf = fill(4000, 31);
-        for (m, k, n) in [(12, 40, 64), (50, 300, 53), (130, 270, 100), (5, 9, 7)] {
+        for (m, k, n) in [(12, 40, 64), (50, 300, 53), (200, 270, 100), (5, 9, 7)] {
             let rows: Vec<usize> = (0..k).map(|p| (p * 37 + p * p) % (4000 - n)).collect();
             let b: Vec<f32> = rows.iter().flat_map(|&r| buf[r..r + n].to_vec()).collect();
             let a = fill(m * k, 32);
@@ -1446,6 +1448,8 @@ mod tests {
             (12, 256, 32),
             (96, 40, 47),
             (7, 600, 33),
+            (200, 64, 70),
+            (20, 40, 4200),
         ];
         for (m, k, n, alpha, beta) in cases(&shapes) {
             let a = fill(m * k, 6);
