@@ -468,8 +468,16 @@ fn plan_gives_each_rank_its_slices_and_the_largest_batch_per_device() {
         &step_s,
     ]);
     assert_eq!(c, 0, "{err}");
-    // One process's plan at the rank's share of the batch.
-    let one = json_of(&["plan", &step_s, "--dim", "batch=16", "--json"]);
+    // One process's plan at the rank's share of the batch (as written, as
+    // --distributed plans the step).
+    let one = json_of(&[
+        "plan",
+        &step_s,
+        "--dim",
+        "batch=16",
+        "--as-written",
+        "--json",
+    ]);
     let arena16 = one["arena_bytes"].as_u64().unwrap();
     let weights = one["weights_bytes"].as_u64().unwrap();
     let psi: u64 = 38282;
