@@ -297,6 +297,13 @@ impl Profile {
         };
         let mut by_op: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
         for ((op, _), &ns) in steps.iter().zip(nanos) {
+            // Each fused chain has an op of its own (`ElementwiseChain.<k>`):
+            // one row for them all (the node rows keep their own).
+            let op = if graphopt_plan::chain_op(op) {
+                graphopt_plan::CHAIN_OP
+            } else {
+                op.as_str()
+            };
             let e = by_op.entry(op).or_default();
             e.0 += 1;
             e.1 += ns;
@@ -762,4 +769,27 @@ fn run_cuda(
         cuda: Some(cuda),
         profile: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Profile;
+
+    /// The fused chains' ops (one per chain) share one row of the per-op
+    /// table; their nodes keep their own names.
+    #[test]
+    fn chains_share_one_profile_row() {
+        let steps: Vec<(String, String)> = [
+            ("ElementwiseChain.0", "a"),
+            ("Conv", "b"),
+            ("ElementwiseChain.12", "c"),
+        ]
+        .iter()
+        .map(|(o, n)| (o.to_string(), n.to_string()))
+        .collect();
+        let p = Profile::new(&steps, &[2_000_000, 5_000_000, 1_000_000], 1);
+        let ops: Vec<(&str, usize)> = p.ops.iter().map(|o| (o.op.as_str(), o.nodes)).collect();
+        assert_eq!(ops, [("Conv", 1), ("ElementwiseChain", 2)]);
+        assert_eq!(p.nodes[2].op, "ElementwiseChain.12");
+    }
 }
