@@ -11,7 +11,7 @@
 //! - Where of a boolean condition and two float32 values;
 //! - Cast to float32 of a float32 or boolean value, or of an input of
 //!   another type the kernel loads (bool, int8, uint8, int32, uint32,
-//!   int64, float16, bfloat16, float64; [`crate::cpu::chain::LOADABLE`]).
+//!   int64, float16, bfloat16, float64; [`crate::cpu::elementwise::TO_F32`]).
 //!
 //! Comparisons (Greater, Less, ...) stay nodes: their boolean output is a
 //! quarter of their float input, and fused into a later chain they would
@@ -46,7 +46,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::cpu::chain::{loadable, Kind, Op, MAX_INPUTS};
-use crate::lower::{replace_node, CODED_DOMAIN};
+use crate::lower::{default_domain, import_exec_domain, replace_node, CODED_DOMAIN};
 use graphopt_ir::infer::{infer_model, InferOptions};
 use graphopt_ir::{
     AttrValue, Attribute, DType, Function, Graph, Model, NewNode, NodeId, OpsetImport, Use, ValueId,
@@ -90,7 +90,7 @@ pub fn fuse_chains(m: &mut Model) -> (usize, usize) {
         let Some(op) = Op::of(&d.op_type) else {
             return false;
         };
-        (d.domain.is_empty() || d.domain == "ai.onnx")
+        default_domain(&d.domain)
             && attributes_ok(d, op)
             && !d.has_subgraphs()
             && d.inputs().len() == op.arity()
@@ -171,11 +171,8 @@ pub fn fuse_chains(m: &mut Model) -> (usize, usize) {
         made += 1;
         fused += members.len();
     }
-    if made > 0 && m.opset(CODED_DOMAIN).is_none() {
-        m.opset_imports.push(OpsetImport {
-            domain: CODED_DOMAIN.into(),
-            version: 1,
-        });
+    if made > 0 {
+        import_exec_domain(m);
     }
     (made, fused)
 }

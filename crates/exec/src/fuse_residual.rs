@@ -25,7 +25,9 @@
 //! s = graphopt.exec::ConvAdd <kernel_shape = [1, 1]> (h, W3, shortcut, B3); y = Relu (s)
 //! ```
 
-use crate::lower::{attr_ref, replace_node, CODED_DOMAIN, CONV_ATTRS};
+use crate::lower::{
+    attr_ref, default_domain, import_exec_domain, replace_node, CODED_DOMAIN, CONV_ATTRS,
+};
 use graphopt_ir::infer::{infer_model, InferOptions};
 use graphopt_ir::{DType, Dim, Function, Graph, Model, NewNode, NodeId, OpsetImport, Use, ValueId};
 
@@ -85,18 +87,9 @@ pub fn fuse_residual(m: &mut Model) -> usize {
             let opset = m.onnx_opset().unwrap_or(18);
             m.functions.push(function(opset));
         }
-        if m.opset(CODED_DOMAIN).is_none() {
-            m.opset_imports.push(OpsetImport {
-                domain: CODED_DOMAIN.into(),
-                version: 1,
-            });
-        }
+        import_exec_domain(m);
     }
     fused
-}
-
-fn default_domain(d: &str) -> bool {
-    d.is_empty() || d == "ai.onnx"
 }
 
 /// The Conv producing `c` when `Add(c, r)` (node `add`) may become a

@@ -242,8 +242,19 @@ impl Chain {
     }
 }
 
-fn default_domain(d: &str) -> bool {
+pub(crate) fn default_domain(d: &str) -> bool {
     d.is_empty() || d == "ai.onnx"
+}
+
+/// Imports [`CODED_DOMAIN`] into `m` (version 1) unless it is already:
+/// what every lowering that adds the runtime's fused ops does.
+pub(crate) fn import_exec_domain(m: &mut Model) {
+    if m.opset(CODED_DOMAIN).is_none() {
+        m.opset_imports.push(OpsetImport {
+            domain: CODED_DOMAIN.into(),
+            version: 1,
+        });
+    }
 }
 
 /// `v` as `Cast(indices)` to int32 or int64 with uint8/uint4 `indices`.
@@ -590,12 +601,7 @@ pub fn lower_coded(m: &mut Model) -> CodedLowering {
             m.functions.push(function(op, opset));
         }
     }
-    if m.opset(CODED_DOMAIN).is_none() {
-        m.opset_imports.push(OpsetImport {
-            domain: CODED_DOMAIN.into(),
-            version: 1,
-        });
-    }
+    import_exec_domain(m);
     report
 }
 

@@ -8,43 +8,14 @@
 //! the expected chains must form, and the lowered plan must not need more
 //! arena than the plain one.
 
+mod common;
+
+use common::{f32_tensor, list, run};
 use graphopt_exec::lower::lower_coded;
 use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
 use graphopt_ir::{DType, Model};
 use graphopt_plan::{plan_model, DimValues, PlanOptions};
 use graphopt_testutil::uniform as data;
-
-fn list(v: &[f32]) -> String {
-    v.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn f32_tensor(shape: &[usize], v: &[f32]) -> HostTensor {
-    HostTensor {
-        dtype: DType::F32,
-        shape: shape.to_vec(),
-        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-/// Outputs and planned arena bytes of `m` run at `threads`.
-fn run(m: &Model, inputs: &[HostTensor], threads: usize) -> (Vec<HostTensor>, u64) {
-    let mp = plan_model(m, &DimValues::default(), &PlanOptions::default()).expect("plans");
-    let arena = mp.plan.arena_bytes;
-    let mut exe = Executable::new(&mp.model, &mp.plan, &CpuBackend).expect("binds");
-    let (out, _) = exe
-        .run(
-            inputs,
-            &RunOptions {
-                threads,
-                poison: true,
-            },
-        )
-        .expect("runs");
-    (out, arena)
-}
 
 fn chain_nodes(m: &Model) -> usize {
     m.graph
@@ -62,8 +33,8 @@ fn check(name: &str, m: &Model, inputs: &[HostTensor], want: (usize, usize)) {
     assert_eq!((r.chains, r.chain_nodes), want, "{name}: {r:?}");
     assert_eq!(chain_nodes(&lowered), want.0, "{name}");
     for threads in 1..=3 {
-        let (plain, plain_arena) = run(m, inputs, threads);
-        let (fused, fused_arena) = run(&lowered, inputs, threads);
+        let (plain, plain_arena, _) = run(m, inputs, threads);
+        let (fused, fused_arena, _) = run(&lowered, inputs, threads);
         assert_eq!(plain.len(), fused.len(), "{name}");
         for (p, f) in plain.iter().zip(&fused) {
             assert_eq!(p.shape, f.shape, "{name}");
@@ -99,8 +70,8 @@ fn gelu_runs_as_one_chain_with_the_nodes_bits() {
     check("gelu", &m, &inputs, (1, 5));
     let mut lowered = m.clone();
     lower_coded(&mut lowered);
-    let (_, plain_arena) = run(&m, &inputs, 2);
-    let (_, fused_arena) = run(&lowered, &inputs, 2);
+    let (_, plain_arena, _) = run(&m, &inputs, 2);
+    let (_, fused_arena, _) = run(&lowered, &inputs, 2);
     assert!(
         fused_arena < plain_arena,
         "the intermediates should leave the arena: {fused_arena} vs {plain_arena}"
@@ -433,8 +404,8 @@ fn a_wider_input_with_the_outputs_bytes_is_not_written_over() {
     let r = lower_coded(&mut lowered);
     assert_eq!((r.chains, r.chain_nodes), (1, 2));
     // (The arena may grow here: the chain's output no longer fits over k.)
-    let (plain, _) = run(&m, &inputs, 2);
-    let (fused, _) = run(&lowered, &inputs, 2);
+    let (plain, _, _) = run(&m, &inputs, 2);
+    let (fused, _, _) = run(&lowered, &inputs, 2);
     assert!(plain[0].data == fused[0].data, "outputs differ");
 }
 

@@ -10,6 +10,9 @@
 //! and the plain one not, and the workspace must hold tile buffers in
 //! place of the widened weight.
 
+mod common;
+
+use common::list;
 use graphopt_exec::cpu::coded::{MAX_TILE_THREADS, TILE_K, TILE_N};
 use graphopt_exec::lower::lower_coded;
 use graphopt_exec::{CpuBackend, Executable, HostTensor, RunOptions};
@@ -17,13 +20,6 @@ use graphopt_ir::{DType, Model};
 use graphopt_plan::{plan_model, DimValues, PlanOptions};
 use graphopt_testutil::uniform as data;
 use half::{bf16, f16};
-
-fn list(v: &[f32]) -> String {
-    v.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 /// `v` as a tensor of `dtype` (float16 or bfloat16, rounded to nearest).
 fn half_tensor(dtype: DType, shape: &[usize], v: &[f32]) -> HostTensor {

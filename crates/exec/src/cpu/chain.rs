@@ -33,7 +33,9 @@
 
 use std::cell::RefCell;
 
-use super::elementwise::{erf, exp_f32, max_f32, merged_dims, min_f32, pow, sigmoid_f32, tanh_f32};
+use super::elementwise::{
+    erf, exp_f32, max_f32, merged_dims, min_f32, pow, sigmoid_f32, tanh_f32, to_f32, TO_F32,
+};
 use super::par;
 use crate::activation::Activation;
 use crate::backend::{Data, Kernel, KernelIo, NodeCtx};
@@ -85,23 +87,10 @@ pub(crate) enum Kind {
     Any,
 }
 
-/// The input types a chain loads into its float32 tiles.
-pub(crate) const LOADABLE: &[DType] = &[
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I64,
-    DType::I32,
-    DType::U32,
-    DType::I8,
-    DType::U8,
-    DType::Bool,
-];
-
-/// Whether an input of type `d` can be loaded into a float32 tile.
+/// Whether an input of type `d` can be loaded into a float32 tile
+/// ([`to_f32`]'s types).
 pub(crate) fn loadable(d: DType) -> bool {
-    LOADABLE.contains(&d)
+    TO_F32.contains(&d)
 }
 
 impl Op {
@@ -491,11 +480,11 @@ impl Chain {
                 Src::Float(s) if step == 0 => Opd::One(s[off]),
                 Src::Float(s) => Opd::Run(&s[off + c0..off + c0 + m]),
                 Src::Other(b, d) if step == 0 => {
-                    load(d, b, off, &mut buf[..1]);
+                    to_f32(d, b, off, &mut buf[..1]);
                     Opd::One(buf[0])
                 }
                 Src::Other(b, d) => {
-                    load(d, b, off + c0, &mut buf[..m]);
+                    to_f32(d, b, off + c0, &mut buf[..m]);
                     Opd::Run(&buf[..m])
                 }
             };
@@ -559,35 +548,6 @@ fn apply(op: Op, a: Opd, b: Opd, c: Opd, dst: &mut [f32]) {
         Op::And => map2(a, b, dst, |x, y| truth(x != 0.0 && y != 0.0)),
         Op::Or => map2(a, b, dst, |x, y| truth(x != 0.0 || y != 0.0)),
         Op::Xor => map2(a, b, dst, |x, y| truth((x != 0.0) != (y != 0.0))),
-    }
-}
-
-/// Elements `off..off + dst.len()` of `b` (of type `d`, [`loadable`]) as
-/// float32, as the Cast kernel converts them: through float64 (exact for
-/// all but 64-bit integers, which round there first), then rounded once.
-fn load(d: DType, b: &[u8], off: usize, dst: &mut [f32]) {
-    let m = dst.len();
-    macro_rules! each {
-        ($t:ty, $f:expr) => {{
-            let s: &[$t] = cast(b);
-            let s = &s[off..off + m];
-            for j in 0..m {
-                dst[j] = $f(s[j]);
-            }
-        }};
-    }
-    match d {
-        DType::F32 => each!(f32, |x: f32| x),
-        DType::F64 => each!(f64, |x: f64| x as f32),
-        DType::F16 => each!(u16, |x: u16| half::f16::from_bits(x).to_f32()),
-        DType::BF16 => each!(u16, |x: u16| half::bf16::from_bits(x).to_f32()),
-        DType::I64 => each!(i64, |x: i64| x as f64 as f32),
-        DType::I32 => each!(i32, |x: i32| x as f64 as f32),
-        DType::U32 => each!(u32, |x: u32| x as f64 as f32),
-        DType::I8 => each!(i8, |x: i8| x as f32),
-        DType::U8 | DType::Bool => each!(u8, |x: u8| x as f32),
-        // The kernel's maker refuses every other type.
-        _ => dst.fill(f32::NAN),
     }
 }
 

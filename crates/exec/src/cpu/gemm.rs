@@ -55,9 +55,13 @@ pub(crate) const KC: usize = 256;
 const MR_WIDE: usize = 12;
 /// Rows of `a` per block (a multiple of [`MR`] and [`MR_WIDE`]): 132, so
 /// that a transformer's 128 tokens at batch 1 are one block, which reads
-/// `b` in place instead of packing it (BERT-base at batch 1: 132 -> 123
-/// ms, `benches/run_bench.py`).
+/// `b` in place instead of packing it (BERT-base at batch 1 went from
+/// 1.12x to 1.03x onnxruntime's time, `benches/README.md`, s50).
 const MC: usize = 132;
+/// Longest row stride (floats) of a `b` read in place: rows further apart
+/// (GPT-2's 50257-wide LM head) touch a new page per row, which the packed
+/// copy reads once, as a stream.
+const IN_PLACE_MAX_RSB: usize = 4096;
 /// Columns of `b` per packed panel (a multiple of [`NR`]).
 const NC: usize = 256;
 
@@ -331,11 +335,11 @@ unsafe fn sgemm_on(
                 let bblk = unsafe { b.at(pc, jc) };
                 // One row block reads each sliver from L1 after its first
                 // micro-tile: read a row-major `b` in place (full slivers)
-                // rather than copy it, unless its rows lie far apart (GPT-2's
-                // LM head, 50257 wide: a new page per row, which the packed
-                // copy reads once, as a stream). Several row blocks reuse a
-                // packed panel from L2.
-                let in_place = b.csb == 1 && m <= MC && (!b.rows.is_null() || b.rsb <= 4096);
+                // rather than copy it, unless its rows lie far apart
+                // ([`IN_PLACE_MAX_RSB`]). Several row blocks reuse a packed
+                // panel from L2.
+                let in_place =
+                    b.csb == 1 && m <= MC && (!b.rows.is_null() || b.rsb <= IN_PLACE_MAX_RSB);
                 unsafe { pack_b(kc, nc, bblk, bp, in_place) };
                 let (al, be) = if pc == 0 { (alpha, beta) } else { (alpha, 1.0) };
                 let first = pc == 0 && !ep.bias.is_null();

@@ -523,7 +523,7 @@ pub const KERNELS: &[Entry] = &[
     coded_op("DequantGather", Types::Any),
     coded_op("DequantGemm", Types::Of(&[F32])),
     coded_op("DequantMatMul", Types::Of(&[F32])),
-    coded_op(CHAIN_OP, Types::Of(chain::LOADABLE)).maker(chain::kernel),
+    coded_op(CHAIN_OP, Types::Of(elementwise::TO_F32)).maker(chain::kernel),
     coded_op("HalfGemm", Types::Of(&[F32, F16, BF16])).low(Low::WidenBut(1)),
     coded_op("HalfMatMul", Types::Of(&[F32, F16, BF16])).low(Low::WidenBut(1)),
     coded_op("IntegerConv", Types::Of(&[U8])).maker(qlinear::integer_conv),
