@@ -283,3 +283,44 @@ g (float[32,64] x, float[32,64] dy, float[64,64] w) => (float[32,64] y, float[64
     }
     assert_ne!(w, w0);
 }
+
+#[test]
+fn outputs_left_in_place_are_taken_once_and_equal_the_copied_ones() {
+    // `z` is an Identity of `y`: two outputs that may share bytes, so the
+    // first taken must not hand back pages the second still reads.
+    let text = STEP
+        .replace(
+            "=> (float[4] y, float[4] p_new, float[4] m_new)",
+            "=> (float[4] y, float[4] p_new, float[4] m_new, float[4] z)",
+        )
+        .replace("y = Mul (p, g)\n", "y = Mul (p, g)\n  z = Identity (y)\n");
+    let mp = plan(&text, true);
+    let mut copied = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let mut held = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let ro = RunOptions {
+        threads: 2,
+        poison: false,
+    };
+    let err = held.take_outputs().unwrap_err();
+    assert!(err.to_string().contains("no run has left"), "{err}");
+    let (p, g, m) = (
+        t(&[1.0, 2.0, 3.0, 4.0]),
+        t(&[0.5, -1.0, 2.0, 0.25]),
+        t(&[0.1, 0.2, 0.3, 0.4]),
+    );
+    let (want, _) = copied.run(&[p.clone(), g.clone(), m.clone()], &ro).unwrap();
+    for _ in 0..2 {
+        held.run_in_place(&[&p, &g, &m], &ro).unwrap();
+    }
+    let got = held.take_outputs().unwrap();
+    assert_eq!(got, want);
+    assert_eq!(got[0], got[3], "z is y");
+    assert_ne!(got[1], p, "the step moved p");
+    // Taken once; the arena's values are gone, a donated input included.
+    assert!(held.take_outputs().is_err());
+    let err = held.run_donated(&[None, Some(&g), None], &ro).unwrap_err();
+    assert!(err.to_string().contains("input 'p' must be given"), "{err}");
+    // Runs from fresh inputs give the same again.
+    held.run_in_place(&[&p, &g, &m], &ro).unwrap();
+    assert_eq!(held.take_outputs().unwrap(), want);
+}

@@ -143,6 +143,9 @@ pub struct Executable {
     /// Per input: its bytes in the arena hold a value (it was given, or a
     /// donated output was written there), so a run may keep it.
     primed: Vec<bool>,
+    /// The last run left its outputs in the arena for
+    /// [`Executable::take_outputs`].
+    outputs_held: bool,
 }
 
 impl Executable {
@@ -179,6 +182,7 @@ impl Executable {
         Ok(Executable {
             donated,
             primed,
+            outputs_held: false,
             steps: b.steps,
             arena: Aligned::new(b.arena_bytes as usize),
             planned_arena: b.arena_bytes,

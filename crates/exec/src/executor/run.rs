@@ -39,8 +39,104 @@ impl Executable {
         opts: &RunOptions,
     ) -> Result<(Vec<HostTensor>, RunStats), ExecError> {
         let given: Vec<Option<&HostTensor>> = inputs.iter().map(|&t| Some(t)).collect();
-        let (outs, stats) = self.run_inner(&given, false, opts, None)?;
+        let (outs, stats) = self.run_inner(&given, CopyOut::All, opts, None)?;
         Ok((outs.into_iter().flatten().collect(), stats))
+    }
+
+    /// [`Executable::run_borrowed`] without copying the outputs out: they
+    /// stay in the arena (and the dynamic store), as an onnxruntime output
+    /// bound in place does, until [`Executable::take_outputs`]. A caller
+    /// timing repeated runs copies once, after the last, and never holds
+    /// a copy beside a whole arena.
+    pub fn run_in_place(
+        &mut self,
+        inputs: &[&HostTensor],
+        opts: &RunOptions,
+    ) -> Result<RunStats, ExecError> {
+        let given: Vec<Option<&HostTensor>> = inputs.iter().map(|&t| Some(t)).collect();
+        let (_, stats) = self.run_inner(&given, CopyOut::None, opts, None)?;
+        self.outputs_held = true;
+        Ok(stats)
+    }
+
+    /// The outputs of the last [`Executable::run_in_place`], copied out
+    /// while the arena is given up: first every page that holds no output
+    /// (the run's dead intermediates), then each output's pages as soon as
+    /// they are copied (a MiB at a time, where no later output shares
+    /// them). The copies therefore
+    /// never take more memory than the arena held, and the process never
+    /// holds an output twice. The arena's values are gone afterwards, so
+    /// every input must be given again (a donated one included).
+    pub fn take_outputs(&mut self) -> Result<Vec<HostTensor>, ExecError> {
+        if !std::mem::take(&mut self.outputs_held) {
+            return Err(ExecError::Input(
+                "no run has left its outputs in the arena to take".into(),
+            ));
+        }
+        let ranges: Vec<Option<(usize, usize)>> = self
+            .outputs
+            .iter()
+            .map(|(_, l, ti)| match *l {
+                Loc::Arena { offset, .. } => Some((
+                    offset,
+                    offset + numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1),
+                )),
+                _ => None,
+            })
+            .collect();
+        let mut live: Vec<(usize, usize)> = ranges.iter().flatten().copied().collect();
+        live.sort_unstable();
+        let mut at = 0;
+        for (start, end) in live {
+            if start > at {
+                self.arena.discard(at..start);
+            }
+            at = at.max(end);
+        }
+        let len = self.arena.bytes().len();
+        if at < len {
+            self.arena.discard(at..len);
+        }
+        self.primed.iter_mut().for_each(|p| *p = false);
+        let mut outputs = Vec::with_capacity(self.outputs.len());
+        for (k, (name, l, ti)) in self.outputs.iter().enumerate() {
+            let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+            let data = match *l {
+                Loc::Arena { offset, .. } => {
+                    // A chunk at a time, each handed back once copied: an
+                    // output as large as the arena (a language model's
+                    // logits) is never held twice either.
+                    let mut d = Vec::with_capacity(n);
+                    for c0 in (offset..offset + n).step_by(TAKE_CHUNK) {
+                        let c1 = (c0 + TAKE_CHUNK).min(offset + n);
+                        d.extend_from_slice(&self.arena.bytes()[c0..c1]);
+                        let shared = ranges[k + 1..]
+                            .iter()
+                            .flatten()
+                            .any(|&(s, e)| s < c1 && c0 < e);
+                        if !shared {
+                            self.arena.discard(c0..c1);
+                        }
+                    }
+                    d
+                }
+                Loc::Weight(w) => self.weights[w].bytes()[..n].to_vec(),
+                Loc::Dynamic(d) => {
+                    let t = self.dyn_store[d].clone().ok_or_else(|| {
+                        ExecError::BadPlan(format!("output '{name}' was freed before the end"))
+                    })?;
+                    outputs.push(t);
+                    continue;
+                }
+            };
+            outputs.push(HostTensor {
+                dtype: ti.dtype,
+                shape: ti.shape.clone(),
+                data,
+            });
+        }
+        self.dyn_store.iter_mut().for_each(|d| *d = None);
+        Ok(outputs)
     }
 
     /// [`Executable::run_borrowed`], calling `after(i, read)` after each
@@ -55,7 +151,7 @@ impl Executable {
         after: &mut StepObserver,
     ) -> Result<(Vec<HostTensor>, RunStats), ExecError> {
         let given: Vec<Option<&HostTensor>> = inputs.iter().map(|&t| Some(t)).collect();
-        let (outs, stats) = self.run_inner(&given, false, opts, Some(after))?;
+        let (outs, stats) = self.run_inner(&given, CopyOut::All, opts, Some(after))?;
         Ok((outs.into_iter().flatten().collect(), stats))
     }
 
@@ -96,13 +192,13 @@ impl Executable {
         inputs: &[Option<&HostTensor>],
         opts: &RunOptions,
     ) -> Result<(Vec<Option<HostTensor>>, RunStats), ExecError> {
-        self.run_inner(inputs, true, opts, None)
+        self.run_inner(inputs, CopyOut::KeepDonated, opts, None)
     }
 
     fn run_inner(
         &mut self,
         inputs: &[Option<&HostTensor>],
-        keep_donated: bool,
+        copy: CopyOut,
         opts: &RunOptions,
         mut after: Option<&mut StepObserver>,
     ) -> Result<(Vec<Option<HostTensor>>, RunStats), ExecError> {
@@ -113,6 +209,7 @@ impl Executable {
                 inputs.len()
             )));
         }
+        self.outputs_held = false;
         let arena = self.arena.bytes_mut();
         for (k, ((name, off, ti), t)) in self.inputs.iter().zip(inputs).enumerate() {
             let Some(t) = t else {
@@ -346,8 +443,11 @@ impl Executable {
         for &(i, _) in &self.donated {
             self.primed[i] = true;
         }
+        if copy == CopyOut::None {
+            return Ok((outputs, stats));
+        }
         for (oi, (name, l, ti)) in self.outputs.iter().enumerate() {
-            if keep_donated && self.donated.iter().any(|d| d.1 == oi) {
+            if copy == CopyOut::KeepDonated && self.donated.iter().any(|d| d.1 == oi) {
                 outputs.push(None);
                 continue;
             }
@@ -372,6 +472,20 @@ impl Executable {
         self.dyn_store.iter_mut().for_each(|d| *d = None);
         Ok((outputs, stats))
     }
+}
+
+/// Bytes [`Executable::take_outputs`] copies before it hands their pages
+/// back (a multiple of the page size).
+const TAKE_CHUNK: usize = 1 << 20;
+
+/// Which outputs a run copies out of the arena.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CopyOut {
+    All,
+    /// All but the donated ones, which stay where the next run reads them.
+    KeepDonated,
+    /// None: [`Executable::take_outputs`] takes them later.
+    None,
 }
 
 /// The f32 poison: a NaN with a recognisable payload.
