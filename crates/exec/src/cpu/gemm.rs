@@ -54,10 +54,20 @@ pub(crate) const KC: usize = 256;
 /// tiles are 32 columns wide (two slivers).
 const MR_WIDE: usize = 12;
 /// Rows of `a` per block (a multiple of [`MR`] and [`MR_WIDE`]): 132, so
-/// that a transformer's 128 tokens at batch 1 are one block, which reads
-/// `b` in place instead of packing it (BERT-base at batch 1 went from
-/// 1.12x to 1.03x onnxruntime's time, `benches/README.md`, s50).
+/// that a transformer's 128 tokens at batch 1 are one block and each
+/// packed panel of `b` is read once from L2.
 const MC: usize = 132;
+/// Most rows of a product that reads a row-major `b` in place (full
+/// slivers) rather than packing it: one AVX-512 micro-tile, which reads
+/// each sliver once, so a packed copy would never be reused. Taller
+/// products pack: a sliver read in place has its rows a weight's row
+/// apart, a multiple of 1 KiB for every transformer width, so its 256
+/// rows fall into a handful of L1 sets and every micro-tile after the
+/// first reads it from L2 again. Reading in place up to 132 rows (one
+/// `MC` block) cost BERT-base at batch 1 11% and GPT-2 24% on a 2-core
+/// Xeon with AVX-512 (`benches/README.md`, s51), where a machine of the
+/// session before had measured it as a gain.
+const IN_PLACE_MAX_M: usize = MR_WIDE;
 /// Longest row stride (floats) of a `b` read in place: rows further apart
 /// (GPT-2's 50257-wide LM head) touch a new page per row, which the packed
 /// copy reads once, as a stream.
@@ -333,13 +343,13 @@ unsafe fn sgemm_on(
                 // SAFETY (all below): offsets stay inside the operands the
                 // caller vouched for; the buffers were sized above.
                 let bblk = unsafe { b.at(pc, jc) };
-                // One row block reads each sliver from L1 after its first
-                // micro-tile: read a row-major `b` in place (full slivers)
-                // rather than copy it, unless its rows lie far apart
-                // ([`IN_PLACE_MAX_RSB`]). Several row blocks reuse a packed
-                // panel from L2.
-                let in_place =
-                    b.csb == 1 && m <= MC && (!b.rows.is_null() || b.rsb <= IN_PLACE_MAX_RSB);
+                // One micro-tile of rows reads each sliver once: read a
+                // row-major `b` in place (full slivers) rather than copy
+                // it, unless its rows lie far apart ([`IN_PLACE_MAX_RSB`]).
+                // Taller products pack ([`IN_PLACE_MAX_M`]).
+                let in_place = b.csb == 1
+                    && m <= IN_PLACE_MAX_M
+                    && (!b.rows.is_null() || b.rsb <= IN_PLACE_MAX_RSB);
                 unsafe { pack_b(kc, nc, bblk, bp, in_place) };
                 let (al, be) = if pc == 0 { (alpha, beta) } else { (alpha, 1.0) };
                 let first = pc == 0 && !ep.bias.is_null();
