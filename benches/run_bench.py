@@ -21,6 +21,10 @@ Per model, each tool in its own fresh process:
     (weights and initialised kernels are resident by then): the allocations its runs made.
   * Both: best and median latency of N, peak RSS of the process (VmHWM), and graphopt's outputs
     against onnxruntime's (rel L2 over the float outputs).
+  * `--rounds R` (default 1) alternates the two processes R times per row (and torch's step R
+    times): the median of the rounds' medians, the best of all runs, the highest RSS. On a
+    machine whose speed drifts over seconds (shared hosts), a single back-to-back pair can put
+    one tool in a slow spell; alternating spreads the spells over both.
 The fp16 rows give both tools the same fp16 file; so do the int8 rows (`--no-int8` skips them):
 each model at batch 1 through `graphopt optimize --quantize dynamic` and `--quantize static`
 (calibrated on the row's inputs, the default 5% error bound), and through onnxruntime's own
@@ -164,12 +168,36 @@ def torch_step(name, threads, timeout) -> float:
     return json.loads(out.strip().splitlines()[-1])["step_s"]
 
 
+def combine(runs: list[dict]) -> dict:
+    """One tool's `--rounds` processes as one result: the median of their medians, the best
+    best, the highest peak RSS and activation figure; every round's median is kept."""
+    r = dict(runs[-1])
+    r["median_ms"] = float(np.median([x["median_ms"] for x in runs]))
+    r["best_ms"] = min(x["best_ms"] for x in runs)
+    for key in ("peak_rss", "activation_bytes"):
+        if all(x.get(key) is not None for x in runs):
+            r[key] = max(x[key] for x in runs)
+    r["round_medians_ms"] = [round(x["median_ms"], 2) for x in runs]
+    return r
+
+
+def run_pair(row, ort_file, go_file, inputs, o_out, g_out, a, graphopt) -> None:
+    """Both tools on one row, alternating for `--rounds` rounds (onnxruntime, then graphopt,
+    each a fresh process of `--repeat` runs): a machine whose speed drifts over seconds
+    slows both alike instead of whichever ran during the slow spell."""
+    o_runs, g_runs = [], []
+    for _ in range(a.rounds):
+        o_runs.append(run_ort(ort_file, inputs, o_out, a.repeat, a.threads, a.timeout))
+        g_runs.append(run_graphopt(graphopt, go_file, inputs, g_out, a.repeat, a.threads,
+                                   a.timeout))
+    row["onnxruntime"], row["graphopt"] = combine(o_runs), combine(g_runs)
+
+
 def run_both(row, path, inputs, tmp, a, graphopt) -> tuple[str, str]:
     """Runs `path` in both tools into `row`; returns their output files."""
     g_out, o_out = os.path.join(tmp, "g.npz"), os.path.join(tmp, "o.npz")
     row["file_bytes"] = file_bytes(path)
-    row["onnxruntime"] = run_ort(path, inputs, o_out, a.repeat, a.threads, a.timeout)
-    row["graphopt"] = run_graphopt(graphopt, path, inputs, g_out, a.repeat, a.threads, a.timeout)
+    run_pair(row, path, path, inputs, o_out, g_out, a, graphopt)
     row["rel_l2"] = qb.rel_err(dict(np.load(o_out)), dict(np.load(g_out)))
     return g_out, o_out
 
@@ -202,6 +230,8 @@ def main():
     ap.add_argument("-k", help="only rows whose name matches this regex")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternate the tools this many times per row (median of the rounds' medians)")
     ap.add_argument("--no-fp16", action="store_true")
     ap.add_argument("--no-train", action="store_true", help="skip the training-step rows")
     ap.add_argument("--no-int8", action="store_true", help="skip the int8 rows")
@@ -213,7 +243,7 @@ def main():
     if a.from_json:
         with open(a.from_json) as f:
             saved = json.load(f)
-        a.repeat, a.threads = saved["repeat"], saved["threads"]
+        a.repeat, a.threads, a.rounds = saved["repeat"], saved["threads"], saved.get("rounds", 1)
         md = table(saved["rows"], check_goals(saved["rows"]), graphopt, a)
         print(md)
         with open(os.path.join(RESULTS, f"{a.out}.md"), "w") as f:
@@ -227,6 +257,7 @@ def main():
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, f"{a.out}.json"), "w") as f:
         json.dump({"rows": rows, "goals": goals, "repeat": a.repeat, "threads": a.threads,
+                   "rounds": a.rounds,
                    "machine": f"{platform.machine()}, {os.cpu_count()} cpus"}, f, indent=1)
     with open(os.path.join(RESULTS, f"{a.out}.md"), "w") as f:
         f.write(md)
@@ -245,9 +276,7 @@ def measure(a, graphopt, tmp: str) -> list[dict]:
                 ort_file, go_file, inputs = prepare(graphopt, name, batch, fp16, a.timeout)
                 row["file_bytes"] = file_bytes(go_file)
                 g_out, o_out = os.path.join(tmp, "g.npz"), os.path.join(tmp, "o.npz")
-                row["onnxruntime"] = run_ort(ort_file, inputs, o_out, a.repeat, a.threads, a.timeout)
-                row["graphopt"] = run_graphopt(graphopt, go_file, inputs, g_out, a.repeat, a.threads,
-                                               a.timeout)
+                run_pair(row, ort_file, go_file, inputs, o_out, g_out, a, graphopt)
                 row["rel_l2"] = qb.rel_err(dict(np.load(o_out)), dict(np.load(g_out)))
                 ref = os.path.join(tmp, f"fp32.{name}.{batch}.npz")
                 if not fp16:
@@ -286,7 +315,8 @@ def measure(a, graphopt, tmp: str) -> list[dict]:
         try:
             step, inputs = prepare_train(graphopt, name, a.timeout)
             run_both(row, step, inputs, tmp, a, graphopt)
-            row["torch_step_ms"] = 1e3 * torch_step(name, a.threads, a.timeout)
+            row["torch_step_ms"] = 1e3 * float(np.median(
+                [torch_step(name, a.threads, a.timeout) for _ in range(a.rounds)]))
         except Exception as e:  # noqa: BLE001
             row["error"] = str(e)
         print(json.dumps(row), flush=True)
@@ -342,7 +372,10 @@ def check_goals(rows) -> list[dict]:
 
 def table(rows, goals, graphopt, a) -> str:
     out = [f"`graphopt run` vs onnxruntime {ort_version()} CPU, {a.threads} threads each, "
-           f"median (best) of {a.repeat} runs, same inputs, one process per tool and model; "
+           + (f"median (best) of {a.repeat} runs, " if getattr(a, "rounds", 1) == 1 else
+              f"median of {a.rounds} alternating rounds' medians (best of all), {a.repeat} runs per "
+              "round, ")
+           + "same inputs, one process per tool, model and round; "
            f"graphopt: `{' '.join(graphopt)}`.", "",
            "Activations: graphopt = planned arena + workspace (allocated once); onnxruntime = peak "
            "RSS during its runs minus RSS after session creation (CPU arena off).", "",
