@@ -942,7 +942,7 @@ struct Gather {
 impl Kernel for Gather {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let w = self.w.bind(io)?;
-        let ids = io.input(self.w.next())?.ints()?;
+        let ids = io.input(self.w.next())?.ints_ref()?;
         let o = io.outputs[0].f32()?;
         let dim = self.w.shape[0];
         let row = numel(&self.w.shape[1..]);

@@ -150,7 +150,7 @@ impl Kernel for ScatterElements {
 
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         start_from_data(io)?;
-        let idx = io.input(1)?.ints()?;
+        let idx = io.input(1)?.ints_ref()?;
         let u = io.input(2)?.bytes()?;
         let o = &mut io.outputs[0].data;
         if self.upd.len() == 1 && self.dtype == DType::F32 && self.r == Reduction::Add {
@@ -229,7 +229,7 @@ impl Kernel for ScatterNd {
 
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         start_from_data(io)?;
-        let idx = io.input(1)?.ints()?;
+        let idx = io.input(1)?.ints_ref()?;
         let u = io.input(2)?.bytes()?;
         let o = &mut io.outputs[0].data;
         let st = strides(&self.data);
@@ -276,7 +276,7 @@ struct GatherElements {
 impl Kernel for GatherElements {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.bytes()?;
-        let idx = io.input(1)?.ints()?;
+        let idx = io.input(1)?.ints_ref()?;
         let o = &mut io.outputs[0].data;
         let ds = strides(&self.data);
         let rank = self.out.len();
@@ -392,7 +392,7 @@ struct MaxUnpool {
 impl Kernel for MaxUnpool {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.bytes()?;
-        let idx = io.input(1)?.ints()?;
+        let idx = io.input(1)?.ints_ref()?;
         let o = &mut io.outputs[0].data;
         o.fill(0);
         let es = self.es;

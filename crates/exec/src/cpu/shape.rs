@@ -617,7 +617,7 @@ struct Gather {
 impl Kernel for Gather {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.bytes()?;
-        let idx = io.input(1)?.ints()?;
+        let idx = io.input(1)?.ints_ref()?;
         let y = &mut io.outputs[0].data;
         let row = self.inner * self.es;
         for o in 0..self.outer {
@@ -658,7 +658,7 @@ struct GatherNd {
 impl Kernel for GatherNd {
     fn run(&self, io: &mut KernelIo) -> Result<(), String> {
         let x = io.input(0)?.bytes()?;
-        let idx = io.input(1)?.ints()?;
+        let idx = io.input(1)?.ints_ref()?;
         let y = &mut io.outputs[0].data;
         let b = self.batch;
         let nb: usize = self.data[..b].iter().product();
