@@ -59,14 +59,15 @@ impl Executable {
         Ok(stats)
     }
 
-    /// The outputs of the last [`Executable::run_in_place`], copied out
-    /// while the arena is given up: first every page that holds no output
-    /// (the run's dead intermediates), then each output's pages as soon as
-    /// they are copied (a MiB at a time, where no later output shares
-    /// them). The copies therefore
-    /// never take more memory than the arena held, and the process never
-    /// holds an output twice. The arena's values are gone afterwards, so
-    /// every input must be given again (a donated one included).
+    /// The outputs of the last [`Executable::run_in_place`], copied out a
+    /// MiB at a time, each chunk's pages handed back to the system once
+    /// copied (where no later output shares them): the process never holds
+    /// an output twice, only the arena it already held and one chunk. The
+    /// run's dead intermediates keep their pages, so the next run does not
+    /// fault them in again; the outputs' pages come back as it writes
+    /// them, as a fresh output buffer's would. The outputs' bytes are gone
+    /// from the arena afterwards, so every input must be given again (a
+    /// donated one included).
     pub fn take_outputs(&mut self) -> Result<Vec<HostTensor>, ExecError> {
         if !std::mem::take(&mut self.outputs_held) {
             return Err(ExecError::Input(
@@ -84,19 +85,6 @@ impl Executable {
                 _ => None,
             })
             .collect();
-        let mut live: Vec<(usize, usize)> = ranges.iter().flatten().copied().collect();
-        live.sort_unstable();
-        let mut at = 0;
-        for (start, end) in live {
-            if start > at {
-                self.arena.discard(at..start);
-            }
-            at = at.max(end);
-        }
-        let len = self.arena.bytes().len();
-        if at < len {
-            self.arena.discard(at..len);
-        }
         self.primed.iter_mut().for_each(|p| *p = false);
         let mut outputs = Vec::with_capacity(self.outputs.len());
         for (k, (name, l, ti)) in self.outputs.iter().enumerate() {
