@@ -239,6 +239,8 @@ def main():
     ap.add_argument("--from-json", help="rewrite run.md from a run.json (no runs)")
     ap.add_argument("--timeout", type=float, default=1800)
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds {a.rounds}: expected at least 1")
     graphopt = resolve_graphopt(a.graphopt)
     if a.from_json:
         with open(a.from_json) as f:
@@ -382,7 +384,9 @@ def table(rows, goals, graphopt, a) -> str:
            "rel L2: graphopt's outputs against onnxruntime's on the same file; for fp16 and int8 rows, "
            "in brackets, each tool's against onnxruntime's fp32 outputs (graphopt / onnxruntime).", "",
            "Training rows (`sgd step`): one SGD step of `graphopt grad`'s graph in both runtimes; "
-           "torch = torch eager's step on the same module (median of 5 after the first).", "",
+           "torch = torch eager's step on the same module (median of 5 after the first"
+           + (f"; the median of {a.rounds} such processes, after the row's rounds)"
+              if getattr(a, "rounds", 1) > 1 else ")") + ".", "",
            "| model | weights | graphopt latency | ort latency | ratio | torch eager | graphopt act. | ort act. | "
            "act. ratio | graphopt peak RSS | ort peak RSS | rel L2 |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -295,6 +295,11 @@ fn outputs_left_in_place_are_taken_once_and_equal_the_copied_ones() {
         )
         .replace("y = Mul (p, g)\n", "y = Mul (p, g)\n  z = Identity (y)\n");
     let mp = plan(&text, true);
+    assert_eq!(
+        offset(&mp.plan, "y"),
+        offset(&mp.plan, "z"),
+        "z is a view of y"
+    );
     let mut copied = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
     let mut held = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
     let ro = RunOptions {
@@ -323,4 +328,50 @@ fn outputs_left_in_place_are_taken_once_and_equal_the_copied_ones() {
     // Runs from fresh inputs give the same again.
     held.run_in_place(&[&p, &g, &m], &ro).unwrap();
     assert_eq!(held.take_outputs().unwrap(), want);
+}
+
+/// Outputs of several chunks each (4 MB), one a view of another: taken
+/// chunk by chunk as their pages are handed back, they equal the copied
+/// outputs; a call that changes the arena between the run and the take
+/// (a donated run, a written input) leaves nothing to take.
+#[test]
+fn large_outputs_are_taken_chunk_by_chunk() {
+    const N: usize = 1_000_003;
+    let text = STEP
+        .replace("float[4] m_new)", "float[4] m_new, float[4] z)")
+        .replace("y = Mul (p, g)\n", "y = Mul (p, g)\n  z = Identity (y)\n")
+        .replace("float[4]", &format!("float[{N}]"));
+    let mp = plan(&text, true);
+    assert_eq!(
+        offset(&mp.plan, "y"),
+        offset(&mp.plan, "z"),
+        "z is a view of y"
+    );
+    let big = |seed: f32| {
+        let v: Vec<f32> = (0..N).map(|i| ((i % 977) as f32) * 0.01 + seed).collect();
+        HostTensor::from_f32(&[N], &v)
+    };
+    let (p, g, m) = (big(1.0), big(-0.5), big(0.25));
+    let ro = RunOptions {
+        threads: 2,
+        poison: false,
+    };
+    let mut copied = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    let (want, _) = copied.run(&[p.clone(), g.clone(), m.clone()], &ro).unwrap();
+    let mut held = Executable::new(&mp.model, &mp.plan, &CpuBackend).unwrap();
+    for _ in 0..2 {
+        held.run_in_place(&[&p, &g, &m], &ro).unwrap();
+        let got = held.take_outputs().unwrap();
+        assert!(got == want, "the taken outputs differ from the copied ones");
+    }
+    // A donated run between the run and the take: its outputs were not
+    // left for taking.
+    held.run_in_place(&[&p, &g, &m], &ro).unwrap();
+    held.run_donated(&[Some(&p), Some(&g), Some(&m)], &ro)
+        .unwrap();
+    assert!(held.take_outputs().is_err());
+    // Nor after an input was written over a donated output's bytes.
+    held.run_in_place(&[&p, &g, &m], &ro).unwrap();
+    held.write_input("p", &g).unwrap();
+    assert!(held.take_outputs().is_err());
 }

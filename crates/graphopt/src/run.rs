@@ -161,9 +161,8 @@ pub struct RunReport {
     pub model: String,
     pub repeat: usize,
     pub threads: usize,
-    /// Per run: copying the inputs in and running every node; the CPU
-    /// backend leaves the outputs in the arena and copies them out once,
-    /// after the last run (outside the timings).
+    /// Per run: copying the inputs in, running every node and copying the
+    /// outputs out.
     pub latency_best_ms: f64,
     pub latency_median_ms: f64,
     /// Resident weights: the initializers as the model stores them, read
@@ -257,7 +256,7 @@ pub struct Profile {
     /// text prints the first [`Profile::NODES`], `--json` all of them.
     pub nodes: Vec<NodeTime>,
     /// Sum of all the nodes' times (ms); the rest of the latency is the
-    /// runtime's own (copying the inputs in).
+    /// runtime's own (copying inputs in and outputs out).
     pub nodes_ms: f64,
 }
 
@@ -584,14 +583,20 @@ impl Runner<'_> {
         let mut dynamic_bytes = 0;
         let mut step_nanos: Vec<u64> = Vec::new();
         exe.set_profile(opts.profile);
-        // The outputs stay in the arena, where the kernels wrote them (as
-        // onnxruntime's bound outputs do), and are copied out once, after
-        // the last run: no copy is ever held beside a whole arena.
+        // Each run's outputs are copied out of the arena as its pages are
+        // handed back (`take_outputs`), and the run before's are dropped
+        // first: the process never holds an output twice. The copy is
+        // timed, as onnxruntime's fresh output arrays are.
         let given: Vec<&HostTensor> = host.iter().collect();
+        let mut outputs = Vec::new();
         for _ in 0..opts.repeat {
+            drop(std::mem::take(&mut outputs));
             let t0 = Instant::now();
             let st = exe
                 .run_in_place(&given, &ropts)
+                .map_err(|e| session.err(Error::runtime(e.to_string())))?;
+            outputs = exe
+                .take_outputs()
                 .map_err(|e| session.err(Error::runtime(e.to_string())))?;
             times.push(t0.elapsed());
             dynamic_bytes = st.dynamic_peak_bytes;
@@ -604,9 +609,6 @@ impl Runner<'_> {
             .profile
             .then(|| Profile::new(&exe.step_ops(), &step_nanos, times.len()));
         exe.set_profile(false);
-        let outputs = exe
-            .take_outputs()
-            .map_err(|e| session.err(Error::runtime(e.to_string())))?;
         let output_names = exe.output_names();
         let poison = if opts.poison {
             let (o, stats) = exe

@@ -57,17 +57,6 @@ const MR_WIDE: usize = 12;
 /// that a transformer's 128 tokens at batch 1 are one block and each
 /// packed panel of `b` is read once from L2.
 const MC: usize = 132;
-/// Most rows of a product that reads a row-major `b` in place (full
-/// slivers) rather than packing it: one AVX-512 micro-tile, which reads
-/// each sliver once, so a packed copy would never be reused. Taller
-/// products pack: a sliver read in place has its rows a weight's row
-/// apart, a multiple of 1 KiB for every transformer width, so its 256
-/// rows fall into a handful of L1 sets and every micro-tile after the
-/// first reads it from L2 again. Reading in place up to 132 rows (one
-/// `MC` block) cost BERT-base at batch 1 11% and GPT-2 24% on a 2-core
-/// Xeon with AVX-512 (`benches/README.md`, s51), where a machine of the
-/// session before had measured it as a gain.
-const IN_PLACE_MAX_M: usize = MR_WIDE;
 /// Longest row stride (floats) of a `b` read in place: rows further apart
 /// (GPT-2's 50257-wide LM head) touch a new page per row, which the packed
 /// copy reads once, as a stream.
@@ -343,13 +332,20 @@ unsafe fn sgemm_on(
                 // SAFETY (all below): offsets stay inside the operands the
                 // caller vouched for; the buffers were sized above.
                 let bblk = unsafe { b.at(pc, jc) };
-                // One micro-tile of rows reads each sliver once: read a
-                // row-major `b` in place (full slivers) rather than copy
-                // it, unless its rows lie far apart ([`IN_PLACE_MAX_RSB`]).
-                // Taller products pack ([`IN_PLACE_MAX_M`]).
-                let in_place = b.csb == 1
-                    && m <= IN_PLACE_MAX_M
-                    && (!b.rows.is_null() || b.rsb <= IN_PLACE_MAX_RSB);
+                // A product of one micro-tile of rows reads each sliver
+                // once, so a packed copy would never be reused: it reads a
+                // row-major `b` in place (full slivers), unless its rows
+                // lie far apart ([`IN_PLACE_MAX_RSB`]). Taller products
+                // pack: a sliver read in place has its rows a weight's row
+                // apart, a multiple of 1 KiB for every transformer width,
+                // so its rows fall into a handful of L1 sets and every
+                // micro-tile after the first reads it from L2 again.
+                // Reading in place up to 132 rows (one `MC` block) cost
+                // BERT-base at batch 1 11% and GPT-2 24% on a 2-core Xeon
+                // with AVX-512 (`benches/README.md`, s51), where the
+                // machine of the session before had measured a gain.
+                let in_place =
+                    b.csb == 1 && m <= mr && (!b.rows.is_null() || b.rsb <= IN_PLACE_MAX_RSB);
                 unsafe { pack_b(kc, nc, bblk, bp, in_place) };
                 let (al, be) = if pc == 0 { (alpha, beta) } else { (alpha, 1.0) };
                 let first = pc == 0 && !ep.bias.is_null();
@@ -1242,8 +1238,9 @@ mod tests {
             (200, 300, 20),
             (6, 256, 16),
             (2, 700, 5),
-            // Rows of b 4200 floats apart: packed although m <= MC.
-            (20, 40, 4200),
+            // Rows of b 4200 floats apart: packed although m is one
+            // micro-tile.
+            (5, 40, 4200),
         ];
         for (m, k, n, alpha, beta) in cases(&shapes) {
             let a = fill(m * (k + 3), 1);
@@ -1356,16 +1353,22 @@ mod tests {
 
     /// A right operand given by row offsets ([`sgemm_rows_bias_act`]:
     /// rows overlapping and out of order in one buffer) gives the bits of
-    /// the same rows copied into a matrix: read in place (m <= MC, full
-    /// slivers, with a partial edge beside them) and packed (m > MC), with
-    /// bias and activation.
+    /// the same rows copied into a matrix: read in place (m within one
+    /// micro-tile, full slivers, with a partial edge beside them) and
+    /// packed (taller), with bias and activation.
     #[test]
     fn row_offsets_give_the_bits_of_the_matrix_they_make() {
         if skip_without_simd("row_offsets_give_the_bits_of_the_matrix_they_make") {
             return;
         }
         let buf = fill(4000, 31);
-        for (m, k, n) in [(12, 40, 64), (50, 300, 53), (200, 270, 100), (5, 9, 7)] {
+        for (m, k, n) in [
+            (12, 40, 53),
+            (5, 40, 53),
+            (50, 300, 53),
+            (200, 270, 100),
+            (5, 9, 7),
+        ] {
             let rows: Vec<usize> = (0..k).map(|p| (p * 37 + p * p) % (4000 - n)).collect();
             let b: Vec<f32> = rows.iter().flat_map(|&r| buf[r..r + n].to_vec()).collect();
             let a = fill(m * k, 32);
@@ -1443,7 +1446,8 @@ mod tests {
 
     /// The AVX-512 kernel gives the AVX2 kernel's bits, on edge tiles
     /// (rows under 12 and 6, a last sliver of 1-31 columns, one or two
-    /// slivers wide), `b` read in place (m <= MC) or packed, both strides
+    /// slivers wide), `b` read in place (m within one micro-tile) or
+    /// packed, both strides
     /// of `b`, and every alpha/beta case. (Where the CPU lacks AVX-512 only
     /// the AVX2 kernel runs, and this has nothing to compare.)
     #[test]

@@ -318,6 +318,8 @@ impl Executable {
         let off = *off;
         self.arena.bytes_mut()[off..off + t.data.len()].copy_from_slice(&t.data);
         self.primed[k] = true;
+        // The bytes may be an output's (a donated one): no longer the run's.
+        self.outputs_held = false;
         Ok(())
     }
 
@@ -327,6 +329,7 @@ impl Executable {
     /// copy is ever held beside the step's scratch. The next run writes
     /// them again.
     pub fn release_scratch(&mut self) {
+        self.outputs_held = false;
         let mut keep: Vec<(usize, usize)> = (0..self.inputs.len())
             .filter(|&k| self.primed[k])
             .map(|k| (self.inputs[k].1, self.inputs[k].1 + self.input_bytes(k)))
@@ -355,6 +358,7 @@ impl Executable {
         let off = self.inputs[k].1;
         self.arena.discard(off..off + t.data.len());
         self.primed[k] = false;
+        self.outputs_held = false;
         Some(t)
     }
 

@@ -59,8 +59,8 @@ impl Executable {
         Ok(stats)
     }
 
-    /// The outputs of the last [`Executable::run_in_place`], copied out a
-    /// MiB at a time, each chunk's pages handed back to the system once
+    /// The outputs of the last [`Executable::run_in_place`], copied out
+    /// 2 MiB at a time, each chunk's pages handed back to the system once
     /// copied (where no later output shares them): the process never holds
     /// an output twice, only the arena it already held and one chunk. The
     /// run's dead intermediates keep their pages, so the next run does not
@@ -95,8 +95,14 @@ impl Executable {
                     // output as large as the arena (a language model's
                     // logits) is never held twice either.
                     let mut d = Vec::with_capacity(n);
-                    for c0 in (offset..offset + n).step_by(TAKE_CHUNK) {
-                        let c1 = (c0 + TAKE_CHUNK).min(offset + n);
+                    // Chunks end at multiples of TAKE_CHUNK in the address
+                    // space, so every page but the output's first and last
+                    // is handed back whole.
+                    let base = self.arena.bytes().as_ptr() as usize;
+                    let mut c0 = offset;
+                    while c0 < offset + n {
+                        let c1 = ((base + c0) / TAKE_CHUNK + 1) * TAKE_CHUNK - base;
+                        let c1 = c1.min(offset + n);
                         d.extend_from_slice(&self.arena.bytes()[c0..c1]);
                         let shared = ranges[k + 1..]
                             .iter()
@@ -105,6 +111,7 @@ impl Executable {
                         if !shared {
                             self.arena.discard(c0..c1);
                         }
+                        c0 = c1;
                     }
                     d
                 }
@@ -463,8 +470,9 @@ impl Executable {
 }
 
 /// Bytes [`Executable::take_outputs`] copies before it hands their pages
-/// back (a multiple of the page size).
-const TAKE_CHUNK: usize = 1 << 20;
+/// back: chunks end at multiples of it in the address space (2 MiB, a
+/// huge page, so a transparent huge page is handed back whole).
+const TAKE_CHUNK: usize = 2 << 20;
 
 /// Which outputs a run copies out of the arena.
 #[derive(Clone, Copy, PartialEq, Eq)]
