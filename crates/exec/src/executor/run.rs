@@ -44,10 +44,9 @@ impl Executable {
     }
 
     /// [`Executable::run_borrowed`] without copying the outputs out: they
-    /// stay in the arena (and the dynamic store), as an onnxruntime output
-    /// bound in place does, until [`Executable::take_outputs`]. A caller
-    /// timing repeated runs copies once, after the last, and never holds
-    /// a copy beside a whole arena.
+    /// stay in the arena (and the dynamic store) until
+    /// [`Executable::take_outputs`], which hands the arena's pages back as
+    /// it copies, so no output is ever held beside its arena copy.
     pub fn run_in_place(
         &mut self,
         inputs: &[&HostTensor],
@@ -87,7 +86,7 @@ impl Executable {
             .collect();
         self.primed.iter_mut().for_each(|p| *p = false);
         let mut outputs = Vec::with_capacity(self.outputs.len());
-        for (k, (name, l, ti)) in self.outputs.iter().enumerate() {
+        for (k, (_, l, ti)) in self.outputs.iter().enumerate() {
             let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
             let data = match *l {
                 Loc::Arena { offset, .. } => {
@@ -115,12 +114,8 @@ impl Executable {
                     }
                     d
                 }
-                Loc::Weight(w) => self.weights[w].bytes()[..n].to_vec(),
-                Loc::Dynamic(d) => {
-                    let t = self.dyn_store[d].clone().ok_or_else(|| {
-                        ExecError::BadPlan(format!("output '{name}' was freed before the end"))
-                    })?;
-                    outputs.push(t);
+                _ => {
+                    outputs.push(self.copy_output(k)?);
                     continue;
                 }
             };
@@ -132,6 +127,27 @@ impl Executable {
         }
         self.dyn_store.iter_mut().for_each(|d| *d = None);
         Ok(outputs)
+    }
+
+    /// Output `k` of the run just ended, copied from where it lies (the
+    /// arena, a weight, or the dynamic store).
+    fn copy_output(&self, k: usize) -> Result<HostTensor, ExecError> {
+        let (name, l, ti) = &self.outputs[k];
+        let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
+        let data = match *l {
+            Loc::Arena { offset, .. } => self.arena.bytes()[offset..offset + n].to_vec(),
+            Loc::Weight(w) => self.weights[w].bytes()[..n].to_vec(),
+            Loc::Dynamic(d) => {
+                return self.dyn_store[d].clone().ok_or_else(|| {
+                    ExecError::BadPlan(format!("output '{name}' was freed before the end"))
+                })
+            }
+        };
+        Ok(HostTensor {
+            dtype: ti.dtype,
+            shape: ti.shape.clone(),
+            data,
+        })
     }
 
     /// [`Executable::run_borrowed`], calling `after(i, read)` after each
@@ -433,7 +449,6 @@ impl Executable {
                 }
             }
         }
-        let arena = self.arena.bytes();
         let mut outputs = Vec::with_capacity(self.outputs.len());
         for &(i, _) in &self.donated {
             self.primed[i] = true;
@@ -441,28 +456,12 @@ impl Executable {
         if copy == CopyOut::None {
             return Ok((outputs, stats));
         }
-        for (oi, (name, l, ti)) in self.outputs.iter().enumerate() {
+        for oi in 0..self.outputs.len() {
             if copy == CopyOut::KeepDonated && self.donated.iter().any(|d| d.1 == oi) {
                 outputs.push(None);
                 continue;
             }
-            let n = numel(&ti.shape) * elem_size(ti.dtype).unwrap_or(1);
-            let data = match *l {
-                Loc::Arena { offset, .. } => arena[offset..offset + n].to_vec(),
-                Loc::Weight(w) => self.weights[w].bytes()[..n].to_vec(),
-                Loc::Dynamic(k) => {
-                    let t = self.dyn_store[k].clone().ok_or_else(|| {
-                        ExecError::BadPlan(format!("output '{name}' was freed before the end"))
-                    })?;
-                    outputs.push(Some(t));
-                    continue;
-                }
-            };
-            outputs.push(Some(HostTensor {
-                dtype: ti.dtype,
-                shape: ti.shape.clone(),
-                data,
-            }));
+            outputs.push(Some(self.copy_output(oi)?));
         }
         self.dyn_store.iter_mut().for_each(|d| *d = None);
         Ok((outputs, stats))
