@@ -374,7 +374,7 @@ def check_goals(rows) -> list[dict]:
 
 def table(rows, goals, graphopt, a) -> str:
     out = [f"`graphopt run` vs onnxruntime {ort_version()} CPU, {a.threads} threads each, "
-           + (f"median (best) of {a.repeat} runs, " if getattr(a, "rounds", 1) == 1 else
+           + (f"median (best) of {a.repeat} runs, " if a.rounds == 1 else
               f"median of {a.rounds} alternating rounds' medians (best of all), {a.repeat} runs per "
               "round, ")
            + "same inputs, one process per tool, model and round; "
@@ -386,7 +386,7 @@ def table(rows, goals, graphopt, a) -> str:
            "Training rows (`sgd step`): one SGD step of `graphopt grad`'s graph in both runtimes; "
            "torch = torch eager's step on the same module (median of 5 after the first"
            + (f"; the median of {a.rounds} such processes, after the row's rounds)"
-              if getattr(a, "rounds", 1) > 1 else ")") + ".", "",
+              if a.rounds > 1 else ")") + ".", "",
            "| model | weights | graphopt latency | ort latency | ratio | torch eager | graphopt act. | ort act. | "
            "act. ratio | graphopt peak RSS | ort peak RSS | rel L2 |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
